@@ -1,0 +1,250 @@
+"""Load-aware rebalance policy: pure functions from (range map, measured load) to a new map.
+
+This is PIP-34's Key_Failover as proposed, with the load-aware parts Pulsar never shipped:
+
+- **join** splits the range of the busiest consumer (by measured dispatch rate; ties by
+  widest range, then id). In ``"traffic"`` mode the cut goes where that consumer's recent
+  per-slot traffic halves; in ``"midpoint"`` mode (and when there is no traffic) at half
+  the width. A range of width 1 is never split; with nothing left to split the newcomer
+  waits as a standby without a range.
+- **leave** hands the leaver's range to the oldest standby if there is one, otherwise
+  merges it into the adjacent neighbour with the lower dispatch rate.
+- **shift** moves one boundary from the heaviest consumer toward its lighter neighbour
+  when traffic max/mean passes a threshold: the fix for the skew that made Pulsar drop
+  auto-split (PR #6791: after a rolling restart one consumer took over 90% of traffic).
+
+No function here mutates its arguments; each returns a new :class:`RangeMap`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from keyfailover.errors import RangeMapError
+from keyfailover.ranges import RangeMap
+
+__all__ = [
+    "SPLIT_MODES",
+    "Load",
+    "SplitMode",
+    "balanced_cut",
+    "moved_slots",
+    "plan_join",
+    "plan_leave",
+    "plan_shift",
+    "range_traffic",
+    "reassign_rates",
+]
+
+SplitMode = Literal["traffic", "midpoint"]
+SPLIT_MODES: tuple[SplitMode, ...] = ("traffic", "midpoint")
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the policy measures: dispatch rate per consumer and recent traffic per slot.
+
+    ``traffic`` has one non-negative entry per slot of the range map (decayed message
+    counts); None means nothing was measured, and the policy falls back to widths.
+    """
+
+    rates: Mapping[str, float] = field(default_factory=dict)
+    traffic: npt.NDArray[np.float64] | None = None
+
+    def rate(self, consumer: str) -> float:
+        return float(self.rates.get(consumer, 0.0))
+
+
+def _check_traffic(ranges: RangeMap, load: Load) -> npt.NDArray[np.float64] | None:
+    traffic = load.traffic
+    if traffic is not None and traffic.shape != (ranges.range_size,):
+        raise RangeMapError(
+            f"traffic has shape {traffic.shape}; expected ({ranges.range_size},), one entry per slot"
+        )
+    return traffic
+
+
+def balanced_cut(traffic: npt.NDArray[np.float64] | None, start: int, end: int) -> int:
+    """The cut ``at`` in ``[start + 1, end]`` that best halves the traffic of ``[start, end]``.
+
+    ``[start, at - 1]`` and ``[at, end]`` then carry traffic as equal as the slots allow;
+    among equally good cuts the one nearest the middle of the width wins. Without traffic
+    the cut is the midpoint. Requires ``end > start``.
+    """
+    if end <= start:
+        raise RangeMapError(f"cannot cut [{start}, {end}]: a range of width 1 has no cut")
+    midpoint = start + (end - start + 1) // 2
+    if traffic is None:
+        return midpoint
+    cumulative = np.cumsum(traffic[start:end])  # cumulative[k - 1] = traffic left of start + k
+    total = float(cumulative[-1] + traffic[end])
+    if total <= 0.0:
+        return midpoint
+    half = total / 2.0
+    i = int(np.searchsorted(cumulative, half, side="left"))
+    candidates = {min(max(k, 1), end - start) for k in (i, i + 1)}
+    best_k = min(candidates, key=lambda k: (abs(2.0 * float(cumulative[k - 1]) - total), k))
+    best_left = cumulative[best_k - 1]
+    # Cuts on a plateau of the cumulative sum are all equally good: take the most central.
+    lo = int(np.searchsorted(cumulative, best_left, side="left")) + 1
+    hi = int(np.searchsorted(cumulative, best_left, side="right"))
+    return start + min(max(midpoint - start, lo), hi)
+
+
+def range_traffic(ranges: RangeMap, traffic: npt.NDArray[np.float64] | None) -> dict[str, float]:
+    """Total traffic of each consumer's range (all zeros without traffic)."""
+    if traffic is None:
+        return {consumer: 0.0 for consumer in ranges.consumers()}
+    prefix = np.concatenate(([0.0], np.cumsum(traffic)))
+    return {consumer: float(prefix[end + 1] - prefix[start]) for start, end, consumer in ranges.ranges()}
+
+
+def plan_join(ranges: RangeMap, newcomer: str, load: Load, split: SplitMode = "traffic") -> RangeMap:
+    """The map after ``newcomer`` joins: it takes the upper part of the busiest range.
+
+    Returns an unchanged copy (the newcomer is then a standby) when no range has two slots.
+    """
+    if split not in SPLIT_MODES:
+        raise RangeMapError(f"split mode {split!r} is unknown; expected one of {SPLIT_MODES}")
+    if newcomer in ranges:
+        raise RangeMapError(f"{newcomer!r} already owns a range; expected a consumer without one")
+    traffic = _check_traffic(ranges, load)
+    planned = ranges.copy()
+    if not len(ranges):
+        planned.assign_all(newcomer)
+        return planned
+    candidates = [
+        (-load.rate(consumer), -(end - start), consumer)
+        for start, end, consumer in ranges.ranges()
+        if end > start
+    ]
+    if not candidates:
+        return planned
+    _, _, busiest = min(candidates)
+    start, end = ranges.range_of(busiest) or (0, 0)
+    at = balanced_cut(traffic if split == "traffic" else None, start, end)
+    planned.split(busiest, newcomer, at)
+    return planned
+
+
+def plan_leave(ranges: RangeMap, leaver: str, load: Load, standby: Sequence[str] = ()) -> RangeMap:
+    """The map after ``leaver`` leaves.
+
+    Its range goes whole to the first of ``standby`` if any; otherwise it merges into the
+    adjacent neighbour with the lower dispatch rate (ties: narrower range, then id). A
+    leaver without a range leaves the map as it is.
+    """
+    planned = ranges.copy()
+    if leaver not in ranges:
+        return planned
+    if standby:
+        planned.replace(leaver, standby[0])
+        return planned
+    neighbours = [n for n in ranges.neighbours(leaver) if n is not None]
+    if not neighbours:
+        planned.remove_last(leaver)
+        return planned
+    into = min(neighbours, key=lambda n: (load.rate(n), ranges.width(n), n))
+    planned.merge(leaver, into)
+    return planned
+
+
+def plan_shift(ranges: RangeMap, load: Load, threshold: float = 1.25, min_traffic: float = 1000.0) -> RangeMap | None:
+    """One boundary move that lowers the heaviest consumer's traffic, or None.
+
+    Acts only when the traffic max/mean over consumers exceeds ``threshold`` and the
+    measured total is at least ``min_traffic``. The boundary between the heaviest consumer
+    and its lighter neighbour moves to where their joint traffic halves; None when that
+    would not lower the heaviest consumer's traffic (e.g. one hot slot).
+    """
+    if threshold < 1.0:
+        raise RangeMapError(f"shift threshold {threshold!r} is below 1; expected max/mean >= 1")
+    traffic = _check_traffic(ranges, load)
+    if traffic is None or len(ranges) < 2:
+        return None
+    per_consumer = range_traffic(ranges, traffic)
+    total = sum(per_consumer.values())
+    if total < min_traffic or total <= 0.0:
+        return None
+    heaviest = min(per_consumer, key=lambda c: (-per_consumer[c], c))
+    heavy_load = per_consumer[heaviest]
+    if heavy_load / (total / len(per_consumer)) <= threshold:
+        return None
+    neighbours = [n for n in ranges.neighbours(heaviest) if n is not None]
+    lighter = min(neighbours, key=lambda n: (per_consumer[n], n))
+    heavy_start, heavy_end = ranges.range_of(heaviest) or (0, 0)
+    light_start, light_end = ranges.range_of(lighter) or (0, 0)
+    lower, upper = (heaviest, lighter) if heavy_end < light_start else (lighter, heaviest)
+    start, end = min(heavy_start, light_start), max(heavy_end, light_end)
+    at = balanced_cut(traffic, start, end)
+    heavy_after = float(traffic[start:at].sum() if lower == heaviest else traffic[at : end + 1].sum())
+    if heavy_after >= heavy_load * (1.0 - 1e-9):
+        return None
+    planned = ranges.copy()
+    planned.move_boundary(lower, upper, at)
+    return planned
+
+
+def moved_slots(old: RangeMap, new: RangeMap) -> list[tuple[int, int, str | None, str | None]]:
+    """The maximal slot intervals whose owner differs between ``old`` and ``new``.
+
+    Each item is ``(first, last, old owner, new owner)``; owners are None for an empty map.
+    O(n) in the number of ranges of both maps.
+    """
+    if old.range_size != new.range_size:
+        raise RangeMapError(f"range sizes differ: {old.range_size} and {new.range_size}")
+    size = old.range_size
+    old_ranges = old.ranges() or [(0, size - 1, None)]
+    new_ranges: list[tuple[int, int, str | None]] = list(new.ranges()) or [(0, size - 1, None)]
+    old_list: list[tuple[int, int, str | None]] = list(old_ranges)
+    moved: list[tuple[int, int, str | None, str | None]] = []
+    i = j = 0
+    slot = 0
+    while slot < size:
+        _, old_end, old_owner = old_list[i]
+        _, new_end, new_owner = new_ranges[j]
+        last = min(old_end, new_end)
+        if old_owner != new_owner:
+            if moved and moved[-1][1] == slot - 1 and moved[-1][2:] == (old_owner, new_owner):
+                moved[-1] = (moved[-1][0], last, old_owner, new_owner)
+            else:
+                moved.append((slot, last, old_owner, new_owner))
+        slot = last + 1
+        if old_end == last:
+            i += 1
+        if new_end == last:
+            j += 1
+    return moved
+
+
+def reassign_rates(
+    old: RangeMap, new: RangeMap, rates: Mapping[str, float], traffic: npt.NDArray[np.float64] | None
+) -> dict[str, float]:
+    """Estimate each consumer's dispatch rate under ``new`` from its measured rate under ``old``.
+
+    A moved slot interval carries the share of its old owner's rate that its traffic (or,
+    without traffic, its width) is of the old owner's range. Used right after a change so
+    the next decision does not act on the stale rate of a consumer that just lost half.
+    """
+    widths = {consumer: float(end - start + 1) for start, end, consumer in old.ranges()}
+    weights = range_traffic(old, traffic) if traffic is not None else widths
+    estimated = {consumer: float(rates.get(consumer, 0.0)) for consumer in new.consumers()}
+    for first, last, old_owner, new_owner in moved_slots(old, new):
+        if old_owner is None:
+            continue
+        whole = weights[old_owner]
+        if traffic is not None and whole > 0.0:
+            part = float(traffic[first : last + 1].sum()) / whole
+        else:
+            part = (last - first + 1) / widths[old_owner]
+        share = float(rates.get(old_owner, 0.0)) * part
+        if old_owner in estimated:
+            estimated[old_owner] -= share
+        if new_owner is not None:
+            estimated[new_owner] += share
+    return {consumer: max(rate, 0.0) for consumer, rate in estimated.items()}

@@ -185,8 +185,7 @@ class RangeMap:
             raise RangeMapError(f"newcomer_takes must be 'upper' or 'lower', not {newcomer_takes!r}")
         if type(at) is not int or not start < at <= end:
             raise RangeMapError(
-                f"cannot split {owner!r}'s range [{start}, {end}] at {at!r}; "
-                f"expected an int in [{start + 1}, {end}]"
+                f"cannot split {owner!r}'s range [{start}, {end}] at {at!r}; expected an int in [{start + 1}, {end}]"
             )
         lower, upper = (owner, newcomer) if newcomer_takes == "upper" else (newcomer, owner)
         del self._by_end[end]
@@ -244,8 +243,7 @@ class RangeMap:
         upper_start, upper_end = self._require(upper)
         if lower_end + 1 != upper_start:
             raise RangeMapError(
-                f"{lower!r} [{lower_start}, {lower_end}] is not just below "
-                f"{upper!r} [{upper_start}, {upper_end}]"
+                f"{lower!r} [{lower_start}, {lower_end}] is not just below {upper!r} [{upper_start}, {upper_end}]"
             )
         if type(boundary) is not int or not lower_start < boundary <= upper_end:
             raise RangeMapError(
@@ -267,10 +265,7 @@ class RangeMap:
             "version": SNAPSHOT_VERSION,
             "range_size": self._range_size,
             "epoch": self._epoch,
-            "ranges": [
-                {"start": start, "end": end, "consumer": consumer}
-                for start, end, consumer in self.ranges()
-            ],
+            "ranges": [{"start": start, "end": end, "consumer": consumer} for start, end, consumer in self.ranges()],
         }
 
     @classmethod
@@ -308,7 +303,9 @@ class RangeMap:
         if set(snapshot) != expected:
             raise SnapshotError(f"snapshot keys are {sorted(snapshot)}; expected {sorted(expected)}")
         if snapshot["version"] != SNAPSHOT_VERSION:
-            raise SnapshotError(f"snapshot version {snapshot['version']!r} is not supported; expected {SNAPSHOT_VERSION}")
+            raise SnapshotError(
+                f"snapshot version {snapshot['version']!r} is not supported; expected {SNAPSHOT_VERSION}"
+            )
         items = snapshot["ranges"]
         if not isinstance(items, list):
             raise SnapshotError(f"'ranges' must be a list, not {type(items).__name__}")

@@ -63,9 +63,7 @@ class Load:
 def _check_traffic(ranges: RangeMap, load: Load) -> npt.NDArray[np.float64] | None:
     traffic = load.traffic
     if traffic is not None and traffic.shape != (ranges.range_size,):
-        raise RangeMapError(
-            f"traffic has shape {traffic.shape}; expected ({ranges.range_size},), one entry per slot"
-        )
+        raise RangeMapError(f"traffic has shape {traffic.shape}; expected ({ranges.range_size},), one entry per slot")
     return traffic
 
 
@@ -119,9 +117,7 @@ def plan_join(ranges: RangeMap, newcomer: str, load: Load, split: SplitMode = "t
         planned.assign_all(newcomer)
         return planned
     candidates = [
-        (-load.rate(consumer), -(end - start), consumer)
-        for start, end, consumer in ranges.ranges()
-        if end > start
+        (-load.rate(consumer), -(end - start), consumer) for start, end, consumer in ranges.ranges() if end > start
     ]
     if not candidates:
         return planned
@@ -199,9 +195,9 @@ def moved_slots(old: RangeMap, new: RangeMap) -> list[tuple[int, int, str | None
     if old.range_size != new.range_size:
         raise RangeMapError(f"range sizes differ: {old.range_size} and {new.range_size}")
     size = old.range_size
-    old_ranges = old.ranges() or [(0, size - 1, None)]
-    new_ranges: list[tuple[int, int, str | None]] = list(new.ranges()) or [(0, size - 1, None)]
-    old_list: list[tuple[int, int, str | None]] = list(old_ranges)
+    unowned: list[tuple[int, int, str | None]] = [(0, size - 1, None)]
+    old_list: list[tuple[int, int, str | None]] = list(old.ranges()) or unowned
+    new_ranges: list[tuple[int, int, str | None]] = list(new.ranges()) or unowned
     moved: list[tuple[int, int, str | None, str | None]] = []
     i = j = 0
     slot = 0

@@ -629,6 +629,40 @@ class Dispatcher:
     def _load(self) -> Load:
         return Load(self._meter.rates, self._meter.traffic)
 
+    def _audit(self) -> None:
+        """Check every internal invariant; raises AssertionError naming the first broken one.
+
+        O(state); for tests, which call it after every step of a random run.
+        """
+        inflight_by_key: Counter[bytes] = Counter()
+        held = len(self._fresh) + len(self._keyless)
+        for consumer in self._consumers.values():
+            held += len(consumer.inflight)
+            for message in consumer.inflight.values():
+                if message.kb is not None:
+                    inflight_by_key[message.kb] += 1
+                    state = self._keys.get(message.kb)
+                    assert state is not None and state.holder is consumer, f"{message.kb!r}: holder mismatch"
+        for kb, state in self._keys.items():
+            held += len(state.pending)
+            assert state.inflight == inflight_by_key[kb], f"{kb!r}: inflight count {state.inflight}"
+            assert (state.holder is None) == (state.inflight == 0), f"{kb!r}: holder without inflight"
+            assert state.pending or state.inflight, f"{kb!r}: empty state kept"
+            positions = [m.position for m in state.pending]
+            assert positions == sorted(positions), f"{kb!r}: pending out of order"
+            if state.holder is not None and positions:
+                top = max(p for p, m in state.holder.inflight.items() if m.kb == kb)
+                assert top < positions[0], f"{kb!r}: pending {positions[0]} not after in-flight {top}"
+            owner = self._owner_of_slot(state.slot)
+            assert state.draining == (state.inflight > 0 and state.holder is not owner), f"{kb!r}: draining flag"
+            queued = bool(state.pending) and not state.draining and owner is not None
+            assert state.queued_on is owner if queued else state.queued_on is None, f"{kb!r}: queued_on"
+            if queued and owner is not None:
+                assert (positions[0], kb) in owner.ready, f"{kb!r}: missing from {owner.cid}'s ready heap"
+        assert held == self._held, f"held {self._held}, counted {held}"
+        assert self._held <= self._max_replay, f"held {self._held} above max_replay {self._max_replay}"
+        assert set(self._consumers) == set(self._map.consumers()) | set(self._standby), "membership"
+
     def _consumer(self, cid: str) -> _Consumer:
         consumer = self._consumers.get(cid)
         if consumer is None:

@@ -22,7 +22,7 @@ import heapq
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import mmh3
@@ -80,6 +80,22 @@ class RebalanceEvent:
     stickiness: float
     """Fraction of recent traffic (or, with none, of the hash space) that kept its consumer."""
     draining_keys: int
+    """Keys blocked right after the change because they were in flight on a former owner."""
+    drain_seconds: float | None
+    """Time from the change until the last of those keys was released; None while any is blocked."""
+
+
+class _Change:
+    __slots__ = ("drained_at", "event", "seq")
+
+    def __init__(self, seq: int, event: RebalanceEvent) -> None:
+        self.seq = seq
+        self.event = event
+        self.drained_at: float | None = None
+
+    def public(self) -> RebalanceEvent:
+        seconds = None if self.drained_at is None else max(self.drained_at - self.event.time, 0.0)
+        return replace(self.event, drain_seconds=seconds)
 
 
 class _Message:
@@ -108,7 +124,7 @@ class _Consumer:
 
 
 class _KeyState:
-    __slots__ = ("draining", "holder", "inflight", "kb", "pending", "queued_on", "slot")
+    __slots__ = ("drain_seq", "draining", "holder", "inflight", "kb", "pending", "queued_on", "slot")
 
     def __init__(self, kb: bytes, slot: int, holder: _Consumer | None, inflight: int) -> None:
         self.kb = kb
@@ -118,6 +134,7 @@ class _KeyState:
         self.pending: deque[_Message] = deque()
         self.queued_on: _Consumer | None = None
         self.draining = False
+        self.drain_seq = 0  # the change that started the current draining
 
 
 class Dispatcher:
@@ -186,7 +203,13 @@ class Dispatcher:
         self._last_sample = now
         self._last_shift = now
         self._rebalances: Counter[str] = Counter()
-        self._history: deque[RebalanceEvent] = deque(maxlen=history)
+        self._history: deque[_Change] = deque(maxlen=history)
+        self._changes = 0
+        # Draining keys by the change that blocked them, and the changes still waiting for
+        # any key blocked at or before them: change j is drained once no key blocked by a
+        # change <= j is still draining.
+        self._draining_since: dict[int, int] = {}
+        self._undrained: deque[_Change] = deque(maxlen=max(history, 1))
 
     # -- consumers -------------------------------------------------------------------
 
@@ -301,7 +324,7 @@ class Dispatcher:
             return
         state.holder = None
         if state.draining:
-            state.draining = False
+            self._release(state)
             if state.pending:
                 self._queue(state, self._owner_of_slot(state.slot))
         if not state.pending:
@@ -353,7 +376,7 @@ class Dispatcher:
 
     def rebalances(self) -> list[RebalanceEvent]:
         """The most recent range changes, oldest first."""
-        return list(self._history)
+        return [change.public() for change in self._history]
 
     def stats(self) -> dict[str, Any]:
         """Per-consumer and dispatcher-wide state, for operators (read at scrape time).
@@ -544,7 +567,8 @@ class Dispatcher:
             state.inflight -= len(returned)
             if not state.inflight:
                 state.holder = None
-                state.draining = False
+                if state.draining:
+                    self._release(state)
             states.append(state)
         return states
 
@@ -577,10 +601,15 @@ class Dispatcher:
     def _reroute(self, state: _KeyState) -> None:
         owner = self._owner_of_slot(state.slot)
         if state.inflight:
-            state.draining = state.holder is not owner
-            if state.draining:
+            if state.holder is not owner:
+                if not state.draining:
+                    state.draining = True
+                    state.drain_seq = self._changes + 1
+                    self._draining_since[state.drain_seq] = self._draining_since.get(state.drain_seq, 0) + 1
                 state.queued_on = None
                 return
+            if state.draining:
+                self._release(state)
         if state.pending and state.queued_on is not owner:
             self._queue(state, owner)
 
@@ -604,9 +633,32 @@ class Dispatcher:
             stickiness = 1.0 - moved_count / HASH_RANGE_SIZE
         if not len(old):
             stickiness = 1.0
-        draining = sum(1 for state in self._keys.values() if state.draining)
+        draining = sum(self._draining_since.values())
+        self._changes += 1
         self._rebalances[reason] += 1
-        self._history.append(RebalanceEvent(new.epoch, now, reason, consumer, moved_count, stickiness, draining))
+        event = RebalanceEvent(new.epoch, now, reason, consumer, moved_count, stickiness, draining, None)
+        change = _Change(self._changes, event)
+        self._history.append(change)
+        if draining:
+            self._undrained.append(change)
+        else:
+            change.drained_at = now
+
+    def _release(self, state: _KeyState) -> None:
+        """``state`` stops draining; mark the changes that no longer wait for any key drained."""
+        state.draining = False
+        since = self._draining_since
+        left = since[state.drain_seq] - 1
+        if left:
+            since[state.drain_seq] = left
+            return
+        del since[state.drain_seq]
+        oldest_blocking = next(iter(since), self._changes + 1)
+        undrained = self._undrained
+        if undrained and undrained[0].seq < oldest_blocking:
+            now = self._clock()
+            while undrained and undrained[0].seq < oldest_blocking:
+                undrained.popleft().drained_at = now
 
     def _maybe_shift(self, now: float) -> None:
         self._sample(now)
@@ -659,6 +711,8 @@ class Dispatcher:
             assert state.queued_on is owner if queued else state.queued_on is None, f"{kb!r}: queued_on"
             if queued and owner is not None:
                 assert (positions[0], kb) in owner.ready, f"{kb!r}: missing from {owner.cid}'s ready heap"
+        since = Counter(state.drain_seq for state in self._keys.values() if state.draining)
+        assert since == Counter(self._draining_since), f"draining by change {since} != {self._draining_since}"
         assert held == self._held, f"held {self._held}, counted {held}"
         assert self._held <= self._max_replay, f"held {self._held} above max_replay {self._max_replay}"
         assert set(self._consumers) == set(self._map.consumers()) | set(self._standby), "membership"

@@ -8,7 +8,7 @@ divides 2^31, the slot is the low 16 bits of the unsigned Murmur3 value.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import mmh3
 import numpy as np
@@ -57,11 +57,14 @@ def key_hash(key: str | bytes) -> int:
 
 def key_hashes(keys: Iterable[str | bytes]) -> npt.NDArray[np.int32]:
     """The hash slots of many keys at once, as an ``int32`` numpy array in input order."""
-    encoded = [key_bytes(key) for key in keys]
-    return _slots_of(encoded)
+    batch = keys if isinstance(keys, Sequence) else list(keys)
+    try:  # fast path: all str, encoded at C speed
+        return _slots_of(map(str.encode, batch), len(batch))
+    except (TypeError, UnicodeEncodeError):  # bytes keys, other types or invalid Unicode
+        return _slots_of(map(key_bytes, batch), len(batch))
 
 
-def _slots_of(encoded: Sequence[bytes]) -> npt.NDArray[np.int32]:
-    raw = np.fromiter(map(mmh3.hash, encoded), dtype=np.int32, count=len(encoded))
+def _slots_of(encoded: Iterator[bytes], count: int) -> npt.NDArray[np.int32]:
+    raw = np.fromiter(map(mmh3.hash, encoded), dtype=np.int32, count=count)
     # The low 16 bits of a signed and of an unsigned 32-bit value are the same bits.
     return raw & np.int32(_SLOT_MASK)

@@ -354,6 +354,16 @@ class Dispatcher:
         """Every ``(start, end, consumer)``, sorted by start."""
         return self._map.ranges()
 
+    def range_of(self, cid: str) -> tuple[int, int] | None:
+        """``cid``'s inclusive range, or None for a standby (raises for an unknown consumer)."""
+        self._consumer(cid)
+        return self._map.range_of(cid)
+
+    @property
+    def epoch(self) -> int:
+        """The range map's epoch: +1 at every change."""
+        return self._map.epoch
+
     def range_map(self) -> RangeMap:
         """A copy of the current range map."""
         return self._map.copy()

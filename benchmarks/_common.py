@@ -1,0 +1,145 @@
+"""Helpers shared by the benchmark scripts: arguments, seeded key draws, timing, tables.
+
+Each script runs as ``python benchmarks/NAME.py [--quick]``, so this module is imported
+as ``_common`` from the script's own folder. Timing is printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from keyfailover.ranges import RangeMap
+from keyfailover.rebalance import Load, plan_join
+
+__all__ = [
+    "DISTINCT_KEYS",
+    "SEED",
+    "ZIPF_EXPONENT",
+    "ManualClock",
+    "best_of",
+    "consumer_ids",
+    "format_count",
+    "joined_range_map",
+    "parse_quick",
+    "print_goals",
+    "print_table",
+    "timed",
+    "zipf_keys",
+    "zipf_ranks",
+]
+
+T = TypeVar("T")
+
+SEED = 20240601
+"""Seed of every random draw, so two runs measure the same work."""
+
+DISTINCT_KEYS = 100_000
+"""How many distinct keys the Zipf-drawn keys come from."""
+
+ZIPF_EXPONENT = 1.1
+"""Skew of the drawn keys: over 100,000 keys the hottest is about 13% of all draws."""
+
+
+def parse_quick(description: str) -> bool:
+    """Parse the command line every script shares; True when ``--quick`` was given."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help="a small run that finishes in a few seconds")
+    return bool(parser.parse_args().quick)
+
+
+class ManualClock:
+    """A clock the benchmark advances itself, passed as a dispatcher's ``clock=``."""
+
+    __slots__ = ("now",)
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def zipf_ranks(rng: np.random.Generator, count: int, distinct: int, exponent: float) -> npt.NDArray[np.int64]:
+    """``count`` draws from a Zipf law over ranks ``0 .. distinct - 1`` (rank 0 the most frequent).
+
+    P(rank r) is proportional to ``(r + 1) ** -exponent``; unlike ``Generator.zipf`` the
+    ranks are bounded, so exactly ``distinct`` keys can occur.
+    """
+    weights = np.arange(1, distinct + 1, dtype=np.float64) ** -exponent
+    cumulative = np.cumsum(weights)
+    cumulative /= cumulative[-1]
+    ranks = np.searchsorted(cumulative, rng.random(count), side="right")
+    return np.minimum(ranks, distinct - 1).astype(np.int64)
+
+
+def zipf_keys(rng: np.random.Generator, count: int, prefix: str = "key-") -> list[str]:
+    """``count`` keys ``<prefix><rank>`` drawn Zipf(``ZIPF_EXPONENT``) from ``DISTINCT_KEYS`` ranks.
+
+    Every draw is a string of its own, made in draw order, as a reader decoding messages makes them.
+    """
+    return [f"{prefix}{rank}" for rank in zipf_ranks(rng, count, DISTINCT_KEYS, ZIPF_EXPONENT).tolist()]
+
+
+def consumer_ids(count: int, prefix: str = "c", first: int = 0) -> list[str]:
+    """``[prefix + str(first), ..., prefix + str(first + count - 1)]``."""
+    return [f"{prefix}{i}" for i in range(first, first + count)]
+
+
+def joined_range_map(consumers: Sequence[str], load: Load | None = None) -> RangeMap:
+    """The map the first consumer starts with whole, then each next one joins by ``plan_join``."""
+    ranges = RangeMap()
+    ranges.assign_all(consumers[0])
+    for consumer in consumers[1:]:
+        ranges = plan_join(ranges, consumer, load if load is not None else Load())
+    return ranges
+
+
+def timed(action: Callable[[], T]) -> tuple[float, T]:
+    """Seconds one call of ``action`` takes, and what it returned."""
+    start = time.perf_counter()
+    result = action()
+    return time.perf_counter() - start, result
+
+
+def best_of(action: Callable[[], T], repeats: int) -> tuple[float, T]:
+    """The fastest of ``repeats`` calls of ``action`` (the least disturbed run): seconds and result."""
+    return min((timed(action) for _ in range(repeats)), key=lambda outcome: outcome[0])
+
+
+def format_count(value: float) -> str:
+    """A large count or rate with thousands separators and no decimals."""
+    return f"{value:,.0f}"
+
+
+def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """Print a plain-text table: the first column left-aligned, the others right-aligned."""
+    widths = [max(len(headers[i]), *(len(row[i]) for row in rows)) for i in range(len(headers))]
+
+    def line(cells: Sequence[str]) -> str:
+        first, *rest = cells
+        return "  ".join([first.ljust(widths[0]), *(cell.rjust(w) for cell, w in zip(rest, widths[1:], strict=True))])
+
+    print(title)
+    print()
+    print(line(headers))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print(line(row))
+    print()
+
+
+def print_goals(goals: Sequence[tuple[str, str, bool]]) -> None:
+    """Print each ``(goal, measured, met)`` under a table; goals are reported, never asserted."""
+    print("Goals (reported, not asserted):")
+    for goal, measured, met in goals:
+        print(f"  {goal}: measured {measured} -> {'met' if met else 'NOT met'}")
+    print()

@@ -1,0 +1,45 @@
+"""Smoke-run every benchmark script with ``--quick``: it must finish and print its table.
+
+Timing is never asserted; only that each script runs to the end (its own correctness
+checks included) and prints the header of its table.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+HEADERS = {
+    "bench_lookup.py": ("path", "consumers", "keys/s", "µs/key", "vs uhashring"),
+    "bench_dispatch.py": ("dispatcher", "messages", "redelivered", "seconds", "messages/s", "µs/message"),
+    "bench_rebalance.py": ("operation", "consumers", "median ms", "max ms", "median vs uhashring"),
+}
+
+
+def test_every_benchmark_script_is_smoke_tested() -> None:
+    assert sorted(path.name for path in BENCHMARKS.glob("bench_*.py")) == sorted(HEADERS)
+
+
+@pytest.mark.parametrize("script", sorted(HEADERS))
+def test_benchmark_quick_run_prints_its_table(script: str) -> None:
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--quick"],
+        capture_output=True,
+        cwd=BENCHMARKS.parent,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    stdout = done.stdout.decode("utf-8")
+    assert done.returncode == 0, f"{script} --quick exited {done.returncode}:\n{done.stderr.decode('utf-8')}"
+    columns = HEADERS[script]
+    assert any(all(column in line for column in columns) for line in stdout.splitlines()), (
+        f"{script} printed no table header with columns {columns}:\n{stdout}"
+    )

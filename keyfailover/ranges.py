@@ -11,6 +11,7 @@ JSON format that the Spark side, the metrics and the admin API read.
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -116,6 +117,11 @@ class RangeMap:
 
     def owner_of(self, slot: int) -> str | None:
         """The consumer owning hash ``slot``, or None when the map is empty; O(log n)."""
+        if type(slot) is not int:
+            try:
+                slot = operator.index(slot)
+            except TypeError:
+                raise RangeMapError(f"slot must be an int, not {type(slot).__name__}") from None
         if not 0 <= slot < self._range_size:
             raise RangeMapError(f"slot {slot!r} is outside [0, {self._range_size - 1}]")
         owners = self._owners
@@ -156,7 +162,7 @@ class RangeMap:
         return self._owners_array[self.index_of(slots)]
 
     def slot_owners(self) -> npt.NDArray[np.int32]:
-        """For every slot, the index (in hash order) of its range: an array of range_size."""
+        """For every slot, the index (in hash order) of its range: range_size entries (none if empty)."""
         widths = np.diff(np.asarray([-1, *self._ends]))
         return np.repeat(np.arange(len(self._ends), dtype=np.int32), widths)
 
@@ -287,12 +293,15 @@ class RangeMap:
         built = cls(range_size, epoch)
         if not ranges:
             return built
+        for item in ranges:
+            if len(item) != 3 or type(item[0]) is not int or type(item[1]) is not int:
+                raise RangeMapError(f"range {item!r} must be (start, end, consumer) with int start and end")
+            validate_consumer_id(item[2])
         seen: set[str] = set()
         expected_start = 0
         for item in sorted(ranges, key=lambda r: r[0]):
             start, end, consumer = item
-            validate_consumer_id(consumer)
-            if type(start) is not int or type(end) is not int or start != expected_start or end < start:
+            if start != expected_start or end < start:
                 raise RangeMapError(
                     f"range {item!r} does not continue the tiling: expected start {expected_start} "
                     "and an int end >= start"
@@ -315,7 +324,7 @@ class RangeMap:
         expected = {"version", "range_size", "epoch", "ranges"}
         if set(snapshot) != expected:
             raise SnapshotError(f"snapshot keys are {sorted(snapshot)}; expected {sorted(expected)}")
-        if snapshot["version"] != SNAPSHOT_VERSION:
+        if type(snapshot["version"]) is not int or snapshot["version"] != SNAPSHOT_VERSION:
             raise SnapshotError(
                 f"snapshot version {snapshot['version']!r} is not supported; expected {SNAPSHOT_VERSION}"
             )
@@ -337,6 +346,8 @@ class RangeMap:
     # -- internals -------------------------------------------------------------------
 
     def _require(self, consumer: str) -> tuple[int, int]:
+        if not isinstance(consumer, str):
+            raise RangeMapError(f"consumer id must be a str, not {type(consumer).__name__}")
         found = self._range_of.get(consumer)
         if found is None:
             raise UnknownConsumerError(f"consumer {consumer!r} owns no range in this map")

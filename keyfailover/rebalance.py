@@ -83,15 +83,21 @@ def balanced_cut(traffic: npt.NDArray[np.float64] | None, start: int, end: int) 
     total = float(cumulative[-1] + traffic[end])
     if total <= 0.0:
         return midpoint
-    half = total / 2.0
-    i = int(np.searchsorted(cumulative, half, side="left"))
+    middle = midpoint - start
+    i = int(np.searchsorted(cumulative, total / 2.0, side="left"))
+    # The two candidate cut values nearest the half, one on each side; each is shared by a
+    # run of cuts (a plateau of the cumulative sum), and all cuts in both runs that are
+    # equally good compete on nearness to the middle of the width.
     candidates = {min(max(k, 1), end - start) for k in (i, i + 1)}
-    best_k = min(candidates, key=lambda k: (abs(2.0 * float(cumulative[k - 1]) - total), k))
-    best_left = cumulative[best_k - 1]
-    # Cuts on a plateau of the cumulative sum are all equally good: take the most central.
-    lo = int(np.searchsorted(cumulative, best_left, side="left")) + 1
-    hi = int(np.searchsorted(cumulative, best_left, side="right"))
-    return start + min(max(midpoint - start, lo), hi)
+    best = min(abs(2.0 * float(cumulative[k - 1]) - total) for k in candidates)
+    choices = []
+    for k in candidates:
+        left = cumulative[k - 1]
+        if abs(2.0 * float(left) - total) == best:
+            lo = int(np.searchsorted(cumulative, left, side="left")) + 1
+            hi = int(np.searchsorted(cumulative, left, side="right"))
+            choices.append(min(max(middle, lo), hi))
+    return start + min(choices, key=lambda k: (abs(k - middle), k))
 
 
 def range_traffic(ranges: RangeMap, traffic: npt.NDArray[np.float64] | None) -> dict[str, float]:
@@ -155,8 +161,9 @@ def plan_shift(ranges: RangeMap, load: Load, threshold: float = 1.25, min_traffi
 
     Acts only when the traffic max/mean over consumers exceeds ``threshold`` and the
     measured total is at least ``min_traffic``. The boundary between the heaviest consumer
-    and its lighter neighbour moves to where their joint traffic halves; None when that
-    would not lower the heaviest consumer's traffic (e.g. one hot slot).
+    and its lighter neighbour moves to where their joint traffic halves; None when the
+    heavier side afterwards would not be lighter than the heaviest consumer was (e.g. one
+    hot slot, which would only change hands).
     """
     if threshold < 1.0:
         raise RangeMapError(f"shift threshold {threshold!r} is below 1; expected max/mean >= 1")
@@ -178,9 +185,9 @@ def plan_shift(ranges: RangeMap, load: Load, threshold: float = 1.25, min_traffi
     lower, upper = (heaviest, lighter) if heavy_end < light_start else (lighter, heaviest)
     start, end = min(heavy_start, light_start), max(heavy_end, light_end)
     at = balanced_cut(traffic, start, end)
-    heavy_after = float(traffic[start:at].sum() if lower == heaviest else traffic[at : end + 1].sum())
-    if heavy_after >= heavy_load * (1.0 - 1e-9):
-        return None
+    worst_after = max(float(traffic[start:at].sum()), float(traffic[at : end + 1].sum()))
+    if worst_after >= heavy_load * (1.0 - 1e-9):
+        return None  # e.g. one hot slot: moving it to the neighbour would only move the problem
     planned = ranges.copy()
     planned.move_boundary(lower, upper, at)
     return planned

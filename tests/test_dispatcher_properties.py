@@ -1,0 +1,633 @@
+"""Property tests of the dispatcher core against guarantees G1-G6 (docs: /work/shared/DESIGN.md).
+
+A :class:`hypothesis.stateful.RuleBasedStateMachine` drives one :class:`Dispatcher` with a
+manual clock and keeps its own reference model of what was published, what is in flight on
+which consumer and what was acked. Every delivery is checked against the model when it
+comes out of ``poll`` (G1, G2, permits, redelivery counts); after every poll the model
+checks that nothing which could go out was held back (G5); after every step it checks the
+bound (G4), the range tiling and the per-consumer stats. The teardown drains everything
+and checks that every published position was acked exactly once (G3).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any
+
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from keyfailover import Delivery, Dispatcher
+from keyfailover.errors import (
+    BufferFullError,
+    DuplicateConsumerError,
+    KeyFailoverError,
+    NotInFlightError,
+    PositionError,
+    UnknownConsumerError,
+)
+from keyfailover.hashing import HASH_RANGE_SIZE, key_bytes, key_hash
+
+Key = str | bytes | None
+
+NAMES = ("c1", "c2", "c3", "c4")
+
+# Zipf-like: earlier entries repeat more often. "hot" and b"hot" (and "warm", b"warm")
+# are one key each; None is keyless.
+KEY_POOL: tuple[Key, ...] = (
+    *(["hot"] * 4),
+    *([b"hot"] * 2),
+    *([None] * 2),
+    *(["warm"] * 2),
+    b"warm",
+    "k3",
+    "k4",
+    "\u00fc5",
+    b"k6",
+    "k7",
+)
+DISTINCT_KEYS: tuple[str | bytes, ...] = ("hot", b"hot", "warm", b"warm", "k3", "k4", "\u00fc5", b"k6", "k7")
+
+CLOCK_STEPS = (0.0, 0.25, 1.0, 2.5, 7.0, 31.0)
+
+MAX_REPLAY = 20
+
+
+class ManualClock:
+    """A clock that moves only when the test says so."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass(frozen=True)
+class Published:
+    position: int
+    key: Key
+    kb: bytes | None
+    payload: object
+
+
+@dataclass
+class Model:
+    """What the dispatcher must be holding, kept independently of it."""
+
+    max_replay: int
+    consumers: list[str] = field(default_factory=list)
+    permits: dict[str, int] = field(default_factory=dict)
+    messages: dict[int, Published] = field(default_factory=dict)
+    by_key: dict[bytes, list[int]] = field(default_factory=dict)
+    holder: dict[int, str] = field(default_factory=dict)  # in-flight position -> consumer
+    acked: Counter[int] = field(default_factory=Counter)
+    delivered: Counter[int] = field(default_factory=Counter)
+    last_position: int = -1
+
+    # -- derived -----------------------------------------------------------------------
+
+    def held(self) -> int:
+        return len(self.messages) - len(self.acked)
+
+    def is_pending(self, position: int) -> bool:
+        return position not in self.acked and position not in self.holder
+
+    def pending(self) -> list[int]:
+        return [p for p in self.messages if self.is_pending(p)]
+
+    def inflight_on(self, consumer: str) -> list[int]:
+        return sorted(p for p, c in self.holder.items() if c == consumer)
+
+    def holders_of(self, kb: bytes) -> set[str]:
+        return {self.holder[p] for p in self.by_key[kb] if p in self.holder}
+
+    # -- events ------------------------------------------------------------------------
+
+    def publish(self, position: int, key: Key, payload: object) -> None:
+        kb = None if key is None else key_bytes(key)
+        self.messages[position] = Published(position, key, kb, payload)
+        if kb is not None:
+            self.by_key.setdefault(kb, []).append(position)
+        self.last_position = position
+
+    def add(self, consumer: str) -> None:
+        self.consumers.append(consumer)
+        self.permits[consumer] = 0
+
+    def remove(self, consumer: str) -> None:
+        self.consumers.remove(consumer)
+        del self.permits[consumer]
+        for position in self.inflight_on(consumer):
+            del self.holder[position]
+
+    def ack(self, consumer: str, position: int) -> None:
+        assert self.holder.pop(position) == consumer
+        self.acked[position] += 1
+
+    def nack(self, consumer: str, position: int) -> list[int]:
+        kb = self.messages[position].kb
+        if kb is None:
+            returned = [position]
+        else:
+            returned = [p for p in self.inflight_on(consumer) if p >= position and self.messages[p].kb == kb]
+        for p in returned:
+            del self.holder[p]
+        return returned
+
+
+def owner_lookup(ranges: list[tuple[int, int, str]]) -> Callable[[int], str | None]:
+    """Who owns a slot according to ``ranges`` (as returned by ``Dispatcher.ranges``)."""
+    ends = [end for _, end, _ in ranges]
+    owners = [consumer for _, _, consumer in ranges]
+
+    def owner(slot: int) -> str | None:
+        return owners[bisect.bisect_left(ends, slot)] if owners else None
+
+    return owner
+
+
+def check_poll(d: Dispatcher, model: Model, out: list[Delivery]) -> None:
+    """Check one poll's deliveries against the model, then update the model with them."""
+    assert isinstance(out, list)
+    owner = owner_lookup(d.ranges())
+    for delivery in out:
+        assert isinstance(delivery, Delivery)
+        consumer, position = delivery.consumer, delivery.position
+        assert consumer in model.permits, f"{delivery} went to a consumer that is not present"
+        assert model.permits[consumer] > 0, f"{delivery}: {consumer} had no permits left"
+        message = model.messages.get(position)
+        assert message is not None, f"{delivery}: position was never published"
+        assert position not in model.acked, f"{delivery}: position was already acked"
+        assert position not in model.holder, f"{delivery}: position is already in flight on {model.holder[position]}"
+        assert delivery.key == message.key, f"{delivery}: published with key {message.key!r}"
+        assert type(delivery.key) is type(message.key)
+        assert delivery.payload is message.payload
+        assert delivery.redelivery_count == model.delivered[position], (
+            f"{delivery}: position was delivered {model.delivered[position]} time(s) before"
+        )
+        if message.kb is not None:
+            holders = model.holders_of(message.kb)
+            assert holders <= {consumer}, f"G1: {delivery} while key has unacked deliveries on {sorted(holders)}"
+            expected_owner = owner(key_hash(message.kb))
+            assert consumer == expected_owner, (
+                f"{delivery}: key hash {key_hash(message.kb)} is owned by {expected_owner} in {d.ranges()}"
+            )
+            smallest = min(p for p in model.by_key[message.kb] if model.is_pending(p))
+            assert position == smallest, f"G2: {delivery} but position {smallest} of that key is still pending"
+        if delivery.redelivery_count:
+            event("redelivery")
+        model.permits[consumer] -= 1
+        model.holder[position] = consumer
+        model.delivered[position] += 1
+    check_nothing_held_back(d, model)
+    assert d.stats()["replay"] == len(model.pending()), "after a poll every pending message is in the replay buffer"
+
+
+def check_nothing_held_back(d: Dispatcher, model: Model) -> None:
+    """After a poll, no pending message may be deliverable (G5: nothing waits needlessly)."""
+    owner = owner_lookup(d.ranges())
+    for kb, positions in model.by_key.items():
+        pending = [p for p in positions if model.is_pending(p)]
+        if not pending:
+            continue
+        key_owner = owner(key_hash(kb))
+        holders = model.holders_of(kb)
+        if not holders <= {key_owner}:
+            event("a pending key is draining: unacked on a former owner")
+        if key_owner is None or model.permits[key_owner] == 0:
+            continue
+        assert not holders <= {key_owner}, (
+            f"G5: key {kb!r} has position {pending[0]} pending, is not blocked (unacked on {sorted(holders)}), "
+            f"and its owner {key_owner} has {model.permits[key_owner]} permit(s)"
+        )
+    keyless = [p for p in model.pending() if model.messages[p].kb is None]
+    with_permits = sorted(c for c, n in model.permits.items() if n > 0)
+    assert not (keyless and with_permits), f"keyless position {keyless[0]} pending while {with_permits} have permits"
+
+
+def check_state(d: Dispatcher, model: Model) -> None:
+    """The invariants that hold between any two calls."""
+    d._audit()  # the core's own internal invariants (heaps, holders, draining bookkeeping)
+    # G4: the bound.
+    held = model.held()
+    assert held <= model.max_replay
+    assert d.wants() == model.max_replay - held
+    # G1: every key's unacked deliveries sit on one consumer.
+    owner = owner_lookup(d.ranges())
+    for kb in model.by_key:
+        holders = model.holders_of(kb)
+        assert len(holders) <= 1
+        if holders and holders != {owner(key_hash(kb))}:
+            event("a key is unacked on a consumer that no longer owns it")
+    # The range map tiles the space, one range per consumer.
+    ranges = d.ranges()
+    if not model.consumers:
+        assert ranges == []
+    else:
+        assert ranges[0][0] == 0
+        assert ranges[-1][1] == HASH_RANGE_SIZE - 1
+        for (_, end, _), (start, _, _) in pairwise(ranges):
+            assert start == end + 1, f"ranges do not tile: {ranges}"
+        assert all(start <= end for start, end, _ in ranges)
+        owners = [consumer for _, _, consumer in ranges]
+        assert len(owners) == len(set(owners)), f"a consumer owns two ranges: {ranges}"
+        assert set(owners) == set(model.consumers), f"ranges {ranges} vs consumers {model.consumers}"
+    snapshot = d.snapshot()
+    assert snapshot["version"] == 1
+    assert snapshot["range_size"] == HASH_RANGE_SIZE
+    assert [(r["start"], r["end"], r["consumer"]) for r in snapshot["ranges"]] == ranges
+    for key in DISTINCT_KEYS:
+        assert d.owner_of(key) == owner(key_hash(key))
+    # Operator stats agree with the model.
+    stats = d.stats()
+    # Messages published since the last poll may not have reached the replay buffer yet.
+    assert stats["replay"] + stats.get("unrouted", 0) == len(model.pending())
+    assert set(stats["consumers"]) == set(model.consumers)
+    for consumer in model.consumers:
+        entry = stats["consumers"][consumer]
+        assert entry["permits"] == model.permits[consumer], f"{consumer}: {entry}"
+        assert entry["unacked"] == len(model.inflight_on(consumer)), f"{consumer}: {entry}"
+        found = [(start, end) for start, end, c in ranges if c == consumer]
+        assert tuple(entry["range"]) == found[0]
+
+
+def fingerprint(d: Dispatcher) -> tuple[Any, ...]:
+    """Everything observable without changing the dispatcher."""
+    return d.ranges(), d.snapshot(), d.wants(), d.stats(), d.consumers()
+
+
+class DispatcherMachine(RuleBasedStateMachine):
+    """Random calls against one dispatcher, checked against :class:`Model`."""
+
+    def make(self, clock: ManualClock) -> Dispatcher:
+        return Dispatcher(clock=clock, max_replay=MAX_REPLAY, split="traffic")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = ManualClock()
+        self.d = self.make(self.clock)
+        self.model = Model(MAX_REPLAY)
+        self.payload_seq = 0
+
+    def rejected(self, error: type[KeyFailoverError], call: Callable[[], object]) -> None:
+        before = fingerprint(self.d)
+        with pytest.raises(error) as info:
+            call()
+        assert str(info.value), "an error must say what was wrong"
+        assert fingerprint(self.d) == before, f"rejected call changed the state ({info.value})"
+
+    @initialize(
+        names=st.lists(st.sampled_from(NAMES), min_size=1, max_size=3, unique=True),
+        permits=st.integers(0, 5),
+        keys=st.lists(st.sampled_from(KEY_POOL), max_size=8),
+    )
+    def start(self, names: list[str], permits: int, keys: list[Key]) -> None:
+        """Consumers with a few permits and a few messages, so that every run has work to do."""
+        for name in names:
+            self.d.add_consumer(name)
+            self.model.add(name)
+            self.d.flow(name, permits)
+            self.model.permits[name] += permits
+        for key in keys:
+            self.publish_one(key, 1)
+
+    @precondition(lambda self: len(self.model.consumers) < len(NAMES))
+    @rule(data=st.data())
+    def add_consumer(self, data: st.DataObject) -> None:
+        absent = [name for name in NAMES if name not in self.model.consumers]
+        name = data.draw(st.sampled_from(absent), label="add")
+        self.d.add_consumer(name)
+        self.model.add(name)
+
+    @precondition(lambda self: bool(self.model.consumers))
+    @rule(data=st.data())
+    def remove_consumer(self, data: st.DataObject) -> None:
+        name = data.draw(st.sampled_from(self.model.consumers), label="remove")
+        self.d.remove_consumer(name)
+        self.model.remove(name)
+
+    @precondition(lambda self: bool(self.model.consumers))
+    @rule(data=st.data(), permits=st.integers(0, 5))
+    def flow(self, data: st.DataObject, permits: int) -> None:
+        name = data.draw(st.sampled_from(self.model.consumers), label="flow")
+        self.d.flow(name, permits)
+        self.model.permits[name] += permits
+
+    def publish_one(self, key: Key, gap: int) -> None:
+        position = self.model.last_position + gap
+        self.payload_seq += 1
+        payload = ("payload", self.payload_seq)
+        if self.model.held() >= self.model.max_replay:
+            event("publish at the bound")
+            self.rejected(BufferFullError, lambda: self.d.publish(position, key, payload))
+        else:
+            self.d.publish(position, key, payload)
+            self.model.publish(position, key, payload)
+
+    @rule(keys=st.lists(st.sampled_from(KEY_POOL), min_size=1, max_size=4), gap=st.integers(1, 3))
+    def publish(self, keys: list[Key], gap: int) -> None:
+        for key in keys:
+            self.publish_one(key, gap)
+
+    @precondition(lambda self: any(self.model.messages[p].kb is not None for p in self.model.holder))
+    @rule(data=st.data(), as_bytes=st.booleans())
+    def publish_key_in_flight(self, data: st.DataObject, as_bytes: bool) -> None:
+        """Another message of a key that is in flight: what a range move must then hold back."""
+        in_flight = sorted({kb for p in self.model.holder if (kb := self.model.messages[p].kb) is not None})
+        kb = data.draw(st.sampled_from(in_flight), label="key in flight")
+        self.publish_one(kb if as_bytes else kb.decode(), 1)
+
+    @rule()
+    def poll(self) -> None:
+        ranges = self.d.ranges()
+        check_poll(self.d, self.model, self.d.poll())
+        if self.d.ranges() != ranges:
+            event("ranges shifted during a poll")
+
+    @precondition(lambda self: bool(self.model.holder))
+    @rule(data=st.data())
+    def ack(self, data: st.DataObject) -> None:
+        position, consumer = data.draw(st.sampled_from(sorted(self.model.holder.items())), label="ack")
+        self.d.ack(consumer, position)
+        self.model.ack(consumer, position)
+
+    @precondition(lambda self: bool(self.model.holder))
+    @rule(data=st.data())
+    def nack(self, data: st.DataObject) -> None:
+        position, consumer = data.draw(st.sampled_from(sorted(self.model.holder.items())), label="nack")
+        self.d.nack(consumer, position)
+        self.model.nack(consumer, position)
+
+    @rule(seconds=st.sampled_from(CLOCK_STEPS))
+    def tick(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    @rule(data=st.data(), kind=st.sampled_from(("duplicate", "unknown", "not in flight", "stale position")))
+    def rejected_call(self, data: st.DataObject, kind: str) -> None:
+        """Calls the dispatcher must refuse without changing anything."""
+        model, d = self.model, self.d
+        present = model.consumers
+        absent = [name for name in NAMES if name not in present]
+        if kind == "duplicate" and present:
+            name = data.draw(st.sampled_from(present), label="duplicate")
+            self.rejected(DuplicateConsumerError, lambda: d.add_consumer(name))
+        elif kind == "unknown" and absent:
+            name = data.draw(st.sampled_from(absent), label="unknown")
+            position = max(model.last_position, 0)
+            calls: list[Callable[[], object]] = [
+                lambda: d.flow(name, 1),
+                lambda: d.remove_consumer(name),
+                lambda: d.ack(name, position),
+                lambda: d.nack(name, position),
+            ]
+            self.rejected(UnknownConsumerError, data.draw(st.sampled_from(calls), label="call"))
+        elif kind == "not in flight" and present:
+            # Acked, pending, never published, or in flight on another consumer.
+            positions = [*model.messages, model.last_position + 1]
+            choices = [(c, p) for c in present for p in positions if model.holder.get(p) != c]
+            consumer, position = data.draw(st.sampled_from(choices), label="not in flight")
+            call = data.draw(st.sampled_from((d.ack, d.nack)), label="call")
+            self.rejected(NotInFlightError, lambda: call(consumer, position))
+        elif kind == "stale position" and model.last_position >= 0:
+            position = model.last_position - data.draw(st.integers(0, 2), label="back")
+            self.rejected(PositionError, lambda: d.publish(position, "hot", None))
+
+    @invariant()
+    def consistent(self) -> None:
+        check_state(self.d, self.model)
+
+    def teardown(self) -> None:
+        """G3: with permits for all and every delivery acked, everything published drains."""
+        d, model = self.d, self.model
+        if not model.consumers:
+            d.add_consumer("drainer")
+            model.add("drainer")
+        for position, consumer in sorted(model.holder.items()):
+            d.ack(consumer, position)
+            model.ack(consumer, position)
+        for _ in range(5):
+            if not model.held():
+                break
+            for consumer in model.consumers:
+                d.flow(consumer, model.max_replay)
+                model.permits[consumer] += model.max_replay
+            check_poll(d, model, d.poll())
+            for position, consumer in sorted(model.holder.items()):
+                d.ack(consumer, position)
+                model.ack(consumer, position)
+            self.clock.advance(1.0)
+        assert model.held() == 0, f"G3: positions {model.pending()} were never delivered and acked"
+        assert set(model.acked) == set(model.messages)
+        assert all(count == 1 for count in model.acked.values())
+        assert d.wants() == model.max_replay
+        assert d.poll() == []
+        check_state(d, model)
+
+
+class MidpointShiftingMachine(DispatcherMachine):
+    """The same machine with midpoint splits and boundary shifts that fire on little traffic."""
+
+    def make(self, clock: ManualClock) -> Dispatcher:
+        return Dispatcher(
+            clock=clock,
+            max_replay=MAX_REPLAY,
+            split="midpoint",
+            half_life=2.0,
+            shift_threshold=1.05,
+            shift_interval=1.0,
+            shift_min_traffic=1.0,
+        )
+
+
+DispatcherMachine.TestCase.settings = settings(max_examples=600, stateful_step_count=100, deadline=None)
+MidpointShiftingMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=100, deadline=None)
+TestDispatcherMachine = DispatcherMachine.TestCase
+TestMidpointShiftingMachine = MidpointShiftingMachine.TestCase
+
+
+# -- G6: determinism ---------------------------------------------------------------------
+
+Op = tuple[Any, ...]
+
+PUBLISH = st.tuples(st.just("publish"), st.sampled_from(KEY_POOL), st.integers(1, 3))
+POLL = st.tuples(st.just("poll"))
+FLOW = st.tuples(st.just("flow"), st.sampled_from(NAMES), st.integers(0, 12))
+ACK = st.tuples(st.just("ack"), st.integers(0, 50))
+OPS: st.SearchStrategy[Op] = st.one_of(
+    PUBLISH,
+    POLL,
+    FLOW,
+    ACK,
+    PUBLISH,
+    PUBLISH,
+    POLL,
+    ACK,
+    st.tuples(st.just("add"), st.sampled_from(NAMES)),
+    st.tuples(st.just("remove"), st.sampled_from(NAMES)),
+    st.tuples(st.just("nack"), st.integers(0, 50)),
+    st.tuples(st.just("tick"), st.sampled_from(CLOCK_STEPS)),
+)
+
+
+class Run:
+    """One dispatcher replaying a list of ops and recording every outcome."""
+
+    def __init__(self, make: Callable[[ManualClock], Dispatcher], observe: bool) -> None:
+        self.clock = ManualClock()
+        self.d = make(self.clock)
+        self.observe = observe
+        self.position = 0
+        self.outstanding: list[tuple[str, int]] = []
+
+    def apply(self, op: Op) -> object:
+        d = self.d
+        kind = op[0]
+        try:
+            if kind == "add":
+                d.add_consumer(op[1])
+            elif kind == "remove":
+                d.remove_consumer(op[1])
+            elif kind == "flow":
+                d.flow(op[1], op[2])
+            elif kind == "publish":
+                self.position += op[2]
+                d.publish(self.position, op[1], self.position)
+            elif kind == "poll":
+                out = d.poll()
+                self.outstanding.extend((x.consumer, x.position) for x in out)
+                return out
+            elif kind in ("ack", "nack") and self.outstanding:
+                consumer, position = self.outstanding.pop(op[1] % len(self.outstanding))
+                (d.ack if kind == "ack" else d.nack)(consumer, position)
+            elif kind == "tick":
+                self.clock.advance(op[1])
+        except KeyFailoverError as exc:
+            return type(exc).__name__, str(exc)
+        finally:
+            if self.observe:  # reading the state must not change any later decision
+                d.stats()
+                d.snapshot()
+                d.traffic()
+                d.owner_of("hot")
+        return None
+
+    def observable(self) -> tuple[Any, ...]:
+        return self.d.ranges(), self.d.snapshot(), self.d.wants(), self.d.consumers()
+
+
+def make_shifting(clock: ManualClock) -> Dispatcher:
+    return Dispatcher(
+        clock=clock, max_replay=30, split="traffic", half_life=3.0, shift_threshold=1.1, shift_interval=2.0,
+        shift_min_traffic=1.0,
+    )  # fmt: skip
+
+
+def make_default(clock: ManualClock) -> Dispatcher:
+    return Dispatcher(clock=clock, max_replay=30)
+
+
+PRELUDE: list[Op] = [("add", "c1"), ("add", "c2"), ("flow", "c1", 4), ("flow", "c2", 4)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(OPS, min_size=40, max_size=150).map(lambda ops: PRELUDE + ops),
+    make=st.sampled_from([make_default, make_shifting]),
+)
+def test_same_calls_and_clock_give_same_deliveries_and_ranges(
+    ops: list[Op], make: Callable[[ManualClock], Dispatcher]
+) -> None:
+    """G6: two dispatchers fed the same calls and clock readings agree on every outcome.
+
+    A third one, whose state is read (stats, snapshot, traffic, owner_of) after every
+    call, must agree too: observing the dispatcher never changes what it decides.
+    """
+    runs = [Run(make, observe=False), Run(make, observe=False), Run(make, observe=True)]
+    for step, op in enumerate(ops):
+        outcomes = [run.apply(op) for run in runs]
+        assert outcomes[1] == outcomes[0], f"step {step} {op}: {outcomes[1]} != {outcomes[0]}"
+        assert outcomes[2] == outcomes[0], f"step {step} {op}: observed run gave {outcomes[2]} != {outcomes[0]}"
+        states = [run.observable() for run in runs]
+        assert states[1] == states[0], f"step {step} {op}"
+        assert states[2] == states[0], f"step {step} {op}"
+    assert runs[0].d.stats() == runs[1].d.stats() == runs[2].d.stats()
+
+
+# -- G5: a stalled consumer never delays anyone else ------------------------------------
+
+STALL_KEYS = tuple(f"order-{i}" for i in range(40))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    keys=st.lists(st.sampled_from(STALL_KEYS), min_size=150, max_size=300),
+    stalled_index=st.integers(0, 3),
+    ticks=st.lists(st.sampled_from((0.0, 0.5, 3.0)), min_size=1, max_size=5),
+)
+def test_stalled_consumer_never_delays_other_keys(keys: list[str], stalled_index: int, ticks: list[float]) -> None:
+    """G5 (and G4): one consumer never gets a permit; everyone else keeps receiving every
+    message of their keys at once, only the stalled consumer's keys fill the buffer, and at
+    the bound publishing stops. Removing the stalled consumer then hands its backlog over."""
+    clock = ManualClock()
+    max_replay = 30
+    d = Dispatcher(clock=clock, max_replay=max_replay)
+    model = Model(max_replay)
+    names = ["a", "b", "c", "d"]
+    stalled = names[stalled_index]
+    for name in names:
+        d.add_consumer(name)
+        model.add(name)
+        if name != stalled:
+            d.flow(name, 10_000)
+            model.permits[name] += 10_000
+    position = 0
+    keys_by_position: dict[int, str] = {}
+    reached_bound = False
+    for i, key in enumerate(keys):
+        if d.wants() == 0:
+            reached_bound = True
+            break
+        position += 1
+        d.publish(position, key, None)
+        model.publish(position, key, None)
+        keys_by_position[position] = key
+        out = d.poll()
+        check_poll(d, model, out)
+        assert all(x.consumer != stalled for x in out)
+        for x in out:
+            d.ack(x.consumer, x.position)
+            model.ack(x.consumer, x.position)
+        # Everything still held belongs to a key the stalled consumer owns right now.
+        held_owners = {d.owner_of(keys_by_position[p]) for p in model.pending()}
+        assert held_owners <= {stalled}, f"messages of {held_owners - {stalled}} wait although their owner has permits"
+        clock.advance(ticks[i % len(ticks)])
+        check_state(d, model)
+    if reached_bound:
+        event("the stalled consumer's keys filled the buffer")
+        assert model.held() == max_replay
+        with pytest.raises(BufferFullError):
+            d.publish(position + 1, STALL_KEYS[0], None)
+    d.remove_consumer(stalled)
+    model.remove(stalled)
+    for name in model.consumers:
+        d.flow(name, max_replay)
+        model.permits[name] += max_replay
+    out = d.poll()
+    check_poll(d, model, out)
+    assert model.pending() == []
+    assert all(x.redelivery_count == 0 for x in out), "messages never delivered are not redeliveries"
+    for x in out:
+        d.ack(x.consumer, x.position)
+        model.ack(x.consumer, x.position)
+    assert model.held() == 0
+    assert set(model.acked) == set(model.messages)

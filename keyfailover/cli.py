@@ -3,31 +3,191 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import sys
-from collections.abc import Sequence
-
-from keyfailover.demo import run_demo
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
 
 __all__ = ["main"]
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from keyfailover.demo import run_demo
+
+    report = run_demo(messages=args.messages, keys=args.keys, seed=args.seed)
+    return 1 if report.problems else 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from keyfailover.protocol import DEFAULT_MAX_FRAME
+    from keyfailover.server import ServerConfig, run_server
+
+    config = ServerConfig(
+        data_dir=Path(args.data_dir),
+        host=args.host,
+        port=args.port,
+        token=args.token,
+        session_timeout=args.session_timeout,
+        max_frame=args.max_frame or DEFAULT_MAX_FRAME,
+        synchronous=args.sync,
+    )
+    return asyncio.run(run_server(config))
+
+
+def _produce(args: argparse.Namespace) -> int:
+    from keyfailover.client import Client
+
+    source: TextIO = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")  # noqa: SIM115
+    sent = 0
+    errors: list[BaseException] = []
+
+    def done(_position: int | None, error: BaseException | None) -> None:
+        if error is not None:
+            errors.append(error)
+
+    with Client(args.url, args.token) as client, source:
+        producer = client.create_producer(args.topic, args.producer_name)
+        for line_number, raw in enumerate(source, 1):
+            line = raw.rstrip("\n")
+            if not line:
+                continue
+            key, payload = _parse_line(line, line_number, args.json, args.key_field)
+            producer.send_async(payload, key, done)
+            sent += 1
+            if args.progress and sent % 10_000 == 0:
+                print(f"\rsent {sent}", end="", file=sys.stderr, flush=True)
+        producer.flush()
+    if args.progress:
+        print(f"\rsent {sent}", file=sys.stderr)
+    if errors:
+        print(f"{len(errors)} messages were not stored; first error: {errors[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _parse_line(line: str, number: int, as_json: bool, key_field: str | None) -> tuple[str | None, bytes]:
+    if not as_json:
+        if key_field is None:
+            return None, line.encode()
+        key, sep, payload = line.partition(key_field)
+        if not sep:
+            raise SystemExit(f"line {number}: no {key_field!r} separator between key and payload")
+        return key, payload.encode()
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"line {number}: not JSON ({exc})") from None
+    if not isinstance(record, dict):
+        raise SystemExit(f"line {number}: expected a JSON object, got {type(record).__name__}")
+    field = record.get(key_field) if key_field else None
+    return (None if field is None else str(field)), line.encode()
+
+
+def _consume(args: argparse.Namespace) -> int:
+    from keyfailover.client import Client, Timeout
+
+    received = 0
+    with Client(args.url, args.token) as client:
+        consumer = client.subscribe(args.topic, args.subscription, args.consumer_name, args.receiver_queue)
+        while args.count is None or received < args.count:
+            try:
+                message = consumer.receive(timeout=args.idle_timeout)
+            except Timeout:
+                break
+            received += 1
+            payload = message.payload.decode("utf-8", "backslashreplace")
+            if args.json:
+                key = message.key.decode("utf-8", "backslashreplace") if isinstance(message.key, bytes) else message.key
+                record: dict[str, Any] = {
+                    "position": message.position,
+                    "key": key,
+                    "payload": payload,
+                    "redelivery_count": message.redelivery_count,
+                }
+                print(json.dumps(record, ensure_ascii=False), flush=False)
+            else:
+                print(f"{message.position}\t{message.key!s}\t{payload}", flush=False)
+            consumer.acknowledge(message)
+        sys.stdout.flush()
+        consumer.close()
+    return 0
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="keyfailover", description="Key-hash-range dispatcher (PIP-34 Key_Failover)")
     commands = parser.add_subparsers(dest="command", required=True)
+
     demo = commands.add_parser("demo", help="run the dispatcher through joins, leaves and a stalled consumer")
     demo.add_argument("--messages", type=int, default=60_000, help="messages to publish (default 60000)")
     demo.add_argument("--keys", type=int, default=5_000, help="distinct Zipf(1.1) keys (default 5000)")
     demo.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
+    demo.set_defaults(run=_demo)
+
+    serve = commands.add_parser("serve", help="run a server with an embedded durable log")
+    serve.add_argument("--data-dir", required=True, help="directory of the SQLite log (created if missing)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=6650, help="TCP port (default 6650; 0 picks a free one)")
+    serve.add_argument("--token", default=None, help="require clients to present this token")
+    serve.add_argument("--session-timeout", type=_positive_float, default=10.0, help="seconds (default 10)")
+    serve.add_argument("--max-frame", type=_positive_int, default=None, help="largest frame in bytes (default 5 MiB)")
+    serve.add_argument("--sync", choices=("full", "normal"), default="full", help="SQLite synchronous mode")
+    serve.set_defaults(run=_serve)
+
+    def client_args(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--url", default="kf://127.0.0.1:6650", help="server URL (default kf://127.0.0.1:6650)")
+        sub.add_argument("--token", default=None, help="token, if the server requires one")
+        sub.add_argument("--topic", required=True)
+
+    produce = commands.add_parser("produce", help="send lines or JSON lines from a file or stdin")
+    client_args(produce)
+    produce.add_argument("--file", default="-", help="input file (default: stdin)")
+    produce.add_argument("--json", action="store_true", help="lines are JSON objects; the payload is the line")
+    produce.add_argument(
+        "--key-field",
+        default=None,
+        help="with --json: the field holding the key; without: the separator between key and payload",
+    )
+    produce.add_argument("--producer-name", default=None, help="stable name for deduplicated retries")
+    produce.add_argument("--progress", action="store_true", help="print a running count on stderr")
+    produce.set_defaults(run=_produce)
+
+    consume = commands.add_parser("consume", help="print messages (acking as it goes)")
+    client_args(consume)
+    consume.add_argument("--subscription", required=True)
+    consume.add_argument("--consumer-name", default=None)
+    consume.add_argument("--receiver-queue", type=_positive_int, default=1000)
+    consume.add_argument("--json", action="store_true", help="print JSON lines")
+    consume.add_argument("--count", type=_positive_int, default=None, help="stop after this many messages")
+    consume.add_argument(
+        "--idle-timeout", type=_positive_float, default=None, help="stop after this many seconds without a message"
+    )
+    consume.set_defaults(run=_consume)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
     args = _parser().parse_args(argv)
-    if args.command == "demo":
-        report = run_demo(messages=args.messages, keys=args.keys, seed=args.seed)
-        return 1 if report.problems else 0
-    return 2
+    run: Command = args.run
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -8,16 +8,27 @@ leaves the object it was called on unchanged.
 
 from __future__ import annotations
 
+from enum import StrEnum
+from typing import Final
+
 __all__ = [
+    "FATAL_CODES",
     "BufferFullError",
     "ConsumerError",
+    "CursorError",
     "DuplicateConsumerError",
+    "ErrorCode",
+    "FrameEncodeError",
     "InvalidKeyError",
     "KeyFailoverError",
+    "LogError",
+    "LogFileError",
     "NotInFlightError",
     "PermitsError",
     "PositionError",
+    "ProtocolError",
     "RangeMapError",
+    "SequenceError",
     "SnapshotError",
     "UnknownConsumerError",
 ]
@@ -71,3 +82,72 @@ class RangeMapError(KeyFailoverError, ValueError):
 
 class SnapshotError(RangeMapError):
     """A range-map snapshot is not of the documented shape."""
+
+
+class ErrorCode(StrEnum):
+    """The ``code`` of a wire ``error`` frame (docs/protocol.md says when each is sent)."""
+
+    MALFORMED_FRAME = "malformed_frame"
+    UNKNOWN_TYPE = "unknown_type"
+    FRAME_TOO_LARGE = "frame_too_large"
+    BAD_FIELD = "bad_field"
+    UNAUTHORIZED = "unauthorized"
+    VERSION_MISMATCH = "version_mismatch"
+    NOT_CONNECTED = "not_connected"
+    UNKNOWN_TOPIC = "unknown_topic"
+    UNKNOWN_SUBSCRIPTION = "unknown_subscription"
+    UNKNOWN_SESSION = "unknown_session"
+    NOT_IN_FLIGHT = "not_in_flight"
+    INVALID_MESSAGE = "invalid_message"
+    SHUTTING_DOWN = "shutting_down"
+    INTERNAL = "internal"
+
+
+FATAL_CODES: Final[frozenset[ErrorCode]] = frozenset(
+    {
+        ErrorCode.MALFORMED_FRAME,
+        ErrorCode.UNKNOWN_TYPE,
+        ErrorCode.FRAME_TOO_LARGE,
+        ErrorCode.BAD_FIELD,
+        ErrorCode.UNAUTHORIZED,
+        ErrorCode.VERSION_MISMATCH,
+    }
+)
+"""Codes after which the connection must be closed: the peer broke the protocol or may not talk."""
+
+
+class ProtocolError(KeyFailoverError, ValueError):
+    """A frame broke the wire protocol, or a request cannot be served; ``code`` says which.
+
+    ``fatal`` (``code in FATAL_CODES``) means the connection must be closed; other codes
+    reject one request and the connection goes on.
+    """
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(code, message)
+        self.code = code
+        self.message = message
+        self.fatal = code in FATAL_CODES
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class FrameEncodeError(KeyFailoverError, ValueError):
+    """A frame holds a value the wire cannot carry (wrong type, int beyond 64 bits, lone surrogate)."""
+
+
+class LogError(KeyFailoverError, ValueError):
+    """A log call got an invalid argument: a topic, producer or subscription name, a payload, a limit."""
+
+
+class SequenceError(LogError):
+    """A named producer's message has no valid sequence id, or its ids do not increase within a batch."""
+
+
+class LogFileError(KeyFailoverError, OSError):
+    """The log file cannot be used: its folder is missing, it is closed, or it is no log this version reads."""
+
+
+class CursorError(KeyFailoverError, ValueError):
+    """A cursor was given a position that is not a positive int, or cursor bytes are malformed."""

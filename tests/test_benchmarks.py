@@ -19,6 +19,7 @@ HEADERS = {
     "bench_lookup.py": ("path", "consumers", "keys/s", "µs/key", "vs uhashring"),
     "bench_dispatch.py": ("dispatcher", "messages", "redelivered", "seconds", "messages/s", "µs/message"),
     "bench_rebalance.py": ("operation", "consumers", "median ms", "max ms", "median vs uhashring"),
+    "bench_log.py": ("writer", "synchronous", "batch", "messages", "messages/s", "vs peer"),
 }
 
 

@@ -1,0 +1,29 @@
+"""``keyfailover serve``: run a server until SIGTERM or SIGINT, then shut down cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+from keyfailover.server._server import Server, ServerConfig
+
+__all__ = ["run_server"]
+
+
+async def run_server(config: ServerConfig) -> int:
+    """Serve until a stop signal; prints ``listening on HOST:PORT`` once accepting."""
+    server = Server(config)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    host, port = server.address
+    print(f"listening on {host}:{port}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await server.close()
+    print("stopped", file=sys.stderr, flush=True)
+    return 0

@@ -1,0 +1,269 @@
+"""One (topic, subscription): the dispatcher core, its durable cursor and the read loop.
+
+The dispatcher holds positions only; payloads come from a bounded cache of what was just
+read, or are re-read from the log for replays. The log is read only as far as
+``Dispatcher.wants()`` allows (G4), and a single pump task per subscription does all reads
+and sends, so the core is touched by the event loop thread alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from keyfailover.cursor import Cursor
+from keyfailover.dispatcher import Delivery, Dispatcher
+from keyfailover.errors import NotInFlightError
+from keyfailover.log import StoredMessage
+from keyfailover.protocol import ConsumerClosed, Frame, Key, Messages, RangesChanged
+from keyfailover.server._storage import Storage
+
+__all__ = ["Session", "Subscription", "SubscriptionConfig"]
+
+_log = logging.getLogger("keyfailover.server")
+
+_READ_BATCH = 2000
+_SEND_BATCH = 1000
+_SEND_BYTES = 2 * 1024 * 1024  # well under the protocol's default 5 MiB frame limit
+
+
+@dataclass(frozen=True)
+class SubscriptionConfig:
+    max_replay: int = 100_000
+    payload_cache: int = 20_000
+    cursor_flush_seconds: float = 0.05
+
+
+class Session:
+    """One consumer's attachment to a subscription through one connection."""
+
+    __slots__ = ("consumer", "id", "range", "send", "subscription")
+
+    def __init__(
+        self, session_id: int, consumer: str, subscription: Subscription, send: Callable[[Frame], None]
+    ) -> None:
+        self.id = session_id
+        self.consumer = consumer
+        self.subscription = subscription
+        self.send = send
+        self.range: tuple[int | None, int | None] = (None, None)
+
+
+class Subscription:
+    """The live state of one subscription of one topic."""
+
+    def __init__(self, topic: str, name: str, cursor: Cursor, storage: Storage, config: SubscriptionConfig) -> None:
+        self.topic = topic
+        self.name = name
+        self.cursor = cursor
+        self.dispatcher = Dispatcher(clock=time.monotonic, max_replay=config.max_replay)
+        self.sessions: dict[str, Session] = {}
+        self._storage = storage
+        self._config = config
+        self._read_position = cursor.mark_delete
+        self._cache: OrderedDict[int, StoredMessage] = OrderedDict()
+        self._wake = asyncio.Event()
+        self._cursor_dirty = False
+        self._closed = False
+        self._task: asyncio.Task[None] | None = None
+        self._flusher: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._pump_loop(), name=f"pump {self.topic}/{self.name}")
+        self._flusher = loop.create_task(self._flush_loop(), name=f"cursor {self.topic}/{self.name}")
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    # -- membership ------------------------------------------------------------------
+
+    def attach(self, session: Session, permits: int) -> Session | None:
+        """Add ``session``; returns the session it superseded, if any (already detached)."""
+        old = self.sessions.get(session.consumer)
+        if old is not None:
+            self.detach(old, "superseded")
+        self.dispatcher.add_consumer(session.consumer)
+        self.dispatcher.flow(session.consumer, permits)
+        self.sessions[session.consumer] = session
+        start, end = self._range_of(session.consumer)
+        session.range = (start, end)
+        self.announce_ranges(skip=session)
+        self.wake()
+        return old
+
+    def detach(self, session: Session, reason: str, req: int | None = None, notify: bool = True) -> None:
+        """Remove ``session``: its unacked messages go back to pending and to the new owner."""
+        if self.sessions.get(session.consumer) is not session:
+            return
+        del self.sessions[session.consumer]
+        self.dispatcher.remove_consumer(session.consumer)
+        if notify:
+            session.send(ConsumerClosed(session=session.id, reason=reason, req=req))
+        self.announce_ranges()
+        self.wake()
+
+    def current(self, consumer: str, session_id: int) -> Session | None:
+        session = self.sessions.get(consumer)
+        return session if session is not None and session.id == session_id else None
+
+    def session_by_id(self, session_id: int) -> Session | None:
+        for session in self.sessions.values():
+            if session.id == session_id:
+                return session
+        return None
+
+    def announce_ranges(self, skip: Session | None = None) -> None:
+        """Tell every session whose range changed its new range."""
+        epoch = self.dispatcher.epoch
+        for session in self.sessions.values():
+            now = self._range_of(session.consumer)
+            if now != session.range:
+                session.range = now
+                if session is not skip:
+                    session.send(RangesChanged(session=session.id, epoch=epoch, start=now[0], end=now[1]))
+
+    def _range_of(self, consumer: str) -> tuple[int | None, int | None]:
+        found = self.dispatcher.range_of(consumer) if consumer in self.sessions else None
+        return found if found is not None else (None, None)
+
+    # -- flow, acks ------------------------------------------------------------------
+
+    def flow(self, session: Session, permits: int) -> None:
+        self.dispatcher.flow(session.consumer, permits)
+        self.wake()
+
+    def ack(self, session: Session, positions: list[int]) -> list[int]:
+        """Ack each position; returns those that were not in flight on the session."""
+        rejected = []
+        for position in positions:
+            try:
+                self.dispatcher.ack(session.consumer, position)
+            except NotInFlightError:
+                rejected.append(position)
+                continue
+            self.cursor.ack(position)
+            self._cache.pop(position, None)
+        if len(rejected) < len(positions):
+            self._cursor_dirty = True
+            self.wake()
+        return rejected
+
+    def nack(self, session: Session, positions: list[int]) -> list[int]:
+        rejected = []
+        for position in positions:
+            try:
+                self.dispatcher.nack(session.consumer, position)
+            except NotInFlightError:
+                rejected.append(position)
+        self.wake()
+        return rejected
+
+    # -- the pump --------------------------------------------------------------------
+
+    async def _pump_loop(self) -> None:
+        epoch = -1
+        while not self._closed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+            self._wake.clear()
+            if self._closed:
+                return
+            try:
+                await self._pump()
+            except Exception:
+                _log.exception("dispatch of %s/%s failed", self.topic, self.name)
+            now_epoch = self.dispatcher.epoch
+            if now_epoch != epoch:
+                epoch = now_epoch
+                self.announce_ranges()
+
+    async def _pump(self) -> None:
+        dispatcher = self.dispatcher
+        while True:
+            await self._send(dispatcher.poll())
+            wanted = dispatcher.wants()
+            last = self._storage.last_position(self.topic)
+            if not wanted or self._read_position >= last or not self.sessions:
+                return
+            batch = await self._storage.call(
+                self._storage.log.read, self.topic, self._read_position, min(wanted, _READ_BATCH)
+            )
+            if not batch:
+                return
+            cache = self._cache
+            cursor = self.cursor
+            for message in batch:
+                position = message.position
+                self._read_position = position
+                if cursor.is_acked(position):
+                    continue
+                dispatcher.publish(position, message.key, None)
+                cache[position] = message
+            while len(cache) > self._config.payload_cache:
+                cache.popitem(last=False)
+
+    async def _send(self, deliveries: list[Delivery]) -> None:
+        if not deliveries:
+            return
+        sessions = {d.consumer: self.sessions.get(d.consumer) for d in deliveries}
+        missing = [d.position for d in deliveries if d.position not in self._cache]
+        if missing:
+            found = await self._storage.call(self._storage.log.read_positions, self.topic, missing)
+            for position, message in found.items():
+                self._cache[position] = message
+        by_session: dict[int, tuple[Session, list[tuple[int, Key, bytes, int]]]] = {}
+        for delivery in deliveries:
+            session = sessions[delivery.consumer]
+            if session is None or self.sessions.get(delivery.consumer) is not session:
+                continue  # removed while payloads were read: the delivery went back to pending
+            cached = self._cache.get(delivery.position)
+            if cached is None:
+                _log.error("position %d of %s is not in the log", delivery.position, self.topic)
+                continue
+            entry = by_session.setdefault(session.id, (session, []))
+            entry[1].append((delivery.position, cached.key, cached.payload, delivery.redelivery_count))
+        for session, items in by_session.values():
+            batch: list[tuple[int, Key, bytes, int]] = []
+            size = 0
+            for item in items:
+                if batch and (len(batch) >= _SEND_BATCH or size + len(item[2]) > _SEND_BYTES):
+                    session.send(Messages(session=session.id, messages=batch))
+                    batch, size = [], 0
+                batch.append(item)
+                size += len(item[2]) + 32
+            session.send(Messages(session=session.id, messages=batch))
+
+    # -- cursor ----------------------------------------------------------------------
+
+    async def _flush_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self._config.cursor_flush_seconds)
+            await self.flush_cursor()
+
+    async def flush_cursor(self) -> None:
+        if not self._cursor_dirty:
+            return
+        self._cursor_dirty = False
+        snapshot = Cursor(self.cursor.mark_delete, self.cursor.acked)
+        await self._storage.call(self._storage.log.save_cursors, [(self.topic, self.name, snapshot)])
+
+    async def close(self) -> None:
+        """Stop the pump, tell every session, and persist the cursor."""
+        self._closed = True
+        self._wake.set()
+        for task in (self._task, self._flusher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        for session in list(self.sessions.values()):
+            session.send(ConsumerClosed(session=session.id, reason="shutdown", req=None))
+        self.sessions.clear()
+        self._cursor_dirty = True
+        await self.flush_cursor()

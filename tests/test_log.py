@@ -1,0 +1,551 @@
+"""Log: round trips, positions, group commit, producer dedup, rollback, cursors, and real crash durability."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from keyfailover.cursor import Cursor
+from keyfailover.errors import InvalidKeyError, KeyFailoverError, LogError, LogFileError, SequenceError
+from keyfailover.log import MAX_POSITION, SCHEMA_VERSION, Key, Log, StoredMessage
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Iterator[Log]:
+    with Log(tmp_path / "log.db") as opened:
+        yield opened
+
+
+def _contents(log: Log) -> dict[str, list[StoredMessage]]:
+    return {topic: log.read(topic, 0, 1_000_000) for topic in log.topics()}
+
+
+def _payloads(log: Log, topic: str) -> list[bytes]:
+    return [message.payload for message in log.read(topic, 0, 1_000_000)]
+
+
+# -- keys, payloads, positions ---------------------------------------------------------
+
+KEYS: list[Key] = [None, "", b"", "k", b"k", "ünïcödé 🎉", "a\x00b", b"\x00\xff\xfe", "x" * 10_000, bytes(range(256))]
+
+
+def test_keys_of_every_kind_round_trip_with_their_type(log: Log) -> None:
+    log.append([("t", None, [(None, key, b"p") for key in KEYS])])
+    stored = log.read("t", 0, 100)
+    assert [m.key for m in stored] == KEYS
+    assert [type(m.key) for m in stored] == [type(key) for key in KEYS]
+
+
+def test_payloads_of_every_size_round_trip(log: Log) -> None:
+    payloads = [b"", b"\x00", bytes(range(256)), os.urandom(1 << 20), b"y" * 5000]
+    log.append([("t", None, [(None, None, p) for p in payloads])])
+    assert _payloads(log, "t") == payloads
+    assert all(type(p) is bytes for p in _payloads(log, "t"))
+
+
+def test_bytes_like_payloads_and_subclassed_keys_are_stored_as_plain_values(log: Log) -> None:
+    class Text(str):
+        pass
+
+    class Blob(bytes):
+        pass
+
+    messages: list[Any] = [(None, Text("a"), bytearray(b"1")), (None, Blob(b"b"), memoryview(b"2"))]
+    log.append([("t", None, messages)])
+    stored = log.read("t", 0, 10)
+    assert [(m.key, m.payload) for m in stored] == [("a", b"1"), (b"b", b"2")]
+    assert [type(m.key) for m in stored] == [str, bytes]
+    assert [type(m.payload) for m in stored] == [bytes, bytes]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.none() | st.text() | st.binary(), st.binary(max_size=64)), min_size=1, max_size=20))
+def test_any_keys_and_payloads_round_trip(
+    tmp_path_factory: pytest.TempPathFactory, messages: list[tuple[Key, bytes]]
+) -> None:
+    with Log(tmp_path_factory.mktemp("log") / "log.db", synchronous="normal") as log:
+        assert log.append([("t", None, [(None, k, p) for k, p in messages])]) == [
+            [(i, False) for i in range(1, len(messages) + 1)]
+        ]
+        assert log.read("t", 0, 100) == [StoredMessage(i, k, p) for i, (k, p) in enumerate(messages, 1)]
+
+
+def test_positions_are_consecutive_per_topic_across_calls(log: Log) -> None:
+    assert log.append([("a", None, [(None, "k", b"a1"), (None, "k", b"a2")])]) == [[(1, False), (2, False)]]
+    assert log.append([("b", None, [(None, "k", b"b1")])]) == [[(1, False)]]
+    assert log.append([("a", None, [(None, "k", b"a3")])]) == [[(3, False)]]
+    assert log.append([("b", None, [(None, "k", b"b2")]), ("a", None, [(None, "k", b"a4")])]) == [
+        [(2, False)],
+        [(4, False)],
+    ]
+    assert [m.position for m in log.read("a", 0, 10)] == [1, 2, 3, 4]
+    assert _payloads(log, "a") == [b"a1", b"a2", b"a3", b"a4"]
+    assert _payloads(log, "b") == [b"b1", b"b2"]
+    assert (log.last_position("a"), log.last_position("b")) == (4, 2)
+    assert log.topics() == ["a", "b"]
+
+
+def test_group_commit_stores_several_batches_in_one_call(log: Log) -> None:
+    results = log.append(
+        [
+            ("orders", "p1", [(0, "k1", b"o1"), (1, "k2", b"o2")]),
+            ("payments", None, [(None, None, b"y1")]),
+            ("orders", "p2", [(0, "k1", b"o3")]),
+            ("orders", None, []),
+            ("orders", None, [(None, b"k3", b"o4")]),
+        ]
+    )
+    assert results == [[(1, False), (2, False)], [(1, False)], [(3, False)], [], [(4, False)]]
+    assert _payloads(log, "orders") == [b"o1", b"o2", b"o3", b"o4"]
+    assert _payloads(log, "payments") == [b"y1"]
+
+
+def test_an_empty_append_or_empty_batch_creates_nothing(log: Log) -> None:
+    assert log.append([]) == []
+    assert log.append([("t", "p", [])]) == [[]]
+    assert log.topics() == []
+
+
+# -- producer dedup --------------------------------------------------------------------
+
+
+def test_a_retry_returns_the_original_positions_and_stores_nothing(log: Log) -> None:
+    batch = [(10, "k", b"m10"), (11, "k", b"m11"), (12, "k", b"m12")]
+    log.append([("other", None, [(None, None, b"x")]), ("t", None, [(None, None, b"first")])])
+    assert log.append([("t", "p", batch)]) == [[(2, False), (3, False), (4, False)]]
+    assert log.append([("t", "p", batch)]) == [[(2, True), (3, True), (4, True)]]
+    assert log.last_position("t") == 4
+    assert _payloads(log, "t") == [b"first", b"m10", b"m11", b"m12"]
+
+
+def test_a_partially_duplicate_batch_stores_only_the_new_messages(log: Log) -> None:
+    log.append([("t", "p", [(1, None, b"1"), (2, None, b"2"), (3, None, b"3")])])
+    log.append([("t", None, [(None, None, b"anonymous")])])
+    assert log.append([("t", "p", [(2, None, b"2"), (3, None, b"3"), (4, None, b"4"), (5, None, b"5")])]) == [
+        [(2, True), (3, True), (5, False), (6, False)]
+    ]
+    assert _payloads(log, "t") == [b"1", b"2", b"3", b"anonymous", b"4", b"5"]
+
+
+def test_the_same_sequence_id_twice_in_one_call_is_stored_once(log: Log) -> None:
+    results = log.append(
+        [
+            ("t", "p", [(7, "k", b"seven"), (8, "k", b"eight")]),
+            ("t", None, [(None, "k", b"anonymous")]),
+            ("t", "p", [(8, "k", b"eight"), (9, "k", b"nine")]),
+        ]
+    )
+    assert results == [[(1, False), (2, False)], [(3, False)], [(2, True), (4, False)]]
+    assert _payloads(log, "t") == [b"seven", b"eight", b"anonymous", b"nine"]
+
+
+def test_a_skipped_sequence_id_is_a_duplicate_without_a_position(log: Log) -> None:
+    log.append([("t", "p", [(1, None, b"1"), (5, None, b"5")])])
+    assert log.append([("t", "p", [(3, None, b"3"), (5, None, b"5"), (6, None, b"6")])]) == [
+        [(0, True), (2, True), (3, False)]
+    ]
+    assert _payloads(log, "t") == [b"1", b"5", b"6"]
+
+
+def test_producers_are_per_topic_and_per_name(log: Log) -> None:
+    message = [(1, None, b"m")]
+    assert log.append([("a", "p", message), ("b", "p", message), ("a", "q", message), ("a", "p", message)]) == [
+        [(1, False)],
+        [(1, False)],
+        [(2, False)],
+        [(1, True)],
+    ]
+
+
+def test_dedup_state_survives_reopening(tmp_path: Path) -> None:
+    with Log(tmp_path / "log.db") as log:
+        log.append([("t", "p", [(100, None, b"a"), (101, None, b"b")])])
+    with Log(tmp_path / "log.db") as log:
+        assert log.append([("t", "p", [(101, None, b"b"), (102, None, b"c")])]) == [[(2, True), (3, False)]]
+
+
+# -- rejected calls change nothing -----------------------------------------------------
+
+
+def _seeded(log: Log) -> None:
+    log.append([("t", "p", [(5, "k", b"five")]), ("u", None, [(None, None, b"u1")])])
+
+
+@pytest.mark.parametrize(
+    ("messages", "match"),
+    [
+        ([(7, None, b"7"), (6, None, b"6")], "sequence id 6 of producer 'p' follows 7 in the same batch"),
+        ([(7, None, b"7"), (7, None, b"7")], "sequence id 7 of producer 'p' follows 7"),
+        ([(6, None, b"6"), (None, None, b"x")], "has sequence id None; expected an int"),
+        ([(-1, None, b"x")], "has sequence id -1"),
+        ([(True, None, b"x")], "has sequence id True"),
+        ([(1.0, None, b"x")], "has sequence id 1.0"),
+        ([(2**63, None, b"x")], "has sequence id 9223372036854775808"),
+    ],
+)
+def test_bad_sequence_ids_roll_the_whole_call_back(log: Log, messages: list[Any], match: str) -> None:
+    _seeded(log)
+    before = _contents(log)
+    with pytest.raises(SequenceError, match=match):
+        log.append([("u", None, [(None, None, b"u2")]), ("new", None, [(None, None, b"n")]), ("t", "p", messages)])
+    assert _contents(log) == before
+    assert log.topics() == ["t", "u"]
+    # the producer's highest stored sequence id did not move either
+    assert log.append([("t", "p", [(6, None, b"six")])]) == [[(2, False)]]
+
+
+def test_a_sequence_id_without_a_producer_name_is_rejected(log: Log) -> None:
+    with pytest.raises(SequenceError, match="message 0 has sequence id 3 but its batch has no producer name"):
+        log.append([("t", None, [(3, None, b"x")])])
+    assert log.topics() == []
+
+
+@pytest.mark.parametrize(
+    ("batches", "error", "match"),
+    [
+        ([("t", None)], LogError, "a batch must be a \\(topic, producer, messages\\) tuple"),
+        ([("", None, [])], LogError, "topic must be a non-empty str"),
+        ([(b"t", None, [])], LogError, "topic must be a non-empty str"),
+        ([("t\ud800", None, [])], LogError, "topic 't\\\\ud800' is not valid Unicode"),
+        ([("t", "", [])], LogError, "producer name must be a non-empty str"),
+        ([("t", 3, [])], LogError, "producer name must be a non-empty str"),
+        ([("t", None, iter([]))], LogError, "messages of a batch must be a sequence"),
+        ([("t", None, [(None, None)])], LogError, "message 0 must be a \\(seq, key, payload\\) tuple"),
+        (
+            [("t", None, [(None, None, b""), None])],
+            LogError,
+            "message 1 must be a \\(seq, key, payload\\) tuple, not None",
+        ),
+        ([("t", None, [(None, None, "text")])], LogError, "the payload of message 0 must be bytes, not str"),
+        ([("t", "p", [(1, None, None)])], LogError, "payload of message 0 must be bytes, not NoneType"),
+        ([("t", None, [(None, 42, b"x")])], InvalidKeyError, "key must be str, bytes or None, not int"),
+        ([("t", None, [(None, bytearray(b"k"), b"x")])], InvalidKeyError, "not bytearray"),
+        ([("t", None, [(None, "ok", b"x"), (None, "bad\ud800", b"x")])], InvalidKeyError, "not valid Unicode"),
+    ],
+)
+def test_malformed_input_rolls_back_and_says_what_was_expected(
+    log: Log, batches: Any, error: type[Exception], match: str
+) -> None:
+    _seeded(log)
+    before = _contents(log)
+    with pytest.raises(error, match=match):
+        log.append([("t", None, [(None, None, b"first batch of the call")]), *batches])
+    assert _contents(log) == before
+
+
+@pytest.mark.parametrize("batches", [42, None, iter([("t", None, [(None, None, b"x")])])])
+def test_batches_must_be_a_sequence(log: Log, batches: Any) -> None:
+    with pytest.raises(LogError, match="batches must be a sequence of \\(topic, producer, messages\\)"):
+        log.append(batches)
+    assert log.topics() == []
+
+
+def test_error_messages_stay_short_for_huge_arguments(log: Log) -> None:
+    with pytest.raises(SequenceError) as raised:
+        log.append([("t", "p", [(-1, "k" * 100_000, b"x" * 1_000_000)])])
+    assert len(str(raised.value)) < 200
+    with pytest.raises(LogError) as rejected:
+        log.append([("t" * 100_000,)])  # type: ignore[list-item]
+    assert len(str(rejected.value)) < 200
+
+
+def test_a_topic_cannot_pass_its_last_position(tmp_path: Path) -> None:
+    with Log(tmp_path / "log.db") as log:
+        log.append([("t", None, [(None, None, b"first")])])
+    with sqlite3.connect(tmp_path / "log.db") as db:
+        (topic_id,) = db.execute("SELECT id FROM topics WHERE name = 't'").fetchone()
+        db.execute("INSERT INTO messages (id, payload) VALUES (?, x'00')", ((topic_id << 40) + MAX_POSITION - 1,))
+    db.close()
+    with Log(tmp_path / "log.db") as log:
+        assert log.append([("t", None, [(None, None, b"last")])]) == [[(MAX_POSITION, False)]]
+        with pytest.raises(LogError, match=f"topic 't' would pass its last possible position {MAX_POSITION}"):
+            log.append([("u", None, [(None, None, b"u")]), ("t", None, [(None, None, b"one too many")])])
+        assert log.topics() == ["t"]
+        assert log.last_position("t") == MAX_POSITION
+
+
+def test_the_number_of_topics_is_bounded(tmp_path: Path) -> None:
+    Log(tmp_path / "log.db").close()
+    with sqlite3.connect(tmp_path / "log.db") as db:
+        db.execute("INSERT INTO topics (id, name) VALUES (?, 'last')", ((1 << 23) - 1,))
+    db.close()
+    with Log(tmp_path / "log.db") as log:
+        assert log.append([("last", None, [(None, None, b"x")])]) == [[(1, False)]]
+        with pytest.raises(LogError, match="the log holds its maximum of 8388607 topics"):
+            log.append([("one more", None, [(None, None, b"x")])])
+        assert log.topics() == ["last"]
+
+
+def test_log_errors_are_of_the_hierarchy_and_the_expected_builtin() -> None:
+    assert issubclass(LogError, KeyFailoverError) and issubclass(LogError, ValueError)
+    assert issubclass(SequenceError, LogError)
+    assert issubclass(LogFileError, KeyFailoverError) and issubclass(LogFileError, OSError)
+
+
+# -- reads -----------------------------------------------------------------------------
+
+
+def test_read_returns_positions_after_up_to_limit(log: Log) -> None:
+    log.append([("t", None, [(None, f"k{i}", b"%d" % i) for i in range(1, 11)])])
+    assert [m.position for m in log.read("t", 0, 3)] == [1, 2, 3]
+    assert [m.position for m in log.read("t", 3, 3)] == [4, 5, 6]
+    assert [m.position for m in log.read("t", 8, 100)] == [9, 10]
+    assert log.read("t", 10, 100) == []
+    assert log.read("t", 5, 0) == []
+    assert log.read("t", MAX_POSITION, 10) == []
+    assert log.read("t", 2**70, 10) == []
+    assert log.read("t", 4, 1) == [StoredMessage(5, "k5", b"5")]
+
+
+def test_topics_never_see_each_others_messages(log: Log) -> None:
+    log.append([("a", None, [(None, None, b"a")]), ("b", None, [(None, None, b"b1"), (None, None, b"b2")])])
+    assert _payloads(log, "a") == [b"a"]
+    assert log.read_positions("a", [1, 2]) == {1: StoredMessage(1, None, b"a")}
+
+
+def test_read_positions_returns_the_stored_ones(log: Log) -> None:
+    log.append([("t", None, [(None, b"k%d" % i, b"%d" % i) for i in range(1, 1201)])])
+    wanted = [1200, 3, 3, 700, 1, 0, -5, 5000, MAX_POSITION + 1]
+    assert log.read_positions("t", wanted) == {p: StoredMessage(p, b"k%d" % p, b"%d" % p) for p in (1, 3, 700, 1200)}
+    every = log.read_positions("t", range(1, 1300))  # more than one query's worth
+    assert sorted(every) == list(range(1, 1201))
+    assert every[999].payload == b"999"
+    assert log.read_positions("t", []) == {}
+
+
+def test_unknown_topics_are_empty(log: Log) -> None:
+    assert log.read("nope", 0, 10) == []
+    assert log.read_positions("nope", [1]) == {}
+    assert log.last_position("nope") == 0
+    assert log.first_position("nope") == 1
+    assert log.subscriptions("nope") == []
+    assert log.load_cursor("nope", "s") == Cursor()
+    assert log.topics() == []
+
+
+def test_first_and_last_position(log: Log) -> None:
+    log.append([("t", None, [(None, None, b"x")] * 3)])
+    assert (log.first_position("t"), log.last_position("t")) == (1, 3)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda log: log.read("t", -1, 10), "after must be a non-negative int"),
+        (lambda log: log.read("t", 0, -1), "limit must be a non-negative int"),
+        (lambda log: log.read("t", 0, 2.5), "limit must be a non-negative int"),
+        (lambda log: log.read("", 0, 1), "topic must be a non-empty str"),
+        (lambda log: log.read_positions("t", [1, "2"]), "a position must be an int"),
+        (lambda log: log.read_positions("t", 5), "positions must be iterable"),
+        (lambda log: log.last_position(None), "topic must be a non-empty str"),
+        (lambda log: log.first_position(7), "topic must be a non-empty str"),
+        (lambda log: log.subscriptions(""), "topic must be a non-empty str"),
+        (lambda log: log.load_cursor("t", ""), "subscription must be a non-empty str"),
+        (lambda log: log.delete_subscription("t", None), "subscription must be a non-empty str"),
+        (lambda log: log.save_cursors(3), "cursors must be iterable"),
+        (lambda log: log.save_cursors([("t", "s")]), "a cursor entry must be a \\(topic, subscription, Cursor\\)"),
+        (lambda log: log.save_cursors([("t", "s", 5)]), "the cursor of 's' on topic 't' must be a Cursor, not int"),
+        (lambda log: log.save_cursors([("t", "s", Cursor(1)), ("", "s", Cursor())]), "topic must be"),
+    ],
+)
+def test_bad_arguments_raise_log_errors_and_change_nothing(log: Log, call: Any, match: str) -> None:
+    _seeded(log)
+    before = (_contents(log), log.subscriptions("t"))
+    with pytest.raises(LogError, match=match):
+        call(log)
+    assert (_contents(log), log.subscriptions("t")) == before
+
+
+# -- cursors ---------------------------------------------------------------------------
+
+
+def test_a_new_subscription_starts_at_zero_and_is_stored_on_save(log: Log) -> None:
+    cursor = log.load_cursor("t", "s")
+    assert cursor == Cursor()
+    assert log.subscriptions("t") == []
+    cursor.ack(1)
+    log.save_cursors([("t", "s", cursor)])
+    assert log.subscriptions("t") == ["s"]
+    assert log.load_cursor("t", "s") == Cursor(1)
+
+
+def test_save_cursors_stores_many_and_overwrites(log: Log) -> None:
+    log.save_cursors([("t", "b", Cursor(2, [5])), ("t", "a", Cursor()), ("u", "a", Cursor(9))])
+    log.save_cursors([("t", "b", Cursor(3, [7, 8]))])
+    assert log.subscriptions("t") == ["a", "b"]
+    assert log.subscriptions("u") == ["a"]
+    assert log.load_cursor("t", "b") == Cursor(3, [7, 8])
+    assert log.load_cursor("u", "a") == Cursor(9)
+
+
+def test_delete_subscription(log: Log) -> None:
+    log.save_cursors([("t", "a", Cursor(4)), ("t", "b", Cursor(5))])
+    assert log.delete_subscription("t", "a") is True
+    assert log.delete_subscription("t", "a") is False
+    assert log.subscriptions("t") == ["b"]
+    assert log.load_cursor("t", "a") == Cursor()
+
+
+def test_an_unreadable_stored_cursor_is_a_file_error(tmp_path: Path) -> None:
+    with Log(tmp_path / "log.db") as log:
+        log.save_cursors([("t", "s", Cursor(3))])
+    with sqlite3.connect(tmp_path / "log.db") as db:
+        db.execute("UPDATE cursors SET state = x'09'")
+    db.close()
+    with (
+        Log(tmp_path / "log.db") as log,
+        pytest.raises(LogFileError, match="the cursor of 's' on topic 't' is unreadable"),
+    ):
+        log.load_cursor("t", "s")
+
+
+# -- the file --------------------------------------------------------------------------
+
+
+def test_everything_survives_close_and_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    with Log(path, synchronous="normal") as log:
+        log.append([("t", "p", [(1, "k", b"a"), (2, None, b"b")]), ("u", None, [(None, b"x", b"c")])])
+        log.save_cursors([("t", "s", Cursor(1, [3]))])
+        before = (_contents(log), log.topics(), log.subscriptions("t"), log.last_position("t"))
+    with Log(str(path)) as log:
+        assert (_contents(log), log.topics(), log.subscriptions("t"), log.last_position("t")) == before
+        assert log.load_cursor("t", "s") == Cursor(1, [3])
+        assert log.append([("t", None, [(None, None, b"d")])]) == [[(3, False)]]
+
+
+def test_the_file_is_in_wal_mode_with_a_schema_version(tmp_path: Path) -> None:
+    Log(tmp_path / "log.db").close()
+    db = sqlite3.connect(tmp_path / "log.db")
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    db.close()
+
+
+def test_stats(log: Log) -> None:
+    log.append([("t", None, [(None, None, b"x" * 100)] * 5), ("u", None, [(None, None, b"y")])])
+    stats = log.stats()
+    assert stats["path"] == str(log.path)
+    assert stats["topics"] == {
+        "t": {"messages": 5, "first_position": 1, "last_position": 5},
+        "u": {"messages": 1, "first_position": 1, "last_position": 1},
+    }
+    assert stats["file_bytes"] >= 500
+
+
+def test_a_missing_folder_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(LogFileError, match="does not exist; create it first"):
+        Log(tmp_path / "missing" / "log.db")
+    assert not (tmp_path / "missing").exists()
+
+
+def test_a_file_that_is_not_a_database_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    path.write_bytes(b"this is not an SQLite file" * 100)
+    with pytest.raises(LogFileError, match="is not a keyfailover log"):
+        Log(path)
+
+
+def test_a_foreign_sqlite_database_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE people (name TEXT)")
+    db.close()
+    with pytest.raises(LogFileError, match="is an SQLite database but not a keyfailover log"):
+        Log(path)
+
+
+def test_a_newer_schema_version_is_an_error(tmp_path: Path) -> None:
+    Log(tmp_path / "log.db").close()
+    with sqlite3.connect(tmp_path / "log.db") as db:
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    db.close()
+    with pytest.raises(LogFileError, match=f"has schema version {SCHEMA_VERSION + 1}, newer than"):
+        Log(tmp_path / "log.db")
+
+
+def test_a_closed_log_refuses_calls(tmp_path: Path) -> None:
+    log = Log(tmp_path / "log.db")
+    log.close()
+    log.close()
+    with pytest.raises(LogFileError, match="is closed"):
+        log.read("t", 0, 1)
+    with pytest.raises(LogFileError, match="is closed"):
+        log.append([("t", None, [(None, None, b"x")])])
+
+
+def test_synchronous_must_be_full_or_normal(tmp_path: Path) -> None:
+    with pytest.raises(LogError, match="synchronous must be 'full' or 'normal', not 'off'"):
+        Log(tmp_path / "log.db", synchronous="off")  # type: ignore[arg-type]
+
+
+# -- crash durability: a real process, killed ------------------------------------------
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    from keyfailover.log import Log
+
+    log = Log(sys.argv[1], synchronous=sys.argv[2])
+    seq = 0
+    while True:
+        batch = []
+        for _ in range(50):
+            seq += 1
+            batch.append((seq, "key-%d" % (seq % 7), b"payload-%d" % seq))
+        [result] = log.append([("crash", "writer", batch)])
+        print(result[-1][0], flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("synchronous", ["full", "normal"])
+def test_every_acknowledged_append_survives_sigkill(tmp_path: Path, synchronous: str) -> None:
+    path = tmp_path / "log.db"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path), synchronous],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert writer.stdout is not None
+    printed: list[int] = []
+    try:
+        while len(printed) < 40:
+            line = writer.stdout.readline()
+            assert line, f"the writer stopped: {writer.communicate()[1].decode()}"
+            printed.append(int(line))
+        os.kill(writer.pid, signal.SIGKILL)
+        rest, _ = writer.communicate()  # lines it printed before it died
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+    assert writer.returncode == -signal.SIGKILL
+    printed += [int(line) for line in rest.split()]
+    with Log(path) as log:
+        last = log.last_position("crash")
+        assert last >= printed[-1]
+        assert last % 50 == 0  # a transaction is all or nothing
+        stored = log.read("crash", 0, last)
+        assert [m.position for m in stored] == list(range(1, last + 1))
+        assert all(m.payload == b"payload-%d" % m.position for m in stored)
+        assert all(m.key == f"key-{m.position % 7}" for m in stored)
+        assert printed == list(range(50, printed[-1] + 1, 50))
+        # the writer's producer state survived too: a retry of its last batch is a duplicate
+        retry = [(seq, None, b"payload-%d" % seq) for seq in range(last - 49, last + 1)]
+        assert log.append([("crash", "writer", retry)]) == [[(p, True) for p in range(last - 49, last + 1)]]

@@ -1,0 +1,688 @@
+"""The wire protocol: round trips, incremental decoding, every validation rule, and fuzzing.
+
+The fuzz properties hold the decoder to its contract on hostile input: ``feed`` returns
+valid frames or raises a fatal :class:`ProtocolError`, never anything else, and never keeps
+more than ``4 + max_frame`` bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+import tracemalloc
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import msgpack  # type: ignore[import-untyped]
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from keyfailover.errors import FATAL_CODES, ErrorCode, FrameEncodeError, KeyFailoverError, ProtocolError
+from keyfailover.hashing import HASH_RANGE_SIZE
+from keyfailover.protocol import (
+    DEFAULT_MAX_FRAME,
+    MAX_NAME_LENGTH,
+    PROTOCOL_VERSION,
+    Ack,
+    ClientFrame,
+    Close,
+    CloseConsumer,
+    Connect,
+    Connected,
+    ConsumerClosed,
+    Decoder,
+    Error,
+    Flow,
+    Frame,
+    Key,
+    Messages,
+    Nack,
+    Ping,
+    Pong,
+    Produce,
+    RangesChanged,
+    Receipt,
+    ServerFrame,
+    Subscribe,
+    Subscribed,
+    encode,
+)
+
+DOC_PATH = Path(__file__).parent.parent / "docs" / "protocol.md"
+INT64_MAX = 2**63 - 1
+INT64_MIN = -(2**63)
+
+Accept = Literal["client", "server", "any"]
+
+CLIENT_TYPES: tuple[type[Frame], ...] = get_args(ClientFrame)
+SERVER_TYPES: tuple[type[Frame], ...] = get_args(ServerFrame)
+
+
+# -- strategies -----------------------------------------------------------------------------
+
+uints = st.integers(0, 300) | st.integers(0, INT64_MAX)
+int64s = st.integers(-300, 300) | st.integers(INT64_MIN, INT64_MAX)
+names = st.text(st.characters(codec="utf-8", exclude_characters="\0"), min_size=1, max_size=MAX_NAME_LENGTH)
+labels = st.text(min_size=1, max_size=40)
+texts = st.text(max_size=40)
+keys = st.none() | st.text(max_size=20) | st.binary(max_size=20)
+payloads = st.binary(max_size=64)
+positions = st.lists(uints, max_size=40)
+slot_ranges = st.just((None, None)) | st.tuples(
+    st.integers(0, HASH_RANGE_SIZE - 1), st.integers(0, HASH_RANGE_SIZE - 1)
+).map(sorted).map(tuple)
+produced = st.lists(st.tuples(st.none() | uints, keys, payloads), max_size=30)
+delivered = st.lists(st.tuples(uints, keys, payloads, uints), max_size=30)
+
+
+@st.composite
+def receipts(draw: st.DrawFn) -> Receipt:
+    stored = draw(st.lists(st.tuples(uints, st.booleans()), max_size=40))
+    return Receipt(req=draw(uints), positions=[p for p, _ in stored], duplicates=[d for _, d in stored])
+
+
+@st.composite
+def subscribeds(draw: st.DrawFn) -> Subscribed:
+    start, end = draw(slot_ranges)
+    return Subscribed(req=draw(uints), session=draw(uints), consumer=draw(names), start=start, end=end)
+
+
+@st.composite
+def ranges_changeds(draw: st.DrawFn) -> RangesChanged:
+    start, end = draw(slot_ranges)
+    return RangesChanged(session=draw(uints), epoch=draw(uints), start=start, end=end)
+
+
+client_frames: st.SearchStrategy[Frame] = st.one_of(
+    st.builds(Connect, version=uints, token=st.none() | texts, client=labels),
+    st.builds(Produce, req=uints, topic=names, producer=st.none() | labels, messages=produced),
+    st.builds(Subscribe, req=uints, topic=names, subscription=names, consumer=names, receiver_queue=uints),
+    st.builds(Flow, topic=names, subscription=names, session=uints, permits=uints),
+    st.builds(Ack, topic=names, subscription=names, session=uints, positions=positions),
+    st.builds(Nack, topic=names, subscription=names, session=uints, positions=positions),
+    st.builds(CloseConsumer, req=uints, topic=names, subscription=names, session=uints),
+    st.builds(Ping, nonce=int64s),
+    st.just(Close()),
+)
+server_frames: st.SearchStrategy[Frame] = st.one_of(
+    st.builds(
+        Connected,
+        version=uints,
+        server=labels,
+        max_frame=st.integers(1, 2**32 - 1),
+        session_timeout=st.floats(min_value=0, exclude_min=True, allow_infinity=False),
+    ),
+    receipts(),
+    subscribeds(),
+    st.builds(Messages, session=uints, messages=delivered),
+    ranges_changeds(),
+    st.builds(ConsumerClosed, session=uints, reason=labels, req=st.none() | uints),
+    st.builds(Pong, nonce=int64s),
+    st.builds(Error, code=labels, message=texts, req=st.none() | uints),
+)
+frames = client_frames | server_frames
+
+# Any msgpack value (ext types included) to put where a field, item or body belongs.
+msgpack_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=10)
+    | st.binary(max_size=10)
+    | st.builds(msgpack.ExtType, st.integers(0, 127), st.binary(max_size=4)),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    max_leaves=12,
+)
+
+
+def same(decoded: list[Frame], expected: list[Frame]) -> bool:
+    """Equal down to the types: 1 is not True, 1.0 is not 1, "k" is not b"k", a list is not a tuple."""
+    return repr(decoded) == repr(expected)
+
+
+def raw(body: object) -> bytes:
+    """Any msgpack value framed as a body, bypassing :func:`encode`."""
+    packed: bytes = msgpack.packb(body, use_bin_type=True)
+    return struct.pack(">I", len(packed)) + packed
+
+
+def body_of(frame: Frame) -> dict[str, Any]:
+    """The map :func:`encode` sends for ``frame``, as a mutable dict."""
+    body: dict[str, Any] = msgpack.unpackb(encode(frame)[4:], raw=False)
+    return body
+
+
+def rejection(data: bytes, accept: Accept = "any", max_frame: int = DEFAULT_MAX_FRAME) -> ProtocolError:
+    decoder = Decoder(max_frame, accept=accept)
+    with pytest.raises(ProtocolError) as info:
+        decoder.feed(data)
+    assert info.value.fatal
+    return info.value
+
+
+# -- round trips ----------------------------------------------------------------------------
+
+
+@given(frames)
+def test_every_frame_round_trips_exactly(frame: Frame) -> None:
+    data = encode(frame)
+    assert struct.unpack(">I", data[:4])[0] == len(data) - 4
+    accept: Accept = "server" if isinstance(frame, CLIENT_TYPES) else "client"
+    assert same(Decoder(accept=accept).feed(data), [frame])
+    assert same(Decoder().feed(data), [frame])
+
+
+def test_keys_keep_their_type_on_the_wire() -> None:
+    messages: list[tuple[int, Key, bytes, int]] = [
+        (1, "k", b"a", 0),
+        (2, b"k", b"b", 0),
+        (3, None, b"c", 0),
+        (4, "", b"", 1),
+        (5, b"", b"", 2),
+    ]
+    frame = Messages(session=1, messages=messages)
+    body = encode(frame)[4:]
+    assert b"\xa1k" in body  # str travels as msgpack str
+    assert b"\xc4\x01k" in body  # bytes travel as msgpack bin
+    assert same(Decoder().feed(encode(frame)), [frame])
+
+
+def test_wire_bytes_are_pinned() -> None:
+    """The example in docs/protocol.md: ping with nonce 1."""
+    expected = bytes.fromhex("00000012" + "82" + "a474797065" + "a470696e67" + "a56e6f6e6365" + "01")
+    assert encode(Ping(nonce=1)) == expected
+    assert expected.hex(" ") in DOC_PATH.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("count", [0, 1, 10_000])
+def test_batches_round_trip_empty_to_large(count: int) -> None:
+    key_cycle: list[Key] = ["k", b"k", None]
+    batch: list[Frame] = [
+        Produce(req=1, topic="t", producer="p", messages=[(i, key_cycle[i % 3], b"%d" % i) for i in range(count)]),
+        Produce(req=2, topic="t", producer=None, messages=[(None, f"k{i}", b"") for i in range(count)]),
+        Messages(session=3, messages=[(INT64_MAX - i, key_cycle[i % 3], b"x" * (i % 7), i) for i in range(count)]),
+        Ack(topic="t", subscription="s", session=3, positions=list(range(count))),
+        Nack(topic="t", subscription="s", session=3, positions=list(range(count))),
+        Receipt(req=1, positions=list(range(count)), duplicates=[i % 2 == 0 for i in range(count)]),
+    ]
+    decoded = Decoder().feed(b"".join(encode(frame) for frame in batch))
+    assert same(decoded, batch)
+
+
+def test_error_codes_encode_as_their_strings() -> None:
+    frame = Error(code=ErrorCode.UNKNOWN_SESSION, message="gone", req=4)
+    [decoded] = Decoder(accept="client").feed(encode(frame))
+    assert isinstance(decoded, Error)
+    assert type(decoded.code) is str
+    assert decoded.code == ErrorCode.UNKNOWN_SESSION.value == "unknown_session"
+
+
+def test_session_timeout_accepts_an_integral_number() -> None:
+    body = body_of(Connected(version=1, server="s", max_frame=10, session_timeout=1.5))
+    body["session_timeout"] = 10
+    [decoded] = Decoder(accept="client").feed(raw(body))
+    assert isinstance(decoded, Connected)
+    assert type(decoded.session_timeout) is float
+    assert decoded.session_timeout == 10.0
+
+
+# -- incremental decoding -------------------------------------------------------------------
+
+
+@given(st.lists(frames, max_size=6), st.lists(st.integers(0, 10**6), max_size=12))
+def test_any_split_of_the_stream_gives_the_same_frames(sent: list[Frame], cuts: list[int]) -> None:
+    stream = b"".join(encode(frame) for frame in sent)
+    points = sorted({cut % (len(stream) + 1) for cut in cuts})
+    decoder = Decoder()
+    decoded: list[Frame] = []
+    for start, end in zip([0, *points], [*points, len(stream)], strict=True):
+        decoded += decoder.feed(stream[start:end])
+        assert decoder.buffered <= 4 + DEFAULT_MAX_FRAME
+    assert same(decoded, sent)
+    assert decoder.buffered == 0
+
+
+@given(st.lists(frames, min_size=1, max_size=3))
+def test_byte_by_byte_and_other_buffer_types(sent: list[Frame]) -> None:
+    stream = b"".join(encode(frame) for frame in sent)
+    decoder = Decoder()
+    decoded: list[Frame] = []
+    for i in range(len(stream)):
+        chunk = stream[i : i + 1]
+        decoded += decoder.feed(bytearray(chunk) if i % 2 else memoryview(chunk))
+    assert same(decoded, sent)
+
+
+def test_partial_frame_waits_for_the_rest() -> None:
+    data = encode(Ping(nonce=9))
+    decoder = Decoder()
+    assert decoder.feed(data[:3]) == []
+    assert decoder.feed(data[3:-1]) == []
+    assert decoder.buffered == len(data) - 1
+    assert decoder.feed(data[-1:] + data[:5]) == [Ping(nonce=9)]
+    assert decoder.buffered == 5
+    assert decoder.feed(data[5:]) == [Ping(nonce=9)]
+
+
+# -- frame size -----------------------------------------------------------------------------
+
+
+def test_oversized_length_is_rejected_on_its_header_alone() -> None:
+    decoder = Decoder(100)
+    assert decoder.feed(struct.pack(">I", 101)[:2]) == []
+    with pytest.raises(ProtocolError) as info:
+        decoder.feed(struct.pack(">I", 101)[2:])  # no body byte has come
+    assert info.value.code is ErrorCode.FRAME_TOO_LARGE
+    assert "101" in info.value.message and "100" in info.value.message
+    assert decoder.buffered == 0
+
+
+def test_oversized_frame_is_never_buffered() -> None:
+    decoder = Decoder(1000)
+    with pytest.raises(ProtocolError):
+        decoder.feed(encode(Ping(nonce=1)) + struct.pack(">I", 2**32 - 1) + bytes(100_000))
+    assert decoder.buffered == 0
+
+
+def test_frame_of_exactly_max_frame_is_accepted() -> None:
+    frame = Error(code="x", message="", req=None)
+    size = len(encode(frame)) - 4
+    frame = replace(frame, message="m" * (200 - size - 1))  # 1 more byte of str header (str8)
+    data = encode(frame)
+    assert len(data) - 4 == 200
+    assert Decoder(200).feed(data) == [frame]
+    assert rejection(data, max_frame=199).code is ErrorCode.FRAME_TOO_LARGE
+
+
+def test_default_limit() -> None:
+    assert DEFAULT_MAX_FRAME == 5 * 1024 * 1024 == Decoder().max_frame
+    assert PROTOCOL_VERSION == 1
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2**32, True, 1.5, "5"])
+def test_decoder_limit_must_be_a_positive_32_bit_int(bad: Any) -> None:
+    with pytest.raises(KeyFailoverError, match="max_frame"):
+        Decoder(bad)
+
+
+def test_decoder_accept_is_checked() -> None:
+    with pytest.raises(KeyFailoverError, match="accept"):
+        Decoder(accept="both")  # type: ignore[arg-type]
+
+
+# -- validation -----------------------------------------------------------------------------
+
+SAMPLES: dict[str, Frame] = {
+    frame.type: frame
+    for frame in (
+        Connect(version=1, token="secret", client="c"),
+        Produce(req=1, topic="t", producer="p", messages=[(1, "k", b"v")]),
+        Subscribe(req=1, topic="t", subscription="s", consumer="c", receiver_queue=10),
+        Flow(topic="t", subscription="s", session=1, permits=5),
+        Ack(topic="t", subscription="s", session=1, positions=[1, 2]),
+        Nack(topic="t", subscription="s", session=1, positions=[1, 2]),
+        CloseConsumer(req=1, topic="t", subscription="s", session=1),
+        Ping(nonce=1),
+        Close(),
+        Connected(version=1, server="keyfailover", max_frame=1024, session_timeout=10.0),
+        Receipt(req=1, positions=[1, 2], duplicates=[False, True]),
+        Subscribed(req=1, session=1, consumer="c", start=0, end=HASH_RANGE_SIZE - 1),
+        Messages(session=1, messages=[(1, "k", b"v", 0), (2, None, b"w", 1)]),
+        RangesChanged(session=1, epoch=2, start=0, end=99),
+        ConsumerClosed(session=1, reason="timeout", req=None),
+        Pong(nonce=1),
+        Error(code="unknown_session", message="no such session", req=3),
+    )
+}
+
+# (frame type, field, bad value): each must be refused with bad_field naming the field.
+BAD_FIELDS: list[tuple[str, str, object]] = [
+    # ints: bool is not an int, floats are not ints, int64 bounds, non-negative counts
+    ("ping", "nonce", True),
+    ("ping", "nonce", 1.0),
+    ("ping", "nonce", INT64_MAX + 1),
+    ("pong", "nonce", "1"),
+    ("connect", "version", -1),
+    ("connect", "version", None),
+    ("produce", "req", -1),
+    ("subscribe", "receiver_queue", -1),
+    ("subscribe", "receiver_queue", False),
+    ("flow", "permits", -1),
+    ("flow", "session", 2**64 - 1),
+    ("ack", "positions", [1, -1]),
+    ("ack", "positions", [1, True]),
+    ("ack", "positions", [INT64_MAX + 1]),
+    ("ack", "positions", 5),
+    ("ack", "positions", [[1]]),
+    ("nack", "positions", [None]),
+    ("consumer_closed", "req", -1),
+    ("error", "req", 1.5),
+    # names: non-empty, at most 256 chars, no NUL; str only
+    ("produce", "topic", ""),
+    ("produce", "topic", "t" * (MAX_NAME_LENGTH + 1)),
+    ("produce", "topic", "a\0b"),
+    ("produce", "topic", b"t"),
+    ("subscribe", "subscription", ""),
+    ("subscribe", "consumer", ""),
+    ("subscribe", "consumer", None),
+    ("flow", "subscription", "x" * 1000),
+    ("produce", "producer", ""),
+    ("connect", "client", ""),
+    ("connect", "client", None),
+    ("connect", "token", 7),
+    ("subscribed", "consumer", ""),
+    ("connected", "server", ""),
+    ("consumer_closed", "reason", ""),
+    ("error", "code", ""),
+    ("error", "message", None),
+    # produce batches: [seq, key, payload]
+    ("produce", "messages", [[-1, "k", b"v"]]),
+    ("produce", "messages", [[True, "k", b"v"]]),
+    ("produce", "messages", [[1, 5, b"v"]]),
+    ("produce", "messages", [[1, 1.5, b"v"]]),
+    ("produce", "messages", [[1, ["k"], b"v"]]),
+    ("produce", "messages", [[1, "k", "v"]]),
+    ("produce", "messages", [[1, "k", None]]),
+    ("produce", "messages", [[1, "k"]]),
+    ("produce", "messages", [[1, "k", b"v", 0]]),
+    ("produce", "messages", [b"abc"]),
+    ("produce", "messages", ["abc"]),
+    ("produce", "messages", [None]),
+    ("produce", "messages", [[1, "k", b"v"], 7]),
+    ("produce", "messages", b"messages"),
+    # deliveries: [position, key, payload, redelivery_count]
+    ("messages", "messages", [[-1, "k", b"v", 0]]),
+    ("messages", "messages", [[None, "k", b"v", 0]]),
+    ("messages", "messages", [[1, "k", b"v", -1]]),
+    ("messages", "messages", [[1, "k", b"v", True]]),
+    ("messages", "messages", [[1, 2, b"v", 0]]),
+    ("messages", "messages", [[1, "k", "v", 0]]),
+    ("messages", "messages", [[1, "k", b"v"]]),
+    ("messages", "messages", ["abcd"]),
+    ("messages", "messages", [b"abcd"]),
+    ("messages", "messages", [[1, "k", b"v", 0], [2, "k", b"v", 0, 0]]),
+    ("messages", "messages", None),
+    # receipts, ranges, limits
+    ("receipt", "duplicates", [0, 1]),
+    ("receipt", "duplicates", [False]),
+    ("receipt", "positions", [1]),
+    ("subscribed", "start", None),
+    ("subscribed", "end", None),
+    ("subscribed", "start", HASH_RANGE_SIZE),
+    ("subscribed", "end", -1),
+    ("ranges_changed", "start", 100),
+    ("ranges_changed", "epoch", -1),
+    ("connected", "max_frame", 0),
+    ("connected", "max_frame", 2**32),
+    ("connected", "session_timeout", 0.0),
+    ("connected", "session_timeout", -1.0),
+    ("connected", "session_timeout", math.inf),
+    ("connected", "session_timeout", math.nan),
+    ("connected", "session_timeout", True),
+    ("connected", "session_timeout", "10"),
+    ("connected", "version", 1.0),
+]
+
+
+@pytest.mark.parametrize(("frame_type", "field", "value"), BAD_FIELDS)
+def test_bad_field_values_are_rejected(frame_type: str, field: str, value: object) -> None:
+    body = body_of(SAMPLES[frame_type])
+    body[field] = value
+    error = rejection(raw(body))
+    assert error.code is ErrorCode.BAD_FIELD
+    assert frame_type in error.message and field in error.message
+
+
+def test_bad_item_is_named_by_index() -> None:
+    body = body_of(Ack(topic="t", subscription="s", session=1, positions=[1, 1, 2, 3]))
+    body["positions"] = [1, 1, 2, True, -5]
+    assert "item 3 must be a non-negative int64, got True (bool)" in rejection(raw(body)).message
+    body = body_of(SAMPLES["messages"])
+    body["messages"] = [[1, "k", b"v", 0]] * 3 + [[2, "k", b"x" * 10_000, -1]]
+    message = rejection(raw(body)).message
+    assert "item 3 must be an array [position" in message
+    assert len(message) < 400  # a 10 kB payload is cut short in the message
+
+
+@pytest.mark.parametrize("frame_type", sorted(SAMPLES))
+def test_missing_and_extra_fields_are_rejected(frame_type: str) -> None:
+    body = body_of(SAMPLES[frame_type])
+    body["extra"] = 1
+    error = rejection(raw(body))
+    assert error.code is ErrorCode.BAD_FIELD and "extra: 'extra'" in error.message
+    for field in fields(SAMPLES[frame_type]):
+        body = body_of(SAMPLES[frame_type])
+        del body[field.name]
+        error = rejection(raw(body))
+        assert error.code is ErrorCode.BAD_FIELD and f"missing: {field.name}" in error.message
+
+
+def test_field_names_must_be_str() -> None:
+    assert rejection(raw({"type": "ping", b"nonce": 1})).code is ErrorCode.BAD_FIELD
+
+
+def truncated(body: object) -> bytes:
+    """A body one byte short of the value it starts, with a length prefix that says so."""
+    packed: bytes = msgpack.packb(body)
+    return struct.pack(">I", len(packed) - 1) + packed[:-1]
+
+
+MALFORMED: list[bytes] = [
+    b"\x00\x00\x00\x00",  # empty body
+    b"\x00\x00\x00\x01\xc1",  # the never-used msgpack byte
+    truncated({"type": "ping", "nonce": 1}),
+    struct.pack(">I", 2) + b"\x01\x02",  # two values in one body
+    raw([{"type": "ping", "nonce": 1}]),  # not a map
+    raw("ping"),
+    raw({"nonce": 1}),  # no type
+    raw({"type": 1, "nonce": 1}),
+    raw({"type": b"ping", "nonce": 1}),  # type must be str
+    raw({b"type": "ping", "nonce": 1}),
+    struct.pack(">I", 3) + b"\x81\x01\x01",  # int map key
+    raw({"type": "ping", "nonce": {}}),  # nested map
+    raw({"type": "produce", "req": 1, "topic": "t", "producer": None, "messages": [{}, {}]}),
+    raw({str(i): i for i in range(65)}),  # more fields than any frame by far
+]
+
+
+@pytest.mark.parametrize("data", MALFORMED)
+def test_malformed_bodies_are_rejected(data: bytes) -> None:
+    assert rejection(data).code is ErrorCode.MALFORMED_FRAME
+
+
+def test_invalid_utf8_is_malformed() -> None:
+    packed = msgpack.packb({"type": "pong", "nonce": 1})
+    packed = packed.replace(b"\xa4pong", b"\xa4p\xffng")
+    assert rejection(struct.pack(">I", len(packed)) + packed).code is ErrorCode.MALFORMED_FRAME
+
+
+def test_unknown_type_is_rejected() -> None:
+    error = rejection(raw({"type": "bogus"}))
+    assert error.code is ErrorCode.UNKNOWN_TYPE and "bogus" in error.message
+
+
+@pytest.mark.parametrize("frame_type", sorted(SAMPLES))
+def test_frames_of_the_wrong_direction_are_rejected(frame_type: str) -> None:
+    frame = SAMPLES[frame_type]
+    own: Accept = "server" if isinstance(frame, CLIENT_TYPES) else "client"
+    other: Accept = "client" if own == "server" else "server"
+    assert Decoder(accept=own).feed(encode(frame)) == [frame]
+    error = rejection(encode(frame), accept=other)
+    assert error.code is ErrorCode.UNKNOWN_TYPE and frame_type in error.message
+
+
+def test_decoder_stays_dead_after_a_fatal_error() -> None:
+    decoder = Decoder(accept="server")
+    good = encode(Ping(nonce=1))
+    with pytest.raises(ProtocolError) as first:
+        decoder.feed(good + raw({"type": "ping", "nonce": 2**64 - 1}) + good)
+    for _ in range(3):
+        with pytest.raises(ProtocolError) as again:
+            decoder.feed(good)
+        assert again.value is first.value
+    assert decoder.buffered == 0
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+def test_fatal_codes() -> None:
+    assert {code.value for code in FATAL_CODES} == {
+        "malformed_frame",
+        "unknown_type",
+        "frame_too_large",
+        "bad_field",
+        "unauthorized",
+        "version_mismatch",
+    }
+    for code in ErrorCode:
+        error = ProtocolError(code, "why")
+        assert error.fatal is (code in FATAL_CODES)
+        assert isinstance(error, KeyFailoverError) and isinstance(error, ValueError)
+        assert str(error) == f"{code.value}: why"
+        assert (error.code, error.message) == (code, "why")
+
+
+def test_encode_refuses_what_the_wire_cannot_carry() -> None:
+    with pytest.raises(FrameEncodeError, match="expected a protocol frame"):
+        encode("ping")  # type: ignore[arg-type]
+    with pytest.raises(FrameEncodeError, match="'ping' frame"):
+        encode(Ping(nonce=2**64))
+    with pytest.raises(FrameEncodeError, match="'produce' frame"):
+        encode(Produce(req=1, topic="t", producer=None, messages=[(None, "\ud800", b"")]))
+    with pytest.raises(FrameEncodeError):
+        encode(Produce(req=1, topic="t", producer=None, messages=[(None, object(), b"")]))  # type: ignore[list-item]
+
+
+# -- fuzzing --------------------------------------------------------------------------------
+
+FUZZ = settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow])
+
+
+def feed_hostile(
+    chunks: list[bytes], max_frame: int = 4096, accept: Accept = "any"
+) -> tuple[list[Frame], ProtocolError | None]:
+    """Feed ``chunks``; only frames or a fatal ProtocolError may come out, and the buffer stays bounded."""
+    decoder = Decoder(max_frame, accept=accept)
+    decoded: list[Frame] = []
+    error: ProtocolError | None = None
+    for chunk in chunks:
+        try:
+            decoded += decoder.feed(chunk)
+        except ProtocolError as exc:
+            assert exc.fatal
+            assert decoder.buffered == 0
+            with pytest.raises(ProtocolError):
+                decoder.feed(encode(Ping(nonce=1)))
+            error = exc
+            break
+        assert decoder.buffered <= 4 + max_frame
+    for frame in decoded:  # whatever was accepted is a valid frame that survives a round trip
+        assert same(Decoder(accept=accept).feed(encode(frame)), [frame])
+    return decoded, error
+
+
+@FUZZ
+@given(st.lists(st.binary(max_size=300), max_size=5), st.sampled_from(get_args(Accept)))
+def test_fuzz_random_bytes(chunks: list[bytes], accept: Accept) -> None:
+    feed_hostile(chunks, accept=accept)
+
+
+@FUZZ
+@given(st.binary(max_size=600))
+def test_fuzz_random_bodies(body: bytes) -> None:
+    feed_hostile([struct.pack(">I", len(body)) + body])
+
+
+@FUZZ
+@given(msgpack_values)
+def test_fuzz_random_msgpack_values(value: object) -> None:
+    feed_hostile([raw(value)])
+
+
+@FUZZ
+@given(st.sampled_from(sorted(SAMPLES)), st.data())
+def test_fuzz_random_fields(frame_type: str, data: st.DataObject) -> None:
+    """Valid frame maps with fields replaced, added or removed, and items replaced."""
+    body = body_of(SAMPLES[frame_type])
+    for _ in range(data.draw(st.integers(1, 3))):
+        field = data.draw(st.sampled_from([*body, "extra"]))
+        action = data.draw(st.sampled_from(["replace", "delete", "item"]))
+        if action == "delete":
+            body.pop(field, None)
+        elif action == "item" and isinstance(body.get(field), list) and body[field]:
+            items = body[field]
+            items[data.draw(st.integers(0, len(items) - 1))] = data.draw(msgpack_values)
+        else:
+            body[field] = data.draw(msgpack_values)
+    feed_hostile([raw(body)])
+
+
+@st.composite
+def mutated_streams(draw: st.DrawFn) -> bytes:
+    stream = bytearray(b"".join(encode(frame) for frame in draw(st.lists(frames, min_size=1, max_size=3))))
+    for _ in range(draw(st.integers(1, 4))):
+        at = draw(st.integers(0, len(stream)))
+        action = draw(st.sampled_from(["flip", "set", "insert", "delete"]))
+        if action == "flip" and at < len(stream):
+            stream[at] ^= 1 << draw(st.integers(0, 7))
+        elif action == "set" and at < len(stream):
+            stream[at] = draw(st.integers(0, 255))
+        elif action == "insert":
+            stream[at:at] = draw(st.binary(min_size=1, max_size=8))
+        else:
+            del stream[at : at + draw(st.integers(1, 8))]
+    return bytes(stream)
+
+
+@FUZZ
+@given(mutated_streams(), st.lists(st.integers(0, 10**6), max_size=4))
+def test_fuzz_mutated_frames(stream: bytes, cuts: list[int]) -> None:
+    points = sorted({cut % (len(stream) + 1) for cut in cuts})
+    chunks = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
+    split_frames, split_error = feed_hostile(chunks, max_frame=1 << 16)
+    whole_frames, whole_error = feed_hostile([stream], max_frame=1 << 16)
+    if whole_error is None:
+        assert split_error is None and same(split_frames, whole_frames)
+    else:  # the same first bad frame, however the stream was cut
+        assert split_error is not None and str(split_error) == str(whole_error)
+
+
+@given(frames)
+def test_every_proper_prefix_of_a_frame_waits(frame: Frame) -> None:
+    data = encode(frame)
+    for cut in range(0, len(data), max(1, len(data) // 100)):
+        assert Decoder().feed(data[:cut]) == []
+
+
+def test_memory_stays_bounded_on_an_array_of_maps() -> None:
+    """An array of empty maps would be ~80 bytes of memory per byte received; the second map stops it."""
+    max_frame = 1 << 20
+    body = b"\xdd" + struct.pack(">I", max_frame - 5) + b"\x80" * (max_frame - 5)
+    data = struct.pack(">I", len(body)) + body
+    tracemalloc.start()
+    try:
+        error = rejection(data, max_frame=max_frame)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert error.code is ErrorCode.MALFORMED_FRAME
+    assert peak < 4 * max_frame
+
+
+# -- documentation --------------------------------------------------------------------------
+
+
+def test_docs_describe_every_frame_field_and_code() -> None:
+    doc = DOC_PATH.read_text(encoding="utf-8")
+    for cls in (*CLIENT_TYPES, *SERVER_TYPES):
+        section = re.search(rf"^### `{cls.type}`.*?(?=^##)", doc, re.MULTILINE | re.DOTALL)
+        assert section is not None, cls.type
+        for field in fields(cls):
+            assert f"`{field.name}`" in section.group(), (cls.type, field.name)
+    for code in ErrorCode:
+        assert f"`{code.value}`" in doc, code

@@ -1,0 +1,171 @@
+"""The server end to end: real ``keyfailover serve`` processes on loopback, real clients."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from keyfailover.client import Client, ClientClosed, Consumer, Message, Timeout
+from tests.server_process import ServerProcess
+
+
+class Recorder:
+    """What the consumers saw, with per-key order checks."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.first: dict[int, str] = {}
+        self.by_key: dict[str | bytes | None, list[int]] = defaultdict(list)
+        self.deliveries = 0
+
+    def saw(self, consumer: str, message: Message) -> None:
+        with self.lock:
+            self.deliveries += 1
+            if message.position not in self.first:
+                self.first[message.position] = consumer
+                self.by_key[message.key].append(message.position)
+
+
+def drain(consumer: Consumer, recorder: Recorder, name: str, stop: threading.Event, idle: float = 0.5) -> None:
+    while not stop.is_set():
+        try:
+            message = consumer.receive(timeout=idle)
+        except Timeout:
+            continue
+        except ClientClosed:
+            return
+        recorder.saw(name, message)
+        consumer.acknowledge(message)
+
+
+def test_end_to_end_ordered_with_joins_and_leaves(tmp_path: Path) -> None:
+    keys = [f"key-{i}" for i in range(1000)]
+    rng = random.Random(5)
+    with ServerProcess(tmp_path / "data") as server:
+        stored: dict[int, str] = {}
+        with Client(server.url) as client:
+            recorder = Recorder()
+            stop = threading.Event()
+            consumers: dict[str, tuple[Consumer, threading.Thread]] = {}
+
+            def join(name: str) -> None:
+                consumer = client.subscribe("orders", "billing", consumer_name=name, receiver_queue_size=200)
+                thread = threading.Thread(target=drain, args=(consumer, recorder, name, stop), daemon=True)
+                thread.start()
+                consumers[name] = (consumer, thread)
+
+            join("c1")
+            join("c2")
+            producers = [client.create_producer("orders", f"p{i}") for i in range(3)]
+            lock = threading.Lock()
+
+            def remember(key: str) -> object:
+                def callback(position: int | None, error: BaseException | None) -> None:
+                    assert error is None, error
+                    assert position is not None
+                    with lock:
+                        stored[position] = key
+
+                return callback
+
+            total = 50_000
+            for i in range(total):
+                key = rng.choice(keys)
+                producers[i % 3].send_async(f"{key}:{i}".encode(), key, remember(key))  # type: ignore[arg-type]
+                if i == 10_000:
+                    join("c3")
+                elif i == 20_000:
+                    join("c4")
+                elif i == 30_000:
+                    consumers.pop("c1")[0].close()
+                elif i == 40_000:
+                    consumers.pop("c3")[0].close()
+            for producer in producers:
+                producer.flush()
+            assert len(stored) == total
+            deadline_rounds = 600
+            while len(recorder.first) < total and deadline_rounds:
+                deadline_rounds -= 1
+                stop.wait(0.1)
+            stop.set()
+            for _, thread in consumers.values():
+                thread.join(timeout=5)
+        assert server.stop() == 0
+    assert set(recorder.first) == set(stored), "every stored message was consumed"
+    by_key_stored: dict[str, list[int]] = defaultdict(list)
+    for position in sorted(stored):
+        by_key_stored[stored[position]].append(position)
+    for key, positions in by_key_stored.items():
+        assert recorder.by_key[key] == positions, f"{key}: first deliveries out of order"
+
+
+def test_crash_restart_loses_nothing_confirmed(tmp_path: Path) -> None:
+    """SIGKILL the server at random moments while a producer sends; restart on the same data."""
+    data = tmp_path / "data"
+    confirmed: dict[int, bytes] = {}
+    server = ServerProcess(data).start()
+    port = server.port
+    rng = random.Random(11)
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def produce(client: Client) -> None:
+        producer = client.create_producer("events", "crashy")
+        i = 0
+        while not stop.is_set():
+            payload = f"m{i}".encode()
+            try:
+                position = producer.send(payload, key=f"k{i % 37}", timeout=60.0)
+            except BaseException as exc:  # recorded and asserted below
+                failures.append(exc)
+                return
+            confirmed[position] = payload
+            i += 1
+
+    try:
+        with Client(server.url) as client:
+            thread = threading.Thread(target=produce, args=(client,), daemon=True)
+            thread.start()
+            for _ in range(5):
+                target = len(confirmed) + rng.randint(50, 400)
+                while len(confirmed) < target and not failures:
+                    stop.wait(0.01)
+                server.kill()
+                server = ServerProcess(data, port=port).start()
+            target = len(confirmed) + 100
+            while len(confirmed) < target and not failures:
+                stop.wait(0.01)
+            stop.set()
+            thread.join(timeout=60)
+        assert not failures, failures
+        with Client(server.url) as client:
+            consumer = client.subscribe("events", "audit", consumer_name="a", receiver_queue_size=500)
+            seen: dict[int, bytes] = {}
+            while True:
+                try:
+                    message = consumer.receive(timeout=2.0)
+                except Timeout:
+                    break
+                seen[message.position] = message.payload
+                consumer.acknowledge(message)
+    finally:
+        server.stop()
+    missing = set(confirmed) - set(seen)
+    assert not missing, f"{len(missing)} confirmed messages lost"
+    assert all(seen[p] == payload for p, payload in confirmed.items())
+    # Retries after a crash are deduplicated by (producer, seq): each payload is stored once.
+    payloads = list(seen.values())
+    assert len(payloads) == len(set(payloads)), "a retried message was stored twice"
+
+
+@pytest.mark.parametrize("token", ["s3cret"])
+def test_wrong_token_is_refused(tmp_path: Path, token: str) -> None:
+    with ServerProcess(tmp_path / "data", "--token", token) as server:
+        with pytest.raises(Exception, match=r"unauthorized"):
+            Client(server.url, token="wrong", connect_timeout=3.0)
+        with Client(server.url, token=token) as client:
+            assert client.create_producer("t").send(b"x", key="k") == 1

@@ -48,6 +48,7 @@ from keyfailover.protocol import (
     Subscribe,
     Subscribed,
     encode,
+    stream_transport,
 )
 
 __all__ = [
@@ -178,13 +179,8 @@ class _Link(asyncio.Protocol):
                 party.reconnected()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        transport.write(encode(Connect(version=PROTOCOL_VERSION, token=self._token, client=_client_name())))
+        self._transport = stream = stream_transport(transport)
+        stream.write(encode(Connect(version=PROTOCOL_VERSION, token=self._token, client=_client_name())))
 
     def data_received(self, data: bytes) -> None:
         try:

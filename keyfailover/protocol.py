@@ -10,8 +10,11 @@ nothing: every frame it returns has exactly the documented fields, types and bou
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import reprlib
+import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -52,6 +55,7 @@ __all__ = [
     "Subscribe",
     "Subscribed",
     "encode",
+    "stream_transport",
 ]
 
 PROTOCOL_VERSION: Final = 1
@@ -265,6 +269,17 @@ _FIELDS: Final[dict[type[Frame], tuple[str, ...]]] = {
 
 
 # -- encoding -----------------------------------------------------------------------------
+
+
+def stream_transport(transport: asyncio.BaseTransport) -> asyncio.Transport:
+    """The TCP transport of a new connection, with Nagle off: frames are batched already."""
+    if not isinstance(transport, asyncio.Transport):
+        raise TypeError(f"expected a stream transport, got {type(transport).__name__}")
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return transport
 
 
 def encode(frame: Frame) -> bytes:

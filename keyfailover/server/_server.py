@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from keyfailover.protocol import (
     Subscribe,
     Subscribed,
     encode,
+    stream_transport,
 )
 from keyfailover.server._storage import Result, Storage
 from keyfailover.server._subscription import Session, Subscription, SubscriptionConfig
@@ -204,12 +204,7 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol ------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._transport = stream_transport(transport)
         self.peer = str(transport.get_extra_info("peername"))
         self._server.connected(self)
 

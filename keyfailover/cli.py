@@ -9,6 +9,9 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
+from urllib.error import HTTPError, URLError
+from urllib.parse import urlencode
+from urllib.request import urlopen
 
 __all__ = ["main"]
 
@@ -30,9 +33,14 @@ def _positive_int(text: str) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from keyfailover.demo import run_demo
+    if args.core:
+        from keyfailover.demo import run_demo
 
-    report = run_demo(messages=args.messages, keys=args.keys, seed=args.seed)
+        report = run_demo(messages=args.messages, keys=args.keys, seed=args.seed)
+    else:
+        from keyfailover.server_demo import run_server_demo
+
+        report = run_server_demo(events=args.messages, accounts=args.keys, seed=args.seed)
     return 1 if report.problems else 0
 
 
@@ -48,8 +56,60 @@ def _serve(args: argparse.Namespace) -> int:
         session_timeout=args.session_timeout,
         max_frame=args.max_frame or DEFAULT_MAX_FRAME,
         synchronous=args.sync,
+        metrics_port=args.metrics_port,
     )
     return asyncio.run(run_server(config))
+
+
+def _admin_get(args: argparse.Namespace, path: str, query: dict[str, str]) -> Any:
+    target = args.admin_url.rstrip("/") + path + ("?" + urlencode(query) if query else "")
+    try:
+        with urlopen(target, timeout=10) as response:
+            return json.load(response)
+    except HTTPError as exc:
+        raise SystemExit(f"{target}: {exc.code} {exc.read().decode(errors='replace').strip()}") from None
+    except URLError as exc:
+        raise SystemExit(f"cannot reach {target} ({exc.reason}); is the server running with --metrics-port?") from None
+
+
+def _ranges(args: argparse.Namespace) -> int:
+    query = {"topic": args.topic, "subscription": args.subscription} if args.topic else {}
+    found = _admin_get(args, "/ranges", query)
+    if args.json:
+        print(json.dumps(found, indent=2, sort_keys=True))
+        return 0
+    listing = (
+        [{"topic": args.topic, "subscription": args.subscription, "ranges": found}] if query else found["subscriptions"]
+    )
+    for item in listing:
+        snapshot = item["ranges"]
+        print(f"{item['topic']}/{item['subscription']} (epoch {snapshot['epoch']})")
+        for entry in snapshot["ranges"]:
+            share = (entry["end"] - entry["start"] + 1) / snapshot["range_size"]
+            print(f"  {entry['consumer']:<24}[{entry['start']:>5}, {entry['end']:>5}]  {share:6.1%}")
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    found = _admin_get(args, "/stats", {})
+    if args.json:
+        print(json.dumps(found, indent=2, sort_keys=True))
+        return 0
+    print(f"connections {found['connections']}")
+    for item in found["subscriptions"]:
+        stats = item["dispatcher"]
+        print(
+            f"{item['topic']}/{item['subscription']}: backlog {item['backlog']}, replay {stats['replay']}, "
+            f"mark-delete {item['mark_delete']}, epoch {stats['epoch']}"
+        )
+        print(f"  {'consumer':<24}{'range':>16}{'rate/s':>9}{'permits':>9}{'unacked':>9}{'draining':>9}")
+        for consumer, info in sorted(stats["consumers"].items()):
+            shown = "standby" if info["range"] is None else f"[{info['range'][0]}, {info['range'][1]}]"
+            print(
+                f"  {consumer:<24}{shown:>16}{info['rate']:>9.0f}{info['permits']:>9}"
+                f"{info['unacked']:>9}{info['draining_hashes']:>9}"
+            )
+    return 0
 
 
 def _produce(args: argparse.Namespace) -> int:
@@ -135,9 +195,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="keyfailover", description="Key-hash-range dispatcher (PIP-34 Key_Failover)")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="run the dispatcher through joins, leaves and a stalled consumer")
-    demo.add_argument("--messages", type=int, default=60_000, help="messages to publish (default 60000)")
-    demo.add_argument("--keys", type=int, default=5_000, help="distinct Zipf(1.1) keys (default 5000)")
+    demo = commands.add_parser("demo", help="a server with consumers that join, leave and stall; per-key order checked")
+    demo.add_argument("--core", action="store_true", help="run the in-process dispatcher alone, on a simulated clock")
+    demo.add_argument("--messages", type=int, default=30_000, help="events to produce (default 30000)")
+    demo.add_argument("--keys", type=int, default=2_000, help="distinct Zipf(1.1) keys (default 2000)")
     demo.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
     demo.set_defaults(run=_demo)
 
@@ -149,6 +210,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--session-timeout", type=_positive_float, default=10.0, help="seconds (default 10)")
     serve.add_argument("--max-frame", type=_positive_int, default=None, help="largest frame in bytes (default 5 MiB)")
     serve.add_argument("--sync", choices=("full", "normal"), default="full", help="SQLite synchronous mode")
+    serve.add_argument(
+        "--metrics-port", type=int, default=None, help="serve /metrics, /ranges, /stats, /healthz on this port"
+    )
     serve.set_defaults(run=_serve)
 
     def client_args(sub: argparse.ArgumentParser) -> None:
@@ -180,14 +244,34 @@ def _parser() -> argparse.ArgumentParser:
         "--idle-timeout", type=_positive_float, default=None, help="stop after this many seconds without a message"
     )
     consume.set_defaults(run=_consume)
+
+    def admin_args(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--admin-url", default="http://127.0.0.1:9650", help="the server's --metrics-port endpoint")
+        sub.add_argument("--json", action="store_true", help="print the raw JSON")
+
+    ranges = commands.add_parser("ranges", help="show each subscription's range map (from a running server)")
+    admin_args(ranges)
+    ranges.add_argument("--topic", default=None)
+    ranges.add_argument("--subscription", default=None)
+    ranges.set_defaults(run=_ranges)
+
+    stats = commands.add_parser("stats", help="show per-consumer stats (from a running server)")
+    admin_args(stats)
+    stats.set_defaults(run=_stats)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
+    from keyfailover.errors import KeyFailoverError
+
     args = _parser().parse_args(argv)
     run: Command = args.run
-    return run(args)
+    try:
+        return run(args)
+    except KeyFailoverError as exc:
+        print(f"keyfailover {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

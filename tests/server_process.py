@@ -6,8 +6,10 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 __all__ = ["ServerProcess"]
 
@@ -20,6 +22,8 @@ class ServerProcess:
         self.extra = extra
         self.port = port
         self.process: subprocess.Popen[str] | None = None
+        self.admin_url: str | None = None
+        self.stderr: IO[str] | None = None
 
     def start(self) -> ServerProcess:
         command = [
@@ -36,13 +40,20 @@ class ServerProcess:
             *self.extra,
         ]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        # stderr goes to a file: a pipe nobody reads could fill up and stall the server.
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  (lives as long as the process)
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env)
         assert self.process.stdout is not None
         line = self.process.stdout.readline()  # blocks until the server accepts connections, or exits
         if not line.startswith("listening on "):
-            _, err = self.process.communicate(timeout=10)
-            raise RuntimeError(f"server did not start: {line!r} {err}")
+            self.process.wait(timeout=10)
+            raise RuntimeError(f"server did not start: {line!r} {self.errors()}")
         self.port = int(line.rsplit(":", 1)[1])
+        if "--metrics-port" in self.extra:
+            admin = self.process.stdout.readline()
+            if not admin.startswith("metrics on "):
+                raise RuntimeError(f"server printed no metrics address: {admin!r}")
+            self.admin_url = admin.split("metrics on ", 1)[1].strip()
         return self
 
     @property
@@ -65,10 +76,16 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        for stream in (self.process.stdout, self.process.stderr):
-            if stream is not None:
-                stream.close()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
         return self.process.returncode
+
+    def errors(self) -> str:
+        """What the server wrote on stderr so far."""
+        if self.stderr is None:
+            return ""
+        self.stderr.seek(0)
+        return self.stderr.read()
 
     def __enter__(self) -> ServerProcess:
         return self.start()

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from keyfailover.demo import run_demo
+from keyfailover.server_demo import run_server_demo
 
 
 def test_demo_keeps_every_guarantee() -> None:
@@ -24,9 +25,9 @@ def test_demo_keeps_every_guarantee() -> None:
     assert "nothing lost" in text
 
 
-def test_demo_command_line_exits_zero() -> None:
+def test_core_demo_command_line_exits_zero() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "keyfailover", "demo", "--messages", "5000", "--keys", "300"],
+        [sys.executable, "-m", "keyfailover", "demo", "--core", "--messages", "5000", "--keys", "300"],
         capture_output=True,
         text=True,
         check=False,
@@ -35,3 +36,28 @@ def test_demo_command_line_exits_zero() -> None:
     assert done.returncode == 0, done.stderr
     assert "c1 starts alone" in done.stdout
     assert "per-key order held" in done.stdout
+
+
+def test_server_demo_consumes_everything_in_key_order() -> None:
+    out = io.StringIO()
+    report = run_server_demo(events=6_000, accounts=400, seed=5, out=out)
+    assert report.problems == []
+    assert report.published == report.acked == 6_000
+    assert set(report.deliveries) <= {"c1", "c2", "c3", "c4"}
+    assert {"c1", "c2", "c3"} <= set(report.deliveries)
+    # c1 left and the stalled c4 was removed with deliveries unacked: those were redelivered.
+    assert report.redeliveries > 0
+    text = out.getvalue()
+    assert "every event outside its range was consumed: True" in text
+
+
+def test_server_demo_command_line_exits_zero() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "keyfailover", "demo", "--messages", "3000", "--keys", "200"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "every event consumed" in done.stdout

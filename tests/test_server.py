@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
+import sys
 import threading
 from collections import defaultdict
 from pathlib import Path
+from urllib.error import HTTPError
+from urllib.request import urlopen
 
 import pytest
 
+from keyfailover import RangeMap
 from keyfailover.client import Client, ClientClosed, Consumer, Message, Timeout
 from tests.server_process import ServerProcess
 
@@ -169,3 +175,53 @@ def test_wrong_token_is_refused(tmp_path: Path, token: str) -> None:
             Client(server.url, token="wrong", connect_timeout=3.0)
         with Client(server.url, token=token) as client:
             assert client.create_producer("t").send(b"x", key="k") == 1
+
+
+def test_admin_endpoint_and_ranges_stats_commands(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server:
+        assert server.admin_url is not None
+        with Client(server.url) as client:
+            producer = client.create_producer("orders")
+            for i in range(50):
+                producer.send_async(b"x", key=f"k{i}")
+            producer.flush()
+            a = client.subscribe("orders", "billing", consumer_name="a")
+            b = client.subscribe("orders", "billing", consumer_name="b")
+            a.receive(timeout=5.0)
+            snapshot = json.loads(urlopen(f"{server.admin_url}/ranges?topic=orders&subscription=billing").read())
+            restored = RangeMap.from_snapshot(snapshot)
+            assert restored.consumers() == ["a", "b"]
+            assert {a.range, b.range} == {restored.range_of("a"), restored.range_of("b")}
+            listing = json.loads(urlopen(f"{server.admin_url}/ranges").read())
+            assert [(s["topic"], s["subscription"]) for s in listing["subscriptions"]] == [("orders", "billing")]
+            stats = json.loads(urlopen(f"{server.admin_url}/stats").read())
+            (sub,) = stats["subscriptions"]
+            assert sub["last_position"] == 50
+            assert set(sub["dispatcher"]["consumers"]) == {"a", "b"}
+            assert json.loads(urlopen(f"{server.admin_url}/healthz").read()) == {"status": "ok"}
+            with pytest.raises(HTTPError) as missing:
+                urlopen(f"{server.admin_url}/ranges?topic=orders&subscription=nope")
+            assert missing.value.code == 404
+            for command in ("ranges", "stats"):
+                done = subprocess.run(
+                    [sys.executable, "-m", "keyfailover", command, "--admin-url", server.admin_url],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                    timeout=60,
+                )
+                assert done.returncode == 0, done.stderr
+                assert "orders/billing" in done.stdout
+
+
+def test_second_server_on_the_same_data_dir_is_refused(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "data"):
+        done = subprocess.run(
+            [sys.executable, "-m", "keyfailover", "serve", "--data-dir", str(tmp_path / "data"), "--port", "0"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        assert done.returncode == 2
+        assert "in use by another keyfailover server" in done.stderr

@@ -21,6 +21,9 @@ async def run_server(config: ServerConfig) -> int:
         loop.add_signal_handler(signum, stop.set)
     host, port = server.address
     print(f"listening on {host}:{port}", flush=True)
+    if server.admin_address is not None:
+        admin_host, admin_port = server.admin_address
+        print(f"metrics on http://{admin_host}:{admin_port}", flush=True)
     try:
         await stop.wait()
     finally:

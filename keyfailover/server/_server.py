@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import itertools
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from keyfailover.errors import KeyFailoverError
 from keyfailover.log import Log
@@ -36,6 +38,7 @@ from keyfailover.protocol import (
     encode,
     stream_transport,
 )
+from keyfailover.server._http import AdminServer, Response, json_response
 from keyfailover.server._storage import Result, Storage
 from keyfailover.server._subscription import Session, Subscription, SubscriptionConfig
 
@@ -55,6 +58,8 @@ class ServerConfig:
     session_timeout: float = 10.0
     max_frame: int = DEFAULT_MAX_FRAME
     synchronous: str = "full"
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
     subscription: SubscriptionConfig = field(default_factory=SubscriptionConfig)
 
 
@@ -73,6 +78,9 @@ class Server:
         self._session_ids = itertools.count(1)
         self._reaper: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
+        self._admin: AdminServer | None = None
+        self._lock_file: TextIO | None = None
+        self._admin_address: tuple[str, int] | None = None
         self.closing = False
 
     # -- life cycle ------------------------------------------------------------------
@@ -81,6 +89,14 @@ class Server:
         """Open the log and start listening."""
         data_dir = self.config.data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_file = (data_dir / "LOCK").open("a")
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.close()
+            raise KeyFailoverError(
+                f"{data_dir} is in use by another keyfailover server; expected a free data dir"
+            ) from None
         log = Log(data_dir / "keyfailover.db", synchronous=self.config.synchronous)  # type: ignore[arg-type]
         self._storage = Storage(log)
         await self._storage.start()
@@ -90,6 +106,9 @@ class Server:
             lambda: _Connection(self), self.config.host, self.config.port, reuse_address=True
         )
         self._reaper = loop.create_task(self._reap_loop(), name="keyfailover-reaper")
+        if self.config.metrics_port is not None:
+            self._admin = AdminServer({"/healthz": self._healthz, "/ranges": self._ranges, "/stats": self._stats})
+            self._admin_address = await self._admin.start(self.config.metrics_host, self.config.metrics_port)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -98,6 +117,11 @@ class Server:
             raise KeyFailoverError("the server is not started")
         host, port = self._server.sockets[0].getsockname()[:2]
         return str(host), int(port)
+
+    @property
+    def admin_address(self) -> tuple[str, int] | None:
+        """The (host, port) of the admin HTTP endpoint, or None when it is off."""
+        return self._admin_address
 
     @property
     def storage(self) -> Storage:
@@ -119,6 +143,8 @@ class Server:
         self.closing = True
         if self._server is not None:
             self._server.close()
+        if self._admin is not None:
+            await self._admin.close()
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -127,6 +153,8 @@ class Server:
             await subscription.close()
         if self._storage is not None:
             await self._storage.close()
+        if self._lock_file is not None:
+            self._lock_file.close()  # releases the flock
         for connection in list(self._connections):
             connection.close()
         if self._server is not None:
@@ -166,6 +194,37 @@ class Server:
         for (sub_topic, _), subscription in self._subscriptions.items():
             if sub_topic == topic:
                 subscription.wake()
+
+    # -- admin endpoint ---------------------------------------------------------------
+
+    async def _healthz(self, _query: dict[str, str]) -> Response:
+        return json_response({"status": "shutting down" if self.closing else "ok"}, 503 if self.closing else 200)
+
+    async def _ranges(self, query: dict[str, str]) -> Response:
+        """``/ranges``: every subscription's range map; with topic and subscription, that snapshot alone."""
+        topic, name = query.get("topic"), query.get("subscription")
+        if topic is None and name is None:
+            listing = [
+                {"topic": t, "subscription": n, "ranges": s.dispatcher.snapshot()}
+                for (t, n), s in sorted(self._subscriptions.items())
+            ]
+            return json_response({"subscriptions": listing})
+        if topic is None or name is None:
+            return json_response({"error": "give both topic and subscription, or neither"}, 400)
+        found = self._subscriptions.get((topic, name))
+        if found is None:
+            return json_response({"error": f"no live subscription {name!r} of topic {topic!r}"}, 404)
+        return json_response(found.dispatcher.snapshot())
+
+    async def _stats(self, _query: dict[str, str]) -> Response:
+        """``/stats``: per subscription, the dispatcher's per-consumer stats, cursor and backlog."""
+        return json_response(
+            {
+                "connections": len(self._connections),
+                "topics": {topic: self.storage.last_position(topic) for topic in self.storage.topics()},
+                "subscriptions": [s.describe() for _, s in sorted(self._subscriptions.items())],
+            }
+        )
 
     # -- liveness --------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from keyfailover.cursor import Cursor
 from keyfailover.dispatcher import Delivery, Dispatcher
@@ -239,6 +240,24 @@ class Subscription:
                 size += len(item[2]) + 32
             session.send(Messages(session=session.id, messages=batch))
 
+    # -- reading -----------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-safe state for the admin endpoint: dispatcher stats, cursor and backlog."""
+        last = self._storage.last_position(self.topic)
+        acked_above = sum(end - start + 1 for start, end in self.cursor.acked_ranges)
+        return {
+            "topic": self.topic,
+            "subscription": self.name,
+            "dispatcher": self.dispatcher.stats(),
+            "sessions": {name: session.id for name, session in self.sessions.items()},
+            "mark_delete": self.cursor.mark_delete,
+            "acked_above_mark_delete": acked_above,
+            "read_position": self._read_position,
+            "last_position": last,
+            "backlog": max(last - self.cursor.mark_delete - acked_above, 0),
+        }
+
     # -- cursor ----------------------------------------------------------------------
 
     async def _flush_loop(self) -> None:
@@ -250,7 +269,7 @@ class Subscription:
         if not self._cursor_dirty:
             return
         self._cursor_dirty = False
-        snapshot = Cursor(self.cursor.mark_delete, self.cursor.acked)
+        snapshot = self.cursor.copy()
         await self._storage.call(self._storage.log.save_cursors, [(self.topic, self.name, snapshot)])
 
     async def close(self) -> None:

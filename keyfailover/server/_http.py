@@ -1,0 +1,89 @@
+"""The admin HTTP endpoint of ``keyfailover serve --metrics-port``: read-only JSON for operators.
+
+A deliberately small HTTP/1.1 server on the event loop (GET only, one request per
+connection), so every handler reads the dispatchers from the loop thread that owns them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+__all__ = ["AdminServer", "Handler", "Response", "json_response"]
+
+_log = logging.getLogger("keyfailover.server")
+
+Response = tuple[int, str, bytes]
+"""HTTP status, content type, body."""
+Handler = Callable[[dict[str, str]], Awaitable[Response]]
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}
+_MAX_REQUEST = 16 * 1024
+
+
+def json_response(value: Any, status: int = 200) -> Response:
+    """A JSON response (sorted keys, one trailing newline)."""
+    return status, "application/json", (json.dumps(value, sort_keys=True) + "\n").encode()
+
+
+class AdminServer:
+    """Serves ``GET <path>`` from a table of handlers; query parameters go to the handler."""
+
+    def __init__(self, routes: dict[str, Handler]) -> None:
+        self._routes = routes
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        self._server = await asyncio.start_server(self._serve, host, port, reuse_address=True)
+        bound_host, bound_port = self._server.sockets[0].getsockname()[:2]
+        return str(bound_host), int(bound_port)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(10.0):
+                head = await reader.readuntil(b"\r\n\r\n")
+            response = await self._respond(head)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
+            response = (400, "text/plain", b"malformed or incomplete request\n")
+        status, content_type, body = response
+        reason = _REASONS.get(status, "Error")
+        writer.write(
+            f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        writer.close()
+
+    async def _respond(self, head: bytes) -> Response:
+        if len(head) > _MAX_REQUEST:
+            return 400, "text/plain", b"request head too large\n"
+        request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+        parts = request_line.split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            return 400, "text/plain", f"malformed request line {request_line!r}\n".encode()
+        method, target, _ = parts
+        if method != "GET":
+            return 405, "text/plain", f"method {method} is not allowed; expected GET\n".encode()
+        url = urlsplit(target)
+        handler = self._routes.get(url.path)
+        if handler is None:
+            known = ", ".join(sorted(self._routes))
+            return 404, "text/plain", f"no such path {url.path!r}; expected one of {known}\n".encode()
+        query = {name: values[-1] for name, values in parse_qs(url.query).items()}
+        try:
+            return await handler(query)
+        except Exception:
+            _log.exception("admin handler for %s failed", url.path)
+            return 500, "text/plain", b"internal error\n"

@@ -71,16 +71,25 @@ def test_bytes_like_payloads_and_subclassed_keys_are_stored_as_plain_values(log:
     assert [type(m.payload) for m in stored] == [bytes, bytes]
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.none() | st.text() | st.binary(), st.binary(max_size=64)), min_size=1, max_size=20))
-def test_any_keys_and_payloads_round_trip(
-    tmp_path_factory: pytest.TempPathFactory, messages: list[tuple[Key, bytes]]
-) -> None:
-    with Log(tmp_path_factory.mktemp("log") / "log.db", synchronous="normal") as log:
-        assert log.append([("t", None, [(None, k, p) for k, p in messages])]) == [
-            [(i, False) for i in range(1, len(messages) + 1)]
-        ]
-        assert log.read("t", 0, 100) == [StoredMessage(i, k, p) for i, (k, p) in enumerate(messages, 1)]
+@pytest.fixture(scope="module")
+def shared_log(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Log]:
+    """One log for every example of a property test; each example writes a topic of its own."""
+    with Log(tmp_path_factory.mktemp("log") / "log.db", synchronous="normal") as opened:
+        yield opened
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.uuids().map(str),
+    st.lists(st.tuples(st.none() | st.text() | st.binary(), st.binary(max_size=64)), min_size=1, max_size=20),
+)
+def test_any_keys_and_payloads_round_trip(shared_log: Log, topic: str, messages: list[tuple[Key, bytes]]) -> None:
+    last = shared_log.last_position(topic)
+    positions = range(last + 1, last + len(messages) + 1)
+    assert shared_log.append([(topic, None, [(None, k, p) for k, p in messages])]) == [[(p, False) for p in positions]]
+    stored = shared_log.read(topic, last, 100)
+    assert stored == [StoredMessage(p, k, v) for p, (k, v) in zip(positions, messages, strict=True)]
+    assert [type(m.key) for m in stored] == [type(k) for k, _ in messages]
 
 
 def test_positions_are_consecutive_per_topic_across_calls(log: Log) -> None:

@@ -39,6 +39,7 @@ from keyfailover.errors import (
     UnknownConsumerError,
 )
 from keyfailover.hashing import HASH_RANGE_SIZE, key_bytes
+from keyfailover.histogram import Histogram
 from keyfailover.ranges import Range, RangeMap
 from keyfailover.rebalance import (
     SPLIT_MODES,
@@ -210,6 +211,7 @@ class Dispatcher:
         # change <= j is still draining.
         self._draining_since: dict[int, int] = {}
         self._undrained: deque[_Change] = deque(maxlen=max(history, 1))
+        self._drain_seconds = Histogram()
 
     # -- consumers -------------------------------------------------------------------
 
@@ -229,9 +231,15 @@ class Dispatcher:
             self._standby.append(cid)
         self._apply(planned, now, "join", cid, [])
 
-    def remove_consumer(self, cid: str) -> None:
-        """Remove a consumer; its unacked messages go back to pending, first in line (G3)."""
+    def remove_consumer(self, cid: str, *, reason: str = "leave") -> None:
+        """Remove a consumer; its unacked messages go back to pending, first in line (G3).
+
+        ``reason`` labels the resulting range change: ``"leave"`` or ``"timeout"`` (a session
+        the service declared dead).
+        """
         consumer = self._consumer(cid)
+        if reason not in ("leave", "timeout"):
+            raise KeyFailoverError(f"removal reason must be 'leave' or 'timeout', not {reason!r}")
         now = self._sample()
         planned = plan_leave(self._map, cid, self._load(), self._standby)
         if cid in self._standby:
@@ -243,7 +251,7 @@ class Dispatcher:
         self._round_robin.remove(consumer)
         self._rr = 0
         self._wake.pop(consumer, None)
-        self._apply(planned, now, "leave", cid, returned)
+        self._apply(planned, now, reason, cid, returned)
         self._meter.forget(cid)
 
     def flow(self, cid: str, permits: int) -> None:
@@ -396,9 +404,14 @@ class Dispatcher:
         """
         rates = self._meter.rates
         draining: dict[str, tuple[set[int], int]] = {cid: (set(), 0) for cid in self._consumers}
+        waiting: Counter[str] = Counter()
         replay = len(self._keyless)
         for state in self._keys.values():
             replay += len(state.pending)
+            if state.pending:
+                owner = self._owner_of_slot(state.slot)
+                if owner is not None:
+                    waiting[owner.cid] += len(state.pending)
             if state.draining and state.holder is not None:
                 slots, unacked = draining[state.holder.cid]
                 slots.add(state.slot)
@@ -414,6 +427,7 @@ class Dispatcher:
                 "rate": rates.get(cid, 0.0),
                 "draining_hashes": len(slots),
                 "draining_unacked": unacked,
+                "replay": waiting[cid],
                 "delivered": consumer.delivered,
                 "acked": consumer.acked,
                 "redelivered": consumer.redelivered,
@@ -428,6 +442,10 @@ class Dispatcher:
             "epoch": self._map.epoch,
             "rebalances": dict(self._rebalances),
         }
+
+    def drain_histogram(self) -> Histogram:
+        """Seconds from each range change until its last blocked key was released (read-only use)."""
+        return self._drain_seconds
 
     def traffic(self) -> Any:
         """Recent per-slot traffic (decayed message counts, as of the last measurement), read-only."""
@@ -653,6 +671,7 @@ class Dispatcher:
             self._undrained.append(change)
         else:
             change.drained_at = now
+            self._drain_seconds.observe(0.0)
 
     def _release(self, state: _KeyState) -> None:
         """``state`` stops draining; mark the changes that no longer wait for any key drained."""
@@ -668,7 +687,9 @@ class Dispatcher:
         if undrained and undrained[0].seq < oldest_blocking:
             now = self._clock()
             while undrained and undrained[0].seq < oldest_blocking:
-                undrained.popleft().drained_at = now
+                change = undrained.popleft()
+                change.drained_at = now
+                self._drain_seconds.observe(max(now - change.event.time, 0.0))
 
     def _maybe_shift(self, now: float) -> None:
         self._sample(now)

@@ -8,12 +8,16 @@ import fcntl
 import itertools
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
 from keyfailover.errors import KeyFailoverError
 from keyfailover.log import Log
+from keyfailover.metrics import KeyFailoverCollector, ServerView, SubscriptionView
 from keyfailover.protocol import (
     DEFAULT_MAX_FRAME,
     PROTOCOL_VERSION,
@@ -80,6 +84,7 @@ class Server:
         self._stopped = asyncio.Event()
         self._admin: AdminServer | None = None
         self._lock_file: TextIO | None = None
+        self.protocol_errors: Counter[str] = Counter()  # error frames sent, by code
         self._admin_address: tuple[str, int] | None = None
         self.closing = False
 
@@ -107,7 +112,17 @@ class Server:
         )
         self._reaper = loop.create_task(self._reap_loop(), name="keyfailover-reaper")
         if self.config.metrics_port is not None:
-            self._admin = AdminServer({"/healthz": self._healthz, "/ranges": self._ranges, "/stats": self._stats})
+            self._registry = CollectorRegistry()
+            self._registry.register(KeyFailoverCollector(self._metric_views, self._server_view))
+            self._admin = AdminServer(
+                {
+                    "/metrics": self._metrics,
+                    "/healthz": self._healthz,
+                    "/ranges": self._ranges,
+                    "/stats": self._stats,
+                    "/history": self._history,
+                }
+            )
             self._admin_address = await self._admin.start(self.config.metrics_host, self.config.metrics_port)
 
     @property
@@ -196,6 +211,30 @@ class Server:
                 subscription.wake()
 
     # -- admin endpoint ---------------------------------------------------------------
+
+    def _metric_views(self) -> list[SubscriptionView]:
+        return [
+            SubscriptionView(topic, name, s.dispatcher, s.backlog())
+            for (topic, name), s in sorted(self._subscriptions.items())
+        ]
+
+    def _server_view(self) -> ServerView:
+        return ServerView(
+            appended=self.storage.appended,
+            commit_seconds=self.storage.commit_seconds,
+            connections=len(self._connections),
+            protocol_errors=dict(self.protocol_errors),
+        )
+
+    async def _metrics(self, _query: dict[str, str]) -> Response:
+        return 200, CONTENT_TYPE_LATEST, generate_latest(self._registry)
+
+    async def _history(self, query: dict[str, str]) -> Response:
+        """``/history?topic=T&subscription=S``: the recent range maps with their wall-clock times."""
+        found = self._subscriptions.get((query.get("topic", ""), query.get("subscription", "")))
+        if found is None:
+            return json_response({"error": "give the topic and subscription of a live subscription"}, 404)
+        return json_response({"topic": found.topic, "subscription": found.name, "history": found.history()})
 
     async def _healthz(self, _query: dict[str, str]) -> Response:
         return json_response({"status": "shutting down" if self.closing else "ok"}, 503 if self.closing else 200)
@@ -299,6 +338,8 @@ class _Connection(asyncio.Protocol):
     # -- sending ---------------------------------------------------------------------
 
     def send(self, frame: Frame) -> None:
+        if type(frame) is Error:
+            self._server.protocol_errors[frame.code] += 1
         if not self._closed and self._transport is not None:
             self._transport.write(encode(frame))
 

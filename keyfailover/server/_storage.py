@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 from keyfailover.errors import KeyFailoverError
+from keyfailover.histogram import Histogram
 from keyfailover.log import Key, Log
 
 __all__ = ["Storage"]
@@ -39,6 +41,8 @@ class Storage:
         self._last: dict[str, int] = {}
         self._listeners: list[Callable[[str], None]] = []
         self._task: asyncio.Task[None] | None = None
+        self.appended = 0  # messages stored (duplicates not counted)
+        self.commit_seconds = Histogram()
 
     async def start(self) -> None:
         """Load what the log holds and start the committer."""
@@ -99,6 +103,7 @@ class Storage:
                 return
 
     async def _commit(self, queued: list[tuple[Batch, asyncio.Future[Result]]]) -> None:
+        started = time.perf_counter()
         try:
             results = await self.call(self._log.append, [batch for batch, _ in queued])
         except Exception as exc:
@@ -113,9 +118,11 @@ class Storage:
                 if not future.done():
                     future.set_exception(exc)
             return
+        self.commit_seconds.observe(time.perf_counter() - started)
         touched: set[str] = set()
         for (batch, future), result in zip(queued, results, strict=True):
             topic = batch[0]
+            self.appended += sum(1 for _, duplicate in result if not duplicate)
             if result:
                 self._last[topic] = max(self._last.get(topic, 0), *(position for position, _ in result))
                 touched.add(topic)

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +38,7 @@ class SubscriptionConfig:
     max_replay: int = 100_000
     payload_cache: int = 20_000
     cursor_flush_seconds: float = 0.05
+    history: int = 1000  # range maps kept for `keyfailover plot`
 
 
 class Session:
@@ -70,6 +71,7 @@ class Subscription:
         self._cache: OrderedDict[int, StoredMessage] = OrderedDict()
         self._wake = asyncio.Event()
         self._cursor_dirty = False
+        self._history: deque[tuple[float, dict[str, Any]]] = deque(maxlen=config.history)
         self._closed = False
         self._task: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
@@ -103,7 +105,7 @@ class Subscription:
         if self.sessions.get(session.consumer) is not session:
             return
         del self.sessions[session.consumer]
-        self.dispatcher.remove_consumer(session.consumer)
+        self.dispatcher.remove_consumer(session.consumer, reason="timeout" if reason == "timeout" else "leave")
         if notify:
             session.send(ConsumerClosed(session=session.id, reason=reason, req=req))
         self.announce_ranges()
@@ -120,8 +122,10 @@ class Subscription:
         return None
 
     def announce_ranges(self, skip: Session | None = None) -> None:
-        """Tell every session whose range changed its new range."""
+        """Tell every session whose range changed its new range; remember the map for plots."""
         epoch = self.dispatcher.epoch
+        if not self._history or self._history[-1][1]["epoch"] != epoch:
+            self._history.append((time.time(), self.dispatcher.snapshot()))
         for session in self.sessions.values():
             now = self._range_of(session.consumer)
             if now != session.range:
@@ -242,6 +246,15 @@ class Subscription:
 
     # -- reading -----------------------------------------------------------------------
 
+    def backlog(self) -> int:
+        """Messages stored and not yet acknowledged by this subscription."""
+        acked_above = sum(end - start + 1 for start, end in self.cursor.acked_ranges)
+        return max(self._storage.last_position(self.topic) - self.cursor.mark_delete - acked_above, 0)
+
+    def history(self) -> list[dict[str, Any]]:
+        """The recent range maps, oldest first: ``{"time": unix seconds, "snapshot": ...}``."""
+        return [{"time": at, "snapshot": snapshot} for at, snapshot in self._history]
+
     def describe(self) -> dict[str, Any]:
         """JSON-safe state for the admin endpoint: dispatcher stats, cursor and backlog."""
         last = self._storage.last_position(self.topic)
@@ -255,7 +268,7 @@ class Subscription:
             "acked_above_mark_delete": acked_above,
             "read_position": self._read_position,
             "last_position": last,
-            "backlog": max(last - self.cursor.mark_delete - acked_above, 0),
+            "backlog": self.backlog(),
         }
 
     # -- cursor ----------------------------------------------------------------------

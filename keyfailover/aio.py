@@ -563,8 +563,9 @@ class AsyncConsumer:
             if frame.reason == "timeout" and not self._closed:
                 _log.warning("consumer %r timed out on the server; subscribing again", self.consumer_name)
                 self._subscribe()
-            elif frame.reason != "closed":
-                self._end(ConsumerClosedError(f"consumer {self.consumer_name!r} ended by the server: {frame.reason}"))
+            elif frame.reason == "superseded":
+                self._end(ConsumerClosedError(f"consumer {self.consumer_name!r} was superseded by another of its name"))
+            # "shutdown": the server is stopping; reconnected() subscribes again once it is back.
 
     def _drop_session(self) -> None:
         """Forget the session: the server already returned its messages to pending."""

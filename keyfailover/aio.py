@@ -655,7 +655,10 @@ class AsyncConsumer:
         """Acknowledge ``message`` (batched; sent within a loop iteration)."""
         with self._cond:
             if message.session != self._ack_session and self._acks:
-                self._call(self._flush_acks)
+                # The batch so far belongs to another session: it goes out as it is, alone.
+                positions, self._acks = self._acks, []
+                session = self._ack_session
+                self._call(lambda: self._send_acks(session, positions))
             self._ack_session = message.session
             self._acks.append(message.position)
             schedule = not self._ack_scheduled or len(self._acks) >= _MAX_BATCH
@@ -668,6 +671,9 @@ class AsyncConsumer:
             positions, self._acks = self._acks, []
             session = self._ack_session
             self._ack_scheduled = False
+        self._send_acks(session, positions)
+
+    def _send_acks(self, session: int, positions: list[int]) -> None:
         if positions and session:
             self._link.send(Ack(topic=self.topic, subscription=self.subscription, session=session, positions=positions))
 

@@ -612,22 +612,34 @@ class Decoder:
         """Take the next bytes of the stream; return the frames they complete, in order.
 
         Raises a fatal :class:`ProtocolError` at the first bad frame; frames decoded earlier
-        in the same call are dropped with it, as the connection is going to be closed.
+        in the same call are dropped with it. A server, which must act on the frames that came
+        before the bad one, uses :meth:`feed_partial`.
         """
+        frames, error = self.feed_partial(data)
+        if error is not None:
+            raise error.with_traceback(None)
+        return frames
+
+    def feed_partial(self, data: bytes | bytearray | memoryview) -> tuple[list[Frame], ProtocolError | None]:
+        """Like :meth:`feed`, but return the frames before the first bad one with its error.
+
+        The error is None when every complete frame was good. After an error the decoder is
+        dead: every later call returns no frames and the same error.
+        """
+        frames: list[Frame] = []
         if self._error is not None:
-            raise self._error.with_traceback(None)
+            return frames, self._error
         try:
-            return self._feed(data)
+            self._feed(data, frames)
         except ProtocolError as exc:
             self._error = exc
             self._buffer = bytearray()
-            raise
+        return frames, self._error
 
-    def _feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+    def _feed(self, data: bytes | bytearray | memoryview, frames: list[Frame]) -> None:
         if self._buffer:
             self._buffer += data
             data = self._buffer
-        frames: list[Frame] = []
         offset = 0
         size = len(data)
         with memoryview(data) as view:
@@ -647,7 +659,6 @@ class Decoder:
             del self._buffer[:offset]
         elif offset < size:
             self._buffer += data[offset:]
-        return frames
 
     def _decode(self, body: memoryview) -> Frame:
         self._maps = 0

@@ -1,17 +1,25 @@
-"""Start and stop real ``keyfailover serve`` processes on loopback for the tests."""
+"""Start and stop real ``keyfailover serve`` processes on loopback for the tests.
+
+:class:`RawConnection` talks to one over a plain socket, frame by frame, for the tests that
+send what no well-behaved client would.
+"""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+from collections import deque
 from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-__all__ = ["ServerProcess"]
+from keyfailover.protocol import PROTOCOL_VERSION, Connect, Connected, Decoder, Frame, encode
+
+__all__ = ["RawConnection", "ServerProcess"]
 
 
 class ServerProcess:
@@ -92,3 +100,80 @@ class ServerProcess:
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+
+class RawConnection:
+    """A plain TCP connection to a server: send any bytes or frames, read the frames it answers.
+
+    Every read is bounded by ``timeout`` seconds (a :class:`TimeoutError` past it). What the
+    server sends is decoded with a client-side :class:`Decoder`, so a malformed server frame
+    raises :class:`~keyfailover.errors.ProtocolError` here.
+    """
+
+    def __init__(self, port: int, *, timeout: float = 10.0) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self._decoder = Decoder(accept="client")
+        self._frames: deque[Frame] = deque()
+        self.eof = False
+
+    def send(self, *items: Frame | bytes) -> None:
+        """Write frames (encoded) and raw bytes, in order, in one ``sendall``."""
+        self.sock.sendall(b"".join(item if isinstance(item, bytes) else encode(item) for item in items))
+
+    def connect(self, token: str | None = None) -> Connected:
+        """Send a valid ``connect``; return the server's ``connected``."""
+        self.send(Connect(version=PROTOCOL_VERSION, token=token, client="tests raw connection"))
+        frame = self.receive()
+        assert isinstance(frame, Connected), f"expected connected, got {frame!r}"
+        return frame
+
+    def receive(self) -> Frame:
+        """The next frame; raises :class:`EOFError` when the server closed the connection first."""
+        while not self._frames:
+            if self.eof or not self._read():
+                raise EOFError("the server closed the connection")
+        return self._frames.popleft()
+
+    def receive_until(self, kind: type[Frame]) -> list[Frame]:
+        """Frames up to and including the first of type ``kind``."""
+        frames = [self.receive()]
+        while not isinstance(frames[-1], kind):
+            frames.append(self.receive())
+        return frames
+
+    def until_closed(self) -> list[Frame]:
+        """Every frame still to come, once the server closed the connection."""
+        while not self.eof:
+            self._read()
+        return self.received()
+
+    def received(self) -> list[Frame]:
+        """The frames read so far and not yet taken, without waiting for more."""
+        frames = list(self._frames)
+        self._frames.clear()
+        return frames
+
+    def half_close(self) -> None:
+        """Send EOF: the server reads what was sent, then sees the end of the stream."""
+        self.sock.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _read(self) -> bool:
+        """Read once; False at the end of the stream (a reset counts as the end)."""
+        try:
+            data = self.sock.recv(65536)
+        except ConnectionResetError:
+            data = b""
+        if not data:
+            self.eof = True
+            return False
+        self._frames.extend(self._decoder.feed(data))
+        return True
+
+    def __enter__(self) -> RawConnection:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()

@@ -308,11 +308,7 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_seen = time.monotonic()
-        try:
-            frames = self._decoder.feed(data)
-        except ProtocolError as exc:
-            self._violation(exc.code, exc.message)
-            return
+        frames, error = self._decoder.feed_partial(data)
         for frame in frames:
             if self._closed:
                 return
@@ -329,6 +325,8 @@ class _Connection(asyncio.Protocol):
                 _log.exception("internal error handling %s from %s", type(frame).__name__, self.peer)
                 self._violation(ErrorCode.INTERNAL, "internal server error; the connection is closed")
                 return
+        if error is not None and not self._closed:
+            self._violation(error.code, error.message)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True

@@ -8,7 +8,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO
 from urllib.error import HTTPError, URLError
 from urllib.parse import urlencode
 from urllib.request import urlopen
@@ -42,6 +42,40 @@ def _demo(args: argparse.Namespace) -> int:
 
         report = run_server_demo(events=args.messages, accounts=args.keys, seed=args.seed)
     return 1 if report.problems else 0
+
+
+def _scenario(text: str) -> str:
+    from keyfailover.evaluate import SCENARIOS
+
+    if text != "all" and text not in SCENARIOS:
+        raise argparse.ArgumentTypeError(f"unknown scenario {text!r}; expected one of {', '.join(SCENARIOS)} or all")
+    return text
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from keyfailover import evaluate as ev
+
+    names = ev.SCENARIOS if args.scenario == "all" else (args.scenario,)
+    results = ev.evaluate(names, quick=args.quick)
+    if args.plot is not None:
+        ev.plot(results, Path(args.plot))
+    if args.json:
+        print(json.dumps([result.json_row() for result in results], indent=2))
+        return 0
+    for name in names:
+        scenario = ev.build_scenario(name, args.quick)
+        print(f"\n{name}: {scenario.summary}\n")
+        print(ev.scenario_table([result for result in results if result.scenario == name]))
+    timing_scenario = ev.build_scenario("random", args.quick)
+    consumers = 16 if args.quick else 64
+    timings = [ev.time_reassignments(strategy(), timing_scenario, consumers) for strategy in ev.STRATEGIES.values()]
+    print(f"\nreassignment time with {consumers} consumers (Zipf traffic; medians, p95)\n")
+    print(ev.timing_table(timings))
+    print("\ndispatcher: seconds from a range change until its last draining key was released\n")
+    print(ev.drain_table(ev.drain_times(args.quick)))
+    print("\ngoals for keyfailover\n")
+    print("\n".join(str(goal) for goal in ev.goals(results, timings)))
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -112,31 +146,73 @@ def _stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plot(args: argparse.Namespace) -> int:
+    from keyfailover.plot import history_from_records, load_history, render_ownership
+
+    if args.admin_url is None:
+        if args.topic is not None or args.subscription is not None:
+            raise SystemExit("keyfailover plot: --topic and --subscription go with --admin-url, not --history-file")
+        try:
+            history = load_history(args.history_file)
+        except OSError as exc:
+            raise SystemExit(f"keyfailover plot: cannot read {args.history_file}: {exc.strerror}") from None
+        name = Path(args.history_file).name
+    else:
+        if args.topic is None or args.subscription is None:
+            raise SystemExit("keyfailover plot: --admin-url needs --topic and --subscription")
+        found = _admin_get(args, "/history", {"topic": args.topic, "subscription": args.subscription})
+        records = found.get("history") if isinstance(found, dict) else found
+        history = history_from_records(records, f"{args.admin_url.rstrip('/')}/history")
+        name = f"{args.topic}/{args.subscription}"
+    try:
+        render_ownership(history, args.out, args.title if args.title is not None else f"Range ownership: {name}")
+    except OSError as exc:
+        raise SystemExit(f"keyfailover plot: cannot write {args.out}: {exc.strerror}") from None
+    print(f"wrote {args.out}: {len(history)} range maps")
+    return 0
+
+
 def _produce(args: argparse.Namespace) -> int:
+    import os
+    import stat
+
+    from keyfailover._progress import Progress
     from keyfailover.client import Client
 
-    source: TextIO = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")  # noqa: SIM115
-    sent = 0
+    try:
+        source: BinaryIO = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
+    except OSError as exc:
+        raise SystemExit(f"keyfailover produce: cannot read {args.file}: {exc.strerror}") from None
+    info = os.fstat(source.fileno())
+    progress = Progress(sys.stderr, info.st_size if stat.S_ISREG(info.st_mode) else None) if args.progress else None
+    sent = stored = done = 0
     errors: list[BaseException] = []
 
-    def done(_position: int | None, error: BaseException | None) -> None:
+    def confirmed(_position: int | None, error: BaseException | None) -> None:
+        nonlocal stored
         if error is not None:
             errors.append(error)
+        else:
+            stored += 1
 
     with Client(args.url, args.token) as client, source:
         producer = client.create_producer(args.topic, args.producer_name)
         for line_number, raw in enumerate(source, 1):
-            line = raw.rstrip("\n")
+            done += len(raw)
+            try:
+                line = raw.decode().rstrip("\r\n")
+            except UnicodeDecodeError as exc:
+                raise SystemExit(f"line {line_number}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
             if not line:
                 continue
             key, payload = _parse_line(line, line_number, args.json, args.key_field)
-            producer.send_async(payload, key, done)
+            producer.send_async(payload, key, confirmed)
             sent += 1
-            if args.progress and sent % 10_000 == 0:
-                print(f"\rsent {sent}", end="", file=sys.stderr, flush=True)
+            if progress is not None:
+                progress.update(sent, stored, done)
         producer.flush()
-    if args.progress:
-        print(f"\rsent {sent}", file=sys.stderr)
+    if progress is not None:
+        progress.finish(sent, stored, done)
     if errors:
         print(f"{len(errors)} messages were not stored; first error: {errors[0]}", file=sys.stderr)
         return 1
@@ -202,6 +278,15 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
     demo.set_defaults(run=_demo)
 
+    evaluate = commands.add_parser("evaluate", help="compare rebalancing strategies on balance, stickiness and time")
+    evaluate.add_argument(
+        "--scenario", type=_scenario, default="all", help="one scenario, or all (default); see docs/evaluation.md"
+    )
+    evaluate.add_argument("--json", action="store_true", help="print the results as a JSON list instead of tables")
+    evaluate.add_argument("--plot", metavar="FILE.png", default=None, help="draw a comparison chart (needs matplotlib)")
+    evaluate.add_argument("--quick", action="store_true", help="small scenarios that finish in seconds")
+    evaluate.set_defaults(run=_evaluate)
+
     serve = commands.add_parser("serve", help="run a server with an embedded durable log")
     serve.add_argument("--data-dir", required=True, help="directory of the SQLite log (created if missing)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -230,7 +315,11 @@ def _parser() -> argparse.ArgumentParser:
         help="with --json: the field holding the key; without: the separator between key and payload",
     )
     produce.add_argument("--producer-name", default=None, help="stable name for deduplicated retries")
-    produce.add_argument("--progress", action="store_true", help="print a running count on stderr")
+    produce.add_argument(
+        "--progress",
+        action="store_true",
+        help="draw a progress bar on stderr: sent, stored, rate, share of input read",
+    )
     produce.set_defaults(run=_produce)
 
     consume = commands.add_parser("consume", help="print messages (acking as it goes)")
@@ -258,6 +347,16 @@ def _parser() -> argparse.ArgumentParser:
     stats = commands.add_parser("stats", help="show per-consumer stats (from a running server)")
     admin_args(stats)
     stats.set_defaults(run=_stats)
+
+    plot = commands.add_parser("plot", help="draw range ownership over time as a PNG (needs keyfailover[plot])")
+    plot.add_argument("--out", required=True, help="the PNG file to write")
+    history = plot.add_mutually_exclusive_group(required=True)
+    history.add_argument("--history-file", default=None, help='JSON lines of {"time": unix seconds, "snapshot": ...}')
+    history.add_argument("--admin-url", default=None, help="a running server's --metrics-port endpoint")
+    plot.add_argument("--topic", default=None, help="with --admin-url: the subscription's topic")
+    plot.add_argument("--subscription", default=None, help="with --admin-url: the subscription")
+    plot.add_argument("--title", default=None, help="the picture's title (default: the subscription or file name)")
+    plot.set_defaults(run=_plot)
     return parser
 
 

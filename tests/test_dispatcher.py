@@ -374,6 +374,42 @@ def test_old_owner_leaving_releases_its_draining_keys_in_order() -> None:
     ]
 
 
+def slot_twins(wanted: Callable[[int], bool]) -> tuple[str, str]:
+    """Two different keys with the same hash slot, in a slot that satisfies ``wanted``."""
+    seen: dict[int, str] = {}
+    i = 0
+    while True:
+        key = f"twin-{i}"
+        slot = key_hash(key)
+        if wanted(slot):
+            if slot in seen:
+                return seen[slot], key
+            seen[slot] = key
+        i += 1
+
+
+def test_keys_sharing_a_slot_move_independently() -> None:
+    """Draining is per key: a key with nothing in flight moves at once even if another key
+    of its slot is still unacked on the old owner."""
+    d = Dispatcher(clock=ManualClock())
+    stream = Stream(d)
+    d.add_consumer("c1")
+    d.flow("c1", 10)
+    half = HASH_RANGE_SIZE // 2
+    pairs = [slot_twins(lambda slot: slot < half), slot_twins(lambda slot: slot >= half)]
+    first = {held: stream.publish(held) for held, _ in pairs}
+    assert len(d.poll()) == 2
+    d.add_consumer("c2")
+    d.flow("c2", 10)
+    held, free = next((a, b) for a, b in pairs if d.owner_of(a) == "c2")
+    assert key_hash(held) == key_hash(free) and d.owner_of(free) == "c2"
+    blocked, moved = stream.publish(held), stream.publish(free)
+    out = d.poll()
+    assert [(x.consumer, x.position) for x in out] == [("c2", moved)]
+    d.ack("c1", first[held])
+    assert [(x.consumer, x.position) for x in d.poll()] == [("c2", blocked)]
+
+
 # -- G3: removal ------------------------------------------------------------------------
 
 

@@ -27,8 +27,10 @@ from keyfailover import Delivery, Dispatcher
 from keyfailover.errors import (
     BufferFullError,
     DuplicateConsumerError,
+    InvalidKeyError,
     KeyFailoverError,
     NotInFlightError,
+    PermitsError,
     PositionError,
     UnknownConsumerError,
 )
@@ -372,7 +374,10 @@ class DispatcherMachine(RuleBasedStateMachine):
     def tick(self, seconds: float) -> None:
         self.clock.advance(seconds)
 
-    @rule(data=st.data(), kind=st.sampled_from(("duplicate", "unknown", "not in flight", "stale position")))
+    @rule(
+        data=st.data(),
+        kind=st.sampled_from(("duplicate", "unknown", "not in flight", "stale position", "bad key", "bad permits")),
+    )
     def rejected_call(self, data: st.DataObject, kind: str) -> None:
         """Calls the dispatcher must refuse without changing anything."""
         model, d = self.model, self.d
@@ -401,6 +406,14 @@ class DispatcherMachine(RuleBasedStateMachine):
         elif kind == "stale position" and model.last_position >= 0:
             position = model.last_position - data.draw(st.integers(0, 2), label="back")
             self.rejected(PositionError, lambda: d.publish(position, "hot", None))
+        elif kind == "bad key" and model.held() < model.max_replay:
+            # The position stays free: the next publish may use it.
+            key: Any = data.draw(st.sampled_from((7, 1.5, bytearray(b"hot"), ("hot",), "\udc80")), label="bad key")
+            self.rejected(InvalidKeyError, lambda: d.publish(model.last_position + 1, key, None))
+        elif kind == "bad permits" and present:
+            name = data.draw(st.sampled_from(present), label="consumer")
+            permits: Any = data.draw(st.sampled_from((-1, -5, 1.0, "2", None)), label="bad permits")
+            self.rejected(PermitsError, lambda: d.flow(name, permits))
 
     @invariant()
     def consistent(self) -> None:

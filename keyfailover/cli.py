@@ -58,7 +58,12 @@ def _evaluate(args: argparse.Namespace) -> int:
     names = ev.SCENARIOS if args.scenario == "all" else (args.scenario,)
     results = ev.evaluate(names, quick=args.quick)
     if args.plot is not None:
-        ev.plot(results, Path(args.plot))
+        try:
+            ev.plot(results, Path(args.plot))
+        except ImportError:
+            raise SystemExit("keyfailover evaluate: --plot needs matplotlib (pip install keyfailover[plot])") from None
+        except OSError as exc:
+            raise SystemExit(f"keyfailover evaluate: cannot write {args.plot}: {exc.strerror}") from None
     if args.json:
         print(json.dumps([result.json_row() for result in results], indent=2))
         return 0
@@ -296,7 +301,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-frame", type=_positive_int, default=None, help="largest frame in bytes (default 5 MiB)")
     serve.add_argument("--sync", choices=("full", "normal"), default="full", help="SQLite synchronous mode")
     serve.add_argument(
-        "--metrics-port", type=int, default=None, help="serve /metrics, /ranges, /stats, /healthz on this port"
+        "--metrics-port", type=int, default=None, help="serve /metrics, /ranges, /stats, /history, /healthz on this port"
     )
     serve.set_defaults(run=_serve)
 

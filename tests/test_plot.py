@@ -84,6 +84,7 @@ class Picture:
         self.height = height
         self.axes = figure.axes[0]
         self.first = history[0][0]
+        self.background = _rgb8(to_rgb(self.axes.get_facecolor()))
         (legend,) = figure.legends
         self.labels = [text.get_text() for text in legend.get_texts()]
         self.colours: dict[str, RGB] = {
@@ -103,10 +104,13 @@ class Picture:
         return red, green, blue
 
     def column(self, at: float) -> set[RGB]:
-        """The distinct colours of the plotting area's pixel column at time ``at``, frame excluded."""
+        """The distinct colours of the plotting area's pixel column at time ``at``.
+
+        The 3 pixels next to the frame are left out: antialiasing blends them with it.
+        """
         top, column = self.pixel(at, self.axes.get_ylim()[1])
         bottom, _ = self.pixel(at, 0)
-        return {(int(r), int(g), int(b)) for r, g, b in self.rgb[top + 2 : bottom - 2, column]}
+        return {(int(r), int(g), int(b)) for r, g, b in self.rgb[top + 3 : bottom - 3, column]}
 
     def width(self, start: float, end: float) -> int:
         return self.pixel(end, 0)[1] - self.pixel(start, 0)[1]
@@ -128,8 +132,10 @@ def _check_bands(picture: Picture, history: list[HistoryEntry], min_width: int =
         ranges = RangeMap.from_snapshot(snapshot)
         for first, last, consumer in ranges:
             assert picture.colour(middle, (first + last + 1) / 2) == picture.colours[consumer], (start, consumer)
-        # One band per consumer present: exactly their colours, nothing else (no seams, no lines).
-        assert picture.column(middle) == {picture.colours[consumer] for consumer in ranges.consumers()}
+        # One band per consumer present: exactly their colours, nothing else (no seams, no lines);
+        # a map with no consumers draws nothing over the background.
+        bands = {picture.colours[consumer] for consumer in ranges.consumers()}
+        assert picture.column(middle) == (bands or {picture.background})
         checked += 1
     return checked
 
@@ -173,7 +179,7 @@ def test_colours_stay_with_consumers_and_empty_maps_draw_nothing(tmp_path: Path)
     picture = Picture(out, history, "Range ownership")
     assert picture.labels == ["c2", "c1", "rebalance"]  # first appearance, in hash order
     assert picture.column(105.0) == {picture.colours["c2"], picture.colours["c1"]}
-    assert picture.column(115.0) == {(255, 255, 255)}  # nobody owned anything: the bare background
+    assert picture.column(115.0) == {picture.background}  # nobody owned anything
     assert _check_bands(picture, history) == 4
 
 
@@ -210,12 +216,13 @@ def test_plot_from_a_running_server_through_the_cli(tmp_path: Path) -> None:
     assert not (tmp_path / "no.png").exists()
 
     history = history_from_records(found["history"])
-    assert [RangeMap.from_snapshot(snapshot).consumers() for _, snapshot in history] == [
+    # Which range a join splits is the policy's choice (tests/test_rebalance.py); here, who is in.
+    assert [sorted(RangeMap.from_snapshot(snapshot).consumers()) for _, snapshot in history] == [
         ["c1"],
         ["c1", "c2"],
         ["c1", "c2", "c3"],
         ["c1", "c3"],
-        ["c1", "c4", "c3"],
+        ["c1", "c3", "c4"],
     ]
     picture = Picture(out, history, "billing")
     assert picture.labels == ["c1", "c2", "c3", "c4", "rebalance"]

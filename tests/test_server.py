@@ -305,3 +305,26 @@ def test_consumer_resumes_after_a_server_restart(tmp_path: Path) -> None:
         server.stop()
     # At least once: every message arrives; an ack still in flight at the shutdown may repeat one.
     assert acked | set(seen) == set(range(1, 401))
+
+
+def test_stored_subscriptions_are_live_after_a_restart_before_anyone_subscribes(tmp_path: Path) -> None:
+    """A subscription whose consumers never come back still shows its backlog and its 0 consumers."""
+    data = tmp_path / "data"
+    with ServerProcess(data) as server, Client(server.url) as client:
+        producer = client.create_producer("orders")
+        for i in range(30):
+            producer.send_async(b"x", key=f"k{i}")
+        producer.flush()
+        consumer = client.subscribe("orders", "billing", consumer_name="c")
+        consumer.acknowledge(consumer.receive(timeout=5.0))
+        consumer.close()
+    with ServerProcess(data, "--metrics-port", "0") as server:
+        assert server.admin_url is not None
+        listing = json.loads(urlopen(f"{server.admin_url}/ranges").read())
+        assert [(s["topic"], s["subscription"], s["ranges"]["ranges"]) for s in listing["subscriptions"]] == [
+            ("orders", "billing", [])
+        ]
+        (sub,) = json.loads(urlopen(f"{server.admin_url}/stats").read())["subscriptions"]
+        assert sub["last_position"] == 30 and sub["dispatcher"]["consumers"] == {}
+        metrics = urlopen(f"{server.admin_url}/metrics").read().decode()
+        assert 'keyfailover_consumers{subscription="billing",topic="orders"} 0.0' in metrics

@@ -106,6 +106,11 @@ class Server:
         self._storage = Storage(log)
         await self._storage.start()
         self._storage.on_commit(self._committed)
+        # Every subscription with a saved cursor is live from the start, with no consumers, so
+        # its backlog and its lack of consumers show in /metrics before anyone subscribes.
+        for topic in self._storage.topics():
+            for name in await self._storage.call(log.subscriptions, topic):
+                await self.subscription(topic, name)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: _Connection(self), self.config.host, self.config.port, reuse_address=True

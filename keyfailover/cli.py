@@ -301,7 +301,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-frame", type=_positive_int, default=None, help="largest frame in bytes (default 5 MiB)")
     serve.add_argument("--sync", choices=("full", "normal"), default="full", help="SQLite synchronous mode")
     serve.add_argument(
-        "--metrics-port", type=int, default=None, help="serve /metrics, /ranges, /stats, /history, /healthz on this port"
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve /metrics, /ranges, /stats, /history, /healthz on this port",
     )
     serve.set_defaults(run=_serve)
 

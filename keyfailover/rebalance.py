@@ -9,9 +9,11 @@ This is PIP-34's Key_Failover as proposed, with the load-aware parts Pulsar neve
   waits as a standby without a range.
 - **leave** hands the leaver's range to the oldest standby if there is one, otherwise
   merges it into the adjacent neighbour with the lower dispatch rate.
-- **shift** moves one boundary from the heaviest consumer toward its lighter neighbour
-  when traffic max/mean passes a threshold: the fix for the skew that made Pulsar drop
-  auto-split (PR #6791: after a rolling restart one consumer took over 90% of traffic).
+- **shift**, when traffic max/mean passes a threshold, moves the boundaries as little as
+  possible so that every consumer fits under a cap just above its fair share (a consumer
+  holding a key heavier than a fair share keeps that key and little else): the fix for the
+  skew that made Pulsar drop auto-split (PR #6791: after a rolling restart one consumer took
+  over 90% of traffic). See docs/evaluation.md.
 
 No function here mutates its arguments; each returns a new :class:`RangeMap`.
 """
@@ -156,40 +158,127 @@ def plan_leave(ranges: RangeMap, leaver: str, load: Load, standby: Sequence[str]
     return planned
 
 
-def plan_shift(ranges: RangeMap, load: Load, threshold: float = 1.25, min_traffic: float = 1000.0) -> RangeMap | None:
-    """One boundary move that lowers the heaviest consumer's traffic, or None.
+def plan_shift(ranges: RangeMap, load: Load, threshold: float = 1.1, min_traffic: float = 1000.0) -> RangeMap | None:
+    """Boundaries moved as little as possible so that every consumer fits under its cap, or None.
 
     Acts only when the traffic max/mean over consumers exceeds ``threshold`` and the
-    measured total is at least ``min_traffic``. The boundary between the heaviest consumer
-    and its lighter neighbour moves to where their joint traffic halves; None when the
-    heavier side afterwards would not be lighter than the heaviest consumer was (e.g. one
-    hot slot, which would only change hands).
+    measured total is at least ``min_traffic``. A consumer's cap is the fair level times
+    ``1 + (threshold - 1) / 2``, the level being the mean; a consumer whose hottest slot
+    alone exceeds that keeps the slot (a key never splits) as its cap, and the level is
+    retaken over the others. Where the slots and the order of the consumers allow no
+    better, the others' caps (then all) are raised as little as needed. The new
+    boundaries are the nearest to the current ones under the caps (one sweep each way;
+    the one moving less traffic is kept): what a consumer carries over its cap goes to the
+    nearest consumers with room, through every boundary on the way, in one plan. None
+    when every consumer is within its cap (a lone hot slot is never just handed to a
+    neighbour), or over it by less than a quarter of the threshold's margin (2.5% at 1.1),
+    so that measurement noise does not move boundaries back and forth. O(n log s) for n
+    consumers and s slots.
     """
     if threshold < 1.0:
         raise RangeMapError(f"shift threshold {threshold!r} is below 1; expected max/mean >= 1")
     traffic = _check_traffic(ranges, load)
-    if traffic is None or len(ranges) < 2:
+    count = len(ranges)
+    if traffic is None or count < 2:
         return None
-    per_consumer = range_traffic(ranges, traffic)
-    total = sum(per_consumer.values())
-    if total < min_traffic or total <= 0.0:
+    size = ranges.range_size
+    ends = np.asarray(ranges.lookup_table()[0], dtype=np.intp)
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    prefix = np.concatenate(([0.0], np.cumsum(traffic)))
+    heaviest = float((prefix[ends + 1] - prefix[starts]).max())
+    total = float(prefix[-1])
+    if total < min_traffic or total <= 0.0 or heaviest * count <= threshold * total:
         return None
-    heaviest = min(per_consumer, key=lambda c: (-per_consumer[c], c))
-    heavy_load = per_consumer[heaviest]
-    if heavy_load / (total / len(per_consumer)) <= threshold:
+    caps, pinned = _shift_caps(traffic, starts, total, 1.0 + (threshold - 1.0) / 2.0)
+    loads = prefix[ends + 1] - prefix[starts]
+    if bool((loads <= caps).all()):
         return None
-    neighbours = [n for n in ranges.neighbours(heaviest) if n is not None]
-    lighter = min(neighbours, key=lambda n: (per_consumer[n], n))
-    heavy_start, heavy_end = ranges.range_of(heaviest) or (0, 0)
-    light_start, light_end = ranges.range_of(lighter) or (0, 0)
-    lower, upper = (heaviest, lighter) if heavy_end < light_start else (lighter, heaviest)
-    start, end = min(heavy_start, light_start), max(heavy_end, light_end)
-    at = balanced_cut(traffic, start, end)
-    worst_after = max(float(traffic[start:at].sum()), float(traffic[at : end + 1].sum()))
-    if worst_after >= heavy_load * (1.0 - 1e-9):
-        return None  # e.g. one hot slot: moving it to the neighbour would only move the problem
-    planned = ranges.copy()
-    planned.move_boundary(lower, upper, at)
+    if _sweep(prefix, caps, starts) is None:
+        # Raise the caps as little as the slots and the order allow: the others' first, a
+        # pinned consumer's too only if that is not enough (the current map fits at ``high``).
+        raised = np.where(pinned, 0.0, 1.0)
+        worst = float(np.divide(loads, caps, out=np.zeros_like(loads), where=loads > 0.0).max())
+        if _sweep(prefix, caps * (1.0 + raised * (worst - 1.0)), starts) is None:
+            raised[:] = 1.0
+        low, high = 1.0, worst
+        for _ in range(10):
+            middle = (low + high) / 2.0
+            fits = _sweep(prefix, caps * (1.0 + raised * (middle - 1.0)), starts) is not None
+            low, high = (low, middle) if fits else (middle, high)
+        caps = caps * (1.0 + raised * (high - 1.0))
+    if bool((loads <= caps * (1.0 + (threshold - 1.0) / 4.0)).all()):
+        return None  # too little to gain: measurement noise would move boundaries back and forth
+    plans = []
+    forward = _sweep(prefix, caps, starts)
+    if forward is not None:
+        plans.append(forward)
+    backward = _sweep(total - prefix[::-1], caps[::-1], size - np.append(starts[1:], size)[::-1])
+    if backward is not None:
+        plans.append(np.concatenate(([0], size - backward[1:][::-1])))
+    if not plans:
+        return None
+    best = min(plans, key=lambda plan: float(np.abs(prefix[plan] - prefix[starts]).sum()))
+    new_ends = np.append(best[1:], size)
+    if float((prefix[new_ends] - prefix[best]).max()) >= heaviest * (1.0 - 1e-9):
+        return None
+    owners = ranges.consumers()
+    return RangeMap.from_ranges(
+        [(int(start), int(end) - 1, owner) for start, end, owner in zip(best, new_ends, owners, strict=True)],
+        size,
+        ranges.epoch + 1,
+    )
+
+
+def _shift_caps(
+    traffic: npt.NDArray[np.float64], starts: npt.NDArray[np.intp], total: float, slack: float
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+    """Each consumer's cap, and which consumers are pinned by a slot heavier than the fair level.
+
+    A cap is ``slack`` times the fair level, or for a pinned consumer its hottest slot. The
+    level is the mean over the consumers whose hottest slot is within their cap
+    (water-filling): a key heavier than a fair share stays whole on its consumer, which
+    takes nothing else of weight, and the others share what is left.
+    """
+    floors = np.maximum.reduceat(traffic, starts)
+    pinned = np.zeros(len(starts), dtype=bool)
+    while True:
+        # Never below 0: when the pinned slots carry everything, rounding may leave a hair less.
+        level = max(total - float(floors[pinned].sum()), 0.0) / max(len(starts) - int(pinned.sum()), 1)
+        newly = ~pinned & (floors > level * slack)
+        if not newly.any():
+            return np.where(pinned, floors, level * slack), pinned
+        pinned |= newly
+
+
+def _sweep(
+    prefix: npt.NDArray[np.float64], caps: npt.NDArray[np.float64], current: npt.NDArray[np.intp]
+) -> npt.NDArray[np.intp] | None:
+    """The consumers' starts nearest ``current`` with each load within its cap, or None if none fit.
+
+    ``prefix`` is the cumulative traffic (one more entry than slots); each consumer keeps at
+    least one slot. Right to left it finds each consumer's earliest start that leaves the
+    rest coverable; left to right it keeps each start where it is, clamped between that and
+    the latest start its predecessor's cap allows.
+    """
+    count = len(current)
+    size = len(prefix) - 1
+    earliest = np.zeros(count, dtype=np.intp)
+    end = size
+    for k in range(count - 1, 0, -1):
+        start = max(int(np.searchsorted(prefix, prefix[end] - caps[k], side="left")), k)
+        if start >= end:
+            return None
+        earliest[k] = end = start
+    if prefix[end] > caps[0]:
+        return None
+    planned = np.zeros(count, dtype=np.intp)
+    for k in range(1, count):
+        previous = int(planned[k - 1])
+        latest = int(np.searchsorted(prefix, prefix[previous] + caps[k - 1], side="right")) - 1
+        lower, upper = max(int(earliest[k]), previous + 1), min(latest, size - (count - k))
+        if lower > upper:
+            return None
+        planned[k] = min(max(int(current[k]), lower), upper)
     return planned
 
 

@@ -161,7 +161,7 @@ class Dispatcher:
         split: SplitMode = "traffic",
         *,
         half_life: float = 10.0,
-        shift_threshold: float | None = 1.25,
+        shift_threshold: float | None = 1.1,
         shift_interval: float = 30.0,
         shift_min_traffic: float = 1000.0,
         history: int = 1000,

@@ -1,0 +1,345 @@
+"""keyfailover.evaluate and ``keyfailover evaluate``: strategies, measures, goals and the command line."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import itertools
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from keyfailover.evaluate import (
+    JSON_KEYS,
+    SCENARIOS,
+    STRATEGIES,
+    FlinkKeyGroups,
+    Join,
+    KeyFailover,
+    Leave,
+    Measured,
+    PulsarAutoSplit,
+    PulsarConsistent,
+    Result,
+    RocketMQAveragely,
+    RocketMQSticky,
+    Strategy,
+    balance,
+    build_scenario,
+    consumer_loads,
+    drain_times,
+    goals,
+    hot_slot,
+    run_strategy,
+    stickiness,
+)
+from keyfailover.evaluate._drain import PROCESSING, TICK
+from keyfailover.hashing import HASH_RANGE_SIZE
+
+Owners = npt.NDArray[np.intp]
+
+needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs keyfailover[plot]")
+
+
+def _owners(strategy: Strategy) -> list[str | None]:
+    """Each slot's owner by name (None: nobody)."""
+    owned = strategy.ownership()
+    assert owned.index.shape == (HASH_RANGE_SIZE,)
+    return [owned.consumers[i] if i >= 0 else None for i in owned.index.tolist()]
+
+
+def _runs(owners: list[str | None]) -> int:
+    """How many maximal runs of one owner the slots form."""
+    return 1 + sum(a != b for a, b in itertools.pairwise(owners))
+
+
+def _counts(owners: list[str | None]) -> dict[str | None, int]:
+    counts: dict[str | None, int] = {}
+    for owner in owners:
+        counts[owner] = counts.get(owner, 0) + 1
+    return counts
+
+
+# -- every strategy's invariants --------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+@pytest.mark.parametrize("scenario", ["random", "scale", "rolling-restart"])
+def test_every_slot_is_owned_by_a_member_after_every_event(name: str, scenario: str) -> None:
+    built = build_scenario(scenario, quick=True)
+    strategy = STRATEGIES[name]()
+    members: list[str] = []
+    windows = iter(built.windows * (len(built.setup) + len(built.events)))
+    for event in (*built.setup, *built.events):
+        strategy.apply(event)
+        if isinstance(event, Join):
+            members.append(event.consumer)
+        else:
+            members.remove(event.consumer)
+        strategy.apply(Measured(next(windows)))
+        owners = _owners(strategy)
+        counts = _counts(owners)
+        assert None not in counts, f"{name}: slots without an owner after {event}"
+        assert set(counts) == set(members), f"{name}: owners {sorted(map(str, counts))} are not {sorted(members)}"
+        if name == KeyFailover.name:
+            assert _runs(owners) == len(members), "keyfailover: each consumer owns one contiguous range"
+
+
+def test_no_member_no_owner() -> None:
+    for strategy_type in STRATEGIES.values():
+        strategy = strategy_type()
+        assert set(_owners(strategy)) == {None}
+        strategy.join("a")
+        strategy.leave("a")
+        assert set(_owners(strategy)) == {None}, strategy.name
+
+
+# -- each strategy on small cases with known answers ------------------------------------
+
+
+def test_pulsar_autosplit_newcomer_takes_the_lower_half_and_the_top_passes_down() -> None:
+    strategy = PulsarAutoSplit()
+    strategy.join("c0")  # range key 65536: every slot
+    strategy.join("c1")  # splits (0, 65536] at 32768 and takes the lower half; slot 0 goes to the first key
+    assert _counts(_owners(strategy)) == {"c1": 32769, "c0": 32767}
+    strategy.join("c2")  # the first of two equally wide ranges, (0, 32768], splits at 16384
+    owners = _owners(strategy)
+    assert (owners[16384], owners[16385], owners[32768], owners[32769]) == ("c2", "c1", "c1", "c0")
+    strategy.leave("c0")  # the top range's owner left: the consumer just below takes key 65536
+    assert _counts(_owners(strategy)) == {"c2": 16385, "c1": 65536 - 16385}
+    strategy.leave("c2")  # any other range goes to the next-higher key
+    assert _counts(_owners(strategy)) == {"c1": 65536}
+
+
+def test_flink_key_groups_are_contiguous_even_runs_of_128_groups() -> None:
+    strategy = FlinkKeyGroups()
+    for consumer in ("a", "b", "c"):
+        strategy.join(consumer)
+    owners = _owners(strategy)
+    # Group g = slot % 128 goes to subtask g * 3 // 128: groups 0-42, 43-85, 86-127; 512 slots a group.
+    assert _counts(owners) == {"a": 43 * 512, "b": 43 * 512, "c": 42 * 512}
+    assert [owners[g] for g in (42, 43, 85, 86, 127, 128 + 42)] == ["a", "b", "b", "c", "c", "a"]
+    strategy.leave("a")  # b and c become subtasks 0 and 1 of 2: 64 groups each
+    assert _counts(_owners(strategy)) == {"b": 32768, "c": 32768}
+
+
+def test_rocketmq_averagely_gives_sorted_consumers_contiguous_blocks_of_queues() -> None:
+    strategy = RocketMQAveragely()
+    for consumer in ("c2", "c0", "c1"):
+        strategy.join(consumer)
+    owners = _owners(strategy)
+    # 256 queues over 3: 86, 85, 85 in sorted id order; queue q holds slots q, q + 256, ...
+    assert _counts(owners) == {"c0": 86 * 256, "c1": 85 * 256, "c2": 85 * 256}
+    assert [owners[q] for q in (0, 85, 86, 170, 171, 255, 256 + 85)] == ["c0", "c0", "c1", "c1", "c2", "c2", "c0"]
+
+
+def test_sticky_moves_only_what_the_change_forces() -> None:
+    strategy = RocketMQSticky()
+    strategy.join("a")
+    strategy.join("b")
+    before = _owners(strategy)
+    assert _counts(before) == {"a": 128 * 256, "b": 128 * 256}
+    strategy.join("c")
+    after = _owners(strategy)
+    assert _counts(after) == {"a": 86 * 256, "b": 85 * 256, "c": 85 * 256}
+    assert all(new in (old, "c") for old, new in zip(before, after, strict=True))
+    strategy.leave("a")
+    left = _owners(strategy)
+    assert _counts(left) == {"b": 128 * 256, "c": 128 * 256}
+    assert all(old in (new, "a") for old, new in zip(after, left, strict=True))
+
+
+def test_pulsar_consistent_moves_slots_only_to_a_newcomer_or_from_a_leaver() -> None:
+    # "consumer1" + "11" and "consumer11" + "1" were the same ring point before #22050.
+    strategy = PulsarConsistent()
+    for consumer in ("consumer1", "consumer2"):
+        strategy.join(consumer)
+    before = _owners(strategy)
+    strategy.join("consumer11")
+    after = _owners(strategy)
+    moved = [new for old, new in zip(before, after, strict=True) if old != new]
+    assert moved and set(moved) == {"consumer11"}
+    strategy.leave("consumer11")
+    assert _owners(strategy) == before
+    strategy.leave("consumer1")
+    assert set(_owners(strategy)) == {"consumer2"}
+
+
+def test_keyfailover_join_splits_the_busiest_where_its_traffic_halves() -> None:
+    traffic = np.zeros(HASH_RANGE_SIZE)
+    traffic[:100] = 10.0  # all traffic in the lowest 100 slots
+    strategy = KeyFailover()
+    strategy.measured(traffic)
+    strategy.join("a")
+    strategy.join("b")
+    owners = _owners(strategy)
+    assert (owners[49], owners[50]) == ("a", "b")
+    assert _counts(owners) == {"a": 50, "b": HASH_RANGE_SIZE - 50}
+
+
+# -- the measures on hand-made cases ----------------------------------------------------
+
+# 8 slots, 3 consumers: 0 owns slots 0-2, 1 owns 3-4, 2 owns 5-7.
+OWNER: Owners = np.array([0, 0, 0, 1, 1, 2, 2, 2], dtype=np.intp)
+WEIGHTS = np.arange(1.0, 9.0)  # slot s carries s + 1: loads 6, 9 and 21 (sum 36, mean 12)
+THREE: Owners = np.arange(3, dtype=np.intp)
+
+
+def test_consumer_loads_sum_each_consumers_slots() -> None:
+    assert consumer_loads(OWNER, WEIGHTS, THREE).tolist() == [6.0, 9.0, 21.0]
+    assert consumer_loads(OWNER, WEIGHTS, np.array([2, 3], dtype=np.intp)).tolist() == [21.0, 0.0]
+
+
+def test_balance_is_max_over_mean_and_the_standard_deviation_in_mean_loads() -> None:
+    got = balance(OWNER, WEIGHTS, THREE)
+    # Loads over the mean: 0.5, 0.75, 1.75; deviations -0.5, -0.25, 0.75.
+    assert got.max_mean == pytest.approx(21.0 / 12.0)
+    assert got.stddev == pytest.approx(math.sqrt((0.25 + 0.0625 + 0.5625) / 3.0))
+    # The same slots counted by width (hash space): loads 3, 2, 3 over a mean of 8/3.
+    space = balance(OWNER, np.ones(8), THREE)
+    assert space.max_mean == pytest.approx(9.0 / 8.0)
+    assert space.stddev == pytest.approx(math.sqrt(((9 / 8 - 1) ** 2 * 2 + (6 / 8 - 1) ** 2) / 3.0))
+
+
+def test_balance_counts_a_member_without_slots_and_is_perfect_without_load() -> None:
+    four = np.arange(4, dtype=np.intp)
+    assert balance(OWNER, WEIGHTS, four).max_mean == pytest.approx(21.0 / 9.0)  # mean 36 / 4
+    assert balance(OWNER, np.zeros(8), THREE) == (1.0, 0.0)
+    even = balance(np.array([0, 0, 1, 1, 2, 2, 0, 1], dtype=np.intp), np.array([1.0] * 6 + [0.0] * 2), THREE)
+    assert even == (1.0, 0.0)
+
+
+def test_stickiness_is_the_weight_that_keeps_its_consumer() -> None:
+    after: Owners = np.array([0, 0, 1, 1, 1, 2, 2, 0], dtype=np.intp)  # slot 2 moves to 1, slot 7 to 0
+    assert stickiness(OWNER, after, WEIGHTS) == pytest.approx((36.0 - 3.0 - 8.0) / 36.0)
+    assert stickiness(OWNER, after, np.ones(8)) == pytest.approx(6.0 / 8.0)
+    assert stickiness(OWNER, OWNER, WEIGHTS) == 1.0
+    # Slots nobody owned before do not count; with nothing counted the change kept everything.
+    half: Owners = np.array([-1, -1, -1, -1, 1, 2, 2, 2], dtype=np.intp)
+    assert stickiness(half, after, WEIGHTS) == pytest.approx((5.0 + 6.0 + 7.0) / (5.0 + 6.0 + 7.0 + 8.0))
+    assert stickiness(np.full(8, -1, dtype=np.intp), after, WEIGHTS) == 1.0
+
+
+def test_hot_slot_reports_the_floor_and_what_its_owner_carries_besides() -> None:
+    # The hottest slot is 7 (weight 8) on consumer 2, which also carries 6 + 7.
+    assert hot_slot(OWNER, WEIGHTS, THREE) == pytest.approx((1.0, 13.0 / 12.0))
+    hot = WEIGHTS.copy()
+    hot[7] = 60.0  # total 88, mean 88 / 3: the slot alone is 60 / (88 / 3) mean loads
+    assert hot_slot(OWNER, hot, THREE) == pytest.approx((60.0 * 3 / 88.0, 13.0 * 3 / 88.0))
+
+
+def test_measures_reject_arrays_of_different_shapes() -> None:
+    with pytest.raises(ValueError, match="expected the same shape"):
+        consumer_loads(OWNER, WEIGHTS[:7], THREE)
+    with pytest.raises(ValueError, match="must have the same shape"):
+        stickiness(OWNER, OWNER[:7], WEIGHTS)
+
+
+# -- scenarios, runs, goals, drain times ------------------------------------------------
+
+
+def test_scenarios_are_seeded_and_unknown_names_are_refused() -> None:
+    first, again = build_scenario("zipf", quick=True), build_scenario("zipf", quick=True)
+    assert first.events == again.events
+    assert all(np.array_equal(a, b) for a, b in zip(first.windows, again.windows, strict=True))
+    assert first.population.traffic.sum() == pytest.approx(first.population.messages)
+    with pytest.raises(ValueError, match="scenario 'nope' is unknown; expected one of uniform"):
+        build_scenario("nope")
+
+
+def test_rolling_restart_rejoins_each_consumer_after_it_left() -> None:
+    built = build_scenario("rolling-restart", quick=True)
+    starting = [event.consumer for event in built.setup]
+    assert list(built.events) == [e for c in starting for e in (Leave(c), Join(c))]
+
+
+def test_a_run_measures_every_event_within_bounds() -> None:
+    result = run_strategy(PulsarAutoSplit(), build_scenario("uniform", quick=True))
+    assert 0.0 <= result.stickiness_min <= result.stickiness_mean <= 1.0
+    assert result.max_mean_traffic >= 1.0 and result.stddev_traffic >= 0.0
+    assert result.shifts_per_event == 0.0  # blind to load: the settled state is the changed state
+    assert result.max_mean_traffic == result.max_mean_at_change
+    assert set(result.json_row()) == set(JSON_KEYS)
+
+
+def _result(strategy: str, scenario: str, **values: float) -> Result:
+    base = dict.fromkeys((f.name for f in dataclasses.fields(Result) if f.name not in ("strategy", "scenario")), 1.0)
+    return Result(strategy=strategy, scenario=scenario, **(base | values))
+
+
+def test_goals_judge_the_join_alone_and_with_its_shifts() -> None:
+    ours = _result("keyfailover", "zipf", max_mean_traffic=1.2, join_stickiness=0.95, join_stickiness_settled=0.6)
+    peer = _result("pulsar-consistent", "zipf", max_mean_traffic=1.15, join_stickiness=0.9)
+    verdicts = {goal.text: goal.holds for goal in goals([ours, peer], [])}
+    assert verdicts == {
+        "zipf: max/mean traffic within 5% of pulsar-consistent": True,  # 1.2 <= 1.05 * 1.15
+        "zipf: key stickiness of the join itself no worse than pulsar-consistent": True,
+        "zipf: key stickiness of the join and the shifts that follow it no worse than pulsar-consistent": False,
+    }
+    worse = dataclasses.replace(ours, max_mean_traffic=1.21)
+    assert not goals([worse, peer], [])[0].holds
+
+
+def test_drain_times_end_within_one_processing_time_and_a_leave_releases_at_once() -> None:
+    drains = {d.reason: d for d in drain_times(quick=True)}
+    assert drains["join"].changes == 4 and drains["leave"].changes == 2
+    for drain in drains.values():
+        assert drain.undrained == 0
+        assert 0.0 <= drain.mean_seconds <= drain.max_seconds <= PROCESSING + TICK
+    assert drains["join"].max_seconds > 0.0  # moved keys had deliveries in flight on the old owner
+    assert drains["leave"].max_seconds == 0.0  # the old owner is gone: its keys move at once
+
+
+# -- the command line -------------------------------------------------------------------
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "keyfailover", "evaluate", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_json_lists_every_strategy_and_scenario_with_exactly_the_documented_keys() -> None:
+    done = _run("--quick", "--json")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    assert [(row["strategy"], row["scenario"]) for row in rows] == [(s, n) for n in SCENARIOS for s in STRATEGIES]
+    for row in rows:
+        assert list(row) == list(JSON_KEYS)
+        assert row["max_mean_traffic"] >= 1.0 and row["stddev_traffic"] >= 0.0
+        assert 0.0 <= row["stickiness_min"] <= row["stickiness_mean"] <= 1.0
+        assert row["reassign_ms_mean"] > 0.0
+    # The numbers are the run's own: the same seeded scenario gives the same balance in-process.
+    expected = run_strategy(PulsarConsistent(), build_scenario("hot-key", quick=True))
+    row = next(r for r in rows if (r["strategy"], r["scenario"]) == ("pulsar-consistent", "hot-key"))
+    assert row["max_mean_traffic"] == expected.max_mean_traffic
+    assert row["stickiness_mean"] == expected.stickiness_mean
+
+
+@needs_matplotlib
+def test_plot_writes_a_png_and_the_tables_name_each_strategy(tmp_path: Path) -> None:
+    chart = tmp_path / "evaluation.png"
+    done = _run("--quick", "--scenario", "hot-key", "--plot", str(chart))
+    assert done.returncode == 0, done.stderr
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert done.stdout.lstrip().startswith("hot-key: one key at 20% of traffic")
+    assert all(f"\n{name} " in done.stdout for name in STRATEGIES)
+    assert "goals for keyfailover" in done.stdout
+    assert "uniform:" not in done.stdout
+
+
+def test_an_unknown_scenario_is_a_clear_error() -> None:
+    done = _run("--scenario", "nope")
+    assert done.returncode == 2
+    assert "unknown scenario 'nope'; expected one of uniform, zipf, hot-key" in done.stderr
+    assert done.stdout == ""

@@ -365,6 +365,24 @@ class DispatcherMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: bool(self.model.holder))
     @rule(data=st.data())
+    def ack_many(self, data: st.DataObject) -> None:
+        """A batch of acks as the server sends them: some of one consumer's, repeats and strays mixed in."""
+        consumer = data.draw(st.sampled_from(sorted(set(self.model.holder.values()))), label="consumer")
+        mine = self.model.inflight_on(consumer)
+        strays = [p for p in self.model.holder if p not in mine] + [self.model.last_position + 1]
+        positions = data.draw(st.lists(st.sampled_from(mine + strays), max_size=8), label="batch")
+        acked, rejected = self.d.ack_many(consumer, positions)
+        expected: tuple[list[int], list[int]] = ([], [])
+        for position in positions:
+            if self.model.holder.get(position) == consumer:
+                self.model.ack(consumer, position)
+                expected[0].append(position)
+            else:
+                expected[1].append(position)
+        assert (acked, rejected) == expected
+
+    @precondition(lambda self: bool(self.model.holder))
+    @rule(data=st.data())
     def nack(self, data: st.DataObject) -> None:
         position, consumer = data.draw(st.sampled_from(sorted(self.model.holder.items())), label="nack")
         self.d.nack(consumer, position)

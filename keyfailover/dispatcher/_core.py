@@ -21,7 +21,7 @@ import bisect
 import heapq
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -317,19 +317,35 @@ class Dispatcher:
 
     def ack(self, cid: str, position: int) -> None:
         """Acknowledge ``position``, in flight on ``cid``; a drained key moves on (G1)."""
+        if not self._ack(self._consumer(cid), position):
+            raise NotInFlightError(self._not_in_flight(cid, position, "ack"))
+
+    def ack_many(self, cid: str, positions: Iterable[int]) -> tuple[list[int], list[int]]:
+        """Acknowledge each of ``positions`` as :meth:`ack` does; returns ``(acked, rejected)``.
+
+        A rejected position (not in flight on ``cid``, a repeat included) changes nothing; the
+        others are acknowledged all the same.
+        """
         consumer = self._consumer(cid)
+        acked: list[int] = []
+        rejected: list[int] = []
+        for position in positions:
+            (acked if self._ack(consumer, position) else rejected).append(position)
+        return acked, rejected
+
+    def _ack(self, consumer: _Consumer, position: int) -> bool:
         message = consumer.inflight.pop(position, None) if type(position) is int else None
         if message is None:
-            raise NotInFlightError(self._not_in_flight(cid, position, "ack"))
+            return False
         consumer.acked += 1
         self._held -= 1
         kb = message.kb
         if kb is None:
-            return
+            return True
         state = self._keys[kb]
         state.inflight -= 1
         if state.inflight:
-            return
+            return True
         state.holder = None
         if state.draining:
             self._release(state)
@@ -337,6 +353,7 @@ class Dispatcher:
                 self._queue(state, self._owner_of_slot(state.slot))
         if not state.pending:
             del self._keys[kb]
+        return True
 
     def nack(self, cid: str, position: int) -> None:
         """Return ``position`` and every later unacked delivery of its key on ``cid`` to pending (G2)."""

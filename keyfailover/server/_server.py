@@ -16,7 +16,7 @@ from typing import TextIO
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from keyfailover.errors import KeyFailoverError
-from keyfailover.log import Log
+from keyfailover.log import Log, StoredMessage
 from keyfailover.metrics import KeyFailoverCollector, ServerView, SubscriptionView
 from keyfailover.protocol import (
     DEFAULT_MAX_FRAME,
@@ -210,10 +210,10 @@ class Server:
     def next_session_id(self) -> int:
         return next(self._session_ids)
 
-    def _committed(self, topic: str) -> None:
+    def _committed(self, topic: str, stored: list[StoredMessage]) -> None:
         for (sub_topic, _), subscription in self._subscriptions.items():
             if sub_topic == topic:
-                subscription.wake()
+                subscription.committed(stored)
 
     # -- admin endpoint ---------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from typing import ParamSpec, TypeVar
 
 from keyfailover.errors import KeyFailoverError
 from keyfailover.histogram import Histogram
-from keyfailover.log import Key, Log
+from keyfailover.log import Key, Log, StoredMessage
 
 __all__ = ["Storage"]
 
@@ -39,7 +39,7 @@ class Storage:
         self._wake = asyncio.Event()
         self._closing = False
         self._last: dict[str, int] = {}
-        self._listeners: list[Callable[[str], None]] = []
+        self._listeners: list[Callable[[str, list[StoredMessage]], None]] = []
         self._task: asyncio.Task[None] | None = None
         self.appended = 0  # messages stored (duplicates not counted)
         self.commit_seconds = Histogram()
@@ -62,8 +62,8 @@ class Storage:
     def topics(self) -> list[str]:
         return sorted(self._last)
 
-    def on_commit(self, listener: Callable[[str], None]) -> None:
-        """Call ``listener(topic)`` after each commit that stored messages in ``topic``."""
+    def on_commit(self, listener: Callable[[str, list[StoredMessage]], None]) -> None:
+        """Call ``listener(topic, stored)`` after each commit that stored messages in ``topic`` (ascending)."""
         self._listeners.append(listener)
 
     async def call(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
@@ -119,15 +119,22 @@ class Storage:
                     future.set_exception(exc)
             return
         self.commit_seconds.observe(time.perf_counter() - started)
-        touched: set[str] = set()
+        touched: dict[str, list[StoredMessage]] = {}
         for (batch, future), result in zip(queued, results, strict=True):
             topic = batch[0]
-            self.appended += sum(1 for _, duplicate in result if not duplicate)
+            stored = touched.setdefault(topic, [])
+            before = len(stored)
+            stored += [
+                StoredMessage(position, key, payload)
+                for (_, key, payload), (position, duplicate) in zip(batch[2], result, strict=True)
+                if not duplicate
+            ]
+            self.appended += len(stored) - before
             if result:
                 self._last[topic] = max(self._last.get(topic, 0), *(position for position, _ in result))
-                touched.add(topic)
             if not future.done():
                 future.set_result(result)
-        for topic in sorted(touched):
-            for listener in self._listeners:
-                listener(topic)
+        for topic, stored in sorted(touched.items()):
+            if stored:
+                for listener in self._listeners:
+                    listener(topic, stored)

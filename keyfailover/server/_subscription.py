@@ -70,6 +70,7 @@ class Subscription:
         self._read_position = cursor.mark_delete
         self._cache: OrderedDict[int, StoredMessage] = OrderedDict()
         self._wake = asyncio.Event()
+        self._tail: deque[StoredMessage] = deque()  # committed, not yet read: spares re-reading the log
         self._cursor_dirty = False
         self._history: deque[tuple[float, dict[str, Any]]] = deque(maxlen=config.history)
         self._closed = False
@@ -83,6 +84,25 @@ class Subscription:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def committed(self, stored: list[StoredMessage]) -> None:
+        """Messages just committed, ascending: the pump takes them from here instead of re-reading the log."""
+        tail = self._tail
+        if len(tail) + len(stored) > self._config.payload_cache:
+            tail.clear()  # the pump is far behind: it reads from the log, as after a restart
+        else:
+            tail.extend(stored)
+        self._wake.set()
+
+    def _take_tail(self, limit: int) -> list[StoredMessage] | None:
+        """Up to ``limit`` committed messages right after the read position; None when the tail does not start there."""
+        tail = self._tail
+        after = self._read_position
+        while tail and tail[0].position <= after:
+            tail.popleft()
+        if not tail or tail[0].position != after + 1:
+            return None
+        return [tail.popleft() for _ in range(min(limit, len(tail)))]
 
     # -- membership ------------------------------------------------------------------
 
@@ -145,16 +165,12 @@ class Subscription:
 
     def ack(self, session: Session, positions: list[int]) -> list[int]:
         """Ack each position; returns those that were not in flight on the session."""
-        rejected = []
-        for position in positions:
-            try:
-                self.dispatcher.ack(session.consumer, position)
-            except NotInFlightError:
-                rejected.append(position)
-                continue
-            self.cursor.ack(position)
-            self._cache.pop(position, None)
-        if len(rejected) < len(positions):
+        acked, rejected = self.dispatcher.ack_many(session.consumer, positions)
+        cursor_ack, uncache = self.cursor.ack, self._cache.pop
+        for position in acked:
+            cursor_ack(position)
+            uncache(position, None)
+        if acked:
             self._cursor_dirty = True
             self.wake()
         return rejected
@@ -196,7 +212,7 @@ class Subscription:
             last = self._storage.last_position(self.topic)
             if not wanted or self._read_position >= last or not self.sessions:
                 return
-            batch = await self._storage.call(
+            batch = self._take_tail(min(wanted, _READ_BATCH)) or await self._storage.call(
                 self._storage.log.read, self.topic, self._read_position, min(wanted, _READ_BATCH)
             )
             if not batch:
@@ -216,24 +232,32 @@ class Subscription:
     async def _send(self, deliveries: list[Delivery]) -> None:
         if not deliveries:
             return
-        sessions = {d.consumer: self.sessions.get(d.consumer) for d in deliveries}
-        missing = [d.position for d in deliveries if d.position not in self._cache]
+        cache = self._cache
+        sessions = self.sessions
+        missing = [d.position for d in deliveries if d.position not in cache]
         if missing:
+            before = {d.consumer: sessions.get(d.consumer) for d in deliveries}
             found = await self._storage.call(self._storage.log.read_positions, self.topic, missing)
             for position, message in found.items():
-                self._cache[position] = message
-        by_session: dict[int, tuple[Session, list[tuple[int, Key, bytes, int]]]] = {}
+                cache[position] = message
+            # A consumer removed while payloads were read had its deliveries sent back to pending.
+            gone = {name for name, session in before.items() if session is None or sessions.get(name) is not session}
+            if gone:
+                deliveries = [d for d in deliveries if d.consumer not in gone]
+        by_consumer: dict[str, list[tuple[int, Key, bytes, int]]] = {}
         for delivery in deliveries:
-            session = sessions[delivery.consumer]
-            if session is None or self.sessions.get(delivery.consumer) is not session:
-                continue  # removed while payloads were read: the delivery went back to pending
-            cached = self._cache.get(delivery.position)
+            cached = cache.get(delivery.position)
             if cached is None:
                 _log.error("position %d of %s is not in the log", delivery.position, self.topic)
                 continue
-            entry = by_session.setdefault(session.id, (session, []))
-            entry[1].append((delivery.position, cached.key, cached.payload, delivery.redelivery_count))
-        for session, items in by_session.values():
+            items = by_consumer.get(delivery.consumer)
+            if items is None:
+                items = by_consumer[delivery.consumer] = []
+            items.append((delivery.position, cached.key, cached.payload, delivery.redelivery_count))
+        for name, items in by_consumer.items():
+            session = sessions.get(name)
+            if session is None:
+                continue
             batch: list[tuple[int, Key, bytes, int]] = []
             size = 0
             for item in items:

@@ -21,7 +21,7 @@ import time
 import uuid
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from keyfailover.errors import KeyFailoverError
@@ -93,15 +93,24 @@ class ServerError(KeyFailoverError, RuntimeError):
         self.code = code
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
-    """A received message; acknowledge or negatively acknowledge it on its consumer."""
+class Message(NamedTuple):
+    """A received message; acknowledge or negatively acknowledge it on its consumer.
+
+    Immutable, and a named tuple because a consumer creates one per message: that is a third
+    of the cost of a frozen dataclass.
+    """
 
     key: Key
     payload: bytes
     position: int
     redelivery_count: int
-    session: int = field(repr=False, default=0)
+    session: int = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"Message(key={self.key!r}, payload={self.payload!r}, position={self.position}, "
+            f"redelivery_count={self.redelivery_count})"
+        )
 
 
 def parse_url(url: str) -> tuple[str, int]:

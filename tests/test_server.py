@@ -287,22 +287,28 @@ def test_consumer_resumes_after_a_server_restart(tmp_path: Path) -> None:
             producer.flush()
             consumer = client.subscribe("orders", "billing", consumer_name="c", receiver_queue_size=50)
             acked: set[int] = set()
+            sessions_before: set[int] = set()
             for _ in range(120):
                 message = consumer.receive(timeout=5.0)
                 consumer.acknowledge(message)
                 acked.add(message.position)
+                sessions_before.add(message.session)
             assert server.stop() == 0  # clean shutdown: the cursor is persisted
             server = ServerProcess(data, port=port).start()
             for i in range(300, 400):
                 producer.send_async(f"{i}".encode(), key=f"k{i % 7}")
             producer.flush()
             seen: dict[int, bytes] = {}
+            sessions_after: set[int] = set()
             while len(acked | set(seen)) < 400:
                 message = consumer.receive(timeout=10.0)
                 seen[message.position] = message.payload
+                sessions_after.add(message.session)
                 consumer.acknowledge(message)
     finally:
         server.stop()
+    # Session ids are never reused across restarts: a late ack of the old session cannot land on the new one.
+    assert sessions_before.isdisjoint(sessions_after), (sessions_before, sessions_after)
     # At least once: every message arrives; an ack still in flight at the shutdown may repeat one.
     assert acked | set(seen) == set(range(1, 401))
 

@@ -79,7 +79,9 @@ class Server:
         self._subscriptions: dict[tuple[str, str], Subscription] = {}
         self._opening: dict[tuple[str, str], asyncio.Future[Subscription]] = {}
         self._connections: set[_Connection] = set()
-        self._session_ids = itertools.count(1)
+        # Session ids are never reused, across restarts too (they start at the wall clock in µs):
+        # an ack of a session from before a restart must not land on a new one.
+        self._session_ids = itertools.count(time.time_ns() // 1000)
         self._reaper: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self._admin: AdminServer | None = None

@@ -86,10 +86,15 @@ class Subscription:
         self._wake.set()
 
     def committed(self, stored: list[StoredMessage]) -> None:
-        """Messages just committed, ascending: the pump takes them from here instead of re-reading the log."""
+        """Messages just committed, ascending: the pump takes them from here instead of re-reading the log.
+
+        The tail holds at most ``payload_cache`` messages, and none while the subscription has
+        no consumer or its dispatcher wants nothing: a pump that is behind reads the log, as
+        after a restart.
+        """
         tail = self._tail
-        if len(tail) + len(stored) > self._config.payload_cache:
-            tail.clear()  # the pump is far behind: it reads from the log, as after a restart
+        if not self.sessions or len(tail) + len(stored) > self._config.payload_cache or not self.dispatcher.wants():
+            tail.clear()
         else:
             tail.extend(stored)
         self._wake.set()
@@ -212,22 +217,29 @@ class Subscription:
             last = self._storage.last_position(self.topic)
             if not wanted or self._read_position >= last or not self.sessions:
                 return
-            batch = self._take_tail(min(wanted, _READ_BATCH)) or await self._storage.call(
-                self._storage.log.read, self.topic, self._read_position, min(wanted, _READ_BATCH)
-            )
-            if not batch:
-                return
+            batch = self._take_tail(min(wanted, _READ_BATCH))
+            if batch is None:
+                batch = await self._storage.call(
+                    self._storage.log.read, self.topic, self._read_position, min(wanted, _READ_BATCH)
+                )
+                if not batch:
+                    return
+            else:
+                await asyncio.sleep(0)  # no log read awaited: let heartbeats and other subscriptions in
             cache = self._cache
             cursor = self.cursor
             for message in batch:
                 position = message.position
+                if not cursor.is_acked(position):
+                    dispatcher.publish(position, message.key, None)
+                    cache[position] = message
                 self._read_position = position
-                if cursor.is_acked(position):
-                    continue
-                dispatcher.publish(position, message.key, None)
-                cache[position] = message
-            while len(cache) > self._config.payload_cache:
-                cache.popitem(last=False)
+            self._trim_cache()
+
+    def _trim_cache(self) -> None:
+        cache = self._cache
+        while len(cache) > self._config.payload_cache:
+            cache.popitem(last=False)
 
     async def _send(self, deliveries: list[Delivery]) -> None:
         if not deliveries:
@@ -254,6 +266,8 @@ class Subscription:
             if items is None:
                 items = by_consumer[delivery.consumer] = []
             items.append((delivery.position, cached.key, cached.payload, delivery.redelivery_count))
+        if missing:
+            self._trim_cache()
         for name, items in by_consumer.items():
             session = sessions.get(name)
             if session is None:

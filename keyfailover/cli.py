@@ -188,8 +188,10 @@ def _produce(args: argparse.Namespace) -> int:
         source: BinaryIO = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
     except OSError as exc:
         raise SystemExit(f"keyfailover produce: cannot read {args.file}: {exc.strerror}") from None
-    info = os.fstat(source.fileno())
-    progress = Progress(sys.stderr, info.st_size if stat.S_ISREG(info.st_mode) else None) if args.progress else None
+    progress = None
+    if args.progress:
+        info = os.fstat(source.fileno())
+        progress = Progress(sys.stderr, info.st_size if stat.S_ISREG(info.st_mode) else None)
     sent = stored = done = 0
     errors: list[BaseException] = []
 
@@ -205,12 +207,16 @@ def _produce(args: argparse.Namespace) -> int:
         for line_number, raw in enumerate(source, 1):
             done += len(raw)
             try:
-                line = raw.decode().rstrip("\r\n")
-            except UnicodeDecodeError as exc:
-                raise SystemExit(f"line {line_number}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
-            if not line:
-                continue
-            key, payload = _parse_line(line, line_number, args.json, args.key_field)
+                line = raw.decode().removesuffix("\n").removesuffix("\r")
+                if not line:
+                    continue
+                key, payload = _parse_line(line, line_number, args.json, args.key_field)
+            except (UnicodeDecodeError, SystemExit) as exc:
+                if progress is not None:
+                    progress.finish(sent, stored, done)
+                if isinstance(exc, UnicodeDecodeError):
+                    raise SystemExit(f"line {line_number}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+                raise
             producer.send_async(payload, key, confirmed)
             sent += 1
             if progress is not None:
@@ -269,6 +275,15 @@ def _consume(args: argparse.Namespace) -> int:
             consumer.acknowledge(message)
         sys.stdout.flush()
         consumer.close()
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from keyfailover.export import export_topic
+
+    result = export_topic(args.data_dir, args.topic, args.out, args.format, binary_keys=args.binary_keys)
+    span = "" if result.first_position is None else f" (positions {result.first_position}..{result.last_position})"
+    print(f"exported {result.messages} messages of {args.topic!r}{span}: {len(result.files)} file(s) in {args.out}")
     return 0
 
 
@@ -341,6 +356,14 @@ def _parser() -> argparse.ArgumentParser:
         "--idle-timeout", type=_positive_float, default=None, help="stop after this many seconds without a message"
     )
     consume.set_defaults(run=_consume)
+
+    export = commands.add_parser("export", help="write a topic from a data dir's log to Parquet or JSON lines")
+    export.add_argument("--data-dir", required=True, help="the server's data directory (the server may be running)")
+    export.add_argument("--topic", required=True)
+    export.add_argument("--format", choices=("parquet", "jsonl"), default="parquet", help="default parquet")
+    export.add_argument("--binary-keys", action="store_true", help="keys as binary (default: UTF-8 text)")
+    export.add_argument("out", help="output folder, created; must be new or empty")
+    export.set_defaults(run=_export)
 
     def admin_args(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("--admin-url", default="http://127.0.0.1:9650", help="the server's --metrics-port endpoint")

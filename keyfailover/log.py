@@ -23,11 +23,23 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypedDict, TypeVar
+from urllib.parse import quote
 
 from keyfailover.cursor import Cursor
 from keyfailover.errors import CursorError, InvalidKeyError, LogError, LogFileError, SequenceError
 
-__all__ = ["MAX_POSITION", "SCHEMA_VERSION", "Key", "Log", "LogStats", "StoredMessage", "TopicStats"]
+__all__ = [
+    "LOG_FILE_NAME",
+    "MAX_POSITION",
+    "SCHEMA_VERSION",
+    "ExportRow",
+    "Key",
+    "Log",
+    "LogSnapshot",
+    "LogStats",
+    "StoredMessage",
+    "TopicStats",
+]
 
 _T = TypeVar("_T")
 
@@ -36,6 +48,12 @@ Message = tuple[int | None, Key, bytes]
 """``(sequence id or None, key, payload)``: one message to append."""
 Batch = tuple[str, str | None, Sequence[Message]]
 """``(topic, producer name or None, messages)``: one produce request."""
+
+LOG_FILE_NAME = "keyfailover.db"
+"""The log's file name inside a server's data directory."""
+
+ExportRow = tuple[int, Key, bytes, str | None, int | None]
+"""``(position, key, payload, producer name or None, sequence id or None)``: one stored message."""
 
 SCHEMA_VERSION = 1
 """``PRAGMA user_version`` of a log this module writes; a later schema migrates from it."""
@@ -419,6 +437,63 @@ class _Append:
         self.insert()  # the original may be a row of this call
         row = self._db.execute("SELECT id FROM messages WHERE producer = ? AND seq = ?", (producer_id, seq)).fetchone()
         return 0 if row is None else int(row[0]) & MAX_POSITION
+
+
+class LogSnapshot:
+    """A read-only view of a log file, in one read transaction: a consistent snapshot.
+
+    It has a connection of its own and is safe while a server writes the same file (in WAL
+    mode a reader and the writer do not wait for each other); it writes nothing. When no
+    server runs, SQLite leaves the empty ``-wal`` and ``-shm`` files it keeps beside a WAL
+    database, which the next server uses as usual.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        path = Path(path)
+        if not path.is_file():
+            raise LogFileError(f"there is no keyfailover log at {str(path)!r}; expected a server's --data-dir")
+        try:
+            db = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True, isolation_level=None)
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.Error as exc:
+            raise LogFileError(f"cannot read the log {str(path)!r}: {exc}") from None
+        if version != SCHEMA_VERSION:
+            db.close()
+            raise LogFileError(
+                f"the log {str(path)!r} has schema version {version}; this keyfailover reads version {SCHEMA_VERSION}"
+            )
+        db.execute("BEGIN")
+        self._db = db
+
+    def topics(self) -> list[str]:
+        """Every topic, sorted."""
+        return [name for (name,) in self._db.execute("SELECT name FROM topics ORDER BY name")]
+
+    def messages(self, topic: str, chunk: int = 65_536) -> Iterator[ExportRow]:
+        """Every message of ``topic``, in position order, read ``chunk`` rows at a time."""
+        db = self._db
+        found = db.execute("SELECT id FROM topics WHERE name = ?", (topic,)).fetchone()
+        if found is None:
+            raise LogError(f"topic {topic!r} is not in the log; expected one of {self.topics()}")
+        topic_id = int(found[0])
+        producers = dict(db.execute("SELECT id, name FROM producers WHERE topic = ?", (topic_id,)).fetchall())
+        base = topic_id << _POSITION_BITS
+        cursor = db.execute(
+            "SELECT id, key, payload, producer, seq FROM messages WHERE id > ? AND id <= ? ORDER BY id",
+            (base, base + MAX_POSITION),
+        )
+        while rows := cursor.fetchmany(chunk):
+            for row_id, key, payload, producer, seq in rows:
+                yield row_id - base, key, payload, producers.get(producer), seq
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> LogSnapshot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _edge(db: sqlite3.Connection, end: Literal["min", "max"], topic_id: int, empty: int) -> int:

@@ -16,7 +16,7 @@ from typing import TextIO
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from keyfailover.errors import KeyFailoverError
-from keyfailover.log import Log, StoredMessage
+from keyfailover.log import LOG_FILE_NAME, Log, StoredMessage
 from keyfailover.metrics import KeyFailoverCollector, ServerView, SubscriptionView
 from keyfailover.protocol import (
     DEFAULT_MAX_FRAME,
@@ -104,7 +104,7 @@ class Server:
             raise KeyFailoverError(
                 f"{data_dir} is in use by another keyfailover server; expected a free data dir"
             ) from None
-        log = Log(data_dir / "keyfailover.db", synchronous=self.config.synchronous)  # type: ignore[arg-type]
+        log = Log(data_dir / LOG_FILE_NAME, synchronous=self.config.synchronous)  # type: ignore[arg-type]
         self._storage = Storage(log)
         await self._storage.start()
         self._storage.on_commit(self._committed)

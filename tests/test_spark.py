@@ -1,0 +1,341 @@
+"""keyfailover.spark on a local SparkSession: the same hash, the same ranges, per-key order, one shuffle."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import threading
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pyarrow as pa  # type: ignore[import-untyped]
+import pytest
+from pyspark import TaskContext
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as sf
+
+from keyfailover import RangeMap, key_hash
+from keyfailover.errors import InvalidKeyError, RangeMapError, SnapshotError
+from keyfailover.spark import owner_column, partition_by_ranges, process_in_key_order, with_key_hash, with_range_id
+
+VECTORS = Path(__file__).resolve().parent / "vectors" / "key_hash.json"
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "spark_pipeline.py"
+
+UNEVEN = RangeMap.from_ranges(
+    [
+        (0, 99, "a"),
+        (100, 9_999, "b"),
+        (10_000, 10_001, "c"),
+        (10_002, 30_000, "d"),
+        (30_001, 30_500, "e"),
+        (30_501, 60_000, "f"),
+        (60_001, 65_535, "g"),
+    ],
+    epoch=12,
+)
+"""Seven uneven ranges, one of them two slots wide."""
+
+
+def oracle(df: DataFrame, key_col: str) -> DataFrame:
+    """``with_key_hash``'s result next to the test oracle: ``keyfailover.key_hash`` in a Python UDF."""
+    python_key_hash = sf.udf(lambda key: None if key is None else key_hash(key), "int")
+    return with_key_hash(df, key_col).withColumn("expected", python_key_hash(key_col))
+
+
+def mismatches(df: DataFrame) -> int:
+    return df.where(~sf.col("key_hash").eqNullSafe(sf.col("expected"))).count()
+
+
+def random_text(rng: random.Random) -> str:
+    pools = [
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_:/. ",
+        "éèêëàâäîïôöùûüçñßøåÉÀÇ",
+        "中文字符日本語한국어漢字鍵値",
+        "😀🚀🎉👍🏽🧪\U0010fffd",
+        "\x00",
+    ]
+    chosen = rng.sample(pools, rng.randrange(1, len(pools) + 1))
+    return "".join(rng.choice(rng.choice(chosen)) for _ in range(rng.randrange(0, 41)))
+
+
+# -- the hash ------------------------------------------------------------------------------
+
+
+def test_with_key_hash_reproduces_the_shared_vectors(spark: SparkSession) -> None:
+    vectors = json.loads(VECTORS.read_text(encoding="utf-8"))["vectors"]
+    as_bytes = spark.createDataFrame([(bytes.fromhex(v["key_utf8_hex"]),) for v in vectors], "key binary")
+    got = {bytes(row["key"]): row["key_hash"] for row in with_key_hash(as_bytes, "key").collect()}
+    assert got == {bytes.fromhex(v["key_utf8_hex"]): v["slot"] for v in vectors}
+    texts = [v for v in vectors if "key" in v]
+    as_text = spark.createDataFrame([(v["key"],) for v in texts], "key string")
+    got_text = {row["key"]: row["slot_col"] for row in with_key_hash(as_text, "key", out="slot_col").collect()}
+    assert got_text == {v["key"]: v["slot"] for v in texts}
+    assert len(texts) > 100 and len(vectors) > len(texts)
+
+
+def test_with_key_hash_matches_key_hash_on_random_text_and_binary_keys_with_ansi_on(spark: SparkSession) -> None:
+    assert spark.conf.get("spark.sql.ansi.enabled") == "true"
+    rng = random.Random(20240605)
+    texts = [random_text(rng) for _ in range(20_000)]
+    binaries = [rng.randbytes(rng.randrange(0, 41)) for _ in range(4_000)]
+    assert any(len(t.encode()) % 4 == r for t in texts for r in range(4))
+    checked = oracle(spark.createDataFrame([(t,) for t in texts], "key string"), "key")
+    assert (checked.count(), mismatches(checked)) == (20_000, 0)
+    checked = oracle(spark.createDataFrame([(b,) for b in binaries], "key binary"), "key")
+    assert (checked.count(), mismatches(checked)) == (4_000, 0)
+    spread = checked.select(sf.count_distinct("key_hash")).first()
+    assert spread is not None and spread[0] > 3_500
+
+
+def test_a_text_key_and_its_utf8_bytes_share_the_slot(spark: SparkSession) -> None:
+    keys = ["", "a", "ab", "abc", "abcd", "ünï", "键", "🚀x"]
+    df = spark.createDataFrame([(k, k.encode()) for k in keys], "text string, raw binary")
+    rows = with_key_hash(with_key_hash(df, "text", "from_text"), "raw", "from_bytes").collect()
+    assert [(row["from_text"], row["from_bytes"]) for row in rows] == [(key_hash(k), key_hash(k)) for k in keys]
+
+
+# -- ranges --------------------------------------------------------------------------------
+
+
+class SnapshotServer:
+    """A tiny HTTP server on loopback answering ``/ranges?topic=t&subscription=s`` with a snapshot."""
+
+    def __init__(self, snapshot: dict[str, Any]) -> None:
+        body = json.dumps(snapshot).encode()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                url = urlsplit(self.path)
+                known = url.path == "/ranges" and parse_qs(url.query) == {"topic": ["t"], "subscription": ["s"]}
+                self.send_response(200 if known else 404)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(body if known else b'{"error": "no live subscription"}')
+
+            def log_message(self, format: str, *args: Any) -> None:
+                """Quiet."""
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self) -> SnapshotServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=10)
+
+
+def test_with_range_id_accepts_every_form_of_range_map(spark: SparkSession, tmp_path: Path) -> None:
+    slots = [0, 99, 100, 9_999, 10_000, 10_001, 10_002, 30_500, 30_501, 60_000, 60_001, 65_535, None]
+    df = spark.createDataFrame([(s,) for s in slots], "key_hash int")
+    expected = [None if s is None else int(UNEVEN.index_of([s])[0]) for s in slots]
+    assert expected == [0, 0, 1, 1, 2, 2, 3, 4, 5, 5, 6, 6, None]
+    snapshot_file = tmp_path / "ranges.json"
+    snapshot_file.write_text(json.dumps(UNEVEN.snapshot()), encoding="utf-8")
+    with SnapshotServer(UNEVEN.snapshot()) as server:
+        forms: list[Any] = [
+            UNEVEN,
+            UNEVEN.snapshot(),
+            snapshot_file,
+            str(snapshot_file),
+            f"{server.url}/ranges?topic=t&subscription=s",
+        ]
+        for form in forms:
+            assert [row["range_id"] for row in with_range_id(df, form).collect()] == expected, form
+        with pytest.raises(SnapshotError, match="HTTP 404"):
+            with_range_id(df, f"{server.url}/ranges?topic=t&subscription=other")
+    with pytest.raises(SnapshotError, match=r"names no subscription; expected a /ranges URL with \?topic=T"):
+        with_range_id(df, f"{server.url}/ranges")
+
+
+def test_bad_input_raises_errors_that_say_what_was_expected(spark: SparkSession, tmp_path: Path) -> None:
+    df = spark.createDataFrame([(1, "k", 70_000)], "number int, key string, key_hash int")
+    with pytest.raises(InvalidKeyError, match="key column 'number' has type int; expected string or binary"):
+        with_key_hash(df, "number")
+    with pytest.raises(InvalidKeyError, match=r"column 'nope' is not in the DataFrame; its columns are \['number'"):
+        with_key_hash(df, "nope")
+    with pytest.raises(InvalidKeyError, match="hash column 'key' has type string; expected an integer column"):
+        with_range_id(df, UNEVEN, hash_col="key")
+    with pytest.raises(RangeMapError, match="the range map is empty"):
+        with_range_id(df, RangeMap())
+    small = RangeMap(range_size=1024)
+    small.assign_all("c")
+    with pytest.raises(RangeMapError, match="covers 1024 slots; expected 65536"):
+        with_range_id(df, small)
+    with pytest.raises(RangeMapError, match="range_map is a int; expected a RangeMap"):
+        with_range_id(df, 5)  # type: ignore[arg-type]
+    with pytest.raises(SnapshotError, match="cannot read the range map snapshot"):
+        with_range_id(df, tmp_path / "missing.json")
+    (tmp_path / "broken.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(SnapshotError, match="is not JSON"):
+        with_range_id(df, tmp_path / "broken.json")
+    with pytest.raises(SnapshotError, match="snapshot keys are"):
+        with_range_id(df, {"ranges": []})
+    with pytest.raises(
+        PySparkException, match=r"key_hash 70000 is not a key-hash slot; expected an int in \[0, 65535\]"
+    ):
+        with_range_id(df, UNEVEN).collect()
+
+
+def many_ranges(count: int, seed: int) -> RangeMap:
+    """``count`` ranges of random widths."""
+    cuts = sorted(random.Random(seed).sample(range(1, 65_536), count - 1))
+    bounds = [0, *cuts, 65_536]
+    return RangeMap.from_ranges([(bounds[i], bounds[i + 1] - 1, f"consumer-{i}") for i in range(count)])
+
+
+@pytest.mark.parametrize("ranges", [UNEVEN, many_ranges(1_000, seed=4)], ids=["7 ranges", "1000 ranges"])
+def test_range_id_and_owner_column_match_the_range_map(spark: SparkSession, ranges: RangeMap) -> None:
+    rng = random.Random(3)
+    keys = [random_text(rng) for _ in range(3_000)]
+    df = spark.createDataFrame([(k,) for k in keys], "key string")
+    from_key = owner_column(with_range_id(with_key_hash(df, "key"), ranges), ranges, "key").collect()
+    assert {row["key"]: row["owner"] for row in from_key} == {k: ranges.owner_of(key_hash(k)) for k in keys}
+    assert {row["key"]: row["range_id"] for row in from_key} == {
+        k: int(ranges.index_of([key_hash(k)])[0]) for k in keys
+    }
+    from_hash = owner_column(with_key_hash(df, "key"), ranges.snapshot(), out="consumer").collect()
+    assert {row["key"]: row["consumer"] for row in from_hash} == {row["key"]: row["owner"] for row in from_key}
+
+
+def test_null_keys_have_no_slot_no_range_and_no_owner(spark: SparkSession) -> None:
+    df = spark.createDataFrame([(None,), ("acct-1",), (None,)], "key string")
+    rows = owner_column(with_range_id(with_key_hash(df, "key"), UNEVEN), UNEVEN).collect()
+    slot = key_hash("acct-1")
+    assert [(r["key_hash"], r["range_id"], r["owner"]) for r in rows] == [
+        (None, None, None),
+        (slot, int(UNEVEN.index_of([slot])[0]), UNEVEN.owner_of(slot)),
+        (None, None, None),
+    ]
+
+
+# -- partitioning and per-key order --------------------------------------------------------
+
+
+def events(spark: SparkSession, keys: int, null_rows: int, seed: int) -> tuple[DataFrame, dict[str | None, list[int]]]:
+    """Shuffled ``(key, seq, value)`` rows, 1 to 6 per key, and ``null_rows`` keyless ones; and each key's seqs."""
+    rng = random.Random(seed)
+    by_key: dict[str | None, list[int]] = {}
+    for index in range(keys):
+        key = f"acct-{index}" if index % 10 else random_text(rng)
+        by_key.setdefault(key, []).extend(rng.sample(range(1_000), rng.randrange(1, 7)))
+    by_key[None] = rng.sample(range(1_000), null_rows)
+    rows = [(key, seq, seq * 10) for key, seqs in by_key.items() for seq in seqs]
+    rng.shuffle(rows)
+    df = spark.createDataFrame(rows, "key string, seq long, value long").repartition(3)
+    return df, {key: sorted(seqs) for key, seqs in by_key.items()}
+
+
+def shuffles(df: DataFrame) -> int:
+    """How many exchanges (shuffles) the physical plan of ``df`` holds (planned afresh, not as run)."""
+    plan: str = df.select("*")._jdf.queryExecution().executedPlan().toString()
+    return plan.count("Exchange ")
+
+
+def where_rows_are(batches: Iterator[Any]) -> Iterator[Any]:
+    """Per row: the partition it is in, its index there, and the columns the test checks."""
+    partition = TaskContext.get().partitionId()  # type: ignore[union-attr]
+    index = 0
+    for batch in batches:
+        columns = batch.select(["key", "seq", "key_hash", "range_id"])
+        count = batch.num_rows
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array([partition] * count, pa.int32()),
+                pa.array(range(index, index + count), pa.int64()),
+                *columns.columns,
+            ],
+            names=["partition", "index", "key", "seq", "key_hash", "range_id"],
+        )
+        index += count
+
+
+def test_partition_by_ranges_puts_range_i_in_partition_i_sorted_by_key_then_order(spark: SparkSession) -> None:
+    df, by_key = events(spark, keys=3_000, null_rows=5, seed=11)
+    parted = partition_by_ranges(df, "key", UNEVEN, order_by="seq")
+    assert parted.rdd.getNumPartitions() == 8  # 7 ranges and the null keys
+    assert shuffles(parted) == shuffles(df) + 1
+    schema = "partition int, index long, key string, seq long, key_hash int, range_id int"
+    rows = parted.mapInArrow(where_rows_are, schema).collect()
+    assert len(rows) == sum(len(seqs) for seqs in by_key.values())
+    ranges = UNEVEN.ranges()
+    partitions: dict[int, list[Any]] = defaultdict(list)
+    for row in rows:
+        partitions[row["partition"]].append(row)
+        if row["key"] is None:
+            assert (row["partition"], row["key_hash"], row["range_id"]) == (7, None, None)
+        else:
+            start, end, _ = ranges[row["partition"]]
+            assert row["key_hash"] == key_hash(row["key"]) and start <= row["key_hash"] <= end
+            assert row["range_id"] == row["partition"]
+    for partition, found in partitions.items():
+        found.sort(key=lambda row: row["index"])
+        order = [(b"" if row["key"] is None else row["key"].encode(), row["seq"]) for row in found]
+        assert order == sorted(order), f"partition {partition} is not sorted by key, then seq"
+    holding = {int(UNEVEN.index_of([key_hash(key)])[0]) for key in by_key if key is not None}
+    assert set(partitions) == holding | {7}
+
+
+def seqs_of_each_key(key: str | None, rows: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """One output row per call: the key, its seqs as seen, and where the call ran."""
+    partition = TaskContext.get().partitionId()  # type: ignore[union-attr]
+    assert all(set(row) == {"key", "seq", "value"} and row["key"] == key for row in rows)
+    yield {"key": key, "seqs": [row["seq"] for row in rows], "partition": partition}
+
+
+def test_process_in_key_order_calls_fn_once_per_key_with_its_rows_in_order(spark: SparkSession) -> None:
+    df, by_key = events(spark, keys=1_500, null_rows=4, seed=12)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "7")  # keys straddle batches
+    try:
+        result = process_in_key_order(
+            df, "key", "seq", seqs_of_each_key, UNEVEN, "key string, seqs array<bigint>, partition int", batch_rows=5
+        )
+        assert shuffles(result) == shuffles(df) + 1
+        rows = result.collect()
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    calls = Counter(row["key"] for row in rows)
+    assert set(calls) == set(by_key) and set(calls.values()) == {1}
+    assert {row["key"]: row["seqs"] for row in rows} == by_key
+    for row in rows:
+        assert row["partition"] == (7 if row["key"] is None else int(UNEVEN.index_of([key_hash(row["key"])])[0]))
+
+
+def test_process_in_key_order_rejects_rows_that_do_not_fit_the_schema(spark: SparkSession) -> None:
+    df = spark.createDataFrame([("k", 1)], "key string, seq long")
+
+    def wrong(key: str | None, rows: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        yield {"key": key, "extra": 1}
+
+    result = process_in_key_order(df, "key", "seq", wrong, UNEVEN, "key string")
+    with pytest.raises(PySparkException, match=r"fn yielded \['extra', 'key'\] for key 'k'; expected a mapping"):
+        result.collect()
+
+
+# -- the example ---------------------------------------------------------------------------
+
+
+def test_example_pipeline_runs_end_to_end(java: str, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--demo", "--count", "3000", "--accounts", "120", "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "owner check: 120 accounts, Spark owner == RangeMap.owner_of for 120, mismatches 0" in done.stdout
+    assert "balance check: 120 accounts, final balance == sum of amounts, mismatches 0" in done.stdout
+    written = sorted(path.name for path in (tmp_path / "o").iterdir() if path.is_dir())
+    assert written == ["owner=consumer-1", "owner=consumer-2", "owner=consumer-3"]

@@ -367,6 +367,7 @@ class AsyncProducer:
         # messages a second for the whole downtime).
         self._seq = itertools.count(time.time_ns() // 1000)
         self._batch = _PendingBatch()
+        self._full: list[_PendingBatch] = []  # batches at their limit, not yet sent
         self._flush_scheduled = False
         self._unconfirmed: dict[int, _PendingBatch] = {}  # req -> batch, in send order
         self._idle = asyncio.Event()
@@ -387,15 +388,19 @@ class AsyncProducer:
         limit = self._link.max_batch_bytes - 1024
         if len(data) > limit:
             raise KeyFailoverError(f"payload of {len(data)} bytes is over the {limit} bytes a message may have here")
+        size = len(data) + 32
         with self._lock:
             batch = self._batch
+            if batch.messages and (len(batch.messages) >= _MAX_BATCH or batch.size + size > self._link.max_batch_bytes):
+                # Full: it goes out with the next flush as it is; a new batch starts.
+                self._full.append(batch)
+                batch = self._batch = _PendingBatch()
             batch.messages.append((next(self._seq), key, data))
             batch.callbacks.append(callback)
-            batch.size += len(data) + 32
-            full = len(batch.messages) >= _MAX_BATCH or batch.size >= self._link.max_batch_bytes
+            batch.size += size
             schedule = not self._flush_scheduled
             self._flush_scheduled = True
-        if full or schedule:
+        if schedule:  # one flush per burst: it sends every full batch and the current one
             if _on_loop(self._loop):
                 self._loop.call_soon(self._flush_now)
             else:
@@ -425,9 +430,12 @@ class AsyncProducer:
 
     def _flush_now(self) -> None:
         with self._lock:
-            batch, self._batch = self._batch, _PendingBatch()
+            batches, self._full = self._full, []
+            if self._batch.messages:
+                batches.append(self._batch)
+                self._batch = _PendingBatch()
             self._flush_scheduled = False
-        if batch.messages:
+        for batch in batches:
             req = self._link.next_req()
             self._unconfirmed[req] = batch
             self._transmit(req, batch)
@@ -504,7 +512,8 @@ class AsyncConsumer:
         self._cond = threading.Condition()  # guards _inbox for threads; _arrived wakes coroutines
         self._arrived = asyncio.Event()
         self._session = 0
-        self._consumed = 0  # received since the last flow
+        self._consumed = 0  # received since the last flow (guarded by _cond)
+        self._flow_scheduled = False
         self._acks: list[int] = []
         self._ack_session = 0
         self._ack_scheduled = False
@@ -534,7 +543,8 @@ class AsyncConsumer:
             return  # connection lost: reconnected() subscribes again
         if isinstance(reply, Subscribed):
             self._session = reply.session
-            self._consumed = 0
+            with self._cond:
+                self._consumed = 0
             self._link.sessions[reply.session] = self
             self._set_range(reply.start, reply.end)
             if not self._subscribed.done():
@@ -610,7 +620,9 @@ class AsyncConsumer:
                 self._check_open()
                 return None
             message = self._inbox.popleft()
-        self._consumed_one()
+            flow = self._consumed_one()
+        if flow:
+            self._call(self._send_flow)
         return message
 
     def wait_take(self, timeout: float | None) -> Message:
@@ -624,7 +636,9 @@ class AsyncConsumer:
                     raise Timeout(f"no message within {timeout} s")
                 self._cond.wait(remaining)
             message = self._inbox.popleft()
-        self._consumed_one()
+            flow = self._consumed_one()
+        if flow:
+            self._call(self._send_flow)
         return message
 
     async def receive(self, timeout: float | None = None) -> Message:
@@ -646,13 +660,18 @@ class AsyncConsumer:
         if self._closed:
             raise ClientClosed(f"consumer {self.consumer_name!r} is closed")
 
-    def _consumed_one(self) -> None:
-        self._consumed += 1
-        if self._consumed >= max(self._queue_size // 2, 1):
-            self._call(self._send_flow)
+    def _consumed_one(self, count: int = 1) -> bool:
+        """Count messages taken (holding ``_cond``); whether a flow is now to be scheduled."""
+        self._consumed += count
+        if self._consumed < max(self._queue_size // 2, 1) or self._flow_scheduled:
+            return False
+        self._flow_scheduled = True
+        return True
 
     def _send_flow(self) -> None:
-        permits, self._consumed = self._consumed, 0
+        with self._cond:
+            permits, self._consumed = self._consumed, 0
+            self._flow_scheduled = False
         if permits and self._session:
             self._link.send(
                 Flow(topic=self.topic, subscription=self.subscription, session=self._session, permits=permits)
@@ -712,8 +731,9 @@ class AsyncConsumer:
                     positions=[message.position],
                 )
             )
-            self._consumed += dropped
-            if self._consumed >= max(self._queue_size // 2, 1):
+            with self._cond:
+                flow = self._consumed_one(dropped)
+            if flow:
                 self._send_flow()
 
     def _call(self, fn: Callable[[], None]) -> None:

@@ -100,6 +100,11 @@ class Cursor:
         """The acked positions above :attr:`mark_delete` as sorted inclusive ``(first, last)`` ranges."""
         return list(self._ranges())
 
+    @property
+    def last_acked(self) -> int:
+        """The highest acked position (0: none is); every position above it is unacked."""
+        return self._ends[-1] if self._head < len(self._ends) else self._mark_delete
+
     def ack(self, position: int) -> None:
         """Acknowledge ``position`` (idempotent), advancing :attr:`mark_delete` over every contiguous run."""
         position = _position(position, "an acked position", 1)

@@ -20,9 +20,8 @@ import reprlib
 import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TypedDict, TypeVar
+from typing import Literal, NamedTuple, TypedDict, TypeVar
 from urllib.parse import quote
 
 from keyfailover.cursor import Cursor
@@ -85,9 +84,8 @@ _SCHEMA = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class StoredMessage:
-    """One message as the log holds it."""
+class StoredMessage(NamedTuple):
+    """One message as the log holds it (a named tuple: the server makes one per message)."""
 
     position: int
     key: Key

@@ -32,6 +32,7 @@ def assert_matches(cursor: Cursor, model: set[int], up_to: int) -> None:
     mark_delete = _mark_delete_of(model)
     assert cursor.mark_delete == mark_delete
     assert cursor.acked == {p for p in model if p > mark_delete}
+    assert cursor.last_acked == max(model, default=0)
     for position in range(1, up_to + 1):
         assert cursor.is_acked(position) == (position in model), position
     ranges = cursor.acked_ranges

@@ -228,9 +228,10 @@ class Subscription:
                 await asyncio.sleep(0)  # no log read awaited: let heartbeats and other subscriptions in
             cache = self._cache
             cursor = self.cursor
+            fresh = batch[0].position > cursor.last_acked  # the usual case: nothing read was acked before
             for message in batch:
                 position = message.position
-                if not cursor.is_acked(position):
+                if fresh or not cursor.is_acked(position):
                     dispatcher.publish(position, message.key, None)
                     cache[position] = message
                 self._read_position = position

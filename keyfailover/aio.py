@@ -183,9 +183,6 @@ class _Link(asyncio.Protocol):
                     _log.info("reconnect to %s:%d failed (%s); retrying in %.2f s", self._host, self._port, exc, delay)
                     await asyncio.sleep(delay * (0.5 + random.random()))
                     delay = min(delay * 2, 2.0)
-            self._lost.clear()
-            for party in list(self.parties):
-                party.reconnected()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = stream = stream_transport(transport)
@@ -248,6 +245,12 @@ class _Link(asyncio.Protocol):
             self.session_timeout = frame.session_timeout
             self.max_batch_bytes = min(_MAX_BATCH_BYTES, frame.max_frame // 2)
             self.ready.set()
+            if self._maintainer is not None:
+                # A reconnection: what was unconfirmed goes out now, in this same step, before
+                # anything queued meanwhile can send newer batches ahead of it.
+                self._lost.clear()
+                for party in list(self.parties):
+                    party.reconnected()
             waiter = self._connected_waiter
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
@@ -346,6 +349,23 @@ class AsyncClient:
         await self._link.close()
 
 
+def _message_size(key: Key, payload: bytes) -> int:
+    """An upper bound on the encoded size of one message in a ``produce`` frame."""
+    if key is None:
+        key_size = 0
+    elif isinstance(key, str):
+        try:
+            key_size = len(key.encode())
+        except UnicodeEncodeError as exc:
+            raise KeyFailoverError(
+                f"key {key!r} is not valid Unicode ({exc.reason} at index {exc.start}); expected a str that encodes "
+                "to UTF-8"
+            ) from None
+    else:
+        key_size = len(key)
+    return len(payload) + key_size + 32
+
+
 class _PendingBatch:
     __slots__ = ("callbacks", "messages", "size")
 
@@ -353,6 +373,22 @@ class _PendingBatch:
         self.messages: list[tuple[int | None, Key, bytes]] = []
         self.callbacks: list[SendCallback | None] = []
         self.size = 0
+
+    def split(self, limit: int) -> list[_PendingBatch]:
+        """This batch as consecutive batches of at most ``limit`` bytes each (itself when it fits)."""
+        if self.size <= limit:
+            return [self]
+        parts = [_PendingBatch()]
+        for message, callback in zip(self.messages, self.callbacks, strict=True):
+            size = _message_size(message[1], message[2])
+            part = parts[-1]
+            if part.messages and part.size + size > limit:
+                part = _PendingBatch()
+                parts.append(part)
+            part.messages.append(message)
+            part.callbacks.append(callback)
+            part.size += size
+        return parts
 
 
 class AsyncProducer:
@@ -385,10 +421,13 @@ class AsyncProducer:
         if key is not None and not isinstance(key, str | bytes):
             raise KeyFailoverError(f"key must be str, bytes or None, not {type(key).__name__}")
         data = bytes(payload)
+        size = _message_size(key, data)
         limit = self._link.max_batch_bytes - 1024
-        if len(data) > limit:
-            raise KeyFailoverError(f"payload of {len(data)} bytes is over the {limit} bytes a message may have here")
-        size = len(data) + 32
+        if size > limit:
+            raise KeyFailoverError(
+                f"a message of {size} bytes (payload, key and framing) is over the {limit} bytes a message "
+                "may have on this connection (half the server's frame limit, less 1 KiB)"
+            )
         with self._lock:
             batch = self._batch
             if batch.messages and (len(batch.messages) >= _MAX_BATCH or batch.size + size > self._link.max_batch_bytes):
@@ -454,8 +493,12 @@ class AsyncProducer:
             return
         if isinstance(reply, Receipt):
             for callback, position in zip(batch.callbacks, reply.positions, strict=True):
-                if callback is not None:
+                if callback is None:
+                    continue
+                if position:
                     callback(position, None)
+                else:  # a duplicate of a sequence id never stored: the server dropped it
+                    callback(None, ServerError("not_stored", "dropped as a duplicate of a sequence id never stored"))
         else:
             error = (
                 ServerError(reply.code, reply.message)
@@ -472,11 +515,13 @@ class AsyncProducer:
         """Nothing to do: unconfirmed batches stay queued for resending."""
 
     def reconnected(self) -> None:
+        """Resend every unconfirmed batch, in order; split where the new server takes smaller frames."""
         old, self._unconfirmed = self._unconfirmed, {}
         for batch in old.values():
-            req = self._link.next_req()
-            self._unconfirmed[req] = batch
-            self._transmit(req, batch)
+            for part in batch.split(self._link.max_batch_bytes):
+                req = self._link.next_req()
+                self._unconfirmed[req] = part
+                self._transmit(req, part)
 
     async def close(self) -> None:
         """Flush, then refuse further sends."""
@@ -713,7 +758,14 @@ class AsyncConsumer:
             dropped = 0
             for queued in self._inbox:
                 queued_kb = queued.key.encode() if isinstance(queued.key, str) else queued.key
-                if kb is not None and queued_kb == kb and queued.position > message.position:
+                # Only the nacked message's session restarts the key; a nack of a message from an
+                # ended session changes nothing (the server already took that session's messages back).
+                if (
+                    kb is not None
+                    and queued.session == message.session
+                    and queued_kb == kb
+                    and queued.position > message.position
+                ):
                     dropped += 1
                 else:
                     kept.append(queued)

@@ -438,12 +438,14 @@ class _Append:
 
 
 class LogSnapshot:
-    """A read-only view of a log file, in one read transaction: a consistent snapshot.
+    """A read-only view of a log file as of its last commit before the snapshot was made.
 
-    It has a connection of its own and is safe while a server writes the same file (in WAL
-    mode a reader and the writer do not wait for each other); it writes nothing. When no
-    server runs, SQLite leaves the empty ``-wal`` and ``-shm`` files it keeps beside a WAL
-    database, which the next server uses as usual.
+    It has a connection of its own, writes nothing, and is safe while a server writes the
+    same file. It notes each topic's last position when made, then reads up to there in
+    short read transactions (messages are never changed or deleted), so a long export does
+    not pin the write-ahead log and stop the server's checkpoints. When no server runs,
+    SQLite leaves the empty ``-wal`` and ``-shm`` files it keeps beside a WAL database, which
+    the next server uses as usual.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -460,29 +462,49 @@ class LogSnapshot:
             raise LogFileError(
                 f"the log {str(path)!r} has schema version {version}; this keyfailover reads version {SCHEMA_VERSION}"
             )
-        db.execute("BEGIN")
         self._db = db
+        with self._read():
+            self._topics = {
+                name: (topic_id, _edge(db, "max", topic_id, 0))
+                for topic_id, name in db.execute("SELECT id, name FROM topics ORDER BY name").fetchall()
+            }
 
     def topics(self) -> list[str]:
-        """Every topic, sorted."""
-        return [name for (name,) in self._db.execute("SELECT name FROM topics ORDER BY name")]
+        """Every topic the snapshot has, sorted."""
+        return list(self._topics)
 
     def messages(self, topic: str, chunk: int = 65_536) -> Iterator[ExportRow]:
-        """Every message of ``topic``, in position order, read ``chunk`` rows at a time."""
-        db = self._db
-        found = db.execute("SELECT id FROM topics WHERE name = ?", (topic,)).fetchone()
+        """Every message of ``topic`` in the snapshot, in position order, read ``chunk`` rows at a time."""
+        found = self._topics.get(topic)
         if found is None:
             raise LogError(f"topic {topic!r} is not in the log; expected one of {self.topics()}")
-        topic_id = int(found[0])
-        producers = dict(db.execute("SELECT id, name FROM producers WHERE topic = ?", (topic_id,)).fetchall())
+        topic_id, last = found
+        db = self._db
         base = topic_id << _POSITION_BITS
-        cursor = db.execute(
-            "SELECT id, key, payload, producer, seq FROM messages WHERE id > ? AND id <= ? ORDER BY id",
-            (base, base + MAX_POSITION),
-        )
-        while rows := cursor.fetchmany(chunk):
+        producers: dict[int, str] = {}
+        after = 0
+        while after < last:
+            with self._read():
+                rows = db.execute(
+                    "SELECT id, key, payload, producer, seq FROM messages WHERE id > ? AND id <= ? ORDER BY id LIMIT ?",
+                    (base + after, base + last, chunk),
+                ).fetchall()
+                if any(producer is not None and producer not in producers for *_, producer, _ in rows):
+                    producers = dict(db.execute("SELECT id, name FROM producers WHERE topic = ?", (topic_id,)))
+            if not rows:
+                return
             for row_id, key, payload, producer, seq in rows:
                 yield row_id - base, key, payload, producers.get(producer), seq
+            after = rows[-1][0] - base
+
+    @contextmanager
+    def _read(self) -> Iterator[None]:
+        """One short read transaction."""
+        self._db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self._db.execute("COMMIT")
 
     def close(self) -> None:
         self._db.close()

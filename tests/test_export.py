@@ -14,6 +14,7 @@ from keyfailover.cli import main
 from keyfailover.client import Client
 from keyfailover.errors import InvalidKeyError, LogError, LogFileError
 from keyfailover.export import export_topic
+from keyfailover.log import Log, LogSnapshot
 from tests.server_process import ServerProcess
 
 Sent = dict[int, tuple[str | bytes | None, bytes, str]]
@@ -132,3 +133,18 @@ def test_export_errors_say_what_was_expected(tmp_path: Path) -> None:
     with pytest.raises(LogError, match="format must be 'parquet' or 'jsonl'"):
         export_topic(data, "orders", tmp_path / "csv", "csv")  # type: ignore[arg-type]
     assert export_topic(data, "orders", tmp_path / "binary", binary_keys=True).messages == 2
+
+
+def test_a_snapshot_reads_what_was_committed_when_it_was_made(tmp_path: Path) -> None:
+    """Later appends stay out, however the reads are cut into chunks and transactions."""
+    path = tmp_path / "log.db"
+    with Log(path) as log:
+        log.append([("t", "p", [(seq, f"k{seq % 3}", b"x%d" % seq) for seq in range(10)])])
+        with LogSnapshot(path) as snapshot:
+            late = [(seq, "late", b"late") for seq in range(10, 15)]
+            log.append([("t", "p", late), ("u", None, [(None, None, b"")])])
+            assert snapshot.topics() == ["t"]
+            rows = list(snapshot.messages("t", chunk=3))
+            with pytest.raises(LogError, match=r"topic 'u' is not in the log; expected one of \['t'\]"):
+                list(snapshot.messages("u"))
+    assert rows == [(seq + 1, f"k{seq % 3}", b"x%d" % seq, "p", seq) for seq in range(10)]

@@ -8,6 +8,7 @@ import random
 import subprocess
 import sys
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -125,6 +126,7 @@ def test_crash_restart_loses_nothing_confirmed(tmp_path: Path, record_property: 
     port = server.port
     rng = random.Random(11)
     stop = threading.Event()
+    produced = threading.Event()  # the producer stopped: ``confirmed`` changes no more
     failures: list[BaseException] = []
     deliveries: list[tuple[int, str | bytes | None]] = []
 
@@ -137,22 +139,30 @@ def test_crash_restart_loses_nothing_confirmed(tmp_path: Path, record_property: 
                 position = producer.send(payload, key=f"k{i % 37}", timeout=60.0)
             except BaseException as exc:  # recorded and asserted below
                 failures.append(exc)
+                produced.set()
                 return
             confirmed[position] = payload
             i += 1
+        produced.set()
 
     def consume(consumer: Consumer) -> None:
+        """Until every confirmed message arrived, once the producer is done (60 s at most after that)."""
+        delivered: set[int] = set()
+        deadline = float("inf")
         while True:
             try:
-                message = consumer.receive(timeout=2.0)
+                message = consumer.receive(timeout=0.5)
             except Timeout:
-                if stop.is_set():
-                    return
+                if produced.is_set():
+                    deadline = min(deadline, time.monotonic() + 60.0)
+                    if delivered.issuperset(confirmed) or time.monotonic() > deadline:
+                        return
                 continue
             except BaseException as exc:  # recorded and asserted below
                 failures.append(exc)
                 return
             deliveries.append((message.position, message.key))
+            delivered.add(message.position)
             consumer.acknowledge(message)
 
     try:
@@ -181,9 +191,9 @@ def test_crash_restart_loses_nothing_confirmed(tmp_path: Path, record_property: 
         with Client(server.url) as client:
             consumer = client.subscribe("events", "audit", consumer_name="a", receiver_queue_size=500)
             seen: dict[int, bytes] = {}
-            while True:
+            while True:  # every confirmed message, then whatever else was stored
                 try:
-                    message = consumer.receive(timeout=2.0)
+                    message = consumer.receive(timeout=30.0 if not seen.keys() >= confirmed.keys() else 2.0)
                 except Timeout:
                     break
                 seen[message.position] = message.payload

@@ -1,0 +1,131 @@
+"""Client edge cases around reconnects, ended sessions and frame limits, against real servers.
+
+Each test pins one interleaving or input that once lost or held back messages; some reach
+into the client's internals to make the interleaving happen every time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from keyfailover.aio import AsyncClient, _Link
+from keyfailover.client import Client
+from keyfailover.errors import KeyFailoverError
+from keyfailover.log import LOG_FILE_NAME, Log
+from keyfailover.protocol import Connected, Frame
+from tests.server_process import ServerProcess
+
+WAIT = 30.0
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    pause = threading.Event()
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {WAIT} s"
+        pause.wait(0.01)
+
+
+async def async_wait_until(condition: Callable[[], bool], what: str) -> None:
+    async with asyncio.timeout(WAIT):
+        while not condition():
+            await asyncio.sleep(0.01)
+    assert condition(), what
+
+
+def stored_payloads(data: Path, topic: str) -> list[bytes]:
+    with Log(data / LOG_FILE_NAME) as log:
+        return [message.payload for message in log.read(topic, 0, 10_000)]
+
+
+def test_a_reconnect_resends_unconfirmed_batches_before_newer_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batch A waits unconfirmed while the server is down; batch B is sent by another thread just as
+    the link comes back. A must go out first: sent after B, the server would take its sequence id
+    for a duplicate of one never stored, and A would be lost."""
+    data = tmp_path / "data"
+    results: dict[str, tuple[int | None, BaseException | None]] = {}
+
+    def record(name: str) -> Callable[[int | None, BaseException | None], None]:
+        return lambda position, error: results.__setitem__(name, (position, error))
+
+    async def scenario(server: ServerProcess) -> ServerProcess:
+        port = server.port
+        async with AsyncClient(server.url) as client:
+            producer = await client.create_producer("t", "p")
+            await producer.send(b"warm-up", "k")
+            assert server.stop() == 0
+            await async_wait_until(lambda: not client._link.ready.is_set(), "the client saw the server go")
+            producer.send_async(b"A", "k", record("A"))
+            await async_wait_until(lambda: bool(producer._unconfirmed), "batch A flushed while disconnected")
+            original = _Link._dispatch
+
+            def dispatch(link: _Link, frame: Frame) -> None:
+                if isinstance(frame, Connected):  # a user thread sends B as the connection comes back
+                    sender = threading.Thread(target=producer.send_async, args=(b"B", "k", record("B")))
+                    sender.start()
+                    sender.join()
+                original(link, frame)
+
+            monkeypatch.setattr(_Link, "_dispatch", dispatch)
+            server = ServerProcess(data, port=port).start()
+            async with asyncio.timeout(WAIT):
+                await producer.flush()
+        return server
+
+    server = ServerProcess(data).start()
+    try:
+        server = asyncio.run(scenario(server))
+    finally:
+        server.stop()
+    (a, a_error), (b, b_error) = results["A"], results["B"]
+    assert a_error is None and b_error is None and a is not None and b is not None
+    assert 1 < a < b
+    assert stored_payloads(data, "t") == [b"warm-up", b"A", b"B"]
+
+
+def test_a_nack_of_a_message_from_an_ended_session_drops_nothing_of_the_new_one(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    server = ServerProcess(data).start()
+    try:
+        with Client(server.url) as client:
+            consumer = client.subscribe("t", "s", "c", receiver_queue_size=10)
+            producer = client.create_producer("t", "p")
+            stored = [producer.send(f"m{i}".encode(), key="k") for i in range(3)]
+            old = consumer.receive(timeout=WAIT)
+            port = server.port
+            assert server.stop() == 0
+            server = ServerProcess(data, port=port).start()
+            inbox = consumer._consumer._inbox
+            wait_until(lambda: len(inbox) == 3 and inbox[0].session != old.session, "the new session's messages")
+            consumer.negative_acknowledge(old)  # its session ended with the server: nothing to restart
+            again = [consumer.receive(timeout=WAIT) for _ in range(3)]
+            assert [m.position for m in again] == stored
+            assert {m.session for m in again} != {old.session}
+    finally:
+        server.stop()
+
+
+def test_long_keys_count_toward_the_batch_limit(tmp_path: Path) -> None:
+    """Small payloads with long keys: batches stay under the server's frame limit."""
+    with ServerProcess(tmp_path / "data", "--max-frame", "65536") as server, Client(server.url) as client:
+        producer = client.create_producer("t", "p")
+        keys = ["k" * 300 + str(i) for i in range(400)]
+        for key in keys:
+            producer.send_async(b"", key)
+        producer.flush(timeout=WAIT)
+        assert client.server_errors() == {}
+        with pytest.raises(KeyFailoverError, match=r"over the 31744 bytes a message may have"):
+            producer.send_async(b"x", "k" * 40_000)
+        with pytest.raises(KeyFailoverError, match=r"is not valid Unicode"):
+            producer.send_async(b"x", "bad \udc80 key")
+        consumer = client.subscribe("t", "s", "c")
+        got = [consumer.receive(timeout=WAIT) for _ in keys]
+    assert [m.key for m in got] == keys

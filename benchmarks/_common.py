@@ -21,7 +21,6 @@ __all__ = [
     "DISTINCT_KEYS",
     "SEED",
     "ZIPF_EXPONENT",
-    "ManualClock",
     "best_of",
     "consumer_ids",
     "format_count",
@@ -51,21 +50,6 @@ def parse_quick(description: str) -> bool:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="a small run that finishes in a few seconds")
     return bool(parser.parse_args().quick)
-
-
-class ManualClock:
-    """A clock the benchmark advances itself, passed as a dispatcher's ``clock=``."""
-
-    __slots__ = ("now",)
-
-    def __init__(self, start: float = 0.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def zipf_ranks(rng: np.random.Generator, count: int, distinct: int, exponent: float) -> npt.NDArray[np.int64]:

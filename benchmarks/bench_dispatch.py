@@ -28,7 +28,6 @@ from _common import (
     DISTINCT_KEYS,
     SEED,
     ZIPF_EXPONENT,
-    ManualClock,
     best_of,
     consumer_ids,
     format_count,
@@ -39,6 +38,7 @@ from _common import (
 )
 
 from keyfailover import Delivery, Dispatcher, Load, RangeMap, key_hash, plan_join, plan_leave
+from keyfailover.clock import ManualClock
 
 CONSUMERS = 8
 CHANGES = 20

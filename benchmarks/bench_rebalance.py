@@ -26,7 +26,6 @@ import numpy as np
 import uhashring
 from _common import (
     SEED,
-    ManualClock,
     consumer_ids,
     format_count,
     joined_range_map,
@@ -37,6 +36,7 @@ from _common import (
 )
 
 from keyfailover import HASH_RANGE_SIZE, Dispatcher, Load, plan_join, plan_leave
+from keyfailover.clock import ManualClock
 from keyfailover.rebalance import reassign_rates
 
 WINDOW = 50

@@ -4,6 +4,7 @@ Many consumers share one stream; every message with the same key goes, in order,
 consumer at a time. Each consumer owns one contiguous range of the 65536-slot hash space.
 """
 
+from keyfailover.clock import ManualClock
 from keyfailover.dispatcher import Delivery, Dispatcher, RebalanceEvent
 from keyfailover.errors import (
     BufferFullError,
@@ -32,6 +33,7 @@ __all__ = [
     "InvalidKeyError",
     "KeyFailoverError",
     "Load",
+    "ManualClock",
     "NotInFlightError",
     "PermitsError",
     "PositionError",

@@ -14,6 +14,7 @@ from typing import TextIO
 
 import numpy as np
 
+from keyfailover.clock import ManualClock
 from keyfailover.dispatcher import Delivery, Dispatcher
 from keyfailover.errors import KeyFailoverError
 
@@ -29,14 +30,6 @@ class DemoReport:
     deliveries: dict[str, int] = field(default_factory=dict)
     redeliveries: int = 0
     problems: list[str] = field(default_factory=list)
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _print_ranges(out: TextIO, title: str, dispatcher: Dispatcher) -> None:
@@ -56,7 +49,7 @@ def run_demo(messages: int = 60_000, keys: int = 5_000, seed: int = 7, out: Text
     """Run the scripted scenario and return what was observed."""
     if messages < 1000 or keys < 1:
         raise KeyFailoverError(f"demo needs messages >= 1000 and keys >= 1, got {messages} and {keys}")
-    clock = _Clock()
+    clock = ManualClock()
     dispatcher = Dispatcher(clock=clock, max_replay=20_000, shift_interval=5.0)
     rng = np.random.default_rng(seed)
     drawn = rng.zipf(1.1, messages * 4)

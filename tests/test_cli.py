@@ -10,6 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from keyfailover._progress import Progress
+from keyfailover.clock import ManualClock
 from tests.server_process import ServerProcess
 
 KEYS = 50
@@ -66,16 +67,8 @@ def test_produce_rejects_bad_input_with_the_line_number(tmp_path: Path) -> None:
         assert missing.returncode != 0 and "cannot read" in missing.stderr and "absent.txt" in missing.stderr
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_progress_bar_lines() -> None:
-    clock = FakeClock()
+    clock = ManualClock(100.0)
     out = io.StringIO()
     bar = Progress(out, 1000, clock=clock, interval=0.5)
     bar.update(10, 0, 250)
@@ -90,7 +83,7 @@ def test_progress_bar_lines() -> None:
 
 
 def test_progress_without_a_known_size_has_counts_only() -> None:
-    clock = FakeClock()
+    clock = ManualClock(100.0)
     out = io.StringIO()
     bar = Progress(out, None, clock=clock)
     clock.now += 2.0

@@ -18,6 +18,7 @@ import pytest
 
 import keyfailover
 from keyfailover import Delivery, Dispatcher
+from keyfailover.clock import ManualClock
 from keyfailover.errors import (
     BufferFullError,
     DuplicateConsumerError,
@@ -31,19 +32,6 @@ from keyfailover.errors import (
 from keyfailover.hashing import HASH_RANGE_SIZE, key_hash
 
 FULL = (0, HASH_RANGE_SIZE - 1)
-
-
-class ManualClock:
-    """A clock that moves only when the test says so."""
-
-    def __init__(self, now: float = 100.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class Stream:
@@ -138,7 +126,7 @@ def test_public_names_are_re_exported() -> None:
 
 
 def test_no_consumer_no_ranges() -> None:
-    d = Dispatcher(clock=ManualClock(), max_replay=5)
+    d = Dispatcher(clock=ManualClock(100.0), max_replay=5)
     assert d.ranges() == []
     assert d.owner_of("anything") is None
     snapshot = d.snapshot()
@@ -165,7 +153,7 @@ def test_time_only_from_the_injected_clock(monkeypatch: pytest.MonkeyPatch) -> N
     def forbidden() -> float:
         raise AssertionError("the dispatcher read the system clock")
 
-    clock = ManualClock()
+    clock = ManualClock(100.0)
     d = Dispatcher(clock=clock, max_replay=50)
     for name in ("monotonic", "time", "perf_counter", "monotonic_ns", "time_ns", "perf_counter_ns"):
         monkeypatch.setattr(time, name, forbidden)
@@ -184,7 +172,7 @@ def test_time_only_from_the_injected_clock(monkeypatch: pytest.MonkeyPatch) -> N
 
 @pytest.mark.parametrize("busy", ["C1", "C2"])
 def test_pip34_timeline(busy: str) -> None:
-    clock = ManualClock()
+    clock = ManualClock(100.0)
     d = Dispatcher(clock=clock)
     stream = Stream(d)
 
@@ -235,7 +223,7 @@ def test_pip34_timeline(busy: str) -> None:
 
 def test_join_ties_go_to_the_widest_range() -> None:
     """Without any traffic (all rates 0) a joining consumer splits the widest range."""
-    d = Dispatcher(clock=ManualClock(), split="midpoint")
+    d = Dispatcher(clock=ManualClock(100.0), split="midpoint")
     for name in ("a", "b", "c"):
         d.add_consumer(name)
     widths = {c: end - start + 1 for start, end, c in d.ranges()}
@@ -253,7 +241,7 @@ def test_join_ties_go_to_the_widest_range() -> None:
 
 @pytest.mark.parametrize("busier_side", ["below", "above"])
 def test_leaver_merges_into_the_less_busy_neighbour(busier_side: str) -> None:
-    clock = ManualClock()
+    clock = ManualClock(100.0)
     d = Dispatcher(clock=clock, split="midpoint")
     for name in ("a", "b", "c"):
         d.add_consumer(name)
@@ -275,7 +263,7 @@ def test_leaver_merges_into_the_less_busy_neighbour(busier_side: str) -> None:
 
 
 def test_every_change_bumps_the_epoch() -> None:
-    d = Dispatcher(clock=ManualClock())
+    d = Dispatcher(clock=ManualClock(100.0))
     epochs = [d.snapshot()["epoch"]]
     changes: list[Callable[[], None]] = [
         lambda: d.add_consumer("a"),
@@ -297,7 +285,7 @@ def test_every_change_bumps_the_epoch() -> None:
 
 
 def test_key_in_flight_on_old_owner_drains_before_moving() -> None:
-    clock = ManualClock()
+    clock = ManualClock(100.0)
     d = Dispatcher(clock=clock)
     stream = Stream(d)
     d.add_consumer("c1")
@@ -352,7 +340,7 @@ def test_key_in_flight_on_old_owner_drains_before_moving() -> None:
 
 
 def test_old_owner_leaving_releases_its_draining_keys_in_order() -> None:
-    d = Dispatcher(clock=ManualClock(), split="midpoint")
+    d = Dispatcher(clock=ManualClock(100.0), split="midpoint")
     stream = Stream(d)
     d.add_consumer("c1")
     d.flow("c1", 2)
@@ -391,7 +379,7 @@ def slot_twins(wanted: Callable[[int], bool]) -> tuple[str, str]:
 def test_keys_sharing_a_slot_move_independently() -> None:
     """Draining is per key: a key with nothing in flight moves at once even if another key
     of its slot is still unacked on the old owner."""
-    d = Dispatcher(clock=ManualClock())
+    d = Dispatcher(clock=ManualClock(100.0))
     stream = Stream(d)
     d.add_consumer("c1")
     d.flow("c1", 10)
@@ -414,7 +402,7 @@ def test_keys_sharing_a_slot_move_independently() -> None:
 
 
 def test_removed_consumers_messages_go_to_the_new_owner_first() -> None:
-    d = Dispatcher(clock=ManualClock(), split="midpoint")
+    d = Dispatcher(clock=ManualClock(100.0), split="midpoint")
     stream = Stream(d, first=10)
     d.add_consumer("c1")
     d.add_consumer("c2")
@@ -446,7 +434,7 @@ def test_removed_consumers_messages_go_to_the_new_owner_first() -> None:
 
 
 def test_re_added_consumer_starts_afresh() -> None:
-    d = Dispatcher(clock=ManualClock())
+    d = Dispatcher(clock=ManualClock(100.0))
     stream = Stream(d)
     d.add_consumer("c1")
     d.flow("c1", 3)
@@ -470,7 +458,7 @@ def test_re_added_consumer_starts_afresh() -> None:
 
 
 def test_nack_returns_the_position_and_every_later_delivery_of_the_key() -> None:
-    d = Dispatcher(clock=ManualClock())
+    d = Dispatcher(clock=ManualClock(100.0))
     d.add_consumer("c1")
     d.flow("c1", 7)
     d.publish(1, "k", "a")
@@ -505,7 +493,7 @@ def test_nack_returns_the_position_and_every_later_delivery_of_the_key() -> None
 
 
 def test_nack_of_a_keyless_message_returns_only_that_message() -> None:
-    d = Dispatcher(clock=ManualClock())
+    d = Dispatcher(clock=ManualClock(100.0))
     d.add_consumer("c1")
     d.flow("c1", 3)
     for position in (1, 2, 3):
@@ -520,7 +508,7 @@ def test_nack_of_a_keyless_message_returns_only_that_message() -> None:
 
 
 def test_str_and_bytes_forms_are_one_key() -> None:
-    d = Dispatcher(clock=ManualClock())
+    d = Dispatcher(clock=ManualClock(100.0))
     for name in ("a", "b", "c", "d"):
         d.add_consumer(name)
         d.flow(name, 10)
@@ -553,7 +541,7 @@ def test_str_and_bytes_forms_are_one_key() -> None:
 
 
 def test_keyless_messages_go_round_robin() -> None:
-    d = Dispatcher(clock=ManualClock())
+    d = Dispatcher(clock=ManualClock(100.0))
     for name in ("a", "b", "c"):
         d.add_consumer(name)
         d.flow(name, 100)
@@ -574,7 +562,7 @@ def test_keyless_messages_go_round_robin() -> None:
 
 
 def test_keyless_messages_skip_consumers_without_permits_and_are_never_lost() -> None:
-    d = Dispatcher(clock=ManualClock())
+    d = Dispatcher(clock=ManualClock(100.0))
     for name in ("a", "b", "c"):
         d.add_consumer(name)
     stream = Stream(d)
@@ -595,7 +583,7 @@ def test_keyless_messages_skip_consumers_without_permits_and_are_never_lost() ->
 
 
 def test_a_consumer_never_gets_more_deliveries_than_permits() -> None:
-    d = Dispatcher(clock=ManualClock())
+    d = Dispatcher(clock=ManualClock(100.0))
     d.add_consumer("c1")
     stream = Stream(d)
     for i in range(10):
@@ -613,7 +601,7 @@ def test_a_consumer_never_gets_more_deliveries_than_permits() -> None:
 
 
 def test_bound_counts_pending_and_in_flight() -> None:
-    d = Dispatcher(clock=ManualClock(), max_replay=3)
+    d = Dispatcher(clock=ManualClock(100.0), max_replay=3)
     d.add_consumer("c1")
     d.flow("c1", 1)
     assert d.wants() == 3
@@ -641,7 +629,7 @@ def test_bound_counts_pending_and_in_flight() -> None:
 
 def prepared() -> tuple[Dispatcher, ManualClock]:
     """Two consumers, deliveries in flight, pending messages and a draining key."""
-    clock = ManualClock()
+    clock = ManualClock(100.0)
     d = Dispatcher(clock=clock, max_replay=50, split="midpoint")
     d.add_consumer("c1")
     d.flow("c1", 4)
@@ -758,7 +746,7 @@ def test_errors_are_also_builtin_exceptions() -> None:
 
 
 def test_stats_on_a_known_state() -> None:
-    clock = ManualClock()
+    clock = ManualClock(100.0)
     d = Dispatcher(clock=clock, max_replay=10, split="midpoint")
     d.add_consumer("c1")
     d.add_consumer("c2")

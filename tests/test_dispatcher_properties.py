@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from keyfailover import Delivery, Dispatcher
+from keyfailover.clock import ManualClock
 from keyfailover.errors import (
     BufferFullError,
     DuplicateConsumerError,
@@ -59,19 +60,6 @@ DISTINCT_KEYS: tuple[str | bytes, ...] = ("hot", b"hot", "warm", b"warm", "k3", 
 CLOCK_STEPS = (0.0, 0.25, 1.0, 2.5, 7.0, 31.0)
 
 MAX_REPLAY = 20
-
-
-class ManualClock:
-    """A clock that moves only when the test says so."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @dataclass(frozen=True)
@@ -276,7 +264,7 @@ class DispatcherMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.clock = ManualClock()
+        self.clock = ManualClock(1000.0)
         self.d = self.make(self.clock)
         self.model = Model(MAX_REPLAY)
         self.payload_seq = 0
@@ -514,7 +502,7 @@ class Run:
     """One dispatcher replaying a list of ops and recording every outcome."""
 
     def __init__(self, make: Callable[[ManualClock], Dispatcher], observe: bool) -> None:
-        self.clock = ManualClock()
+        self.clock = ManualClock(1000.0)
         self.d = make(self.clock)
         self.observe = observe
         self.position = 0
@@ -609,7 +597,7 @@ def test_stalled_consumer_never_delays_other_keys(keys: list[str], stalled_index
     """G5 (and G4): one consumer never gets a permit; everyone else keeps receiving every
     message of their keys at once, only the stalled consumer's keys fill the buffer, and at
     the bound publishing stops. Removing the stalled consumer then hands its backlog over."""
-    clock = ManualClock()
+    clock = ManualClock(1000.0)
     max_replay = 30
     d = Dispatcher(clock=clock, max_replay=max_replay)
     model = Model(max_replay)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from keyfailover.clock import ManualClock
 from keyfailover.dispatcher import Dispatcher
 
 __all__ = ["DrainTimes", "drain_times"]
@@ -39,14 +40,6 @@ class DrainTimes:
     """Changes whose keys were still blocked when the run ended."""
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def drain_times(quick: bool = False, seed: int = 6) -> list[DrainTimes]:
     """Run the scripted dispatcher scenario and summarise the drain time of each kind of change."""
     seconds, per_tick = (60.0, 50) if quick else (240.0, 100)
@@ -57,7 +50,7 @@ def drain_times(quick: bool = False, seed: int = 6) -> list[DrainTimes]:
     rng = np.random.default_rng(seed)
     weights = np.arange(1, 10_001, dtype=np.float64) ** -1.1
     ranks = rng.choice(len(weights), size=int(seconds / TICK) * per_tick, p=weights / weights.sum())
-    clock = _Clock()
+    clock = ManualClock()
     dispatcher = Dispatcher(clock=clock, max_replay=50_000)
     outstanding: dict[str, deque[tuple[float, int]]] = {}
     position = 0

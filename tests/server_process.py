@@ -1,7 +1,8 @@
 """Start and stop real ``keyfailover serve`` processes on loopback for the tests.
 
 :class:`RawConnection` talks to one over a plain socket, frame by frame, for the tests that
-send what no well-behaved client would.
+send what no well-behaved client would. :func:`run_cli` runs any ``keyfailover`` command in
+a child process; :func:`wait_until` polls for something a process is expected to do.
 """
 
 from __future__ import annotations
@@ -12,14 +13,39 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO
 
 from keyfailover.protocol import PROTOCOL_VERSION, Connect, Connected, Decoder, Frame, encode
 
-__all__ = ["RawConnection", "ServerProcess"]
+__all__ = ["RawConnection", "ServerProcess", "run_cli", "wait_until"]
+
+
+def run_cli(*args: str, stdin: str | None = None, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    """``python -m keyfailover ARGS`` in a child process: its exit code, stdout and stderr as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "keyfailover", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Return once ``condition()`` holds; :class:`TimeoutError` naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout} s")
+        pause.wait(0.01)
 
 
 class ServerProcess:

@@ -4,28 +4,15 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 from keyfailover._progress import Progress
 from keyfailover.clock import ManualClock
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, run_cli
 
 KEYS = 50
 MESSAGES = 2_000
-
-
-def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "keyfailover", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def test_produce_a_file_then_consume_every_line_in_key_order(tmp_path: Path) -> None:

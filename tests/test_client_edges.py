@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,17 +18,9 @@ from keyfailover.client import Client
 from keyfailover.errors import KeyFailoverError
 from keyfailover.log import LOG_FILE_NAME, Log
 from keyfailover.protocol import Connected, Frame
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, wait_until
 
 WAIT = 30.0
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    pause = threading.Event()
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {WAIT} s"
-        pause.wait(0.01)
 
 
 async def async_wait_until(condition: Callable[[], bool], what: str) -> None:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import io
-import subprocess
-import sys
 
 from keyfailover.demo import run_demo
 from keyfailover.server_demo import run_server_demo
+from tests.server_process import run_cli
 
 
 def test_demo_keeps_every_guarantee() -> None:
@@ -26,13 +25,7 @@ def test_demo_keeps_every_guarantee() -> None:
 
 
 def test_core_demo_command_line_exits_zero() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "keyfailover", "demo", "--core", "--messages", "5000", "--keys", "300"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
+    done = run_cli("demo", "--core", "--messages", "5000", "--keys", "300")
     assert done.returncode == 0, done.stderr
     assert "c1 starts alone" in done.stdout
     assert "per-key order held" in done.stdout
@@ -52,12 +45,6 @@ def test_server_demo_consumes_everything_in_key_order() -> None:
 
 
 def test_server_demo_command_line_exits_zero() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "keyfailover", "demo", "--messages", "3000", "--keys", "200"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
+    done = run_cli("demo", "--messages", "3000", "--keys", "200", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "every event consumed" in done.stdout

@@ -8,7 +8,6 @@ import itertools
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +40,7 @@ from keyfailover.evaluate import (
 )
 from keyfailover.evaluate._drain import PROCESSING, TICK
 from keyfailover.hashing import HASH_RANGE_SIZE
+from tests.server_process import run_cli
 
 Owners = npt.NDArray[np.intp]
 
@@ -300,13 +300,7 @@ def test_drain_times_end_within_one_processing_time_and_a_leave_releases_at_once
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "keyfailover", "evaluate", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_cli("evaluate", *args)
 
 
 def test_json_lists_every_strategy_and_scenario_with_exactly_the_documented_keys() -> None:

@@ -26,7 +26,7 @@ from keyfailover.plot import (
     render_ownership,
 )
 from keyfailover.ranges import RangeMap
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, run_cli
 
 needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs keyfailover[plot]")
 
@@ -192,25 +192,13 @@ def test_plot_from_a_running_server_through_the_cli(tmp_path: Path) -> None:
         joined = {name: client.subscribe("orders", "billing", consumer_name=name) for name in ("c1", "c2", "c3")}
         joined["c2"].close()  # returns once the server answered, after it recorded the merge
         joined["c4"] = client.subscribe("orders", "billing", consumer_name="c4")
-        command = [sys.executable, "-m", "keyfailover", "plot", "--admin-url", server.admin_url]
-        done = subprocess.run(
-            [*command, "--topic", "orders", "--subscription", "billing", "--out", str(out), "--title", "billing"],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        command = ["plot", "--admin-url", server.admin_url, "--topic", "orders"]
+        done = run_cli(*command, "--subscription", "billing", "--out", str(out), "--title", "billing", timeout=60)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == f"wrote {out}: 5 range maps"
         with urlopen(f"{server.admin_url}/history?{query}", timeout=10) as response:
             found: dict[str, Any] = json.load(response)
-        unknown = subprocess.run(
-            [*command, "--topic", "orders", "--subscription", "nope", "--out", str(tmp_path / "no.png")],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        unknown = run_cli(*command, "--subscription", "nope", "--out", str(tmp_path / "no.png"), timeout=60)
     assert unknown.returncode == 1
     assert "404" in unknown.stderr and "live subscription" in unknown.stderr
     assert not (tmp_path / "no.png").exists()

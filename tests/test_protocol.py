@@ -50,6 +50,7 @@ from keyfailover.protocol import (
     Subscribed,
     encode,
 )
+from tests.strategies import mutated
 
 DOC_PATH = Path(__file__).parent.parent / "docs" / "protocol.md"
 INT64_MAX = 2**63 - 1
@@ -624,19 +625,7 @@ def test_fuzz_random_fields(frame_type: str, data: st.DataObject) -> None:
 
 @st.composite
 def mutated_streams(draw: st.DrawFn) -> bytes:
-    stream = bytearray(b"".join(encode(frame) for frame in draw(st.lists(frames, min_size=1, max_size=3))))
-    for _ in range(draw(st.integers(1, 4))):
-        at = draw(st.integers(0, len(stream)))
-        action = draw(st.sampled_from(["flip", "set", "insert", "delete"]))
-        if action == "flip" and at < len(stream):
-            stream[at] ^= 1 << draw(st.integers(0, 7))
-        elif action == "set" and at < len(stream):
-            stream[at] = draw(st.integers(0, 255))
-        elif action == "insert":
-            stream[at:at] = draw(st.binary(min_size=1, max_size=8))
-        else:
-            del stream[at : at + draw(st.integers(1, 8))]
-    return bytes(stream)
+    return draw(mutated(b"".join(encode(frame) for frame in draw(st.lists(frames, min_size=1, max_size=3)))))
 
 
 @FUZZ

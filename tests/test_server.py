@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -20,7 +18,7 @@ import pytest
 from keyfailover import RangeMap
 from keyfailover.aio import AsyncClient
 from keyfailover.client import Client, ClientClosed, Consumer, Message, Timeout
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, run_cli
 
 
 class Recorder:
@@ -258,26 +256,14 @@ def test_admin_endpoint_and_ranges_stats_commands(tmp_path: Path) -> None:
                 urlopen(f"{server.admin_url}/ranges?topic=orders&subscription=nope")
             assert missing.value.code == 404
             for command in ("ranges", "stats"):
-                done = subprocess.run(
-                    [sys.executable, "-m", "keyfailover", command, "--admin-url", server.admin_url],
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                    timeout=60,
-                )
+                done = run_cli(command, "--admin-url", server.admin_url, timeout=60)
                 assert done.returncode == 0, done.stderr
                 assert "orders/billing" in done.stdout
 
 
 def test_second_server_on_the_same_data_dir_is_refused(tmp_path: Path) -> None:
     with ServerProcess(tmp_path / "data"):
-        done = subprocess.run(
-            [sys.executable, "-m", "keyfailover", "serve", "--data-dir", str(tmp_path / "data"), "--port", "0"],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=60,
-        )
+        done = run_cli("serve", "--data-dir", str(tmp_path / "data"), "--port", "0", timeout=60)
         assert done.returncode == 2
         assert "in use by another keyfailover server" in done.stderr
 

@@ -35,6 +35,7 @@ from keyfailover.protocol import (
     encode,
 )
 from tests.server_process import RawConnection, ServerProcess
+from tests.strategies import mutated
 
 CONNECT = encode(Connect(version=PROTOCOL_VERSION, token=None, client="fuzz"))
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -104,24 +105,6 @@ valid_frames: st.SearchStrategy[ClientFrame] = st.one_of(
     st.just(Close()),
     st.builds(Connect, version=st.integers(0, 2), token=st.none(), client=st.just("again")),
 )
-
-
-@st.composite
-def mutated(draw: st.DrawFn, stream: bytes) -> bytes:
-    """``stream`` with a few bytes flipped, set, inserted or deleted."""
-    data = bytearray(stream)
-    for _ in range(draw(st.integers(1, 4))):
-        at = draw(st.integers(0, len(data)))
-        action = draw(st.sampled_from(["flip", "set", "insert", "delete"]))
-        if action == "flip" and at < len(data):
-            data[at] ^= 1 << draw(st.integers(0, 7))
-        elif action == "set" and at < len(data):
-            data[at] = draw(st.integers(0, 255))
-        elif action == "insert":
-            data[at:at] = draw(st.binary(min_size=1, max_size=8))
-        else:
-            del data[at : at + draw(st.integers(1, 8))]
-    return bytes(data)
 
 
 def stream_of(frames: list[ClientFrame]) -> bytes:

@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +33,7 @@ import pytest
 from keyfailover.client import Client, Consumer, Message, Timeout
 from keyfailover.hashing import HASH_RANGE_SIZE, key_hash
 from keyfailover.log import Log
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, wait_until
 
 TOPIC = "orders"
 SUBSCRIPTION = "billing"
@@ -76,15 +75,6 @@ def _described(message: Message) -> list[Any]:
     return [message.position, message.key, message.session, message.redelivery_count]
 
 
-def _wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    pause = threading.Event()
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {WAIT} s")
-        pause.wait(0.01)
-
-
 def zombie_main(url: str) -> None:
     """Subscribe as "zombie", hold ``HOLD`` messages, then obey stdin.
 
@@ -113,7 +103,7 @@ def zombie_main(url: str) -> None:
             for message in order:
                 consumer.acknowledge(message)
             if with_held:
-                _wait_until(lambda: bool(client.server_errors()), "an answer to the acks of the old session")
+                wait_until(lambda: bool(client.server_errors()), "an answer to the acks of the old session", WAIT)
             _report("acked", errors=client.server_errors(), timeouts=timed_out.count)
         elif command == "close":
             client.close()

@@ -202,32 +202,35 @@ def _produce(args: argparse.Namespace) -> int:
         else:
             stored += 1
 
-    with Client(args.url, args.token) as client, source:
-        producer = client.create_producer(args.topic, args.producer_name)
-        for line_number, raw in enumerate(source, 1):
-            done += len(raw)
-            try:
-                line = raw.decode().removesuffix("\n").removesuffix("\r")
+    try:
+        with Client(args.url, args.token) as client, source:
+            producer = client.create_producer(args.topic, args.producer_name)
+            for line_number, raw in enumerate(source, 1):
+                done += len(raw)
+                line = _text(raw, line_number)
                 if not line:
                     continue
                 key, payload = _parse_line(line, line_number, args.json, args.key_field)
-            except (UnicodeDecodeError, SystemExit) as exc:
+                producer.send_async(payload, key, confirmed)
+                sent += 1
                 if progress is not None:
-                    progress.finish(sent, stored, done)
-                if isinstance(exc, UnicodeDecodeError):
-                    raise SystemExit(f"line {line_number}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
-                raise
-            producer.send_async(payload, key, confirmed)
-            sent += 1
-            if progress is not None:
-                progress.update(sent, stored, done)
-        producer.flush()
-    if progress is not None:
-        progress.finish(sent, stored, done)
+                    progress.update(sent, stored, done)
+            producer.flush()
+    finally:  # the bar's last line ends before any error message
+        if progress is not None:
+            progress.finish(sent, stored, done)
     if errors:
         print(f"{len(errors)} messages were not stored; first error: {errors[0]}", file=sys.stderr)
         return 1
     return 0
+
+
+def _text(raw: bytes, number: int) -> str:
+    """One input line without its line break."""
+    try:
+        return raw.decode().removesuffix("\n").removesuffix("\r")
+    except UnicodeDecodeError as exc:
+        raise SystemExit(f"line {number}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
 
 
 def _parse_line(line: str, number: int, as_json: bool, key_field: str | None) -> tuple[str | None, bytes]:

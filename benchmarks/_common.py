@@ -14,8 +14,8 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from keyfailover.ranges import RangeMap
-from keyfailover.rebalance import Load, plan_join
+from keyfailover.core.ranges import RangeMap
+from keyfailover.core.rebalance import Load, plan_join
 
 __all__ = [
     "DISTINCT_KEYS",

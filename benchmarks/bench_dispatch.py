@@ -38,7 +38,7 @@ from _common import (
 )
 
 from keyfailover import Delivery, Dispatcher, Load, RangeMap, key_hash, plan_join, plan_leave
-from keyfailover.clock import ManualClock
+from keyfailover.core.clock import ManualClock
 
 CONSUMERS = 8
 CHANGES = 20

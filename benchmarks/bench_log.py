@@ -28,7 +28,7 @@ from typing import Literal
 
 from _common import SEED, best_of, format_count, parse_quick, print_goals, print_table
 
-from keyfailover.log import Log
+from keyfailover.broker.storage.sqlite import Log
 
 Synchronous = Literal["full", "normal"]
 

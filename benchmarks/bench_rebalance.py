@@ -36,8 +36,8 @@ from _common import (
 )
 
 from keyfailover import HASH_RANGE_SIZE, Dispatcher, Load, plan_join, plan_leave
-from keyfailover.clock import ManualClock
-from keyfailover.rebalance import reassign_rates
+from keyfailover.core.clock import ManualClock
+from keyfailover.core.rebalance import reassign_rates
 
 WINDOW = 50
 TICK = 0.01

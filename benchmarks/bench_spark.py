@@ -29,7 +29,7 @@ from pyspark.sql import functions as sf
 from pyspark.sql.pandas.functions import pandas_udf
 
 from keyfailover import key_hashes
-from keyfailover.spark import local_session, partition_by_ranges, with_key_hash
+from keyfailover.integrations.spark import local_session, partition_by_ranges, with_key_hash
 
 CONSUMERS = 8
 GOAL = 1.5

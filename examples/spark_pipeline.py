@@ -37,8 +37,8 @@ from pyspark.sql import functions as sf
 
 from keyfailover import RangeMap, key_hash
 from keyfailover.client import Client
-from keyfailover.export import export_topic
-from keyfailover.spark import load_range_map, local_session, owner_column, process_in_key_order
+from keyfailover.integrations.export import export_topic
+from keyfailover.integrations.spark import load_range_map, local_session, owner_column, process_in_key_order
 
 TOPIC = "payments"
 SUBSCRIPTION = "ledger"

@@ -2,26 +2,40 @@
 
 Many consumers share one stream; every message with the same key goes, in order, to one
 consumer at a time. Each consumer owns one contiguous range of the 65536-slot hash space.
+
+The package is built in layers, inside out, each a folder that imports only the ones
+before it: ``core`` (hash, ranges, rebalance policy, the sans-IO dispatcher), ``broker``
+(protocol, storage, server), ``client`` (sync and asyncio), ``integrations`` (metrics,
+Spark, export, plot) and ``tools`` (command line, demo, evaluation). This module
+re-exports the core's public names; ``keyfailover.dispatcher``, ``keyfailover.metrics``
+and ``keyfailover.spark`` are kept as short import paths.
 """
 
-from keyfailover.clock import ManualClock
-from keyfailover.dispatcher import Delivery, Dispatcher, RebalanceEvent
-from keyfailover.errors import (
+from keyfailover.core import (
+    HASH_RANGE_SIZE,
     BufferFullError,
     ConsumerError,
+    Delivery,
+    Dispatcher,
     DuplicateConsumerError,
     InvalidKeyError,
     KeyFailoverError,
+    Load,
+    ManualClock,
     NotInFlightError,
     PermitsError,
     PositionError,
+    RangeMap,
     RangeMapError,
+    RebalanceEvent,
     SnapshotError,
     UnknownConsumerError,
+    key_hash,
+    key_hashes,
+    plan_join,
+    plan_leave,
+    plan_shift,
 )
-from keyfailover.hashing import HASH_RANGE_SIZE, key_hash, key_hashes
-from keyfailover.ranges import RangeMap
-from keyfailover.rebalance import Load, plan_join, plan_leave, plan_shift
 
 __all__ = [
     "HASH_RANGE_SIZE",

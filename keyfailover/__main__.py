@@ -2,6 +2,6 @@
 
 import sys
 
-from keyfailover.cli import main
+from keyfailover.tools.cli import main
 
 sys.exit(main())

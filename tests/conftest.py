@@ -30,7 +30,7 @@ def spark(java: str) -> Iterator[SparkSession]:
     Python workers run the interpreter running the tests; ANSI mode is on, as by default in
     Spark 4. Skipped only when there is no ``java`` to start Spark with.
     """
-    from keyfailover.spark import local_session
+    from keyfailover.integrations.spark import local_session
 
     previous = os.environ.get("PYSPARK_PYTHON")
     os.environ["PYSPARK_PYTHON"] = sys.executable

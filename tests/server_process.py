@@ -21,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from keyfailover.protocol import PROTOCOL_VERSION, Connect, Connected, Decoder, Frame, encode
+from keyfailover.broker.protocol import PROTOCOL_VERSION, Connect, Connected, Decoder, Frame, encode
 
 __all__ = ["RawConnection", "ServerProcess", "run_cli", "wait_until"]
 
@@ -133,7 +133,7 @@ class RawConnection:
 
     Every read is bounded by ``timeout`` seconds (a :class:`TimeoutError` past it). What the
     server sends is decoded with a client-side :class:`Decoder`, so a malformed server frame
-    raises :class:`~keyfailover.errors.ProtocolError` here.
+    raises :class:`~keyfailover.core.errors.ProtocolError` here.
     """
 
     def __init__(self, port: int, *, timeout: float = 10.0) -> None:

@@ -7,8 +7,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from keyfailover._progress import Progress
-from keyfailover.clock import ManualClock
+from keyfailover.core.clock import ManualClock
+from keyfailover.tools._progress import Progress
 from tests.server_process import ServerProcess, run_cli
 
 KEYS = 50

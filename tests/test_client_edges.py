@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from keyfailover.aio import AsyncClient, _Link
+from keyfailover.broker.protocol import Connected, Frame
+from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, Log
 from keyfailover.client import Client
-from keyfailover.errors import KeyFailoverError
-from keyfailover.log import LOG_FILE_NAME, Log
-from keyfailover.protocol import Connected, Frame
+from keyfailover.client.aio import AsyncClient, _Link
+from keyfailover.core.errors import KeyFailoverError
 from tests.server_process import ServerProcess, wait_until
 
 WAIT = 30.0

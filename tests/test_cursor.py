@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyfailover.cursor import FORMAT_VERSION, Cursor
-from keyfailover.errors import CursorError, KeyFailoverError
+from keyfailover.broker.cursor import FORMAT_VERSION, Cursor
+from keyfailover.core.errors import CursorError, KeyFailoverError
 
 
 def _state(cursor: Cursor) -> tuple[int, list[tuple[int, int]]]:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from keyfailover.metrics import METRIC_NAMES
+from keyfailover.integrations.metrics import METRIC_NAMES
 
 METRICS_DIR = Path(__file__).resolve().parent.parent / "metrics"
 DASHBOARD = METRICS_DIR / "grafana-dashboard.json"

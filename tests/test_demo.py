@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import io
 
-from keyfailover.demo import run_demo
-from keyfailover.server_demo import run_server_demo
+from keyfailover.tools.demo import run_core_demo, run_server_demo
 from tests.server_process import run_cli
 
 
 def test_demo_keeps_every_guarantee() -> None:
     out = io.StringIO()
-    report = run_demo(messages=12_000, keys=800, seed=3, out=out)
+    report = run_core_demo(messages=12_000, keys=800, seed=3, out=out)
     assert report.problems == []
     assert report.published == 12_000
     assert report.acked == report.published

@@ -18,8 +18,8 @@ import pytest
 
 import keyfailover
 from keyfailover import Delivery, Dispatcher
-from keyfailover.clock import ManualClock
-from keyfailover.errors import (
+from keyfailover.core.clock import ManualClock
+from keyfailover.core.errors import (
     BufferFullError,
     DuplicateConsumerError,
     InvalidKeyError,
@@ -29,7 +29,7 @@ from keyfailover.errors import (
     PositionError,
     UnknownConsumerError,
 )
-from keyfailover.hashing import HASH_RANGE_SIZE, key_hash
+from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
 
 FULL = (0, HASH_RANGE_SIZE - 1)
 

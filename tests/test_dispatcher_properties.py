@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from keyfailover import Delivery, Dispatcher
-from keyfailover.clock import ManualClock
-from keyfailover.errors import (
+from keyfailover.core.clock import ManualClock
+from keyfailover.core.errors import (
     BufferFullError,
     DuplicateConsumerError,
     InvalidKeyError,
@@ -35,7 +35,7 @@ from keyfailover.errors import (
     PositionError,
     UnknownConsumerError,
 )
-from keyfailover.hashing import HASH_RANGE_SIZE, key_bytes, key_hash
+from keyfailover.core.hashing import HASH_RANGE_SIZE, key_bytes, key_hash
 
 Key = str | bytes | None
 

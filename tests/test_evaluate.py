@@ -14,7 +14,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from keyfailover.evaluate import (
+from keyfailover.core.hashing import HASH_RANGE_SIZE
+from keyfailover.tools.evaluate import (
     JSON_KEYS,
     SCENARIOS,
     STRATEGIES,
@@ -38,8 +39,7 @@ from keyfailover.evaluate import (
     run_strategy,
     stickiness,
 )
-from keyfailover.evaluate._drain import PROCESSING, TICK
-from keyfailover.hashing import HASH_RANGE_SIZE
+from keyfailover.tools.evaluate._drain import PROCESSING, TICK
 from tests.server_process import run_cli
 
 Owners = npt.NDArray[np.intp]

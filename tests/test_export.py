@@ -10,11 +10,11 @@ from pathlib import Path
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 
-from keyfailover.cli import main
+from keyfailover.broker.storage.sqlite import Log, LogSnapshot
 from keyfailover.client import Client
-from keyfailover.errors import InvalidKeyError, LogError, LogFileError
-from keyfailover.export import export_topic
-from keyfailover.log import Log, LogSnapshot
+from keyfailover.core.errors import InvalidKeyError, LogError, LogFileError
+from keyfailover.integrations.export import export_topic
+from keyfailover.tools.cli import main
 from tests.server_process import ServerProcess
 
 Sent = dict[int, tuple[str | bytes | None, bytes, str]]

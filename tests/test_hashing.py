@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyfailover.errors import InvalidKeyError, KeyFailoverError
-from keyfailover.hashing import HASH_RANGE_SIZE, key_bytes, key_hash, key_hashes, murmur3_32
+from keyfailover.core.errors import InvalidKeyError, KeyFailoverError
+from keyfailover.core.hashing import HASH_RANGE_SIZE, key_bytes, key_hash, key_hashes, murmur3_32
 
 VECTORS_DIR = Path(__file__).parent / "vectors"
 GENERATOR_PATH = VECTORS_DIR / "generate_key_hash.py"

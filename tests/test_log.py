@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyfailover.cursor import Cursor
-from keyfailover.errors import InvalidKeyError, KeyFailoverError, LogError, LogFileError, SequenceError
-from keyfailover.log import MAX_POSITION, SCHEMA_VERSION, Key, Log, StoredMessage
+from keyfailover.broker.cursor import Cursor
+from keyfailover.broker.storage.sqlite import MAX_POSITION, SCHEMA_VERSION, Key, Log, StoredMessage
+from keyfailover.core.errors import InvalidKeyError, KeyFailoverError, LogError, LogFileError, SequenceError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -506,7 +506,7 @@ def test_synchronous_must_be_full_or_normal(tmp_path: Path) -> None:
 WRITER = textwrap.dedent(
     """
     import sys
-    from keyfailover.log import Log
+    from keyfailover.broker.storage.sqlite import Log
 
     log = Log(sys.argv[1], synchronous=sys.argv[2])
     seq = 0

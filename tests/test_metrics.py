@@ -19,10 +19,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from keyfailover.dispatcher import Delivery, Dispatcher
-from keyfailover.hashing import HASH_RANGE_SIZE, key_hash
-from keyfailover.histogram import Histogram
-from keyfailover.metrics import METRIC_NAMES, KeyFailoverCollector, ServerView, SubscriptionView
+from keyfailover.core.dispatcher import Delivery, Dispatcher
+from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
+from keyfailover.core.histogram import Histogram
+from keyfailover.integrations.metrics import METRIC_NAMES, KeyFailoverCollector, ServerView, SubscriptionView
 
 SUB = {"topic": "orders", "subscription": "billing"}
 

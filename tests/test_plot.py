@@ -14,9 +14,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from keyfailover.cli import main
 from keyfailover.client import Client
-from keyfailover.plot import (
+from keyfailover.core.ranges import RangeMap
+from keyfailover.integrations.plot import (
     HistoryEntry,
     HistoryError,
     MatplotlibMissingError,
@@ -25,7 +25,7 @@ from keyfailover.plot import (
     ownership_figure,
     render_ownership,
 )
-from keyfailover.ranges import RangeMap
+from keyfailover.tools.cli import main
 from tests.server_process import ServerProcess, run_cli
 
 needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs keyfailover[plot]")
@@ -306,5 +306,8 @@ def test_without_matplotlib_a_clear_error(
 
 
 def test_the_base_install_imports_no_matplotlib() -> None:
-    check = "import sys, keyfailover.cli, keyfailover.plot; assert 'matplotlib' not in sys.modules, 'imported'"
+    check = (
+        "import sys, keyfailover.tools.cli, keyfailover.integrations.plot; "
+        "assert 'matplotlib' not in sys.modules, 'imported'"
+    )
     subprocess.run([sys.executable, "-c", check], check=True, timeout=60)

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from keyfailover.client import Client
-from keyfailover.hashing import HASH_RANGE_SIZE
+from keyfailover.core.hashing import HASH_RANGE_SIZE
 from tests.server_process import ServerProcess
 
 PROMETHEUS = shutil.which("prometheus")

@@ -20,9 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from keyfailover.errors import FATAL_CODES, ErrorCode, FrameEncodeError, KeyFailoverError, ProtocolError
-from keyfailover.hashing import HASH_RANGE_SIZE
-from keyfailover.protocol import (
+from keyfailover.broker.protocol import (
     DEFAULT_MAX_FRAME,
     MAX_NAME_LENGTH,
     PROTOCOL_VERSION,
@@ -50,6 +48,8 @@ from keyfailover.protocol import (
     Subscribed,
     encode,
 )
+from keyfailover.core.errors import FATAL_CODES, ErrorCode, FrameEncodeError, KeyFailoverError, ProtocolError
+from keyfailover.core.hashing import HASH_RANGE_SIZE
 from tests.strategies import mutated
 
 DOC_PATH = Path(__file__).parent.parent / "docs" / "protocol.md"

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyfailover.errors import KeyFailoverError, RangeMapError, SnapshotError, UnknownConsumerError
-from keyfailover.hashing import HASH_RANGE_SIZE
-from keyfailover.ranges import SNAPSHOT_VERSION, Range, RangeMap, validate_consumer_id
+from keyfailover.core.errors import KeyFailoverError, RangeMapError, SnapshotError, UnknownConsumerError
+from keyfailover.core.hashing import HASH_RANGE_SIZE
+from keyfailover.core.ranges import SNAPSHOT_VERSION, Range, RangeMap, validate_consumer_id
 
 FULL = HASH_RANGE_SIZE - 1
 

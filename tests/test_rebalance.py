@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyfailover.errors import RangeMapError
-from keyfailover.ranges import Range, RangeMap
-from keyfailover.rebalance import (
+from keyfailover.core.errors import RangeMapError
+from keyfailover.core.ranges import Range, RangeMap
+from keyfailover.core.rebalance import (
     SPLIT_MODES,
     Load,
     SplitMode,

@@ -16,8 +16,8 @@ from urllib.request import urlopen
 import pytest
 
 from keyfailover import RangeMap
-from keyfailover.aio import AsyncClient
 from keyfailover.client import Client, ClientClosed, Consumer, Message, Timeout
+from keyfailover.client.aio import AsyncClient
 from tests.server_process import ServerProcess, run_cli
 
 

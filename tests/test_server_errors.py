@@ -16,9 +16,7 @@ from typing import TypeVar
 import msgpack  # type: ignore[import-untyped]
 import pytest
 
-from keyfailover.client import Client, Consumer, Message
-from keyfailover.errors import FATAL_CODES, ErrorCode
-from keyfailover.protocol import (
+from keyfailover.broker.protocol import (
     PROTOCOL_VERSION,
     Ack,
     CloseConsumer,
@@ -38,6 +36,8 @@ from keyfailover.protocol import (
     Subscribed,
     encode,
 )
+from keyfailover.client import Client, Consumer, Message
+from keyfailover.core.errors import FATAL_CODES, ErrorCode
 from tests.server_process import RawConnection, ServerProcess
 
 TOKEN = "s3cret"

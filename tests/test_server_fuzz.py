@@ -15,9 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from keyfailover.client import Client
-from keyfailover.errors import FATAL_CODES, ErrorCode
-from keyfailover.protocol import (
+from keyfailover.broker.protocol import (
     PROTOCOL_VERSION,
     Ack,
     ClientFrame,
@@ -34,6 +32,8 @@ from keyfailover.protocol import (
     Subscribe,
     encode,
 )
+from keyfailover.client import Client
+from keyfailover.core.errors import FATAL_CODES, ErrorCode
 from tests.server_process import RawConnection, ServerProcess
 from tests.strategies import mutated
 

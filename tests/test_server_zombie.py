@@ -30,9 +30,9 @@ from typing import IO, Any
 
 import pytest
 
+from keyfailover.broker.storage.sqlite import Log
 from keyfailover.client import Client, Consumer, Message, Timeout
-from keyfailover.hashing import HASH_RANGE_SIZE, key_hash
-from keyfailover.log import Log
+from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
 from tests.server_process import ServerProcess, wait_until
 
 TOPIC = "orders"

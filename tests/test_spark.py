@@ -22,8 +22,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 
 from keyfailover import RangeMap, key_hash
-from keyfailover.errors import InvalidKeyError, RangeMapError, SnapshotError
-from keyfailover.spark import owner_column, partition_by_ranges, process_in_key_order, with_key_hash, with_range_id
+from keyfailover.core.errors import InvalidKeyError, RangeMapError, SnapshotError
+from keyfailover.integrations.spark import (
+    owner_column,
+    partition_by_ranges,
+    process_in_key_order,
+    with_key_hash,
+    with_range_id,
+)
 
 VECTORS = Path(__file__).resolve().parent / "vectors" / "key_hash.json"
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "spark_pipeline.py"

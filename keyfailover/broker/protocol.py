@@ -1,0 +1,703 @@
+"""The wire protocol: frames, their encoding and a validating incremental decoder (sans-IO).
+
+A frame on the wire is a 4-byte unsigned big-endian body length ``N`` followed by ``N``
+bytes holding one msgpack map: ``"type"`` (a str) plus the frame's fields. ``str`` travels
+as msgpack str and ``bytes`` as msgpack bin, so a key comes back exactly as it was sent.
+docs/protocol.md is the specification for other implementations; this module is the
+reference. :func:`encode` trusts its input (mypy checks it); :class:`Decoder` trusts
+nothing: every frame it returns has exactly the documented fields, types and bounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import reprlib
+import socket
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Final, Literal, NamedTuple, TypeAlias, get_args
+
+import msgpack  # type: ignore[import-untyped]
+
+from keyfailover.core.errors import FATAL_CODES, ErrorCode, FrameEncodeError, KeyFailoverError, ProtocolError
+from keyfailover.core.hashing import HASH_RANGE_SIZE
+
+__all__ = [
+    "DEFAULT_MAX_FRAME",
+    "FATAL_CODES",
+    "MAX_NAME_LENGTH",
+    "PROTOCOL_VERSION",
+    "Ack",
+    "ClientFrame",
+    "Close",
+    "CloseConsumer",
+    "Connect",
+    "Connected",
+    "ConsumerClosed",
+    "Decoder",
+    "Error",
+    "ErrorCode",
+    "Flow",
+    "Frame",
+    "Key",
+    "Messages",
+    "Nack",
+    "Ping",
+    "Pong",
+    "Produce",
+    "ProtocolError",
+    "RangesChanged",
+    "Receipt",
+    "ServerFrame",
+    "Subscribe",
+    "Subscribed",
+    "encode",
+    "stream_transport",
+]
+
+PROTOCOL_VERSION: Final = 1
+"""The version a client sends in ``connect``; the server answers ``version_mismatch`` to others."""
+
+DEFAULT_MAX_FRAME: Final = 5 * 1024 * 1024
+"""Largest frame body (the ``N`` of the length prefix, in bytes) a decoder accepts by default."""
+
+MAX_NAME_LENGTH: Final = 256
+"""Topic, subscription and consumer names are 1 to this many characters, without NUL."""
+
+Key: TypeAlias = str | bytes | None
+"""A message key: str and bytes stay distinct on the wire (both hash by their UTF-8 bytes)."""
+
+_INT64_MIN: Final = -(2**63)
+_INT64_MAX: Final = 2**63 - 1
+_MAX_LENGTH: Final = 2**32 - 1  # what the 4-byte length prefix can say
+_HEADER: Final = struct.Struct(">I")
+
+
+# -- frames: client -> server ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Connect:
+    """The first frame of every connection: protocol version, optional token, client name."""
+
+    type: ClassVar[str] = "connect"
+    version: int
+    token: str | None
+    client: str
+
+
+@dataclass(frozen=True, slots=True)
+class Produce:
+    """Store messages ``(seq, key, payload)`` in ``topic``; ``(producer, seq)`` makes retries idempotent."""
+
+    type: ClassVar[str] = "produce"
+    req: int
+    topic: str
+    producer: str | None
+    messages: list[tuple[int | None, Key, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    """Attach consumer ``consumer`` to ``subscription`` of ``topic`` with ``receiver_queue`` permits."""
+
+    type: ClassVar[str] = "subscribe"
+    req: int
+    topic: str
+    subscription: str
+    consumer: str
+    receiver_queue: int
+
+
+@dataclass(frozen=True, slots=True)
+class Flow:
+    """Grant ``permits`` more messages to a consumer session."""
+
+    type: ClassVar[str] = "flow"
+    topic: str
+    subscription: str
+    session: int
+    permits: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Acknowledge delivered positions of a consumer session."""
+
+    type: ClassVar[str] = "ack"
+    topic: str
+    subscription: str
+    session: int
+    positions: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Nack:
+    """Give delivered positions back: each key restarts from its oldest nacked position."""
+
+    type: ClassVar[str] = "nack"
+    topic: str
+    subscription: str
+    session: int
+    positions: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class CloseConsumer:
+    """Detach a consumer session; its unacked messages go to the new owners of its keys."""
+
+    type: ClassVar[str] = "close_consumer"
+    req: int
+    topic: str
+    subscription: str
+    session: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """Heartbeat; the server answers ``pong`` with the same nonce."""
+
+    type: ClassVar[str] = "ping"
+    nonce: int
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """The client says goodbye; the server closes the connection."""
+
+    type: ClassVar[str] = "close"
+
+
+# -- frames: server -> client ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Connected:
+    """The answer to ``connect``: the server's limits for this connection."""
+
+    type: ClassVar[str] = "connected"
+    version: int
+    server: str
+    max_frame: int
+    session_timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """The answer to ``produce``: a position per message, and whether it was already stored."""
+
+    type: ClassVar[str] = "receipt"
+    req: int
+    positions: list[int]
+    duplicates: list[bool]
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribed:
+    """The answer to ``subscribe``: the new session and its hash range (None/None for standby)."""
+
+    type: ClassVar[str] = "subscribed"
+    req: int
+    session: int
+    consumer: str
+    start: int | None
+    end: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Messages:
+    """Deliveries to a session: ``(position, key, payload, redelivery_count)`` each."""
+
+    type: ClassVar[str] = "messages"
+    session: int
+    messages: list[tuple[int, Key, bytes, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class RangesChanged:
+    """A session's hash range changed (rebalance); ``epoch`` is the range map's new epoch."""
+
+    type: ClassVar[str] = "ranges_changed"
+    session: int
+    epoch: int
+    start: int | None
+    end: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerClosed:
+    """A session ended: "closed", "timeout", "superseded", "shutdown" (others may come)."""
+
+    type: ClassVar[str] = "consumer_closed"
+    session: int
+    reason: str
+    req: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    """The answer to ``ping``."""
+
+    type: ClassVar[str] = "pong"
+    nonce: int
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    """A request failed (``req`` set) or the connection is being closed (``code`` is fatal)."""
+
+    type: ClassVar[str] = "error"
+    code: str
+    message: str
+    req: int | None
+
+
+ClientFrame: TypeAlias = Connect | Produce | Subscribe | Flow | Ack | Nack | CloseConsumer | Ping | Close
+"""Frames a client sends."""
+
+ServerFrame: TypeAlias = Connected | Receipt | Subscribed | Messages | RangesChanged | ConsumerClosed | Pong | Error
+"""Frames a server sends."""
+
+Frame: TypeAlias = ClientFrame | ServerFrame
+
+_FIELDS: Final[dict[type[Frame], tuple[str, ...]]] = {
+    cls: tuple(f.name for f in fields(cls)) for cls in (*get_args(ClientFrame), *get_args(ServerFrame))
+}
+
+
+# -- encoding -----------------------------------------------------------------------------
+
+
+def stream_transport(transport: asyncio.BaseTransport) -> asyncio.Transport:
+    """The TCP transport of a new connection, with Nagle off: frames are batched already."""
+    if not isinstance(transport, asyncio.Transport):
+        raise TypeError(f"expected a stream transport, got {type(transport).__name__}")
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return transport
+
+
+def encode(frame: Frame) -> bytes:
+    """Return ``frame`` as it goes on the wire: the 4-byte body length, then the msgpack body.
+
+    Nothing is validated beyond what msgpack needs; a value it cannot carry raises
+    :class:`FrameEncodeError`. Cost is one ``msgpack.packb`` call: batches of tuples are
+    packed by msgpack's C code.
+    """
+    names = _FIELDS.get(type(frame))
+    if names is None:
+        raise FrameEncodeError(f"cannot encode {frame!r}: expected a protocol frame")
+    body: dict[str, Any] = {"type": frame.type}
+    for name in names:
+        body[name] = getattr(frame, name)
+    try:
+        packed: bytes = msgpack.packb(body, use_bin_type=True)
+        return _HEADER.pack(len(packed)) + packed
+    except (TypeError, ValueError, OverflowError, struct.error) as exc:
+        raise FrameEncodeError(f"cannot encode {frame.type!r} frame: {exc}") from None
+
+
+# -- field checks ---------------------------------------------------------------------------
+
+
+class _FieldError(Exception):
+    """A field value is invalid; the text completes "field 'x' ..." with expected and received."""
+
+
+class _ShortRepr(reprlib.Repr):
+    """reprlib, with bytes cut before ``repr`` (reprlib would render all of a 5 MiB payload)."""
+
+    def repr_bytes(self, x: bytes, level: int) -> str:
+        return repr(x[: self.maxstring]) + ("..." if len(x) > self.maxstring else "")
+
+
+_REPR = _ShortRepr()
+_REPR.maxstring = 40
+_REPR.maxother = 40
+_REPR.maxtuple = 4
+
+
+def _show(value: object) -> str:
+    """A short description of a received value, for error messages."""
+    return f"{_REPR.repr(value)} ({type(value).__name__})"
+
+
+def _wrong(expected: str, value: object) -> _FieldError:
+    return _FieldError(f"must be {expected}, got {_show(value)}")
+
+
+_UINT: Final = "a non-negative int64"
+
+
+def _uint(value: object) -> int:
+    if type(value) is int and 0 <= value <= _INT64_MAX:
+        return value
+    raise _wrong(_UINT, value)
+
+
+def _opt_uint(value: object) -> int | None:
+    if value is None or (type(value) is int and 0 <= value <= _INT64_MAX):
+        return value
+    raise _wrong(f"{_UINT} or nil", value)
+
+
+def _int64(value: object) -> int:
+    if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:
+        return value
+    raise _wrong("an int64", value)
+
+
+def _max_frame(value: object) -> int:
+    if type(value) is int and 0 < value <= _MAX_LENGTH:
+        return value
+    raise _wrong(f"an int in [1, {_MAX_LENGTH}]", value)
+
+
+def _timeout(value: object) -> float:
+    # An int is accepted too: some msgpack libraries send integral floats as ints.
+    if (type(value) is float or type(value) is int) and 0 < value < math.inf:
+        return float(value)
+    raise _wrong("a positive finite number", value)
+
+
+def _slot(value: object) -> int | None:
+    if value is None or (type(value) is int and 0 <= value < HASH_RANGE_SIZE):
+        return value
+    raise _wrong(f"a hash slot in [0, {HASH_RANGE_SIZE - 1}] or nil", value)
+
+
+def _name(value: object) -> str:
+    if type(value) is str and 0 < len(value) <= MAX_NAME_LENGTH and "\0" not in value:
+        return value
+    raise _wrong(f"a str of 1 to {MAX_NAME_LENGTH} characters without NUL", value)
+
+
+def _label(value: object) -> str:
+    if type(value) is str and value:
+        return value
+    raise _wrong("a non-empty str", value)
+
+
+def _opt_label(value: object) -> str | None:
+    if value is None or (type(value) is str and value):
+        return value
+    raise _wrong("a non-empty str or nil", value)
+
+
+def _text(value: object) -> str:
+    if type(value) is str:
+        return value
+    raise _wrong("a str", value)
+
+
+def _opt_text(value: object) -> str | None:
+    if value is None or type(value) is str:
+        return value
+    raise _wrong("a str or nil", value)
+
+
+# Arrays are checked by plain loops over the tuples msgpack built: on CPython 3.11 a loop
+# with a specialized unpack and chained type tests beats set(map(type, ...)), min and max,
+# and it stops at the first bad item. Batches hold up to ~10,000 items, so this is the hot path.
+
+_KEY_TYPES: Final = frozenset({str, bytes, type(None)})
+
+
+def _array(value: object, expected: str) -> tuple[Any, ...]:
+    if type(value) is tuple:
+        return value
+    raise _wrong(f"an array of {expected}", value)
+
+
+def _bad_item(items: tuple[Any, ...], item: object, expected: str) -> _FieldError:
+    """The error for ``item``, the first bad one of ``items`` (so the first one that *is* it)."""
+    index = next(i for i, each in enumerate(items) if each is item)
+    return _FieldError(f"item {index} must be {expected}, got {_show(item)}")
+
+
+def _uints(value: object) -> list[int]:
+    items = _array(value, _UINT)
+    for item in items:
+        if not (type(item) is int and 0 <= item <= _INT64_MAX):
+            raise _bad_item(items, item, _UINT)
+    return list(items)
+
+
+def _bools(value: object) -> list[bool]:
+    items = _array(value, "bool")
+    for item in items:
+        if type(item) is not bool:
+            raise _bad_item(items, item, "a bool")
+    return list(items)
+
+
+_PRODUCED: Final = f"an array [seq: {_UINT} or nil, key: str, bin or nil, payload: bin]"
+
+
+def _produced(value: object) -> list[tuple[int | None, Key, bytes]]:
+    items = _array(value, "messages")
+    try:
+        for item in items:
+            seq, key, payload = item
+            if not (
+                (seq is None or (type(seq) is int and 0 <= seq <= _INT64_MAX))
+                and type(key) in _KEY_TYPES
+                and type(payload) is bytes
+            ):
+                break
+        else:
+            return list(items)
+    except (TypeError, ValueError):  # the item is not an array of 3
+        pass
+    raise _bad_item(items, item, _PRODUCED)
+
+
+_DELIVERED: Final = f"an array [position: {_UINT}, key: str, bin or nil, payload: bin, redelivery_count: {_UINT}]"
+
+
+def _delivered(value: object) -> list[tuple[int, Key, bytes, int]]:
+    items = _array(value, "messages")
+    try:
+        for item in items:
+            position, key, payload, count = item
+            if not (
+                type(position) is int
+                and type(payload) is bytes
+                and type(count) is int
+                and type(key) in _KEY_TYPES
+                and 0 <= position <= _INT64_MAX
+                and 0 <= count <= _INT64_MAX
+            ):
+                break
+        else:
+            return list(items)
+    except (TypeError, ValueError):  # the item is not an array of 4
+        pass
+    raise _bad_item(items, item, _DELIVERED)
+
+
+def _same_length(values: dict[str, Any]) -> None:
+    if len(values["positions"]) != len(values["duplicates"]):
+        raise _FieldError(
+            f"'duplicates' has {len(values['duplicates'])} items and 'positions' {len(values['positions'])}; "
+            "expected one duplicate flag per position"
+        )
+
+
+def _range(values: dict[str, Any]) -> None:
+    start, end = values["start"], values["end"]
+    if (start is None) != (end is None):
+        raise _FieldError(f"'start' and 'end' must both be nil (standby) or both slots, got {start!r} and {end!r}")
+    if start is not None and start > end:
+        raise _FieldError(f"'start' {start} is after 'end' {end}; a range is [start, end] with start <= end")
+
+
+class _Spec(NamedTuple):
+    """How to check and build one frame type from its decoded map."""
+
+    cls: type[Frame]
+    checks: tuple[tuple[str, Callable[[Any], Any]], ...]
+    keys: frozenset[str]
+    across: Callable[[dict[str, Any]], None] | None
+
+
+def _spec(
+    cls: type[Frame], across: Callable[[dict[str, Any]], None] | None = None, **checks: Callable[[Any], Any]
+) -> _Spec:
+    assert tuple(checks) == _FIELDS[cls], cls  # one check per field, in field order
+    return _Spec(cls, tuple(checks.items()), frozenset({"type", *checks}), across)
+
+
+_CLIENT_SPECS: Final = {
+    spec.cls.type: spec
+    for spec in (
+        _spec(Connect, version=_uint, token=_opt_text, client=_label),
+        _spec(Produce, req=_uint, topic=_name, producer=_opt_label, messages=_produced),
+        _spec(Subscribe, req=_uint, topic=_name, subscription=_name, consumer=_name, receiver_queue=_uint),
+        _spec(Flow, topic=_name, subscription=_name, session=_uint, permits=_uint),
+        _spec(Ack, topic=_name, subscription=_name, session=_uint, positions=_uints),
+        _spec(Nack, topic=_name, subscription=_name, session=_uint, positions=_uints),
+        _spec(CloseConsumer, req=_uint, topic=_name, subscription=_name, session=_uint),
+        _spec(Ping, nonce=_int64),
+        _spec(Close),
+    )
+}
+_SERVER_SPECS: Final = {
+    spec.cls.type: spec
+    for spec in (
+        _spec(Connected, version=_uint, server=_label, max_frame=_max_frame, session_timeout=_timeout),
+        _spec(Receipt, _same_length, req=_uint, positions=_uints, duplicates=_bools),
+        _spec(Subscribed, _range, req=_uint, session=_uint, consumer=_name, start=_slot, end=_slot),
+        _spec(Messages, session=_uint, messages=_delivered),
+        _spec(RangesChanged, _range, session=_uint, epoch=_uint, start=_slot, end=_slot),
+        _spec(ConsumerClosed, session=_uint, reason=_label, req=_opt_uint),
+        _spec(Pong, nonce=_int64),
+        _spec(Error, code=_label, message=_text, req=_opt_uint),
+    )
+}
+_SPECS: Final = {"server": _CLIENT_SPECS, "client": _SERVER_SPECS, "any": _CLIENT_SPECS | _SERVER_SPECS}
+_MAX_MAP_LEN: Final = 64
+"""Far more fields than any frame has, so extras are reported as ``bad_field``; a bigger map is refused unbuilt."""
+
+
+def _build(spec: _Spec, body: dict[Any, Any]) -> Frame:
+    frame_type = spec.cls.type
+    if body.keys() != spec.keys:
+        missing = ", ".join(sorted(spec.keys - body.keys())) or "none"
+        extra = ", ".join(sorted(map(repr, body.keys() - spec.keys))) or "none"
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD,
+            f"{frame_type} frame must have exactly the fields {sorted(spec.keys)}; missing: {missing}; extra: {extra}",
+        )
+    values: dict[str, Any] = {}
+    try:
+        for name, check in spec.checks:
+            values[name] = check(body[name])
+    except _FieldError as exc:
+        raise ProtocolError(ErrorCode.BAD_FIELD, f"{frame_type} frame: field {name!r} {exc}") from None
+    if spec.across is not None:
+        try:
+            spec.across(values)
+        except _FieldError as exc:
+            raise ProtocolError(ErrorCode.BAD_FIELD, f"{frame_type} frame: {exc}") from None
+    return spec.cls(**values)
+
+
+# -- decoding -------------------------------------------------------------------------------
+
+
+class Decoder:
+    """Bytes in, validated frames out; incremental, so any split of the stream gives the same frames.
+
+    ``accept`` is the side this decoder serves: ``"server"`` accepts only the frames a client
+    sends, ``"client"`` only the frames a server sends. Every error it raises is a fatal
+    :class:`ProtocolError`; after one, the decoder is dead and :meth:`feed` raises it again.
+    It never holds more than ``4 + max_frame`` bytes between calls: a length prefix above
+    ``max_frame`` is rejected as soon as its 4 bytes arrive, before the body. Decoding one
+    body briefly takes up to ~32 times its size in Python objects (an array of 1-item
+    arrays); maps, which would cost ~80 times, are refused at the second one.
+    """
+
+    __slots__ = ("_buffer", "_error", "_maps", "_max_frame", "_specs")
+
+    def __init__(
+        self, max_frame: int = DEFAULT_MAX_FRAME, *, accept: Literal["client", "server", "any"] = "any"
+    ) -> None:
+        if type(max_frame) is not int or not 0 < max_frame <= _MAX_LENGTH:
+            raise KeyFailoverError(f"max_frame must be an int in [1, {_MAX_LENGTH}], not {max_frame!r}")
+        if accept not in _SPECS:
+            raise KeyFailoverError(f"accept must be one of {sorted(_SPECS)}, not {accept!r}")
+        self._max_frame = max_frame
+        self._specs = _SPECS[accept]
+        self._buffer = bytearray()
+        self._error: ProtocolError | None = None
+        self._maps = 0
+
+    @property
+    def max_frame(self) -> int:
+        """The largest body length this decoder accepts."""
+        return self._max_frame
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet decoded (part of one frame: at most ``4 + max_frame``)."""
+        return len(self._buffer)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        """Take the next bytes of the stream; return the frames they complete, in order.
+
+        Raises a fatal :class:`ProtocolError` at the first bad frame; frames decoded earlier
+        in the same call are dropped with it. A server, which must act on the frames that came
+        before the bad one, uses :meth:`feed_partial`.
+        """
+        frames, error = self.feed_partial(data)
+        if error is not None:
+            raise error.with_traceback(None)
+        return frames
+
+    def feed_partial(self, data: bytes | bytearray | memoryview) -> tuple[list[Frame], ProtocolError | None]:
+        """Like :meth:`feed`, but return the frames before the first bad one with its error.
+
+        The error is None when every complete frame was good. After an error the decoder is
+        dead: every later call returns no frames and the same error.
+        """
+        frames: list[Frame] = []
+        if self._error is not None:
+            return frames, self._error
+        try:
+            self._feed(data, frames)
+        except ProtocolError as exc:
+            self._error = exc
+            self._buffer = bytearray()
+        return frames, self._error
+
+    def _feed(self, data: bytes | bytearray | memoryview, frames: list[Frame]) -> None:
+        if self._buffer:
+            self._buffer += data
+            data = self._buffer
+        offset = 0
+        size = len(data)
+        with memoryview(data) as view:
+            while size - offset >= 4:
+                (length,) = _HEADER.unpack_from(view, offset)
+                if length > self._max_frame:
+                    raise ProtocolError(
+                        ErrorCode.FRAME_TOO_LARGE,
+                        f"frame body of {length} bytes is over the limit of {self._max_frame} bytes",
+                    )
+                end = offset + 4 + length
+                if end > size:
+                    break
+                frames.append(self._decode(view[offset + 4 : end]))
+                offset = end
+        if data is self._buffer:
+            del self._buffer[:offset]
+        elif offset < size:
+            self._buffer += data[offset:]
+
+    def _decode(self, body: memoryview) -> Frame:
+        self._maps = 0
+        try:
+            value = msgpack.unpackb(
+                body,
+                raw=False,
+                use_list=False,
+                strict_map_key=True,
+                object_hook=self._one_map,
+                max_map_len=_MAX_MAP_LEN,
+                max_ext_len=0,
+            )
+        except ProtocolError:
+            raise
+        except (ValueError, msgpack.UnpackException) as exc:
+            raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"frame body is not one msgpack value: {exc}") from None
+        if type(value) is not dict:
+            raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"frame body must be a msgpack map, got {_show(value)}")
+        frame_type = value.get("type")
+        if type(frame_type) is not str:
+            raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"frame map must have a str 'type', got {_show(frame_type)}")
+        spec = self._specs.get(frame_type)
+        if spec is None:
+            raise ProtocolError(ErrorCode.UNKNOWN_TYPE, self._unknown(frame_type))
+        return _build(spec, value)
+
+    def _one_map(self, mapping: dict[str, Any]) -> dict[str, Any]:
+        # msgpack calls this for every map it builds, innermost first. A valid frame holds
+        # exactly one map, so decoding stops at the second: an array of empty maps would
+        # otherwise cost ~80 bytes of memory per byte received.
+        self._maps += 1
+        if self._maps > 1:
+            raise ProtocolError(ErrorCode.MALFORMED_FRAME, "a frame holds one map, its body: nested maps are invalid")
+        return mapping
+
+    def _unknown(self, frame_type: str) -> str:
+        if frame_type in _CLIENT_SPECS:
+            return f"frame type {frame_type!r} is sent by clients, not accepted from a server"
+        if frame_type in _SERVER_SPECS:
+            return f"frame type {frame_type!r} is sent by servers, not accepted from a client"
+        return f"unknown frame type {_show(frame_type)}; expected one of {sorted(self._specs)}"

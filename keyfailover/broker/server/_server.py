@@ -1,0 +1,475 @@
+"""The asyncio server: connections, sessions and heartbeats around the dispatcher core."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import itertools
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from keyfailover.broker.protocol import (
+    DEFAULT_MAX_FRAME,
+    PROTOCOL_VERSION,
+    Ack,
+    Close,
+    CloseConsumer,
+    Connect,
+    Connected,
+    Decoder,
+    Error,
+    ErrorCode,
+    Flow,
+    Frame,
+    Nack,
+    Ping,
+    Pong,
+    Produce,
+    ProtocolError,
+    Receipt,
+    Subscribe,
+    Subscribed,
+    encode,
+    stream_transport,
+)
+from keyfailover.broker.server._http import AdminServer, Handler, Response, json_response
+from keyfailover.broker.server._subscription import Session, Subscription, SubscriptionConfig
+from keyfailover.broker.storage._executor import Result, Storage
+from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, Log, StoredMessage
+from keyfailover.core.errors import KeyFailoverError
+
+__all__ = ["Server", "ServerConfig"]
+
+_log = logging.getLogger("keyfailover.server")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything ``keyfailover serve`` can set."""
+
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 0
+    token: str | None = None
+    session_timeout: float = 10.0
+    max_frame: int = DEFAULT_MAX_FRAME
+    synchronous: str = "full"
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
+    subscription: SubscriptionConfig = field(default_factory=SubscriptionConfig)
+
+
+class Server:
+    """A Key_Failover server: durable topics, subscriptions and consumer sessions."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        if not config.session_timeout > 0:
+            raise KeyFailoverError(f"session_timeout must be > 0 seconds, not {config.session_timeout!r}")
+        self.config = config
+        self._storage: Storage | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._subscriptions: dict[tuple[str, str], Subscription] = {}
+        self._opening: dict[tuple[str, str], asyncio.Future[Subscription]] = {}
+        self._connections: set[_Connection] = set()
+        # Session ids are never reused, across restarts too (they start at the wall clock in µs):
+        # an ack of a session from before a restart must not land on a new one.
+        self._session_ids = itertools.count(time.time_ns() // 1000)
+        self._reaper: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()
+        self._admin: AdminServer | None = None
+        self._lock_file: TextIO | None = None
+        self.protocol_errors: Counter[str] = Counter()  # error frames sent, by code
+        self._admin_address: tuple[str, int] | None = None
+        self.closing = False
+        self._routes: dict[str, Handler] = {
+            "/healthz": self._healthz,
+            "/ranges": self._ranges,
+            "/stats": self._stats,
+            "/history": self._history,
+        }
+
+    def add_admin_route(self, path: str, handler: Handler) -> None:
+        """Serve ``GET path`` on the admin endpoint (``--metrics-port``) too; call before :meth:`start`."""
+        if self._server is not None:
+            raise KeyFailoverError(f"admin route {path!r} added after the server started; add routes before start()")
+        if not path.startswith("/") or path in self._routes:
+            raise KeyFailoverError(f"admin route {path!r} must start with '/' and not be one of {sorted(self._routes)}")
+        self._routes[path] = handler
+
+    # -- life cycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the log and start listening."""
+        data_dir = self.config.data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_file = (data_dir / "LOCK").open("a")
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.close()
+            raise KeyFailoverError(
+                f"{data_dir} is in use by another keyfailover server; expected a free data dir"
+            ) from None
+        log = Log(data_dir / LOG_FILE_NAME, synchronous=self.config.synchronous)  # type: ignore[arg-type]
+        self._storage = Storage(log)
+        await self._storage.start()
+        self._storage.on_commit(self._committed)
+        # Every subscription with a saved cursor is live from the start, with no consumers, so
+        # its backlog and its lack of consumers show in /metrics before anyone subscribes.
+        for topic in self._storage.topics():
+            for name in await self._storage.call(log.subscriptions, topic):
+                await self.subscription(topic, name)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _Connection(self), self.config.host, self.config.port, reuse_address=True
+        )
+        self._reaper = loop.create_task(self._reap_loop(), name="keyfailover-reaper")
+        if self.config.metrics_port is not None:
+            self._admin = AdminServer(self._routes)
+            self._admin_address = await self._admin.start(self.config.metrics_host, self.config.metrics_port)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The (host, port) the server listens on."""
+        if self._server is None:
+            raise KeyFailoverError("the server is not started")
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return str(host), int(port)
+
+    @property
+    def admin_address(self) -> tuple[str, int] | None:
+        """The (host, port) of the admin HTTP endpoint, or None when it is off."""
+        return self._admin_address
+
+    @property
+    def storage(self) -> Storage:
+        if self._storage is None:
+            raise KeyFailoverError("the server is not started")
+        return self._storage
+
+    def subscriptions(self) -> dict[tuple[str, str], Subscription]:
+        return dict(self._subscriptions)
+
+    @property
+    def connection_count(self) -> int:
+        """Open client connections."""
+        return len(self._connections)
+
+    async def wait_closed(self) -> None:
+        await self._stopped.wait()
+
+    async def close(self) -> None:
+        """Stop accepting, tell consumers, persist cursors, commit what is queued, close the log."""
+        if self.closing:
+            await self._stopped.wait()
+            return
+        self.closing = True
+        if self._server is not None:
+            self._server.close()
+        if self._admin is not None:
+            await self._admin.close()
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        for subscription in list(self._subscriptions.values()):
+            await subscription.close()
+        if self._storage is not None:
+            await self._storage.close()
+        if self._lock_file is not None:
+            self._lock_file.close()  # releases the flock
+        for connection in list(self._connections):
+            connection.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+        self._stopped.set()
+
+    # -- subscriptions ---------------------------------------------------------------
+
+    async def subscription(self, topic: str, name: str) -> Subscription:
+        """The live subscription, loading its cursor on first use (created if new)."""
+        key = (topic, name)
+        found = self._subscriptions.get(key)
+        if found is not None:
+            return found
+        opening = self._opening.get(key)
+        if opening is not None:
+            return await opening
+        future: asyncio.Future[Subscription] = asyncio.get_running_loop().create_future()
+        self._opening[key] = future
+        try:
+            cursor = await self.storage.call(self.storage.log.load_cursor, topic, name)
+            subscription = Subscription(topic, name, cursor, self.storage, self.config.subscription)
+            subscription.start()
+            self._subscriptions[key] = subscription
+            future.set_result(subscription)
+            return subscription
+        except BaseException as exc:
+            future.set_exception(exc)
+            raise
+        finally:
+            del self._opening[key]
+
+    def next_session_id(self) -> int:
+        return next(self._session_ids)
+
+    def _committed(self, topic: str, stored: list[StoredMessage]) -> None:
+        for (sub_topic, _), subscription in self._subscriptions.items():
+            if sub_topic == topic:
+                subscription.committed(stored)
+
+    # -- admin endpoint ---------------------------------------------------------------
+
+    async def _history(self, query: dict[str, str]) -> Response:
+        """``/history?topic=T&subscription=S``: the recent range maps with their wall-clock times."""
+        found = self._subscriptions.get((query.get("topic", ""), query.get("subscription", "")))
+        if found is None:
+            return json_response({"error": "give the topic and subscription of a live subscription"}, 404)
+        return json_response({"topic": found.topic, "subscription": found.name, "history": found.history()})
+
+    async def _healthz(self, _query: dict[str, str]) -> Response:
+        return json_response({"status": "shutting down" if self.closing else "ok"}, 503 if self.closing else 200)
+
+    async def _ranges(self, query: dict[str, str]) -> Response:
+        """``/ranges``: every subscription's range map; with topic and subscription, that snapshot alone."""
+        topic, name = query.get("topic"), query.get("subscription")
+        if topic is None and name is None:
+            listing = [
+                {"topic": t, "subscription": n, "ranges": s.dispatcher.snapshot()}
+                for (t, n), s in sorted(self._subscriptions.items())
+            ]
+            return json_response({"subscriptions": listing})
+        if topic is None or name is None:
+            return json_response({"error": "give both topic and subscription, or neither"}, 400)
+        found = self._subscriptions.get((topic, name))
+        if found is None:
+            return json_response({"error": f"no live subscription {name!r} of topic {topic!r}"}, 404)
+        return json_response(found.dispatcher.snapshot())
+
+    async def _stats(self, _query: dict[str, str]) -> Response:
+        """``/stats``: per subscription, the dispatcher's per-consumer stats, cursor and backlog."""
+        return json_response(
+            {
+                "connections": len(self._connections),
+                "topics": {topic: self.storage.last_position(topic) for topic in self.storage.topics()},
+                "subscriptions": [s.describe() for _, s in sorted(self._subscriptions.items())],
+            }
+        )
+
+    # -- liveness --------------------------------------------------------------------
+
+    async def _reap_loop(self) -> None:
+        timeout = self.config.session_timeout
+        while True:
+            await asyncio.sleep(min(timeout / 4, 1.0))
+            now = time.monotonic()
+            for connection in list(self._connections):
+                silent = now - connection.last_seen
+                if silent > timeout:
+                    connection.expire_sessions("timeout")
+                if silent > 3 * timeout:
+                    connection.close()
+
+    def connected(self, connection: _Connection) -> None:
+        self._connections.add(connection)
+
+    def disconnected(self, connection: _Connection) -> None:
+        self._connections.discard(connection)
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: decodes frames, calls the subscriptions, writes replies."""
+
+    def __init__(self, server: Server) -> None:
+        self._server = server
+        self._decoder = Decoder(server.config.max_frame, accept="server")
+        self._transport: asyncio.Transport | None = None
+        self._authenticated = False
+        self._sessions: dict[int, Session] = {}
+        self._closed = False
+        self.last_seen = time.monotonic()
+        self.peer = "?"
+
+    # -- asyncio.Protocol ------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = stream_transport(transport)
+        self.peer = str(transport.get_extra_info("peername"))
+        self._server.connected(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_seen = time.monotonic()
+        frames, error = self._decoder.feed_partial(data)
+        for frame in frames:
+            if self._closed:
+                return
+            try:
+                self._handle(frame)
+            except ProtocolError as exc:
+                if exc.fatal:
+                    self._violation(exc.code, exc.message)
+                    return
+                self.send(Error(code=exc.code, message=exc.message, req=getattr(frame, "req", None)))
+            except KeyFailoverError as exc:
+                self.send(Error(code=ErrorCode.INVALID_MESSAGE, message=str(exc), req=getattr(frame, "req", None)))
+            except Exception:
+                _log.exception("internal error handling %s from %s", type(frame).__name__, self.peer)
+                self._violation(ErrorCode.INTERNAL, "internal server error; the connection is closed")
+                return
+        if error is not None and not self._closed:
+            self._violation(error.code, error.message)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self.expire_sessions("closed", notify=False)
+        self._server.disconnected(self)
+
+    # -- sending ---------------------------------------------------------------------
+
+    def send(self, frame: Frame) -> None:
+        if type(frame) is Error:
+            self._server.protocol_errors[frame.code] += 1
+        if not self._closed and self._transport is not None:
+            self._transport.write(encode(frame))
+
+    def close(self) -> None:
+        if self._transport is not None and not self._closed:
+            self._closed = True
+            self.expire_sessions("closed", notify=False)
+            self._transport.close()
+
+    def _violation(self, code: str, message: str) -> None:
+        self.send(Error(code=code, message=message, req=None))
+        self.close()
+
+    def expire_sessions(self, reason: str, notify: bool = True) -> None:
+        for session in list(self._sessions.values()):
+            session.subscription.detach(session, reason, notify=notify)
+        self._sessions.clear()
+
+    # -- frames ----------------------------------------------------------------------
+
+    def _handle(self, frame: Frame) -> None:
+        if isinstance(frame, Connect):
+            self._connect(frame)
+            return
+        if not self._authenticated:
+            raise ProtocolError(ErrorCode.NOT_CONNECTED, f"expected a connect frame first, got {frame.type!r}")
+        if isinstance(frame, Ack | Nack | Flow):
+            self._consumer_frame(frame)
+        elif isinstance(frame, Produce):
+            self._produce(frame)
+        elif isinstance(frame, Subscribe):
+            asyncio.get_running_loop().create_task(self._subscribe(frame))
+        elif isinstance(frame, Ping):
+            self.send(Pong(nonce=frame.nonce))
+        elif isinstance(frame, CloseConsumer):
+            session = self._session_for(frame.topic, frame.subscription, frame.session)
+            self._sessions.pop(session.id, None)
+            session.subscription.detach(session, "closed", req=frame.req)
+        elif isinstance(frame, Close):
+            self.close()
+        else:
+            raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"frame type {frame.type!r} is not accepted by the server")
+
+    def _connect(self, frame: Connect) -> None:
+        if self._authenticated:
+            raise ProtocolError(ErrorCode.BAD_FIELD, "this connection already sent connect")
+        if frame.version != PROTOCOL_VERSION:
+            raise ProtocolError(
+                ErrorCode.VERSION_MISMATCH,
+                f"protocol version {frame.version} is not supported; expected {PROTOCOL_VERSION}",
+            )
+        token = self._server.config.token
+        if token is not None and frame.token != token:
+            raise ProtocolError(ErrorCode.UNAUTHORIZED, "wrong or missing token")
+        self._authenticated = True
+        self.send(
+            Connected(
+                version=PROTOCOL_VERSION,
+                server="keyfailover",
+                max_frame=self._server.config.max_frame,
+                session_timeout=self._server.config.session_timeout,
+            )
+        )
+
+    def _produce(self, frame: Produce) -> None:
+        if self._server.closing:
+            raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the server is shutting down; nothing was stored")
+        future = self._server.storage.append(frame.topic, frame.producer, frame.messages)
+        req = frame.req
+
+        def answer(done: asyncio.Future[Result]) -> None:
+            exc = done.exception()
+            if exc is not None:
+                code = ErrorCode.INVALID_MESSAGE if isinstance(exc, KeyFailoverError) else ErrorCode.INTERNAL
+                self.send(Error(code=code, message=str(exc), req=req))
+                return
+            result = done.result()
+            self.send(Receipt(req=req, positions=[p for p, _ in result], duplicates=[dup for _, dup in result]))
+
+        future.add_done_callback(answer)
+
+    async def _subscribe(self, frame: Subscribe) -> None:
+        try:
+            if self._server.closing:
+                raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
+            subscription = await self._server.subscription(frame.topic, frame.subscription)
+            if self._closed:
+                return
+            session = Session(self._server.next_session_id(), frame.consumer, subscription, self.send)
+            self._sessions[session.id] = session
+            # Deliveries happen only in the subscription's pump task, so Subscribed, sent
+            # right after the attach, reaches the client before any message of the session.
+            subscription.attach(session, frame.receiver_queue)
+            start, end = session.range
+            self.send(Subscribed(req=frame.req, session=session.id, consumer=frame.consumer, start=start, end=end))
+        except ProtocolError as exc:
+            self.send(Error(code=exc.code, message=exc.message, req=frame.req))
+        except KeyFailoverError as exc:
+            self.send(Error(code=ErrorCode.INVALID_MESSAGE, message=str(exc), req=frame.req))
+
+    def _session_for(self, topic: str, name: str, session_id: int) -> Session:
+        subscription = self._server.subscriptions().get((topic, name))
+        if subscription is None:
+            known = self._server.storage.last_position(topic) or any(
+                t == topic for t, _ in self._server.subscriptions()
+            )
+            if not known:
+                raise ProtocolError(ErrorCode.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
+            raise ProtocolError(ErrorCode.UNKNOWN_SUBSCRIPTION, f"subscription {name!r} of {topic!r} does not exist")
+        session = self._sessions.get(session_id)
+        if (
+            session is None
+            or session.subscription is not subscription
+            or subscription.current(session.consumer, session_id) is None
+        ):
+            raise ProtocolError(
+                ErrorCode.UNKNOWN_SESSION,
+                f"session {session_id} is not a live session of {topic!r}/{name!r} on this connection "
+                "(closed, timed out or superseded); nothing was changed",
+            )
+        return session
+
+    def _consumer_frame(self, frame: Ack | Nack | Flow) -> None:
+        session = self._session_for(frame.topic, frame.subscription, frame.session)
+        subscription = session.subscription
+        if isinstance(frame, Flow):
+            subscription.flow(session, frame.permits)
+            return
+        rejected = (
+            subscription.ack(session, frame.positions)
+            if isinstance(frame, Ack)
+            else subscription.nack(session, frame.positions)
+        )
+        if rejected:
+            shown = ", ".join(str(p) for p in rejected[:10]) + (" ..." if len(rejected) > 10 else "")
+            raise ProtocolError(
+                ErrorCode.NOT_IN_FLIGHT,
+                f"{frame.type} of position(s) {shown} rejected: not in flight on session {session.id}",
+            )

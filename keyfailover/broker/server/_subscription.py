@@ -1,0 +1,340 @@
+"""One (topic, subscription): the dispatcher core, its durable cursor and the read loop.
+
+The dispatcher holds positions only; payloads come from a bounded cache of what was just
+read, or are re-read from the log for replays. The log is read only as far as
+``Dispatcher.wants()`` allows (G4), and a single pump task per subscription does all reads
+and sends, so the core is touched by the event loop thread alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from keyfailover.broker.cursor import Cursor
+from keyfailover.broker.protocol import ConsumerClosed, Frame, Key, Messages, RangesChanged
+from keyfailover.broker.storage._executor import Storage
+from keyfailover.broker.storage.sqlite import StoredMessage
+from keyfailover.core.dispatcher import Delivery, Dispatcher
+from keyfailover.core.errors import NotInFlightError
+
+__all__ = ["Session", "Subscription", "SubscriptionConfig"]
+
+_log = logging.getLogger("keyfailover.server")
+
+_READ_BATCH = 2000
+_SEND_BATCH = 1000
+_SEND_BYTES = 2 * 1024 * 1024  # well under the protocol's default 5 MiB frame limit
+
+
+@dataclass(frozen=True)
+class SubscriptionConfig:
+    max_replay: int = 100_000
+    payload_cache: int = 20_000
+    cursor_flush_seconds: float = 0.05
+    history: int = 1000  # range maps kept for `keyfailover plot`
+
+
+class Session:
+    """One consumer's attachment to a subscription through one connection."""
+
+    __slots__ = ("consumer", "id", "range", "send", "subscription")
+
+    def __init__(
+        self, session_id: int, consumer: str, subscription: Subscription, send: Callable[[Frame], None]
+    ) -> None:
+        self.id = session_id
+        self.consumer = consumer
+        self.subscription = subscription
+        self.send = send
+        self.range: tuple[int | None, int | None] = (None, None)
+
+
+class Subscription:
+    """The live state of one subscription of one topic."""
+
+    def __init__(self, topic: str, name: str, cursor: Cursor, storage: Storage, config: SubscriptionConfig) -> None:
+        self.topic = topic
+        self.name = name
+        self.cursor = cursor
+        self.dispatcher = Dispatcher(clock=time.monotonic, max_replay=config.max_replay)
+        self.sessions: dict[str, Session] = {}
+        self._storage = storage
+        self._config = config
+        self._read_position = cursor.mark_delete
+        self._cache: OrderedDict[int, StoredMessage] = OrderedDict()
+        self._wake = asyncio.Event()
+        self._tail: deque[StoredMessage] = deque()  # committed, not yet read: spares re-reading the log
+        self._cursor_dirty = False
+        self._history: deque[tuple[float, dict[str, Any]]] = deque(maxlen=config.history)
+        self._closed = False
+        self._task: asyncio.Task[None] | None = None
+        self._flusher: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._pump_loop(), name=f"pump {self.topic}/{self.name}")
+        self._flusher = loop.create_task(self._flush_loop(), name=f"cursor {self.topic}/{self.name}")
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def committed(self, stored: list[StoredMessage]) -> None:
+        """Messages just committed, ascending: the pump takes them from here instead of re-reading the log.
+
+        The tail holds at most ``payload_cache`` messages, and none while the subscription has
+        no consumer or its dispatcher wants nothing: a pump that is behind reads the log, as
+        after a restart.
+        """
+        tail = self._tail
+        if not self.sessions or len(tail) + len(stored) > self._config.payload_cache or not self.dispatcher.wants():
+            tail.clear()
+        else:
+            tail.extend(stored)
+        self._wake.set()
+
+    def _take_tail(self, limit: int) -> list[StoredMessage] | None:
+        """Up to ``limit`` committed messages right after the read position; None when the tail does not start there."""
+        tail = self._tail
+        after = self._read_position
+        while tail and tail[0].position <= after:
+            tail.popleft()
+        if not tail or tail[0].position != after + 1:
+            return None
+        return [tail.popleft() for _ in range(min(limit, len(tail)))]
+
+    # -- membership ------------------------------------------------------------------
+
+    def attach(self, session: Session, permits: int) -> Session | None:
+        """Add ``session``; returns the session it superseded, if any (already detached)."""
+        old = self.sessions.get(session.consumer)
+        if old is not None:
+            self.detach(old, "superseded")
+        self.dispatcher.add_consumer(session.consumer)
+        self.dispatcher.flow(session.consumer, permits)
+        self.sessions[session.consumer] = session
+        start, end = self._range_of(session.consumer)
+        session.range = (start, end)
+        self.announce_ranges(skip=session)
+        self.wake()
+        return old
+
+    def detach(self, session: Session, reason: str, req: int | None = None, notify: bool = True) -> None:
+        """Remove ``session``: its unacked messages go back to pending and to the new owner."""
+        if self.sessions.get(session.consumer) is not session:
+            return
+        del self.sessions[session.consumer]
+        self.dispatcher.remove_consumer(session.consumer, reason="timeout" if reason == "timeout" else "leave")
+        if notify:
+            session.send(ConsumerClosed(session=session.id, reason=reason, req=req))
+        self.announce_ranges()
+        self.wake()
+
+    def current(self, consumer: str, session_id: int) -> Session | None:
+        session = self.sessions.get(consumer)
+        return session if session is not None and session.id == session_id else None
+
+    def session_by_id(self, session_id: int) -> Session | None:
+        for session in self.sessions.values():
+            if session.id == session_id:
+                return session
+        return None
+
+    def announce_ranges(self, skip: Session | None = None) -> None:
+        """Tell every session whose range changed its new range; remember the map for plots."""
+        epoch = self.dispatcher.epoch
+        if not self._history or self._history[-1][1]["epoch"] != epoch:
+            self._history.append((time.time(), self.dispatcher.snapshot()))
+        for session in self.sessions.values():
+            now = self._range_of(session.consumer)
+            if now != session.range:
+                session.range = now
+                if session is not skip:
+                    session.send(RangesChanged(session=session.id, epoch=epoch, start=now[0], end=now[1]))
+
+    def _range_of(self, consumer: str) -> tuple[int | None, int | None]:
+        found = self.dispatcher.range_of(consumer) if consumer in self.sessions else None
+        return found if found is not None else (None, None)
+
+    # -- flow, acks ------------------------------------------------------------------
+
+    def flow(self, session: Session, permits: int) -> None:
+        self.dispatcher.flow(session.consumer, permits)
+        self.wake()
+
+    def ack(self, session: Session, positions: list[int]) -> list[int]:
+        """Ack each position; returns those that were not in flight on the session."""
+        acked, rejected = self.dispatcher.ack_many(session.consumer, positions)
+        cursor_ack, uncache = self.cursor.ack, self._cache.pop
+        for position in acked:
+            cursor_ack(position)
+            uncache(position, None)
+        if acked:
+            self._cursor_dirty = True
+            self.wake()
+        return rejected
+
+    def nack(self, session: Session, positions: list[int]) -> list[int]:
+        rejected = []
+        for position in positions:
+            try:
+                self.dispatcher.nack(session.consumer, position)
+            except NotInFlightError:
+                rejected.append(position)
+        self.wake()
+        return rejected
+
+    # -- the pump --------------------------------------------------------------------
+
+    async def _pump_loop(self) -> None:
+        epoch = -1
+        while not self._closed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+            self._wake.clear()
+            if self._closed:
+                return
+            try:
+                await self._pump()
+            except Exception:
+                _log.exception("dispatch of %s/%s failed", self.topic, self.name)
+            now_epoch = self.dispatcher.epoch
+            if now_epoch != epoch:
+                epoch = now_epoch
+                self.announce_ranges()
+
+    async def _pump(self) -> None:
+        dispatcher = self.dispatcher
+        while True:
+            await self._send(dispatcher.poll())
+            wanted = dispatcher.wants()
+            last = self._storage.last_position(self.topic)
+            if not wanted or self._read_position >= last or not self.sessions:
+                return
+            batch = self._take_tail(min(wanted, _READ_BATCH))
+            if batch is None:
+                batch = await self._storage.call(
+                    self._storage.log.read, self.topic, self._read_position, min(wanted, _READ_BATCH)
+                )
+                if not batch:
+                    return
+            else:
+                await asyncio.sleep(0)  # no log read awaited: let heartbeats and other subscriptions in
+            cache = self._cache
+            cursor = self.cursor
+            fresh = batch[0].position > cursor.last_acked  # the usual case: nothing read was acked before
+            for message in batch:
+                position = message.position
+                if fresh or not cursor.is_acked(position):
+                    dispatcher.publish(position, message.key, None)
+                    cache[position] = message
+                self._read_position = position
+            self._trim_cache()
+
+    def _trim_cache(self) -> None:
+        cache = self._cache
+        while len(cache) > self._config.payload_cache:
+            cache.popitem(last=False)
+
+    async def _send(self, deliveries: list[Delivery]) -> None:
+        if not deliveries:
+            return
+        cache = self._cache
+        sessions = self.sessions
+        missing = [d.position for d in deliveries if d.position not in cache]
+        if missing:
+            before = {d.consumer: sessions.get(d.consumer) for d in deliveries}
+            found = await self._storage.call(self._storage.log.read_positions, self.topic, missing)
+            for position, message in found.items():
+                cache[position] = message
+            # A consumer removed while payloads were read had its deliveries sent back to pending.
+            gone = {name for name, session in before.items() if session is None or sessions.get(name) is not session}
+            if gone:
+                deliveries = [d for d in deliveries if d.consumer not in gone]
+        by_consumer: dict[str, list[tuple[int, Key, bytes, int]]] = {}
+        for delivery in deliveries:
+            cached = cache.get(delivery.position)
+            if cached is None:
+                _log.error("position %d of %s is not in the log", delivery.position, self.topic)
+                continue
+            items = by_consumer.get(delivery.consumer)
+            if items is None:
+                items = by_consumer[delivery.consumer] = []
+            items.append((delivery.position, cached.key, cached.payload, delivery.redelivery_count))
+        if missing:
+            self._trim_cache()
+        for name, items in by_consumer.items():
+            session = sessions.get(name)
+            if session is None:
+                continue
+            batch: list[tuple[int, Key, bytes, int]] = []
+            size = 0
+            for item in items:
+                if batch and (len(batch) >= _SEND_BATCH or size + len(item[2]) > _SEND_BYTES):
+                    session.send(Messages(session=session.id, messages=batch))
+                    batch, size = [], 0
+                batch.append(item)
+                size += len(item[2]) + 32
+            session.send(Messages(session=session.id, messages=batch))
+
+    # -- reading -----------------------------------------------------------------------
+
+    def backlog(self) -> int:
+        """Messages stored and not yet acknowledged by this subscription."""
+        acked_above = sum(end - start + 1 for start, end in self.cursor.acked_ranges)
+        return max(self._storage.last_position(self.topic) - self.cursor.mark_delete - acked_above, 0)
+
+    def history(self) -> list[dict[str, Any]]:
+        """The recent range maps, oldest first: ``{"time": unix seconds, "snapshot": ...}``."""
+        return [{"time": at, "snapshot": snapshot} for at, snapshot in self._history]
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-safe state for the admin endpoint: dispatcher stats, cursor and backlog."""
+        last = self._storage.last_position(self.topic)
+        acked_above = sum(end - start + 1 for start, end in self.cursor.acked_ranges)
+        return {
+            "topic": self.topic,
+            "subscription": self.name,
+            "dispatcher": self.dispatcher.stats(),
+            "sessions": {name: session.id for name, session in self.sessions.items()},
+            "mark_delete": self.cursor.mark_delete,
+            "acked_above_mark_delete": acked_above,
+            "read_position": self._read_position,
+            "last_position": last,
+            "backlog": self.backlog(),
+        }
+
+    # -- cursor ----------------------------------------------------------------------
+
+    async def _flush_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self._config.cursor_flush_seconds)
+            await self.flush_cursor()
+
+    async def flush_cursor(self) -> None:
+        if not self._cursor_dirty:
+            return
+        self._cursor_dirty = False
+        snapshot = self.cursor.copy()
+        await self._storage.call(self._storage.log.save_cursors, [(self.topic, self.name, snapshot)])
+
+    async def close(self) -> None:
+        """Stop the pump, tell every session, and persist the cursor."""
+        self._closed = True
+        self._wake.set()
+        for task in (self._task, self._flusher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        for session in list(self.sessions.values()):
+            session.send(ConsumerClosed(session=session.id, reason="shutdown", req=None))
+        self.sessions.clear()
+        self._cursor_dirty = True
+        await self.flush_cursor()

@@ -1,0 +1,611 @@
+"""The embedded durable log: append-only topics, producer dedup state and cursors in one SQLite file.
+
+SQLite in WAL mode is the embedded default: nothing to install, one file per data
+directory, and a commit is durable when :meth:`Log.append` returns (``synchronous="full"``
+syncs the write-ahead log on every commit; ``"normal"`` survives a crash of the process
+but not of the machine).
+
+Every message of every topic lives in one rowid table whose id is
+``topic_id << 40 | position``: an append adds to the end of its topic's id range, a read
+is one range scan of the table's own b-tree, and large payloads go to overflow pages
+without widening the tree (a ``WITHOUT ROWID`` table keyed by ``(topic, position)`` made
+the file twice as large for 2 KB payloads). Messages of a named producer also carry its
+sequence id, indexed so that a retried message finds the position it was stored at.
+"""
+
+from __future__ import annotations
+
+import os
+import reprlib
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Literal, NamedTuple, TypedDict, TypeVar
+from urllib.parse import quote
+
+from keyfailover.broker.cursor import Cursor
+from keyfailover.core.errors import CursorError, InvalidKeyError, LogError, LogFileError, SequenceError
+
+__all__ = [
+    "LOG_FILE_NAME",
+    "MAX_POSITION",
+    "SCHEMA_VERSION",
+    "ExportRow",
+    "Key",
+    "Log",
+    "LogSnapshot",
+    "LogStats",
+    "StoredMessage",
+    "TopicStats",
+]
+
+_T = TypeVar("_T")
+
+Key = str | bytes | None
+Message = tuple[int | None, Key, bytes]
+"""``(sequence id or None, key, payload)``: one message to append."""
+Batch = tuple[str, str | None, Sequence[Message]]
+"""``(topic, producer name or None, messages)``: one produce request."""
+
+LOG_FILE_NAME = "keyfailover.db"
+"""The log's file name inside a server's data directory."""
+
+ExportRow = tuple[int, Key, bytes, str | None, int | None]
+"""``(position, key, payload, producer name or None, sequence id or None)``: one stored message."""
+
+SCHEMA_VERSION = 1
+"""``PRAGMA user_version`` of a log this module writes; a later schema migrates from it."""
+
+_POSITION_BITS = 40
+MAX_POSITION = (1 << _POSITION_BITS) - 1
+"""The last position a topic can hold (about 1.1e12)."""
+_MAX_TOPIC_ID = (1 << (63 - _POSITION_BITS)) - 1  # ids stay below 2**63
+_MAX_SEQ = (1 << 63) - 1
+_READ_CHUNK = 500  # positions per ``IN (...)`` query
+
+_SCHEMA = (
+    "CREATE TABLE topics (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)",
+    """CREATE TABLE messages (
+        id INTEGER PRIMARY KEY,  -- topic id << 40 | position
+        key BLOB,                -- NULL, TEXT or BLOB: the storage class is the key's Python type
+        payload BLOB NOT NULL,
+        producer INTEGER,        -- producers.id of a named producer, else NULL
+        seq INTEGER              -- that producer's sequence id
+    )""",
+    "CREATE INDEX messages_by_producer_seq ON messages (producer, seq) WHERE producer IS NOT NULL",
+    "CREATE TABLE producers (id INTEGER PRIMARY KEY, topic INTEGER NOT NULL, name TEXT NOT NULL, UNIQUE (topic, name))",
+    """CREATE TABLE cursors (
+        topic TEXT NOT NULL,
+        subscription TEXT NOT NULL,
+        state BLOB NOT NULL,  -- Cursor.to_bytes()
+        PRIMARY KEY (topic, subscription)
+    ) WITHOUT ROWID""",
+)
+
+
+class StoredMessage(NamedTuple):
+    """One message as the log holds it (a named tuple: the server makes one per message)."""
+
+    position: int
+    key: Key
+    payload: bytes
+
+
+class TopicStats(TypedDict):
+    messages: int
+    first_position: int
+    last_position: int
+
+
+class LogStats(TypedDict):
+    path: str
+    file_bytes: int
+    """Size of the database file plus its write-ahead log."""
+    topics: dict[str, TopicStats]
+
+
+class Log:
+    """One SQLite database file holding every topic's messages, producer dedup state and subscription cursors.
+
+    Calls may come from any thread, but from one at a time (the server runs them all on one
+    worker thread). Each call that writes is one transaction: it stores everything or, when
+    it raises, nothing.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, synchronous: Literal["full", "normal"] = "full") -> None:
+        """Open the log at ``path``, creating the file and its schema if missing (its folder must exist)."""
+        if synchronous not in ("full", "normal"):
+            raise LogError(f"synchronous must be 'full' or 'normal', not {synchronous!r}")
+        self._path = Path(path)
+        if not self._path.parent.is_dir():
+            raise LogFileError(f"the folder {str(self._path.parent)!r} of the log does not exist; create it first")
+        try:
+            db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise LogFileError(f"cannot open the log {str(self._path)!r}: {exc}") from None
+        self._db: sqlite3.Connection | None = db
+        try:
+            mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode != "wal":
+                raise LogFileError(f"the log {str(self._path)!r} cannot use a write-ahead log (journal mode {mode})")
+            db.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+            db.execute("PRAGMA journal_size_limit = 67108864")  # truncate a grown WAL back to 64 MiB
+            self._create_schema()
+        except sqlite3.DatabaseError as exc:
+            self.close()
+            raise LogFileError(f"{str(self._path)!r} is not a keyfailover log: {exc}") from None
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    # -- messages --------------------------------------------------------------------
+
+    def append(self, batches: Sequence[Batch]) -> list[list[tuple[int, bool]]]:
+        """Store the messages of many produce requests in one transaction (group commit).
+
+        ``batches`` holds ``(topic, producer, messages)`` with ``messages`` a sequence of
+        ``(seq, key, payload)``. Topics are created on first use; each message gets the next
+        position of its topic (1, 2, 3, ... without gaps). A named producer's messages need
+        sequence ids, increasing within a batch; a message whose ``seq`` is at or below the
+        highest one stored for (topic, producer), in this call or before, is a duplicate:
+        not stored again, answered with ``(position it was stored at, True)``, or with
+        ``(0, True)`` if the producer skipped that ``seq``. Returns ``(position, duplicate)``
+        per message per batch, after the commit. Raises, storing nothing, on a bad argument.
+        """
+        if not isinstance(batches, Sequence):
+            raise LogError(f"batches must be a sequence of (topic, producer, messages), not {type(batches).__name__}")
+        with self._transaction() as db:
+            writer = _Append(db)
+            results = [writer.add(*_batch(batch)) for batch in batches]
+            writer.insert()
+        return results
+
+    def read(self, topic: str, after: int, limit: int) -> list[StoredMessage]:
+        """Up to ``limit`` messages of ``topic`` at positions above ``after``, ascending; [] for an unknown topic."""
+        topic = _name(topic, "topic")
+        after = _count(after, "after")
+        limit = _count(limit, "limit")
+        topic_id = self._topic_id(topic)
+        if topic_id is None or after >= MAX_POSITION:
+            return []
+        base = topic_id << _POSITION_BITS
+        rows = self._connection().execute(
+            "SELECT id, key, payload FROM messages WHERE id > ? AND id <= ? ORDER BY id LIMIT ?",
+            (base + after, base + MAX_POSITION, limit),
+        )
+        return [StoredMessage(row_id - base, key, payload) for row_id, key, payload in rows]
+
+    def read_positions(self, topic: str, positions: Iterable[int]) -> dict[int, StoredMessage]:
+        """The messages of ``topic`` at ``positions`` (to re-read payloads for replays); absent ones are left out."""
+        topic = _name(topic, "topic")
+        wanted = sorted({_position(p) for p in _iterable(positions, "positions")})
+        topic_id = self._topic_id(topic)
+        if topic_id is None:
+            return {}
+        base = topic_id << _POSITION_BITS
+        ids = [base + p for p in wanted if 1 <= p <= MAX_POSITION]
+        db = self._connection()
+        found: dict[int, StoredMessage] = {}
+        for start in range(0, len(ids), _READ_CHUNK):
+            chunk = ids[start : start + _READ_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for row_id, key, payload in db.execute(
+                f"SELECT id, key, payload FROM messages WHERE id IN ({marks})", chunk
+            ):
+                found[row_id - base] = StoredMessage(row_id - base, key, payload)
+        return found
+
+    def last_position(self, topic: str) -> int:
+        """The position of the newest message of ``topic``; 0 if it has none. O(log n)."""
+        topic_id = self._topic_id(_name(topic, "topic"))
+        return 0 if topic_id is None else _edge(self._connection(), "max", topic_id, 0)
+
+    def first_position(self, topic: str) -> int:
+        """The position of the oldest message of ``topic``: 1, as nothing is trimmed; 1 for an unknown topic."""
+        topic_id = self._topic_id(_name(topic, "topic"))
+        return 1 if topic_id is None else _edge(self._connection(), "min", topic_id, 1)
+
+    def topics(self) -> list[str]:
+        """Every topic that holds messages, sorted."""
+        return [name for (name,) in self._connection().execute("SELECT name FROM topics ORDER BY name")]
+
+    # -- cursors ---------------------------------------------------------------------
+
+    def subscriptions(self, topic: str) -> list[str]:
+        """The subscriptions of ``topic`` with a saved cursor, sorted."""
+        rows = self._connection().execute(
+            "SELECT subscription FROM cursors WHERE topic = ? ORDER BY subscription", (_name(topic, "topic"),)
+        )
+        return [name for (name,) in rows]
+
+    def load_cursor(self, topic: str, subscription: str) -> Cursor:
+        """The saved cursor of the subscription; a new one gets a cursor at 0 (nothing consumed).
+
+        A new subscription's cursor is stored by the first :meth:`save_cursors` that names it.
+        """
+        key = (_name(topic, "topic"), _name(subscription, "subscription"))
+        row = (
+            self._connection().execute("SELECT state FROM cursors WHERE topic = ? AND subscription = ?", key).fetchone()
+        )
+        if row is None:
+            return Cursor()
+        try:
+            return Cursor.from_bytes(row[0])
+        except CursorError as exc:
+            raise LogFileError(f"the cursor of {subscription!r} on topic {topic!r} is unreadable: {exc}") from exc
+
+    def save_cursors(self, cursors: Iterable[tuple[str, str, Cursor]]) -> None:
+        """Save ``(topic, subscription, cursor)`` triples in one transaction."""
+        rows = [_cursor_row(entry) for entry in _iterable(cursors, "cursors")]
+        with self._transaction() as db:
+            db.executemany(
+                "INSERT INTO cursors (topic, subscription, state) VALUES (?, ?, ?)"
+                " ON CONFLICT (topic, subscription) DO UPDATE SET state = excluded.state",
+                rows,
+            )
+
+    def delete_subscription(self, topic: str, subscription: str) -> bool:
+        """Forget the subscription's cursor; whether it had one."""
+        key = (_name(topic, "topic"), _name(subscription, "subscription"))
+        with self._transaction() as db:
+            return db.execute("DELETE FROM cursors WHERE topic = ? AND subscription = ?", key).rowcount > 0
+
+    # -- the file --------------------------------------------------------------------
+
+    def stats(self) -> LogStats:
+        """Messages and first and last position per topic, and the size of the file with its write-ahead log."""
+        db = self._connection()
+        topics: dict[str, TopicStats] = {}
+        for topic_id, name in db.execute("SELECT id, name FROM topics ORDER BY name").fetchall():
+            first, last = _edge(db, "min", topic_id, 1), _edge(db, "max", topic_id, 0)
+            topics[name] = TopicStats(messages=last - first + 1, first_position=first, last_position=last)
+        size = sum(os.stat(f).st_size for f in (self._path, Path(f"{self._path}-wal")) if f.exists())
+        return LogStats(path=str(self._path), file_bytes=size, topics=topics)
+
+    def close(self) -> None:
+        """Close the file (idempotent); every later call raises :class:`LogFileError`."""
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def __enter__(self) -> Log:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals -------------------------------------------------------------------
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise LogFileError(f"the log {str(self._path)!r} is closed")
+        return self._db
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        db = self._connection()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+            db.execute("COMMIT")
+        except BaseException:
+            db.rollback()
+            raise
+
+    def _create_schema(self) -> None:
+        with self._transaction() as db:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version == SCHEMA_VERSION:
+                return
+            if version > SCHEMA_VERSION:
+                raise LogFileError(
+                    f"the log {str(self._path)!r} has schema version {version}, newer than {SCHEMA_VERSION}, "
+                    "the newest this keyfailover reads"
+                )
+            if version != 0 or db.execute("SELECT count(*) FROM sqlite_schema").fetchone()[0]:
+                raise LogFileError(f"{str(self._path)!r} is an SQLite database but not a keyfailover log")
+            for statement in _SCHEMA:
+                db.execute(statement)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _topic_id(self, topic: str) -> int | None:
+        row = self._connection().execute("SELECT id FROM topics WHERE name = ?", (topic,)).fetchone()
+        return None if row is None else int(row[0])
+
+
+class _Append:
+    """One :meth:`Log.append` call: the topics and producers it touched, and rows not yet inserted.
+
+    Rows are inserted in one ``executemany`` at the end, or earlier when a duplicate must
+    look up the position of a message stored earlier in the same call.
+    """
+
+    __slots__ = ("_db", "_producers", "_rows", "_topics")
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+        self._rows: list[tuple[int, Key, bytes, int | None, int | None]] = []
+        self._topics: dict[str, list[int]] = {}  # name -> [id, last position]
+        self._producers: dict[tuple[int, str], list[int]] = {}  # (topic id, name) -> [id, last seq]
+
+    def add(self, topic: str, producer: str | None, messages: Sequence[Message]) -> list[tuple[int, bool]]:
+        """Queue the rows of one batch; ``(position, duplicate)`` for each of its messages."""
+        if not messages:
+            return []
+        state = self._topic(topic)
+        topic_id, last = state
+        base = topic_id << _POSITION_BITS
+        producer_state = None if producer is None else self._producer(topic_id, producer)
+        producer_id, last_seq = (None, -1) if producer_state is None else producer_state
+        previous = -1
+        rows = self._rows
+        out: list[tuple[int, bool]] = []
+        for index, message in enumerate(messages):
+            seq, key, payload = _unpack(message, index)
+            if type(payload) is not bytes:
+                payload = _payload(payload, index)
+            if key is not None and type(key) is not str and type(key) is not bytes:
+                key = _key(key)
+            if producer_id is None:
+                if seq is not None:
+                    raise SequenceError(
+                        f"message {index} has sequence id {reprlib.repr(seq)} but its batch has no producer name; "
+                        "expected None, or a producer name with the batch"
+                    )
+            else:
+                if type(seq) is not int or not 0 <= seq <= _MAX_SEQ:
+                    raise SequenceError(
+                        f"message {index} of producer {reprlib.repr(producer)} has sequence id {reprlib.repr(seq)}; "
+                        "expected an int in [0, 2**63 - 1]"
+                    )
+                if seq <= previous:
+                    raise SequenceError(
+                        f"sequence id {seq} of producer {reprlib.repr(producer)} follows {previous} in the same "
+                        "batch; expected increasing sequence ids"
+                    )
+                previous = seq
+                if seq <= last_seq:
+                    out.append((self._stored_position(producer_id, seq), True))
+                    continue
+                last_seq = seq
+            last += 1
+            rows.append((base + last, key, payload, producer_id, seq))
+            out.append((last, False))
+        if last > MAX_POSITION:
+            raise LogError(f"topic {reprlib.repr(topic)} would pass its last possible position {MAX_POSITION}")
+        state[1] = last
+        if producer_state is not None:
+            producer_state[1] = last_seq
+        return out
+
+    def insert(self) -> None:
+        """Insert the rows not inserted yet."""
+        if not self._rows:
+            return
+        try:
+            self._db.executemany(
+                "INSERT INTO messages (id, key, payload, producer, seq) VALUES (?, ?, ?, ?, ?)", self._rows
+            )
+        except UnicodeEncodeError:  # names were checked, payloads are bytes: a str key has no UTF-8 form
+            for _, key, _, _, _ in self._rows:
+                if type(key) is str:
+                    _key(key)
+            raise
+        self._rows.clear()
+
+    def _topic(self, name: str) -> list[int]:
+        state = self._topics.get(name)
+        if state is None:
+            db = self._db
+            row = db.execute("SELECT id FROM topics WHERE name = ?", (name,)).fetchone()
+            if row is not None:
+                topic_id = int(row[0])
+                state = [topic_id, _edge(db, "max", topic_id, 0)]
+            else:
+                topic_id = db.execute("INSERT INTO topics (name) VALUES (?)", (name,)).lastrowid or 0
+                if topic_id > _MAX_TOPIC_ID:
+                    raise LogError(
+                        f"topic {name!r} cannot be created: the log holds its maximum of {_MAX_TOPIC_ID} topics"
+                    )
+                state = [topic_id, 0]
+            self._topics[name] = state
+        return state
+
+    def _producer(self, topic_id: int, name: str) -> list[int]:
+        key = (topic_id, name)
+        state = self._producers.get(key)
+        if state is None:
+            db = self._db
+            row = db.execute("SELECT id FROM producers WHERE topic = ? AND name = ?", key).fetchone()
+            if row is not None:
+                producer_id = int(row[0])
+                (last_seq,) = db.execute("SELECT max(seq) FROM messages WHERE producer = ?", (producer_id,)).fetchone()
+                state = [producer_id, -1 if last_seq is None else int(last_seq)]
+            else:
+                state = [db.execute("INSERT INTO producers (topic, name) VALUES (?, ?)", key).lastrowid or 0, -1]
+            self._producers[key] = state
+        return state
+
+    def _stored_position(self, producer_id: int, seq: int) -> int:
+        self.insert()  # the original may be a row of this call
+        row = self._db.execute("SELECT id FROM messages WHERE producer = ? AND seq = ?", (producer_id, seq)).fetchone()
+        return 0 if row is None else int(row[0]) & MAX_POSITION
+
+
+class LogSnapshot:
+    """A read-only view of a log file as of its last commit before the snapshot was made.
+
+    It has a connection of its own, writes nothing, and is safe while a server writes the
+    same file. It notes each topic's last position when made, then reads up to there in
+    short read transactions (messages are never changed or deleted), so a long export does
+    not pin the write-ahead log and stop the server's checkpoints. When no server runs,
+    SQLite leaves the empty ``-wal`` and ``-shm`` files it keeps beside a WAL database, which
+    the next server uses as usual.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        path = Path(path)
+        if not path.is_file():
+            raise LogFileError(f"there is no keyfailover log at {str(path)!r}; expected a server's --data-dir")
+        try:
+            db = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True, isolation_level=None)
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.Error as exc:
+            raise LogFileError(f"cannot read the log {str(path)!r}: {exc}") from None
+        if version != SCHEMA_VERSION:
+            db.close()
+            raise LogFileError(
+                f"the log {str(path)!r} has schema version {version}; this keyfailover reads version {SCHEMA_VERSION}"
+            )
+        self._db = db
+        with self._read():
+            self._topics = {
+                name: (topic_id, _edge(db, "max", topic_id, 0))
+                for topic_id, name in db.execute("SELECT id, name FROM topics ORDER BY name").fetchall()
+            }
+
+    def topics(self) -> list[str]:
+        """Every topic the snapshot has, sorted."""
+        return list(self._topics)
+
+    def messages(self, topic: str, chunk: int = 65_536) -> Iterator[ExportRow]:
+        """Every message of ``topic`` in the snapshot, in position order, read ``chunk`` rows at a time."""
+        found = self._topics.get(topic)
+        if found is None:
+            raise LogError(f"topic {topic!r} is not in the log; expected one of {self.topics()}")
+        topic_id, last = found
+        db = self._db
+        base = topic_id << _POSITION_BITS
+        producers: dict[int, str] = {}
+        after = 0
+        while after < last:
+            with self._read():
+                rows = db.execute(
+                    "SELECT id, key, payload, producer, seq FROM messages WHERE id > ? AND id <= ? ORDER BY id LIMIT ?",
+                    (base + after, base + last, chunk),
+                ).fetchall()
+                if any(producer is not None and producer not in producers for *_, producer, _ in rows):
+                    producers = dict(db.execute("SELECT id, name FROM producers WHERE topic = ?", (topic_id,)))
+            if not rows:
+                return
+            for row_id, key, payload, producer, seq in rows:
+                yield row_id - base, key, payload, producers.get(producer), seq
+            after = rows[-1][0] - base
+
+    @contextmanager
+    def _read(self) -> Iterator[None]:
+        """One short read transaction."""
+        self._db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> LogSnapshot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _edge(db: sqlite3.Connection, end: Literal["min", "max"], topic_id: int, empty: int) -> int:
+    """The first (``"min"``) or last (``"max"``) position of a topic; ``empty`` if it holds none. O(log n)."""
+    base = topic_id << _POSITION_BITS
+    (row_id,) = db.execute(
+        f"SELECT {end}(id) FROM messages WHERE id > ? AND id <= ?", (base, base + MAX_POSITION)
+    ).fetchone()
+    return empty if row_id is None else int(row_id) - base
+
+
+def _batch(batch: Batch) -> Batch:
+    try:
+        topic, producer, messages = batch
+    except (TypeError, ValueError):
+        raise LogError(f"a batch must be a (topic, producer, messages) tuple, not {reprlib.repr(batch)}") from None
+    if producer is not None:
+        producer = _name(producer, "producer name")
+    if not isinstance(messages, Sequence):
+        raise LogError(f"the messages of a batch must be a sequence, not {type(messages).__name__}")
+    return _name(topic, "topic"), producer, messages
+
+
+def _unpack(message: Message, index: int) -> Message:
+    try:
+        seq, key, payload = message
+    except (TypeError, ValueError):
+        raise LogError(f"message {index} must be a (seq, key, payload) tuple, not {reprlib.repr(message)}") from None
+    return seq, key, payload
+
+
+def _payload(payload: object, index: int) -> bytes:
+    if isinstance(payload, bytes | bytearray | memoryview):
+        return bytes(payload)
+    raise LogError(f"the payload of message {index} must be bytes, not {type(payload).__name__}")
+
+
+def _key(key: object) -> Key:
+    if isinstance(key, str):
+        try:
+            key.encode()
+        except UnicodeEncodeError as exc:
+            raise InvalidKeyError(
+                f"key {reprlib.repr(key)} is not valid Unicode ({exc.reason} at index {exc.start}); "
+                "expected a str that encodes to UTF-8"
+            ) from None
+        return str(key)
+    if isinstance(key, bytes):
+        return bytes(key)
+    raise InvalidKeyError(f"a message key must be str, bytes or None, not {type(key).__name__}")
+
+
+def _name(value: object, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise LogError(f"{what} must be a non-empty str, not {reprlib.repr(value)}")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise LogError(
+            f"{what} {reprlib.repr(value)} is not valid Unicode; expected a str that encodes to UTF-8"
+        ) from None
+    return str(value)
+
+
+def _count(value: object, what: str) -> int:
+    if type(value) is not int or value < 0:
+        raise LogError(f"{what} must be a non-negative int, not {reprlib.repr(value)}")
+    return value
+
+
+def _position(value: object) -> int:
+    if type(value) is not int:
+        raise LogError(f"a position must be an int, not {reprlib.repr(value)}")
+    return value
+
+
+def _iterable(value: Iterable[_T], what: str) -> Iterable[_T]:
+    if not isinstance(value, Iterable):
+        raise LogError(f"{what} must be iterable, not {type(value).__name__}")
+    return value
+
+
+def _cursor_row(entry: tuple[str, str, Cursor]) -> tuple[str, str, bytes]:
+    try:
+        topic, subscription, cursor = entry
+    except (TypeError, ValueError):
+        raise LogError(
+            f"a cursor entry must be a (topic, subscription, Cursor) tuple, not {reprlib.repr(entry)}"
+        ) from None
+    if not isinstance(cursor, Cursor):
+        raise LogError(
+            f"the cursor of {reprlib.repr(subscription)} on topic {reprlib.repr(topic)} must be a Cursor, "
+            f"not {type(cursor).__name__}"
+        )
+    return _name(topic, "topic"), _name(subscription, "subscription"), cursor.to_bytes()

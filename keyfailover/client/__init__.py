@@ -1,0 +1,26 @@
+"""Clients: :class:`Client` (blocking, any thread) and, in :mod:`keyfailover.client.aio`, the asyncio one.
+
+Both have the same names as the Apache Pulsar Python client.
+"""
+
+from keyfailover.client._sync import (
+    Client,
+    ClientClosed,
+    Consumer,
+    ConsumerClosedError,
+    Message,
+    Producer,
+    ServerError,
+    Timeout,
+)
+
+__all__ = [
+    "Client",
+    "ClientClosed",
+    "Consumer",
+    "ConsumerClosedError",
+    "Message",
+    "Producer",
+    "ServerError",
+    "Timeout",
+]

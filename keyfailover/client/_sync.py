@@ -1,0 +1,193 @@
+"""The blocking client, named after the Apache Pulsar Python client.
+
+A :class:`Client` runs the asyncio client (:mod:`keyfailover.client.aio`) on a background thread.
+Hot calls cross threads cheaply: ``send_async`` and ``acknowledge`` append to batches
+that the loop flushes, and ``receive`` takes from a thread-safe inbox.
+
+    client = Client("kf://127.0.0.1:6650")
+    producer = client.create_producer("orders")
+    position = producer.send(b"payload", key="customer-7")
+    consumer = client.subscribe("orders", "billing", consumer_name="c1")
+    msg = consumer.receive(timeout=1.0)
+    consumer.acknowledge(msg)
+    client.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from keyfailover.client.aio import (
+    AsyncClient,
+    AsyncConsumer,
+    AsyncProducer,
+    ClientClosed,
+    ConsumerClosedError,
+    Key,
+    Message,
+    RangesCallback,
+    SendCallback,
+    ServerError,
+    Timeout,
+)
+
+__all__ = [
+    "Client",
+    "ClientClosed",
+    "Consumer",
+    "ConsumerClosedError",
+    "Message",
+    "Producer",
+    "ServerError",
+    "Timeout",
+]
+
+_T = TypeVar("_T")
+
+
+class Client:
+    """A connection to a keyfailover server, usable from any thread."""
+
+    def __init__(self, url: str, token: str | None = None, *, connect_timeout: float = 10.0) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="keyfailover-client", daemon=True)
+        self._thread.start()
+        self._closed = False
+        try:
+            self._async = self._run(self._make(url, token, connect_timeout))
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    @staticmethod
+    async def _make(url: str, token: str | None, connect_timeout: float) -> AsyncClient:
+        return await AsyncClient(url, token, connect_timeout=connect_timeout).connect()
+
+    def _run(self, coro: Coroutine[Any, Any, _T], timeout: float | None = None) -> _T:
+        if self._closed:
+            coro.close()
+            raise ClientClosed("the client is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def create_producer(self, topic: str, producer_name: str | None = None) -> Producer:
+        """A producer for ``topic``."""
+        return Producer(self, self._run(self._async.create_producer(topic, producer_name)))
+
+    def subscribe(
+        self,
+        topic: str,
+        subscription_name: str,
+        consumer_name: str | None = None,
+        receiver_queue_size: int = 1000,
+        on_ranges_changed: RangesCallback | None = None,
+    ) -> Consumer:
+        """Join a subscription; ``on_ranges_changed(start, end)`` runs on the client's thread."""
+        consumer = self._run(
+            self._async.subscribe(topic, subscription_name, consumer_name, receiver_queue_size, on_ranges_changed)
+        )
+        return Consumer(self, consumer)
+
+    def server_errors(self) -> dict[str, int]:
+        """Errors the server sent that answered no request (e.g. rejected acks), by code."""
+        return self._async.server_errors()
+
+    def close(self) -> None:
+        """Flush producers, close consumers and the connection, stop the thread."""
+        if self._closed:
+            return
+        try:
+            self._run(self._async.close(), timeout=30.0)
+        finally:
+            self._closed = True
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10.0)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Producer:
+    """Sends keyed messages to one topic."""
+
+    def __init__(self, client: Client, producer: AsyncProducer) -> None:
+        self._client = client
+        self._producer = producer
+
+    @property
+    def topic(self) -> str:
+        return self._producer.topic
+
+    @property
+    def producer_name(self) -> str:
+        return self._producer.producer_name
+
+    def send(self, payload: bytes, key: Key = None, timeout: float | None = 30.0) -> int:
+        """Send and block until stored; returns the message's position."""
+        done = threading.Event()
+        outcome: list[int | BaseException | None] = [None]
+
+        def callback(position: int | None, error: BaseException | None) -> None:
+            outcome[0] = error if error is not None else position
+            done.set()
+
+        self._producer.send_async(payload, key, callback)
+        if not done.wait(timeout):
+            raise Timeout(f"message not confirmed within {timeout} s (it may still be stored)")
+        result = outcome[0]
+        if isinstance(result, BaseException):
+            raise result
+        assert result is not None
+        return result
+
+    def send_async(self, payload: bytes, key: Key = None, callback: SendCallback | None = None) -> None:
+        """Queue a message; ``callback(position, error)`` runs on the client's thread when stored."""
+        self._producer.send_async(payload, key, callback)
+
+    def flush(self, timeout: float | None = 60.0) -> None:
+        """Block until every message sent so far is stored."""
+        self._client._run(self._producer.flush(), timeout)
+
+    def close(self) -> None:
+        self._client._run(self._producer.close())
+
+
+class Consumer:
+    """Receives messages; per key, in order, from one consumer at a time."""
+
+    def __init__(self, client: Client, consumer: AsyncConsumer) -> None:
+        self._client = client
+        self._consumer = consumer
+
+    @property
+    def consumer_name(self) -> str:
+        return self._consumer.consumer_name
+
+    @property
+    def range(self) -> tuple[int | None, int | None]:
+        """The hash range this consumer owns now: (start, end), or (None, None) without one."""
+        return self._consumer.range
+
+    def receive(self, timeout: float | None = None) -> Message:
+        """The next message; raises :class:`Timeout` when none arrives within ``timeout`` seconds."""
+        return self._consumer.wait_take(timeout)
+
+    def acknowledge(self, message: Message) -> None:
+        self._consumer.acknowledge(message)
+
+    def negative_acknowledge(self, message: Message) -> None:
+        """Redeliver ``message``; later prefetched messages of its key are dropped to keep order."""
+        self._consumer.negative_acknowledge(message)
+
+    def close(self) -> None:
+        self._client._run(self._consumer.close())

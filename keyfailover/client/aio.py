@@ -1,0 +1,829 @@
+"""The asyncio client: producers and consumers over one reconnecting connection.
+
+Names mirror the Apache Pulsar Python client. Everything here runs on one event loop;
+:mod:`keyfailover.client` wraps it for threads. When the connection drops, the client
+reconnects with backoff, resubscribes its consumers (dropping what they had prefetched:
+the server returned it to pending) and resends every produce batch not yet confirmed,
+with the same producer name and sequence ids, so the server stores each message once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import NamedTuple
+from urllib.parse import urlsplit
+
+from keyfailover.broker.protocol import (
+    PROTOCOL_VERSION,
+    Ack,
+    Close,
+    CloseConsumer,
+    Connect,
+    Connected,
+    ConsumerClosed,
+    Decoder,
+    Error,
+    Flow,
+    Frame,
+    Key,
+    Messages,
+    Nack,
+    Ping,
+    Pong,
+    Produce,
+    RangesChanged,
+    Receipt,
+    Subscribe,
+    Subscribed,
+    encode,
+    stream_transport,
+)
+from keyfailover.core.errors import KeyFailoverError
+
+__all__ = [
+    "AsyncClient",
+    "AsyncConsumer",
+    "AsyncProducer",
+    "ClientClosed",
+    "ConsumerClosedError",
+    "Key",
+    "Message",
+    "ServerError",
+    "Timeout",
+    "parse_url",
+]
+
+RangesCallback = Callable[[int | None, int | None], None]
+SendCallback = Callable[["int | None", "BaseException | None"], None]
+
+_log = logging.getLogger("keyfailover.client")
+
+_MAX_BATCH = 1000
+_MAX_BATCH_BYTES = 1 << 20
+
+
+class Timeout(KeyFailoverError, TimeoutError):  # noqa: N818  (the name the Pulsar client uses)
+    """Nothing arrived (or nothing was confirmed) within the timeout."""
+
+
+class ClientClosed(KeyFailoverError, RuntimeError):  # noqa: N818  (reads as a state, like Timeout)
+    """The client, producer or consumer was closed."""
+
+
+class ConsumerClosedError(ClientClosed):
+    """The server ended the consumer for good (another consumer of the same name superseded it)."""
+
+
+class ServerError(KeyFailoverError, RuntimeError):
+    """The server rejected a request; ``code`` is the protocol error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+class Message(NamedTuple):
+    """A received message; acknowledge or negatively acknowledge it on its consumer.
+
+    Immutable, and a named tuple because a consumer creates one per message: that is a third
+    of the cost of a frozen dataclass.
+    """
+
+    key: Key
+    payload: bytes
+    position: int
+    redelivery_count: int
+    session: int = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"Message(key={self.key!r}, payload={self.payload!r}, position={self.position}, "
+            f"redelivery_count={self.redelivery_count})"
+        )
+
+
+def parse_url(url: str) -> tuple[str, int]:
+    """``kf://host:port`` -> (host, port)."""
+    parts = urlsplit(url)
+    if parts.scheme != "kf" or not parts.hostname or parts.port is None:
+        raise KeyFailoverError(f"server URL {url!r} is not of the form kf://HOST:PORT")
+    return parts.hostname, parts.port
+
+
+class _Link(asyncio.Protocol):
+    """The client's one connection, re-established with backoff whenever it drops."""
+
+    def __init__(self, host: str, port: int, token: str | None) -> None:
+        self._host = host
+        self._port = port
+        self._token = token
+        self._transport: asyncio.Transport | None = None
+        self._decoder = Decoder(accept="client")
+        self._req = itertools.count(1)
+        self.pending: dict[int, Callable[[Frame | None], None]] = {}
+        self.sessions: dict[int, AsyncConsumer] = {}
+        self.parties: list[AsyncProducer | AsyncConsumer] = []
+        self.ready = asyncio.Event()
+        self.errors: Counter[str] = Counter()  # server errors not tied to a request, by code
+        self.session_timeout = 10.0
+        self.max_batch_bytes = _MAX_BATCH_BYTES  # lowered to half the server's frame limit at connect
+        self.closed = False
+        self._connected_waiter: asyncio.Future[None] | None = None
+        self._maintainer: asyncio.Task[None] | None = None
+        self._lost = asyncio.Event()
+
+    # -- connection life cycle -------------------------------------------------------
+
+    async def start(self, timeout: float) -> None:
+        await self._connect_once(timeout)
+        self._maintainer = asyncio.get_running_loop().create_task(self._maintain(), name="keyfailover-link")
+
+    async def _connect_once(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._decoder = Decoder(accept="client")
+        self._connected_waiter = loop.create_future()
+        try:
+            async with asyncio.timeout(timeout):
+                await loop.create_connection(lambda: self, self._host, self._port)
+                await self._connected_waiter
+        except TimeoutError:
+            if self._transport is not None:
+                self._transport.abort()
+            raise Timeout(f"could not connect to kf://{self._host}:{self._port} within {timeout} s") from None
+
+    async def _maintain(self) -> None:
+        """Heartbeat while connected; reconnect with backoff when the connection drops."""
+        nonce = itertools.count()
+        while not self.closed:
+            interval = max(self.session_timeout / 4, 0.05)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await self._lost.wait()
+            if self.closed:
+                return
+            if self.ready.is_set():
+                self.send(Ping(nonce=next(nonce)))
+                continue
+            delay = 0.05
+            while not self.closed and not self.ready.is_set():
+                try:
+                    await self._connect_once(max(5.0, delay))
+                except (OSError, KeyFailoverError) as exc:
+                    _log.info("reconnect to %s:%d failed (%s); retrying in %.2f s", self._host, self._port, exc, delay)
+                    await asyncio.sleep(delay * (0.5 + random.random()))
+                    delay = min(delay * 2, 2.0)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = stream = stream_transport(transport)
+        stream.write(encode(Connect(version=PROTOCOL_VERSION, token=self._token, client=_client_name())))
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self._decoder.feed(data)
+        except KeyFailoverError as exc:
+            _log.error("malformed data from the server (%s); reconnecting", exc)
+            if self._transport is not None:
+                self._transport.abort()
+            return
+        for frame in frames:
+            self._dispatch(frame)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        was_ready = self.ready.is_set()
+        self.ready.clear()
+        waiter = self._connected_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConnectionError(f"connection to {self._host}:{self._port} lost: {exc}"))
+        pending, self.pending = self.pending, {}
+        for callback in pending.values():
+            callback(None)
+        self.sessions.clear()
+        if was_ready:
+            for party in list(self.parties):
+                party.disconnected()
+        self._lost.set()
+
+    def _dispatch(self, frame: Frame) -> None:
+        if isinstance(frame, Messages | RangesChanged | ConsumerClosed):
+            consumer = self.sessions.get(frame.session)
+            if consumer is not None:
+                consumer.on_frame(frame)
+            if isinstance(frame, ConsumerClosed):
+                self.sessions.pop(frame.session, None)
+                if frame.req is not None and (callback := self.pending.pop(frame.req, None)) is not None:
+                    callback(frame)
+            return
+        if isinstance(frame, Receipt | Subscribed):
+            callback = self.pending.pop(frame.req, None)
+            if callback is not None:
+                callback(frame)
+            return
+        if isinstance(frame, Error):
+            callback = self.pending.pop(frame.req, None) if frame.req is not None else None
+            waiter = self._connected_waiter
+            if waiter is not None and not waiter.done():  # refused at connect: e.g. a wrong token
+                waiter.set_exception(ServerError(frame.code, frame.message))
+            elif callback is not None:
+                callback(frame)
+            else:
+                self.errors[frame.code] += 1
+                _log.warning("server error %s: %s", frame.code, frame.message)
+            return
+        if isinstance(frame, Connected):
+            self.session_timeout = frame.session_timeout
+            self.max_batch_bytes = min(_MAX_BATCH_BYTES, frame.max_frame // 2)
+            self.ready.set()
+            if self._maintainer is not None:
+                # A reconnection: what was unconfirmed goes out now, in this same step, before
+                # anything queued meanwhile can send newer batches ahead of it.
+                self._lost.clear()
+                for party in list(self.parties):
+                    party.reconnected()
+            waiter = self._connected_waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+            return
+        if not isinstance(frame, Pong):
+            _log.warning("unexpected %s frame from the server", frame.type)
+
+    # -- requests --------------------------------------------------------------------
+
+    def next_req(self) -> int:
+        return next(self._req)
+
+    def send(self, frame: Frame) -> bool:
+        """Write ``frame`` if connected; False when it could not be sent now."""
+        if self._transport is None or not self.ready.is_set():
+            return False
+        self._transport.write(encode(frame))
+        return True
+
+    async def close(self) -> None:
+        self.closed = True
+        self._lost.set()
+        if self._maintainer is not None:
+            await self._maintainer
+        if self._transport is not None:
+            self.send(Close())
+            self._transport.close()
+
+
+def _client_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class AsyncClient:
+    """A connection to one keyfailover server."""
+
+    def __init__(self, url: str, token: str | None = None, *, connect_timeout: float = 10.0) -> None:
+        self._host, self._port = parse_url(url)
+        self._link = _Link(self._host, self._port, token)
+        self._connect_timeout = connect_timeout
+        self._started = False
+
+    async def connect(self) -> AsyncClient:
+        """Connect (done by the first create_producer/subscribe if not called)."""
+        if not self._started:
+            self._started = True
+            await self._link.start(self._connect_timeout)
+        return self
+
+    async def __aenter__(self) -> AsyncClient:
+        return await self.connect()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def create_producer(self, topic: str, producer_name: str | None = None) -> AsyncProducer:
+        """A producer for ``topic``; its name and sequence ids make retries store each message once."""
+        await self.connect()
+        producer = AsyncProducer(self._link, topic, producer_name)
+        self._link.parties.append(producer)
+        return producer
+
+    async def subscribe(
+        self,
+        topic: str,
+        subscription_name: str,
+        consumer_name: str | None = None,
+        receiver_queue_size: int = 1000,
+        on_ranges_changed: RangesCallback | None = None,
+    ) -> AsyncConsumer:
+        """Join ``subscription_name`` of ``topic``; returns once the server confirmed it."""
+        if type(receiver_queue_size) is not int or receiver_queue_size < 1:
+            raise KeyFailoverError(f"receiver_queue_size must be a positive int, not {receiver_queue_size!r}")
+        await self.connect()
+        name = consumer_name or f"consumer-{uuid.uuid4().hex[:12]}"
+        consumer = AsyncConsumer(
+            self._link,
+            topic,
+            subscription_name,
+            name,
+            receiver_queue_size=receiver_queue_size,
+            on_ranges_changed=on_ranges_changed,
+        )
+        self._link.parties.append(consumer)
+        await consumer.subscribed()
+        return consumer
+
+    def server_errors(self) -> dict[str, int]:
+        """Errors the server sent that answered no request (e.g. rejected acks), by code."""
+        return dict(self._link.errors)
+
+    async def close(self) -> None:
+        """Flush producers, close consumers and the connection."""
+        for party in list(self._link.parties):
+            await party.close()
+        await self._link.close()
+
+
+def _message_size(key: Key, payload: bytes) -> int:
+    """An upper bound on the encoded size of one message in a ``produce`` frame."""
+    if key is None:
+        key_size = 0
+    elif isinstance(key, str):
+        try:
+            key_size = len(key.encode())
+        except UnicodeEncodeError as exc:
+            raise KeyFailoverError(
+                f"key {key!r} is not valid Unicode ({exc.reason} at index {exc.start}); expected a str that encodes "
+                "to UTF-8"
+            ) from None
+    else:
+        key_size = len(key)
+    return len(payload) + key_size + 32
+
+
+class _PendingBatch:
+    __slots__ = ("callbacks", "messages", "size")
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[int | None, Key, bytes]] = []
+        self.callbacks: list[SendCallback | None] = []
+        self.size = 0
+
+    def split(self, limit: int) -> list[_PendingBatch]:
+        """This batch as consecutive batches of at most ``limit`` bytes each (itself when it fits)."""
+        if self.size <= limit:
+            return [self]
+        parts = [_PendingBatch()]
+        for message, callback in zip(self.messages, self.callbacks, strict=True):
+            size = _message_size(message[1], message[2])
+            part = parts[-1]
+            if part.messages and part.size + size > limit:
+                part = _PendingBatch()
+                parts.append(part)
+            part.messages.append(message)
+            part.callbacks.append(callback)
+            part.size += size
+        return parts
+
+
+class AsyncProducer:
+    """Sends keyed messages to one topic, in order, batched; retries are deduplicated."""
+
+    def __init__(self, link: _Link, topic: str, name: str | None) -> None:
+        self._link = link
+        self.topic = topic
+        self.producer_name = name or f"producer-{uuid.uuid4().hex}"
+        # Sequence ids start from the wall clock in microseconds, so a restarted producer of
+        # the same name continues above what it stored before (unless it sent over a million
+        # messages a second for the whole downtime).
+        self._seq = itertools.count(time.time_ns() // 1000)
+        self._batch = _PendingBatch()
+        self._full: list[_PendingBatch] = []  # batches at their limit, not yet sent
+        self._flush_scheduled = False
+        self._unconfirmed: dict[int, _PendingBatch] = {}  # req -> batch, in send order
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closed = False
+        self._lock = threading.Lock()  # send_async may be called from another thread (sync client)
+        self._loop = asyncio.get_running_loop()
+
+    def send_async(self, payload: bytes, key: Key = None, callback: SendCallback | None = None) -> None:
+        """Queue a message; ``callback(position, None)`` or ``callback(None, error)`` follows."""
+        if self._closed:
+            raise ClientClosed(f"producer {self.producer_name!r} is closed")
+        if not isinstance(payload, bytes | bytearray | memoryview):
+            raise KeyFailoverError(f"payload must be bytes, not {type(payload).__name__}")
+        if key is not None and not isinstance(key, str | bytes):
+            raise KeyFailoverError(f"key must be str, bytes or None, not {type(key).__name__}")
+        data = bytes(payload)
+        size = _message_size(key, data)
+        limit = self._link.max_batch_bytes - 1024
+        if size > limit:
+            raise KeyFailoverError(
+                f"a message of {size} bytes (payload, key and framing) is over the {limit} bytes a message "
+                "may have on this connection (half the server's frame limit, less 1 KiB)"
+            )
+        with self._lock:
+            batch = self._batch
+            if batch.messages and (len(batch.messages) >= _MAX_BATCH or batch.size + size > self._link.max_batch_bytes):
+                # Full: it goes out with the next flush as it is; a new batch starts.
+                self._full.append(batch)
+                batch = self._batch = _PendingBatch()
+            batch.messages.append((next(self._seq), key, data))
+            batch.callbacks.append(callback)
+            batch.size += size
+            schedule = not self._flush_scheduled
+            self._flush_scheduled = True
+        if schedule:  # one flush per burst: it sends every full batch and the current one
+            if _on_loop(self._loop):
+                self._loop.call_soon(self._flush_now)
+            else:
+                self._loop.call_soon_threadsafe(self._flush_now)
+
+    async def send(self, payload: bytes, key: Key = None) -> int:
+        """Send and wait until the message is stored; returns its position."""
+        future: asyncio.Future[int] = self._loop.create_future()
+
+        def done(position: int | None, error: BaseException | None) -> None:
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(position or 0)
+
+        self.send_async(payload, key, done)
+        return await future
+
+    async def flush(self) -> None:
+        """Wait until every message sent so far is stored."""
+        self._flush_now()
+        while self._unconfirmed:
+            self._idle.clear()
+            await self._idle.wait()
+
+    def _flush_now(self) -> None:
+        with self._lock:
+            batches, self._full = self._full, []
+            if self._batch.messages:
+                batches.append(self._batch)
+                self._batch = _PendingBatch()
+            self._flush_scheduled = False
+        for batch in batches:
+            req = self._link.next_req()
+            self._unconfirmed[req] = batch
+            self._transmit(req, batch)
+
+    def _transmit(self, req: int, batch: _PendingBatch) -> None:
+        frame = Produce(req=req, topic=self.topic, producer=self.producer_name, messages=batch.messages)
+        self._link.pending[req] = lambda reply: self._answered(req, reply)
+        if not self._link.send(frame):
+            self._link.pending.pop(req, None)  # resent by reconnected()
+
+    def _answered(self, req: int, reply: Frame | None) -> None:
+        if reply is None:
+            return  # connection lost: kept in _unconfirmed and resent after reconnecting
+        batch = self._unconfirmed.pop(req, None)
+        if batch is None:
+            return
+        if isinstance(reply, Receipt):
+            for callback, position in zip(batch.callbacks, reply.positions, strict=True):
+                if callback is None:
+                    continue
+                if position:
+                    callback(position, None)
+                else:  # a duplicate of a sequence id never stored: the server dropped it
+                    callback(None, ServerError("not_stored", "dropped as a duplicate of a sequence id never stored"))
+        else:
+            error = (
+                ServerError(reply.code, reply.message)
+                if isinstance(reply, Error)
+                else ServerError("internal", "unexpected reply")
+            )
+            for callback in batch.callbacks:
+                if callback is not None:
+                    callback(None, error)
+        if not self._unconfirmed:
+            self._idle.set()
+
+    def disconnected(self) -> None:
+        """Nothing to do: unconfirmed batches stay queued for resending."""
+
+    def reconnected(self) -> None:
+        """Resend every unconfirmed batch, in order; split where the new server takes smaller frames."""
+        old, self._unconfirmed = self._unconfirmed, {}
+        for batch in old.values():
+            for part in batch.split(self._link.max_batch_bytes):
+                req = self._link.next_req()
+                self._unconfirmed[req] = part
+                self._transmit(req, part)
+
+    async def close(self) -> None:
+        """Flush, then refuse further sends."""
+        if self._closed:
+            return
+        await self.flush()
+        self._closed = True
+        with contextlib.suppress(ValueError):
+            self._link.parties.remove(self)
+
+
+class AsyncConsumer:
+    """Receives the messages of the keys its range holds, in per-key order."""
+
+    def __init__(
+        self,
+        link: _Link,
+        topic: str,
+        subscription: str,
+        name: str,
+        *,
+        receiver_queue_size: int,
+        on_ranges_changed: RangesCallback | None,
+    ) -> None:
+        self._link = link
+        self.topic = topic
+        self.subscription = subscription
+        self.consumer_name = name
+        self._queue_size = receiver_queue_size
+        self._on_ranges_changed = on_ranges_changed
+        self._loop = asyncio.get_running_loop()
+        self._inbox: deque[Message] = deque()
+        self._cond = threading.Condition()  # guards _inbox for threads; _arrived wakes coroutines
+        self._arrived = asyncio.Event()
+        self._session = 0
+        self._consumed = 0  # received since the last flow (guarded by _cond)
+        self._flow_scheduled = False
+        self._acks: list[int] = []
+        self._ack_session = 0
+        self._ack_scheduled = False
+        self._closed = False
+        self._ended: BaseException | None = None
+        self._subscribed: asyncio.Future[None] = self._loop.create_future()
+        self.range: tuple[int | None, int | None] = (None, None)
+        self._subscribe()
+
+    # -- subscription ----------------------------------------------------------------
+
+    def _subscribe(self) -> None:
+        req = self._link.next_req()
+        frame = Subscribe(
+            req=req,
+            topic=self.topic,
+            subscription=self.subscription,
+            consumer=self.consumer_name,
+            receiver_queue=self._queue_size,
+        )
+        self._link.pending[req] = self._on_subscribe_reply
+        if not self._link.send(frame):
+            self._link.pending.pop(req, None)  # retried by reconnected()
+
+    def _on_subscribe_reply(self, reply: Frame | None) -> None:
+        if reply is None:
+            return  # connection lost: reconnected() subscribes again
+        if isinstance(reply, Subscribed):
+            self._session = reply.session
+            with self._cond:
+                self._consumed = 0
+            self._link.sessions[reply.session] = self
+            self._set_range(reply.start, reply.end)
+            if not self._subscribed.done():
+                self._subscribed.set_result(None)
+        elif isinstance(reply, Error):
+            self._end(ServerError(reply.code, reply.message))
+
+    async def subscribed(self) -> None:
+        await self._subscribed
+
+    def disconnected(self) -> None:
+        self._drop_session()
+
+    def reconnected(self) -> None:
+        if not self._closed:
+            self._subscribe()
+
+    def on_frame(self, frame: Frame) -> None:
+        if isinstance(frame, Messages):
+            if frame.session != self._session:
+                return
+            session = frame.session
+            with self._cond:
+                self._inbox.extend(
+                    Message(key, payload, position, redelivery, session)
+                    for position, key, payload, redelivery in frame.messages
+                )
+                self._cond.notify_all()
+            self._arrived.set()
+        elif isinstance(frame, RangesChanged):
+            if frame.session == self._session:
+                self._set_range(frame.start, frame.end)
+        elif isinstance(frame, ConsumerClosed) and frame.session == self._session:
+            self._drop_session()
+            if frame.reason == "timeout" and not self._closed:
+                _log.warning("consumer %r timed out on the server; subscribing again", self.consumer_name)
+                self._subscribe()
+            elif frame.reason == "superseded":
+                self._end(ConsumerClosedError(f"consumer {self.consumer_name!r} was superseded by another of its name"))
+            # "shutdown": the server is stopping; reconnected() subscribes again once it is back.
+
+    def _drop_session(self) -> None:
+        """Forget the session: the server already returned its messages to pending."""
+        self._link.sessions.pop(self._session, None)
+        self._session = 0
+        with self._cond:
+            self._inbox.clear()
+            self._acks.clear()
+
+    def _end(self, error: BaseException) -> None:
+        self._ended = error
+        if not self._subscribed.done():
+            self._subscribed.set_exception(error)
+        with self._cond:
+            self._cond.notify_all()
+        self._arrived.set()
+
+    def _set_range(self, start: int | None, end: int | None) -> None:
+        if (start, end) != self.range:
+            self.range = (start, end)
+            if self._on_ranges_changed is not None:
+                try:
+                    self._on_ranges_changed(start, end)
+                except Exception:
+                    _log.exception("on_ranges_changed callback failed")
+
+    # -- receiving -------------------------------------------------------------------
+
+    def take(self) -> Message | None:
+        """Pop the next message if one is here (thread-safe); accounts permits."""
+        with self._cond:
+            if not self._inbox:
+                self._check_open()
+                return None
+            message = self._inbox.popleft()
+            flow = self._consumed_one()
+        if flow:
+            self._call(self._send_flow)
+        return message
+
+    def wait_take(self, timeout: float | None) -> Message:
+        """Blocking take for threads (the sync client)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while not self._inbox:
+                self._check_open()
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise Timeout(f"no message within {timeout} s")
+                self._cond.wait(remaining)
+            message = self._inbox.popleft()
+            flow = self._consumed_one()
+        if flow:
+            self._call(self._send_flow)
+        return message
+
+    async def receive(self, timeout: float | None = None) -> Message:
+        """The next message; raises :class:`Timeout` when none arrives in time."""
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    message = self.take()
+                    if message is not None:
+                        return message
+                    self._arrived.clear()
+                    await self._arrived.wait()
+        except TimeoutError:
+            raise Timeout(f"no message within {timeout} s") from None
+
+    def _check_open(self) -> None:
+        if self._ended is not None:
+            raise self._ended
+        if self._closed:
+            raise ClientClosed(f"consumer {self.consumer_name!r} is closed")
+
+    def _consumed_one(self, count: int = 1) -> bool:
+        """Count messages taken (holding ``_cond``); whether a flow is now to be scheduled."""
+        self._consumed += count
+        if self._consumed < max(self._queue_size // 2, 1) or self._flow_scheduled:
+            return False
+        self._flow_scheduled = True
+        return True
+
+    def _send_flow(self) -> None:
+        with self._cond:
+            permits, self._consumed = self._consumed, 0
+            self._flow_scheduled = False
+        if permits and self._session:
+            self._link.send(
+                Flow(topic=self.topic, subscription=self.subscription, session=self._session, permits=permits)
+            )
+
+    # -- acknowledging ---------------------------------------------------------------
+
+    def acknowledge(self, message: Message) -> None:
+        """Acknowledge ``message`` (batched; sent within a loop iteration)."""
+        with self._cond:
+            if message.session != self._ack_session and self._acks:
+                # The batch so far belongs to another session: it goes out as it is, alone.
+                positions, self._acks = self._acks, []
+                session = self._ack_session
+                self._call(lambda: self._send_acks(session, positions))
+            self._ack_session = message.session
+            self._acks.append(message.position)
+            schedule = not self._ack_scheduled or len(self._acks) >= _MAX_BATCH
+            self._ack_scheduled = True
+        if schedule:
+            self._call(self._flush_acks)
+
+    def _flush_acks(self) -> None:
+        with self._cond:
+            positions, self._acks = self._acks, []
+            session = self._ack_session
+            self._ack_scheduled = False
+        self._send_acks(session, positions)
+
+    def _send_acks(self, session: int, positions: list[int]) -> None:
+        if positions and session:
+            self._link.send(Ack(topic=self.topic, subscription=self.subscription, session=session, positions=positions))
+
+    def negative_acknowledge(self, message: Message) -> None:
+        """Redeliver ``message``; prefetched later messages of its key are dropped, so the key restarts in order."""
+        kb = message.key.encode() if isinstance(message.key, str) else message.key
+        with self._cond:
+            kept: deque[Message] = deque()
+            dropped = 0
+            for queued in self._inbox:
+                queued_kb = queued.key.encode() if isinstance(queued.key, str) else queued.key
+                # Only the nacked message's session restarts the key; a nack of a message from an
+                # ended session changes nothing (the server already took that session's messages back).
+                if (
+                    kb is not None
+                    and queued.session == message.session
+                    and queued_kb == kb
+                    and queued.position > message.position
+                ):
+                    dropped += 1
+                else:
+                    kept.append(queued)
+            self._inbox = kept
+        self._call(lambda: self._send_nack(message, dropped))
+
+    def _send_nack(self, message: Message, dropped: int) -> None:
+        self._flush_acks()
+        if message.session and message.session == self._session:
+            self._link.send(
+                Nack(
+                    topic=self.topic,
+                    subscription=self.subscription,
+                    session=message.session,
+                    positions=[message.position],
+                )
+            )
+            with self._cond:
+                flow = self._consumed_one(dropped)
+            if flow:
+                self._send_flow()
+
+    def _call(self, fn: Callable[[], None]) -> None:
+        if _on_loop(self._loop):
+            self._loop.call_soon(fn)
+        else:
+            self._loop.call_soon_threadsafe(fn)
+
+    async def close(self) -> None:
+        """Send pending acks and leave the subscription; its unacked messages go to others."""
+        if self._closed:
+            return
+        self._flush_acks()
+        self._closed = True
+        with contextlib.suppress(ValueError):
+            self._link.parties.remove(self)
+        session = self._session
+        if session and self._link.ready.is_set():
+            done: asyncio.Future[None] = self._loop.create_future()
+            req = self._link.next_req()
+
+            def closed(_reply: Frame | None) -> None:
+                if not done.done():
+                    done.set_result(None)
+
+            self._link.pending[req] = closed
+            self._link.send(CloseConsumer(req=req, topic=self.topic, subscription=self.subscription, session=session))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5.0):
+                    await done
+        self._drop_session()
+        with self._cond:
+            self._cond.notify_all()
+        self._arrived.set()
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False

@@ -1,0 +1,50 @@
+"""The core: the hash, the range map, the rebalance policy and the sans-IO dispatcher.
+
+Nothing here does I/O, reads a wall clock on its own or imports anything outside
+``keyfailover.core``; every ordering rule (G1-G7) is decided and tested here.
+"""
+
+from keyfailover.core.clock import ManualClock
+from keyfailover.core.dispatcher import Delivery, Dispatcher, RebalanceEvent
+from keyfailover.core.errors import (
+    BufferFullError,
+    ConsumerError,
+    DuplicateConsumerError,
+    InvalidKeyError,
+    KeyFailoverError,
+    NotInFlightError,
+    PermitsError,
+    PositionError,
+    RangeMapError,
+    SnapshotError,
+    UnknownConsumerError,
+)
+from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash, key_hashes
+from keyfailover.core.ranges import RangeMap
+from keyfailover.core.rebalance import Load, plan_join, plan_leave, plan_shift
+
+__all__ = [
+    "HASH_RANGE_SIZE",
+    "BufferFullError",
+    "ConsumerError",
+    "Delivery",
+    "Dispatcher",
+    "DuplicateConsumerError",
+    "InvalidKeyError",
+    "KeyFailoverError",
+    "Load",
+    "ManualClock",
+    "NotInFlightError",
+    "PermitsError",
+    "PositionError",
+    "RangeMap",
+    "RangeMapError",
+    "RebalanceEvent",
+    "SnapshotError",
+    "UnknownConsumerError",
+    "key_hash",
+    "key_hashes",
+    "plan_join",
+    "plan_leave",
+    "plan_shift",
+]

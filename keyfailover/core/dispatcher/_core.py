@@ -1,0 +1,778 @@
+"""The Key_Failover dispatcher: a sans-IO state machine (events in, deliveries out).
+
+Per key the dispatcher keeps a :class:`_KeyState`: the consumer holding the key's
+unacknowledged deliveries (``holder``, at most one: G1), how many there are, and the
+key's pending messages in position order. Every in-flight position of a key is below
+every pending one, so the next valid delivery of a key is always the head of its
+pending queue (G2).
+
+A key with pending messages and nothing blocking it sits in its owner's ready heap,
+ordered by head position, so replays go out before newer messages and a consumer
+without permits is never scanned (G5). A key whose owner changed while it had
+messages in flight on the old owner is *draining*: it is in no heap, and only the
+old owner's last ack (or its removal) releases it to the new owner (G1, PIP-379).
+Heap entries are invalidated lazily: an entry counts only while its key is still
+queued on that consumer and its position is still the key's head.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
+
+import mmh3
+
+from keyfailover.core.dispatcher._load import LoadMeter
+from keyfailover.core.errors import (
+    BufferFullError,
+    ConsumerError,
+    DuplicateConsumerError,
+    KeyFailoverError,
+    NotInFlightError,
+    PermitsError,
+    PositionError,
+    UnknownConsumerError,
+)
+from keyfailover.core.hashing import HASH_RANGE_SIZE, key_bytes
+from keyfailover.core.histogram import Histogram
+from keyfailover.core.ranges import Range, RangeMap
+from keyfailover.core.rebalance import (
+    SPLIT_MODES,
+    Load,
+    SplitMode,
+    moved_slots,
+    plan_join,
+    plan_leave,
+    plan_shift,
+    reassign_rates,
+)
+
+__all__ = ["Delivery", "Dispatcher", "RebalanceEvent"]
+
+Key = str | bytes | None
+
+_SLOT_MASK = HASH_RANGE_SIZE - 1
+
+
+class Delivery(NamedTuple):
+    """One message handed to one consumer; ack or nack it by ``position``."""
+
+    consumer: str
+    position: int
+    key: Key
+    payload: Any
+    redelivery_count: int
+
+
+@dataclass(frozen=True)
+class RebalanceEvent:
+    """One change of the range map, kept for the metrics and the ownership plots."""
+
+    epoch: int
+    time: float
+    reason: str
+    consumer: str | None
+    moved_slots: int
+    stickiness: float
+    """Fraction of recent traffic (or, with none, of the hash space) that kept its consumer."""
+    draining_keys: int
+    """Keys blocked right after the change because they were in flight on a former owner."""
+    drain_seconds: float | None
+    """Time from the change until the last of those keys was released; None while any is blocked."""
+
+
+class _Change:
+    __slots__ = ("drained_at", "event", "seq")
+
+    def __init__(self, seq: int, event: RebalanceEvent) -> None:
+        self.seq = seq
+        self.event = event
+        self.drained_at: float | None = None
+
+    def public(self) -> RebalanceEvent:
+        seconds = None if self.drained_at is None else max(self.drained_at - self.event.time, 0.0)
+        return replace(self.event, drain_seconds=seconds)
+
+
+class _Message:
+    __slots__ = ("kb", "key", "payload", "position", "redeliveries", "slot")
+
+    def __init__(self, position: int, key: Key, kb: bytes | None, slot: int, payload: Any) -> None:
+        self.position = position
+        self.key = key
+        self.kb = kb
+        self.slot = slot
+        self.payload = payload
+        self.redeliveries = 0
+
+
+class _Consumer:
+    __slots__ = ("acked", "cid", "delivered", "inflight", "permits", "ready", "redelivered")
+
+    def __init__(self, cid: str) -> None:
+        self.cid = cid
+        self.permits = 0
+        self.inflight: dict[int, _Message] = {}  # in delivery order
+        self.ready: list[tuple[int, bytes]] = []  # heap of (head position, key bytes)
+        self.delivered = 0
+        self.acked = 0
+        self.redelivered = 0
+
+
+class _KeyState:
+    __slots__ = ("drain_seq", "draining", "holder", "inflight", "kb", "pending", "queued_on", "slot")
+
+    def __init__(self, kb: bytes, slot: int, holder: _Consumer | None, inflight: int) -> None:
+        self.kb = kb
+        self.slot = slot
+        self.holder = holder
+        self.inflight = inflight
+        self.pending: deque[_Message] = deque()
+        self.queued_on: _Consumer | None = None
+        self.draining = False
+        self.drain_seq = 0  # the change that started the current draining
+
+
+class Dispatcher:
+    """Key_Failover dispatcher core: ordered per-key delivery to elastic consumers.
+
+    Parameters:
+        clock: seconds, monotonic; read at add/remove/poll/stats only.
+        max_replay: bound on messages held unacknowledged (pending plus in flight);
+            ``wants()`` is 0 at the bound (G4).
+        split: ``"traffic"`` (cut where recent traffic halves) or ``"midpoint"``.
+        half_life: seconds over which measured rates and traffic lose half their weight.
+        shift_threshold: traffic max/mean above which a boundary shift is considered;
+            None disables shifting.
+        shift_interval: minimum seconds between two shifts (and between shift checks).
+        shift_min_traffic: recent traffic below which no shift is made (too little signal).
+        history: how many :class:`RebalanceEvent` records to keep.
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        max_replay: int = 100_000,
+        split: SplitMode = "traffic",
+        *,
+        half_life: float = 10.0,
+        shift_threshold: float | None = 1.1,
+        shift_interval: float = 30.0,
+        shift_min_traffic: float = 1000.0,
+        history: int = 1000,
+    ) -> None:
+        if type(max_replay) is not int or max_replay < 1:
+            raise KeyFailoverError(f"max_replay must be a positive int, not {max_replay!r}")
+        if split not in SPLIT_MODES:
+            raise KeyFailoverError(f"split must be one of {SPLIT_MODES}, not {split!r}")
+        if shift_threshold is not None and not shift_threshold >= 1.0:
+            raise KeyFailoverError(f"shift_threshold must be >= 1.0 or None, not {shift_threshold!r}")
+        if not shift_interval >= 0.0:
+            raise KeyFailoverError(f"shift_interval must be >= 0 seconds, not {shift_interval!r}")
+        if type(history) is not int or history < 0:
+            raise KeyFailoverError(f"history must be a non-negative int, not {history!r}")
+        self._clock = clock
+        self._max_replay = max_replay
+        self._split: SplitMode = split
+        self._shift_threshold = shift_threshold
+        self._shift_interval = shift_interval
+        self._shift_min_traffic = shift_min_traffic
+        try:
+            self._meter = LoadMeter(HASH_RANGE_SIZE, half_life)
+        except ValueError as exc:
+            raise KeyFailoverError(str(exc)) from None
+
+        self._map = RangeMap()
+        self._ends: list[int] = []
+        self._owners: list[_Consumer] = []
+        self._consumers: dict[str, _Consumer] = {}
+        self._round_robin: list[_Consumer] = []  # join order, for keyless messages
+        self._standby: list[str] = []
+        self._keys: dict[bytes, _KeyState] = {}
+        self._fresh: deque[_Message] = deque()  # published, not yet routed
+        self._keyless: deque[_Message] = deque()  # keyless messages waiting for permits
+        self._wake: dict[_Consumer, None] = {}  # consumers whose ready heap may be servable
+        self._rr = 0
+        self._held = 0
+        self._last_position: int | None = None
+        now = clock()
+        self._last_sample = now
+        self._last_shift = now
+        self._rebalances: Counter[str] = Counter()
+        self._history: deque[_Change] = deque(maxlen=history)
+        self._changes = 0
+        # Draining keys by the change that blocked them, and the changes still waiting for
+        # any key blocked at or before them: change j is drained once no key blocked by a
+        # change <= j is still draining.
+        self._draining_since: dict[int, int] = {}
+        self._undrained: deque[_Change] = deque(maxlen=max(history, 1))
+        self._drain_seconds = Histogram()
+
+    # -- consumers -------------------------------------------------------------------
+
+    def add_consumer(self, cid: str) -> None:
+        """Add a consumer; it takes half of the busiest consumer's range (G1 applies)."""
+        if not isinstance(cid, str) or not cid:
+            raise ConsumerError(f"consumer id must be a non-empty str, not {cid!r}")
+        if cid in self._consumers:
+            raise DuplicateConsumerError(f"consumer {cid!r} is already present; expected a new id")
+        now = self._sample()
+        planned = plan_join(self._map, cid, self._load(), self._split)
+        consumer = _Consumer(cid)
+        self._consumers[cid] = consumer
+        self._round_robin.append(consumer)
+        self._meter.track(cid, 0)
+        if cid not in planned:
+            self._standby.append(cid)
+        self._apply(planned, now, "join", cid, [])
+
+    def remove_consumer(self, cid: str, *, reason: str = "leave") -> None:
+        """Remove a consumer; its unacked messages go back to pending, first in line (G3).
+
+        ``reason`` labels the resulting range change: ``"leave"`` or ``"timeout"`` (a session
+        the service declared dead).
+        """
+        consumer = self._consumer(cid)
+        if reason not in ("leave", "timeout"):
+            raise KeyFailoverError(f"removal reason must be 'leave' or 'timeout', not {reason!r}")
+        now = self._sample()
+        planned = plan_leave(self._map, cid, self._load(), self._standby)
+        if cid in self._standby:
+            self._standby.remove(cid)
+        elif self._standby and self._standby[0] in planned:
+            self._standby.pop(0)
+        returned = self._return_inflight(consumer, list(consumer.inflight.values()))
+        del self._consumers[cid]
+        self._round_robin.remove(consumer)
+        self._rr = 0
+        self._wake.pop(consumer, None)
+        self._apply(planned, now, reason, cid, returned)
+        self._meter.forget(cid)
+
+    def flow(self, cid: str, permits: int) -> None:
+        """Give ``cid`` ``permits`` more deliveries."""
+        consumer = self._consumer(cid)
+        if type(permits) is not int or permits < 0:
+            raise PermitsError(f"permits must be a non-negative int, not {permits!r}")
+        if permits:
+            consumer.permits += permits
+            if consumer.ready:
+                self._wake[consumer] = None
+
+    # -- messages --------------------------------------------------------------------
+
+    def wants(self) -> int:
+        """How many more messages ``publish`` accepts now; 0 means stop reading (G4)."""
+        return max(self._max_replay - self._held, 0)
+
+    def publish(self, position: int, key: Key, payload: Any = None) -> None:
+        """Hand in the message at ``position``; positions strictly increase."""
+        if type(position) is not int:
+            raise PositionError(f"position must be an int, not {type(position).__name__}")
+        last = self._last_position
+        if last is not None and position <= last:
+            raise PositionError(f"position {position} is not after the last published position {last}")
+        if self._held >= self._max_replay:
+            raise BufferFullError(
+                f"the dispatcher holds {self._held} unacked messages, its max_replay bound; "
+                "expected publish only while wants() > 0"
+            )
+        if key is None:
+            message = _Message(position, None, None, -1, payload)
+        else:
+            if type(key) is str:
+                try:
+                    kb = key.encode()
+                except UnicodeEncodeError:
+                    kb = key_bytes(key)  # raises the descriptive InvalidKeyError
+            else:
+                kb = key if type(key) is bytes else key_bytes(key)
+            slot = mmh3.hash(kb, 0, False) & _SLOT_MASK
+            message = _Message(position, key, kb, slot, payload)
+            self._meter.slot_log.append(slot)
+        self._last_position = position
+        self._held += 1
+        self._fresh.append(message)
+
+    def poll(self) -> list[Delivery]:
+        """Route everything that can go out now and return the deliveries, oldest first per consumer."""
+        now = self._clock()
+        if self._shift_threshold is not None and now - self._last_shift >= self._shift_interval:
+            self._maybe_shift(now)
+        elif now - self._last_sample >= 1.0 or self._meter.needs_fold():
+            self._sample(now)
+        out: list[Delivery] = []
+        if self._wake:
+            self._serve_ready(out)
+        if self._keyless:
+            self._serve_keyless(out)
+        if self._fresh:
+            self._route_fresh(out)
+        return out
+
+    def ack(self, cid: str, position: int) -> None:
+        """Acknowledge ``position``, in flight on ``cid``; a drained key moves on (G1)."""
+        if not self._ack(self._consumer(cid), position):
+            raise NotInFlightError(self._not_in_flight(cid, position, "ack"))
+
+    def ack_many(self, cid: str, positions: Iterable[int]) -> tuple[list[int], list[int]]:
+        """Acknowledge each of ``positions`` as :meth:`ack` does; returns ``(acked, rejected)``.
+
+        A rejected position (not in flight on ``cid``, a repeat included) changes nothing; the
+        others are acknowledged all the same.
+        """
+        consumer = self._consumer(cid)
+        acked: list[int] = []
+        rejected: list[int] = []
+        for position in positions:
+            (acked if self._ack(consumer, position) else rejected).append(position)
+        return acked, rejected
+
+    def _ack(self, consumer: _Consumer, position: int) -> bool:
+        message = consumer.inflight.pop(position, None) if type(position) is int else None
+        if message is None:
+            return False
+        consumer.acked += 1
+        self._held -= 1
+        kb = message.kb
+        if kb is None:
+            return True
+        state = self._keys[kb]
+        state.inflight -= 1
+        if state.inflight:
+            return True
+        state.holder = None
+        if state.draining:
+            self._release(state)
+            if state.pending:
+                self._queue(state, self._owner_of_slot(state.slot))
+        if not state.pending:
+            del self._keys[kb]
+        return True
+
+    def nack(self, cid: str, position: int) -> None:
+        """Return ``position`` and every later unacked delivery of its key on ``cid`` to pending (G2)."""
+        consumer = self._consumer(cid)
+        message = consumer.inflight.get(position) if type(position) is int else None
+        if message is None:
+            raise NotInFlightError(self._not_in_flight(cid, position, "nack"))
+        kb = message.kb
+        if kb is None:
+            del consumer.inflight[position]
+            message.redeliveries += 1
+            self._keyless.appendleft(message)
+            return
+        later = [m for m in consumer.inflight.values() if m.kb == kb and m.position >= position]
+        returned = self._return_inflight(consumer, later)
+        for state in returned:
+            if not state.draining:
+                self._queue(state, self._owner_of_slot(state.slot))
+
+    # -- reading ---------------------------------------------------------------------
+
+    def ranges(self) -> list[Range]:
+        """Every ``(start, end, consumer)``, sorted by start."""
+        return self._map.ranges()
+
+    def range_of(self, cid: str) -> tuple[int, int] | None:
+        """``cid``'s inclusive range, or None for a standby (raises for an unknown consumer)."""
+        self._consumer(cid)
+        return self._map.range_of(cid)
+
+    @property
+    def epoch(self) -> int:
+        """The range map's epoch: +1 at every change."""
+        return self._map.epoch
+
+    def range_map(self) -> RangeMap:
+        """A copy of the current range map."""
+        return self._map.copy()
+
+    def owner_of(self, key: str | bytes) -> str | None:
+        """The consumer whose range holds ``key``'s hash, or None without consumers."""
+        kb = key if type(key) is bytes else key_bytes(key)
+        owners = self._owners
+        if not owners:
+            return None
+        return owners[bisect.bisect_left(self._ends, mmh3.hash(kb, 0, False) & _SLOT_MASK)].cid
+
+    def snapshot(self) -> dict[str, Any]:
+        """The range map snapshot (``RangeMap.snapshot`` format)."""
+        return self._map.snapshot()
+
+    def consumers(self) -> list[str]:
+        """Every consumer id, in join order (standbys included)."""
+        return list(self._consumers)
+
+    def rebalances(self) -> list[RebalanceEvent]:
+        """The most recent range changes, oldest first."""
+        return [change.public() for change in self._history]
+
+    def stats(self) -> dict[str, Any]:
+        """Per-consumer and dispatcher-wide state, for operators (read at scrape time).
+
+        Rates are as of the last measurement (taken by ``poll`` about once a second and at
+        every change); reading stats never changes what the dispatcher decides.
+        """
+        rates = self._meter.rates
+        draining: dict[str, tuple[set[int], int]] = {cid: (set(), 0) for cid in self._consumers}
+        waiting: Counter[str] = Counter()
+        replay = len(self._keyless)
+        for state in self._keys.values():
+            replay += len(state.pending)
+            if state.pending:
+                owner = self._owner_of_slot(state.slot)
+                if owner is not None:
+                    waiting[owner.cid] += len(state.pending)
+            if state.draining and state.holder is not None:
+                slots, unacked = draining[state.holder.cid]
+                slots.add(state.slot)
+                draining[state.holder.cid] = (slots, unacked + state.inflight)
+        consumers = {}
+        for cid, consumer in self._consumers.items():
+            slots, unacked = draining[cid]
+            consumers[cid] = {
+                "range": self._map.range_of(cid),
+                "standby": cid in self._standby,
+                "permits": consumer.permits,
+                "unacked": len(consumer.inflight),
+                "rate": rates.get(cid, 0.0),
+                "draining_hashes": len(slots),
+                "draining_unacked": unacked,
+                "replay": waiting[cid],
+                "delivered": consumer.delivered,
+                "acked": consumer.acked,
+                "redelivered": consumer.redelivered,
+            }
+        return {
+            "consumers": consumers,
+            "replay": replay,
+            "unrouted": len(self._fresh),
+            "held": self._held,
+            "max_replay": self._max_replay,
+            "wants": self.wants(),
+            "epoch": self._map.epoch,
+            "rebalances": dict(self._rebalances),
+        }
+
+    def drain_histogram(self) -> Histogram:
+        """Seconds from each range change until its last blocked key was released (read-only use)."""
+        return self._drain_seconds
+
+    def traffic(self) -> Any:
+        """Recent per-slot traffic (decayed message counts, as of the last measurement), read-only."""
+        return self._meter.traffic
+
+    # -- internals: routing ----------------------------------------------------------
+
+    def _deliver(self, consumer: _Consumer, message: _Message, out: list[Delivery]) -> None:
+        consumer.permits -= 1
+        consumer.delivered += 1
+        consumer.inflight[message.position] = message
+        if message.redeliveries:
+            consumer.redelivered += 1
+        out.append(Delivery(consumer.cid, message.position, message.key, message.payload, message.redeliveries))
+
+    def _serve_ready(self, out: list[Delivery]) -> None:
+        keys = self._keys
+        deliver = self._deliver
+        heappop, heappush = heapq.heappop, heapq.heappush
+        for consumer in self._wake:
+            ready = consumer.ready
+            while consumer.permits and ready:
+                position, kb = heappop(ready)
+                state = keys.get(kb)
+                if state is None or state.queued_on is not consumer:
+                    continue
+                pending = state.pending
+                if not pending or pending[0].position != position:
+                    continue
+                deliver(consumer, pending.popleft(), out)
+                state.holder = consumer
+                state.inflight += 1
+                if pending:
+                    heappush(ready, (pending[0].position, kb))
+                else:
+                    state.queued_on = None
+        self._wake.clear()
+
+    def _serve_keyless(self, out: list[Delivery]) -> None:
+        waiting = self._keyless
+        while waiting:
+            consumer = self._next_with_permits()
+            if consumer is None:
+                return
+            self._deliver(consumer, waiting.popleft(), out)
+
+    def _next_with_permits(self) -> _Consumer | None:
+        consumers = self._round_robin
+        count = len(consumers)
+        for step in range(count):
+            consumer = consumers[(self._rr + step) % count]
+            if consumer.permits:
+                self._rr = (self._rr + step + 1) % count
+                return consumer
+        return None
+
+    def _route_fresh(self, out: list[Delivery]) -> None:
+        keys = self._keys
+        ends, owners = self._ends, self._owners
+        deliver = self._deliver
+        fresh = self._fresh
+        keyless = self._keyless
+        keyless_blocked = False
+        while fresh:
+            message = fresh.popleft()
+            kb = message.kb
+            if kb is None:
+                consumer = None if keyless or keyless_blocked else self._next_with_permits()
+                if consumer is None:
+                    keyless_blocked = True
+                    keyless.append(message)
+                else:
+                    deliver(consumer, message, out)
+                continue
+            state = keys.get(kb)
+            if state is not None and state.pending:
+                state.pending.append(message)
+                continue
+            owner = owners[bisect.bisect_left(ends, message.slot)] if owners else None
+            if state is None:
+                if owner is not None and owner.permits and not owner.ready:
+                    deliver(owner, message, out)
+                    keys[kb] = _KeyState(kb, message.slot, owner, 1)
+                else:
+                    state = keys[kb] = _KeyState(kb, message.slot, None, 0)
+                    state.pending.append(message)
+                    self._queue(state, owner)
+            elif state.holder is owner:
+                if owner is not None and owner.permits and not owner.ready:
+                    deliver(owner, message, out)
+                    state.inflight += 1
+                else:
+                    state.pending.append(message)
+                    self._queue(state, owner)
+            else:  # draining: in flight on a consumer that no longer owns the key
+                state.pending.append(message)
+
+    def _queue(self, state: _KeyState, owner: _Consumer | None) -> None:
+        """Put ``state``'s head on ``owner``'s ready heap (None: no consumer, wait for one)."""
+        state.queued_on = owner
+        if owner is None:
+            return
+        ready = owner.ready
+        heapq.heappush(ready, (state.pending[0].position, state.kb))
+        if len(ready) > 64 and len(ready) > 4 * len(self._keys):
+            self._compact(owner)
+        if owner.permits:
+            self._wake[owner] = None
+
+    def _compact(self, consumer: _Consumer) -> None:
+        keys = self._keys
+        live = []
+        for position, kb in consumer.ready:
+            state = keys.get(kb)
+            if (
+                state is not None
+                and state.queued_on is consumer
+                and state.pending
+                and state.pending[0].position == position
+            ):
+                live.append((position, kb))
+        heapq.heapify(live)
+        consumer.ready = live
+
+    def _owner_of_slot(self, slot: int) -> _Consumer | None:
+        owners = self._owners
+        return owners[bisect.bisect_left(self._ends, slot)] if owners else None
+
+    def _return_inflight(self, consumer: _Consumer, messages: list[_Message]) -> list[_KeyState]:
+        """Move ``messages`` (in flight on ``consumer``) back to pending, each key ahead of its queue."""
+        by_key: dict[bytes, list[_Message]] = {}
+        keyless = []
+        for message in messages:
+            del consumer.inflight[message.position]
+            message.redeliveries += 1
+            if message.kb is None:
+                keyless.append(message)
+            else:
+                by_key.setdefault(message.kb, []).append(message)
+        keyless.sort(key=lambda m: m.position)
+        self._keyless.extendleft(reversed(keyless))
+        states = []
+        for kb, returned in by_key.items():
+            state = self._keys[kb]
+            returned.sort(key=lambda m: m.position)
+            state.pending.extendleft(reversed(returned))
+            state.inflight -= len(returned)
+            if not state.inflight:
+                state.holder = None
+                if state.draining:
+                    self._release(state)
+            states.append(state)
+        return states
+
+    # -- internals: range changes ----------------------------------------------------
+
+    def _apply(
+        self, planned: RangeMap, now: float, reason: str, consumer: str | None, returned: list[_KeyState]
+    ) -> None:
+        """Install ``planned`` and re-route every key whose owner changed (G1)."""
+        old = self._map
+        moved = moved_slots(old, planned)
+        traffic = self._meter.traffic
+        self._meter.set_rates(reassign_rates(old, planned, self._meter.rates, traffic))
+        self._map = planned
+        ends, owner_ids = planned.lookup_table()
+        self._ends = ends
+        self._owners = [self._consumers[cid] for cid in owner_ids]
+        if moved:
+            firsts = [first for first, _, _, _ in moved]
+            lasts = [last for _, last, _, _ in moved]
+            for state in self._keys.values():
+                i = bisect.bisect_left(lasts, state.slot)
+                if i < len(firsts) and firsts[i] <= state.slot:
+                    self._reroute(state)
+        for state in returned:
+            self._reroute(state)
+        if planned.epoch != old.epoch:
+            self._record(old, planned, moved, now=now, reason=reason, consumer=consumer)
+
+    def _reroute(self, state: _KeyState) -> None:
+        owner = self._owner_of_slot(state.slot)
+        if state.inflight:
+            if state.holder is not owner:
+                if not state.draining:
+                    state.draining = True
+                    state.drain_seq = self._changes + 1
+                    self._draining_since[state.drain_seq] = self._draining_since.get(state.drain_seq, 0) + 1
+                state.queued_on = None
+                return
+            if state.draining:
+                self._release(state)
+        if state.pending and state.queued_on is not owner:
+            self._queue(state, owner)
+
+    def _record(
+        self,
+        old: RangeMap,
+        new: RangeMap,
+        moved: list[tuple[int, int, str | None, str | None]],
+        *,
+        now: float,
+        reason: str,
+        consumer: str | None,
+    ) -> None:
+        traffic = self._meter.traffic
+        moved_count = sum(last - first + 1 for first, last, _, _ in moved)
+        total = float(traffic.sum())
+        if total > 0.0:
+            moved_traffic = sum(float(traffic[first : last + 1].sum()) for first, last, _, _ in moved)
+            stickiness = 1.0 - moved_traffic / total
+        else:
+            stickiness = 1.0 - moved_count / HASH_RANGE_SIZE
+        if not len(old):
+            stickiness = 1.0
+        draining = sum(self._draining_since.values())
+        self._changes += 1
+        self._rebalances[reason] += 1
+        event = RebalanceEvent(new.epoch, now, reason, consumer, moved_count, stickiness, draining, None)
+        change = _Change(self._changes, event)
+        self._history.append(change)
+        if draining:
+            self._undrained.append(change)
+        else:
+            change.drained_at = now
+            self._drain_seconds.observe(0.0)
+
+    def _release(self, state: _KeyState) -> None:
+        """``state`` stops draining; mark the changes that no longer wait for any key drained."""
+        state.draining = False
+        since = self._draining_since
+        left = since[state.drain_seq] - 1
+        if left:
+            since[state.drain_seq] = left
+            return
+        del since[state.drain_seq]
+        oldest_blocking = next(iter(since), self._changes + 1)
+        undrained = self._undrained
+        if undrained and undrained[0].seq < oldest_blocking:
+            now = self._clock()
+            while undrained and undrained[0].seq < oldest_blocking:
+                change = undrained.popleft()
+                change.drained_at = now
+                self._drain_seconds.observe(max(now - change.event.time, 0.0))
+
+    def _maybe_shift(self, now: float) -> None:
+        self._sample(now)
+        self._last_shift = now
+        if self._shift_threshold is None:
+            return
+        planned = plan_shift(self._map, self._load(), self._shift_threshold, self._shift_min_traffic)
+        if planned is not None:
+            self._apply(planned, now, "shift", None, [])
+
+    # -- internals: measurement and checks -------------------------------------------
+
+    def _sample(self, now: float | None = None) -> float:
+        if now is None:
+            now = self._clock()
+        self._meter.sample(now, {cid: c.delivered for cid, c in self._consumers.items()})
+        self._last_sample = now
+        return now
+
+    def _load(self) -> Load:
+        return Load(self._meter.rates, self._meter.traffic)
+
+    def _audit(self) -> None:
+        """Check every internal invariant; raises AssertionError naming the first broken one.
+
+        O(state); for tests, which call it after every step of a random run.
+        """
+        inflight_by_key: Counter[bytes] = Counter()
+        held = len(self._fresh) + len(self._keyless)
+        for consumer in self._consumers.values():
+            held += len(consumer.inflight)
+            for message in consumer.inflight.values():
+                if message.kb is not None:
+                    inflight_by_key[message.kb] += 1
+                    state = self._keys.get(message.kb)
+                    assert state is not None and state.holder is consumer, f"{message.kb!r}: holder mismatch"
+        for kb, state in self._keys.items():
+            held += len(state.pending)
+            assert state.inflight == inflight_by_key[kb], f"{kb!r}: inflight count {state.inflight}"
+            assert (state.holder is None) == (state.inflight == 0), f"{kb!r}: holder without inflight"
+            assert state.pending or state.inflight, f"{kb!r}: empty state kept"
+            positions = [m.position for m in state.pending]
+            assert positions == sorted(positions), f"{kb!r}: pending out of order"
+            if state.holder is not None and positions:
+                top = max(p for p, m in state.holder.inflight.items() if m.kb == kb)
+                assert top < positions[0], f"{kb!r}: pending {positions[0]} not after in-flight {top}"
+            owner = self._owner_of_slot(state.slot)
+            assert state.draining == (state.inflight > 0 and state.holder is not owner), f"{kb!r}: draining flag"
+            queued = bool(state.pending) and not state.draining and owner is not None
+            assert state.queued_on is owner if queued else state.queued_on is None, f"{kb!r}: queued_on"
+            if queued and owner is not None:
+                assert (positions[0], kb) in owner.ready, f"{kb!r}: missing from {owner.cid}'s ready heap"
+        since = Counter(state.drain_seq for state in self._keys.values() if state.draining)
+        assert since == Counter(self._draining_since), f"draining by change {since} != {self._draining_since}"
+        assert held == self._held, f"held {self._held}, counted {held}"
+        assert self._held <= self._max_replay, f"held {self._held} above max_replay {self._max_replay}"
+        assert set(self._consumers) == set(self._map.consumers()) | set(self._standby), "membership"
+
+    def _consumer(self, cid: str) -> _Consumer:
+        consumer = self._consumers.get(cid)
+        if consumer is None:
+            known = ", ".join(repr(c) for c in list(self._consumers)[:10]) or "none"
+            raise UnknownConsumerError(f"consumer {cid!r} is not connected; known consumers: {known}")
+        return consumer
+
+    def _not_in_flight(self, cid: str, position: object, verb: str) -> str:
+        if type(position) is not int:
+            return f"cannot {verb} position {position!r} on {cid!r}: expected an int position in flight"
+        return f"cannot {verb} position {position} on {cid!r}: it is not in flight on that consumer"

@@ -1,0 +1,195 @@
+"""A prometheus-client custom collector over the dispatchers' state, read at scrape time.
+
+Nothing here runs per message: the core keeps plain counters and the collector turns them
+into metric families when Prometheus scrapes (prometheus_client's custom-collector model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from keyfailover.core.dispatcher import Dispatcher
+from keyfailover.core.hashing import HASH_RANGE_SIZE
+from keyfailover.core.histogram import Histogram
+
+__all__ = ["METRIC_NAMES", "KeyFailoverCollector", "ServerView", "SubscriptionView"]
+
+REASONS = ("join", "leave", "shift", "timeout")
+
+
+@dataclass(frozen=True)
+class SubscriptionView:
+    """One subscription to report: its dispatcher and, with a log behind it, its backlog."""
+
+    topic: str
+    subscription: str
+    dispatcher: Dispatcher
+    backlog: int | None = None
+
+
+@dataclass(frozen=True)
+class ServerView:
+    """Server-wide counters: the log's appends and commit times, connections, protocol errors."""
+
+    appended: int = 0
+    commit_seconds: Histogram = field(default_factory=Histogram)
+    connections: int = 0
+    protocol_errors: Mapping[str, int] = field(default_factory=dict)
+
+
+_SUB = ["topic", "subscription"]
+_CON = ["topic", "subscription", "consumer"]
+
+# name -> (kind, help, labels)
+_SPECS: dict[str, tuple[str, str, list[str]]] = {
+    "keyfailover_range_start": ("gauge", "First hash slot of the consumer's range (inclusive).", _CON),
+    "keyfailover_range_end": ("gauge", "Last hash slot of the consumer's range (inclusive).", _CON),
+    "keyfailover_range_share": ("gauge", "Fraction of the 65536-slot hash space the consumer owns.", _CON),
+    "keyfailover_traffic_share": (
+        "gauge",
+        "Fraction of recent keyed messages that fall in the consumer's range.",
+        _CON,
+    ),
+    "keyfailover_messages_dispatched": ("counter", "Messages delivered to the consumer (redeliveries included).", _CON),
+    "keyfailover_messages_acked": ("counter", "Messages the consumer acknowledged.", _CON),
+    "keyfailover_messages_redelivered": ("counter", "Deliveries to the consumer that were redeliveries.", _CON),
+    "keyfailover_dispatch_rate": (
+        "gauge",
+        "Measured dispatch rate used by the rebalance policy, messages per second.",
+        _CON,
+    ),
+    "keyfailover_unacked_messages": ("gauge", "Messages delivered to the consumer and not yet acknowledged.", _CON),
+    "keyfailover_permits": ("gauge", "Deliveries the consumer will still accept (flow permits).", _CON),
+    "keyfailover_draining_hashes": (
+        "gauge",
+        "Hash slots blocked for their new owner until this consumer acks them.",
+        _CON,
+    ),
+    "keyfailover_replay_messages": ("gauge", "Messages waiting in the replay buffer for this consumer's keys.", _CON),
+    "keyfailover_backlog_messages": ("gauge", "Messages stored and not yet acknowledged by the subscription.", _SUB),
+    "keyfailover_rebalances": ("counter", "Range-map changes, by reason.", [*_SUB, "reason"]),
+    "keyfailover_rebalance_duration_seconds": (
+        "histogram",
+        "Time from a range change until the last key it blocked was released.",
+        _SUB,
+    ),
+    "keyfailover_rebalance_stickiness": (
+        "gauge",
+        "Fraction of recent traffic that kept its consumer at the last range change.",
+        _SUB,
+    ),
+    "keyfailover_load_imbalance": ("gauge", "Recent traffic of the busiest consumer over the mean (1 is even).", _SUB),
+    "keyfailover_consumers": ("gauge", "Consumers attached to the subscription (standbys included).", _SUB),
+    "keyfailover_range_map_epoch": ("gauge", "Range map epoch: +1 at every change.", _SUB),
+    "keyfailover_log_appended": ("counter", "Messages stored in the log (retried duplicates not counted).", []),
+    "keyfailover_log_commit_seconds": ("histogram", "Time of one group commit to the log.", []),
+    "keyfailover_connections": ("gauge", "Open client connections.", []),
+    "keyfailover_protocol_errors": ("counter", "Error frames sent to clients, by code.", ["code"]),
+}
+
+METRIC_NAMES: frozenset[str] = frozenset(
+    name + suffix
+    for name, (kind, _, _) in _SPECS.items()
+    for suffix in {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}[kind]
+)
+"""Every sample name the collector exports (counters with ``_total``, histograms with their series)."""
+
+
+class _Families:
+    def __init__(self) -> None:
+        self.by_name: dict[str, Metric] = {}
+        for name, (kind, help_text, labels) in _SPECS.items():
+            family: Metric
+            if kind == "gauge":
+                family = GaugeMetricFamily(name, help_text, labels=labels)
+            elif kind == "counter":
+                family = CounterMetricFamily(name, help_text, labels=labels)
+            else:
+                family = HistogramMetricFamily(name, help_text, labels=labels)
+            self.by_name[name] = family
+
+    def add(self, name: str, labels: list[str], value: float) -> None:
+        family = self.by_name[name]
+        assert isinstance(family, GaugeMetricFamily | CounterMetricFamily)
+        family.add_metric(labels, value)
+
+    def histogram(self, name: str, labels: list[str], histogram: Histogram) -> None:
+        family = self.by_name[name]
+        assert isinstance(family, HistogramMetricFamily)
+        buckets = [("+Inf" if bound == float("inf") else repr(bound), count) for bound, count in histogram.cumulative()]
+        family.add_metric(labels, buckets, histogram.sum)
+
+
+class KeyFailoverCollector(Collector):
+    """Yields keyfailover's metric families from live state on every ``collect()``."""
+
+    def __init__(
+        self,
+        subscriptions: Callable[[], Iterable[SubscriptionView]],
+        server: Callable[[], ServerView] | None = None,
+    ) -> None:
+        self._subscriptions = subscriptions
+        self._server = server
+
+    def describe(self) -> Iterator[Metric]:
+        """The families without samples, so registering does not call the sources."""
+        return iter(_Families().by_name.values())
+
+    def collect(self) -> Iterator[Metric]:
+        families = _Families()
+        for view in self._subscriptions():
+            _subscription(families, view)
+        if self._server is not None:
+            server = self._server()
+            families.add("keyfailover_log_appended", [], server.appended)
+            families.histogram("keyfailover_log_commit_seconds", [], server.commit_seconds)
+            families.add("keyfailover_connections", [], server.connections)
+            for code, count in sorted(server.protocol_errors.items()):
+                families.add("keyfailover_protocol_errors", [code], count)
+        return iter(families.by_name.values())
+
+
+def _subscription(families: _Families, view: SubscriptionView) -> None:
+    dispatcher = view.dispatcher
+    sub = [view.topic, view.subscription]
+    stats = dispatcher.stats()
+    traffic = np.asarray(dispatcher.traffic())
+    prefix = np.concatenate(([0.0], np.cumsum(traffic)))
+    total = float(prefix[-1])
+    loads: list[float] = []
+    for consumer, info in sorted(stats["consumers"].items()):
+        labels = [*sub, consumer]
+        owned = info["range"]
+        if owned is not None:
+            start, end = owned
+            families.add("keyfailover_range_start", labels, start)
+            families.add("keyfailover_range_end", labels, end)
+            families.add("keyfailover_range_share", labels, (end - start + 1) / HASH_RANGE_SIZE)
+            load = float(prefix[end + 1] - prefix[start])
+            loads.append(load)
+            families.add("keyfailover_traffic_share", labels, load / total if total > 0 else 0.0)
+        families.add("keyfailover_messages_dispatched", labels, info["delivered"])
+        families.add("keyfailover_messages_acked", labels, info["acked"])
+        families.add("keyfailover_messages_redelivered", labels, info["redelivered"])
+        families.add("keyfailover_dispatch_rate", labels, info["rate"])
+        families.add("keyfailover_unacked_messages", labels, info["unacked"])
+        families.add("keyfailover_permits", labels, info["permits"])
+        families.add("keyfailover_draining_hashes", labels, info["draining_hashes"])
+        families.add("keyfailover_replay_messages", labels, info["replay"])
+    # Without a log behind it, the backlog is what the dispatcher holds unacknowledged.
+    backlog = view.backlog if view.backlog is not None else stats["held"]
+    families.add("keyfailover_backlog_messages", sub, backlog)
+    for reason in REASONS:
+        families.add("keyfailover_rebalances", [*sub, reason], stats["rebalances"].get(reason, 0))
+    families.histogram("keyfailover_rebalance_duration_seconds", sub, dispatcher.drain_histogram())
+    events = dispatcher.rebalances()
+    families.add("keyfailover_rebalance_stickiness", sub, events[-1].stickiness if events else 1.0)
+    mean = sum(loads) / len(loads) if loads else 0.0
+    families.add("keyfailover_load_imbalance", sub, max(loads) / mean if mean > 0 else 1.0)
+    families.add("keyfailover_consumers", sub, len(stats["consumers"]))
+    families.add("keyfailover_range_map_epoch", sub, stats["epoch"])

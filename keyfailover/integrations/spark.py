@@ -1,0 +1,448 @@
+"""The keyfailover hash and range map in PySpark, so a batch job partitions data as the live consumers own it.
+
+Everything runs in Spark SQL itself, with no Python UDF: :func:`with_key_hash` computes
+exactly :func:`keyfailover.key_hash`, :func:`with_range_id` finds each slot's range by
+integer comparisons against the range ends (by a slot table for maps of over 256 ranges),
+and :func:`partition_by_ranges` puts range i in partition i with
+``repartitionById`` (Spark >= 4.1), sorted by key. :func:`process_in_key_order` then calls
+a Python function once per key, with that key's rows in order, inside those partitions.
+
+Null keys form their own group: their ``key_hash``, range id and owner are null, and
+:func:`partition_by_ranges` puts them all in one extra partition, number n for a map of n
+ranges (empty when there are none), where :func:`process_in_key_order` calls the function
+once with the key ``None``.
+
+Needs the ``[spark]`` extra (pyspark >= 4.1, pyarrow) and Java. Every expression is
+correct with ANSI mode on (the default in Spark 4): the 32-bit arithmetic runs in bigint
+with masking, and no product can overflow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeAlias
+from urllib.error import HTTPError, URLError
+from urllib.parse import parse_qs, urlsplit
+from urllib.request import urlopen
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as sf
+from pyspark.sql.types import BinaryType, IntegralType, StringType, StructType
+
+from keyfailover.core.errors import InvalidKeyError, RangeMapError, SnapshotError
+from keyfailover.core.hashing import HASH_RANGE_SIZE
+from keyfailover.core.ranges import RangeMap
+
+__all__ = [
+    "KeyFunction",
+    "RangeMapSource",
+    "load_range_map",
+    "local_session",
+    "owner_column",
+    "partition_by_ranges",
+    "process_in_key_order",
+    "with_key_hash",
+    "with_range_id",
+]
+
+RangeMapSource: TypeAlias = RangeMap | Mapping[str, Any] | str | os.PathLike[str]
+"""A :class:`RangeMap`, its snapshot dict, a snapshot JSON file, or a server's ``/ranges`` URL for one subscription."""
+
+KeyFunction: TypeAlias = Callable[[Any, list[dict[str, Any]]], Iterable[Mapping[str, Any]]]
+"""``fn(key, rows)`` of :func:`process_in_key_order`: one key's rows in order in, output rows out."""
+
+# -- Murmur3 x86_32 in bigint arithmetic ---------------------------------------------------
+#
+# Spark's hash() is Murmur3 x86_32 with seed 42, and it mixes the 1-3 bytes after the last
+# whole 4-byte block as separate blocks (SPARK-23381), so it matches the standard hash only
+# when the length is a multiple of 4. with_key_hash therefore lets Spark hash the key
+# zero-padded to whole blocks with seed 0, then in bigint arithmetic undoes Spark's final
+# mix, its length step and the block step of the padded last block (which leaves exactly the
+# standard tail mix applied), and finishes with the true length.
+
+_U32 = 0xFFFFFFFF
+_C1, _C2 = 0xCC9E2D51, 0x1B873593  # block mixing constants
+_C4 = 0xE6546B64  # added in every block step: h = rotl(h ^ k, 13) * 5 + _C4
+_F1, _F2 = 0x85EBCA6B, 0xC2B2AE35  # final mix multipliers
+
+
+def _inverse(c: int) -> int:
+    return pow(c, -1, 1 << 32)
+
+
+def _rotr(x: int, r: int) -> int:
+    return ((x >> r) | (x << (32 - r))) & _U32
+
+
+def _int_hashing_to_zero(seed: int = 42) -> int:
+    """The int ``v`` whose Spark ``hash(v)`` is 0, so ``hash(v, x)`` hashes ``x`` with seed 0.
+
+    Spark's ``hashInt(v, seed) = fmix(rotl(seed ^ mixK1(v), 13) * 5 + _C4, 4)`` and fmix(0)
+    is 0, so the step before fmix must give 4; every step is invertible mod 2^32.
+    """
+    h = (((4 - _C4) & _U32) * _inverse(5)) & _U32
+    k = _rotr(h, 13) ^ seed
+    k = _rotr((k * _inverse(_C2)) & _U32, 15)
+    v = (k * _inverse(_C1)) & _U32
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+_SEED_ZERO = _int_hashing_to_zero()
+
+
+def _mul(x: Column, c: int) -> Column:
+    """``x * c mod 2^32`` for ``x`` in [0, 2^32): ``c`` as a signed 32-bit value keeps |x * c| below 2^63."""
+    return (x * sf.lit(c - (1 << 32) if c >= 1 << 31 else c)).bitwiseAND(sf.lit(_U32))
+
+
+def _xorshift(x: Column, *shifts: int) -> Column:
+    """``x ^ (x >> s1) ^ (x >> s2) ...`` for a non-negative bigint ``x``."""
+    result = x
+    for shift in shifts:
+        result = result.bitwiseXOR(sf.shiftright(x, shift))
+    return result
+
+
+def _whole_blocks(length: Column) -> Column:
+    """``length`` rounded up to a multiple of 4: the length of the zero-padded key."""
+    return sf.shiftleft(sf.shiftright(length + 3, 2), 2)
+
+
+def with_key_hash(df: DataFrame, key_col: str, out: str = "key_hash") -> DataFrame:
+    """Add ``out``: the :func:`keyfailover.key_hash` slot of ``key_col``, an int in [0, 65535] or null.
+
+    ``key_col`` is a string column (hashed as its UTF-8 bytes) or a binary column, so a
+    string and its UTF-8 bytes get the same slot. A null key gets a null slot. Built as
+    staged ``withColumns`` steps over bigint columns (each value that is used twice is a
+    column of its own, so the plan never nests copies of an expression).
+    """
+    key_type = _column_type(df, key_col)
+    if not isinstance(key_type, StringType | BinaryType):
+        raise InvalidKeyError(f"key column {key_col!r} has type {key_type.simpleString()}; expected string or binary")
+    names = [f"__kf_{out}_{step}" for step in ("len", "v", "a", "b", "c", "d", "e", "f")]
+    length, v, a, b, c, d, e, f = (sf.col(name) for name in names)
+    key = sf.col(key_col).cast("binary")
+    steps: list[dict[str, Column]] = [
+        {  # Spark's Murmur3 of the zero-padded key with seed 0: fmix(H ^ padded length), H the block loop
+            names[0]: sf.octet_length(key).cast("long"),
+            names[1]: sf.hash(
+                sf.lit(_SEED_ZERO), sf.rpad(key, _whole_blocks(sf.octet_length(key)), sf.lit(bytearray(1)))
+            )
+            .cast("long")
+            .bitwiseAND(sf.lit(_U32)),
+        },
+        {names[2]: _mul(_xorshift(v, 16), _inverse(_F2))},  # undo fmix, from its last step back
+        {names[3]: _mul(_xorshift(a, 13, 26), _inverse(_F1))},
+        {  # undo the padded length and the last block step rotl(h ^ k, 13) * 5 + _C4: h ^ k is left
+            names[4]: _mul(
+                (_xorshift(b, 16).bitwiseXOR(_whole_blocks(length)) + sf.lit((1 << 32) - _C4)).bitwiseAND(sf.lit(_U32)),
+                _inverse(5),
+            )
+        },
+        {names[5]: sf.shiftright(c, 13).bitwiseOR(sf.shiftleft(c, 19).bitwiseAND(sf.lit(_U32))).bitwiseXOR(length)},
+        {names[6]: _mul(_xorshift(d, 16), _F1)},  # standard fmix with the true length
+        {names[7]: _mul(_xorshift(e, 13), _F2)},
+        {  # whole blocks only: Spark's value is already standard. A null key has a null length.
+            out: sf.when(length.bitwiseAND(3) == 0, v.bitwiseAND(0xFFFF))
+            .otherwise(_xorshift(f, 16).bitwiseAND(0xFFFF))
+            .cast("int")
+        },
+    ]
+    for step in steps:
+        df = df.withColumns(step)
+    return df.drop(*names)
+
+
+# -- range maps --------------------------------------------------------------------------
+
+
+def load_range_map(source: RangeMapSource) -> RangeMap:
+    """The :class:`RangeMap` of ``source``, checked to have ranges over the 65536 key-hash slots.
+
+    ``source`` is a :class:`RangeMap`, a snapshot dict (``RangeMap.snapshot()``), the path
+    of a snapshot JSON file, or the URL of a server's ``/ranges`` endpoint for one
+    subscription (``http://HOST:PORT/ranges?topic=T&subscription=S``).
+    """
+    if isinstance(source, RangeMap):
+        found = source
+    elif isinstance(source, Mapping):
+        found = RangeMap.from_snapshot(source)
+    elif isinstance(source, str) and source.startswith(("http://", "https://")):
+        found = RangeMap.from_snapshot(_fetch_snapshot(source))
+    elif isinstance(source, str | os.PathLike):
+        found = RangeMap.from_snapshot(_read_snapshot(Path(source)))
+    else:
+        raise RangeMapError(
+            f"range_map is a {type(source).__name__}; expected a RangeMap, a snapshot dict, "
+            "the path of a snapshot JSON file or a /ranges URL"
+        )
+    if found.range_size != HASH_RANGE_SIZE:
+        raise RangeMapError(
+            f"the range map covers {found.range_size} slots; expected {HASH_RANGE_SIZE}, the slots key_hash gives"
+        )
+    if not len(found):
+        raise RangeMapError("the range map is empty: no consumer owns a range; expected at least one")
+    return found
+
+
+def _read_snapshot(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SnapshotError(f"cannot read the range map snapshot {str(path)!r}: {exc.strerror}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SnapshotError(f"the range map snapshot {str(path)!r} is not JSON: {exc}") from None
+
+
+def _fetch_snapshot(url: str) -> Any:
+    query = parse_qs(urlsplit(url).query)
+    if "topic" not in query or "subscription" not in query:
+        raise SnapshotError(
+            f"the URL {url!r} names no subscription; expected a /ranges URL with ?topic=T&subscription=S"
+        )
+    try:
+        with urlopen(url, timeout=10) as response:
+            body = response.read()
+    except HTTPError as exc:
+        detail = exc.read().decode("utf-8", "replace").strip()
+        raise SnapshotError(f"{url}: HTTP {exc.code} {detail}") from None
+    except (URLError, OSError) as exc:
+        reason = exc.reason if isinstance(exc, URLError) else exc
+        raise SnapshotError(f"cannot fetch the range map from {url}: {reason}") from None
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise SnapshotError(f"{url} did not answer JSON: {exc}") from None
+
+
+_MAX_SEARCH_RANGES = 256
+"""Up to this many ranges a binary search of comparisons finds a slot's range; above, a slot table does.
+
+The comparisons compile to small generated code and cost log2(n) per row; with about 2000
+ranges the code passes the JVM's 64 KB method limit and Spark falls back to interpreting it.
+"""
+
+
+def _range_index(hash_col: str, range_map: RangeMap) -> Column:
+    """The index of the range holding ``hash_col``'s slot, null for a null slot; an int column.
+
+    A binary search over the range ends (about log2(n) integer comparisons per row), or for
+    more than ``_MAX_SEARCH_RANGES`` ranges a lookup in a 65536-entry slot table literal. A
+    slot outside [0, 65535] fails the query rather than landing in an edge range.
+    """
+    slot = sf.col(hash_col)
+    if len(range_map) > _MAX_SEARCH_RANGES:
+        table = sf.from_json(sf.lit(json.dumps(range_map.slot_owners().tolist())), "array<int>")
+        found = sf.element_at(table, slot + 1)
+    else:
+        ends = [end for _, end, _ in range_map.ranges()]
+
+        def search(low: int, high: int) -> Column:
+            if low == high:
+                return sf.lit(low)
+            middle = (low + high) // 2
+            return sf.when(slot <= ends[middle], search(low, middle)).otherwise(search(middle + 1, high))
+
+        found = search(0, len(ends) - 1)
+    outside = sf.raise_error(
+        sf.concat(
+            sf.lit(f"{hash_col} "),
+            slot.cast("string"),
+            sf.lit(f" is not a key-hash slot; expected an int in [0, {HASH_RANGE_SIZE - 1}]"),
+        )
+    )
+    return (
+        sf.when(slot.isNull(), sf.lit(None))
+        .when(slot.between(0, HASH_RANGE_SIZE - 1), found)
+        .otherwise(outside)
+        .cast("int")
+    )
+
+
+def _owner(hash_col: str, range_map: RangeMap) -> Column:
+    """The consumer owning ``hash_col``'s slot, null for a null slot: its range index into the owners."""
+    owners = sf.from_json(sf.lit(json.dumps(range_map.consumers())), "array<string>")
+    return sf.element_at(owners, _range_index(hash_col, range_map) + 1)
+
+
+def with_range_id(
+    df: DataFrame, range_map: RangeMapSource, hash_col: str = "key_hash", out: str = "range_id"
+) -> DataFrame:
+    """Add ``out``: the index (in hash order, from 0) of the range holding ``hash_col``'s slot, or null.
+
+    ``range_map`` is read once, now (see :func:`load_range_map` for its forms).
+    """
+    found = load_range_map(range_map)
+    _require_slot_column(df, hash_col)
+    return df.withColumn(out, _range_index(hash_col, found))
+
+
+def owner_column(
+    df: DataFrame,
+    range_map: RangeMapSource,
+    key_col: str | None = None,
+    *,
+    hash_col: str = "key_hash",
+    out: str = "owner",
+) -> DataFrame:
+    """Add ``out``: the consumer id owning each row's key, null for a null key.
+
+    With ``key_col`` the slot is computed from the key; without it ``hash_col`` must
+    already hold the slots (as :func:`with_key_hash` adds them).
+    """
+    found = load_range_map(range_map)
+    if key_col is None:
+        _require_slot_column(df, hash_col)
+        return df.withColumn(out, _owner(hash_col, found))
+    slot = f"__kf_{out}_slot"
+    return with_key_hash(df, key_col, slot).withColumn(out, _owner(slot, found)).drop(slot)
+
+
+def partition_by_ranges(
+    df: DataFrame,
+    key_col: str,
+    range_map: RangeMapSource,
+    order_by: str | Sequence[str] | None = None,
+    *,
+    hash_col: str = "key_hash",
+    range_col: str = "range_id",
+) -> DataFrame:
+    """Repartition so that partition i holds exactly the keys of range i, sorted by key, then ``order_by``.
+
+    One shuffle (``repartitionById``) and a sort within each partition, nothing else. The
+    result has ``hash_col`` and ``range_col`` added and n + 1 partitions for a map of n
+    ranges: the last holds the rows whose key is null (and is empty when there are none).
+    """
+    found = load_range_map(range_map)
+    order = [order_by] if isinstance(order_by, str) else list(order_by or [])
+    for name in order:
+        _column_type(df, name)
+    ranged = with_range_id(with_key_hash(df, key_col, hash_col), found, hash_col, range_col)
+    target = sf.coalesce(sf.col(range_col), sf.lit(len(found)))
+    return ranged.repartitionById(len(found) + 1, target).sortWithinPartitions(key_col, *order)
+
+
+def process_in_key_order(  # noqa: PLR0917  (the issue's positional signature)
+    df: DataFrame,
+    key_col: str,
+    order_col: str | Sequence[str],
+    fn: KeyFunction,
+    range_map: RangeMapSource,
+    schema: StructType | str,
+    *,
+    batch_rows: int = 10_000,
+) -> DataFrame:
+    """Call ``fn(key, rows)`` once per key, with that key's rows sorted by ``order_col``; return what it yields.
+
+    ``rows`` is a list of dicts (column name to value) of ``df``'s columns; ``fn`` returns an
+    iterable of mappings whose keys are exactly ``schema``'s field names. It runs inside the
+    partitions of :func:`partition_by_ranges` (partition i holds range i) through
+    ``mapInArrow``, grouping consecutive rows of a key: no second shuffle, so the result
+    keeps that partitioning. Null keys are one group, called with the key ``None``.
+    """
+    import pyarrow as pa  # type: ignore[import-untyped]
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    if not callable(fn):
+        raise TypeError(f"fn must be callable as fn(key, rows), not {type(fn).__name__}")
+    if type(batch_rows) is not int or batch_rows < 1:
+        raise ValueError(f"batch_rows must be an int >= 1, not {batch_rows!r}")
+    out_schema = schema if isinstance(schema, StructType) else StructType.fromDDL(schema)
+    if not isinstance(out_schema, StructType):
+        raise ValueError(f"schema {schema!r} is not a struct of fields; expected e.g. 'key string, total long'")
+    large = df.sparkSession.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
+    arrow_schema = to_arrow_schema(out_schema, timezone="UTC", prefers_large_types=large)
+    field_names = set(out_schema.names)
+    columns = df.columns
+    parted = partition_by_ranges(df, key_col, range_map, order_col, hash_col="__kf_hash", range_col="__kf_range")
+
+    def output(rows: list[Mapping[str, Any]]) -> Any:
+        return pa.RecordBatch.from_pylist(rows, schema=arrow_schema)
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        pending: list[Mapping[str, Any]] = []
+        group: list[dict[str, Any]] = []
+        group_key: Any = None
+
+        def finish() -> None:
+            results = fn(group_key, group)
+            if not isinstance(results, Iterable):
+                raise TypeError(
+                    f"fn returned a {type(results).__name__} for key {group_key!r}; expected an iterable of mappings"
+                )
+            for row in results:
+                if not isinstance(row, Mapping) or row.keys() != field_names:
+                    shown = sorted(row) if isinstance(row, Mapping) else type(row).__name__
+                    raise ValueError(
+                        f"fn yielded {shown} for key {group_key!r}; expected a mapping with exactly the "
+                        f"fields {sorted(field_names)}"
+                    )
+                pending.append(row)
+
+        for batch in batches:
+            records = batch.to_pylist()
+            for record in records:
+                key = record[key_col]
+                if group and key != group_key:
+                    finish()
+                    group = []
+                    if len(pending) >= batch_rows:
+                        yield output(pending)
+                        pending = []
+                group_key = key
+                group.append(record)
+        if group:
+            finish()
+        if pending:
+            yield output(pending)
+
+    return parted.select(*columns).mapInArrow(run, out_schema)
+
+
+def local_session(app_name: str, *, cores: int = 2, config: Mapping[str, str] | None = None) -> SparkSession:
+    """A ``local[cores]`` SparkSession on loopback, without the web UI and progress bars (or the one running).
+
+    Python workers run this interpreter unless ``PYSPARK_PYTHON`` names another (it is set
+    when missing). ``config`` adds or overrides Spark settings.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
+    settings = {
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        **(config or {}),
+    }
+    for name, value in settings.items():
+        builder = builder.config(name, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+# -- checks ------------------------------------------------------------------------------
+
+
+def _column_type(df: DataFrame, name: str) -> Any:
+    if not isinstance(name, str):
+        raise InvalidKeyError(f"a column is named by a str, not {type(name).__name__}")
+    for field in df.schema.fields:
+        if field.name == name:
+            return field.dataType
+    raise InvalidKeyError(f"column {name!r} is not in the DataFrame; its columns are {df.columns}")
+
+
+def _require_slot_column(df: DataFrame, hash_col: str) -> None:
+    found = _column_type(df, hash_col)
+    if not isinstance(found, IntegralType):
+        raise InvalidKeyError(
+            f"hash column {hash_col!r} has type {found.simpleString()}; expected an integer column "
+            "of key-hash slots (see with_key_hash)"
+        )

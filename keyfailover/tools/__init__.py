@@ -1,0 +1,1 @@
+"""Tools for users: the ``keyfailover`` command line, the demo, the rebalancing evaluation."""

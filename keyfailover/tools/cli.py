@@ -1,0 +1,412 @@
+"""The ``keyfailover`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+from urllib.error import HTTPError, URLError
+from urllib.parse import urlencode
+from urllib.request import urlopen
+
+__all__ = ["main"]
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _demo(args: argparse.Namespace) -> int:
+    if args.core:
+        from keyfailover.tools.demo import run_core_demo
+
+        report = run_core_demo(messages=args.messages, keys=args.keys, seed=args.seed)
+    else:
+        from keyfailover.tools.demo import run_server_demo
+
+        report = run_server_demo(events=args.messages, accounts=args.keys, seed=args.seed)
+    return 1 if report.problems else 0
+
+
+def _scenario(text: str) -> str:
+    from keyfailover.tools.evaluate import SCENARIOS
+
+    if text != "all" and text not in SCENARIOS:
+        raise argparse.ArgumentTypeError(f"unknown scenario {text!r}; expected one of {', '.join(SCENARIOS)} or all")
+    return text
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from keyfailover.tools import evaluate as ev
+
+    names = ev.SCENARIOS if args.scenario == "all" else (args.scenario,)
+    results = ev.evaluate(names, quick=args.quick)
+    if args.plot is not None:
+        try:
+            ev.plot(results, Path(args.plot))
+        except ImportError:
+            raise SystemExit("keyfailover evaluate: --plot needs matplotlib (pip install keyfailover[plot])") from None
+        except OSError as exc:
+            raise SystemExit(f"keyfailover evaluate: cannot write {args.plot}: {exc.strerror}") from None
+    if args.json:
+        print(json.dumps([result.json_row() for result in results], indent=2))
+        return 0
+    for name in names:
+        scenario = ev.build_scenario(name, args.quick)
+        print(f"\n{name}: {scenario.summary}\n")
+        print(ev.scenario_table([result for result in results if result.scenario == name]))
+    timing_scenario = ev.build_scenario("random", args.quick)
+    consumers = 16 if args.quick else 64
+    timings = [ev.time_reassignments(strategy(), timing_scenario, consumers) for strategy in ev.STRATEGIES.values()]
+    print(f"\nreassignment time with {consumers} consumers (Zipf traffic; medians, p95)\n")
+    print(ev.timing_table(timings))
+    print("\ndispatcher: seconds from a range change until its last draining key was released\n")
+    print(ev.drain_table(ev.drain_times(args.quick)))
+    print("\ngoals for keyfailover\n")
+    print("\n".join(str(goal) for goal in ev.goals(results, timings)))
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from keyfailover.broker.protocol import DEFAULT_MAX_FRAME
+    from keyfailover.broker.server import ServerConfig
+    from keyfailover.tools.serve import run_server
+
+    config = ServerConfig(
+        data_dir=Path(args.data_dir),
+        host=args.host,
+        port=args.port,
+        token=args.token,
+        session_timeout=args.session_timeout,
+        max_frame=args.max_frame or DEFAULT_MAX_FRAME,
+        synchronous=args.sync,
+        metrics_port=args.metrics_port,
+    )
+    return asyncio.run(run_server(config))
+
+
+def _admin_get(args: argparse.Namespace, path: str, query: dict[str, str]) -> Any:
+    target = args.admin_url.rstrip("/") + path + ("?" + urlencode(query) if query else "")
+    try:
+        with urlopen(target, timeout=10) as response:
+            return json.load(response)
+    except HTTPError as exc:
+        raise SystemExit(f"{target}: {exc.code} {exc.read().decode(errors='replace').strip()}") from None
+    except URLError as exc:
+        raise SystemExit(f"cannot reach {target} ({exc.reason}); is the server running with --metrics-port?") from None
+
+
+def _ranges(args: argparse.Namespace) -> int:
+    query = {"topic": args.topic, "subscription": args.subscription} if args.topic else {}
+    found = _admin_get(args, "/ranges", query)
+    if args.json:
+        print(json.dumps(found, indent=2, sort_keys=True))
+        return 0
+    listing = (
+        [{"topic": args.topic, "subscription": args.subscription, "ranges": found}] if query else found["subscriptions"]
+    )
+    for item in listing:
+        snapshot = item["ranges"]
+        print(f"{item['topic']}/{item['subscription']} (epoch {snapshot['epoch']})")
+        for entry in snapshot["ranges"]:
+            share = (entry["end"] - entry["start"] + 1) / snapshot["range_size"]
+            print(f"  {entry['consumer']:<24}[{entry['start']:>5}, {entry['end']:>5}]  {share:6.1%}")
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    found = _admin_get(args, "/stats", {})
+    if args.json:
+        print(json.dumps(found, indent=2, sort_keys=True))
+        return 0
+    print(f"connections {found['connections']}")
+    for item in found["subscriptions"]:
+        stats = item["dispatcher"]
+        print(
+            f"{item['topic']}/{item['subscription']}: backlog {item['backlog']}, replay {stats['replay']}, "
+            f"mark-delete {item['mark_delete']}, epoch {stats['epoch']}"
+        )
+        print(f"  {'consumer':<24}{'range':>16}{'rate/s':>9}{'permits':>9}{'unacked':>9}{'draining':>9}")
+        for consumer, info in sorted(stats["consumers"].items()):
+            shown = "standby" if info["range"] is None else f"[{info['range'][0]}, {info['range'][1]}]"
+            print(
+                f"  {consumer:<24}{shown:>16}{info['rate']:>9.0f}{info['permits']:>9}"
+                f"{info['unacked']:>9}{info['draining_hashes']:>9}"
+            )
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from keyfailover.integrations.plot import history_from_records, load_history, render_ownership
+
+    if args.admin_url is None:
+        if args.topic is not None or args.subscription is not None:
+            raise SystemExit("keyfailover plot: --topic and --subscription go with --admin-url, not --history-file")
+        try:
+            history = load_history(args.history_file)
+        except OSError as exc:
+            raise SystemExit(f"keyfailover plot: cannot read {args.history_file}: {exc.strerror}") from None
+        name = Path(args.history_file).name
+    else:
+        if args.topic is None or args.subscription is None:
+            raise SystemExit("keyfailover plot: --admin-url needs --topic and --subscription")
+        found = _admin_get(args, "/history", {"topic": args.topic, "subscription": args.subscription})
+        records = found.get("history") if isinstance(found, dict) else found
+        history = history_from_records(records, f"{args.admin_url.rstrip('/')}/history")
+        name = f"{args.topic}/{args.subscription}"
+    try:
+        render_ownership(history, args.out, args.title if args.title is not None else f"Range ownership: {name}")
+    except OSError as exc:
+        raise SystemExit(f"keyfailover plot: cannot write {args.out}: {exc.strerror}") from None
+    print(f"wrote {args.out}: {len(history)} range maps")
+    return 0
+
+
+def _produce(args: argparse.Namespace) -> int:
+    import os
+    import stat
+
+    from keyfailover.client import Client
+    from keyfailover.tools._progress import Progress
+
+    try:
+        source: BinaryIO = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
+    except OSError as exc:
+        raise SystemExit(f"keyfailover produce: cannot read {args.file}: {exc.strerror}") from None
+    progress = None
+    if args.progress:
+        info = os.fstat(source.fileno())
+        progress = Progress(sys.stderr, info.st_size if stat.S_ISREG(info.st_mode) else None)
+    sent = stored = done = 0
+    errors: list[BaseException] = []
+
+    def confirmed(_position: int | None, error: BaseException | None) -> None:
+        nonlocal stored
+        if error is not None:
+            errors.append(error)
+        else:
+            stored += 1
+
+    try:
+        with Client(args.url, args.token) as client, source:
+            producer = client.create_producer(args.topic, args.producer_name)
+            for line_number, raw in enumerate(source, 1):
+                done += len(raw)
+                line = _text(raw, line_number)
+                if not line:
+                    continue
+                key, payload = _parse_line(line, line_number, args.json, args.key_field)
+                producer.send_async(payload, key, confirmed)
+                sent += 1
+                if progress is not None:
+                    progress.update(sent, stored, done)
+            producer.flush()
+    finally:  # the bar's last line ends before any error message
+        if progress is not None:
+            progress.finish(sent, stored, done)
+    if errors:
+        print(f"{len(errors)} messages were not stored; first error: {errors[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _text(raw: bytes, number: int) -> str:
+    """One input line without its line break."""
+    try:
+        return raw.decode().removesuffix("\n").removesuffix("\r")
+    except UnicodeDecodeError as exc:
+        raise SystemExit(f"line {number}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
+def _parse_line(line: str, number: int, as_json: bool, key_field: str | None) -> tuple[str | None, bytes]:
+    if not as_json:
+        if key_field is None:
+            return None, line.encode()
+        key, sep, payload = line.partition(key_field)
+        if not sep:
+            raise SystemExit(f"line {number}: no {key_field!r} separator between key and payload")
+        return key, payload.encode()
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"line {number}: not JSON ({exc})") from None
+    if not isinstance(record, dict):
+        raise SystemExit(f"line {number}: expected a JSON object, got {type(record).__name__}")
+    field = record.get(key_field) if key_field else None
+    return (None if field is None else str(field)), line.encode()
+
+
+def _consume(args: argparse.Namespace) -> int:
+    from keyfailover.client import Client, Timeout
+
+    received = 0
+    with Client(args.url, args.token) as client:
+        consumer = client.subscribe(args.topic, args.subscription, args.consumer_name, args.receiver_queue)
+        while args.count is None or received < args.count:
+            try:
+                message = consumer.receive(timeout=args.idle_timeout)
+            except Timeout:
+                break
+            received += 1
+            payload = message.payload.decode("utf-8", "backslashreplace")
+            if args.json:
+                key = message.key.decode("utf-8", "backslashreplace") if isinstance(message.key, bytes) else message.key
+                record: dict[str, Any] = {
+                    "position": message.position,
+                    "key": key,
+                    "payload": payload,
+                    "redelivery_count": message.redelivery_count,
+                }
+                print(json.dumps(record, ensure_ascii=False), flush=False)
+            else:
+                print(f"{message.position}\t{message.key!s}\t{payload}", flush=False)
+            consumer.acknowledge(message)
+        sys.stdout.flush()
+        consumer.close()
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from keyfailover.integrations.export import export_topic
+
+    result = export_topic(args.data_dir, args.topic, args.out, args.format, binary_keys=args.binary_keys)
+    span = "" if result.first_position is None else f" (positions {result.first_position}..{result.last_position})"
+    print(f"exported {result.messages} messages of {args.topic!r}{span}: {len(result.files)} file(s) in {args.out}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="keyfailover", description="Key-hash-range dispatcher (PIP-34 Key_Failover)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser("demo", help="a server with consumers that join, leave and stall; per-key order checked")
+    demo.add_argument("--core", action="store_true", help="run the in-process dispatcher alone, on a simulated clock")
+    demo.add_argument("--messages", type=int, default=30_000, help="events to produce (default 30000)")
+    demo.add_argument("--keys", type=int, default=2_000, help="distinct Zipf(1.1) keys (default 2000)")
+    demo.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
+    demo.set_defaults(run=_demo)
+
+    evaluate = commands.add_parser("evaluate", help="compare rebalancing strategies on balance, stickiness and time")
+    evaluate.add_argument(
+        "--scenario", type=_scenario, default="all", help="one scenario, or all (default); see docs/evaluation.md"
+    )
+    evaluate.add_argument("--json", action="store_true", help="print the results as a JSON list instead of tables")
+    evaluate.add_argument("--plot", metavar="FILE.png", default=None, help="draw a comparison chart (needs matplotlib)")
+    evaluate.add_argument("--quick", action="store_true", help="small scenarios that finish in seconds")
+    evaluate.set_defaults(run=_evaluate)
+
+    serve = commands.add_parser("serve", help="run a server with an embedded durable log")
+    serve.add_argument("--data-dir", required=True, help="directory of the SQLite log (created if missing)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=6650, help="TCP port (default 6650; 0 picks a free one)")
+    serve.add_argument("--token", default=None, help="require clients to present this token")
+    serve.add_argument("--session-timeout", type=_positive_float, default=10.0, help="seconds (default 10)")
+    serve.add_argument("--max-frame", type=_positive_int, default=None, help="largest frame in bytes (default 5 MiB)")
+    serve.add_argument("--sync", choices=("full", "normal"), default="full", help="SQLite synchronous mode")
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve /metrics, /ranges, /stats, /history, /healthz on this port",
+    )
+    serve.set_defaults(run=_serve)
+
+    def client_args(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--url", default="kf://127.0.0.1:6650", help="server URL (default kf://127.0.0.1:6650)")
+        sub.add_argument("--token", default=None, help="token, if the server requires one")
+        sub.add_argument("--topic", required=True)
+
+    produce = commands.add_parser("produce", help="send lines or JSON lines from a file or stdin")
+    client_args(produce)
+    produce.add_argument("--file", default="-", help="input file (default: stdin)")
+    produce.add_argument("--json", action="store_true", help="lines are JSON objects; the payload is the line")
+    produce.add_argument(
+        "--key-field",
+        default=None,
+        help="with --json: the field holding the key; without: the separator between key and payload",
+    )
+    produce.add_argument("--producer-name", default=None, help="stable name for deduplicated retries")
+    produce.add_argument(
+        "--progress",
+        action="store_true",
+        help="draw a progress bar on stderr: sent, stored, rate, share of input read",
+    )
+    produce.set_defaults(run=_produce)
+
+    consume = commands.add_parser("consume", help="print messages (acking as it goes)")
+    client_args(consume)
+    consume.add_argument("--subscription", required=True)
+    consume.add_argument("--consumer-name", default=None)
+    consume.add_argument("--receiver-queue", type=_positive_int, default=1000)
+    consume.add_argument("--json", action="store_true", help="print JSON lines")
+    consume.add_argument("--count", type=_positive_int, default=None, help="stop after this many messages")
+    consume.add_argument(
+        "--idle-timeout", type=_positive_float, default=None, help="stop after this many seconds without a message"
+    )
+    consume.set_defaults(run=_consume)
+
+    export = commands.add_parser("export", help="write a topic from a data dir's log to Parquet or JSON lines")
+    export.add_argument("--data-dir", required=True, help="the server's data directory (the server may be running)")
+    export.add_argument("--topic", required=True)
+    export.add_argument("--format", choices=("parquet", "jsonl"), default="parquet", help="default parquet")
+    export.add_argument("--binary-keys", action="store_true", help="keys as binary (default: UTF-8 text)")
+    export.add_argument("out", help="output folder, created; must be new or empty")
+    export.set_defaults(run=_export)
+
+    def admin_args(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--admin-url", default="http://127.0.0.1:9650", help="the server's --metrics-port endpoint")
+        sub.add_argument("--json", action="store_true", help="print the raw JSON")
+
+    ranges = commands.add_parser("ranges", help="show each subscription's range map (from a running server)")
+    admin_args(ranges)
+    ranges.add_argument("--topic", default=None)
+    ranges.add_argument("--subscription", default=None)
+    ranges.set_defaults(run=_ranges)
+
+    stats = commands.add_parser("stats", help="show per-consumer stats (from a running server)")
+    admin_args(stats)
+    stats.set_defaults(run=_stats)
+
+    plot = commands.add_parser("plot", help="draw range ownership over time as a PNG (needs keyfailover[plot])")
+    plot.add_argument("--out", required=True, help="the PNG file to write")
+    history = plot.add_mutually_exclusive_group(required=True)
+    history.add_argument("--history-file", default=None, help='JSON lines of {"time": unix seconds, "snapshot": ...}')
+    history.add_argument("--admin-url", default=None, help="a running server's --metrics-port endpoint")
+    plot.add_argument("--topic", default=None, help="with --admin-url: the subscription's topic")
+    plot.add_argument("--subscription", default=None, help="with --admin-url: the subscription")
+    plot.add_argument("--title", default=None, help="the picture's title (default: the subscription or file name)")
+    plot.set_defaults(run=_plot)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the process exit code."""
+    from keyfailover.core.errors import KeyFailoverError
+
+    args = _parser().parse_args(argv)
+    run: Command = args.run
+    try:
+        return run(args)
+    except KeyFailoverError as exc:
+        print(f"keyfailover {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

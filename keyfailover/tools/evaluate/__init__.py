@@ -1,0 +1,84 @@
+"""Rebalancing strategies compared on balance, stickiness and time (``keyfailover evaluate``).
+
+Six strategies (ours and what Pulsar, Flink and RocketMQ ship or proposed) behind one
+interface run through seeded scenarios; the measures are those of the RocketMQ sticky
+rebalancing proposal, applied to keys and traffic. docs/evaluation.md has the results.
+"""
+
+from keyfailover.tools.evaluate._drain import DrainTimes, drain_times
+from keyfailover.tools.evaluate._measures import Balance, HotSlot, balance, consumer_loads, hot_slot, stickiness
+from keyfailover.tools.evaluate._report import Goal, drain_table, goals, plot, scenario_table, timing_table
+from keyfailover.tools.evaluate._run import (
+    JSON_KEYS,
+    SHIFTS_PER_EVENT,
+    Result,
+    Timing,
+    run_strategy,
+    time_reassignments,
+)
+from keyfailover.tools.evaluate._scenarios import SCENARIOS, Population, Scenario, build_scenario
+from keyfailover.tools.evaluate._strategies import (
+    STRATEGIES,
+    Event,
+    FlinkKeyGroups,
+    Join,
+    KeyFailover,
+    Leave,
+    Measured,
+    Ownership,
+    PulsarAutoSplit,
+    PulsarConsistent,
+    RocketMQAveragely,
+    RocketMQSticky,
+    Strategy,
+)
+
+__all__ = [
+    "JSON_KEYS",
+    "SCENARIOS",
+    "SHIFTS_PER_EVENT",
+    "STRATEGIES",
+    "Balance",
+    "DrainTimes",
+    "Event",
+    "FlinkKeyGroups",
+    "Goal",
+    "HotSlot",
+    "Join",
+    "KeyFailover",
+    "Leave",
+    "Measured",
+    "Ownership",
+    "Population",
+    "PulsarAutoSplit",
+    "PulsarConsistent",
+    "Result",
+    "RocketMQAveragely",
+    "RocketMQSticky",
+    "Scenario",
+    "Strategy",
+    "Timing",
+    "balance",
+    "build_scenario",
+    "consumer_loads",
+    "drain_table",
+    "drain_times",
+    "evaluate",
+    "goals",
+    "hot_slot",
+    "plot",
+    "run_strategy",
+    "scenario_table",
+    "stickiness",
+    "time_reassignments",
+    "timing_table",
+]
+
+
+def evaluate(scenarios: tuple[str, ...] = SCENARIOS, quick: bool = False) -> list[Result]:
+    """Every strategy through each of ``scenarios``, in table order."""
+    results: list[Result] = []
+    for name in scenarios:
+        scenario = build_scenario(name, quick)
+        results.extend(run_strategy(strategy(), scenario) for strategy in STRATEGIES.values())
+    return results

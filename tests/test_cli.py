@@ -26,7 +26,9 @@ def test_produce_a_file_then_consume_every_line_in_key_order(tmp_path: Path) -> 
         final = produced.stderr.splitlines()[-1]  # text mode reads each "\r" redraw as a line
         assert final.startswith(f"[{'#' * 30}] 100% {MESSAGES:,} sent, {MESSAGES:,} stored"), final
 
-        piped = run_cli("produce", *url, "--json", "--key-field", "id", stdin='{"id": 7, "n": 1}\n\n{"n": 2}\n')
+        piped = run_cli(
+            "produce", *url, "--json", "--key-field", "id", "--allow-keyless", stdin='{"id": 7, "n": 1}\n\n{"n": 2}\n'
+        )
         assert piped.returncode == 0, piped.stderr
 
         consumed = run_cli("consume", *url, "--subscription", "audit", "--json", "--idle-timeout", "2")

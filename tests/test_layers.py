@@ -46,10 +46,11 @@ def imports_of(module: str, source: str, known: set[str]) -> set[str]:
         else:
             continue
         for name in names:
-            while name and name not in known:
-                name = name.rpartition(".")[0]
-            if name and name != module:
-                found.add(name)
+            target = name
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != module:
+                found.add(target)
     return found
 
 

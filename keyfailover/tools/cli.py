@@ -4,32 +4,78 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from http.client import HTTPException
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.error import HTTPError, URLError
 from urllib.parse import urlencode
 from urllib.request import urlopen
+
+from keyfailover.core.errors import KeyFailoverError
+
+if TYPE_CHECKING:
+    from keyfailover.client import Client
 
 __all__ = ["main"]
 
 Command = Callable[[argparse.Namespace], int]
 
 
+class _UsageError(Exception):
+    """Options that do not go together, found after parsing: exit 2 like argparse's own errors."""
+
+
+@contextlib.contextmanager
+def _connected(args: argparse.Namespace) -> Iterator[Client]:
+    """A client of ``args.url``; a server that is not there or refuses us is one clear line (exit 1)."""
+    from keyfailover.client import Client, ServerError
+
+    try:
+        client = Client(args.url, args.token)
+    except ServerError as exc:
+        raise SystemExit(
+            f"keyfailover {args.command}: the server at {args.url} refused the connection: {exc}"
+        ) from None
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise SystemExit(
+            f"keyfailover {args.command}: cannot connect to {args.url} ({reason}); is keyfailover serve running there?"
+        ) from None
+    with client:
+        yield client
+
+
 def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    """A finite number > 0 (``inf`` and ``nan`` are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
     return value
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
+def _int_at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+_positive_int = _int_at_least(1)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -102,17 +148,27 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _admin_get(args: argparse.Namespace, path: str, query: dict[str, str]) -> Any:
+    """GET ``path`` from the admin endpoint as JSON; any failure is one clear line (exit 1)."""
     target = args.admin_url.rstrip("/") + path + ("?" + urlencode(query) if query else "")
+    name = f"keyfailover {args.command}"
+    hint = "the admin endpoint is the port given to `keyfailover serve --metrics-port`, not the broker port"
     try:
         with urlopen(target, timeout=10) as response:
             return json.load(response)
     except HTTPError as exc:
-        raise SystemExit(f"{target}: {exc.code} {exc.read().decode(errors='replace').strip()}") from None
+        raise SystemExit(f"{name}: {target}: {exc.code} {exc.read().decode(errors='replace').strip()}") from None
     except URLError as exc:
-        raise SystemExit(f"cannot reach {target} ({exc.reason}); is the server running with --metrics-port?") from None
+        reason = f"cannot reach {target} ({exc.reason})"
+        raise SystemExit(f"{name}: {reason}; is the server running with --metrics-port?") from None
+    except ValueError as exc:  # a malformed URL, or a body that is not JSON
+        raise SystemExit(f"{name}: {target} did not answer with JSON ({exc}); {hint}") from None
+    except (HTTPException, OSError) as exc:  # not HTTP at all: e.g. the broker's binary protocol
+        raise SystemExit(f"{name}: {target} did not answer as an HTTP admin endpoint ({exc!r}); {hint}") from None
 
 
 def _ranges(args: argparse.Namespace) -> int:
+    if (args.topic is None) != (args.subscription is None):
+        raise _UsageError("--topic and --subscription go together: give both, or neither for every subscription")
     query = {"topic": args.topic, "subscription": args.subscription} if args.topic else {}
     found = _admin_get(args, "/ranges", query)
     if args.json:
@@ -157,7 +213,7 @@ def _plot(args: argparse.Namespace) -> int:
 
     if args.admin_url is None:
         if args.topic is not None or args.subscription is not None:
-            raise SystemExit("keyfailover plot: --topic and --subscription go with --admin-url, not --history-file")
+            raise _UsageError("--topic and --subscription go with --admin-url, not --history-file")
         try:
             history = load_history(args.history_file)
         except OSError as exc:
@@ -165,7 +221,7 @@ def _plot(args: argparse.Namespace) -> int:
         name = Path(args.history_file).name
     else:
         if args.topic is None or args.subscription is None:
-            raise SystemExit("keyfailover plot: --admin-url needs --topic and --subscription")
+            raise _UsageError("--admin-url needs --topic and --subscription")
         found = _admin_get(args, "/history", {"topic": args.topic, "subscription": args.subscription})
         records = found.get("history") if isinstance(found, dict) else found
         history = history_from_records(records, f"{args.admin_url.rstrip('/')}/history")
@@ -178,13 +234,42 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Stored:
+    """What the server confirmed of a produce run: count, first and last position, first error."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first: int | None = None
+        self.last: int | None = None
+        self.errors: list[BaseException] = []
+
+    def confirmed(self, position: int | None, error: BaseException | None) -> None:
+        if error is not None or position is None:
+            self.errors.append(error if error is not None else RuntimeError("no position"))
+            return
+        self.count += 1
+        self.first = position if self.first is None else min(self.first, position)
+        self.last = position if self.last is None else max(self.last, position)
+
+    def summary(self, topic: str) -> str:
+        span = "" if self.first is None else f", positions {self.first}..{self.last}"
+        return f"stored {self.count:,} message{'' if self.count == 1 else 's'} in {topic!r}{span}"
+
+
+class _BadLineError(Exception):
+    """A line that must not be stored: produce stops there and says what it stored before it."""
+
+    def __init__(self, line: int, reason: str) -> None:
+        super().__init__(f"line {line}: {reason}")
+
+
 def _produce(args: argparse.Namespace) -> int:
-    import os
     import stat
 
-    from keyfailover.client import Client
     from keyfailover.tools._progress import Progress
 
+    if args.allow_keyless and not args.json:
+        raise _UsageError("--allow-keyless goes with --json (a JSON line without its key field)")
     try:
         source: BinaryIO = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
     except OSError as exc:
@@ -193,93 +278,147 @@ def _produce(args: argparse.Namespace) -> int:
     if args.progress:
         info = os.fstat(source.fileno())
         progress = Progress(sys.stderr, info.st_size if stat.S_ISREG(info.st_mode) else None)
-    sent = stored = done = 0
-    errors: list[BaseException] = []
-
-    def confirmed(_position: int | None, error: BaseException | None) -> None:
-        nonlocal stored
-        if error is not None:
-            errors.append(error)
-        else:
-            stored += 1
-
-    try:
-        with Client(args.url, args.token) as client, source:
-            producer = client.create_producer(args.topic, args.producer_name)
+    stored = _Stored()
+    sent = done = through = 0
+    stop: BaseException | None = None
+    with _connected(args) as client, source:
+        producer = client.create_producer(args.topic, args.producer_name)
+        try:
             for line_number, raw in enumerate(source, 1):
                 done += len(raw)
-                line = _text(raw, line_number)
-                if not line:
+                key, payload = _parse_line(raw, line_number, args)
+                if payload is None:
                     continue
-                key, payload = _parse_line(line, line_number, args.json, args.key_field)
-                producer.send_async(payload, key, confirmed)
+                try:
+                    producer.send_async(payload, key, stored.confirmed)
+                except KeyFailoverError as exc:  # e.g. larger than the server takes
+                    raise _BadLineError(line_number, str(exc)) from None
                 sent += 1
+                through = line_number
                 if progress is not None:
-                    progress.update(sent, stored, done)
-            producer.flush()
-    finally:  # the bar's last line ends before any error message
-        if progress is not None:
-            progress.finish(sent, stored, done)
-    if errors:
-        print(f"{len(errors)} messages were not stored; first error: {errors[0]}", file=sys.stderr)
+                    progress.update(sent, stored.count, done)
+        except (_BadLineError, KeyboardInterrupt) as exc:
+            stop = exc
+        finally:
+            try:  # what was sent is confirmed (or not) before anything is reported
+                producer.flush()
+            finally:  # the bar's last line ends before any message
+                if progress is not None:
+                    progress.finish(sent, stored.count, done)
+    where = f" from lines 1..{through}" if through else ""
+    if stored.errors:
+        print(
+            f"keyfailover produce: {len(stored.errors):,} of {sent:,} messages were not stored "
+            f"(first error: {stored.errors[0]}); {stored.summary(args.topic)}",
+            file=sys.stderr,
+        )
         return 1
+    if isinstance(stop, KeyboardInterrupt):
+        print(f"keyfailover produce: interrupted; {stored.summary(args.topic)}{where}", file=sys.stderr)
+        return 130
+    if stop is not None:
+        print(
+            f"keyfailover produce: {stop}; {stored.summary(args.topic)}{where}; nothing after line {through} was sent",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"{stored.summary(args.topic)}{where}")
     return 0
 
 
-def _text(raw: bytes, number: int) -> str:
-    """One input line without its line break."""
+def _parse_line(raw: bytes, number: int, args: argparse.Namespace) -> tuple[str | None, bytes | None]:
+    """``(key, payload)`` of one input line; payload None for a blank line. Raises :class:`_BadLineError`."""
     try:
-        return raw.decode().removesuffix("\n").removesuffix("\r")
+        line = raw.decode().removesuffix("\n").removesuffix("\r")
     except UnicodeDecodeError as exc:
-        raise SystemExit(f"line {number}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
-
-
-def _parse_line(line: str, number: int, as_json: bool, key_field: str | None) -> tuple[str | None, bytes]:
-    if not as_json:
-        if key_field is None:
+        raise _BadLineError(number, f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    if not line:
+        return None, None
+    if not args.json:
+        if args.key_field is None:
             return None, line.encode()
-        key, sep, payload = line.partition(key_field)
+        key, sep, payload = line.partition(args.key_field)
         if not sep:
-            raise SystemExit(f"line {number}: no {key_field!r} separator between key and payload")
+            raise _BadLineError(number, f"no {args.key_field!r} separator between key and payload")
         return key, payload.encode()
     try:
         record = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise SystemExit(f"line {number}: not JSON ({exc})") from None
+        raise _BadLineError(number, f"not JSON ({exc})") from None
     if not isinstance(record, dict):
-        raise SystemExit(f"line {number}: expected a JSON object, got {type(record).__name__}")
-    field = record.get(key_field) if key_field else None
-    return (None if field is None else str(field)), line.encode()
+        raise _BadLineError(number, f"expected a JSON object, got {type(record).__name__}")
+    if args.key_field is None:
+        return None, line.encode()
+    return _json_key(record.get(args.key_field), number, args), line.encode()
+
+
+def _json_key(value: object, number: int, args: argparse.Namespace) -> str | None:
+    """The documented rule: a string is the key, an integer its decimal text; null or missing needs --allow-keyless."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if value is None:
+        if args.allow_keyless:
+            return None
+        raise _BadLineError(
+            number,
+            f"no {args.key_field!r} field (or it is null); pass --allow-keyless to send such lines without a key",
+        )
+    shown = json.dumps(value)
+    raise _BadLineError(
+        number,
+        f"the {args.key_field!r} field is {type(value).__name__} {shown[:40]}; expected a string or an integer",
+    )
 
 
 def _consume(args: argparse.Namespace) -> int:
-    from keyfailover.client import Client, Timeout
+    from keyfailover.client import Message, Timeout
 
     received = 0
-    with Client(args.url, args.token) as client:
-        consumer = client.subscribe(args.topic, args.subscription, args.consumer_name, args.receiver_queue)
-        while args.count is None or received < args.count:
-            try:
-                message = consumer.receive(timeout=args.idle_timeout)
-            except Timeout:
-                break
-            received += 1
-            payload = message.payload.decode("utf-8", "backslashreplace")
-            if args.json:
-                key = message.key.decode("utf-8", "backslashreplace") if isinstance(message.key, bytes) else message.key
-                record: dict[str, Any] = {
-                    "position": message.position,
-                    "key": key,
-                    "payload": payload,
-                    "redelivery_count": message.redelivery_count,
-                }
-                print(json.dumps(record, ensure_ascii=False), flush=False)
-            else:
-                print(f"{message.position}\t{message.key!s}\t{payload}", flush=False)
+    printed: list[Message] = []  # written to stdout, acknowledged once stdout is flushed
+
+    def flush_and_ack() -> None:
+        sys.stdout.flush()  # a reader that went away raises here: these are not acked
+        for message in printed:
             consumer.acknowledge(message)
-        sys.stdout.flush()
-        consumer.close()
+        printed.clear()
+
+    with _connected(args) as client:
+        consumer = client.subscribe(args.topic, args.subscription, args.consumer_name, args.receiver_queue)
+        try:
+            while args.count is None or received < args.count:
+                try:
+                    message = consumer.receive(timeout=0 if printed else args.idle_timeout)
+                except Timeout:
+                    if not printed:
+                        break
+                    flush_and_ack()
+                    continue
+                received += 1
+                sys.stdout.write(_shown(message, args.json))
+                printed.append(message)
+                if len(printed) >= 1000:
+                    flush_and_ack()
+            flush_and_ack()
+        finally:  # interrupted or the reader is gone: what was not flushed is not acked, so it is redelivered
+            printed.clear()
+            consumer.close()
     return 0
+
+
+def _shown(message: Any, as_json: bool) -> str:
+    payload = message.payload.decode("utf-8", "backslashreplace")
+    if not as_json:
+        return f"{message.position}\t{message.key!s}\t{payload}\n"
+    key = message.key.decode("utf-8", "backslashreplace") if isinstance(message.key, bytes) else message.key
+    record = {
+        "position": message.position,
+        "key": key,
+        "payload": payload,
+        "redelivery_count": message.redelivery_count,
+    }
+    return json.dumps(record, ensure_ascii=False) + "\n"
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -297,8 +436,10 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="a server with consumers that join, leave and stall; per-key order checked")
     demo.add_argument("--core", action="store_true", help="run the in-process dispatcher alone, on a simulated clock")
-    demo.add_argument("--messages", type=int, default=30_000, help="events to produce (default 30000)")
-    demo.add_argument("--keys", type=int, default=2_000, help="distinct Zipf(1.1) keys (default 2000)")
+    demo.add_argument(
+        "--messages", type=_int_at_least(1000), default=30_000, help="events to produce, >= 1000 (default 30000)"
+    )
+    demo.add_argument("--keys", type=_positive_int, default=2_000, help="distinct Zipf(1.1) keys (default 2000)")
     demo.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
     demo.set_defaults(run=_demo)
 
@@ -330,7 +471,7 @@ def _parser() -> argparse.ArgumentParser:
     def client_args(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("--url", default="kf://127.0.0.1:6650", help="server URL (default kf://127.0.0.1:6650)")
         sub.add_argument("--token", default=None, help="token, if the server requires one")
-        sub.add_argument("--topic", required=True)
+        sub.add_argument("--topic", required=True, help="the topic to use")
 
     produce = commands.add_parser("produce", help="send lines or JSON lines from a file or stdin")
     client_args(produce)
@@ -339,7 +480,14 @@ def _parser() -> argparse.ArgumentParser:
     produce.add_argument(
         "--key-field",
         default=None,
-        help="with --json: the field holding the key; without: the separator between key and payload",
+        help="with --json: the field holding the key (a string, or an integer sent as its decimal text); "
+        "without --json: the separator between key and payload",
+    )
+    produce.add_argument(
+        "--allow-keyless",
+        action="store_true",
+        help="with --json: send a line whose key field is missing or null without a key (no per-key order); "
+        "without it such a line stops the run",
     )
     produce.add_argument("--producer-name", default=None, help="stable name for deduplicated retries")
     produce.add_argument(
@@ -351,9 +499,13 @@ def _parser() -> argparse.ArgumentParser:
 
     consume = commands.add_parser("consume", help="print messages (acking as it goes)")
     client_args(consume)
-    consume.add_argument("--subscription", required=True)
-    consume.add_argument("--consumer-name", default=None)
-    consume.add_argument("--receiver-queue", type=_positive_int, default=1000)
+    consume.add_argument("--subscription", required=True, help="the subscription to join (created if new)")
+    consume.add_argument(
+        "--consumer-name", default=None, help="this consumer's name in the subscription (default: a random one)"
+    )
+    consume.add_argument(
+        "--receiver-queue", type=_positive_int, default=1000, help="messages prefetched ahead (default 1000)"
+    )
     consume.add_argument("--json", action="store_true", help="print JSON lines")
     consume.add_argument("--count", type=_positive_int, default=None, help="stop after this many messages")
     consume.add_argument(
@@ -363,7 +515,7 @@ def _parser() -> argparse.ArgumentParser:
 
     export = commands.add_parser("export", help="write a topic from a data dir's log to Parquet or JSON lines")
     export.add_argument("--data-dir", required=True, help="the server's data directory (the server may be running)")
-    export.add_argument("--topic", required=True)
+    export.add_argument("--topic", required=True, help="the topic to export")
     export.add_argument("--format", choices=("parquet", "jsonl"), default="parquet", help="default parquet")
     export.add_argument("--binary-keys", action="store_true", help="keys as binary (default: UTF-8 text)")
     export.add_argument("out", help="output folder, created; must be new or empty")
@@ -375,8 +527,8 @@ def _parser() -> argparse.ArgumentParser:
 
     ranges = commands.add_parser("ranges", help="show each subscription's range map (from a running server)")
     admin_args(ranges)
-    ranges.add_argument("--topic", default=None)
-    ranges.add_argument("--subscription", default=None)
+    ranges.add_argument("--topic", default=None, help="one subscription's topic (with --subscription)")
+    ranges.add_argument("--subscription", default=None, help="one subscription (with --topic; default: all)")
     ranges.set_defaults(run=_ranges)
 
     stats = commands.add_parser("stats", help="show per-consumer stats (from a running server)")
@@ -396,16 +548,35 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the process exit code."""
-    from keyfailover.core.errors import KeyFailoverError
-
-    args = _parser().parse_args(argv)
+    """Run the command line; returns the process exit code (2 usage, 1 failure, 130 interrupted)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    name = f"keyfailover {args.command}"
     run: Command = args.run
     try:
         return run(args)
-    except KeyFailoverError as exc:
-        print(f"keyfailover {args.command}: {exc}", file=sys.stderr)
+    except _UsageError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader of our output went away (`keyfailover consume | head -1`)
+        _discard_stdout()
+        return 0
+    except KeyFailoverError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush does not fail on the closed pipe again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

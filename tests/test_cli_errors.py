@@ -1,0 +1,275 @@
+"""Every mistake a user can make with the CLI ends in one sentence and an exit code, never a traceback.
+
+Exit codes: 2 for usage (options that do not parse or do not go together), 1 for a runtime
+failure (nothing listening, a refused token, a bad input line), 130 for Ctrl-C, 0 when the
+reader of ``consume``'s output goes away (``keyfailover consume ... | head -1``).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+from urllib.request import urlopen
+
+import pytest
+
+from keyfailover.client import Client
+from tests.server_process import ServerProcess, run_cli, wait_until
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def assert_clean_failure(done: subprocess.CompletedProcess[str], code: int, *fragments: str) -> None:
+    assert done.returncode == code, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    for fragment in fragments:
+        assert fragment in done.stderr, (fragment, done.stderr)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server with an admin endpoint for the tests that do not restart it."""
+    with ServerProcess(tmp_path_factory.mktemp("cli-errors") / "data", "--metrics-port", "0") as started:
+        yield started
+
+
+def stored_count(server: ServerProcess, topic: str) -> int:
+    assert server.admin_url is not None
+    with urlopen(f"{server.admin_url}/stats", timeout=10) as response:
+        return int(json.load(response)["topics"].get(topic, 0))
+
+
+# -- nothing listening, the wrong port, the wrong token -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["produce", "--topic", "t"],
+        ["consume", "--topic", "t", "--subscription", "s"],
+    ],
+)
+def test_client_commands_against_a_closed_port(command: list[str]) -> None:
+    done = run_cli(*command, "--url", f"kf://127.0.0.1:{closed_port()}", stdin="k,v\n")
+    assert_clean_failure(done, 1, "cannot connect to kf://127.0.0.1:", "Connection refused", "keyfailover serve")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["ranges"],
+        ["stats"],
+        ["plot", "--out", "never.png", "--topic", "t", "--subscription", "s"],
+    ],
+)
+def test_admin_commands_against_a_closed_port(command: list[str], tmp_path: Path) -> None:
+    done = run_cli(*command, "--admin-url", f"http://127.0.0.1:{closed_port()}")
+    assert_clean_failure(done, 1, "cannot reach http://127.0.0.1:", "Connection refused", "--metrics-port")
+    assert not (tmp_path / "never.png").exists()
+
+
+@pytest.mark.parametrize("command", ["ranges", "stats"])
+def test_admin_commands_pointed_at_the_broker_port(server: ServerProcess, command: str) -> None:
+    done = run_cli(command, "--admin-url", f"http://127.0.0.1:{server.port}")
+    assert_clean_failure(done, 1, "did not answer as an HTTP admin endpoint", "not the broker port")
+
+
+def test_a_wrong_token_is_a_clear_refusal(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "data", "--token", "s3cret") as guarded:
+        url = ["--url", guarded.url, "--topic", "t", "--token", "wrong"]
+        produced = run_cli("produce", *url, stdin="k,v\n")
+        assert_clean_failure(produced, 1, f"the server at {guarded.url} refused the connection", "unauthorized")
+        consumed = run_cli("consume", *url, "--subscription", "s", "--idle-timeout", "1")
+        assert_clean_failure(consumed, 1, "refused the connection", "unauthorized")
+
+
+# -- usage errors ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "fragment"),
+    [
+        (["ranges", "--topic", "t"], "--topic and --subscription go together"),
+        (["plot", "--out", "x.png", "--history-file", "h.jsonl", "--topic", "t"], "go with --admin-url"),
+        (["plot", "--out", "x.png", "--admin-url", "http://127.0.0.1:1"], "--admin-url needs --topic"),
+        (["consume", "--topic", "t", "--subscription", "s", "--idle-timeout", "inf"], "expected a finite number > 0"),
+        (["consume", "--topic", "t", "--subscription", "s", "--receiver-queue", "0"], "expected an integer >= 1"),
+        (["demo", "--messages", "10"], "expected an integer >= 1000"),
+        (["produce", "--topic", "t", "--allow-keyless"], "--allow-keyless goes with --json"),
+    ],
+)
+def test_usage_errors_exit_2(command: list[str], fragment: str) -> None:
+    assert_clean_failure(run_cli(*command, stdin=""), 2, fragment)
+
+
+# -- input that must not be stored wrongly --------------------------------------------------------
+
+
+def produce(server: ServerProcess, topic: str, stdin: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return run_cli("produce", "--url", server.url, "--topic", topic, *extra, stdin=stdin)
+
+
+def test_produce_says_what_it_stored(server: ServerProcess) -> None:
+    done = produce(server, "said", "a,1\n\nb,2\nc,3\n", "--key-field", ",")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "stored 3 messages in 'said', positions 1..3 from lines 1..4"
+
+
+def test_a_json_line_without_its_key_stops_the_run_and_says_what_was_stored(server: ServerProcess) -> None:
+    lines = '{"account": "a", "n": 1}\n{"account": "b", "n": 2}\n{"n": 3}\n{"account": "c", "n": 4}\n'
+    done = produce(server, "missing-key", lines, "--json", "--key-field", "account")
+    assert_clean_failure(
+        done,
+        1,
+        "line 3: no 'account' field (or it is null); pass --allow-keyless to send such lines without a key",
+        "stored 2 messages in 'missing-key', positions 1..2 from lines 1..2; nothing after line 2 was sent",
+    )
+    assert stored_count(server, "missing-key") == 2
+
+
+def test_allow_keyless_sends_such_lines_without_a_key(server: ServerProcess) -> None:
+    lines = '{"account": "a"}\n{"n": 2}\n{"account": null}\n'
+    done = produce(server, "keyless", lines, "--json", "--key-field", "account", "--allow-keyless")
+    assert done.returncode == 0, done.stderr
+    with Client(server.url) as client:
+        consumer = client.subscribe("keyless", "check")
+        keys = [consumer.receive(timeout=10).key for _ in range(3)]
+    assert keys == ["a", None, None]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ('{"id": 1}', "the 'account' field is dict {\"id\": 1}; expected a string or an integer"),
+        ("[1, 2]", "the 'account' field is list [1, 2]; expected a string or an integer"),
+        ("1.5", "the 'account' field is float 1.5; expected a string or an integer"),
+        ("true", "the 'account' field is bool true; expected a string or an integer"),
+    ],
+)
+def test_a_key_that_is_not_a_string_is_refused(server: ServerProcess, value: str, expected: str) -> None:
+    done = produce(server, "typed-keys", f'{{"account": {value}}}\n', "--json", "--key-field", "account")
+    assert_clean_failure(done, 1, f"line 1: {expected}", "stored 0 messages")
+
+
+def test_an_integer_key_is_sent_as_its_decimal_text(server: ServerProcess) -> None:
+    done = produce(server, "int-keys", '{"account": 42}\n{"account": -7}\n', "--json", "--key-field", "account")
+    assert done.returncode == 0, done.stderr
+    with Client(server.url) as client:
+        consumer = client.subscribe("int-keys", "check")
+        keys = [consumer.receive(timeout=10).key for _ in range(2)]
+    assert keys == ["42", "-7"]
+
+
+def test_invalid_utf8_is_refused_with_the_line_number(server: ServerProcess, tmp_path: Path) -> None:
+    source = tmp_path / "bad.txt"
+    source.write_bytes(b"a,1\nb,\xff\xfe\n")
+    done = run_cli("produce", "--url", server.url, "--topic", "utf8", "--key-field", ",", "--file", str(source))
+    assert_clean_failure(done, 1, "line 2: not UTF-8 (invalid start byte at byte 2)", "stored 1 message")
+
+
+def test_an_oversized_payload_is_refused_with_the_line_number(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "data", "--max-frame", "65536") as small:
+        lines = "a,1\nb," + "x" * 70_000 + "\n"
+        done = run_cli("produce", "--url", small.url, "--topic", "big", "--key-field", ",", stdin=lines)
+        assert_clean_failure(done, 1, "line 2: a message of", "bytes a message may have", "stored 1 message")
+
+
+# -- Ctrl-C and a reader that goes away -----------------------------------------------------------
+
+
+def start_cli(*args: str, stdin: int | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "keyfailover", *args],
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def fill(server: ServerProcess, topic: str, count: int, payload: bytes = b"p" * 100) -> None:
+    with Client(server.url) as client:
+        producer = client.create_producer(topic)
+        for i in range(count):
+            producer.send_async(payload, key=f"k{i % 97}")
+        producer.flush()
+
+
+def read_positions(stream: IO[str]) -> list[int]:
+    return [int(line.split("\t", 1)[0]) for line in stream]
+
+
+def test_ctrl_c_during_consume_exits_130_and_acknowledges_only_what_was_printed(server: ServerProcess) -> None:
+    fill(server, "interrupted", 20_000)
+    first = start_cli("consume", "--url", server.url, "--topic", "interrupted", "--subscription", "s")
+    assert first.stdout is not None and first.stderr is not None
+    seen = [int(first.stdout.readline().split("\t", 1)[0]) for _ in range(10)]
+    # 20,000 lines of 100-byte payloads overflow the pipe: consume is blocked mid-stream, writing.
+    first.send_signal(signal.SIGINT)
+    seen += read_positions(first.stdout)
+    assert first.wait(timeout=60) == 130
+    errors = first.stderr.read()
+    assert "Traceback" not in errors and "keyfailover consume: interrupted" in errors
+    assert len(seen) < 20_000
+    second = run_cli(
+        "consume", "--url", server.url, "--topic", "interrupted", "--subscription", "s", "--idle-timeout", "2"
+    )
+    assert second.returncode == 0, second.stderr
+    again = [int(line.split("\t", 1)[0]) for line in second.stdout.splitlines()]
+    # Nothing acknowledged without being printed: every position was printed by one run or the other.
+    assert set(seen) | set(again) == set(range(1, 20_001))
+
+
+def test_ctrl_c_during_produce_exits_130_and_says_what_was_stored(server: ServerProcess) -> None:
+    running = start_cli("produce", "--url", server.url, "--topic", "stopped", "--key-field", ",", stdin=subprocess.PIPE)
+    assert running.stdin is not None and running.stderr is not None
+    running.stdin.write("".join(f"k{i},{i}\n" for i in range(100)))
+    running.stdin.flush()
+    wait_until(lambda: stored_count(server, "stopped") == 100, "the first 100 lines stored")
+    running.send_signal(signal.SIGINT)
+    assert running.wait(timeout=60) == 130
+    errors = running.stderr.read()
+    assert "Traceback" not in errors
+    assert "keyfailover produce: interrupted; stored 100 messages in 'stopped', positions 1..100" in errors
+    running.stdin.close()
+    assert stored_count(server, "stopped") == 100
+
+
+def test_consume_piped_into_head_exits_quietly(server: ServerProcess) -> None:
+    fill(server, "piped", 2_000)
+    command = (
+        f"{sys.executable} -m keyfailover consume --url {server.url} --topic piped --subscription s "
+        "--idle-timeout 2 | head -1; exit ${PIPESTATUS[0]}"
+    )
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert len(done.stdout.splitlines()) == 1
+
+
+def test_consume_prints_and_acks_under_a_reader_that_keeps_up(server: ServerProcess) -> None:
+    fill(server, "kept-up", 3_000)
+    reader = start_cli(
+        "consume", "--url", server.url, "--topic", "kept-up", "--subscription", "s", "--idle-timeout", "2"
+    )
+    assert reader.stdout is not None
+    positions: list[int] = []
+    drained = threading.Thread(target=lambda: positions.extend(read_positions(reader.stdout)))  # type: ignore[arg-type]
+    drained.start()
+    assert reader.wait(timeout=120) == 0
+    drained.join(timeout=30)
+    assert sorted(positions) == list(range(1, 3_001))
+    again = run_cli("consume", "--url", server.url, "--topic", "kept-up", "--subscription", "s", "--idle-timeout", "1")
+    assert again.returncode == 0 and again.stdout == ""

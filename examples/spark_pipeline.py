@@ -8,8 +8,8 @@ goes to one output directory per consumer (``OUT/owner=<consumer>``). Then it ch
 for every account the owner Spark computed equals ``RangeMap.owner_of`` of the live map,
 and that every final balance is the sum of the account's amounts.
 
-    python examples/spark_pipeline.py --events EXPORT_DIR --ranges URL_OR_FILE --out OUT_DIR
-    python examples/spark_pipeline.py --demo --out OUT_DIR
+    .venv/bin/python examples/spark_pipeline.py --events EXPORT_DIR --ranges URL_OR_FILE --out OUT_DIR
+    .venv/bin/python examples/spark_pipeline.py --demo --out OUT_DIR
 
 ``--demo`` does everything on its own: it starts ``keyfailover serve`` on a free loopback
 port in a temporary folder, subscribes a few consumers, produces payment events, exports

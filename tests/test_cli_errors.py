@@ -273,3 +273,21 @@ def test_consume_prints_and_acks_under_a_reader_that_keeps_up(server: ServerProc
     assert sorted(positions) == list(range(1, 3_001))
     again = run_cli("consume", "--url", server.url, "--topic", "kept-up", "--subscription", "s", "--idle-timeout", "1")
     assert again.returncode == 0 and again.stdout == ""
+
+
+def test_every_option_of_every_command_has_help_text() -> None:
+    import argparse
+
+    from keyfailover.tools.cli import _parser
+
+    parser = _parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [
+        f"{name} {'/'.join(action.option_strings) or action.dest}"
+        for name, sub in commands.choices.items()
+        for action in sub._actions
+        if not isinstance(action, argparse._HelpAction) and not action.help
+    ]
+    assert missing == []
+    assert {choice.dest for choice in commands._choices_actions} == set(commands.choices)
+    assert all(choice.help for choice in commands._choices_actions)

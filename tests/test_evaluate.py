@@ -337,3 +337,15 @@ def test_an_unknown_scenario_is_a_clear_error() -> None:
     assert done.returncode == 2
     assert "unknown scenario 'nope'; expected one of uniform, zipf, hot-key" in done.stderr
     assert done.stdout == ""
+
+
+def test_check_exits_1_exactly_when_a_printed_goal_fails_and_progress_goes_to_stderr() -> None:
+    done = run_cli("evaluate", "--quick", "--scenario", "uniform", "--check")
+    verdicts = [line for line in done.stdout.splitlines() if line.startswith(("[holds]", "[FAILS]"))]
+    assert verdicts, done.stdout
+    failing = sum(line.startswith("[FAILS]") for line in verdicts)
+    assert done.returncode == (1 if failing else 0), done.stderr
+    assert "keyfailover evaluate: scenario 1/1: uniform, 6 strategies ..." in done.stderr
+    assert "timing reassignments with 16 consumers" in done.stderr
+    if failing:
+        assert f"{failing} of {len(verdicts)} goals fail (--check)" in done.stderr

@@ -101,31 +101,46 @@ def _scenario(text: str) -> str:
 def _evaluate(args: argparse.Namespace) -> int:
     from keyfailover.tools import evaluate as ev
 
+    def progress(step: str) -> None:
+        print(f"keyfailover evaluate: {step} ...", file=sys.stderr, flush=True)
+
     names = ev.SCENARIOS if args.scenario == "all" else (args.scenario,)
-    results = ev.evaluate(names, quick=args.quick)
+    results = ev.evaluate(names, quick=args.quick, progress=progress)
     if args.plot is not None:
+        progress(f"drawing {args.plot}")
         try:
             ev.plot(results, Path(args.plot))
         except ImportError:
             raise SystemExit("keyfailover evaluate: --plot needs matplotlib (pip install keyfailover[plot])") from None
         except OSError as exc:
             raise SystemExit(f"keyfailover evaluate: cannot write {args.plot}: {exc.strerror}") from None
-    if args.json:
+    if args.json and not args.check:
         print(json.dumps([result.json_row() for result in results], indent=2))
         return 0
-    for name in names:
-        scenario = ev.build_scenario(name, args.quick)
-        print(f"\n{name}: {scenario.summary}\n")
-        print(ev.scenario_table([result for result in results if result.scenario == name]))
-    timing_scenario = ev.build_scenario("random", args.quick)
     consumers = 16 if args.quick else 64
+    progress(f"timing reassignments with {consumers} consumers")
+    timing_scenario = ev.build_scenario("random", args.quick)
     timings = [ev.time_reassignments(strategy(), timing_scenario, consumers) for strategy in ev.STRATEGIES.values()]
-    print(f"\nreassignment time with {consumers} consumers (Zipf traffic; medians, p95)\n")
-    print(ev.timing_table(timings))
-    print("\ndispatcher: seconds from a range change until its last draining key was released\n")
-    print(ev.drain_table(ev.drain_times(args.quick)))
-    print("\ngoals for keyfailover\n")
-    print("\n".join(str(goal) for goal in ev.goals(results, timings)))
+    found = ev.goals(results, timings)
+    if args.json:
+        print(json.dumps([result.json_row() for result in results], indent=2))
+    else:
+        progress("measuring drain times in the dispatcher")
+        drains = ev.drain_table(ev.drain_times(args.quick))
+        for name in names:
+            scenario = ev.build_scenario(name, args.quick)
+            print(f"\n{name}: {scenario.summary}\n")
+            print(ev.scenario_table([result for result in results if result.scenario == name]))
+        print(f"\nreassignment time with {consumers} consumers (Zipf traffic; medians, p95)\n")
+        print(ev.timing_table(timings))
+        print("\ndispatcher: seconds from a range change until its last draining key was released\n")
+        print(drains)
+        print("\ngoals for keyfailover\n")
+        print("\n".join(str(goal) for goal in found))
+    failing = [goal for goal in found if not goal.holds]
+    if args.check and failing:
+        print(f"keyfailover evaluate: {len(failing)} of {len(found)} goals fail (--check)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -450,6 +465,11 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", action="store_true", help="print the results as a JSON list instead of tables")
     evaluate.add_argument("--plot", metavar="FILE.png", default=None, help="draw a comparison chart (needs matplotlib)")
     evaluate.add_argument("--quick", action="store_true", help="small scenarios that finish in seconds")
+    evaluate.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when any goal fails (the goals are printed, or checked with --json)",
+    )
     evaluate.set_defaults(run=_evaluate)
 
     serve = commands.add_parser("serve", help="run a server with an embedded durable log")

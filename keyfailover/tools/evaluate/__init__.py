@@ -5,6 +5,8 @@ interface run through seeded scenarios; the measures are those of the RocketMQ s
 rebalancing proposal, applied to keys and traffic. docs/evaluation.md has the results.
 """
 
+from collections.abc import Callable
+
 from keyfailover.tools.evaluate._drain import DrainTimes, drain_times
 from keyfailover.tools.evaluate._measures import Balance, HotSlot, balance, consumer_loads, hot_slot, stickiness
 from keyfailover.tools.evaluate._report import Goal, drain_table, goals, plot, scenario_table, timing_table
@@ -75,10 +77,14 @@ __all__ = [
 ]
 
 
-def evaluate(scenarios: tuple[str, ...] = SCENARIOS, quick: bool = False) -> list[Result]:
-    """Every strategy through each of ``scenarios``, in table order."""
+def evaluate(
+    scenarios: tuple[str, ...] = SCENARIOS, quick: bool = False, progress: Callable[[str], None] | None = None
+) -> list[Result]:
+    """Every strategy through each of ``scenarios``, in table order; ``progress`` hears of each scenario."""
     results: list[Result] = []
-    for name in scenarios:
+    for number, name in enumerate(scenarios, 1):
+        if progress is not None:
+            progress(f"scenario {number}/{len(scenarios)}: {name}, {len(STRATEGIES)} strategies")
         scenario = build_scenario(name, quick)
         results.extend(run_strategy(strategy(), scenario) for strategy in STRATEGIES.values())
     return results

@@ -66,6 +66,12 @@ def test_client_commands_against_a_closed_port(command: list[str]) -> None:
     assert_clean_failure(done, 1, "cannot connect to kf://127.0.0.1:", "Connection refused", "keyfailover serve")
 
 
+def test_a_host_that_does_not_resolve() -> None:
+    done = run_cli("produce", "--topic", "t", "--url", "kf://no-such-host.invalid:6650", stdin="k,v\n")
+    assert_clean_failure(done, 1, "cannot connect to kf://no-such-host.invalid:6650 (")
+    assert "Unknown error" not in done.stderr
+
+
 @pytest.mark.parametrize(
     "command",
     [
@@ -107,6 +113,9 @@ def test_a_wrong_token_is_a_clear_refusal(tmp_path: Path) -> None:
         (["consume", "--topic", "t", "--subscription", "s", "--idle-timeout", "inf"], "expected a finite number > 0"),
         (["consume", "--topic", "t", "--subscription", "s", "--receiver-queue", "0"], "expected an integer >= 1"),
         (["demo", "--messages", "10"], "expected an integer >= 1000"),
+        (["ranges", "--admin-url", "notaurl"], "admin URL 'notaurl' is not of the form http://HOST:PORT"),
+        (["stats", "--admin-url", "http://[::1"], "admin URL 'http://[::1' is malformed"),
+        (["consume", "--topic", "t", "--subscription", "s", "--url", "http://x"], "is not of the form kf://HOST:PORT"),
         (["produce", "--topic", "t", "--allow-keyless"], "--allow-keyless goes with --json"),
     ],
 )

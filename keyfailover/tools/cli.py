@@ -7,13 +7,14 @@ import asyncio
 import contextlib
 import json
 import os
+import socket
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from http.client import HTTPException
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.error import HTTPError, URLError
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 from urllib.request import urlopen
 
 from keyfailover.core.errors import KeyFailoverError
@@ -42,7 +43,7 @@ def _connected(args: argparse.Namespace) -> Iterator[Client]:
             f"keyfailover {args.command}: the server at {args.url} refused the connection: {exc}"
         ) from None
     except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else os.strerror(exc.errno) if exc.errno else str(exc)
         raise SystemExit(
             f"keyfailover {args.command}: cannot connect to {args.url} ({reason}); is keyfailover serve running there?"
         ) from None
@@ -76,6 +77,31 @@ def _int_at_least(low: int) -> Callable[[str], int]:
 
 
 _positive_int = _int_at_least(1)
+
+
+def _server_url(text: str) -> str:
+    """A broker URL the client accepts (checked before anything connects)."""
+    from keyfailover.client.aio import parse_url
+
+    try:
+        parse_url(text)
+    except KeyFailoverError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _admin_url(text: str) -> str:
+    """``http://HOST:PORT`` (or https) of a server's admin endpoint."""
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"admin URL {text!r} is malformed ({exc}); expected http://HOST:PORT"
+        ) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+        raise argparse.ArgumentTypeError(f"admin URL {text!r} is not of the form http://HOST:PORT")
+    return text
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -489,7 +515,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=_serve)
 
     def client_args(sub: argparse.ArgumentParser) -> None:
-        sub.add_argument("--url", default="kf://127.0.0.1:6650", help="server URL (default kf://127.0.0.1:6650)")
+        sub.add_argument(
+            "--url", type=_server_url, default="kf://127.0.0.1:6650", help="server URL (default kf://127.0.0.1:6650)"
+        )
         sub.add_argument("--token", default=None, help="token, if the server requires one")
         sub.add_argument("--topic", required=True, help="the topic to use")
 
@@ -542,7 +570,12 @@ def _parser() -> argparse.ArgumentParser:
     export.set_defaults(run=_export)
 
     def admin_args(sub: argparse.ArgumentParser) -> None:
-        sub.add_argument("--admin-url", default="http://127.0.0.1:9650", help="the server's --metrics-port endpoint")
+        sub.add_argument(
+            "--admin-url",
+            type=_admin_url,
+            default="http://127.0.0.1:9650",
+            help="the server's --metrics-port endpoint (default http://127.0.0.1:9650)",
+        )
         sub.add_argument("--json", action="store_true", help="print the raw JSON")
 
     ranges = commands.add_parser("ranges", help="show each subscription's range map (from a running server)")
@@ -559,7 +592,9 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", required=True, help="the PNG file to write")
     history = plot.add_mutually_exclusive_group(required=True)
     history.add_argument("--history-file", default=None, help='JSON lines of {"time": unix seconds, "snapshot": ...}')
-    history.add_argument("--admin-url", default=None, help="a running server's --metrics-port endpoint")
+    history.add_argument(
+        "--admin-url", type=_admin_url, default=None, help="a running server's --metrics-port endpoint"
+    )
     plot.add_argument("--topic", default=None, help="with --admin-url: the subscription's topic")
     plot.add_argument("--subscription", default=None, help="with --admin-url: the subscription")
     plot.add_argument("--title", default=None, help="the picture's title (default: the subscription or file name)")

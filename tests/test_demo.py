@@ -20,6 +20,8 @@ def test_demo_keeps_every_guarantee() -> None:
     assert report.redeliveries >= 200
     text = out.getvalue()
     assert "final range map" in text
+    assert report.status == {"c1": "left", "c4": "stalled, then removed"}
+    assert "hash range   share   rate/s  unacked  draining  status" in text
     assert "nothing lost" in text
 
 
@@ -41,6 +43,9 @@ def test_server_demo_consumes_everything_in_key_order() -> None:
     assert report.redeliveries > 0
     text = out.getvalue()
     assert "every event outside its range was consumed: True" in text
+    assert report.status == {"c1": "left", "c4": "stalled, then removed"}
+    final = text[text.rindex("deliveries  status") :]
+    assert "c4" in final and "stalled, then removed" in final
 
 
 def test_server_demo_command_line_exits_zero() -> None:

@@ -63,7 +63,8 @@ def _zipf_ids(count: int, distinct: int, seed: int) -> list[int]:
 
 def _final_table(out: TextIO, report: DemoReport) -> None:
     out.write(f"\n  {'consumer':<10}{'deliveries':>12}  {'status'}\n")
-    for consumer, count in sorted(report.deliveries.items()):
+    for consumer in sorted(report.deliveries.keys() | report.status.keys()):
+        count = report.deliveries.get(consumer, 0)
         out.write(f"  {consumer:<10}{count:>12}  {report.status.get(consumer, 'active')}\n")
 
 

@@ -300,3 +300,70 @@ def test_every_option_of_every_command_has_help_text() -> None:
     assert missing == []
     assert {choice.dest for choice in commands._choices_actions} == set(commands.choices)
     assert all(choice.help for choice in commands._choices_actions)
+
+
+# -- serve -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "fragment"),
+    [
+        ("--session-timeout", "inf", "expected a finite number > 0"),
+        ("--session-timeout", "nan", "expected a finite number > 0"),
+        ("--session-timeout", "0", "expected a finite number > 0"),
+        ("--session-timeout", "100000", "expected seconds from 0.1 to 86400"),
+        ("--port", "70000", "expected a port number from 0 to 65535"),
+        ("--port", "-1", "expected a port number from 0 to 65535"),
+        ("--metrics-port", "65536", "expected a port number from 0 to 65535"),
+        ("--max-frame", "10", "expected a frame size from 1024"),
+        ("--max-frame", str(2**32), "expected a frame size from 1024"),
+        ("--sync", "off", "invalid choice: 'off'"),
+    ],
+)
+def test_serve_options_out_of_range_exit_2(tmp_path: Path, option: str, value: str, fragment: str) -> None:
+    done = run_cli("serve", "--data-dir", str(tmp_path / "data"), option, value)
+    assert_clean_failure(done, 2, fragment)
+    assert not (tmp_path / "data").exists()
+
+
+def serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return run_cli("serve", "--port", "0", *args, timeout=60)
+
+
+def test_serve_with_a_data_dir_that_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("not a directory")
+    done = serve(tmp_path, "--data-dir", str(tmp_path / "afile"))
+    assert_clean_failure(done, 1, f"data dir {tmp_path / 'afile'} is not a directory")
+
+
+def test_serve_with_a_data_dir_that_cannot_be_written() -> None:
+    # As root permission bits stop nothing; sysfs refuses to create a directory even to root.
+    done = run_cli("serve", "--port", "0", "--data-dir", "/sys/keyfailover-test-data", timeout=60)
+    assert_clean_failure(done, 1, "cannot use data dir /sys/keyfailover-test-data (", "expected a directory this")
+
+
+def test_serve_on_a_port_in_use(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_cli("serve", "--data-dir", str(tmp_path / "data"), "--port", str(port), timeout=60)
+        assert_clean_failure(done, 1, f"cannot listen on 127.0.0.1:{port} (address already in use)")
+        metrics = serve(tmp_path, "--data-dir", str(tmp_path / "data"), "--metrics-port", str(port))
+        assert_clean_failure(metrics, 1, f"cannot serve the admin endpoint on 127.0.0.1:{port} (address already")
+
+
+def test_serve_on_an_address_this_host_does_not_have(tmp_path: Path) -> None:
+    done = serve(tmp_path, "--data-dir", str(tmp_path / "data"), "--host", "192.0.2.1")  # TEST-NET-1: never ours
+    assert_clean_failure(done, 1, "cannot listen on 192.0.2.1:0 (cannot assign requested address)")
+
+
+def test_a_failed_start_releases_the_data_dir(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        failed = run_cli("serve", "--data-dir", str(tmp_path / "data"), "--port", port, timeout=60)
+        assert failed.returncode == 1
+    with ServerProcess(tmp_path / "data") as started:  # the lock was released: the dir is free
+        assert started.port > 0

@@ -79,6 +79,33 @@ def _int_at_least(low: int) -> Callable[[str], int]:
 _positive_int = _int_at_least(1)
 
 
+def _port(text: str) -> int:
+    """A TCP port, 0 to 65535 (0: the system picks a free one)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {text!r}")
+    return value
+
+
+def _frame_size(text: str) -> int:
+    """A frame limit the protocol can state: 1 KiB to 4 GiB - 1."""
+    value = _positive_int(text)
+    if not 1024 <= value <= 2**32 - 1:
+        raise argparse.ArgumentTypeError(f"expected a frame size from 1024 to {2**32 - 1} bytes, got {text!r}")
+    return value
+
+
+def _session_seconds(text: str) -> float:
+    """A session timeout: finite, from 0.1 s to a day."""
+    value = _positive_float(text)
+    if not 0.1 <= value <= 86_400:
+        raise argparse.ArgumentTypeError(f"expected seconds from 0.1 to 86400, got {text!r}")
+    return value
+
+
 def _server_url(text: str) -> str:
     """A broker URL the client accepts (checked before anything connects)."""
     from keyfailover.client.aio import parse_url
@@ -501,14 +528,21 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run a server with an embedded durable log")
     serve.add_argument("--data-dir", required=True, help="directory of the SQLite log (created if missing)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=6650, help="TCP port (default 6650; 0 picks a free one)")
+    serve.add_argument("--port", type=_port, default=6650, help="TCP port (default 6650; 0 picks a free one)")
     serve.add_argument("--token", default=None, help="require clients to present this token")
-    serve.add_argument("--session-timeout", type=_positive_float, default=10.0, help="seconds (default 10)")
-    serve.add_argument("--max-frame", type=_positive_int, default=None, help="largest frame in bytes (default 5 MiB)")
+    serve.add_argument(
+        "--session-timeout",
+        type=_session_seconds,
+        default=10.0,
+        help="seconds a silent client keeps its sessions, 0.1 to 86400 (default 10)",
+    )
+    serve.add_argument(
+        "--max-frame", type=_frame_size, default=None, help="largest frame in bytes, >= 1024 (default 5 MiB)"
+    )
     serve.add_argument("--sync", choices=("full", "normal"), default="full", help="SQLite synchronous mode")
     serve.add_argument(
         "--metrics-port",
-        type=int,
+        type=_port,
         default=None,
         help="serve /metrics, /ranges, /stats, /history, /healthz on this port",
     )

@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import itertools
 import logging
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -105,9 +106,23 @@ class Server:
 
     async def start(self) -> None:
         """Open the log and start listening."""
+        try:
+            await self._open()
+        except BaseException:
+            await self.close()  # whatever was opened is released: the lock, the log, a bound port
+            raise
+
+    async def _open(self) -> None:
         data_dir = self.config.data_dir
-        data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_file = (data_dir / "LOCK").open("a")
+        if data_dir.exists() and not data_dir.is_dir():
+            raise KeyFailoverError(f"data dir {data_dir} is not a directory; expected a directory (created if missing)")
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            self._lock_file = (data_dir / "LOCK").open("a")
+        except OSError as exc:
+            raise KeyFailoverError(
+                f"cannot use data dir {data_dir} ({exc.strerror}); expected a directory this process can write"
+            ) from None
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -125,13 +140,22 @@ class Server:
             for name in await self._storage.call(log.subscriptions, topic):
                 await self.subscription(topic, name)
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _Connection(self), self.config.host, self.config.port, reuse_address=True
-        )
+        host, port = self.config.host, self.config.port
+        try:
+            self._server = await loop.create_server(lambda: _Connection(self), host, port, reuse_address=True)
+        except OSError as exc:
+            raise KeyFailoverError(f"cannot listen on {host}:{port} ({_reason(exc)})") from None
         self._reaper = loop.create_task(self._reap_loop(), name="keyfailover-reaper")
         if self.config.metrics_port is not None:
             self._admin = AdminServer(self._routes)
-            self._admin_address = await self._admin.start(self.config.metrics_host, self.config.metrics_port)
+            admin_host, admin_port = self.config.metrics_host, self.config.metrics_port
+            try:
+                self._admin_address = await self._admin.start(admin_host, admin_port)
+            except OSError as exc:
+                self._admin = None
+                raise KeyFailoverError(
+                    f"cannot serve the admin endpoint on {admin_host}:{admin_port} ({_reason(exc)})"
+                ) from None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -280,6 +304,13 @@ class Server:
 
     def disconnected(self, connection: _Connection) -> None:
         self._connections.discard(connection)
+
+
+def _reason(exc: OSError) -> str:
+    """An OSError's reason without the errno and address asyncio wraps around it."""
+    if exc.errno is not None and exc.errno > 0:
+        return os.strerror(exc.errno).lower()
+    return exc.strerror or str(exc)
 
 
 class _Connection(asyncio.Protocol):

@@ -14,6 +14,7 @@ and ``keyfailover.spark`` are kept as short import paths.
 from keyfailover.core import (
     HASH_RANGE_SIZE,
     BufferFullError,
+    ConfigError,
     ConsumerError,
     Delivery,
     Dispatcher,
@@ -40,6 +41,7 @@ from keyfailover.core import (
 __all__ = [
     "HASH_RANGE_SIZE",
     "BufferFullError",
+    "ConfigError",
     "ConsumerError",
     "Delivery",
     "Dispatcher",

@@ -8,6 +8,7 @@ from keyfailover.core.clock import ManualClock
 from keyfailover.core.dispatcher import Delivery, Dispatcher, RebalanceEvent
 from keyfailover.core.errors import (
     BufferFullError,
+    ConfigError,
     ConsumerError,
     DuplicateConsumerError,
     InvalidKeyError,
@@ -26,6 +27,7 @@ from keyfailover.core.rebalance import Load, plan_join, plan_leave, plan_shift
 __all__ = [
     "HASH_RANGE_SIZE",
     "BufferFullError",
+    "ConfigError",
     "ConsumerError",
     "Delivery",
     "Dispatcher",

@@ -14,6 +14,7 @@ from typing import Final
 __all__ = [
     "FATAL_CODES",
     "BufferFullError",
+    "ConfigError",
     "ConsumerError",
     "CursorError",
     "DuplicateConsumerError",
@@ -40,6 +41,10 @@ class KeyFailoverError(Exception):
 
 class InvalidKeyError(KeyFailoverError, TypeError):
     """A message key is not ``str``, ``bytes`` or ``None``, or a ``str`` is not valid UTF-8."""
+
+
+class ConfigError(KeyFailoverError, ValueError):
+    """A constructor argument has the wrong type or lies outside its documented range."""
 
 
 class PositionError(KeyFailoverError, ValueError):

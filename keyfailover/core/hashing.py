@@ -56,8 +56,20 @@ def key_hash(key: str | bytes) -> int:
 
 
 def key_hashes(keys: Iterable[str | bytes]) -> npt.NDArray[np.int32]:
-    """The hash slots of many keys at once, as an ``int32`` numpy array in input order."""
-    batch = keys if isinstance(keys, Sequence) else list(keys)
+    """The hash slots of many keys at once, as an ``int32`` numpy array in input order.
+
+    ``keys`` is a batch (a list, tuple or other iterable of keys); a single ``str`` or ``bytes`` is
+    refused, since iterating it would hash its characters or byte values one by one.
+    """
+    if isinstance(keys, str | bytes | bytearray | memoryview):
+        raise InvalidKeyError(
+            f"key_hashes takes a batch of keys, not one {type(keys).__name__} key; "
+            "pass a list of keys, or use key_hash(key) for one"
+        )
+    try:
+        batch = keys if isinstance(keys, Sequence) else list(keys)
+    except TypeError:
+        raise InvalidKeyError(f"key_hashes takes an iterable of keys, not {type(keys).__name__}") from None
     try:  # fast path: all str, encoded at C speed
         return _slots_of(map(str.encode, batch), len(batch))
     except (TypeError, UnicodeEncodeError):  # bytes keys, other types or invalid Unicode

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
@@ -30,6 +31,7 @@ import mmh3
 from keyfailover.core.dispatcher._load import LoadMeter
 from keyfailover.core.errors import (
     BufferFullError,
+    ConfigError,
     ConsumerError,
     DuplicateConsumerError,
     KeyFailoverError,
@@ -53,6 +55,22 @@ from keyfailover.core.rebalance import (
 )
 
 __all__ = ["Delivery", "Dispatcher", "RebalanceEvent"]
+
+
+def _check_int(name: str, value: object, low: int) -> None:
+    if type(value) is not int or value < low:
+        raise ConfigError(f"{name} must be an int >= {low}, not {value!r}")
+
+
+def _check_number(name: str, value: object, low: float, *, inclusive: bool = True, extra: str = "") -> None:
+    """``value`` is a finite int or float (not a bool) above ``low`` (or equal, when ``inclusive``)."""
+    sign = ">=" if inclusive else ">"
+    if type(value) not in (int, float):
+        raise ConfigError(f"{name} must be a finite number {sign} {low}{extra}, not {type(value).__name__} {value!r}")
+    number = float(value)  # type: ignore[arg-type]
+    if not math.isfinite(number) or number < low or (not inclusive and number == low):
+        raise ConfigError(f"{name} must be a finite number {sign} {low}{extra}, not {value!r}")
+
 
 Key = str | bytes | None
 
@@ -166,26 +184,27 @@ class Dispatcher:
         shift_min_traffic: float = 1000.0,
         history: int = 1000,
     ) -> None:
-        if type(max_replay) is not int or max_replay < 1:
-            raise KeyFailoverError(f"max_replay must be a positive int, not {max_replay!r}")
-        if split not in SPLIT_MODES:
-            raise KeyFailoverError(f"split must be one of {SPLIT_MODES}, not {split!r}")
-        if shift_threshold is not None and not shift_threshold >= 1.0:
-            raise KeyFailoverError(f"shift_threshold must be >= 1.0 or None, not {shift_threshold!r}")
-        if not shift_interval >= 0.0:
-            raise KeyFailoverError(f"shift_interval must be >= 0 seconds, not {shift_interval!r}")
-        if type(history) is not int or history < 0:
-            raise KeyFailoverError(f"history must be a non-negative int, not {history!r}")
+        if not callable(clock):
+            raise ConfigError(f"clock must be a callable returning seconds, not {clock!r}")
+        _check_int("max_replay", max_replay, 1)
+        if not isinstance(split, str) or split not in SPLIT_MODES:
+            raise ConfigError(f"split must be one of {SPLIT_MODES}, not {split!r}")
+        _check_number("half_life", half_life, 0.0, inclusive=False)
+        if shift_threshold is not None:
+            _check_number("shift_threshold", shift_threshold, 1.0, extra=" or None")
+        _check_number("shift_interval", shift_interval, 0.0)
+        _check_number("shift_min_traffic", shift_min_traffic, 0.0)
+        _check_int("history", history, 0)
+        now = clock()
+        if type(now) not in (int, float) or not math.isfinite(now):
+            raise ConfigError(f"clock() must return a finite number of seconds, returned {now!r}")
         self._clock = clock
         self._max_replay = max_replay
         self._split: SplitMode = split
         self._shift_threshold = shift_threshold
         self._shift_interval = shift_interval
         self._shift_min_traffic = shift_min_traffic
-        try:
-            self._meter = LoadMeter(HASH_RANGE_SIZE, half_life)
-        except ValueError as exc:
-            raise KeyFailoverError(str(exc)) from None
+        self._meter = LoadMeter(HASH_RANGE_SIZE, half_life)
 
         self._map = RangeMap()
         self._ends: list[int] = []
@@ -200,7 +219,6 @@ class Dispatcher:
         self._rr = 0
         self._held = 0
         self._last_position: int | None = None
-        now = clock()
         self._last_sample = now
         self._last_shift = now
         self._rebalances: Counter[str] = Counter()
@@ -210,7 +228,7 @@ class Dispatcher:
         # any key blocked at or before them: change j is drained once no key blocked by a
         # change <= j is still draining.
         self._draining_since: dict[int, int] = {}
-        self._undrained: deque[_Change] = deque(maxlen=max(history, 1))
+        self._undrained: deque[_Change] = deque()  # not bounded by history: each change is observed once
         self._drain_seconds = Histogram()
 
     # -- consumers -------------------------------------------------------------------
@@ -300,7 +318,23 @@ class Dispatcher:
         self._fresh.append(message)
 
     def poll(self) -> list[Delivery]:
-        """Route everything that can go out now and return the deliveries, oldest first per consumer."""
+        """Route everything that can go out now and return the deliveries.
+
+        The list comes in three parts, each for consumers with permits only:
+
+        1. keys waiting on a consumer (replays, returned and held-back messages, keys whose
+           drain just ended), consumer by consumer in the order they became servable, each
+           consumer's keys by ascending head position;
+        2. keyless messages that were waiting (nacked or returned ones first, in position
+           order, then those that found no permits), round robin over the consumers in join
+           order, starting after the consumer served last;
+        3. messages published since the last poll, in publish order: a keyed one goes to
+           its owner when the owner has permits and no waiting keys (otherwise it waits,
+           see 1), a keyless one round robin as in 2.
+
+        So the list is not sorted by position overall, nor per consumer; per key it always is
+        (G2), and a key's messages never pass each other.
+        """
         now = self._clock()
         if self._shift_threshold is not None and now - self._last_shift >= self._shift_interval:
             self._maybe_shift(now)
@@ -766,8 +800,13 @@ class Dispatcher:
         assert set(self._consumers) == set(self._map.consumers()) | set(self._standby), "membership"
 
     def _consumer(self, cid: str) -> _Consumer:
-        consumer = self._consumers.get(cid)
+        try:
+            consumer = self._consumers.get(cid)
+        except TypeError:  # unhashable
+            consumer = None
         if consumer is None:
+            if not isinstance(cid, str) or not cid:
+                raise ConsumerError(f"consumer id must be a non-empty str, not {cid!r}")
             known = ", ".join(repr(c) for c in list(self._consumers)[:10]) or "none"
             raise UnknownConsumerError(f"consumer {cid!r} is not connected; known consumers: {known}")
         return consumer

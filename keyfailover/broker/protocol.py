@@ -18,7 +18,7 @@ import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Final, Literal, NamedTuple, TypeAlias, get_args
+from typing import Any, ClassVar, Final, Literal, NamedTuple, TypeAlias, TypeGuard, get_args
 
 import msgpack  # type: ignore[import-untyped]
 
@@ -54,8 +54,10 @@ __all__ = [
     "ServerFrame",
     "Subscribe",
     "Subscribed",
+    "check_name",
     "encode",
     "stream_transport",
+    "valid_name",
 ]
 
 PROTOCOL_VERSION: Final = 1
@@ -371,10 +373,28 @@ def _slot(value: object) -> int | None:
     raise _wrong(f"a hash slot in [0, {HASH_RANGE_SIZE - 1}] or nil", value)
 
 
-def _name(value: object) -> str:
-    if type(value) is str and 0 < len(value) <= MAX_NAME_LENGTH and "\0" not in value:
+_NAME_RULE: Final = f"a str of 1 to {MAX_NAME_LENGTH} characters without NUL"
+
+
+def valid_name(value: object) -> TypeGuard[str]:
+    """Whether ``value`` is a topic, subscription, consumer or producer name the protocol accepts."""
+    return type(value) is str and 0 < len(value) <= MAX_NAME_LENGTH and "\0" not in value
+
+
+def check_name(what: str, value: object) -> str:
+    """``value`` if it is a valid name; else a KeyFailoverError naming ``what``, the value and the rule.
+
+    Clients call it before sending, so a name the server would refuse never reaches it.
+    """
+    if valid_name(value):
         return value
-    raise _wrong(f"a str of 1 to {MAX_NAME_LENGTH} characters without NUL", value)
+    raise KeyFailoverError(f"{what} must be {_NAME_RULE}, got {_show(value)}")
+
+
+def _name(value: object) -> str:
+    if valid_name(value):
+        return value
+    raise _wrong(_NAME_RULE, value)
 
 
 def _label(value: object) -> str:

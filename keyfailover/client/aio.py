@@ -46,10 +46,11 @@ from keyfailover.broker.protocol import (
     Receipt,
     Subscribe,
     Subscribed,
+    check_name,
     encode,
     stream_transport,
 )
-from keyfailover.core.errors import KeyFailoverError
+from keyfailover.core.errors import FATAL_CODES, KeyFailoverError
 
 __all__ = [
     "AsyncClient",
@@ -71,6 +72,9 @@ _log = logging.getLogger("keyfailover.client")
 
 _MAX_BATCH = 1000
 _MAX_BATCH_BYTES = 1 << 20
+_MIN_BACKOFF = 0.05  # seconds before the second reconnect attempt; doubles up to _MAX_BACKOFF
+_MAX_BACKOFF = 2.0
+_STABLE = 5.0  # a connection up this long resets the backoff
 
 
 class Timeout(KeyFailoverError, TimeoutError):  # noqa: N818  (the name the Pulsar client uses)
@@ -139,6 +143,8 @@ class _Link(asyncio.Protocol):
         self.session_timeout = 10.0
         self.max_batch_bytes = _MAX_BATCH_BYTES  # lowered to half the server's frame limit at connect
         self.closed = False
+        self.failure: ServerError | None = None  # a fatal refusal: the link is done for good
+        self._ready_since = 0.0
         self._connected_waiter: asyncio.Future[None] | None = None
         self._maintainer: asyncio.Task[None] | None = None
         self._lost = asyncio.Event()
@@ -163,8 +169,14 @@ class _Link(asyncio.Protocol):
             raise Timeout(f"could not connect to kf://{self._host}:{self._port} within {timeout} s") from None
 
     async def _maintain(self) -> None:
-        """Heartbeat while connected; reconnect with backoff when the connection drops."""
+        """Heartbeat while connected; reconnect with backoff and jitter when the connection drops.
+
+        The backoff starts over only after a connection stayed up for ``_STABLE`` seconds, so a
+        server that accepts and drops us at once is not hammered. A fatal refusal (a wrong
+        token, a protocol violation) is not retried: it fails every producer and consumer.
+        """
         nonce = itertools.count()
+        delay = 0.0
         while not self.closed:
             interval = max(self.session_timeout / 4, 0.05)
             with contextlib.suppress(TimeoutError):
@@ -175,14 +187,21 @@ class _Link(asyncio.Protocol):
             if self.ready.is_set():
                 self.send(Ping(nonce=next(nonce)))
                 continue
-            delay = 0.05
+            if time.monotonic() - self._ready_since >= _STABLE:
+                delay = 0.0
             while not self.closed and not self.ready.is_set():
-                try:
-                    await self._connect_once(max(5.0, delay))
-                except (OSError, KeyFailoverError) as exc:
-                    _log.info("reconnect to %s:%d failed (%s); retrying in %.2f s", self._host, self._port, exc, delay)
+                if delay:
                     await asyncio.sleep(delay * (0.5 + random.random()))
-                    delay = min(delay * 2, 2.0)
+                delay = min(max(delay * 2, _MIN_BACKOFF), _MAX_BACKOFF)
+                try:
+                    await self._connect_once(5.0)
+                except ServerError as exc:
+                    if exc.code in FATAL_CODES:
+                        self.fail(exc)
+                        return
+                    _log.info("reconnect to %s:%d refused (%s); retrying", self._host, self._port, exc)
+                except (OSError, KeyFailoverError) as exc:
+                    _log.info("reconnect to %s:%d failed (%s); retrying", self._host, self._port, exc)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = stream = stream_transport(transport)
@@ -210,10 +229,22 @@ class _Link(asyncio.Protocol):
         for callback in pending.values():
             callback(None)
         self.sessions.clear()
-        if was_ready:
+        if self.failure is not None:
+            self.fail(self.failure)
+        elif was_ready:
             for party in list(self.parties):
                 party.disconnected()
         self._lost.set()
+
+    def fail(self, error: ServerError) -> None:
+        """The server refused us for good: stop reconnecting; every producer and consumer fails with ``error``."""
+        self.failure = error
+        self.closed = True
+        self._lost.set()
+        for party in list(self.parties):
+            party.failed(error)
+        if self._transport is not None:
+            self._transport.abort()
 
     def _dispatch(self, frame: Frame) -> None:
         if isinstance(frame, Messages | RangesChanged | ConsumerClosed):
@@ -240,10 +271,13 @@ class _Link(asyncio.Protocol):
             else:
                 self.errors[frame.code] += 1
                 _log.warning("server error %s: %s", frame.code, frame.message)
+                if frame.code in FATAL_CODES:  # the server closes the connection next
+                    self.failure = ServerError(frame.code, frame.message)
             return
         if isinstance(frame, Connected):
             self.session_timeout = frame.session_timeout
             self.max_batch_bytes = min(_MAX_BATCH_BYTES, frame.max_frame // 2)
+            self._ready_since = time.monotonic()
             self.ready.set()
             if self._maintainer is not None:
                 # A reconnection: what was unconfirmed goes out now, in this same step, before
@@ -308,7 +342,11 @@ class AsyncClient:
 
     async def create_producer(self, topic: str, producer_name: str | None = None) -> AsyncProducer:
         """A producer for ``topic``; its name and sequence ids make retries store each message once."""
+        check_name("topic", topic)
+        if producer_name is not None:
+            check_name("producer_name", producer_name)
         await self.connect()
+        self._check_usable()
         producer = AsyncProducer(self._link, topic, producer_name)
         self._link.parties.append(producer)
         return producer
@@ -324,7 +362,12 @@ class AsyncClient:
         """Join ``subscription_name`` of ``topic``; returns once the server confirmed it."""
         if type(receiver_queue_size) is not int or receiver_queue_size < 1:
             raise KeyFailoverError(f"receiver_queue_size must be a positive int, not {receiver_queue_size!r}")
+        check_name("topic", topic)
+        check_name("subscription_name", subscription_name)
+        if consumer_name is not None:
+            check_name("consumer_name", consumer_name)
         await self.connect()
+        self._check_usable()
         name = consumer_name or f"consumer-{uuid.uuid4().hex[:12]}"
         consumer = AsyncConsumer(
             self._link,
@@ -341,6 +384,12 @@ class AsyncClient:
     def server_errors(self) -> dict[str, int]:
         """Errors the server sent that answered no request (e.g. rejected acks), by code."""
         return dict(self._link.errors)
+
+    def _check_usable(self) -> None:
+        if self._link.failure is not None:
+            raise self._link.failure
+        if self._link.closed:
+            raise ClientClosed("the client is closed")
 
     async def close(self) -> None:
         """Flush producers, close consumers and the connection."""
@@ -409,11 +458,14 @@ class AsyncProducer:
         self._idle = asyncio.Event()
         self._idle.set()
         self._closed = False
+        self._failure: ServerError | None = None
         self._lock = threading.Lock()  # send_async may be called from another thread (sync client)
         self._loop = asyncio.get_running_loop()
 
     def send_async(self, payload: bytes, key: Key = None, callback: SendCallback | None = None) -> None:
         """Queue a message; ``callback(position, None)`` or ``callback(None, error)`` follows."""
+        if self._failure is not None:
+            raise self._failure
         if self._closed:
             raise ClientClosed(f"producer {self.producer_name!r} is closed")
         if not isinstance(payload, bytes | bytearray | memoryview):
@@ -514,6 +566,18 @@ class AsyncProducer:
     def disconnected(self) -> None:
         """Nothing to do: unconfirmed batches stay queued for resending."""
 
+    def failed(self, error: ServerError) -> None:
+        """The link failed for good: every message not yet confirmed fails with ``error``."""
+        self._failure = error
+        with self._lock:
+            batches = [*self._unconfirmed.values(), *self._full, self._batch]
+            self._unconfirmed, self._full, self._batch = {}, [], _PendingBatch()
+        for batch in batches:
+            for callback in batch.callbacks:
+                if callback is not None:
+                    callback(None, error)
+        self._idle.set()
+
     def reconnected(self) -> None:
         """Resend every unconfirmed batch, in order; split where the new server takes smaller frames."""
         old, self._unconfirmed = self._unconfirmed, {}
@@ -602,6 +666,10 @@ class AsyncConsumer:
 
     def disconnected(self) -> None:
         self._drop_session()
+
+    def failed(self, error: ServerError) -> None:
+        self._drop_session()
+        self._end(error)
 
     def reconnected(self) -> None:
         if not self._closed:

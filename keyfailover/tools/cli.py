@@ -117,6 +117,16 @@ def _server_url(text: str) -> str:
     return text
 
 
+def _name(text: str) -> str:
+    """A topic, subscription, consumer or producer name the protocol accepts."""
+    from keyfailover.broker.protocol import check_name
+
+    try:
+        return check_name("a name", text)
+    except KeyFailoverError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _admin_url(text: str) -> str:
     """``http://HOST:PORT`` (or https) of a server's admin endpoint."""
     try:
@@ -553,7 +563,7 @@ def _parser() -> argparse.ArgumentParser:
             "--url", type=_server_url, default="kf://127.0.0.1:6650", help="server URL (default kf://127.0.0.1:6650)"
         )
         sub.add_argument("--token", default=None, help="token, if the server requires one")
-        sub.add_argument("--topic", required=True, help="the topic to use")
+        sub.add_argument("--topic", type=_name, required=True, help="the topic to use")
 
     produce = commands.add_parser("produce", help="send lines or JSON lines from a file or stdin")
     client_args(produce)
@@ -571,7 +581,7 @@ def _parser() -> argparse.ArgumentParser:
         help="with --json: send a line whose key field is missing or null without a key (no per-key order); "
         "without it such a line stops the run",
     )
-    produce.add_argument("--producer-name", default=None, help="stable name for deduplicated retries")
+    produce.add_argument("--producer-name", type=_name, default=None, help="stable name for deduplicated retries")
     produce.add_argument(
         "--progress",
         action="store_true",
@@ -581,9 +591,12 @@ def _parser() -> argparse.ArgumentParser:
 
     consume = commands.add_parser("consume", help="print messages (acking as it goes)")
     client_args(consume)
-    consume.add_argument("--subscription", required=True, help="the subscription to join (created if new)")
+    consume.add_argument("--subscription", type=_name, required=True, help="the subscription to join (created if new)")
     consume.add_argument(
-        "--consumer-name", default=None, help="this consumer's name in the subscription (default: a random one)"
+        "--consumer-name",
+        type=_name,
+        default=None,
+        help="this consumer's name in the subscription (default: a random one)",
     )
     consume.add_argument(
         "--receiver-queue", type=_positive_int, default=1000, help="messages prefetched ahead (default 1000)"

@@ -1,0 +1,100 @@
+"""A refusal that retrying cannot cure surfaces at once; only transient failures are retried.
+
+A name the server would refuse is refused by the client before anything is sent. A server
+that refuses the client for good (here: it came back with another token) fails every
+producer and consumer with the server's reason, and the client stops reconnecting.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.request import urlopen
+
+import pytest
+
+from keyfailover.broker.protocol import MAX_NAME_LENGTH
+from keyfailover.client import Client, ServerError
+from keyfailover.core.errors import KeyFailoverError
+from tests.server_process import ServerProcess, run_cli, wait_until
+
+
+def protocol_errors(server: ServerProcess, code: str) -> float:
+    assert server.admin_url is not None
+    with urlopen(f"{server.admin_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    for line in text.splitlines():
+        if line.startswith(f'keyfailover_protocol_errors_total{{code="{code}"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+BAD_NAMES = ["t" * (MAX_NAME_LENGTH + 1), "", "with\0nul"]
+
+
+@pytest.mark.parametrize("bad", BAD_NAMES)
+def test_bad_names_are_refused_by_the_client_before_anything_is_sent(tmp_path: Path, bad: str) -> None:
+    with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server, Client(server.url) as client:
+        rule = f"must be a str of 1 to {MAX_NAME_LENGTH} characters without NUL"
+        with pytest.raises(KeyFailoverError, match=f"topic {rule}"):
+            client.create_producer(bad)
+        with pytest.raises(KeyFailoverError, match=f"subscription_name {rule}"):
+            client.subscribe("t", bad)
+        with pytest.raises(KeyFailoverError, match=f"consumer_name {rule}"):
+            client.subscribe("t", "s", consumer_name=bad)
+        with pytest.raises(KeyFailoverError, match=f"producer_name {rule}"):
+            client.create_producer("t", bad)
+        assert client.create_producer("t").send(b"still fine", key="k") == 1
+        assert protocol_errors(server, "bad_field") == 0
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["produce", "--topic", "t" * 300],
+        ["consume", "--topic", "t", "--subscription", "s" * 300],
+        ["consume", "--topic", "t", "--subscription", "s", "--consumer-name", ""],
+    ],
+)
+def test_the_cli_refuses_bad_names_at_once(arguments: list[str]) -> None:
+    done = run_cli(*arguments, "--url", "kf://127.0.0.1:1", stdin="k,v\n", timeout=60)
+    assert done.returncode == 2
+    assert f"a name must be a str of 1 to {MAX_NAME_LENGTH} characters without NUL" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_server_that_refuses_for_good_fails_everything_once_and_is_not_retried(tmp_path: Path) -> None:
+    first = ServerProcess(tmp_path / "data", "--token", "old").start()
+    client = Client(first.url, token="old")
+    try:
+        producer = client.create_producer("t")
+        consumer = client.subscribe("t", "s", consumer_name="c1")
+        assert producer.send(b"before", key="k") == 1
+        assert consumer.receive(timeout=10).payload == b"before"
+        port = first.port
+        first.stop()
+        with ServerProcess(tmp_path / "data", "--token", "new", "--metrics-port", "0", port=port) as second:
+            with pytest.raises(ServerError, match="unauthorized"):
+                consumer.receive(timeout=60)
+            link = client._async._link
+            wait_until(lambda: link._maintainer is not None and link._maintainer.done(), "the link to stop")
+            with pytest.raises(ServerError, match="unauthorized"):
+                producer.send(b"after", key="k")
+            with pytest.raises(ServerError, match="unauthorized"):
+                client.create_producer("t2")
+            # One refused attempt, not a loop: the reconnecting stopped with the first refusal.
+            assert protocol_errors(second, "unauthorized") == 1
+    finally:
+        client.close()
+
+
+def test_a_server_that_drops_every_connection_is_retried_with_backoff(tmp_path: Path) -> None:
+    """Transient: the server goes away and comes back; the client gets through once it is back."""
+    server = ServerProcess(tmp_path / "data", "--metrics-port", "0").start()
+    port = server.port
+    with Client(server.url) as client:
+        producer = client.create_producer("t")
+        assert producer.send(b"one", key="k") == 1
+        server.stop()
+        with ServerProcess(tmp_path / "data", port=port) as again:
+            assert producer.send(b"two", key="k", timeout=60) == 2
+            assert again.port == port

@@ -120,3 +120,32 @@ def test_long_keys_count_toward_the_batch_limit(tmp_path: Path) -> None:
         consumer = client.subscribe("t", "s", "c")
         got = [consumer.receive(timeout=WAIT) for _ in keys]
     assert [m.key for m in got] == keys
+
+
+def test_a_resubscribe_after_a_reconnect_presents_the_sessions_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from keyfailover.broker.protocol import Subscribe
+
+    with ServerProcess(tmp_path / "data") as server, Client(server.url) as client:
+        consumer = client.subscribe("t", "s", consumer_name="c1")
+        link = client._async._link
+        secret = consumer._consumer._secret
+        assert secret is not None
+        sent: list[Subscribe] = []
+        original = link.send
+
+        def recording(frame: Frame) -> bool:
+            if isinstance(frame, Subscribe):
+                sent.append(frame)
+            return original(frame)
+
+        monkeypatch.setattr(link, "send", recording)
+        transport = link._transport
+        assert transport is not None
+        client._loop.call_soon_threadsafe(transport.abort)
+        wait_until(lambda: consumer._consumer._secret not in (None, secret), "subscribed again")
+        assert [frame.secret for frame in sent] == [secret]
+        producer = client.create_producer("t")
+        producer.send(b"x", key="k")
+        assert consumer.receive(timeout=10).payload == b"x"

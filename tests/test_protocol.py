@@ -88,7 +88,9 @@ def receipts(draw: st.DrawFn) -> Receipt:
 @st.composite
 def subscribeds(draw: st.DrawFn) -> Subscribed:
     start, end = draw(slot_ranges)
-    return Subscribed(req=draw(uints), session=draw(uints), consumer=draw(names), start=start, end=end)
+    return Subscribed(
+        req=draw(uints), session=draw(uints), consumer=draw(names), start=start, end=end, secret=draw(labels)
+    )
 
 
 @st.composite
@@ -301,7 +303,7 @@ def test_frame_of_exactly_max_frame_is_accepted() -> None:
 
 def test_default_limit() -> None:
     assert DEFAULT_MAX_FRAME == 5 * 1024 * 1024 == Decoder().max_frame
-    assert PROTOCOL_VERSION == 1
+    assert PROTOCOL_VERSION == 2
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2**32, True, 1.5, "5"])
@@ -331,7 +333,7 @@ SAMPLES: dict[str, Frame] = {
         Close(),
         Connected(version=1, server="keyfailover", max_frame=1024, session_timeout=10.0),
         Receipt(req=1, positions=[1, 2], duplicates=[False, True]),
-        Subscribed(req=1, session=1, consumer="c", start=0, end=HASH_RANGE_SIZE - 1),
+        Subscribed(req=1, session=1, consumer="c", start=0, end=HASH_RANGE_SIZE - 1, secret="f00d"),
         Messages(session=1, messages=[(1, "k", b"v", 0), (2, None, b"w", 1)]),
         RangesChanged(session=1, epoch=2, start=0, end=99),
         ConsumerClosed(session=1, reason="timeout", req=None),

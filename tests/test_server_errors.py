@@ -6,12 +6,14 @@ changes. Non-fatal codes reject one frame and the connection keeps working.
 
 from __future__ import annotations
 
+import json
 import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
+from urllib.request import urlopen
 
 import msgpack  # type: ignore[import-untyped]
 import pytest
@@ -38,7 +40,7 @@ from keyfailover.broker.protocol import (
 )
 from keyfailover.client import Client, Consumer, Message
 from keyfailover.core.errors import FATAL_CODES, ErrorCode
-from tests.server_process import RawConnection, ServerProcess
+from tests.server_process import RawConnection, ServerProcess, wait_until
 
 TOKEN = "s3cret"
 MAX_FRAME = 4096
@@ -138,7 +140,15 @@ class Fatal:
 
 
 PING = msgpack.packb({"type": "ping", "nonce": 1}, use_bin_type=True)
-SUBSCRIBE = {"type": "subscribe", "req": 5, "topic": "t", "subscription": "s", "consumer": "c", "receiver_queue": 1}
+SUBSCRIBE = {
+    "type": "subscribe",
+    "req": 5,
+    "topic": "t",
+    "subscription": "s",
+    "consumer": "c",
+    "receiver_queue": 1,
+    "secret": None,
+}
 
 FATAL = {
     "malformed_frame/truncated": Fatal(framed(PING[:-1]), ErrorCode.MALFORMED_FRAME, r"not one msgpack value"),
@@ -365,3 +375,76 @@ def test_ack_of_a_position_not_in_flight(server: ServerProcess) -> None:
         assert reply(raw, Pong) == Pong(nonce=2), "the ack of a message in flight was rejected"
         assert_works(raw, topic)
     assert_no_tracebacks(server)
+
+
+# -- a live consumer's identity is its own --------------------------------------------------------
+
+
+def subscribe(raw: RawConnection, req: int, topic: str, consumer: str, secret: str | None) -> Frame:
+    raw.send(Subscribe(req=req, topic=topic, subscription="s", consumer=consumer, receiver_queue=5, secret=secret))
+    frame = raw.receive()
+    while isinstance(frame, Messages | RangesChanged):
+        frame = raw.receive()
+    return frame
+
+
+def test_a_live_consumer_name_is_taken_only_with_its_secret(server: ServerProcess) -> None:
+    topic = "identity"
+    with RawConnection(server.port) as owner, RawConnection(server.port) as thief:
+        owner.connect(TOKEN)
+        thief.connect(TOKEN)
+        produce(owner, 1, topic, [b"a", b"b", b"c"])
+        first = subscribe(owner, 2, topic, "c1", None)
+        assert isinstance(first, Subscribed) and len(first.secret) >= 32
+        held = deliveries(owner, 3)
+        for secret in (None, "guessed", first.secret[:-1]):
+            refused = subscribe(thief, 3, topic, "c1", secret)
+            check_error(refused, ErrorCode.CONSUMER_BUSY, r"consumer 'c1' of 'identity'/'s' has a live session", req=3)
+        # Nothing changed: the thief has no session to ack with, and the owner's acks work.
+        thief.send(Ack(topic=topic, subscription="s", session=first.session, positions=held))
+        check_error(reply(thief, Error), ErrorCode.UNKNOWN_SESSION, r"is not a live session")
+        owner.send(Ack(topic=topic, subscription="s", session=first.session, positions=held[:1]))
+        assert_works(owner, topic)
+
+        # The same consumer resuming on a new connection (the old one half-open) presents its secret.
+        resumed = subscribe(thief, 4, topic, "c1", first.secret)
+        assert isinstance(resumed, Subscribed) and resumed.session != first.session
+        assert resumed.secret != first.secret
+        closed = reply(owner, ConsumerClosed)
+        assert (closed.session, closed.reason) == (first.session, "superseded")
+        # What the old session held and did not ack, then the message assert_works stored.
+        assert sorted(deliveries(thief, 3)) == [*held[1:], held[-1] + 1]
+
+
+def test_a_second_client_cannot_take_a_live_consumers_name(tmp_path: Path) -> None:
+    from keyfailover.client import ConsumerBusyError
+
+    with (
+        ServerProcess(tmp_path / "data", "--metrics-port", "0") as started,
+        Client(started.url) as owner,
+        Client(started.url) as other,
+    ):
+        producer = owner.create_producer("orders")
+        for i in range(20):
+            producer.send_async(f"m{i}".encode(), key=f"k{i}")
+        producer.flush()
+        mine = owner.subscribe("orders", "billing", consumer_name="c1")
+        held = [mine.receive(timeout=10) for _ in range(20)]
+        with pytest.raises(ConsumerBusyError, match="consumer 'c1' of 'orders'/'billing' has a live session"):
+            other.subscribe("orders", "billing", consumer_name="c1")
+        for message in held:  # the owner's session is untouched: every ack lands
+            mine.acknowledge(message)
+        wait_until(lambda: backlog(started, "orders", "billing") == 0, "every message acknowledged")
+        assert owner.server_errors() == {}
+        other.subscribe("orders", "billing", consumer_name="c2")  # another name is welcome
+
+
+def backlog(server: ServerProcess, topic: str, subscription: str) -> int:
+    assert server.admin_url is not None
+    with urlopen(f"{server.admin_url}/stats", timeout=10) as response:
+        found = json.load(response)
+    return next(
+        int(item["backlog"])
+        for item in found["subscriptions"]
+        if (item["topic"], item["subscription"]) == (topic, subscription)
+    )

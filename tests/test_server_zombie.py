@@ -345,7 +345,10 @@ def test_zombie_consumer_acks_nothing_after_its_session_timed_out(tmp_path: Path
     # session were rejected as unknown_session, and every other ack of the zombie accepted.
     assert outcome.acked["timeouts"] == 1
     assert set(outcome.acked["errors"]) == {"unknown_session"}, outcome.acked
-    assert outcome.closed["errors"] == outcome.acked["errors"], outcome.closed
+    # The held acks may go out in up to HOLD frames (each rejected frame counts once), and the
+    # report above was taken at the first rejection; nothing else was rejected by the close.
+    assert set(outcome.closed["errors"]) == {"unknown_session"}, outcome.closed
+    assert outcome.acked["errors"]["unknown_session"] <= outcome.closed["errors"]["unknown_session"] <= HOLD
 
     # Its new session got exactly the late messages, in order, and none it had prefetched before.
     new_sessions = {session for _, _, session, _ in outcome.received}

@@ -60,7 +60,7 @@ __all__ = [
     "valid_name",
 ]
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
 """The version a client sends in ``connect``; the server answers ``version_mismatch`` to others."""
 
 DEFAULT_MAX_FRAME: Final = 5 * 1024 * 1024
@@ -104,7 +104,11 @@ class Produce:
 
 @dataclass(frozen=True, slots=True)
 class Subscribe:
-    """Attach consumer ``consumer`` to ``subscription`` of ``topic`` with ``receiver_queue`` permits."""
+    """Attach consumer ``consumer`` to ``subscription`` of ``topic`` with ``receiver_queue`` permits.
+
+    ``secret`` is what the consumer's last ``subscribed`` returned (nil the first time): only
+    with it may a subscribe take over a consumer name that still has a live session.
+    """
 
     type: ClassVar[str] = "subscribe"
     req: int
@@ -112,6 +116,7 @@ class Subscribe:
     subscription: str
     consumer: str
     receiver_queue: int
+    secret: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +204,7 @@ class Receipt:
 
 @dataclass(frozen=True, slots=True)
 class Subscribed:
-    """The answer to ``subscribe``: the new session and its hash range (None/None for standby)."""
+    """The answer to ``subscribe``: the new session, its hash range (None/None for standby) and its secret."""
 
     type: ClassVar[str] = "subscribed"
     req: int
@@ -207,6 +212,7 @@ class Subscribed:
     consumer: str
     start: int | None
     end: int | None
+    secret: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -538,7 +544,15 @@ _CLIENT_SPECS: Final = {
     for spec in (
         _spec(Connect, version=_uint, token=_opt_text, client=_label),
         _spec(Produce, req=_uint, topic=_name, producer=_opt_label, messages=_produced),
-        _spec(Subscribe, req=_uint, topic=_name, subscription=_name, consumer=_name, receiver_queue=_uint),
+        _spec(
+            Subscribe,
+            req=_uint,
+            topic=_name,
+            subscription=_name,
+            consumer=_name,
+            receiver_queue=_uint,
+            secret=_opt_label,
+        ),
         _spec(Flow, topic=_name, subscription=_name, session=_uint, permits=_uint),
         _spec(Ack, topic=_name, subscription=_name, session=_uint, positions=_uints),
         _spec(Nack, topic=_name, subscription=_name, session=_uint, positions=_uints),
@@ -552,7 +566,7 @@ _SERVER_SPECS: Final = {
     for spec in (
         _spec(Connected, version=_uint, server=_label, max_frame=_max_frame, session_timeout=_timeout),
         _spec(Receipt, _same_length, req=_uint, positions=_uints, duplicates=_bools),
-        _spec(Subscribed, _range, req=_uint, session=_uint, consumer=_name, start=_slot, end=_slot),
+        _spec(Subscribed, _range, req=_uint, session=_uint, consumer=_name, start=_slot, end=_slot, secret=_label),
         _spec(Messages, session=_uint, messages=_delivered),
         _spec(RangesChanged, _range, session=_uint, epoch=_uint, start=_slot, end=_slot),
         _spec(ConsumerClosed, session=_uint, reason=_label, req=_opt_uint),

@@ -50,13 +50,14 @@ from keyfailover.broker.protocol import (
     encode,
     stream_transport,
 )
-from keyfailover.core.errors import FATAL_CODES, KeyFailoverError
+from keyfailover.core.errors import FATAL_CODES, ErrorCode, KeyFailoverError
 
 __all__ = [
     "AsyncClient",
     "AsyncConsumer",
     "AsyncProducer",
     "ClientClosed",
+    "ConsumerBusyError",
     "ConsumerClosedError",
     "Key",
     "Message",
@@ -95,6 +96,10 @@ class ServerError(KeyFailoverError, RuntimeError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
+
+
+class ConsumerBusyError(ServerError):
+    """The consumer name is in use by a live session of another client; pick another name."""
 
 
 class Message(NamedTuple):
@@ -621,6 +626,7 @@ class AsyncConsumer:
         self._cond = threading.Condition()  # guards _inbox for threads; _arrived wakes coroutines
         self._arrived = asyncio.Event()
         self._session = 0
+        self._secret: str | None = None  # from the last subscribed: proves a resubscribe is this consumer
         self._consumed = 0  # received since the last flow (guarded by _cond)
         self._flow_scheduled = False
         self._acks: list[int] = []
@@ -642,6 +648,7 @@ class AsyncConsumer:
             subscription=self.subscription,
             consumer=self.consumer_name,
             receiver_queue=self._queue_size,
+            secret=self._secret,
         )
         self._link.pending[req] = self._on_subscribe_reply
         if not self._link.send(frame):
@@ -652,6 +659,7 @@ class AsyncConsumer:
             return  # connection lost: reconnected() subscribes again
         if isinstance(reply, Subscribed):
             self._session = reply.session
+            self._secret = reply.secret
             with self._cond:
                 self._consumed = 0
             self._link.sessions[reply.session] = self
@@ -659,7 +667,8 @@ class AsyncConsumer:
             if not self._subscribed.done():
                 self._subscribed.set_result(None)
         elif isinstance(reply, Error):
-            self._end(ServerError(reply.code, reply.message))
+            error_class = ConsumerBusyError if reply.code == ErrorCode.CONSUMER_BUSY else ServerError
+            self._end(error_class(reply.code, reply.message))
 
     async def subscribed(self) -> None:
         await self._subscribed

@@ -103,6 +103,7 @@ class ErrorCode(StrEnum):
     UNKNOWN_SUBSCRIPTION = "unknown_subscription"
     UNKNOWN_SESSION = "unknown_session"
     NOT_IN_FLIGHT = "not_in_flight"
+    CONSUMER_BUSY = "consumer_busy"
     INVALID_MESSAGE = "invalid_message"
     SHUTTING_DOWN = "shutting_down"
     INTERNAL = "internal"

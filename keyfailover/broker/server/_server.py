@@ -454,12 +454,21 @@ class _Connection(asyncio.Protocol):
             if self._closed:
                 return
             session = Session(self._server.next_session_id(), frame.consumer, subscription, self.send)
-            self._sessions[session.id] = session
             # Deliveries happen only in the subscription's pump task, so Subscribed, sent
             # right after the attach, reaches the client before any message of the session.
-            subscription.attach(session, frame.receiver_queue)
+            subscription.attach(session, frame.receiver_queue, frame.secret)
+            self._sessions[session.id] = session
             start, end = session.range
-            self.send(Subscribed(req=frame.req, session=session.id, consumer=frame.consumer, start=start, end=end))
+            self.send(
+                Subscribed(
+                    req=frame.req,
+                    session=session.id,
+                    consumer=frame.consumer,
+                    start=start,
+                    end=end,
+                    secret=session.secret,
+                )
+            )
         except ProtocolError as exc:
             self.send(Error(code=exc.code, message=exc.message, req=frame.req))
         except KeyFailoverError as exc:

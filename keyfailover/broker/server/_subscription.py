@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
+import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -22,7 +24,7 @@ from keyfailover.broker.protocol import ConsumerClosed, Frame, Key, Messages, Ra
 from keyfailover.broker.storage._executor import Storage
 from keyfailover.broker.storage.sqlite import StoredMessage
 from keyfailover.core.dispatcher import Delivery, Dispatcher
-from keyfailover.core.errors import NotInFlightError
+from keyfailover.core.errors import ErrorCode, NotInFlightError, ProtocolError
 
 __all__ = ["Session", "Subscription", "SubscriptionConfig"]
 
@@ -44,13 +46,14 @@ class SubscriptionConfig:
 class Session:
     """One consumer's attachment to a subscription through one connection."""
 
-    __slots__ = ("consumer", "id", "range", "send", "subscription")
+    __slots__ = ("consumer", "id", "range", "secret", "send", "subscription")
 
     def __init__(
         self, session_id: int, consumer: str, subscription: Subscription, send: Callable[[Frame], None]
     ) -> None:
         self.id = session_id
         self.consumer = consumer
+        self.secret = secrets.token_hex(16)  # proves a later subscribe is this consumer resuming
         self.subscription = subscription
         self.send = send
         self.range: tuple[int | None, int | None] = (None, None)
@@ -111,10 +114,21 @@ class Subscription:
 
     # -- membership ------------------------------------------------------------------
 
-    def attach(self, session: Session, permits: int) -> Session | None:
-        """Add ``session``; returns the session it superseded, if any (already detached)."""
+    def attach(self, session: Session, permits: int, secret: str | None = None) -> Session | None:
+        """Add ``session``; returns the session it superseded, if any (already detached).
+
+        A consumer name with a live session is taken over only by a subscribe that presents
+        that session's secret (the same consumer, resuming over a new connection); any other
+        is refused with ``consumer_busy`` and changes nothing.
+        """
         old = self.sessions.get(session.consumer)
         if old is not None:
+            if secret is None or not hmac.compare_digest(secret, old.secret):
+                raise ProtocolError(
+                    ErrorCode.CONSUMER_BUSY,
+                    f"consumer {session.consumer!r} of {self.topic!r}/{self.name!r} has a live session; "
+                    "expected another consumer name, or the secret of that session's subscribe to resume it",
+                )
             self.detach(old, "superseded")
         self.dispatcher.add_consumer(session.consumer)
         self.dispatcher.flow(session.consumer, permits)
@@ -302,7 +316,6 @@ class Subscription:
             "topic": self.topic,
             "subscription": self.name,
             "dispatcher": self.dispatcher.stats(),
-            "sessions": {name: session.id for name, session in self.sessions.items()},
             "mark_delete": self.cursor.mark_delete,
             "acked_above_mark_delete": acked_above,
             "read_position": self._read_position,

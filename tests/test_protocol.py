@@ -541,6 +541,9 @@ def test_fatal_codes() -> None:
         "bad_field",
         "unauthorized",
         "version_mismatch",
+        "not_connected",
+        "too_many_connections",
+        "slow_connection",
     }
     for code in ErrorCode:
         error = ProtocolError(code, "why")

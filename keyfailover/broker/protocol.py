@@ -634,8 +634,14 @@ class Decoder:
 
     @property
     def max_frame(self) -> int:
-        """The largest body length this decoder accepts."""
+        """The largest body length this decoder accepts (a server raises it after login)."""
         return self._max_frame
+
+    @max_frame.setter
+    def max_frame(self, value: int) -> None:
+        if type(value) is not int or not 0 < value <= _MAX_LENGTH:
+            raise KeyFailoverError(f"max_frame must be an int in [1, {_MAX_LENGTH}], not {value!r}")
+        self._max_frame = value
 
     @property
     def buffered(self) -> int:

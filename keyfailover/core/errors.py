@@ -106,6 +106,8 @@ class ErrorCode(StrEnum):
     CONSUMER_BUSY = "consumer_busy"
     INVALID_MESSAGE = "invalid_message"
     SHUTTING_DOWN = "shutting_down"
+    TOO_MANY_CONNECTIONS = "too_many_connections"
+    SLOW_CONNECTION = "slow_connection"
     INTERNAL = "internal"
 
 
@@ -117,6 +119,9 @@ FATAL_CODES: Final[frozenset[ErrorCode]] = frozenset(
         ErrorCode.BAD_FIELD,
         ErrorCode.UNAUTHORIZED,
         ErrorCode.VERSION_MISMATCH,
+        ErrorCode.NOT_CONNECTED,
+        ErrorCode.TOO_MANY_CONNECTIONS,
+        ErrorCode.SLOW_CONNECTION,
     }
 )
 """Codes after which the connection must be closed: the peer broke the protocol or may not talk."""

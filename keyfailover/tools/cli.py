@@ -221,6 +221,11 @@ def _serve(args: argparse.Namespace) -> int:
         max_frame=args.max_frame or DEFAULT_MAX_FRAME,
         synchronous=args.sync,
         metrics_port=args.metrics_port,
+        login_frame=args.login_frame,
+        login_timeout=args.login_timeout,
+        frame_timeout=args.frame_timeout,
+        max_output=args.max_output,
+        max_connections=args.max_connections,
     )
     return asyncio.run(run_server(config))
 
@@ -550,6 +555,36 @@ def _parser() -> argparse.ArgumentParser:
         "--max-frame", type=_frame_size, default=None, help="largest frame in bytes, >= 1024 (default 5 MiB)"
     )
     serve.add_argument("--sync", choices=("full", "normal"), default="full", help="SQLite synchronous mode")
+    serve.add_argument(
+        "--login-frame",
+        type=_frame_size,
+        default=64 * 1024,
+        help="largest frame in bytes before a client has sent connect (default 64 KiB)",
+    )
+    serve.add_argument(
+        "--login-timeout",
+        type=_session_seconds,
+        default=10.0,
+        help="seconds a new connection has to send connect (default 10)",
+    )
+    serve.add_argument(
+        "--frame-timeout",
+        type=_session_seconds,
+        default=30.0,
+        help="seconds one frame may take to arrive whole; slower senders are closed (default 30)",
+    )
+    serve.add_argument(
+        "--max-output",
+        type=_int_at_least(1024 * 1024),
+        default=64 * 1024 * 1024,
+        help="bytes of unread replies a connection may have before it is closed, >= 1 MiB (default 64 MiB)",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=_positive_int,
+        default=1024,
+        help="open connections; one more is refused with too_many_connections (default 1024)",
+    )
     serve.add_argument(
         "--metrics-port",
         type=_port,

@@ -62,6 +62,16 @@ class ServerConfig:
     synchronous: str = "full"
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
+    login_frame: int = 64 * 1024
+    """Largest frame read before a connection has logged in (sent ``connect``)."""
+    login_timeout: float = 10.0
+    """Seconds a new connection has to log in before it is closed."""
+    frame_timeout: float = 30.0
+    """Seconds one frame may take to arrive whole; a connection trickling bytes slower is closed."""
+    max_output: int = 64 * 1024 * 1024
+    """Bytes of replies a connection may have waiting to be written; past it, it is closed."""
+    max_connections: int = 1024
+    """Open connections; one more is told ``too_many_connections`` and closed."""
     subscription: SubscriptionConfig = field(default_factory=SubscriptionConfig)
 
 
@@ -288,19 +298,29 @@ class Server:
     # -- liveness --------------------------------------------------------------------
 
     async def _reap_loop(self) -> None:
-        timeout = self.config.session_timeout
+        config = self.config
+        timeout = config.session_timeout
         while True:
-            await asyncio.sleep(min(timeout / 4, 1.0))
+            await asyncio.sleep(min(timeout / 4, config.login_timeout / 4, config.frame_timeout / 4, 1.0))
             now = time.monotonic()
             for connection in list(self._connections):
                 silent = now - connection.last_seen
-                if silent > timeout:
-                    connection.expire_sessions("timeout")
-                if silent > 3 * timeout:
-                    connection.close()
+                if not connection.authenticated and now - connection.opened > config.login_timeout:
+                    connection.refuse(ErrorCode.NOT_CONNECTED, f"no connect within {config.login_timeout} s")
+                elif connection.partial_since is not None and now - connection.partial_since > config.frame_timeout:
+                    connection.refuse(ErrorCode.SLOW_CONNECTION, f"a frame took over {config.frame_timeout} s")
+                else:
+                    if silent > timeout:
+                        connection.expire_sessions("timeout")
+                    if silent > 3 * timeout:
+                        connection.close()
 
-    def connected(self, connection: _Connection) -> None:
+    def connected(self, connection: _Connection) -> bool:
+        """Count ``connection`` in; False (not counted) when the server has its maximum already."""
+        if len(self._connections) >= self.config.max_connections:
+            return False
         self._connections.add(connection)
+        return True
 
     def disconnected(self, connection: _Connection) -> None:
         self._connections.discard(connection)
@@ -318,24 +338,45 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, server: Server) -> None:
         self._server = server
-        self._decoder = Decoder(server.config.max_frame, accept="server")
+        config = server.config
+        self._decoder = Decoder(min(config.login_frame, config.max_frame), accept="server")
         self._transport: asyncio.Transport | None = None
-        self._authenticated = False
+        self.authenticated = False
         self._sessions: dict[int, Session] = {}
         self._closed = False
-        self.last_seen = time.monotonic()
+        self.opened = self.last_seen = time.monotonic()
+        self.partial_since: float | None = None  # when the frame still incomplete began to arrive
         self.peer = "?"
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = stream_transport(transport)
+        self._transport = stream = stream_transport(transport)
         self.peer = str(transport.get_extra_info("peername"))
-        self._server.connected(self)
+        # Replies past the high-water mark pause reading from this client (pause_writing).
+        stream.set_write_buffer_limits(high=1024 * 1024)
+        if not self._server.connected(self):
+            self._violation(
+                ErrorCode.TOO_MANY_CONNECTIONS,
+                f"the server has its maximum of {self._server.config.max_connections} connections; try later",
+            )
+
+    def pause_writing(self) -> None:
+        """The client does not read its replies: stop reading its requests until it does."""
+        if self._transport is not None and not self._closed:
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self._transport is not None and not self._closed:
+            self._transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
-        self.last_seen = time.monotonic()
+        self.last_seen = now = time.monotonic()
         frames, error = self._decoder.feed_partial(data)
+        if not self._decoder.buffered:
+            self.partial_since = None
+        elif self.partial_since is None or frames:
+            self.partial_since = now
         for frame in frames:
             if self._closed:
                 return
@@ -365,8 +406,15 @@ class _Connection(asyncio.Protocol):
     def send(self, frame: Frame) -> None:
         if type(frame) is Error:
             self._server.protocol_errors[frame.code] += 1
-        if not self._closed and self._transport is not None:
-            self._transport.write(encode(frame))
+        transport = self._transport
+        if not self._closed and transport is not None:
+            transport.write(encode(frame))
+            if transport.get_write_buffer_size() > self._server.config.max_output:
+                _log.warning("closing %s: over %d bytes of replies unread", self.peer, self._server.config.max_output)
+                self._server.protocol_errors[ErrorCode.SLOW_CONNECTION] += 1
+                self._closed = True
+                self.expire_sessions("closed", notify=False)
+                transport.abort()  # the buffer is what must go: nothing more is written
 
     def close(self) -> None:
         if self._transport is not None and not self._closed:
@@ -377,6 +425,11 @@ class _Connection(asyncio.Protocol):
     def _violation(self, code: str, message: str) -> None:
         self.send(Error(code=code, message=message, req=None))
         self.close()
+
+    def refuse(self, code: ErrorCode, message: str) -> None:
+        """Close the connection with a fatal ``error`` saying why (a limit it broke)."""
+        _log.info("closing %s: %s", self.peer, message)
+        self._violation(code, message + "; the connection is closed")
 
     def expire_sessions(self, reason: str, notify: bool = True) -> None:
         for session in list(self._sessions.values()):
@@ -389,7 +442,7 @@ class _Connection(asyncio.Protocol):
         if isinstance(frame, Connect):
             self._connect(frame)
             return
-        if not self._authenticated:
+        if not self.authenticated:
             raise ProtocolError(ErrorCode.NOT_CONNECTED, f"expected a connect frame first, got {frame.type!r}")
         if isinstance(frame, Ack | Nack | Flow):
             self._consumer_frame(frame)
@@ -409,7 +462,7 @@ class _Connection(asyncio.Protocol):
             raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"frame type {frame.type!r} is not accepted by the server")
 
     def _connect(self, frame: Connect) -> None:
-        if self._authenticated:
+        if self.authenticated:
             raise ProtocolError(ErrorCode.BAD_FIELD, "this connection already sent connect")
         if frame.version != PROTOCOL_VERSION:
             raise ProtocolError(
@@ -419,7 +472,8 @@ class _Connection(asyncio.Protocol):
         token = self._server.config.token
         if token is not None and frame.token != token:
             raise ProtocolError(ErrorCode.UNAUTHORIZED, "wrong or missing token")
-        self._authenticated = True
+        self.authenticated = True
+        self._decoder.max_frame = self._server.config.max_frame
         self.send(
             Connected(
                 version=PROTOCOL_VERSION,

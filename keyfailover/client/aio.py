@@ -76,6 +76,13 @@ _MAX_BATCH_BYTES = 1 << 20
 _MIN_BACKOFF = 0.05  # seconds before the second reconnect attempt; doubles up to _MAX_BACKOFF
 _MAX_BACKOFF = 2.0
 _STABLE = 5.0  # a connection up this long resets the backoff
+# Refusals no retry can cure. The other fatal codes close one connection for a limit it hit
+# (too many connections, too slow): the client reconnects, with backoff.
+_PERMANENT: frozenset[str] = FATAL_CODES - {
+    ErrorCode.TOO_MANY_CONNECTIONS,
+    ErrorCode.SLOW_CONNECTION,
+    ErrorCode.NOT_CONNECTED,
+}
 
 
 class Timeout(KeyFailoverError, TimeoutError):  # noqa: N818  (the name the Pulsar client uses)
@@ -201,7 +208,7 @@ class _Link(asyncio.Protocol):
                 try:
                     await self._connect_once(5.0)
                 except ServerError as exc:
-                    if exc.code in FATAL_CODES:
+                    if exc.code in _PERMANENT:
                         self.fail(exc)
                         return
                     _log.info("reconnect to %s:%d refused (%s); retrying", self._host, self._port, exc)
@@ -276,7 +283,7 @@ class _Link(asyncio.Protocol):
             else:
                 self.errors[frame.code] += 1
                 _log.warning("server error %s: %s", frame.code, frame.message)
-                if frame.code in FATAL_CODES:  # the server closes the connection next
+                if frame.code in _PERMANENT:  # the server closes the connection next
                     self.failure = ServerError(frame.code, frame.message)
             return
         if isinstance(frame, Connected):

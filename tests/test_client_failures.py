@@ -8,7 +8,7 @@ producer and consumer with the server's reason, and the client stops reconnectin
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.request import urlopen
+from urllib.request import Request, urlopen
 
 import pytest
 
@@ -18,9 +18,10 @@ from keyfailover.core.errors import KeyFailoverError
 from tests.server_process import ServerProcess, run_cli, wait_until
 
 
-def protocol_errors(server: ServerProcess, code: str) -> float:
+def protocol_errors(server: ServerProcess, code: str, token: str | None = None) -> float:
     assert server.admin_url is not None
-    with urlopen(f"{server.admin_url}/metrics", timeout=10) as response:
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    with urlopen(Request(f"{server.admin_url}/metrics", headers=headers), timeout=10) as response:
         text = response.read().decode()
     for line in text.splitlines():
         if line.startswith(f'keyfailover_protocol_errors_total{{code="{code}"}}'):
@@ -82,7 +83,7 @@ def test_a_server_that_refuses_for_good_fails_everything_once_and_is_not_retried
             with pytest.raises(ServerError, match="unauthorized"):
                 client.create_producer("t2")
             # One refused attempt, not a loop: the reconnecting stopped with the first refusal.
-            assert protocol_errors(second, "unauthorized") == 1
+            assert protocol_errors(second, "unauthorized", token="new") == 1
     finally:
         client.close()
 

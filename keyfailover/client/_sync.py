@@ -16,6 +16,7 @@ that the loop flushes, and ``receive`` takes from a thread-safe inbox.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -53,20 +54,30 @@ _T = TypeVar("_T")
 class Client:
     """A connection to a keyfailover server, usable from any thread."""
 
-    def __init__(self, url: str, token: str | None = None, *, connect_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        connect_timeout: float = 10.0,
+        tls_ca: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """Connect to ``url`` (``kf://`` or, with TLS, ``kf+ssl://``; ``tls_ca``: the CA file to trust)."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="keyfailover-client", daemon=True)
         self._thread.start()
         self._closed = False
         try:
-            self._async = self._run(self._make(url, token, connect_timeout))
+            self._async = self._run(self._make(url, token, connect_timeout, tls_ca))
         except BaseException:
             self._stop_loop()
             raise
 
     @staticmethod
-    async def _make(url: str, token: str | None, connect_timeout: float) -> AsyncClient:
-        return await AsyncClient(url, token, connect_timeout=connect_timeout).connect()
+    async def _make(
+        url: str, token: str | None, connect_timeout: float, tls_ca: str | os.PathLike[str] | None
+    ) -> AsyncClient:
+        return await AsyncClient(url, token, connect_timeout=connect_timeout, tls_ca=tls_ca).connect()
 
     def _run(self, coro: Coroutine[Any, Any, _T], timeout: float | None = None) -> _T:
         if self._closed:

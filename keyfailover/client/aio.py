@@ -16,6 +16,7 @@ import logging
 import os
 import random
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -129,21 +130,35 @@ class Message(NamedTuple):
         )
 
 
-def parse_url(url: str) -> tuple[str, int]:
-    """``kf://host:port`` -> (host, port)."""
-    parts = urlsplit(url)
-    if parts.scheme != "kf" or not parts.hostname or parts.port is None:
-        raise KeyFailoverError(f"server URL {url!r} is not of the form kf://HOST:PORT")
-    return parts.hostname, parts.port
+def parse_url(url: str) -> tuple[str, int, bool]:
+    """``kf://host:port`` -> (host, port, False); ``kf+ssl://host:port`` -> (host, port, True): TLS."""
+    expected = f"server URL {url!r} is not of the form kf://HOST:PORT or kf+ssl://HOST:PORT"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise KeyFailoverError(f"{expected} ({exc})") from None
+    if parts.scheme not in ("kf", "kf+ssl") or not parts.hostname or port is None:
+        raise KeyFailoverError(expected)
+    return parts.hostname, port, parts.scheme == "kf+ssl"
+
+
+def client_tls(ca_file: str | os.PathLike[str] | None) -> ssl.SSLContext:
+    """A TLS context that verifies the server: against ``ca_file`` when given, else the system's CAs."""
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise KeyFailoverError(f"cannot load the CA file {ca_file}: {exc}; expected PEM certificates") from None
 
 
 class _Link(asyncio.Protocol):
     """The client's one connection, re-established with backoff whenever it drops."""
 
-    def __init__(self, host: str, port: int, token: str | None) -> None:
+    def __init__(self, host: str, port: int, token: str | None, tls: ssl.SSLContext | None) -> None:
         self._host = host
         self._port = port
         self._token = token
+        self._tls = tls
         self._transport: asyncio.Transport | None = None
         self._decoder = Decoder(accept="client")
         self._req = itertools.count(1)
@@ -173,7 +188,13 @@ class _Link(asyncio.Protocol):
         self._connected_waiter = loop.create_future()
         try:
             async with asyncio.timeout(timeout):
-                await loop.create_connection(lambda: self, self._host, self._port)
+                await loop.create_connection(
+                    lambda: self,
+                    self._host,
+                    self._port,
+                    ssl=self._tls,
+                    server_hostname=self._host if self._tls is not None else None,
+                )
                 await self._connected_waiter
         except TimeoutError:
             if self._transport is not None:
@@ -236,7 +257,10 @@ class _Link(asyncio.Protocol):
         self.ready.clear()
         waiter = self._connected_waiter
         if waiter is not None and not waiter.done():
-            waiter.set_exception(ConnectionError(f"connection to {self._host}:{self._port} lost: {exc}"))
+            hint = "" if self._tls is not None else "; if the server uses TLS, connect with kf+ssl://"
+            waiter.set_exception(
+                ConnectionError(f"the server closed the connection before answering connect ({exc}){hint}")
+            )
         pending, self.pending = self.pending, {}
         for callback in pending.values():
             callback(None)
@@ -333,9 +357,18 @@ def _client_name() -> str:
 class AsyncClient:
     """A connection to one keyfailover server."""
 
-    def __init__(self, url: str, token: str | None = None, *, connect_timeout: float = 10.0) -> None:
-        self._host, self._port = parse_url(url)
-        self._link = _Link(self._host, self._port, token)
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        connect_timeout: float = 10.0,
+        tls_ca: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self._host, self._port, tls = parse_url(url)
+        if tls_ca is not None and not tls:
+            raise KeyFailoverError(f"tls_ca is given but {url!r} is plain TCP; expected a kf+ssl:// URL")
+        self._link = _Link(self._host, self._port, token, client_tls(tls_ca) if tls else None)
         self._connect_timeout = connect_timeout
         self._started = False
 

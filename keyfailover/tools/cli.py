@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import socket
+import ssl
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from http.client import HTTPException
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.error import HTTPError, URLError
 from urllib.parse import urlencode, urlsplit
-from urllib.request import urlopen
+from urllib.request import Request, urlopen
 
 from keyfailover.core.errors import KeyFailoverError
 
@@ -25,6 +26,51 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 Command = Callable[[argparse.Namespace], int]
+
+
+def _os_reason(exc: OSError) -> str:
+    """Why a connection failed, in words: the resolver's, TLS's or the system's reason."""
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS: {exc.reason or exc}" if not isinstance(exc, ssl.SSLCertVerificationError) else str(exc)
+    if isinstance(exc, socket.gaierror):
+        return str(exc.strerror)
+    return os.strerror(exc.errno) if exc.errno else str(exc)
+
+
+TOKEN_VARIABLE = "KEYFAILOVER_TOKEN"
+
+
+def _ca_context(args: argparse.Namespace) -> ssl.SSLContext:
+    from keyfailover.client.aio import client_tls
+
+    try:
+        return client_tls(args.tls_ca)
+    except KeyFailoverError as exc:
+        raise SystemExit(f"keyfailover {args.command}: {exc}") from None
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """The token from --token, --token-file or $KEYFAILOVER_TOKEN, in that order; None without one."""
+    if args.token is not None and args.token_file is not None:
+        raise _UsageError("give --token or --token-file, not both")
+    if args.token is not None:
+        found, where = args.token, "--token"
+    elif args.token_file is not None:
+        try:
+            found = Path(args.token_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8"
+            raise SystemExit(
+                f"keyfailover {args.command}: cannot read the token file {args.token_file}: {reason}"
+            ) from None
+        where = f"the token file {args.token_file}"
+    elif TOKEN_VARIABLE in os.environ:
+        found, where = os.environ[TOKEN_VARIABLE].strip(), f"${TOKEN_VARIABLE}"
+    else:
+        return None
+    if not found:
+        raise _UsageError(f"{where} is empty; expected a token")
+    return str(found)
 
 
 class _UsageError(Exception):
@@ -37,13 +83,13 @@ def _connected(args: argparse.Namespace) -> Iterator[Client]:
     from keyfailover.client import Client, ServerError
 
     try:
-        client = Client(args.url, args.token)
+        client = Client(args.url, _token(args), tls_ca=args.tls_ca)
     except ServerError as exc:
         raise SystemExit(
             f"keyfailover {args.command}: the server at {args.url} refused the connection: {exc}"
         ) from None
     except OSError as exc:
-        reason = exc.strerror if isinstance(exc, socket.gaierror) else os.strerror(exc.errno) if exc.errno else str(exc)
+        reason = _os_reason(exc)
         raise SystemExit(
             f"keyfailover {args.command}: cannot connect to {args.url} ({reason}); is keyfailover serve running there?"
         ) from None
@@ -212,11 +258,22 @@ def _serve(args: argparse.Namespace) -> int:
     from keyfailover.broker.server import ServerConfig
     from keyfailover.tools.serve import run_server
 
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise _UsageError("--tls-cert and --tls-key go together")
+    token = _token(args)
+    if token is None and not _loopback(args.host):
+        print(
+            f"keyfailover serve: warning: listening on {args.host} without a token: anyone who reaches it may "
+            "produce and consume (use --token-file or $KEYFAILOVER_TOKEN, and --tls-cert across machines)",
+            file=sys.stderr,
+        )
     config = ServerConfig(
         data_dir=Path(args.data_dir),
         host=args.host,
         port=args.port,
-        token=args.token,
+        token=token,
+        tls_cert=None if args.tls_cert is None else Path(args.tls_cert),
+        tls_key=None if args.tls_key is None else Path(args.tls_key),
         session_timeout=args.session_timeout,
         max_frame=args.max_frame or DEFAULT_MAX_FRAME,
         synchronous=args.sync,
@@ -230,13 +287,27 @@ def _serve(args: argparse.Namespace) -> int:
     return asyncio.run(run_server(config))
 
 
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
+
+
 def _admin_get(args: argparse.Namespace, path: str, query: dict[str, str]) -> Any:
     """GET ``path`` from the admin endpoint as JSON; any failure is one clear line (exit 1)."""
     target = args.admin_url.rstrip("/") + path + ("?" + urlencode(query) if query else "")
     name = f"keyfailover {args.command}"
     hint = "the admin endpoint is the port given to `keyfailover serve --metrics-port`, not the broker port"
+    token = _token(args)
+    request = Request(target, headers={} if token is None else {"Authorization": f"Bearer {token}"})
+    tls = None if args.tls_ca is None else _ca_context(args)
     try:
-        with urlopen(target, timeout=10) as response:
+        with urlopen(request, timeout=10, context=tls) as response:
             return json.load(response)
     except HTTPError as exc:
         raise SystemExit(f"{name}: {target}: {exc.code} {exc.read().decode(errors='replace').strip()}") from None
@@ -513,6 +584,19 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def token_args(sub: argparse.ArgumentParser, what: str) -> None:
+    sub.add_argument(
+        "--token", default=None, help=f"{what} (visible in `ps`: prefer --token-file or ${TOKEN_VARIABLE})"
+    )
+    sub.add_argument("--token-file", default=None, help=f"a file holding {what}")
+
+
+def tls_ca_arg(sub: argparse.ArgumentParser, scheme: str) -> None:
+    sub.add_argument(
+        "--tls-ca", default=None, help=f"with {scheme} URLs: the CA certificates (PEM) to trust (default: the system's)"
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="keyfailover", description="Key-hash-range dispatcher (PIP-34 Key_Failover)")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -544,7 +628,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-dir", required=True, help="directory of the SQLite log (created if missing)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=_port, default=6650, help="TCP port (default 6650; 0 picks a free one)")
-    serve.add_argument("--token", default=None, help="require clients to present this token")
+    token_args(serve, "require clients (and admin requests other than /healthz) to present a token")
+    serve.add_argument("--tls-cert", default=None, help="PEM certificate: serve the broker and admin ports over TLS")
+    serve.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
     serve.add_argument(
         "--session-timeout",
         type=_session_seconds,
@@ -597,7 +683,8 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument(
             "--url", type=_server_url, default="kf://127.0.0.1:6650", help="server URL (default kf://127.0.0.1:6650)"
         )
-        sub.add_argument("--token", default=None, help="token, if the server requires one")
+        token_args(sub, "the server's token, if it requires one")
+        tls_ca_arg(sub, "kf+ssl://")
         sub.add_argument("--topic", type=_name, required=True, help="the topic to use")
 
     produce = commands.add_parser("produce", help="send lines or JSON lines from a file or stdin")
@@ -659,6 +746,8 @@ def _parser() -> argparse.ArgumentParser:
             help="the server's --metrics-port endpoint (default http://127.0.0.1:9650)",
         )
         sub.add_argument("--json", action="store_true", help="print the raw JSON")
+        token_args(sub, "the server's token, if it requires one")
+        tls_ca_arg(sub, "https://")
 
     ranges = commands.add_parser("ranges", help="show each subscription's range map (from a running server)")
     admin_args(ranges)
@@ -680,6 +769,8 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("--topic", default=None, help="with --admin-url: the subscription's topic")
     plot.add_argument("--subscription", default=None, help="with --admin-url: the subscription")
     plot.add_argument("--title", default=None, help="the picture's title (default: the subscription or file name)")
+    token_args(plot, "with --admin-url: the server's token, if it requires one")
+    tls_ca_arg(plot, "https://")
     plot.set_defaults(run=_plot)
     return parser
 

@@ -25,7 +25,8 @@ async def run_server(config: ServerConfig) -> int:
     print(f"listening on {host}:{port}", flush=True)
     if server.admin_address is not None:
         admin_host, admin_port = server.admin_address
-        print(f"metrics on http://{admin_host}:{admin_port}", flush=True)
+        scheme = "https" if config.tls_cert is not None else "http"
+        print(f"metrics on {scheme}://{admin_host}:{admin_port}", flush=True)
     try:
         await stop.wait()
     finally:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -22,7 +24,15 @@ Response = tuple[int, str, bytes]
 """HTTP status, content type, body."""
 Handler = Callable[[dict[str, str]], Awaitable[Response]]
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    500: "Internal Server Error",
+}
+_OPEN_PATHS = frozenset({"/healthz"})  # answered without the token, for load balancers
 _MAX_REQUEST = 16 * 1024
 
 
@@ -34,12 +44,13 @@ def json_response(value: Any, status: int = 200) -> Response:
 class AdminServer:
     """Serves ``GET <path>`` from a table of handlers; query parameters go to the handler."""
 
-    def __init__(self, routes: dict[str, Handler]) -> None:
+    def __init__(self, routes: dict[str, Handler], token: str | None = None) -> None:
         self._routes = routes
+        self._token = None if token is None else token.encode()
         self._server: asyncio.base_events.Server | None = None
 
-    async def start(self, host: str, port: int) -> tuple[str, int]:
-        self._server = await asyncio.start_server(self._serve, host, port, reuse_address=True)
+    async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> tuple[str, int]:
+        self._server = await asyncio.start_server(self._serve, host, port, reuse_address=True, ssl=tls)
         bound_host, bound_port = self._server.sockets[0].getsockname()[:2]
         return str(bound_host), int(bound_port)
 
@@ -66,6 +77,16 @@ class AdminServer:
             await writer.drain()
         writer.close()
 
+    def _authorized(self, head: bytes) -> bool:
+        """Whether the request carries ``Authorization: Bearer <the token>`` (compared in constant time)."""
+        assert self._token is not None
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"authorization":
+                scheme, _, credentials = value.strip().partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), self._token)
+        return False
+
     async def _respond(self, head: bytes) -> Response:
         if len(head) > _MAX_REQUEST:
             return 400, "text/plain", b"request head too large\n"
@@ -77,6 +98,8 @@ class AdminServer:
         if method != "GET":
             return 405, "text/plain", f"method {method} is not allowed; expected GET\n".encode()
         url = urlsplit(target)
+        if self._token is not None and url.path not in _OPEN_PATHS and not self._authorized(head):
+            return 401, "text/plain", b"this server requires its token: send the header Authorization: Bearer TOKEN\n"
         handler = self._routes.get(url.path)
         if handler is None:
             known = ", ".join(sorted(self._routes))

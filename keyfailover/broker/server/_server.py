@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hmac
 import itertools
 import logging
 import os
+import ssl
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -72,6 +74,9 @@ class ServerConfig:
     """Bytes of replies a connection may have waiting to be written; past it, it is closed."""
     max_connections: int = 1024
     """Open connections; one more is told ``too_many_connections`` and closed."""
+    tls_cert: Path | None = None
+    """PEM certificate (chain) to serve the broker and admin ports over TLS; with ``tls_key``."""
+    tls_key: Path | None = None
     subscription: SubscriptionConfig = field(default_factory=SubscriptionConfig)
 
 
@@ -151,21 +156,45 @@ class Server:
                 await self.subscription(topic, name)
         loop = asyncio.get_running_loop()
         host, port = self.config.host, self.config.port
+        tls = self._tls()
         try:
-            self._server = await loop.create_server(lambda: _Connection(self), host, port, reuse_address=True)
+            self._server = await loop.create_server(
+                lambda: _Connection(self),
+                host,
+                port,
+                reuse_address=True,
+                ssl=tls,
+                ssl_handshake_timeout=self.config.login_timeout if tls is not None else None,
+            )
         except OSError as exc:
             raise KeyFailoverError(f"cannot listen on {host}:{port} ({_reason(exc)})") from None
         self._reaper = loop.create_task(self._reap_loop(), name="keyfailover-reaper")
         if self.config.metrics_port is not None:
-            self._admin = AdminServer(self._routes)
+            self._admin = AdminServer(self._routes, self.config.token)
             admin_host, admin_port = self.config.metrics_host, self.config.metrics_port
             try:
-                self._admin_address = await self._admin.start(admin_host, admin_port)
+                self._admin_address = await self._admin.start(admin_host, admin_port, tls)
             except OSError as exc:
                 self._admin = None
                 raise KeyFailoverError(
                     f"cannot serve the admin endpoint on {admin_host}:{admin_port} ({_reason(exc)})"
                 ) from None
+
+    def _tls(self) -> ssl.SSLContext | None:
+        """The server's TLS context, or None without a certificate."""
+        cert, key = self.config.tls_cert, self.config.tls_key
+        if cert is None and key is None:
+            return None
+        if cert is None or key is None:
+            raise KeyFailoverError("TLS needs both a certificate and its key; expected tls_cert and tls_key")
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            context.load_cert_chain(cert, key)
+        except (OSError, ssl.SSLError) as exc:
+            raise KeyFailoverError(
+                f"cannot load the TLS certificate {cert} and key {key} ({exc}); expected PEM files that match"
+            ) from None
+        return context
 
     @property
     def address(self) -> tuple[str, int]:
@@ -470,7 +499,7 @@ class _Connection(asyncio.Protocol):
                 f"protocol version {frame.version} is not supported; expected {PROTOCOL_VERSION}",
             )
         token = self._server.config.token
-        if token is not None and frame.token != token:
+        if token is not None and not hmac.compare_digest((frame.token or "").encode(), token.encode()):
             raise ProtocolError(ErrorCode.UNAUTHORIZED, "wrong or missing token")
         self.authenticated = True
         self._decoder.max_frame = self._server.config.max_frame

@@ -223,17 +223,16 @@ def _evaluate(args: argparse.Namespace) -> int:
             raise SystemExit("keyfailover evaluate: --plot needs matplotlib (pip install keyfailover[plot])") from None
         except OSError as exc:
             raise SystemExit(f"keyfailover evaluate: cannot write {args.plot}: {exc.strerror}") from None
-    if args.json and not args.check:
+    if args.json:
         print(json.dumps([result.json_row() for result in results], indent=2))
-        return 0
+        if not args.check:
+            return 0
     consumers = 16 if args.quick else 64
     progress(f"timing reassignments with {consumers} consumers")
     timing_scenario = ev.build_scenario("random", args.quick)
     timings = [ev.time_reassignments(strategy(), timing_scenario, consumers) for strategy in ev.STRATEGIES.values()]
     found = ev.goals(results, timings)
-    if args.json:
-        print(json.dumps([result.json_row() for result in results], indent=2))
-    else:
+    if not args.json:
         progress("measuring drain times in the dispatcher")
         drains = ev.drain_table(ev.drain_times(args.quick))
         for name in names:

@@ -150,3 +150,21 @@ def test_connections_over_the_limit_are_refused(tmp_path: Path) -> None:
         finally:
             for raw in held:
                 raw.close()
+
+
+def test_deliveries_over_the_output_limit_to_a_reading_consumer_are_not_cut(limited: ServerProcess) -> None:
+    """The output limit is for answers a client asked for; deliveries are bounded by permits instead.
+
+    20 MB of deliveries against the 2 MiB limit, to a consumer with 1000 permits of 10 kB.
+    """
+    from keyfailover.client import Client
+
+    with Client(limited.url) as client:
+        producer = client.create_producer("big")
+        for i in range(2000):
+            producer.send_async(b"p" * 10_000, key=f"k{i % 50}")
+        producer.flush()
+        consumer = client.subscribe("big", "s", receiver_queue_size=1000)
+        received = [consumer.receive(timeout=30) for _ in range(2000)]
+    assert sorted(message.position for message in received) == list(range(1, 2001))
+    assert {message.redelivery_count for message in received} == {0}

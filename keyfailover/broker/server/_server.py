@@ -29,6 +29,7 @@ from keyfailover.broker.protocol import (
     ErrorCode,
     Flow,
     Frame,
+    Messages,
     Nack,
     Ping,
     Pong,
@@ -438,12 +439,16 @@ class _Connection(asyncio.Protocol):
         transport = self._transport
         if not self._closed and transport is not None:
             transport.write(encode(frame))
-            if transport.get_write_buffer_size() > self._server.config.max_output:
+            # Deliveries are bounded by the consumer's permits and the subscription's max_replay;
+            # everything else is an answer the client asked for, and those may not pile up.
+            if type(frame) is not Messages and transport.get_write_buffer_size() > self._server.config.max_output:
                 _log.warning("closing %s: over %d bytes of replies unread", self.peer, self._server.config.max_output)
                 self._server.protocol_errors[ErrorCode.SLOW_CONNECTION] += 1
+                # Nothing more is written, and the buffer goes; the sessions end in
+                # connection_lost, on the next turn of the loop, not inside a caller that may be
+                # walking the subscription's sessions right now.
                 self._closed = True
-                self.expire_sessions("closed", notify=False)
-                transport.abort()  # the buffer is what must go: nothing more is written
+                transport.abort()
 
     def close(self) -> None:
         if self._transport is not None and not self._closed:

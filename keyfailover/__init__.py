@@ -1,7 +1,7 @@
 """keyfailover: a key-hash-range dispatcher (Apache Pulsar PIP-34 Key_Failover).
 
 Many consumers share one stream; every message with the same key goes, in order, to one
-consumer at a time. Each consumer owns one contiguous range of the 65536-slot hash space.
+consumer at a time. Each consumer owns ranges of the 65536-slot hash space.
 
 The package is built in layers, inside out, each a folder that imports only the ones
 before it: ``core`` (hash, ranges, rebalance policy, the sans-IO dispatcher), ``broker``
@@ -21,10 +21,13 @@ from keyfailover.core import (
     DuplicateConsumerError,
     InvalidKeyError,
     KeyFailoverError,
+    ContiguousPolicy,
     Load,
     ManualClock,
+    MultiRangePolicy,
     NotInFlightError,
     PermitsError,
+    Policy,
     PositionError,
     RangeMap,
     RangeMapError,
@@ -33,9 +36,6 @@ from keyfailover.core import (
     UnknownConsumerError,
     key_hash,
     key_hashes,
-    plan_join,
-    plan_leave,
-    plan_shift,
 )
 
 __all__ = [
@@ -48,10 +48,13 @@ __all__ = [
     "DuplicateConsumerError",
     "InvalidKeyError",
     "KeyFailoverError",
+    "ContiguousPolicy",
     "Load",
     "ManualClock",
+    "MultiRangePolicy",
     "NotInFlightError",
     "PermitsError",
+    "Policy",
     "PositionError",
     "RangeMap",
     "RangeMapError",
@@ -60,9 +63,6 @@ __all__ = [
     "UnknownConsumerError",
     "key_hash",
     "key_hashes",
-    "plan_join",
-    "plan_leave",
-    "plan_shift",
 ]
 
 __version__ = "0.1.0"

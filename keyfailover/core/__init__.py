@@ -22,7 +22,7 @@ from keyfailover.core.errors import (
 )
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash, key_hashes
 from keyfailover.core.ranges import RangeMap
-from keyfailover.core.rebalance import Load, plan_join, plan_leave, plan_shift
+from keyfailover.core.rebalance import ContiguousPolicy, Load, MultiRangePolicy, Policy
 
 __all__ = [
     "HASH_RANGE_SIZE",
@@ -34,10 +34,13 @@ __all__ = [
     "DuplicateConsumerError",
     "InvalidKeyError",
     "KeyFailoverError",
+    "ContiguousPolicy",
     "Load",
     "ManualClock",
+    "MultiRangePolicy",
     "NotInFlightError",
     "PermitsError",
+    "Policy",
     "PositionError",
     "RangeMap",
     "RangeMapError",
@@ -46,7 +49,4 @@ __all__ = [
     "UnknownConsumerError",
     "key_hash",
     "key_hashes",
-    "plan_join",
-    "plan_leave",
-    "plan_shift",
 ]

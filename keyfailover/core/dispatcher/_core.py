@@ -44,13 +44,14 @@ from keyfailover.core.hashing import HASH_RANGE_SIZE, key_bytes
 from keyfailover.core.histogram import Histogram
 from keyfailover.core.ranges import Range, RangeMap
 from keyfailover.core.rebalance import (
+    POLICIES,
     SPLIT_MODES,
+    ContiguousPolicy,
     Load,
+    MultiRangePolicy,
+    Policy,
     SplitMode,
     moved_slots,
-    plan_join,
-    plan_leave,
-    plan_shift,
     reassign_rates,
 )
 
@@ -163,7 +164,12 @@ class Dispatcher:
         clock: seconds, monotonic; read at add/remove/poll/stats only.
         max_replay: bound on messages held unacknowledged (pending plus in flight);
             ``wants()`` is 0 at the bound (G4).
-        split: ``"traffic"`` (cut where recent traffic halves) or ``"midpoint"``.
+        split: for the contiguous policy, ``"traffic"`` (cut where recent traffic halves)
+            or ``"midpoint"``.
+        policy: ``"multi"`` (several ranges per consumer, the default: see
+            :class:`~keyfailover.core.rebalance.MultiRangePolicy`) or ``"contiguous"`` (one
+            range each, PIP-34 literally).
+        max_ranges: for the multi-range policy, the most ranges one consumer may own.
         half_life: seconds over which measured rates and traffic lose half their weight.
         shift_threshold: traffic max/mean above which a boundary shift is considered;
             None disables shifting.
@@ -183,6 +189,8 @@ class Dispatcher:
         shift_interval: float = 30.0,
         shift_min_traffic: float = 1000.0,
         history: int = 1000,
+        policy: str = "multi",
+        max_ranges: int = 16,
     ) -> None:
         if not callable(clock):
             raise ConfigError(f"clock must be a callable returning seconds, not {clock!r}")
@@ -195,15 +203,22 @@ class Dispatcher:
         _check_number("shift_interval", shift_interval, 0.0)
         _check_number("shift_min_traffic", shift_min_traffic, 0.0)
         _check_int("history", history, 0)
+        if not isinstance(policy, str) or policy not in POLICIES:
+            raise ConfigError(f"policy must be one of {tuple(POLICIES)}, not {policy!r}")
+        _check_int("max_ranges", max_ranges, 1)
         now = clock()
         if type(now) not in (int, float) or not math.isfinite(now):
             raise ConfigError(f"clock() must return a finite number of seconds, returned {now!r}")
         self._clock = clock
         self._max_replay = max_replay
-        self._split: SplitMode = split
+        threshold = 1.1 if shift_threshold is None else float(shift_threshold)
+        self._policy: Policy = (
+            MultiRangePolicy(max_ranges, threshold, shift_min_traffic)
+            if policy == "multi"
+            else ContiguousPolicy(split, threshold, shift_min_traffic)
+        )
         self._shift_threshold = shift_threshold
         self._shift_interval = shift_interval
-        self._shift_min_traffic = shift_min_traffic
         self._meter = LoadMeter(HASH_RANGE_SIZE, half_life)
 
         self._map = RangeMap()
@@ -234,13 +249,13 @@ class Dispatcher:
     # -- consumers -------------------------------------------------------------------
 
     def add_consumer(self, cid: str) -> None:
-        """Add a consumer; it takes half of the busiest consumer's range (G1 applies)."""
+        """Add a consumer; it takes its share of the hash space from the busiest consumers (G1 applies)."""
         if not isinstance(cid, str) or not cid:
             raise ConsumerError(f"consumer id must be a non-empty str, not {cid!r}")
         if cid in self._consumers:
             raise DuplicateConsumerError(f"consumer {cid!r} is already present; expected a new id")
         now = self._sample()
-        planned = plan_join(self._map, cid, self._load(), self._split)
+        planned = self._policy.join(self._map, cid, self._load())
         consumer = _Consumer(cid)
         self._consumers[cid] = consumer
         self._round_robin.append(consumer)
@@ -259,7 +274,7 @@ class Dispatcher:
         if reason not in ("leave", "timeout"):
             raise KeyFailoverError(f"removal reason must be 'leave' or 'timeout', not {reason!r}")
         now = self._sample()
-        planned = plan_leave(self._map, cid, self._load(), self._standby)
+        planned = self._policy.leave(self._map, cid, self._load(), self._standby)
         if cid in self._standby:
             self._standby.remove(cid)
         elif self._standby and self._standby[0] in planned:
@@ -413,10 +428,15 @@ class Dispatcher:
         """Every ``(start, end, consumer)``, sorted by start."""
         return self._map.ranges()
 
-    def range_of(self, cid: str) -> tuple[int, int] | None:
-        """``cid``'s inclusive range, or None for a standby (raises for an unknown consumer)."""
+    def ranges_of(self, cid: str) -> list[tuple[int, int]]:
+        """``cid``'s inclusive ranges, sorted; empty for a standby (raises for an unknown consumer)."""
         self._consumer(cid)
-        return self._map.range_of(cid)
+        return self._map.ranges_of(cid)
+
+    @property
+    def policy(self) -> Policy:
+        """The rebalance policy deciding every range change."""
+        return self._policy
 
     @property
     def epoch(self) -> int:
@@ -471,7 +491,7 @@ class Dispatcher:
         for cid, consumer in self._consumers.items():
             slots, unacked = draining[cid]
             consumers[cid] = {
-                "range": self._map.range_of(cid),
+                "ranges": self._map.ranges_of(cid),
                 "standby": cid in self._standby,
                 "permits": consumer.permits,
                 "unacked": len(consumer.inflight),
@@ -745,9 +765,7 @@ class Dispatcher:
     def _maybe_shift(self, now: float) -> None:
         self._sample(now)
         self._last_shift = now
-        if self._shift_threshold is None:
-            return
-        planned = plan_shift(self._map, self._load(), self._shift_threshold, self._shift_min_traffic)
+        planned = self._policy.shift(self._map, self._load())
         if planned is not None:
             self._apply(planned, now, "shift", None, [])
 

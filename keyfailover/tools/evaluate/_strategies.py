@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hashes
 from keyfailover.core.ranges import RangeMap
-from keyfailover.core.rebalance import Load, plan_join, plan_leave, plan_shift, range_traffic
+from keyfailover.core.rebalance import ContiguousPolicy, Load, MultiRangePolicy, Policy, range_traffic
 
 __all__ = [
     "STRATEGIES",
@@ -124,18 +124,18 @@ def _bucket_owners(table: npt.NDArray[np.intp], consumers: list[str]) -> Ownersh
 
 
 class KeyFailover(Strategy):
-    """Ours: the policy of :mod:`keyfailover.core.rebalance`, fed like the dispatcher feeds it.
+    """Ours: a policy of :mod:`keyfailover.core.rebalance`, fed as the dispatcher feeds it.
 
-    A join splits the busiest consumer where its traffic halves (``plan_join``), a leave
-    merges into the less busy neighbour (``plan_leave``), and each window of measured
-    traffic is one chance of a boundary shift (``plan_shift`` with its default threshold),
-    as the dispatcher checks once per ``shift_interval``. A consumer's rate is the traffic
-    its range carried in the last window.
+    Joins and leaves go to the policy with the last measured window as the per-slot
+    traffic, and each window of measured traffic is one chance of a shift, as the
+    dispatcher checks once per ``shift_interval``. A consumer's rate is the traffic its
+    ranges carried in the last window.
     """
 
     name = "keyfailover"
 
-    def __init__(self) -> None:
+    def __init__(self, policy: Policy | None = None) -> None:
+        self._policy = MultiRangePolicy() if policy is None else policy
         self._ranges = RangeMap()
         self._traffic: npt.NDArray[np.float64] | None = None
         self._standby: list[str] = []
@@ -144,12 +144,12 @@ class KeyFailover(Strategy):
         return Load(range_traffic(self._ranges, self._traffic), self._traffic)
 
     def join(self, consumer: str) -> None:
-        self._ranges = plan_join(self._ranges, consumer, self._load())
+        self._ranges = self._policy.join(self._ranges, consumer, self._load())
         if consumer not in self._ranges:
             self._standby.append(consumer)
 
     def leave(self, consumer: str) -> None:
-        planned = plan_leave(self._ranges, consumer, self._load(), self._standby)
+        planned = self._policy.leave(self._ranges, consumer, self._load(), self._standby)
         if consumer in self._standby:
             self._standby.remove(consumer)
         elif self._standby and self._standby[0] in planned:
@@ -158,7 +158,7 @@ class KeyFailover(Strategy):
 
     def measured(self, traffic: npt.NDArray[np.float64]) -> bool:
         self._traffic = traffic
-        planned = plan_shift(self._ranges, self._load())
+        planned = self._policy.shift(self._ranges, self._load())
         if planned is None:
             return False
         self._ranges = planned
@@ -167,7 +167,16 @@ class KeyFailover(Strategy):
     def ownership(self) -> Ownership:
         if not len(self._ranges):
             return _ceiling_owners([], [])
-        return Ownership(tuple(self._ranges.consumers()), self._ranges.slot_owners().astype(np.intp))
+        return Ownership(tuple(self._ranges.lookup_table()[1]), self._ranges.slot_owners().astype(np.intp))
+
+
+class KeyFailoverContiguous(KeyFailover):
+    """Ours with one contiguous range per consumer (PIP-34 literally)."""
+
+    name = "keyfailover-contiguous"
+
+    def __init__(self) -> None:
+        super().__init__(ContiguousPolicy())
 
 
 class PulsarAutoSplit(Strategy):
@@ -388,6 +397,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     strategy.name: strategy
     for strategy in (
         KeyFailover,
+        KeyFailoverContiguous,
         PulsarAutoSplit,
         PulsarConsistent,
         FlinkKeyGroups,

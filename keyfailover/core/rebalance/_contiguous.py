@@ -1,6 +1,4 @@
-"""Load-aware rebalance policy: pure functions from (range map, measured load) to a new map.
-
-This is PIP-34's Key_Failover as proposed, with the load-aware parts Pulsar never shipped:
+"""PIP-34's Key_Failover as proposed: one contiguous range per consumer, load-aware.
 
 - **join** splits the range of the busiest consumer (by measured dispatch rate; ties by
   widest range, then id). In ``"traffic"`` mode the cut goes where that consumer's recent
@@ -13,60 +11,112 @@ This is PIP-34's Key_Failover as proposed, with the load-aware parts Pulsar neve
   possible so that every consumer fits under a cap just above its fair share (a consumer
   holding a key heavier than a fair share keeps that key and little else): the fix for the
   skew that made Pulsar drop auto-split (PR #6791: after a rolling restart one consumer took
-  over 90% of traffic). See docs/evaluation.md.
+  over 90% of traffic).
 
-No function here mutates its arguments; each returns a new :class:`RangeMap`.
+With contiguous ranges, restoring balance after a change moves boundaries down the chain
+of neighbours, so it moves more keys than a ring would; :mod:`._multi` lifts that limit.
+See docs/evaluation.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from keyfailover.core.errors import RangeMapError
 from keyfailover.core.ranges import RangeMap
+from keyfailover.core.rebalance._common import Load, Policy, check_threshold, check_traffic
 
-__all__ = [
-    "SPLIT_MODES",
-    "Load",
-    "SplitMode",
-    "balanced_cut",
-    "moved_slots",
-    "plan_join",
-    "plan_leave",
-    "plan_shift",
-    "range_traffic",
-    "reassign_rates",
-]
+__all__ = ["SPLIT_MODES", "ContiguousPolicy", "SplitMode", "balanced_cut"]
 
 SplitMode = Literal["traffic", "midpoint"]
 SPLIT_MODES: tuple[SplitMode, ...] = ("traffic", "midpoint")
 
 
 @dataclass(frozen=True)
-class Load:
-    """What the policy measures: dispatch rate per consumer and recent traffic per slot.
+class ContiguousPolicy(Policy):
+    """One contiguous range per consumer (PIP-34 literally): split the busiest, merge into the less busy neighbour.
 
-    ``traffic`` has one non-negative entry per slot of the range map (decayed message
-    counts); None means nothing was measured, and the policy falls back to widths.
+    ``split`` is ``"traffic"`` or ``"midpoint"``; ``threshold`` and ``min_traffic`` govern
+    :meth:`shift` (see the module docstring).
     """
 
-    rates: Mapping[str, float] = field(default_factory=dict)
-    traffic: npt.NDArray[np.float64] | None = None
+    name: ClassVar[str] = "contiguous"
+    split: SplitMode = "traffic"
+    threshold: float = 1.1
+    min_traffic: float = 1000.0
 
-    def rate(self, consumer: str) -> float:
-        return float(self.rates.get(consumer, 0.0))
+    def __post_init__(self) -> None:
+        if not isinstance(self.split, str) or self.split not in SPLIT_MODES:
+            raise RangeMapError(f"split mode {self.split!r} is unknown; expected one of {SPLIT_MODES}")
+        check_threshold(self.threshold)
+
+    def join(self, ranges: RangeMap, newcomer: str, load: Load) -> RangeMap:
+        """The newcomer takes the upper part of the busiest range; a standby when no range has two slots."""
+        if newcomer in ranges:
+            raise RangeMapError(f"{newcomer!r} already owns a range; expected a consumer without one")
+        traffic = check_traffic(ranges, load)
+        _require_contiguous(ranges)
+        planned = ranges.copy()
+        if not len(ranges):
+            planned.assign_all(newcomer)
+            return planned
+        candidates = [
+            (-load.rate(consumer), -(end - start), consumer) for start, end, consumer in ranges.ranges() if end > start
+        ]
+        if not candidates:
+            return planned
+        _, _, busiest = min(candidates)
+        ((start, end),) = ranges.ranges_of(busiest)
+        at = balanced_cut(traffic if self.split == "traffic" else None, start, end)
+        planned.assign(at, end, newcomer)
+        return planned
+
+    def leave(self, ranges: RangeMap, leaver: str, load: Load, standby: Sequence[str] = ()) -> RangeMap:
+        """The leaver's range goes whole to the first standby, else merges into the less busy neighbour.
+
+        Ties on rate go to the narrower neighbour, then the smaller id. A leaver without a
+        range leaves the map as it is.
+        """
+        _require_contiguous(ranges)
+        planned = ranges.copy()
+        if leaver not in ranges:
+            return planned
+        ((start, end),) = ranges.ranges_of(leaver)
+        if standby:
+            heir = standby[0]
+            if heir in ranges:
+                raise RangeMapError(f"standby {heir!r} already owns a range; expected a consumer without one")
+            planned.assign(start, end, heir)
+            return planned
+        size = ranges.range_size
+        neighbours = [
+            owner
+            for slot in (start - 1, end + 1)
+            if 0 <= slot < size and (owner := ranges.owner_of(slot)) is not None and owner != leaver
+        ]
+        if not neighbours:
+            planned.clear()
+            return planned
+        into = min(neighbours, key=lambda n: (load.rate(n), ranges.width(n), n))
+        planned.assign(start, end, into)
+        return planned
+
+    def shift(self, ranges: RangeMap, load: Load) -> RangeMap | None:
+        _require_contiguous(ranges)
+        return _plan_shift(ranges, load, self.threshold, self.min_traffic)
 
 
-def _check_traffic(ranges: RangeMap, load: Load) -> npt.NDArray[np.float64] | None:
-    traffic = load.traffic
-    if traffic is not None and traffic.shape != (ranges.range_size,):
-        raise RangeMapError(f"traffic has shape {traffic.shape}; expected ({ranges.range_size},), one entry per slot")
-    return traffic
+def _require_contiguous(ranges: RangeMap) -> None:
+    if ranges.range_count() != len(ranges):
+        raise RangeMapError(
+            f"the contiguous policy needs one range per consumer; this map has {ranges.range_count()} ranges "
+            f"for {len(ranges)} consumers"
+        )
 
 
 def balanced_cut(traffic: npt.NDArray[np.float64] | None, start: int, end: int) -> int:
@@ -102,63 +152,7 @@ def balanced_cut(traffic: npt.NDArray[np.float64] | None, start: int, end: int) 
     return start + min(choices, key=lambda k: (abs(k - middle), k))
 
 
-def range_traffic(ranges: RangeMap, traffic: npt.NDArray[np.float64] | None) -> dict[str, float]:
-    """Total traffic of each consumer's range (all zeros without traffic)."""
-    if traffic is None:
-        return {consumer: 0.0 for consumer in ranges.consumers()}
-    prefix = np.concatenate(([0.0], np.cumsum(traffic)))
-    return {consumer: float(prefix[end + 1] - prefix[start]) for start, end, consumer in ranges.ranges()}
-
-
-def plan_join(ranges: RangeMap, newcomer: str, load: Load, split: SplitMode = "traffic") -> RangeMap:
-    """The map after ``newcomer`` joins: it takes the upper part of the busiest range.
-
-    Returns an unchanged copy (the newcomer is then a standby) when no range has two slots.
-    """
-    if split not in SPLIT_MODES:
-        raise RangeMapError(f"split mode {split!r} is unknown; expected one of {SPLIT_MODES}")
-    if newcomer in ranges:
-        raise RangeMapError(f"{newcomer!r} already owns a range; expected a consumer without one")
-    traffic = _check_traffic(ranges, load)
-    planned = ranges.copy()
-    if not len(ranges):
-        planned.assign_all(newcomer)
-        return planned
-    candidates = [
-        (-load.rate(consumer), -(end - start), consumer) for start, end, consumer in ranges.ranges() if end > start
-    ]
-    if not candidates:
-        return planned
-    _, _, busiest = min(candidates)
-    start, end = ranges.range_of(busiest) or (0, 0)
-    at = balanced_cut(traffic if split == "traffic" else None, start, end)
-    planned.split(busiest, newcomer, at)
-    return planned
-
-
-def plan_leave(ranges: RangeMap, leaver: str, load: Load, standby: Sequence[str] = ()) -> RangeMap:
-    """The map after ``leaver`` leaves.
-
-    Its range goes whole to the first of ``standby`` if any; otherwise it merges into the
-    adjacent neighbour with the lower dispatch rate (ties: narrower range, then id). A
-    leaver without a range leaves the map as it is.
-    """
-    planned = ranges.copy()
-    if leaver not in ranges:
-        return planned
-    if standby:
-        planned.replace(leaver, standby[0])
-        return planned
-    neighbours = [n for n in ranges.neighbours(leaver) if n is not None]
-    if not neighbours:
-        planned.remove_last(leaver)
-        return planned
-    into = min(neighbours, key=lambda n: (load.rate(n), ranges.width(n), n))
-    planned.merge(leaver, into)
-    return planned
-
-
-def plan_shift(ranges: RangeMap, load: Load, threshold: float = 1.1, min_traffic: float = 1000.0) -> RangeMap | None:
+def _plan_shift(ranges: RangeMap, load: Load, threshold: float, min_traffic: float) -> RangeMap | None:
     """Boundaries moved as little as possible so that every consumer fits under its cap, or None.
 
     Acts only when the traffic max/mean over consumers exceeds ``threshold`` and the
@@ -175,9 +169,7 @@ def plan_shift(ranges: RangeMap, load: Load, threshold: float = 1.1, min_traffic
     so that measurement noise does not move boundaries back and forth. O(n log s) for n
     consumers and s slots.
     """
-    if threshold < 1.0:
-        raise RangeMapError(f"shift threshold {threshold!r} is below 1; expected max/mean >= 1")
-    traffic = _check_traffic(ranges, load)
+    traffic = check_traffic(ranges, load)
     count = len(ranges)
     if traffic is None or count < 2:
         return None
@@ -282,61 +274,3 @@ def _sweep(
     return planned
 
 
-def moved_slots(old: RangeMap, new: RangeMap) -> list[tuple[int, int, str | None, str | None]]:
-    """The maximal slot intervals whose owner differs between ``old`` and ``new``.
-
-    Each item is ``(first, last, old owner, new owner)``; owners are None for an empty map.
-    O(n) in the number of ranges of both maps.
-    """
-    if old.range_size != new.range_size:
-        raise RangeMapError(f"range sizes differ: {old.range_size} and {new.range_size}")
-    size = old.range_size
-    unowned: list[tuple[int, int, str | None]] = [(0, size - 1, None)]
-    old_list: list[tuple[int, int, str | None]] = list(old.ranges()) or unowned
-    new_ranges: list[tuple[int, int, str | None]] = list(new.ranges()) or unowned
-    moved: list[tuple[int, int, str | None, str | None]] = []
-    i = j = 0
-    slot = 0
-    while slot < size:
-        _, old_end, old_owner = old_list[i]
-        _, new_end, new_owner = new_ranges[j]
-        last = min(old_end, new_end)
-        if old_owner != new_owner:
-            if moved and moved[-1][1] == slot - 1 and moved[-1][2:] == (old_owner, new_owner):
-                moved[-1] = (moved[-1][0], last, old_owner, new_owner)
-            else:
-                moved.append((slot, last, old_owner, new_owner))
-        slot = last + 1
-        if old_end == last:
-            i += 1
-        if new_end == last:
-            j += 1
-    return moved
-
-
-def reassign_rates(
-    old: RangeMap, new: RangeMap, rates: Mapping[str, float], traffic: npt.NDArray[np.float64] | None
-) -> dict[str, float]:
-    """Estimate each consumer's dispatch rate under ``new`` from its measured rate under ``old``.
-
-    A moved slot interval carries the share of its old owner's rate that its traffic (or,
-    without traffic, its width) is of the old owner's range. Used right after a change so
-    the next decision does not act on the stale rate of a consumer that just lost half.
-    """
-    widths = {consumer: float(end - start + 1) for start, end, consumer in old.ranges()}
-    weights = range_traffic(old, traffic) if traffic is not None else widths
-    estimated = {consumer: float(rates.get(consumer, 0.0)) for consumer in new.consumers()}
-    for first, last, old_owner, new_owner in moved_slots(old, new):
-        if old_owner is None:
-            continue
-        whole = weights[old_owner]
-        if traffic is not None and whole > 0.0:
-            part = float(traffic[first : last + 1].sum()) / whole
-        else:
-            part = (last - first + 1) / widths[old_owner]
-        share = float(rates.get(old_owner, 0.0)) * part
-        if old_owner in estimated:
-            estimated[old_owner] -= share
-        if new_owner is not None:
-            estimated[new_owner] += share
-    return {consumer: max(rate, 0.0) for consumer, rate in estimated.items()}

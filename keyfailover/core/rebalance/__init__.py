@@ -1,0 +1,33 @@
+"""Rebalance policies: pure functions from (range map, measured load) to a new range map.
+
+Two policies, both load-aware:
+
+- :class:`MultiRangePolicy` (the default): a consumer may own several ranges, so a join
+  takes about ``1/(n+1)`` of the traffic and a leave moves only the leaver's share, the
+  least any balanced result can move.
+- :class:`ContiguousPolicy`: PIP-34's Key_Failover literally, one contiguous range per
+  consumer (split the busiest, merge into the less busy neighbour, shift boundaries).
+
+docs/evaluation.md compares them with Pulsar's, Flink's and RocketMQ's assignments.
+"""
+
+from keyfailover.core.rebalance._common import Load, Policy, moved_slots, range_traffic, reassign_rates
+from keyfailover.core.rebalance._contiguous import SPLIT_MODES, ContiguousPolicy, SplitMode, balanced_cut
+from keyfailover.core.rebalance._multi import MultiRangePolicy
+
+__all__ = [
+    "POLICIES",
+    "SPLIT_MODES",
+    "ContiguousPolicy",
+    "Load",
+    "MultiRangePolicy",
+    "Policy",
+    "SplitMode",
+    "balanced_cut",
+    "moved_slots",
+    "range_traffic",
+    "reassign_rates",
+]
+
+POLICIES: dict[str, type[Policy]] = {policy.name: policy for policy in (MultiRangePolicy, ContiguousPolicy)}
+"""Every policy by name, the default first."""

@@ -1,0 +1,139 @@
+"""What every rebalance policy shares: the measured load, the policy interface, and what a change moved."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from keyfailover.core.errors import RangeMapError
+from keyfailover.core.ranges import RangeMap
+
+__all__ = ["Load", "Policy", "check_threshold", "check_traffic", "moved_slots", "range_traffic", "reassign_rates"]
+
+
+@dataclass(frozen=True)
+class Load:
+    """What a policy measures: dispatch rate per consumer and recent traffic per slot.
+
+    ``traffic`` has one non-negative entry per slot of the range map (decayed message
+    counts); None means nothing was measured, and the policies fall back to widths.
+    """
+
+    rates: Mapping[str, float] = field(default_factory=dict)
+    traffic: npt.NDArray[np.float64] | None = None
+
+    def rate(self, consumer: str) -> float:
+        return float(self.rates.get(consumer, 0.0))
+
+
+class Policy(ABC):
+    """A rebalance policy: pure functions from (range map, measured load) to a new range map.
+
+    No method mutates its arguments; each returns a new :class:`RangeMap` whose epoch is
+    the old one plus one when anything moved (or the same map, copied, when nothing did).
+    """
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def join(self, ranges: RangeMap, newcomer: str, load: Load) -> RangeMap:
+        """The map after ``newcomer`` (owning nothing) joins; it may stay without a range (a standby)."""
+
+    @abstractmethod
+    def leave(self, ranges: RangeMap, leaver: str, load: Load, standby: Sequence[str] = ()) -> RangeMap:
+        """The map after ``leaver`` leaves; ``standby`` lists members owning nothing, oldest first."""
+
+    @abstractmethod
+    def shift(self, ranges: RangeMap, load: Load) -> RangeMap | None:
+        """A map that restores balance after traffic drifted, or None when no change is worth making."""
+
+
+def check_traffic(ranges: RangeMap, load: Load) -> npt.NDArray[np.float64] | None:
+    """``load.traffic``, checked to have one entry per slot of ``ranges``."""
+    traffic = load.traffic
+    if traffic is not None and traffic.shape != (ranges.range_size,):
+        raise RangeMapError(f"traffic has shape {traffic.shape}; expected ({ranges.range_size},), one entry per slot")
+    return traffic
+
+
+def check_threshold(threshold: object) -> float:
+    """A shift threshold: a finite max/mean of at least 1."""
+    if type(threshold) not in (int, float) or not 1.0 <= float(threshold) < float("inf"):  # type: ignore[arg-type]
+        raise RangeMapError(f"shift threshold {threshold!r} is not a finite number >= 1; expected max/mean >= 1")
+    return float(threshold)  # type: ignore[arg-type]
+
+
+def range_traffic(ranges: RangeMap, traffic: npt.NDArray[np.float64] | None) -> dict[str, float]:
+    """Total traffic of each consumer's ranges (all zeros without traffic)."""
+    arrays = ranges.arrays()
+    if traffic is None:
+        return dict.fromkeys(arrays.consumers, 0.0)
+    prefix = np.concatenate(([0.0], np.cumsum(traffic)))
+    sums = prefix[arrays.ends + 1] - prefix[arrays.starts]
+    totals = np.bincount(arrays.owner, weights=sums, minlength=len(arrays.consumers))
+    return dict(zip(arrays.consumers, totals.tolist(), strict=True))
+
+
+def moved_slots(old: RangeMap, new: RangeMap) -> list[tuple[int, int, str | None, str | None]]:
+    """The maximal slot intervals whose owner differs between ``old`` and ``new``.
+
+    Each item is ``(first, last, old owner, new owner)``; owners are None for an empty map.
+    O(n) in the number of ranges of both maps.
+    """
+    if old.range_size != new.range_size:
+        raise RangeMapError(f"range sizes differ: {old.range_size} and {new.range_size}")
+    size = old.range_size
+    unowned: list[tuple[int, int, str | None]] = [(0, size - 1, None)]
+    old_list: list[tuple[int, int, str | None]] = list(old.ranges()) or unowned
+    new_ranges: list[tuple[int, int, str | None]] = list(new.ranges()) or unowned
+    moved: list[tuple[int, int, str | None, str | None]] = []
+    i = j = 0
+    slot = 0
+    while slot < size:
+        _, old_end, old_owner = old_list[i]
+        _, new_end, new_owner = new_ranges[j]
+        last = min(old_end, new_end)
+        if old_owner != new_owner:
+            if moved and moved[-1][1] == slot - 1 and moved[-1][2:] == (old_owner, new_owner):
+                moved[-1] = (moved[-1][0], last, old_owner, new_owner)
+            else:
+                moved.append((slot, last, old_owner, new_owner))
+        slot = last + 1
+        if old_end == last:
+            i += 1
+        if new_end == last:
+            j += 1
+    return moved
+
+
+def reassign_rates(
+    old: RangeMap, new: RangeMap, rates: Mapping[str, float], traffic: npt.NDArray[np.float64] | None
+) -> dict[str, float]:
+    """Estimate each consumer's dispatch rate under ``new`` from its measured rate under ``old``.
+
+    A moved slot interval carries the share of its old owner's rate that its traffic (or,
+    without traffic, its width) is of all the old owner's ranges. Used right after a change
+    so the next decision does not act on the stale rate of a consumer that just lost half.
+    """
+    widths = {consumer: float(old.width(consumer)) for consumer in old.consumers()}
+    weights = range_traffic(old, traffic) if traffic is not None else widths
+    estimated = {consumer: float(rates.get(consumer, 0.0)) for consumer in new.consumers()}
+    for first, last, old_owner, new_owner in moved_slots(old, new):
+        if old_owner is None:
+            continue
+        whole = weights[old_owner]
+        if traffic is not None and whole > 0.0:
+            part = float(traffic[first : last + 1].sum()) / whole
+        else:
+            part = (last - first + 1) / widths[old_owner]
+        share = float(rates.get(old_owner, 0.0)) * part
+        if old_owner in estimated:
+            estimated[old_owner] -= share
+        if new_owner is not None:
+            estimated[new_owner] += share
+    return {consumer: max(rate, 0.0) for consumer, rate in estimated.items()}

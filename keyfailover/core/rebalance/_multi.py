@@ -1,0 +1,527 @@
+"""Several ranges per consumer: every change moves about the least traffic a balanced result needs.
+
+A consumer may own several ranges of the sorted map (at most ``max_ranges``; adjacent
+ranges of one owner are one range). Each decision first computes the fair share of every
+member by water-filling the measured traffic (a consumer whose hottest slot is heavier
+than a fair share is *pinned* at that slot: a key never splits, so it keeps the key and
+little else), then moves weight from consumers above their share to consumers below it:
+
+- **join**: the newcomer takes from each consumer above the new fair share what brings it
+  down to it (the busiest first), so about ``1/(n+1)`` of the traffic moves, the least any
+  balanced result can move. Pieces are cut at a range's edge where the traffic splits, a
+  piece taken next to another donor is continued across the boundary (one range, not two),
+  and a donor's surplus too small to be worth a range of its own (under the tolerance, a
+  fraction of the fair share) is taken from the busiest donors instead.
+- **leave**: the leaver's ranges go to the least busy consumers, its adjacent neighbours
+  first (a boundary move, no new range); only the leaver's own share moves.
+- **shift**: when traffic drifts (max/mean over the threshold) the consumers over their
+  cap give what they carry over their share to the least busy ones, adjacent ones first.
+
+A receiver that already owns ``max_ranges`` ranges takes only pieces adjacent to its own.
+Every choice is deterministic (ties by position, then id). See docs/evaluation.md.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from keyfailover.core._tiling import splice
+from keyfailover.core.errors import RangeMapError
+from keyfailover.core.ranges import Range, RangeMap
+from keyfailover.core.rebalance._common import Load, Policy, check_threshold, check_traffic
+
+__all__ = ["MultiRangePolicy"]
+
+_FLOOR = 1e-3
+"""Share of the measured traffic spread evenly over all slots, so that cold slots weigh a
+little and cuts among them keep widths balanced (for keys not seen yet)."""
+
+Side = Literal["low", "high"]
+
+_CANDIDATES = 3
+"""Ranges of a donor searched for a new piece (its heaviest); more cost time and rarely win."""
+
+
+@dataclass(frozen=True)
+class MultiRangePolicy(Policy):
+    """Several ranges per consumer; see the module docstring.
+
+    ``max_ranges`` bounds the ranges a consumer may own; ``threshold`` is the traffic
+    max/mean above which :meth:`shift` acts (and sets the tolerance, half its margin: a
+    consumer within ``1 ± (threshold - 1) / 2`` of its fair share is left alone);
+    ``min_traffic`` is the measured traffic below which :meth:`shift` does nothing.
+    """
+
+    name: ClassVar[str] = "multi"
+    max_ranges: int = 16
+    threshold: float = 1.1
+    min_traffic: float = 1000.0
+
+    def __post_init__(self) -> None:
+        if type(self.max_ranges) is not int or self.max_ranges < 1:
+            raise RangeMapError(f"max_ranges must be an int >= 1, not {self.max_ranges!r}")
+        check_threshold(self.threshold)
+
+    @property
+    def tolerance(self) -> float:
+        """How far from its fair share (as a fraction of it) a consumer may end up."""
+        return (self.threshold - 1.0) / 2.0
+
+    def join(self, ranges: RangeMap, newcomer: str, load: Load) -> RangeMap:
+        if newcomer in ranges:
+            raise RangeMapError(f"{newcomer!r} already owns a range; expected a consumer without one")
+        check_traffic(ranges, load)
+        if not len(ranges):
+            planned = ranges.copy()
+            planned.assign_all(newcomer)
+            return planned
+        layout = _layout(ranges, load, self.max_ranges)
+        layout.loads[newcomer] = 0.0
+        members = [*ranges.consumers(), newcomer]
+        targets, level = _fair_shares(members, layout.total, layout.hottest(), 1.0 + self.tolerance)
+        excess = {c: layout.loads[c] - targets[c] for c in members[:-1] if layout.loads[c] > targets[c]}
+        gives = _level_from_the_top(excess, targets[newcomer])
+        room = {c: layout.loads[c] - targets[c] * (1.0 - 2.0 * self.tolerance) for c in excess}
+        gives = _consolidate(gives, room, self.tolerance * level)
+        layout.transfer(gives, {newcomer: sum(gives.values())}, self._grain(level))
+        self._settle(layout, members, 1.0 + self.tolerance)
+        return layout.plan(ranges)
+
+    def leave(self, ranges: RangeMap, leaver: str, load: Load, standby: Sequence[str] = ()) -> RangeMap:
+        if leaver not in ranges:
+            return ranges.copy()
+        if standby:
+            heir = standby[0]
+            if heir in ranges:
+                raise RangeMapError(f"standby {heir!r} already owns a range; expected a consumer without one")
+            planned = ranges.copy()
+            planned.reassign([(start, end, heir) for start, end in ranges.ranges_of(leaver)])
+            return planned
+        if len(ranges) == 1:
+            planned = ranges.copy()
+            planned.clear()
+            return planned
+        layout = _layout(ranges, load, self.max_ranges)
+        members = [c for c in ranges.consumers() if c != leaver]
+        targets, level = _fair_shares(members, layout.total, layout.hottest(), 1.0 + self.tolerance)
+        shortfall = {c: targets[c] - layout.loads[c] for c in members if layout.loads[c] < targets[c]}
+        takes = _level_from_the_top(shortfall, layout.loads[leaver])
+        room = {c: targets[c] * (1.0 + self.tolerance) - layout.loads[c] for c in shortfall}
+        takes = _consolidate(takes, room, self.tolerance * level)
+        layout.transfer({leaver: layout.loads[leaver]}, takes, self._grain(level))
+        layout.hand_to_neighbours(leaver)
+        self._settle(layout, members, 1.0 + self.tolerance)
+        return layout.plan(ranges)
+
+    def shift(self, ranges: RangeMap, load: Load) -> RangeMap | None:
+        traffic = check_traffic(ranges, load)
+        if traffic is None or len(ranges) < 2 or float(traffic.sum()) < max(self.min_traffic, 1e-300):
+            return None
+        layout = _layout(ranges, load, self.max_ranges)
+        if not self._settle(layout, ranges.consumers(), self.threshold):
+            return None
+        return layout.plan(ranges)
+
+    def _settle(self, layout: _Layout, members: Sequence[str], trigger: float) -> bool:
+        """If a member carries more than ``trigger`` times its fair share, move what members carry
+        over their share to those under it; True if anything moved.
+
+        After a join or a leave this restores balance in the same change where the slots did
+        not allow the first moves to (a hot key that had to go somewhere); alone it is the
+        shift. Only a member over its cap gives, and no receiver is filled past its share,
+        so the excess over the caps only shrinks. A member counts as over only by more than
+        the noise of its measured traffic (three standard deviations of a Poisson count),
+        so that a sampling blip moves nothing.
+        """
+        cap = 1.0 + self.tolerance
+        loads = layout.loads
+        targets, level = _fair_shares(members, layout.total, layout.hottest(), cap)
+        noise = {c: layout.noise(targets[c]) for c in members}
+        if all(loads[c] <= targets[c] * trigger + noise[c] for c in members):
+            return False
+        gives = {c: loads[c] - targets[c] for c in members if loads[c] > targets[c] * cap + noise[c]}
+        shortfall = {c: targets[c] - loads[c] for c in members if loads[c] < targets[c]}
+        takes = _level_from_the_top(shortfall, sum(gives.values()))
+        room = {c: targets[c] * cap - loads[c] for c in shortfall}
+        takes = _consolidate(takes, room, self.tolerance * level)
+        moves = len(layout.moves)
+        layout.transfer(gives, takes, self._grain(level))
+        return len(layout.moves) > moves
+
+    def _grain(self, level: float) -> float:
+        """Leftovers below this weight are not worth another piece."""
+        return self.tolerance * level / 4.0
+
+
+def _layout(ranges: RangeMap, load: Load, max_ranges: int) -> _Layout:
+    """The planning layout, weighing each slot by its measured traffic plus a thin even floor (widths without traffic)."""
+    traffic = check_traffic(ranges, load)
+    size = ranges.range_size
+    total = 0.0 if traffic is None else float(traffic.sum())
+    if traffic is None or not total > 0.0:
+        return _Layout(ranges, np.ones(size, dtype=np.float64), False, max_ranges)
+    return _Layout(ranges, np.asarray(traffic, dtype=np.float64) + total * _FLOOR / size, True, max_ranges)
+
+
+def _fair_shares(
+    members: Sequence[str], total: float, hottest: dict[str, float], slack: float
+) -> tuple[dict[str, float], float]:
+    """Each member's fair share of ``total`` by water-filling, and the level of the unpinned ones.
+
+    A member whose hottest slot exceeds ``slack`` times the level is pinned at that slot's
+    weight (it cannot be split); the level is retaken over the others until none is.
+    """
+    pinned: dict[str, float] = {}
+    while True:
+        free = len(members) - len(pinned)
+        level = max(total - sum(pinned.values()), 0.0) / max(free, 1)
+        newly = {c: hottest[c] for c in members if c not in pinned and hottest.get(c, 0.0) > level * slack}
+        if not newly:
+            return {c: pinned.get(c, level) for c in members}, level
+        pinned.update(newly)
+
+
+def _level_from_the_top(amounts: dict[str, float], total: float) -> dict[str, float]:
+    """Take ``total`` out of ``amounts``, the largest first, leaving the rest as even as possible.
+
+    Returns what each gives: ``max(0, amount - x)`` with ``x`` chosen so the gifts sum to
+    ``total`` (all of every amount when ``total`` exceeds their sum).
+    """
+    if total <= 0.0 or not amounts:
+        return {}
+    if total >= sum(amounts.values()):
+        return dict(amounts)
+    ordered = sorted(amounts.values(), reverse=True)
+    taken = 0.0
+    x = 0.0
+    for index, value in enumerate(ordered):
+        below = ordered[index + 1] if index + 1 < len(ordered) else 0.0
+        # Lowering the cut from ``value`` to ``below`` takes (value - below) from each of the first index + 1.
+        step = (value - below) * (index + 1)
+        if taken + step >= total:
+            x = value - (total - taken) / (index + 1)
+            break
+        taken += step
+    return {c: amount - x for c, amount in amounts.items() if amount > x}
+
+
+def _consolidate(amounts: dict[str, float], room: dict[str, float], small: float) -> dict[str, float]:
+    """Fold amounts under ``small`` into the largest others, each up to its ``room``.
+
+    Many slivers would each cost a range; a few consumers taking a little more (within
+    the tolerance) cost none. Slivers that find no room stay as they are.
+    """
+    kept = {c: a for c, a in amounts.items() if a >= small}
+    spare = sum(a for c, a in amounts.items() if a < small)
+    if spare <= 0.0 or not kept:
+        return dict(amounts)
+    for c in sorted(kept, key=lambda c: (-kept[c], c)):
+        extra = min(max(room.get(c, 0.0) - kept[c], 0.0), spare)
+        kept[c] += extra
+        spare -= extra
+        if spare <= 0.0:
+            return kept
+    for c in sorted(amounts, key=lambda c: (-amounts[c], c)):
+        if c not in kept and spare > 0.0:
+            kept[c] = min(amounts[c], spare)
+            spare -= kept[c]
+    return kept
+
+
+class _Layout:
+    """A working copy of a range map for planning: parallel sorted lists of ranges, and cumulative weights.
+
+    Plain lists searched with :mod:`bisect`: a plan touches a few ranges of at most a few
+    thousand, where a list insert (a memmove) is cheaper than a balanced tree.
+    """
+
+    def __init__(self, ranges: RangeMap, weights: npt.NDArray[np.float64], measured: bool, max_ranges: int) -> None:
+        self.max_ranges = max_ranges
+        arrays = ranges.arrays()
+        self.size = ranges.range_size
+        self.prefix = np.concatenate(([0.0], np.cumsum(weights)))
+        self.total = float(self.prefix[-1])
+        self._starts: list[int] = arrays.starts.tolist()
+        self._ends: list[int] = arrays.ends.tolist()
+        self._owners: list[str] = list(ranges.lookup_table()[1])
+        count = len(arrays.consumers)
+        sums = self.prefix[arrays.ends + 1] - self.prefix[arrays.starts]
+        self.loads = dict(zip(arrays.consumers, np.bincount(arrays.owner, sums, count).tolist(), strict=True))
+        peaks = np.zeros(count)
+        if count:
+            np.maximum.at(peaks, arrays.owner, np.maximum.reduceat(weights, arrays.starts))
+        self._peaks: dict[str, float] = dict(zip(arrays.consumers, peaks.tolist(), strict=True))
+        # Each owner's range starts, built when first needed from the map as given (an owner's
+        # set is built before any change touches it, so a set built later is still right).
+        self._code = {consumer: code for code, consumer in enumerate(arrays.consumers)}
+        order = np.argsort(arrays.owner, kind="stable")
+        self._initial_starts = arrays.starts[order]
+        self._group = np.searchsorted(arrays.owner[order], np.arange(count + 1)).tolist()
+        self._starts_of: dict[str, set[int]] = {}
+        self._weights = weights
+        self.measured = measured
+        self._stale: set[str] = set()  # owners that gave away their heaviest slot
+        self.moves: list[Range] = []
+
+    def _starts_set(self, owner: str) -> set[int]:
+        found = self._starts_of.get(owner)
+        if found is None:
+            code = self._code.get(owner)
+            found = set() if code is None else set(self._initial_starts[self._group[code] : self._group[code + 1]].tolist())
+            self._starts_of[owner] = found
+        return found
+
+    def noise(self, expected: float) -> float:
+        """How far a measured load may stray from ``expected`` by chance (0 when nothing was measured)."""
+        return 3.0 * math.sqrt(max(expected, 0.0)) if self.measured else 0.0
+
+    def hottest(self) -> dict[str, float]:
+        """Each owner's heaviest slot."""
+        for owner in self._stale:
+            self._peaks[owner] = max(
+                (float(self._weights[self._starts[i] : self._ends[i] + 1].max()) for i in self.indexes_of(owner)),
+                default=0.0,
+            )
+        self._stale.clear()
+        return self._peaks
+
+    def weight(self, start: int, end: int) -> float:
+        return float(self.prefix[end + 1] - self.prefix[start])
+
+    def count(self, owner: str) -> int:
+        return len(self._starts_set(owner))
+
+    def indexes_of(self, owner: str) -> list[int]:
+        """The positions of ``owner``'s ranges in the lists, in hash order."""
+        starts = self._starts
+        return sorted(bisect.bisect_left(starts, start) for start in self._starts_set(owner))
+
+    def range_at(self, index: int) -> tuple[int, int, str] | None:
+        """The range at list position ``index``, or None past either end of the space."""
+        if not 0 <= index < len(self._starts):
+            return None
+        return self._starts[index], self._ends[index], self._owners[index]
+
+    def give(self, start: int, end: int, receiver: str) -> float:
+        """Move ``[start, end]``, which lies inside one range, to ``receiver``; returns its weight."""
+        donor = self._owners[bisect.bisect_right(self._starts, start) - 1]
+        for owner in (donor, receiver):
+            self._starts_set(owner)  # index both before the lists change
+        spliced = splice(self._starts, self._ends, self._owners, start, end, receiver)
+        assert spliced is not None, f"[{start}, {end}] is {receiver!r}'s already"
+        removed, added = spliced
+        for range_start, _, owner in removed:
+            self._starts_of[owner].discard(range_start)
+        for range_start, _, owner in added:
+            self._starts_of[owner].add(range_start)
+        heaviest = float(self._weights[start : end + 1].max())
+        if heaviest >= self._peaks.get(donor, 0.0):
+            self._stale.add(donor)
+        self._peaks[receiver] = max(self._peaks.get(receiver, 0.0), heaviest)
+        weight = self.weight(start, end)
+        self.loads[donor] -= weight
+        self.loads[receiver] = self.loads.get(receiver, 0.0) + weight
+        self.moves.append((start, end, receiver))
+        return weight
+
+    def cut(self, start: int, end: int, side: Side, amount: float, limit: float) -> tuple[int, int] | None:
+        """The piece at the ``side`` edge of ``[start, end]`` whose weight is nearest ``amount``, at most ``limit``.
+
+        The piece never splits a slot; of two equally near pieces the narrower wins. None
+        when even one slot weighs more than ``limit``.
+        """
+        prefix = self.prefix
+        if side == "high":
+            # The piece [c, end] weighs top - prefix[c]; c runs from end down to start.
+            top = float(prefix[end + 1])
+            c = int(prefix[start : end + 2].searchsorted(top - amount)) + start
+            shorter, longer = min(max(c, start), end), min(max(c - 1, start), end)
+            short_weight, long_weight = top - float(prefix[shorter]), top - float(prefix[longer])
+            short_piece, long_piece = (shorter, end), (longer, end)
+        else:
+            # The piece [start, c] weighs prefix[c + 1] - bottom; c runs from start up to end.
+            bottom = float(prefix[start])
+            c = int(prefix[start : end + 2].searchsorted(bottom + amount)) + start - 1
+            shorter, longer = min(max(c - 1, start), end), min(max(c, start), end)
+            short_weight, long_weight = float(prefix[shorter + 1]) - bottom, float(prefix[longer + 1]) - bottom
+            short_piece, long_piece = (start, shorter), (start, longer)
+        if long_weight <= limit and abs(long_weight - amount) < abs(short_weight - amount):
+            return long_piece
+        return short_piece if short_weight <= limit else None
+
+    def transfer(self, gives: dict[str, float], takes: dict[str, float], grain: float) -> None:
+        """Move weight from donors (``gives``) to receivers (``takes``), as far as both allow.
+
+        First across boundaries where a donor's range touches a receiver's (a boundary
+        move, no new range), then as new ranges of receivers owning fewer than
+        ``max_ranges``, each followed by the boundary moves it opened (a piece cut next to
+        another donor is continued across the boundary). A first round cuts pieces of at
+        most what the donor gives; a second lets a donor give more (a slot too heavy for
+        its share) as long as the receiver still needs it. Both dicts are consumed in
+        place; amounts under ``grain`` are left where they are.
+        """
+        for overshoot in (False, True):
+            self._boundaries(self._touching(gives, takes, grain), gives, takes, grain, overshoot)
+            self._new_ranges(gives, takes, grain, overshoot)
+
+    def _touching(
+        self, gives: dict[str, float], takes: dict[str, float], grain: float, owners_of: Iterable[str] | None = None
+    ) -> list[tuple[int, Side]]:
+        """``(range start, side)`` of each donor range edge that touches a receiver's range.
+
+        Walks the ranges of ``owners_of`` if given, else of whichever side owns fewer
+        ranges (a join has one receiver, a leave one donor).
+        """
+        donors = {d for d, amount in gives.items() if amount >= grain}
+        receivers = {r for r, amount in takes.items() if amount >= grain}
+        if owners_of is None:
+            owners_of = donors if sum(map(self.count, donors)) <= sum(map(self.count, receivers)) else receivers
+        owners, starts = self._owners, self._starts
+        last = len(owners) - 1
+        found: list[tuple[int, Side]] = []
+        for owner in owners_of:
+            for index in self.indexes_of(owner):
+                for other, side, across in ((index - 1, "low", "high"), (index + 1, "high", "low")):
+                    if not 0 <= other <= last:
+                        continue
+                    if owner in donors and owners[other] in receivers:
+                        found.append((starts[index], side))  # type: ignore[arg-type]
+                    elif owner in receivers and owners[other] in donors:
+                        found.append((starts[other], across))  # type: ignore[arg-type]
+        return found
+
+    def _boundaries(
+        self,
+        edges: list[tuple[int, Side]],
+        gives: dict[str, float],
+        takes: dict[str, float],
+        grain: float,
+        overshoot: bool,
+    ) -> None:
+        """Move each of ``edges`` (a donor's range edge next to a receiver) by what both still allow."""
+        starts, ends, owners = self._starts, self._ends, self._owners
+        for start, side in edges:
+            index = bisect.bisect_left(starts, start)
+            if index == len(starts) or starts[index] != start:
+                continue  # the range changed since; its new edges are found after the move that changed it
+            other = index - 1 if side == "low" else index + 1
+            if not 0 <= other < len(starts):
+                continue
+            donor, receiver = owners[index], owners[other]
+            amount = min(gives.get(donor, 0.0), takes.get(receiver, 0.0))
+            if amount < grain:
+                continue
+            piece = self.cut(start, ends[index], side, amount, (takes[receiver] if overshoot else amount) + grain)
+            if piece is not None:
+                self._moved(donor, receiver, self.give(*piece, receiver), gives, takes)
+
+    def _new_ranges(self, gives: dict[str, float], takes: dict[str, float], grain: float, overshoot: bool) -> None:
+        """Receivers by need take pieces from donors by what they give, each piece a new range."""
+        donors = sorted((d for d, amount in gives.items() if amount >= grain), key=lambda d: (-gives[d], d))
+        receivers = sorted((r for r, amount in takes.items() if amount >= grain), key=lambda r: (-takes[r], r))
+        for receiver in receivers:
+            for donor in donors:
+                while (
+                    donor != receiver
+                    and min(gives[donor], takes[receiver]) >= grain
+                    and self.count(receiver) < self.max_ranges
+                ):
+                    amount = min(gives[donor], takes[receiver])
+                    limit = (takes[receiver] if overshoot else amount) + grain
+                    piece = self._best_piece(donor, amount, limit, gives, grain)
+                    if piece is None:
+                        break
+                    weight = self.give(*piece, receiver)
+                    self._moved(donor, receiver, weight, gives, takes)
+                    self._boundaries(self._touching(gives, takes, grain, (receiver,)), gives, takes, grain, overshoot)
+                    if weight < grain:
+                        break
+
+    def _best_piece(
+        self, donor: str, amount: float, limit: float, gives: dict[str, float], grain: float
+    ) -> tuple[int, int] | None:
+        """Where ``donor`` gives about ``amount`` (at most ``limit``) as a new range of a receiver.
+
+        The piece nearest the amount wins, then the narrowest (the fewest keys: a slot holds
+        as many keys as any other on average), then one next to another donor (the next piece
+        continues it). Pieces come from the edges of the donor's heaviest ranges, or from
+        inside its heaviest one (around its hottest slots) while it owns fewer than
+        ``max_ranges``: that splits the range, so it must be at most half as wide.
+        """
+        owners = self._owners
+        indexes = sorted(self.indexes_of(donor), key=lambda i: -self.weight(self._starts[i], self._ends[i]))
+        best: tuple[int, int, int, int, int] | None = None
+        for index in indexes[:_CANDIDATES]:
+            start, end = self._starts[index], self._ends[index]
+            for side, across in (("low", index - 1), ("high", index + 1)):
+                piece = self.cut(start, end, side, amount, limit)  # type: ignore[arg-type]
+                if piece is None:
+                    continue
+                low, high = piece
+                continues = 0 if 0 <= across < len(owners) and gives.get(owners[across], 0.0) >= grain else 1
+                candidate = (self._error(low, high, amount, grain), high - low, continues, low, high)
+                if best is None or candidate < best:
+                    best = candidate
+        if indexes and self.count(donor) < self.max_ranges:
+            start, end = self._starts[indexes[0]], self._ends[indexes[0]]
+            dense = self.densest(start, end, amount - grain, limit)
+            if dense is not None:
+                low, high = dense
+                candidate = (self._error(low, high, amount, grain), 2 * (high - low + 1), 1, low, high)
+                if best is None or candidate < best:
+                    best = candidate
+        return None if best is None else (best[3], best[4])
+
+    def _error(self, low: int, high: int, amount: float, grain: float) -> int:
+        """How far ``[low, high]`` weighs from ``amount``, in grains (0 within one grain)."""
+        error = abs(self.weight(low, high) - amount)
+        return 0 if error <= grain else int(error / grain) + 1
+
+    def densest(self, start: int, end: int, least: float, limit: float) -> tuple[int, int] | None:
+        """The narrowest piece of ``[start, end]`` weighing at least ``least`` and at most ``limit``, or None.
+
+        For every first slot the shortest piece reaching ``least`` is found at once
+        (``searchsorted`` over the cumulative weights): O(w log w) for a range of w slots.
+        """
+        prefix = self.prefix[start : end + 2]
+        width = end - start + 1
+        reach = np.searchsorted(prefix, prefix[:-1] + max(least, 0.0), side="left")
+        first = np.arange(width)
+        reach = np.maximum(reach, first + 1)
+        ok = reach <= width
+        if not ok.any():
+            return None
+        weight = prefix[np.minimum(reach, width)] - prefix[:-1]
+        ok &= weight <= limit
+        if not ok.any():
+            return None
+        lengths = np.where(ok, reach - first, width + 1)
+        at = int(np.argmin(lengths))
+        return start + at, start + int(reach[at]) - 1
+
+    @staticmethod
+    def _moved(donor: str, receiver: str, weight: float, gives: dict[str, float], takes: dict[str, float]) -> None:
+        gives[donor] -= weight
+        takes[receiver] -= weight
+
+    def hand_to_neighbours(self, leaver: str) -> None:
+        """Whatever ``leaver`` still owns goes to an adjacent neighbour, the less loaded one (a boundary move)."""
+        while self.count(leaver):
+            index = self.indexes_of(leaver)[0]
+            neighbours = [found[2] for found in (self.range_at(index - 1), self.range_at(index + 1)) if found]
+            into = min(neighbours, key=lambda owner: (self.loads[owner], owner))
+            self.give(self._starts[index], self._ends[index], into)
+
+    def plan(self, ranges: RangeMap) -> RangeMap:
+        """``ranges`` with every move applied, as one change."""
+        planned = ranges.copy()
+        if self.moves:
+            planned.reassign(self.moves)
+        return planned

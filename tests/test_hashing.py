@@ -343,53 +343,47 @@ def test_pulsar_hashes_reproduce_every_vector_in_one_batch() -> None:
         assert result.tolist() == [vector[field] for vector in vectors for _ in _key_forms(vector)], field
 
 
-def test_ring_points_are_the_range_ends_pulsar_4_expects() -> None:
-    # Pulsar 4.x ConsistentHashingStickyKeyConsumerSelectorTest.testGetConsumerKeyHashRanges (3 points each):
-    # consumer1 [14359,18366] [29991,39817] [52980,60442]; consumer2 [1,6668] [39818,52979] [60443,63679]
-    # [65184,65535]; consumer3 [6669,14358] [18367,29990] [63680,65183]. Every range but the wrap-around one
-    # ends at a ring point: makeStickyKeyHash(name + "\0" + nameIndex + "\0" + i).
-    expected = {
-        "consumer1": [18366, 39817, 60442],
-        "consumer2": [6668, 52979, 63679],
-        "consumer3": [14358, 29990, 65183],
-    }
-    for name, ends in expected.items():
-        assert sorted(pulsar4_consistent_hash(f"{name}\0{0}\0{i}") for i in range(3)) == ends
-    assert {v["pulsar4_consistent_hash"] for v in _pulsar_category("pulsar4-test-ring-point")} == {
-        end for ends in expected.values() for end in ends
-    }
+# Pulsar's selector tests pin exact ranges; every range but the wrap-around one ends at a ring point.
+# 4.x ConsistentHashingStickyKeyConsumerSelectorTest.testGetConsumerKeyHashRanges (3 points each), points at
+# makeStickyKeyHash(name + "\0" + nameIndex + "\0" + i): consumer1 [14359,18366] [29991,39817] [52980,60442];
+# consumer2 [1,6668] [39818,52979] [60443,63679] [65184,65535]; consumer3 [6669,14358] [18367,29990] [63680,65183].
+PULSAR_4_TEST_RING = {
+    "consumer1": [18366, 39817, 60442],
+    "consumer2": [6668, 52979, 63679],
+    "consumer3": [14358, 29990, 65183],
+}
+# The 3.x revision of that test that pins exact ranges puts point i at makeHash(name + "\0" + i):
+# consumer1 [119056335,242013991] [722195657,1656011842] [1707482098,1914695766]; consumer2 [0,90164503]
+# [90164504,119056334] [382436668,722195656] [1914695767,2147483646]; consumer3 [242013992,242377547]
+# [242377548,382436667] [1656011843,1707482097]. Its testConsumersGetEvenlyMappedWhenThereAreCollisions has
+# five consumers all named "consumer" with 5 points, ranges ending at the five points of "consumer".
+PULSAR_3_TEST_RING = {
+    "consumer1": [242013991, 1656011842, 1914695766],
+    "consumer2": [90164503, 119056334, 722195656],
+    "consumer3": [242377547, 382436667, 1707482097],
+    "consumer": [216056713, 306176208, 365902830, 1240826377, 1862045174],
+}
 
 
-def test_ring_points_are_the_range_ends_pulsar_3_expects() -> None:
-    # The Pulsar 3.x revision of ConsistentHashingStickyKeyConsumerSelectorTest that pins exact ranges puts
-    # point i of a consumer at makeHash(name + "\0" + i). testGetConsumerKeyHashRanges: consumer1
-    # [119056335,242013991] [722195657,1656011842] [1707482098,1914695766]; consumer2 [0,90164503]
-    # [90164504,119056334] [382436668,722195656] [1914695767,2147483646]; consumer3 [242013992,242377547]
-    # [242377548,382436667] [1656011843,1707482097].
-    expected = {
-        "consumer1": [242013991, 1656011842, 1914695766],
-        "consumer2": [90164503, 119056334, 722195656],
-        "consumer3": [242377547, 382436667, 1707482097],
-    }
-    for name, ends in expected.items():
-        assert sorted(pulsar3_hash(f"{name}\0{i}") for i in range(3)) == ends
-    # testConsumersGetEvenlyMappedWhenThereAreCollisions: five consumers all named "consumer", 5 points,
-    # ranges ending at 216056713, 306176208, 365902830, 1240826377 and 1862045174.
-    assert sorted(pulsar3_hash(f"consumer\0{i}") for i in range(5)) == [
-        216056713,
-        306176208,
-        365902830,
-        1240826377,
-        1862045174,
-    ]
-    assert {v["murmur3_31"] for v in _pulsar_category("pulsar3-test-ring-point")} == {
-        *(end for ends in expected.values() for end in ends),
-        216056713,
-        306176208,
-        365902830,
-        1240826377,
-        1862045174,
-    }
+@pytest.mark.parametrize(
+    ("ring", "point_hash", "category", "field"),
+    [
+        (
+            PULSAR_4_TEST_RING,
+            lambda name, i: pulsar4_consistent_hash(f"{name}\0{0}\0{i}"),
+            "pulsar4",
+            "pulsar4_consistent_hash",
+        ),
+        (PULSAR_3_TEST_RING, lambda name, i: pulsar3_hash(f"{name}\0{i}"), "pulsar3", "murmur3_31"),
+    ],
+)
+def test_ring_points_are_the_range_ends_pulsar_expects(
+    ring: dict[str, list[int]], point_hash: Callable[[str, int], int], category: str, field: str
+) -> None:
+    for name, ends in ring.items():
+        assert sorted(point_hash(name, i) for i in range(len(ends))) == ends
+    in_vector_file = {v[field] for v in _pulsar_category(f"{category}-test-ring-point")}
+    assert in_vector_file == {end for ends in ring.values() for end in ends}
 
 
 @settings(max_examples=200, deadline=None)

@@ -19,7 +19,7 @@ import hashlib
 import json
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -210,11 +210,11 @@ def _as_text(data: bytes) -> str | None:
         return None
 
 
-def build_vectors() -> list[dict[str, Any]]:
-    """Every vector, in a fixed order, without duplicate keys."""
+def _entries(keys: Iterable[tuple[str, bytes]], hashes: Callable[[bytes], dict[str, int]]) -> list[dict[str, Any]]:
+    """One vector per distinct key, in order: its category, bytes, text when it has one, then ``hashes(bytes)``."""
     vectors: list[dict[str, Any]] = []
     seen: set[bytes] = set()
-    for category, data in _all_keys():
+    for category, data in keys:
         if data in seen:
             continue
         seen.add(data)
@@ -222,10 +222,14 @@ def build_vectors() -> list[dict[str, Any]]:
         text = _as_text(data)
         if text is not None:
             entry["key"] = text
-        entry["murmur3_32"] = murmur3_32(data)
-        entry["slot"] = slot_of(data)
+        entry.update(hashes(data))
         vectors.append(entry)
     return vectors
+
+
+def build_vectors() -> list[dict[str, Any]]:
+    """Every vector, in a fixed order, without duplicate keys."""
+    return _entries(_all_keys(), lambda data: {"murmur3_32": murmur3_32(data), "slot": slot_of(data)})
 
 
 _PULSAR_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -247,24 +251,17 @@ _PULSAR_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 def build_pulsar_vectors() -> list[dict[str, Any]]:
-    """Pulsar's hashes of every key of ``key_hash.json`` and of the special keys, without duplicates."""
+    """Pulsar's hashes of the special keys and of every key of ``key_hash.json``, without duplicates."""
     special = [(category, text.encode()) for category, texts in _PULSAR_KEYS for text in texts]
-    vectors: list[dict[str, Any]] = []
-    seen: set[bytes] = set()
-    for category, data in [*special, *_all_keys()]:
-        if data in seen:
-            continue
-        seen.add(data)
-        entry: dict[str, Any] = {"category": category, "key_utf8_hex": data.hex()}
-        text = _as_text(data)
-        if text is not None:
-            entry["key"] = text
-        entry["murmur3_31"] = murmur3_31(data)
-        entry["key_hash"] = slot_of(data)
-        entry["pulsar4_key_hash"] = pulsar4_slot(data, 0, RANGE_SIZE)
-        entry["pulsar4_consistent_hash"] = pulsar4_slot(data, 1, RANGE_SIZE - 1)
-        vectors.append(entry)
-    return vectors
+    return _entries(
+        [*special, *_all_keys()],
+        lambda data: {
+            "murmur3_31": murmur3_31(data),
+            "key_hash": slot_of(data),
+            "pulsar4_key_hash": pulsar4_slot(data, 0, RANGE_SIZE),
+            "pulsar4_consistent_hash": pulsar4_slot(data, 1, RANGE_SIZE - 1),
+        },
+    )
 
 
 def build_pulsar_document() -> dict[str, Any]:

@@ -13,9 +13,9 @@ Pulsar's own hashes, for the peers the evaluation compares with, all start from
   selector takes ``m31 % 65536``, which is :func:`key_hash`, and its consistent-hashing ring
   spans ``0 .. 2^31 - 1``.
 - Pulsar 4.x hashes a key into its selector's range, ``m31 % size + start``, and turns a
-  result of 0 (``STICKY_KEY_HASH_NOT_SET``) into 1. Auto-split and sticky selectors span
+  result of 0 (``STICKY_KEY_HASH_NOT_SET``) into 1. The auto-split selector spans
   ``[0, 65535]``, so :func:`pulsar4_key_hash` is :func:`key_hash` except that slot 0 becomes 1;
-  slots 0 and 1 always share an owner there, so no key changes owner. Consistent hashing
+  slots 0 and 1 always share an auto-split owner, so no key changes owner. Consistent hashing
   spans ``[1, 65535]`` (size 65535), so :func:`pulsar4_consistent_hash` is ``m31 % 65535 + 1``,
   a slot unrelated to :func:`key_hash`, used for keys and ring points alike.
 
@@ -100,7 +100,7 @@ def pulsar3_hash(key: str | bytes) -> int:
 
 
 def pulsar4_key_hash(key: str | bytes) -> int:
-    """Pulsar 4.x's auto-split and sticky slot of ``key`` in ``[1, 65535]``: :func:`key_hash`, with 0 made 1."""
+    """Pulsar 4.x's auto-split slot of ``key`` in ``[1, 65535]``: :func:`key_hash`, with 0 made 1."""
     return key_hash(key) or 1
 
 

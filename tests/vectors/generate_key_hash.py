@@ -1,12 +1,15 @@
-"""Write ``key_hash.json``: shared test vectors that pin keyfailover's key hash.
+"""Write ``key_hash.json`` and ``pulsar_hash.json``: shared test vectors that pin the key hashes.
 
-Every implementation of the hash (the Python core, the Spark side, any other client) must
-reproduce these values. They are computed here with a pure-Python Murmur3 x86_32, written
-from the reference algorithm and checked against published vectors, so the file is an
-oracle independent of the ``mmh3`` package the library uses.
+``key_hash.json`` pins keyfailover's key hash: every implementation of it (the Python core,
+the Spark side, any other client) must reproduce these values. ``pulsar_hash.json`` pins
+Apache Pulsar's hashes of the same keys (3.x's ``m31``, 4.x's auto-split and consistent-hashing
+slots), plus keys where Pulsar 4.x departs from keyfailover's slot and the ring points of
+Pulsar's own selector tests. They are computed here with a pure-Python Murmur3 x86_32,
+written from the reference algorithm and checked against published vectors, so the files
+are an oracle independent of the ``mmh3`` package the library uses.
 
-Run ``python tests/vectors/generate_key_hash.py`` to rewrite the file, or add ``--check``
-to fail when the file on disk differs from what this script produces.
+Run ``python tests/vectors/generate_key_hash.py`` to rewrite the files, or add ``--check``
+to fail when a file on disk differs from what this script produces.
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ import hashlib
 import json
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 OUTPUT = Path(__file__).with_name("key_hash.json")
+PULSAR_OUTPUT = Path(__file__).with_name("pulsar_hash.json")
 
 RANGE_SIZE = 65536
 """Number of hash slots: ``slot = (murmur3_32(key) & 0x7FFFFFFF) % RANGE_SIZE``."""
@@ -99,6 +103,16 @@ def check_reference() -> None:
 def slot_of(data: bytes) -> int:
     """The hash slot of the key whose UTF-8 bytes are ``data``."""
     return (murmur3_32(data) & 0x7FFFFFFF) % RANGE_SIZE
+
+
+def murmur3_31(data: bytes) -> int:
+    """Pulsar's ``Murmur3_32Hash.makeHash``: Murmur3 x86_32 with seed 0, sign bit cleared."""
+    return murmur3_32(data) & 0x7FFFFFFF
+
+
+def pulsar4_slot(data: bytes, start: int, size: int) -> int:
+    """Pulsar 4.x's ``makeStickyKeyHash`` in the range ``[start, start + size - 1]``: 0 becomes 1."""
+    return (murmur3_31(data) % size + start) or 1
 
 
 def _pseudo_random_bytes(label: str, length: int) -> bytes:
@@ -196,11 +210,11 @@ def _as_text(data: bytes) -> str | None:
         return None
 
 
-def build_vectors() -> list[dict[str, Any]]:
-    """Every vector, in a fixed order, without duplicate keys."""
+def _entries(keys: Iterable[tuple[str, bytes]], hashes: Callable[[bytes], dict[str, int]]) -> list[dict[str, Any]]:
+    """One vector per distinct key, in order: its category, bytes, text when it has one, then ``hashes(bytes)``."""
     vectors: list[dict[str, Any]] = []
     seen: set[bytes] = set()
-    for category, data in _all_keys():
+    for category, data in keys:
         if data in seen:
             continue
         seen.add(data)
@@ -208,10 +222,63 @@ def build_vectors() -> list[dict[str, Any]]:
         text = _as_text(data)
         if text is not None:
             entry["key"] = text
-        entry["murmur3_32"] = murmur3_32(data)
-        entry["slot"] = slot_of(data)
+        entry.update(hashes(data))
         vectors.append(entry)
     return vectors
+
+
+def build_vectors() -> list[dict[str, Any]]:
+    """Every vector, in a fixed order, without duplicate keys."""
+    return _entries(_all_keys(), lambda data: {"murmur3_32": murmur3_32(data), "slot": slot_of(data)})
+
+
+_PULSAR_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # Found by searching "key-<n>" for the property the category names.
+    ("key-hash-zero", ("key-30884", "key-78688", "key-274341", "key-289230", "key-308750", "key-410712")),
+    ("key-hash-one", ("key-30098", "key-64020", "key-109871")),
+    ("consistent-lowest", ("key-4415", "key-37297", "key-109500")),
+    ("consistent-highest", ("key-6364", "key-79201", "key-120102")),
+    # What Pulsar hashes for a message without a key.
+    ("none-key", ("NONE_KEY",)),
+    # Ring points of Pulsar 4.x ConsistentHashingStickyKeyConsumerSelectorTest.testGetConsumerKeyHashRanges:
+    # consumer name, NUL, name index (0 for distinct names), NUL, point index.
+    ("pulsar4-test-ring-point", tuple("\0".join((f"consumer{c}", "0", str(i))) for c in (1, 2, 3) for i in range(3))),
+    # Ring points of the Pulsar 3.x ConsistentHashingStickyKeyConsumerSelectorTest revision that pins exact
+    # ranges: consumer name, NUL, point index (that selector revision had no name index).
+    ("pulsar3-test-ring-point", tuple(f"consumer{c}\0{i}" for c in (1, 2, 3) for i in range(3))),
+    ("pulsar3-test-ring-point", tuple(f"consumer\0{i}" for i in range(5))),
+)
+
+
+def build_pulsar_vectors() -> list[dict[str, Any]]:
+    """Pulsar's hashes of the special keys and of every key of ``key_hash.json``, without duplicates."""
+    special = [(category, text.encode()) for category, texts in _PULSAR_KEYS for text in texts]
+    return _entries(
+        [*special, *_all_keys()],
+        lambda data: {
+            "murmur3_31": murmur3_31(data),
+            "key_hash": slot_of(data),
+            "pulsar4_key_hash": pulsar4_slot(data, 0, RANGE_SIZE),
+            "pulsar4_consistent_hash": pulsar4_slot(data, 1, RANGE_SIZE - 1),
+        },
+    )
+
+
+def build_pulsar_document() -> dict[str, Any]:
+    """The whole JSON document written to ``pulsar_hash.json``."""
+    check_reference()
+    return {
+        "description": (
+            "Apache Pulsar hash vectors. key_utf8_hex and key are as in key_hash.json. murmur3_31 = "
+            "murmur3_32 & 0x7FFFFFFF (Pulsar's Murmur3_32Hash.makeHash, and Pulsar 3.x's sticky-key hash); "
+            "key_hash = murmur3_31 % 65536 (keyfailover's slot, Pulsar 3.x auto-split); pulsar4_key_hash = "
+            "murmur3_31 % 65536, with 0 made 1 (Pulsar 4.x auto-split, range [0, 65535]); "
+            "pulsar4_consistent_hash = murmur3_31 % 65535 + 1 (Pulsar 4.x consistent hashing, range [1, 65535], "
+            "for keys and ring points). Generated by tests/vectors/generate_key_hash.py with a pure-Python "
+            "reference Murmur3."
+        ),
+        "vectors": build_pulsar_vectors(),
+    }
 
 
 def build_document() -> dict[str, Any]:
@@ -234,20 +301,26 @@ def render() -> str:
     return json.dumps(build_document(), ensure_ascii=False, indent=1) + "\n"
 
 
+def render_pulsar() -> str:
+    """The exact text of ``pulsar_hash.json``."""
+    return json.dumps(build_pulsar_document(), ensure_ascii=False, indent=1) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--check", action="store_true", help="fail if the file on disk is not up to date")
+    parser.add_argument("--check", action="store_true", help="fail if a file on disk is not up to date")
     args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        current = OUTPUT.read_text(encoding="utf-8") if OUTPUT.exists() else ""
-        if current != text:
-            print(f"{OUTPUT} is out of date; run {Path(__file__).name} to regenerate it", file=sys.stderr)
-            return 1
-        return 0
-    OUTPUT.write_text(text, encoding="utf-8", newline="\n")
-    print(f"wrote {len(json.loads(text)['vectors'])} vectors to {OUTPUT}")
-    return 0
+    outdated = 0
+    for output, text in ((OUTPUT, render()), (PULSAR_OUTPUT, render_pulsar())):
+        if args.check:
+            current = output.read_text(encoding="utf-8") if output.exists() else ""
+            if current != text:
+                print(f"{output} is out of date; run {Path(__file__).name} to regenerate it", file=sys.stderr)
+                outdated += 1
+            continue
+        output.write_text(text, encoding="utf-8", newline="\n")
+        print(f"wrote {len(json.loads(text)['vectors'])} vectors to {output}")
+    return 1 if outdated else 0
 
 
 if __name__ == "__main__":

@@ -15,15 +15,18 @@ __all__ = ["splice"]
 
 
 def splice(
-    starts: list[int], ends: list[int], owners: list[str], start: int, end: int, owner: str
+    starts: list[int], ends: list[int], owners: list[str], move: tuple[int, int, str]
 ) -> tuple[list[tuple[int, int, str]], list[tuple[int, int, str]]] | None:
-    """Give slots ``[start, end]`` to ``owner`` in place; None when it owned them all already.
+    """Apply ``move = (start, end, owner)``: give slots ``[start, end]`` to ``owner`` in place.
+
+    None when ``owner`` held them all already.
 
     Ranges cut by the new one keep their remainders, and the new range merges with an
     adjacent range of the same owner. Returns ``(removed, added)``: the ranges that left
     the lists and the ones that entered them. O(k + log r) for the k ranges touched, plus
     the list shift (a memmove). The lists must tile a space that contains ``[start, end]``.
     """
+    start, end, owner = move
     first = bisect.bisect_right(starts, start) - 1
     last = bisect.bisect_left(ends, end)
     if all(owners[i] == owner for i in range(first, last + 1)):

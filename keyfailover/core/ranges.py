@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from keyfailover.core._tiling import splice
-from keyfailover.core.errors import RangeMapError, SnapshotError, UnknownConsumerError
+from keyfailover.core.errors import RangeMapError, SnapshotError
 from keyfailover.core.hashing import HASH_RANGE_SIZE
 
 __all__ = ["SNAPSHOT_VERSION", "Range", "RangeArrays", "RangeMap", "validate_consumer_id"]
@@ -42,7 +42,7 @@ Range = tuple[int, int, str]
 
 
 class RangeArrays(NamedTuple):
-    """The ranges as arrays, for vectorised work: range ``i`` is ``[starts[i], ends[i]]``, owned by ``consumers[owner[i]]``."""
+    """The ranges as arrays for vectorised work: range ``i`` is ``[starts[i], ends[i]]``, of ``consumers[owner[i]]``."""
 
     starts: npt.NDArray[np.intp]
     ends: npt.NDArray[np.intp]
@@ -96,7 +96,11 @@ class RangeMap:
         self._ends: list[int] = []
         self._owners: list[str] = []
         self._counts: dict[str, int] = {}  # consumer -> number of ranges it owns
-        self._forget()
+        # Derived from the lists, built on demand and dropped at every change:
+        self._slot_index: npt.NDArray[np.int32] | None = None  # slot -> range index
+        self._owners_array: npt.NDArray[np.object_] | None = None
+        self._arrays: RangeArrays | None = None
+        self._by_consumer: dict[str, list[tuple[int, int]]] | None = None
 
     # -- reading ---------------------------------------------------------------------
 
@@ -288,7 +292,7 @@ class RangeMap:
         changed = False
         counts = self._counts
         for start, end, consumer in checked:
-            spliced = splice(self._starts, self._ends, self._owners, start, end, consumer)
+            spliced = splice(self._starts, self._ends, self._owners, (start, end, consumer))
             if spliced is None:
                 continue
             changed = True
@@ -404,7 +408,7 @@ class RangeMap:
 
     def _forget(self) -> None:
         """Drop what is derived from the lists (rebuilt on demand)."""
-        self._slot_index: npt.NDArray[np.int32] | None = None  # slot -> range index
-        self._owners_array: npt.NDArray[np.object_] | None = None
-        self._arrays: RangeArrays | None = None
-        self._by_consumer: dict[str, list[tuple[int, int]]] | None = None
+        self._slot_index = None
+        self._owners_array = None
+        self._arrays = None
+        self._by_consumer = None

@@ -272,5 +272,3 @@ def _sweep(
             return None
         planned[k] = min(max(int(current[k]), lower), upper)
     return planned
-
-

@@ -48,6 +48,9 @@ Side = Literal["low", "high"]
 _CANDIDATES = 3
 """Ranges of a donor searched for a new piece (its heaviest); more cost time and rarely win."""
 
+_HOT_BAND = 4.0
+"""How many grains lighter than the amount a donor's hottest slot may be and still be taken alone."""
+
 
 @dataclass(frozen=True)
 class MultiRangePolicy(Policy):
@@ -143,10 +146,12 @@ class MultiRangePolicy(Policy):
         cap = 1.0 + self.tolerance
         loads = layout.loads
         targets, level = _fair_shares(members, layout.total, layout.hottest(), cap)
-        noise = {c: layout.noise(targets[c]) for c in members}
-        if all(loads[c] <= targets[c] * trigger + noise[c] for c in members):
+        noise = layout.noise
+        if all(loads[c] <= targets[c] * trigger for c in members):
+            return False  # the noise only raises the bar
+        gives = {c: loads[c] - targets[c] for c in members if loads[c] > targets[c] * cap + noise(targets[c])}
+        if not any(loads[c] > targets[c] * trigger + noise(targets[c]) for c in gives):
             return False
-        gives = {c: loads[c] - targets[c] for c in members if loads[c] > targets[c] * cap + noise[c]}
         shortfall = {c: targets[c] - loads[c] for c in members if loads[c] < targets[c]}
         takes = _level_from_the_top(shortfall, sum(gives.values()))
         room = {c: targets[c] * cap - loads[c] for c in shortfall}
@@ -161,7 +166,7 @@ class MultiRangePolicy(Policy):
 
 
 def _layout(ranges: RangeMap, load: Load, max_ranges: int) -> _Layout:
-    """The planning layout, weighing each slot by its measured traffic plus a thin even floor (widths without traffic)."""
+    """The planning layout: each slot weighs its measured traffic plus a thin even floor (its width without traffic)."""
     traffic = check_traffic(ranges, load)
     size = ranges.range_size
     total = 0.0 if traffic is None else float(traffic.sum())
@@ -178,14 +183,19 @@ def _fair_shares(
     A member whose hottest slot exceeds ``slack`` times the level is pinned at that slot's
     weight (it cannot be split); the level is retaken over the others until none is.
     """
-    pinned: dict[str, float] = {}
-    while True:
-        free = len(members) - len(pinned)
-        level = max(total - sum(pinned.values()), 0.0) / max(free, 1)
-        newly = {c: hottest[c] for c in members if c not in pinned and hottest.get(c, 0.0) > level * slack}
-        if not newly:
-            return {c: pinned.get(c, level) for c in members}, level
-        pinned.update(newly)
+    order = sorted(members, key=lambda c: (-hottest.get(c, 0.0), c))
+    pinned = 0
+    held = 0.0
+    level = total / max(len(members), 1)
+    # Pinning a member lowers the level of the others, so the pinned are the heaviest first.
+    while pinned < len(members) and hottest.get(order[pinned], 0.0) > level * slack:
+        held += hottest[order[pinned]]
+        pinned += 1
+        level = max(total - held, 0.0) / max(len(members) - pinned, 1)
+    targets = dict.fromkeys(members, level)
+    for c in order[:pinned]:
+        targets[c] = hottest[c]
+    return targets, level
 
 
 def _level_from_the_top(amounts: dict[str, float], total: float) -> dict[str, float]:
@@ -213,26 +223,29 @@ def _level_from_the_top(amounts: dict[str, float], total: float) -> dict[str, fl
 
 
 def _consolidate(amounts: dict[str, float], room: dict[str, float], small: float) -> dict[str, float]:
-    """Fold amounts under ``small`` into the largest others, each up to its ``room``.
+    """Fold amounts under ``small`` into the largest, each up to its ``room``; returns the new amounts.
 
     Many slivers would each cost a range; a few consumers taking a little more (within
-    the tolerance) cost none. Slivers that find no room stay as they are.
+    the tolerance) cost none. The total stays the same: what no room can hold goes back
+    to the slivers it came from, the largest first.
     """
-    kept = {c: a for c, a in amounts.items() if a >= small}
-    spare = sum(a for c, a in amounts.items() if a < small)
-    if spare <= 0.0 or not kept:
-        return dict(amounts)
-    for c in sorted(kept, key=lambda c: (-kept[c], c)):
-        extra = min(max(room.get(c, 0.0) - kept[c], 0.0), spare)
-        kept[c] += extra
-        spare -= extra
+    order = sorted(amounts, key=lambda c: (-amounts[c], c))
+    result = {c: amounts[c] for c in order if amounts[c] >= small}
+    spare = sum(amounts[c] for c in order if amounts[c] < small)
+    for c in order:
         if spare <= 0.0:
-            return kept
-    for c in sorted(amounts, key=lambda c: (-amounts[c], c)):
-        if c not in kept and spare > 0.0:
-            kept[c] = min(amounts[c], spare)
-            spare -= kept[c]
-    return kept
+            break
+        extra = min(max(room.get(c, 0.0) - result.get(c, 0.0), 0.0), spare)
+        if extra > 0.0:
+            result[c] = result.get(c, 0.0) + extra
+            spare -= extra
+    for c in order:
+        if spare <= 0.0:
+            break
+        if c not in result:
+            result[c] = min(amounts[c], spare)
+            spare -= result[c]
+    return result
 
 
 class _Layout:
@@ -246,13 +259,12 @@ class _Layout:
         self.max_ranges = max_ranges
         arrays = ranges.arrays()
         self.size = ranges.range_size
-        self.prefix = np.concatenate(([0.0], np.cumsum(weights)))
-        self.total = float(self.prefix[-1])
+        self.total = float(weights.sum())
         self._starts: list[int] = arrays.starts.tolist()
         self._ends: list[int] = arrays.ends.tolist()
         self._owners: list[str] = list(ranges.lookup_table()[1])
         count = len(arrays.consumers)
-        sums = self.prefix[arrays.ends + 1] - self.prefix[arrays.starts]
+        sums = np.add.reduceat(weights, arrays.starts) if len(arrays.starts) else np.zeros(0)
         self.loads = dict(zip(arrays.consumers, np.bincount(arrays.owner, sums, count).tolist(), strict=True))
         peaks = np.zeros(count)
         if count:
@@ -266,6 +278,7 @@ class _Layout:
         self._group = np.searchsorted(arrays.owner[order], np.arange(count + 1)).tolist()
         self._starts_of: dict[str, set[int]] = {}
         self._weights = weights
+        self._range_weight: dict[int, float] = {}  # range start -> its weight, computed when first asked
         self.measured = measured
         self._stale: set[str] = set()  # owners that gave away their heaviest slot
         self.moves: list[Range] = []
@@ -274,7 +287,9 @@ class _Layout:
         found = self._starts_of.get(owner)
         if found is None:
             code = self._code.get(owner)
-            found = set() if code is None else set(self._initial_starts[self._group[code] : self._group[code + 1]].tolist())
+            found = (
+                set() if code is None else set(self._initial_starts[self._group[code] : self._group[code + 1]].tolist())
+            )
             self._starts_of[owner] = found
         return found
 
@@ -293,7 +308,15 @@ class _Layout:
         return self._peaks
 
     def weight(self, start: int, end: int) -> float:
-        return float(self.prefix[end + 1] - self.prefix[start])
+        return float(self._weights[start : end + 1].sum())
+
+    def range_weight(self, index: int) -> float:
+        """The weight of the range at list position ``index`` (remembered until the range changes)."""
+        start = self._starts[index]
+        found = self._range_weight.get(start)
+        if found is None:
+            found = self._range_weight[start] = self.weight(start, self._ends[index])
+        return found
 
     def count(self, owner: str) -> int:
         return len(self._starts_set(owner))
@@ -314,11 +337,12 @@ class _Layout:
         donor = self._owners[bisect.bisect_right(self._starts, start) - 1]
         for owner in (donor, receiver):
             self._starts_set(owner)  # index both before the lists change
-        spliced = splice(self._starts, self._ends, self._owners, start, end, receiver)
+        spliced = splice(self._starts, self._ends, self._owners, (start, end, receiver))
         assert spliced is not None, f"[{start}, {end}] is {receiver!r}'s already"
         removed, added = spliced
         for range_start, _, owner in removed:
             self._starts_of[owner].discard(range_start)
+            self._range_weight.pop(range_start, None)
         for range_start, _, owner in added:
             self._starts_of[owner].add(range_start)
         heaviest = float(self._weights[start : end + 1].max())
@@ -337,21 +361,16 @@ class _Layout:
         The piece never splits a slot; of two equally near pieces the narrower wins. None
         when even one slot weighs more than ``limit``.
         """
-        prefix = self.prefix
+        weights = self._weights[start : end + 1]
+        # Cumulative weights from the cut edge inward: running[k] is the piece of k + 1 slots.
+        running = np.cumsum(weights[::-1] if side == "high" else weights)
+        k = int(running.searchsorted(amount))  # the first piece reaching the amount
+        shorter, longer = max(min(k - 1, len(running) - 1), 0), min(k, len(running) - 1)
+        short_weight, long_weight = float(running[shorter]), float(running[longer])
         if side == "high":
-            # The piece [c, end] weighs top - prefix[c]; c runs from end down to start.
-            top = float(prefix[end + 1])
-            c = int(prefix[start : end + 2].searchsorted(top - amount)) + start
-            shorter, longer = min(max(c, start), end), min(max(c - 1, start), end)
-            short_weight, long_weight = top - float(prefix[shorter]), top - float(prefix[longer])
-            short_piece, long_piece = (shorter, end), (longer, end)
+            short_piece, long_piece = (end - shorter, end), (end - longer, end)
         else:
-            # The piece [start, c] weighs prefix[c + 1] - bottom; c runs from start up to end.
-            bottom = float(prefix[start])
-            c = int(prefix[start : end + 2].searchsorted(bottom + amount)) + start - 1
-            shorter, longer = min(max(c - 1, start), end), min(max(c, start), end)
-            short_weight, long_weight = float(prefix[shorter + 1]) - bottom, float(prefix[longer + 1]) - bottom
-            short_piece, long_piece = (start, shorter), (start, longer)
+            short_piece, long_piece = (start, start + shorter), (start, start + longer)
         if long_weight <= limit and abs(long_weight - amount) < abs(short_weight - amount):
             return long_piece
         return short_piece if short_weight <= limit else None
@@ -426,18 +445,23 @@ class _Layout:
         """Receivers by need take pieces from donors by what they give, each piece a new range."""
         donors = sorted((d for d, amount in gives.items() if amount >= grain), key=lambda d: (-gives[d], d))
         receivers = sorted((r for r, amount in takes.items() if amount >= grain), key=lambda r: (-takes[r], r))
+        failed: dict[str, float] = {}  # donor -> the largest limit no piece of it fitted under since it last gave
         for receiver in receivers:
             for donor in donors:
                 while (
                     donor != receiver
-                    and min(gives[donor], takes[receiver]) >= grain
+                    and min(gives[donor], takes[receiver]) >= _HOT_BAND * grain
                     and self.count(receiver) < self.max_ranges
                 ):
                     amount = min(gives[donor], takes[receiver])
                     limit = (takes[receiver] if overshoot else amount) + grain
+                    if limit <= failed.get(donor, -1.0):
+                        break
                     piece = self._best_piece(donor, amount, limit, gives, grain)
                     if piece is None:
+                        failed[donor] = limit
                         break
+                    failed.pop(donor, None)
                     weight = self.give(*piece, receiver)
                     self._moved(donor, receiver, weight, gives, takes)
                     self._boundaries(self._touching(gives, takes, grain, (receiver,)), gives, takes, grain, overshoot)
@@ -449,32 +473,31 @@ class _Layout:
     ) -> tuple[int, int] | None:
         """Where ``donor`` gives about ``amount`` (at most ``limit``) as a new range of a receiver.
 
-        The piece nearest the amount wins, then the narrowest (the fewest keys: a slot holds
-        as many keys as any other on average), then one next to another donor (the next piece
-        continues it). Pieces come from the edges of the donor's heaviest ranges, or from
-        inside its heaviest one (around its hottest slots) while it owns fewer than
-        ``max_ranges``: that splits the range, so it must be at most half as wide.
+        Candidates come from the donor's heaviest ranges: the piece at either edge nearest
+        the amount, and the range's hottest slot alone when it weighs within a few grains of
+        the amount (one key carrying a share of traffic moves far fewer keys than a run of
+        cold slots; taking it from inside a range splits the range, so only while the donor
+        owns fewer than ``max_ranges``). The hottest slot wins when it qualifies; otherwise
+        the piece nearest the amount, then the narrowest (fewest keys), then one next to
+        another donor (the next piece continues it).
         """
         owners = self._owners
-        indexes = sorted(self.indexes_of(donor), key=lambda i: -self.weight(self._starts[i], self._ends[i]))
+        indexes = sorted(self.indexes_of(donor), key=lambda i: -self.range_weight(i))
         best: tuple[int, int, int, int, int] | None = None
         for index in indexes[:_CANDIDATES]:
             start, end = self._starts[index], self._ends[index]
+            candidates: list[tuple[int, int, int, int, int]] = []
             for side, across in (("low", index - 1), ("high", index + 1)):
                 piece = self.cut(start, end, side, amount, limit)  # type: ignore[arg-type]
-                if piece is None:
-                    continue
-                low, high = piece
-                continues = 0 if 0 <= across < len(owners) and gives.get(owners[across], 0.0) >= grain else 1
-                candidate = (self._error(low, high, amount, grain), high - low, continues, low, high)
-                if best is None or candidate < best:
-                    best = candidate
-        if indexes and self.count(donor) < self.max_ranges:
-            start, end = self._starts[indexes[0]], self._ends[indexes[0]]
-            dense = self.densest(start, end, amount - grain, limit)
-            if dense is not None:
-                low, high = dense
-                candidate = (self._error(low, high, amount, grain), 2 * (high - low + 1), 1, low, high)
+                if piece is not None:
+                    low, high = piece
+                    continues = 0 if 0 <= across < len(owners) and gives.get(owners[across], 0.0) >= grain else 1
+                    candidates.append((self._error(low, high, amount, grain), high - low, continues, low, high))
+            if start == end or self.count(donor) < self.max_ranges:
+                hot = start + int(np.argmax(self._weights[start : end + 1]))
+                if amount - _HOT_BAND * grain <= float(self._weights[hot]) <= limit:
+                    candidates.append((0, 0, 0, hot, hot))
+            for candidate in candidates:
                 if best is None or candidate < best:
                     best = candidate
         return None if best is None else (best[3], best[4])
@@ -483,28 +506,6 @@ class _Layout:
         """How far ``[low, high]`` weighs from ``amount``, in grains (0 within one grain)."""
         error = abs(self.weight(low, high) - amount)
         return 0 if error <= grain else int(error / grain) + 1
-
-    def densest(self, start: int, end: int, least: float, limit: float) -> tuple[int, int] | None:
-        """The narrowest piece of ``[start, end]`` weighing at least ``least`` and at most ``limit``, or None.
-
-        For every first slot the shortest piece reaching ``least`` is found at once
-        (``searchsorted`` over the cumulative weights): O(w log w) for a range of w slots.
-        """
-        prefix = self.prefix[start : end + 2]
-        width = end - start + 1
-        reach = np.searchsorted(prefix, prefix[:-1] + max(least, 0.0), side="left")
-        first = np.arange(width)
-        reach = np.maximum(reach, first + 1)
-        ok = reach <= width
-        if not ok.any():
-            return None
-        weight = prefix[np.minimum(reach, width)] - prefix[:-1]
-        ok &= weight <= limit
-        if not ok.any():
-            return None
-        lengths = np.where(ok, reach - first, width + 1)
-        at = int(np.argmin(lengths))
-        return start + at, start + int(reach[at]) - 1
 
     @staticmethod
     def _moved(donor: str, receiver: str, weight: float, gives: dict[str, float], takes: dict[str, float]) -> None:

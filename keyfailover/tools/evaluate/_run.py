@@ -1,10 +1,11 @@
-"""Run each strategy through each scenario and measure balance, stickiness and time.
+"""Run each strategy through each scenario and measure balance, what moved, and time.
 
 After every membership event the strategy gets ``shifts`` windows of measured traffic:
 the chances a load-aware policy has to shift boundaries before the next change (the
-dispatcher checks once per ``shift_interval``). The state right after the change and
-the state after those windows (``settled``) are measured apart, so the stickiness of a
-join or leave itself and the movement of the shifts that follow are both on record.
+dispatcher checks once per ``shift_interval``). Two states are measured per event: right
+after the change, and *settled* after those windows. Every figure that does not say
+otherwise is about the settled state, and "what a change moved" always includes the
+shifts it set off: one definition everywhere (the table, ``--json``, the goals, the docs).
 """
 
 from __future__ import annotations
@@ -12,68 +13,87 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from keyfailover.tools.evaluate._measures import Balance, HotSlot, balance, hot_slot, stickiness
-from keyfailover.tools.evaluate._scenarios import SEED, Membership, Scenario
-from keyfailover.tools.evaluate._strategies import Join, Strategy
+from keyfailover.tools.evaluate._events import Join
+from keyfailover.tools.evaluate._measures import balance, fair_level, hot_key, least_moved, stickiness
+from keyfailover.tools.evaluate._scenarios import SEED, Membership, Population, Scenario
+from keyfailover.tools.evaluate._strategies import Strategy
 
-__all__ = ["JSON_KEYS", "SHIFTS_PER_EVENT", "Result", "Timing", "run_strategy", "time_reassignments"]
+__all__ = ["BOUND", "JSON_KEYS", "SHIFTS_PER_EVENT", "Result", "Timing", "ideal", "run_strategy", "time_reassignments"]
 
 SHIFTS_PER_EVENT = 4
 """Windows of measured traffic (shift chances) after each membership event.
 
 The dispatcher checks for a shift once per ``shift_interval`` (30 s by default); four
 chances stand for membership changes at least two minutes apart, as in a rolling restart
-of pods or an autoscaler's cool-down. ``plan_shift`` settles in one plan, so more
-chances change nothing and fewer than one would leave the change unbalanced.
+of pods or an autoscaler's cool-down.
 """
+
+BOUND = "lower bound"
+"""The row of what a perfectly balanced policy moves from a perfectly balanced state."""
 
 JSON_KEYS = (
     "strategy",
     "scenario",
     "max_mean_traffic",
+    "max_mean_at_change",
+    "max_mean_final",
+    "over_floor",
     "stddev_traffic",
     "stickiness_mean",
     "stickiness_min",
+    "traffic_stickiness_mean",
+    "join_traffic_moved",
+    "leave_traffic_moved",
+    "join_keys_moved",
+    "leave_keys_moved",
+    "moved_vs_bound",
+    "ranges_per_consumer",
     "reassign_ms_mean",
 )
 
 
 @dataclass(frozen=True)
 class Result:
-    """One strategy's measures over one scenario's events (balance averaged over the settled states)."""
+    """One strategy's measures over one scenario's events (or, as :data:`BOUND`, the ideal's)."""
 
     strategy: str
     scenario: str
     max_mean_traffic: float
-    """Busiest consumer's traffic over the mean, after each event's shifts, averaged over events."""
-    max_mean_final: float
-    """The same after the last event."""
+    """Busiest consumer's traffic over the mean, settled after each event, averaged over events."""
     max_mean_at_change: float
-    """Busiest over mean right after each change, before any shift, averaged over events."""
+    """The same right after each change, before any shift."""
+    max_mean_final: float
+    """Busiest over mean, settled after the last event (for the rolling restart: after the restart)."""
+    over_floor: float
+    """Settled max/mean over the best any assignment can reach (the hottest key is indivisible), averaged."""
     stddev_traffic: float
-    stddev_space: float
+    """Standard deviation of the settled loads in mean units, averaged over events."""
     stickiness_mean: float
-    """Fraction of keys keeping their consumer from one settled state to the next (the change and its shifts)."""
+    """Fraction of keys keeping their consumer across a change and its shifts, averaged over events."""
     stickiness_min: float
-    change_stickiness_mean: float
-    """Fraction of keys keeping their consumer across the change itself, before any shift."""
-    change_stickiness_min: float
     traffic_stickiness_mean: float
-    """Fraction of traffic keeping its consumer, the change and its shifts."""
-    join_stickiness: float
-    """Mean key stickiness of the joins themselves."""
-    join_stickiness_settled: float
-    """Mean key stickiness of the joins with the shifts that follow them."""
+    """Fraction of traffic keeping its consumer across a change and its shifts, averaged over events."""
+    join_traffic_moved: float
+    """Fraction of traffic that changed consumer per join, its shifts included (mean over joins)."""
+    leave_traffic_moved: float
+    join_keys_moved: float
+    """Fraction of keys that changed consumer per join, its shifts included."""
+    leave_keys_moved: float
+    moved_vs_bound: float
+    """Traffic moved over all joins and leaves (shifts included) over the least any policy had to move
+    from this strategy's own states to a balanced one (:func:`least_moved`)."""
+    ranges_per_consumer: float
+    """Ranges of its hash space per member, settled, averaged over events."""
     hot_floor: float
-    """The best max/mean the slots allow (the hottest slot is indivisible), averaged over events."""
+    """The best max/mean any assignment can reach (the hottest key is indivisible), averaged over events."""
     hot_others: float
-    """What the hottest slot's owner carries besides it, in mean loads, averaged over events."""
+    """What the hottest key's owner carries besides it, in mean loads, averaged over events."""
     reassign_ms_mean: float
     reassign_ms_max: float
     shifts_per_event: float
@@ -84,10 +104,11 @@ class Result:
 
 
 class _Owners:
-    """Maps each strategy's :class:`Ownership` to one array of stable consumer numbers per slot."""
+    """Maps each strategy's :class:`Ownership` of the keys to one array of stable consumer numbers per key."""
 
-    def __init__(self, strategy: Strategy) -> None:
+    def __init__(self, strategy: Strategy, population: Population) -> None:
         self._strategy = strategy
+        self._population = population
         self._numbers: dict[str, int] = {}
         self.members: dict[str, None] = {}
 
@@ -103,7 +124,7 @@ class _Owners:
         return np.array([self._numbers[c] for c in self.members], dtype=np.intp)
 
     def owners(self) -> npt.NDArray[np.intp]:
-        owned = self._strategy.ownership()
+        owned = self._strategy.owners(self._population)
         numbers = np.array([self._numbers[c] for c in owned.consumers] + [-1], dtype=np.intp)
         return numbers[owned.index]
 
@@ -111,9 +132,10 @@ class _Owners:
 def run_strategy(strategy: Strategy, scenario: Scenario, shifts: int = SHIFTS_PER_EVENT) -> Result:
     """Run ``strategy`` (fresh) through ``scenario`` and measure every event."""
     windows = itertools.cycle(scenario.windows)
-    tracked = _Owners(strategy)
-    traffic = scenario.population.traffic
-    keys = scenario.population.keys
+    population = scenario.population
+    tracked = _Owners(strategy, population)
+    traffic = population.key_traffic
+    keys = np.ones_like(traffic)
     shift_count = 0
 
     def settle() -> None:
@@ -127,54 +149,121 @@ def run_strategy(strategy: Strategy, scenario: Scenario, shifts: int = SHIFTS_PE
         settle()
     shift_count = 0
     before = tracked.owners()
-    at_change: list[Balance] = []
-    settled: list[Balance] = []
-    space: list[float] = []
+    at_change: list[float] = []
+    settled: list[float] = []
+    over_floor: list[float] = []
+    spread: list[float] = []
     sticky: list[float] = []
-    change_sticky: list[float] = []
     traffic_sticky: list[float] = []
-    joins: list[tuple[float, float]] = []
-    hot: list[HotSlot] = []
+    moved: dict[str, list[tuple[float, float]]] = {"join": [], "leave": []}
+    bound = 0.0
+    ranges: list[float] = []
+    floors: list[float] = []
+    others: list[float] = []
     times: list[float] = []
     for event in scenario.events:
+        members_before = tracked.member_numbers()
         start = time.perf_counter()
         tracked.apply(event)
         times.append(time.perf_counter() - start)
-        changed = tracked.owners()
+        members = tracked.member_numbers()
+        bound += least_moved(before, traffic, members_before, members)
+        at_change.append(balance(tracked.owners(), traffic, members).max_mean)
         settle()
         after = tracked.owners()
-        members = tracked.member_numbers()
-        at_change.append(balance(changed, traffic, members))
-        settled.append(balance(after, traffic, members))
-        space.append(balance(after, np.ones_like(traffic), members).stddev)
+        settled_balance = balance(after, traffic, members)
+        hot = hot_key(after, traffic, members)
+        settled.append(settled_balance.max_mean)
+        spread.append(settled_balance.stddev)
+        over_floor.append(settled_balance.max_mean / hot.floor)
+        floors.append(hot.floor)
+        others.append(hot.others)
         sticky.append(stickiness(before, after, keys))
-        change_sticky.append(stickiness(before, changed, keys))
         traffic_sticky.append(stickiness(before, after, traffic))
-        hot.append(hot_slot(after, traffic, members))
-        if isinstance(event, Join):
-            joins.append((change_sticky[-1], sticky[-1]))
+        moved["join" if isinstance(event, Join) else "leave"].append((1.0 - traffic_sticky[-1], 1.0 - sticky[-1]))
+        ranges.append(strategy.ranges() / max(len(members), 1))
         before = after
+    total = float(traffic.sum())
+    all_moved = sum(t for kind in moved.values() for t, _ in kind) * total
     return Result(
         strategy=strategy.name,
         scenario=scenario.name,
-        max_mean_traffic=statistics.fmean(b.max_mean for b in settled),
-        max_mean_final=settled[-1].max_mean,
-        max_mean_at_change=statistics.fmean(b.max_mean for b in at_change),
-        stddev_traffic=statistics.fmean(b.stddev for b in settled),
-        stddev_space=statistics.fmean(space),
+        max_mean_traffic=statistics.fmean(settled),
+        max_mean_at_change=statistics.fmean(at_change),
+        max_mean_final=settled[-1],
+        over_floor=statistics.fmean(over_floor),
+        stddev_traffic=statistics.fmean(spread),
         stickiness_mean=statistics.fmean(sticky),
         stickiness_min=min(sticky),
-        change_stickiness_mean=statistics.fmean(change_sticky),
-        change_stickiness_min=min(change_sticky),
         traffic_stickiness_mean=statistics.fmean(traffic_sticky),
-        join_stickiness=statistics.fmean(change for change, _ in joins) if joins else 1.0,
-        join_stickiness_settled=statistics.fmean(total for _, total in joins) if joins else 1.0,
-        hot_floor=statistics.fmean(h.floor for h in hot),
-        hot_others=statistics.fmean(h.others for h in hot),
+        join_traffic_moved=_mean(t for t, _ in moved["join"]),
+        leave_traffic_moved=_mean(t for t, _ in moved["leave"]),
+        join_keys_moved=_mean(k for _, k in moved["join"]),
+        leave_keys_moved=_mean(k for _, k in moved["leave"]),
+        moved_vs_bound=all_moved / bound if bound > 0.0 else 1.0,
+        ranges_per_consumer=statistics.fmean(ranges),
+        hot_floor=statistics.fmean(floors),
+        hot_others=statistics.fmean(others),
         reassign_ms_mean=1000.0 * statistics.fmean(times),
         reassign_ms_max=1000.0 * max(times),
         shifts_per_event=shift_count / len(scenario.events),
     )
+
+
+def ideal(scenario: Scenario) -> Result:
+    """The :data:`BOUND` row: what a perfectly balanced policy moves from a perfectly balanced state.
+
+    A join moves the newcomer's fair share of the traffic, a leave the leaver's (the fair
+    level, for a leaver holding no key heavier than it); a policy keeping keys as balanced
+    as traffic moves the same share of keys (1/(n+1) on a join, 1/n on a leave). Balance is
+    the best any assignment can reach. One policy could move fewer keys by moving only
+    the hottest ones; none can move less traffic and end balanced.
+    """
+    traffic = scenario.population.key_traffic
+    total = float(traffic.sum())
+    heaviest = np.sort(traffic)[::-1][:256]
+    members = len(scenario.setup)
+    moved: dict[str, list[tuple[float, float]]] = {"join": [], "leave": []}
+    floors = []
+    for event in scenario.events:
+        if isinstance(event, Join):
+            members += 1
+            moved["join"].append((fair_level(total, heaviest, members) / total, 1.0 / members))
+        else:
+            moved["leave"].append((fair_level(total, heaviest, members) / total, 1.0 / members))
+            members -= 1
+        floors.append(max(1.0, float(heaviest[0]) * members / total) if members else 1.0)
+    floor = statistics.fmean(floors)
+    traffic_moved = [t for kind in moved.values() for t, _ in kind]
+    keys_moved = [k for kind in moved.values() for _, k in kind]
+    return Result(
+        strategy=BOUND,
+        scenario=scenario.name,
+        max_mean_traffic=floor,
+        max_mean_at_change=floor,
+        max_mean_final=floors[-1],
+        over_floor=1.0,
+        stddev_traffic=0.0,
+        stickiness_mean=1.0 - statistics.fmean(keys_moved),
+        stickiness_min=1.0 - max(keys_moved),
+        traffic_stickiness_mean=1.0 - statistics.fmean(traffic_moved),
+        join_traffic_moved=_mean(t for t, _ in moved["join"]),
+        leave_traffic_moved=_mean(t for t, _ in moved["leave"]),
+        join_keys_moved=_mean(k for _, k in moved["join"]),
+        leave_keys_moved=_mean(k for _, k in moved["leave"]),
+        moved_vs_bound=1.0,
+        ranges_per_consumer=1.0,
+        hot_floor=floor,
+        hot_others=0.0,
+        reassign_ms_mean=0.0,
+        reassign_ms_max=0.0,
+        shifts_per_event=0.0,
+    )
+
+
+def _mean(values: Iterable[float]) -> float:
+    found = list(values)
+    return statistics.fmean(found) if found else 0.0
 
 
 @dataclass(frozen=True)
@@ -188,7 +277,7 @@ class Timing:
     p95_ms: float
     """95th percentile of joins and leaves together (the slowest single call is mostly the machine's noise)."""
     shift_ms: float | None
-    """Median of one shift chance (``plan_shift``), for a strategy that uses measured load."""
+    """Median of one shift chance, for a strategy that uses measured load."""
     shift_p95_ms: float | None
 
 
@@ -201,8 +290,8 @@ def _timed(action: Callable[[], object]) -> float:
 def time_reassignments(strategy: Strategy, scenario: Scenario, consumers: int = 64, rounds: int = 50) -> Timing:
     """Time ``rounds`` leaves of a random member and joins of a newcomer once ``consumers`` have joined.
 
-    Each change is followed by one untimed-for-it window of the scenario's traffic, timed
-    on its own as a shift chance.
+    Each change is followed by one window of the scenario's traffic, timed on its own as a
+    shift chance.
     """
     windows = itertools.cycle(scenario.windows)
     strategy.measured(next(windows))

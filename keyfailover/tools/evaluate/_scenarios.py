@@ -1,9 +1,11 @@
 """Seeded scenarios: a population of keys with their traffic, and a script of joins and leaves.
 
-Keys are named ``key-<rank>`` and placed by the keyfailover hash. A window of measured
-traffic is a multinomial draw of messages over the keys, counted per slot; balance is
-judged on the expected traffic, so a strategy that chases the noise of one window is not
-rewarded for it. The same seed gives the same keys, windows and scripts.
+Keys are named ``key-<rank>``; each strategy places them with its own system's hash (the
+keyfailover slot, Pulsar 4.x's consistent-hashing slot, Pulsar 3.x's 31-bit hash). A
+window of measured traffic is a multinomial draw of messages over the keys, counted per
+keyfailover slot (what the dispatcher measures); balance is judged on the expected traffic,
+so a strategy that chases the noise of one window is not rewarded for it. The same seed
+gives the same keys, windows and scripts.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from functools import cache
 import numpy as np
 import numpy.typing as npt
 
-from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hashes
-from keyfailover.tools.evaluate._strategies import Join, Leave
+from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hashes, pulsar3_hashes, pulsar4_consistent_hashes
+from keyfailover.tools.evaluate._events import Join, Leave
 
 __all__ = ["SCENARIOS", "Membership", "Population", "Scenario", "build_scenario"]
 
@@ -50,24 +52,29 @@ _QUICK = _Size(keys=10_000, messages=20_000, consumers=4, churn_rounds=2, peak=6
 
 @dataclass(frozen=True)
 class Population:
-    """Distinct keys and expected messages per slot in one window, and the draw behind them."""
+    """The keys, their expected traffic, and each system's hash of them."""
 
-    keys: npt.NDArray[np.float64]
-    """Distinct keys per slot."""
-    traffic: npt.NDArray[np.float64]
-    """Expected messages per slot in one window."""
-    key_slots: npt.NDArray[np.int32]
+    key_traffic: npt.NDArray[np.float64]
+    """Expected messages of each key in one window."""
     key_shares: npt.NDArray[np.float64]
+    """Each key's share of the messages (sums to 1)."""
+    key_slots: npt.NDArray[np.int32]
+    """keyfailover's slot of each key (Pulsar 3.x's and 4.x's auto-split slot, but for 0)."""
+    key_pulsar4: npt.NDArray[np.int32]
+    """Pulsar 4.x's consistent-hashing slot of each key, ``m31 % 65535 + 1``."""
+    key_pulsar3: npt.NDArray[np.int32]
+    """Pulsar 3.x's sticky-key hash of each key, ``m31``."""
+    traffic: npt.NDArray[np.float64]
+    """Expected messages per keyfailover slot in one window."""
     messages: int
 
     @classmethod
     def of(cls, shares: npt.NDArray[np.float64], messages: int) -> Population:
         """Keys ``key-0 .. key-<n-1>`` drawn with probabilities ``shares`` (normalised), ``messages`` per window."""
         shares = shares / shares.sum()
-        slots = _key_slots(len(shares))
-        keys = np.bincount(slots, minlength=HASH_RANGE_SIZE).astype(np.float64)
+        slots, pulsar4, pulsar3 = _key_hashes(len(shares))
         traffic = np.asarray(np.bincount(slots, weights=shares * messages, minlength=HASH_RANGE_SIZE), dtype=np.float64)
-        return cls(keys, traffic, slots, shares, messages)
+        return cls(shares * messages, shares, slots, pulsar4, pulsar3, traffic, messages)
 
     def window(self, rng: np.random.Generator) -> npt.NDArray[np.float64]:
         """One measured window: ``messages`` messages drawn over the keys, counted per slot."""
@@ -76,8 +83,10 @@ class Population:
 
 
 @cache
-def _key_slots(count: int) -> npt.NDArray[np.int32]:
-    return key_hashes(f"key-{rank}" for rank in range(count))
+def _key_hashes(count: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """keyfailover's slot, Pulsar 4.x's consistent-hashing slot and Pulsar 3.x's hash of ``key-0 .. key-<count-1>``."""
+    names = [f"key-{rank}" for rank in range(count)]
+    return key_hashes(names), pulsar4_consistent_hashes(names), pulsar3_hashes(names)
 
 
 @dataclass(frozen=True)

@@ -1,25 +1,28 @@
-"""Six ways to give the 65536 hash slots to consumers, behind one small interface.
+"""Ways to give the keys to consumers, behind one small interface.
 
 A strategy holds its current assignment in the form its real system keeps (a range map,
 a hash ring, a queue table) and updates it on each event: a consumer joins, a consumer
 leaves, or a window of measured traffic arrives (only load-aware strategies use it).
-:meth:`Strategy.ownership` then reports who owns each slot. Every slot's hash is the
-keyfailover hash (Pulsar's sticky-key hash), so all six strategies place the same keys.
+:meth:`Strategy.owners` then reports who owns each key of a population, placing each key
+with that system's own hash: the keyfailover slot for the range maps, key groups and
+queues, Pulsar's own hashes for Pulsar's selectors (:mod:`._pulsar`).
 """
 
 from __future__ import annotations
 
-import bisect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hashes
+from keyfailover.core.hashing import HASH_RANGE_SIZE
 from keyfailover.core.ranges import RangeMap
 from keyfailover.core.rebalance import ContiguousPolicy, Load, MultiRangePolicy, Policy, range_traffic
+from keyfailover.tools.evaluate._events import Event, Join, Leave, Measured
+from keyfailover.tools.evaluate._pulsar import AutoSplitSelector, ConsistentHashingSelector, ConsumerAssignError
+from keyfailover.tools.evaluate._scenarios import Population
 
 __all__ = [
     "STRATEGIES",
@@ -27,11 +30,13 @@ __all__ = [
     "FlinkKeyGroups",
     "Join",
     "KeyFailover",
+    "KeyFailoverContiguous",
     "Leave",
     "Measured",
     "Ownership",
     "PulsarAutoSplit",
     "PulsarConsistent",
+    "PulsarConsistent3",
     "RocketMQAveragely",
     "RocketMQSticky",
     "Strategy",
@@ -41,34 +46,10 @@ _SLOTS = np.arange(HASH_RANGE_SIZE)
 
 
 @dataclass(frozen=True)
-class Join:
-    """``consumer`` joins."""
-
-    consumer: str
-
-
-@dataclass(frozen=True)
-class Leave:
-    """``consumer`` leaves."""
-
-    consumer: str
-
-
-@dataclass(frozen=True)
-class Measured:
-    """Messages per slot counted over the last measurement window."""
-
-    traffic: npt.NDArray[np.float64]
-
-
-Event = Join | Leave | Measured
-
-
-@dataclass(frozen=True)
 class Ownership:
-    """Who owns each slot: ``consumers[index[slot]]``; an index of -1 means nobody.
+    """Who owns each of many keys (or slots): ``consumers[index[i]]``; an index of -1 means nobody.
 
-    ``consumers`` may name one consumer many times (a hash ring lists its points).
+    ``consumers`` may name one consumer many times (a range map lists a consumer per range).
     """
 
     consumers: tuple[str, ...]
@@ -104,9 +85,19 @@ class Strategy(ABC):
         """
         return False
 
+    def owners(self, population: Population) -> Ownership:
+        """Who owns each key of ``population`` now (by the keyfailover slot unless the system hashes otherwise)."""
+        owned = self.ownership()
+        return Ownership(owned.consumers, owned.index[population.key_slots])
+
     @abstractmethod
     def ownership(self) -> Ownership:
-        """Who owns each of the 65536 slots now."""
+        """Who owns each of the 65536 keyfailover slots now (for a ring, the slot's own hash value)."""
+
+    def ranges(self) -> int:
+        """How many ranges of its hash space the assignment has: what a consumer must be told."""
+        owned = self.ownership()
+        return int(np.count_nonzero(np.diff(owned.index))) + 1 if len(owned.consumers) else 0
 
 
 def _ceiling_owners(keys: list[int], owners: list[str]) -> Ownership:
@@ -169,6 +160,9 @@ class KeyFailover(Strategy):
             return _ceiling_owners([], [])
         return Ownership(tuple(self._ranges.lookup_table()[1]), self._ranges.slot_owners().astype(np.intp))
 
+    def ranges(self) -> int:
+        return self._ranges.range_count()
+
 
 class KeyFailoverContiguous(KeyFailover):
     """Ours with one contiguous range per consumer (PIP-34 literally)."""
@@ -180,101 +174,80 @@ class KeyFailoverContiguous(KeyFailover):
 
 
 class PulsarAutoSplit(Strategy):
-    """Apache Pulsar's ``HashRangeAutoSplitStickyKeyConsumerSelector`` (Key_Shared AUTO_SPLIT).
+    """Apache Pulsar's ``HashRangeAutoSplitStickyKeyConsumerSelector`` (Key_Shared AUTO_SPLIT), computed as Pulsar does.
 
-    Range keys in a sorted map, a range being ``(lower key, key]`` and the first consumer
-    starting at key 65536 (2 << 15). A join splits the first widest range at
-    ``key - ((key - lower) >> 1)`` and the newcomer takes the lower half; a leaver's range
-    goes to the next-higher key's consumer, except the top one's, which the consumer just
-    below takes over. Pulsar refuses a consumer when the widest range has one slot; here it
-    then owns nothing.
+    A join splits the first widest range and the newcomer takes the lower half; a leaver's
+    range goes to the next-higher range's consumer, the top one's to the consumer below
+    (:class:`._pulsar.AutoSplitSelector`). Pulsar 4.x's slot is keyfailover's except that
+    slot 0 becomes 1, which never changes an owner. Pulsar refuses a consumer when the
+    widest range has one slot; here it then owns nothing until someone leaves.
     """
 
     name = "pulsar-autosplit"
 
     def __init__(self) -> None:
-        self._keys: list[int] = []
-        self._owner: dict[int, str] = {}
-        self._key_of: dict[str, int] = {}
-
-    def _put(self, key: int, consumer: str) -> None:
-        bisect.insort(self._keys, key)
-        self._owner[key] = consumer
-        self._key_of[consumer] = key
+        self._selector = AutoSplitSelector(HASH_RANGE_SIZE)
 
     def join(self, consumer: str) -> None:
-        if not self._keys:
-            self._put(HASH_RANGE_SIZE, consumer)
+        try:
+            self._selector.add_consumer(consumer)
+        except ConsumerAssignError:
             return
-        biggest, slots, lower = HASH_RANGE_SIZE, 0, 0
-        for key in self._keys:
-            if key - lower > slots:
-                biggest, slots = key, key - lower
-            lower = key
-        if slots <= 1:
-            return
-        self._put(biggest - (slots >> 1), consumer)
 
     def leave(self, consumer: str) -> None:
-        key = self._key_of.pop(consumer, None)
-        if key is None:
-            return
-        at = bisect.bisect_left(self._keys, key)
-        if key == HASH_RANGE_SIZE and len(self._keys) > 1:
-            below = self._keys.pop(at - 1)
-            heir = self._owner.pop(below)
-            self._owner[key] = heir
-            self._key_of[heir] = key
-        else:
-            del self._keys[at]
-            del self._owner[key]
+        self._selector.remove_consumer(consumer)
 
     def ownership(self) -> Ownership:
-        return _ceiling_owners(self._keys, [self._owner[key] for key in self._keys])
+        owned = self._selector.owners_of(_SLOTS)
+        return Ownership(owned.consumers, owned.index)
 
 
 class PulsarConsistent(Strategy):
-    """Apache Pulsar's ``ConsistentHashingStickyKeyConsumerSelector`` (Key_Shared's default).
+    """Apache Pulsar 4.x's ``ConsistentHashingStickyKeyConsumerSelector`` (Key_Shared's default), as Pulsar computes it.
 
-    Each consumer puts ``points`` (100 by default, ``subscriptionKeySharedConsistentHashingReplicaPoints``)
-    on a ring at the sticky-key hash of ``name + "\\0" + name index + "\\0" + point index``; the
-    NUL separators keep "consumer1" + "11" apart from "consumer11" + "1" (apache/pulsar
-    #22050). As in Pulsar 4 (``makeStickyKeyHash``), points and keys share the 65536-slot
-    range. A slot belongs to the first point at or above it, wrapping to the first. On a
-    collision the earlier consumer keeps the point and the later one waits behind it.
-    Every name here is distinct, so every name index is 0.
+    100 points per consumer (``subscriptionKeySharedConsistentHashingReplicaPoints``) at
+    ``m31(name + "\\0" + name index + "\\0" + i) % 65535 + 1``; a key's slot is
+    ``m31(key) % 65535 + 1`` (not keyfailover's slot); a slot belongs to the first point
+    at or above it, wrapping to the first; on a collision the earlier consumer keeps the
+    point (:class:`._pulsar.ConsistentHashingSelector`).
     """
 
     name = "pulsar-consistent"
+    version: ClassVar[Literal["4.x", "3.x"]] = "4.x"
 
     def __init__(self, points: int = 100) -> None:
-        self._points = points
-        self._ring: dict[int, list[str]] = {}
-        self._sorted: list[int] = []
-
-    def _hashes(self, consumer: str) -> list[int]:
-        hashes = key_hashes(f"{consumer}\0{0}\0{index}" for index in range(self._points))
-        return [int(h) for h in hashes.tolist()]
+        self._selector = ConsistentHashingSelector(points, self.version)
 
     def join(self, consumer: str) -> None:
-        for point in self._hashes(consumer):
-            holders = self._ring.get(point)
-            if holders is None:
-                self._ring[point] = [consumer]
-                bisect.insort(self._sorted, point)
-            else:
-                holders.append(consumer)
+        self._selector.add_consumer(consumer)
 
     def leave(self, consumer: str) -> None:
-        for point in self._hashes(consumer):
-            holders = self._ring[point]
-            holders.remove(consumer)
-            if not holders:
-                del self._ring[point]
-                del self._sorted[bisect.bisect_left(self._sorted, point)]
+        self._selector.remove_consumer(consumer)
+
+    def _hashes(self, population: Population) -> npt.NDArray[np.int32]:
+        return population.key_pulsar4
+
+    def owners(self, population: Population) -> Ownership:
+        owned = self._selector.owners_of(self._hashes(population))
+        return Ownership(owned.consumers, owned.index)
 
     def ownership(self) -> Ownership:
-        return _ceiling_owners(self._sorted, [self._ring[point][0] for point in self._sorted])
+        """Owners of ring positions 0..65535 (4.x: the key slots, 0 unused; 3.x: the lowest positions only)."""
+        owned = self._selector.owners_of(_SLOTS)
+        return Ownership(owned.consumers, owned.index)
+
+    def ranges(self) -> int:
+        return sum(len(found) for found in self._selector.consumer_key_hash_ranges().values())
+
+
+class PulsarConsistent3(PulsarConsistent):
+    """Apache Pulsar 3.x's consistent hashing: the ring over the 31-bit hash itself, a later colliding point winning."""
+
+    name = "pulsar-consistent-3.x"
+    version = "3.x"
+
+    def _hashes(self, population: Population) -> npt.NDArray[np.int32]:
+        return population.key_pulsar3
 
 
 class _Recomputed(Strategy):
@@ -398,8 +371,9 @@ STRATEGIES: dict[str, type[Strategy]] = {
     for strategy in (
         KeyFailover,
         KeyFailoverContiguous,
-        PulsarAutoSplit,
         PulsarConsistent,
+        PulsarConsistent3,
+        PulsarAutoSplit,
         FlinkKeyGroups,
         RocketMQAveragely,
         RocketMQSticky,

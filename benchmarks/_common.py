@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from keyfailover.core.ranges import RangeMap
-from keyfailover.core.rebalance import Load, plan_join
+from keyfailover.core.rebalance import Load, MultiRangePolicy, Policy
 
 __all__ = [
     "DISTINCT_KEYS",
@@ -78,12 +78,13 @@ def consumer_ids(count: int, prefix: str = "c", first: int = 0) -> list[str]:
     return [f"{prefix}{i}" for i in range(first, first + count)]
 
 
-def joined_range_map(consumers: Sequence[str], load: Load | None = None) -> RangeMap:
-    """The map the first consumer starts with whole, then each next one joins by ``plan_join``."""
+def joined_range_map(consumers: Sequence[str], load: Load | None = None, policy: Policy | None = None) -> RangeMap:
+    """The map the first consumer starts with whole, then each next one joins by ``policy`` (the default one)."""
+    chosen = MultiRangePolicy() if policy is None else policy
     ranges = RangeMap()
     ranges.assign_all(consumers[0])
     for consumer in consumers[1:]:
-        ranges = plan_join(ranges, consumer, load if load is not None else Load())
+        ranges = chosen.join(ranges, consumer, load if load is not None else Load())
     return ranges
 
 

@@ -37,7 +37,7 @@ from _common import (
     zipf_keys,
 )
 
-from keyfailover import Delivery, Dispatcher, Load, RangeMap, key_hash, plan_join, plan_leave
+from keyfailover import Delivery, Dispatcher, Load, MultiRangePolicy, RangeMap, key_hash
 from keyfailover.core.clock import ManualClock
 
 CONSUMERS = 8
@@ -70,18 +70,19 @@ class NaiveKeyShared:
     """
 
     def __init__(self) -> None:
+        self._policy = MultiRangePolicy()
         self._ranges = RangeMap()
         self._owner: dict[str | bytes | None, str] = {}
         self._inflight: dict[str, dict[int, Delivery]] = {}  # consumer -> position -> delivery
         self._outbox: list[Delivery] = []
 
     def add_consumer(self, cid: str) -> None:
-        self._ranges = plan_join(self._ranges, cid, Load())
+        self._ranges = self._policy.join(self._ranges, cid, Load())
         self._inflight[cid] = {}
         self._owner.clear()
 
     def remove_consumer(self, cid: str) -> None:
-        self._ranges = plan_leave(self._ranges, cid, Load())
+        self._ranges = self._policy.leave(self._ranges, cid, Load())
         returned = self._inflight.pop(cid)
         self._owner.clear()
         for delivery in returned.values():

@@ -3,8 +3,8 @@
 Run: ``python benchmarks/bench_lookup.py [--quick]``. The keys are ``key-<i>`` ids plus a
 quarter of ``user-<id>`` ids drawn Zipf(1.1), so hot keys repeat as in real streams. The
 range map for N consumers is built as the dispatcher builds it: ``c0`` owns everything,
-then ``c1 .. c{N-1}`` join by ``plan_join`` (no measured load, so each join halves the
-widest range). uhashring's ``HashRing`` (consistent hashing, 160 vnodes per node, md5)
+then ``c1 .. c{N-1}`` join by the default (multi-range) policy with no measured load, so
+the hash space is shared by width. uhashring's ``HashRing`` (consistent hashing, 160 vnodes per node, md5)
 holds the same consumers and maps the same keys in the same run.
 """
 

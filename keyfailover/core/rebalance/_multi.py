@@ -118,7 +118,15 @@ class MultiRangePolicy(Policy):
         takes = _level_from_the_top(shortfall, layout.loads[leaver])
         room = {c: targets[c] * (1.0 + self.tolerance) - layout.loads[c] for c in shortfall}
         takes = _consolidate(takes, room, self.tolerance * level)
-        layout.transfer({leaver: layout.loads[leaver]}, takes, self._grain(level))
+        grain = self._grain(level)
+        layout.transfer({leaver: layout.loads[leaver]}, takes, grain)
+        left = layout.loads[leaver]
+        if left > grain and layout.count(leaver):
+            # What did not fit the fair shares goes where there is room under the caps, the emptiest first.
+            cap = 1.0 + self.tolerance
+            loads = layout.loads
+            room = {c: targets[c] * cap - loads[c] for c in members if loads[c] < targets[c] * cap}
+            layout.transfer({leaver: left}, _level_from_the_top(room, left), grain)
         layout.hand_to_neighbours(leaver)
         self._settle(layout, members, 1.0 + self.tolerance)
         return layout.plan(ranges)

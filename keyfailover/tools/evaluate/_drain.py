@@ -40,8 +40,11 @@ class DrainTimes:
     """Changes whose keys were still blocked when the run ended."""
 
 
-def drain_times(quick: bool = False, seed: int = 6) -> list[DrainTimes]:
-    """Run the scripted dispatcher scenario and summarise the drain time of each kind of change."""
+def drain_times(quick: bool = False, seed: int = 6, policy: str = "multi") -> list[DrainTimes]:
+    """Run the scripted dispatcher scenario and summarise the drain time of each kind of change.
+
+    ``policy`` is the dispatcher's rebalance policy (``"multi"`` or ``"contiguous"``).
+    """
     seconds, per_tick = (60.0, 50) if quick else (240.0, 100)
     script = {0.0: ("join", "c0"), 0.1: ("join", "c1"), 0.2: ("join", "c2"), 0.3: ("join", "c3")}
     step = seconds / 8
@@ -51,7 +54,7 @@ def drain_times(quick: bool = False, seed: int = 6) -> list[DrainTimes]:
     weights = np.arange(1, 10_001, dtype=np.float64) ** -1.1
     ranks = rng.choice(len(weights), size=int(seconds / TICK) * per_tick, p=weights / weights.sum())
     clock = ManualClock()
-    dispatcher = Dispatcher(clock=clock, max_replay=50_000)
+    dispatcher = Dispatcher(clock=clock, max_replay=50_000, policy=policy)
     outstanding: dict[str, deque[tuple[float, int]]] = {}
     position = 0
     for tick in range(int(seconds / TICK)):

@@ -52,7 +52,8 @@ JSON_KEYS = (
     "leave_traffic_moved",
     "join_keys_moved",
     "leave_keys_moved",
-    "moved_vs_bound",
+    "join_vs_least",
+    "leave_vs_least",
     "ranges_per_consumer",
     "reassign_ms_mean",
 )
@@ -85,9 +86,11 @@ class Result:
     join_keys_moved: float
     """Fraction of keys that changed consumer per join, its shifts included."""
     leave_keys_moved: float
-    moved_vs_bound: float
-    """Traffic moved over all joins and leaves (shifts included) over the least any policy had to move
-    from this strategy's own states to a balanced one (:func:`least_moved`)."""
+    join_vs_least: float
+    """Traffic moved by the joins (shifts included) over the least any policy had to move from this
+    strategy's states before them to a balanced state (:func:`least_moved`, summed over the joins)."""
+    leave_vs_least: float
+    """The same for the leaves."""
     ranges_per_consumer: float
     """Ranges of its hash space per member, settled, averaged over events."""
     hot_floor: float
@@ -156,7 +159,7 @@ def run_strategy(strategy: Strategy, scenario: Scenario, shifts: int = SHIFTS_PE
     sticky: list[float] = []
     traffic_sticky: list[float] = []
     moved: dict[str, list[tuple[float, float]]] = {"join": [], "leave": []}
-    bound = 0.0
+    least = {"join": 0.0, "leave": 0.0}
     ranges: list[float] = []
     floors: list[float] = []
     others: list[float] = []
@@ -167,7 +170,8 @@ def run_strategy(strategy: Strategy, scenario: Scenario, shifts: int = SHIFTS_PE
         tracked.apply(event)
         times.append(time.perf_counter() - start)
         members = tracked.member_numbers()
-        bound += least_moved(before, traffic, members_before, members)
+        kind = "join" if isinstance(event, Join) else "leave"
+        least[kind] += least_moved(before, traffic, members_before, members)
         at_change.append(balance(tracked.owners(), traffic, members).max_mean)
         settle()
         after = tracked.owners()
@@ -180,11 +184,13 @@ def run_strategy(strategy: Strategy, scenario: Scenario, shifts: int = SHIFTS_PE
         others.append(hot.others)
         sticky.append(stickiness(before, after, keys))
         traffic_sticky.append(stickiness(before, after, traffic))
-        moved["join" if isinstance(event, Join) else "leave"].append((1.0 - traffic_sticky[-1], 1.0 - sticky[-1]))
+        moved[kind].append((1.0 - traffic_sticky[-1], 1.0 - sticky[-1]))
         ranges.append(strategy.ranges() / max(len(members), 1))
         before = after
     total = float(traffic.sum())
-    all_moved = sum(t for kind in moved.values() for t, _ in kind) * total
+    versus = {
+        kind: sum(t for t, _ in moved[kind]) * total / least[kind] if least[kind] > 0.0 else 1.0 for kind in moved
+    }
     return Result(
         strategy=strategy.name,
         scenario=scenario.name,
@@ -200,7 +206,8 @@ def run_strategy(strategy: Strategy, scenario: Scenario, shifts: int = SHIFTS_PE
         leave_traffic_moved=_mean(t for t, _ in moved["leave"]),
         join_keys_moved=_mean(k for _, k in moved["join"]),
         leave_keys_moved=_mean(k for _, k in moved["leave"]),
-        moved_vs_bound=all_moved / bound if bound > 0.0 else 1.0,
+        join_vs_least=versus["join"],
+        leave_vs_least=versus["leave"],
         ranges_per_consumer=statistics.fmean(ranges),
         hot_floor=statistics.fmean(floors),
         hot_others=statistics.fmean(others),
@@ -251,7 +258,8 @@ def ideal(scenario: Scenario) -> Result:
         leave_traffic_moved=_mean(t for t, _ in moved["leave"]),
         join_keys_moved=_mean(k for _, k in moved["join"]),
         leave_keys_moved=_mean(k for _, k in moved["leave"]),
-        moved_vs_bound=1.0,
+        join_vs_least=1.0,
+        leave_vs_least=1.0,
         ranges_per_consumer=1.0,
         hot_floor=floor,
         hot_others=0.0,

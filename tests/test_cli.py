@@ -73,6 +73,7 @@ def test_ranges_pulsar_sticky_is_the_servers_map_and_routes_every_key_to_its_con
         done = run_cli("ranges", *where, "--pulsar-sticky")
         assert done.returncode == 0, done.stderr
         sticky = json.loads(done.stdout)
+        assert len(done.stdout.splitlines()) == len(sticky) + 2  # "{", a consumer a line, "}"
         snapshot = json.loads(urlopen(f"{server.admin_url}/ranges?topic=orders&subscription=billing").read())
 
         # Range by range: each of the map's ranges is in its consumer's list, in hash order, and nothing else is.
@@ -123,6 +124,11 @@ def test_ranges_pulsar_sticky_is_the_servers_map_and_routes_every_key_to_its_con
             share = sum(end - start + 1 for start, end in pairs) / HASH_RANGE_SIZE
             count = f"{len(pairs)} range{'' if len(pairs) == 1 else 's'}"
             assert re.search(rf"^  {name} +{count}, {share:.1%} ", stats.stdout, re.MULTILINE), stats.stdout
+
+        for consumer in consumers.values():
+            consumer.close()
+        emptied = run_cli("ranges", *where, "--pulsar-sticky")
+        assert (emptied.returncode, emptied.stdout) == (0, "{}\n")
 
 
 def test_progress_bar_lines() -> None:

@@ -353,7 +353,7 @@ def _ranges(args: argparse.Namespace) -> int:
         print(json.dumps(found, indent=2, sort_keys=True))
         return 0
     if args.pulsar_sticky:
-        print(json.dumps(_pulsar_sticky(found), indent=2, sort_keys=True))
+        print(_pulsar_sticky(found))
         return 0
     listing = (
         [{"topic": args.topic, "subscription": args.subscription, "ranges": found}] if query else found["subscriptions"]
@@ -367,8 +367,8 @@ def _ranges(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pulsar_sticky(snapshot: dict[str, Any]) -> dict[str, list[list[int]]]:
-    """Each consumer's ranges of a range map snapshot, as Pulsar Key_Shared STICKY hash ranges.
+def _pulsar_sticky(snapshot: dict[str, Any]) -> str:
+    """Each consumer's ranges of a range map snapshot as Pulsar Key_Shared STICKY hash ranges: JSON, a consumer a line.
 
     Pulsar's ``Range.of(start, end)`` is inclusive like ours, and a snapshot lists ranges in
     hash order, so each consumer's list comes out sorted.
@@ -376,7 +376,8 @@ def _pulsar_sticky(snapshot: dict[str, Any]) -> dict[str, list[list[int]]]:
     sticky: dict[str, list[list[int]]] = {}
     for entry in snapshot["ranges"]:
         sticky.setdefault(entry["consumer"], []).append([entry["start"], entry["end"]])
-    return sticky
+    lines = [f"  {json.dumps(consumer)}: {json.dumps(pairs)}" for consumer, pairs in sorted(sticky.items())]
+    return "{\n" + ",\n".join(lines) + "\n}" if lines else "{}"
 
 
 def _owned(ranges: list[list[int]], range_size: int) -> str:

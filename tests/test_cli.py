@@ -1,15 +1,20 @@
-"""``keyfailover produce`` and ``consume`` against a real server, and the produce progress bar."""
+"""``keyfailover produce``, ``consume``, ``ranges`` and ``stats`` against a real server, and the progress bar."""
 
 from __future__ import annotations
 
 import io
 import json
+import re
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
+from urllib.request import urlopen
 
+from keyfailover.client import Client, Timeout
 from keyfailover.core.clock import ManualClock
+from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
 from keyfailover.tools._progress import Progress
-from tests.server_process import ServerProcess, run_cli
+from tests.server_process import ServerProcess, run_cli, wait_until
 
 KEYS = 50
 MESSAGES = 2_000
@@ -54,6 +59,76 @@ def test_produce_rejects_bad_input_with_the_line_number(tmp_path: Path) -> None:
         assert "line 2: expected a JSON object, got list" in not_json.stderr
         missing = run_cli("produce", *url, "--file", str(tmp_path / "absent.txt"))
         assert missing.returncode != 0 and "cannot read" in missing.stderr and "absent.txt" in missing.stderr
+
+
+def test_ranges_pulsar_sticky_is_the_servers_map_and_routes_every_key_to_its_consumer(tmp_path: Path) -> None:
+    """Consumers joined and left, so some own several ranges: ``ranges --pulsar-sticky`` lists, per consumer,
+    exactly the ranges /ranges has, and every key was delivered to the consumer whose sticky ranges hold its slot."""
+    with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server, Client(server.url) as client:
+        assert server.admin_url is not None
+        consumers = {name: client.subscribe("orders", "billing", consumer_name=name) for name in "abcde"}
+        for name in "bd":
+            consumers.pop(name).close()
+        where = ["--admin-url", server.admin_url, "--topic", "orders", "--subscription", "billing"]
+        done = run_cli("ranges", *where, "--pulsar-sticky")
+        assert done.returncode == 0, done.stderr
+        sticky = json.loads(done.stdout)
+        assert len(done.stdout.splitlines()) == len(sticky) + 2  # "{", a consumer a line, "}"
+        snapshot = json.loads(urlopen(f"{server.admin_url}/ranges?topic=orders&subscription=billing").read())
+
+        # Range by range: each of the map's ranges is in its consumer's list, in hash order, and nothing else is.
+        expected: dict[str, list[list[int]]] = defaultdict(list)
+        for entry in snapshot["ranges"]:
+            expected[entry["consumer"]].append([entry["start"], entry["end"]])
+        assert sticky == expected
+        assert sorted(sticky) == ["a", "c", "e"] and any(len(pairs) > 1 for pairs in sticky.values())
+        tiling = sorted(pair for pairs in sticky.values() for pair in pairs)
+        assert [start for start, _ in tiling] == [0] + [end + 1 for _, end in tiling[:-1]]
+        assert tiling[-1][1] == HASH_RANGE_SIZE - 1
+
+        def told(name: str) -> bool:
+            return consumers[name].ranges == [(start, end) for start, end in sticky[name]]
+
+        for name in consumers:
+            wait_until(partial(told, name), f"{name} told its ranges")
+
+        # Every key reaches the consumer whose sticky ranges hold key_hash(key): what Pulsar would do with them.
+        producer = client.create_producer("orders")
+        for i in range(300):
+            producer.send_async(b"", key=f"k{i}")
+        producer.flush()
+        received = 0
+        while received < 300:
+            for name, consumer in consumers.items():
+                try:
+                    message = consumer.receive(timeout=0.05)
+                except Timeout:
+                    continue
+                assert isinstance(message.key, str)
+                slot = key_hash(message.key)
+                assert any(start <= slot <= end for start, end in sticky[name]), (message.key, slot, name)
+                consumer.acknowledge(message)
+                received += 1
+
+        # The table: one line per range, so a consumer owning several ranges is on several lines.
+        table = run_cli("ranges", *where)
+        assert table.returncode == 0, table.stderr
+        lines = re.findall(r"^  (\w) +\[ *(\d+), +(\d+)\] +[\d.]+%$", table.stdout, re.MULTILINE)
+        assert [(name, int(start), int(end)) for name, start, end in lines] == [
+            (entry["consumer"], entry["start"], entry["end"]) for entry in snapshot["ranges"]
+        ]
+        stats = run_cli("stats", "--admin-url", server.admin_url)
+        assert stats.returncode == 0, stats.stderr
+        assert "policy multi (max 16 ranges per consumer)" in stats.stdout
+        for name, pairs in sticky.items():
+            share = sum(end - start + 1 for start, end in pairs) / HASH_RANGE_SIZE
+            count = f"{len(pairs)} range{'' if len(pairs) == 1 else 's'}"
+            assert re.search(rf"^  {name} +{count}, {share:.1%} ", stats.stdout, re.MULTILINE), stats.stdout
+
+        for consumer in consumers.values():
+            consumer.close()
+        emptied = run_cli("ranges", *where, "--pulsar-sticky")
+        assert (emptied.returncode, emptied.stdout) == (0, "{}\n")
 
 
 def test_progress_bar_lines() -> None:

@@ -117,6 +117,8 @@ def test_a_wrong_token_is_a_clear_refusal(tmp_path: Path) -> None:
         (["stats", "--admin-url", "http://[::1"], "admin URL 'http://[::1' is malformed"),
         (["consume", "--topic", "t", "--subscription", "s", "--url", "http://x"], "is not of the form kf://HOST:PORT"),
         (["produce", "--topic", "t", "--allow-keyless"], "--allow-keyless goes with --json"),
+        (["ranges", "--pulsar-sticky"], "--pulsar-sticky shows one subscription: give --topic and --subscription"),
+        (["ranges", "--pulsar-sticky", "--json", "--topic", "t", "--subscription", "s"], "--json or --pulsar-sticky"),
     ],
 )
 def test_usage_errors_exit_2(command: list[str], fragment: str) -> None:
@@ -318,11 +320,21 @@ def test_every_option_of_every_command_has_help_text() -> None:
         ("--max-frame", "10", "expected a frame size from 1024"),
         ("--max-frame", str(2**32), "expected a frame size from 1024"),
         ("--sync", "off", "invalid choice: 'off'"),
+        ("--policy", "sticky", "invalid choice: 'sticky'"),
+        ("--max-ranges", "0", "expected a number of ranges from 1 to 65536, got '0'"),
+        ("--max-ranges", "65537", "expected a number of ranges from 1 to 65536"),
+        ("--max-ranges", "two", "expected a number of ranges from 1 to 65536, got 'two'"),
     ],
 )
 def test_serve_options_out_of_range_exit_2(tmp_path: Path, option: str, value: str, fragment: str) -> None:
     done = run_cli("serve", "--data-dir", str(tmp_path / "data"), option, value)
     assert_clean_failure(done, 2, fragment)
+    assert not (tmp_path / "data").exists()
+
+
+def test_serve_max_ranges_goes_with_the_multi_policy(tmp_path: Path) -> None:
+    done = run_cli("serve", "--data-dir", str(tmp_path / "data"), "--policy", "contiguous", "--max-ranges", "4")
+    assert_clean_failure(done, 2, "--max-ranges goes with --policy multi; --policy contiguous gives each consumer one")
     assert not (tmp_path / "data").exists()
 
 

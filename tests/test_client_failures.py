@@ -2,17 +2,38 @@
 
 A name the server would refuse is refused by the client before anything is sent. A server
 that refuses the client for good (here: it came back with another token) fails every
-producer and consumer with the server's reason, and the client stops reconnecting.
+producer and consumer with the server's reason, and the client stops reconnecting. A
+server frame that breaks the protocol drops that connection only: the client reconnects.
 """
 
 from __future__ import annotations
 
+import logging
+import socket
+import threading
 from pathlib import Path
+from types import TracebackType
 from urllib.request import Request, urlopen
 
 import pytest
 
-from keyfailover.broker.protocol import MAX_NAME_LENGTH
+from keyfailover.broker.protocol import (
+    DEFAULT_MAX_FRAME,
+    MAX_NAME_LENGTH,
+    PROTOCOL_VERSION,
+    Close,
+    CloseConsumer,
+    Connect,
+    Connected,
+    ConsumerClosed,
+    Decoder,
+    Frame,
+    Ping,
+    Pong,
+    Subscribe,
+    Subscribed,
+    encode,
+)
 from keyfailover.client import Client, ServerError
 from keyfailover.core.errors import KeyFailoverError
 from tests.server_process import ServerProcess, run_cli, wait_until
@@ -99,3 +120,68 @@ def test_a_server_that_drops_every_connection_is_retried_with_backoff(tmp_path: 
         with ServerProcess(tmp_path / "data", port=port) as again:
             assert producer.send(b"two", key="k", timeout=60) == 2
             assert again.port == port
+
+
+class BadRangesServer:
+    """A stand-in server on loopback whose first ``subscribed`` lists its ranges out of order.
+
+    No keyfailover server sends such a frame, so this one speaks the protocol itself (with
+    :func:`encode`, which does not validate): it answers ``connect``, ``subscribe``, ``ping``
+    and ``close_consumer``, and counts the connections it was given.
+    """
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self.connections = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:  # closed
+                return
+            self.connections += 1
+            threading.Thread(target=self._talk, args=(connection, self.connections), daemon=True).start()
+
+    def _talk(self, connection: socket.socket, number: int) -> None:
+        decoder = Decoder(accept="server")
+        with connection:
+            while data := connection.recv(65536):
+                for frame in decoder.feed(data):
+                    if isinstance(frame, Close):
+                        return
+                    connection.sendall(encode(self._answer(frame, number)))
+
+    @staticmethod
+    def _answer(frame: Frame, number: int) -> Frame:
+        if isinstance(frame, Connect):
+            return Connected(version=PROTOCOL_VERSION, server="fake", max_frame=DEFAULT_MAX_FRAME, session_timeout=10.0)
+        if isinstance(frame, Subscribe):
+            ranges = [(200, 65535), (0, 99)] if number == 1 else [(0, 99), (200, 65535)]
+            return Subscribed(req=frame.req, session=number, consumer=frame.consumer, ranges=ranges, secret="s")
+        if isinstance(frame, CloseConsumer):
+            return ConsumerClosed(session=frame.session, reason="closed", req=frame.req)
+        assert isinstance(frame, Ping), frame
+        return Pong(nonce=frame.nonce)
+
+    def __enter__(self) -> BadRangesServer:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self._listener.close()
+
+
+def test_a_subscribed_with_ranges_out_of_order_drops_the_connection_and_the_client_subscribes_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seen: list[list[tuple[int, int]]] = []
+    with caplog.at_level(logging.ERROR, logger="keyfailover.client"), BadRangesServer() as server:
+        with Client(f"kf://127.0.0.1:{server.port}") as client:
+            consumer = client.subscribe("t", "s", consumer_name="c", on_ranges_changed=seen.append)
+            assert consumer.ranges == [(0, 99), (200, 65535)]
+        assert server.connections == 2
+    assert seen == [[(0, 99), (200, 65535)]]  # the bad list never reached the application
+    assert "malformed data from the server" in caplog.text
+    assert "item 1 [0, 99] starts at or before the end 65535 of item 0" in caplog.text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 from keyfailover.tools.demo import run_core_demo, run_server_demo
 from tests.server_process import run_cli
@@ -21,8 +22,13 @@ def test_demo_keeps_every_guarantee() -> None:
     text = out.getvalue()
     assert "final range map" in text
     assert report.status == {"c1": "left", "c4": "stalled, then removed"}
-    assert "hash range   share   rate/s  unacked  draining  status" in text
+    assert "consumer  hash ranges                    rate/s  unacked  draining  status   first ranges" in text
     assert "nothing lost" in text
+    # Each consumer is one line saying how many ranges it owns and its share: the shares of a map add up.
+    final = text[text.index("final range map") : text.index("deliveries  status")]
+    shares = re.findall(r"^  (c\d) +(\d+) ranges?, +([\d.]+)% of slots", final, re.MULTILINE)
+    assert sorted(name for name, _, _ in shares) == ["c2", "c3"]
+    assert abs(sum(float(share) for _, _, share in shares) - 100.0) < 0.2
 
 
 def test_core_demo_command_line_exits_zero() -> None:
@@ -42,7 +48,13 @@ def test_server_demo_consumes_everything_in_key_order() -> None:
     # c1 left and the stalled c4 was removed with deliveries unacked: those were redelivered.
     assert report.redeliveries > 0
     text = out.getvalue()
-    assert "every event outside its range was consumed: True" in text
+    assert "every event outside its ranges was consumed: True" in text
+    # Five tables, one line per live consumer (it may own several ranges): the shares of each add up.
+    tables = re.findall(r"^  consumer  hash ranges +received  status   first ranges\n((?:  c\d .*\n)+)", text, re.M)
+    assert [len(table.splitlines()) for table in tables] == [2, 3, 4, 3, 2]
+    for table in tables:
+        shares = re.findall(r"^  c\d +\d+ ranges?, +([\d.]+)% of slots +\d+  (?:active|stalled) +\[", table, re.M)
+        assert len(shares) == len(table.splitlines()) and abs(sum(map(float, shares)) - 100.0) < 0.3, table
     assert report.status == {"c1": "left", "c4": "stalled, then removed"}
     final = text[text.rindex("deliveries  status") :]
     assert "c4" in final and "stalled, then removed" in final

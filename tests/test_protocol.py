@@ -72,9 +72,24 @@ texts = st.text(max_size=40)
 keys = st.none() | st.text(max_size=20) | st.binary(max_size=20)
 payloads = st.binary(max_size=64)
 positions = st.lists(uints, max_size=40)
-slot_ranges = st.just((None, None)) | st.tuples(
-    st.integers(0, HASH_RANGE_SIZE - 1), st.integers(0, HASH_RANGE_SIZE - 1)
-).map(sorted).map(tuple)
+
+
+@st.composite
+def slot_range_lists(draw: st.DrawFn) -> list[tuple[int, int]]:
+    """Sorted, non-overlapping inclusive ranges (possibly adjacent, possibly none): what a consumer may own."""
+    ranges: list[tuple[int, int]] = []
+    after = -1
+    for gap, width in draw(st.lists(st.tuples(st.integers(0, 9000), st.integers(0, 9000)), max_size=8)):
+        start = after + 1 + gap
+        if start + width >= HASH_RANGE_SIZE:
+            break
+        ranges.append((start, start + width))
+        after = start + width
+    return ranges
+
+
+LAST_SLOT = HASH_RANGE_SIZE - 1
+slot_ranges = st.sampled_from([[], [(0, LAST_SLOT)], [(0, 0)], [(LAST_SLOT, LAST_SLOT)]]) | slot_range_lists()
 produced = st.lists(st.tuples(st.none() | uints, keys, payloads), max_size=30)
 delivered = st.lists(st.tuples(uints, keys, payloads, uints), max_size=30)
 
@@ -87,16 +102,14 @@ def receipts(draw: st.DrawFn) -> Receipt:
 
 @st.composite
 def subscribeds(draw: st.DrawFn) -> Subscribed:
-    start, end = draw(slot_ranges)
     return Subscribed(
-        req=draw(uints), session=draw(uints), consumer=draw(names), start=start, end=end, secret=draw(labels)
+        req=draw(uints), session=draw(uints), consumer=draw(names), ranges=draw(slot_ranges), secret=draw(labels)
     )
 
 
 @st.composite
 def ranges_changeds(draw: st.DrawFn) -> RangesChanged:
-    start, end = draw(slot_ranges)
-    return RangesChanged(session=draw(uints), epoch=draw(uints), start=start, end=end)
+    return RangesChanged(session=draw(uints), epoch=draw(uints), ranges=draw(slot_ranges))
 
 
 client_frames: st.SearchStrategy[Frame] = st.one_of(
@@ -201,6 +214,21 @@ def test_wire_bytes_are_pinned() -> None:
     assert expected.hex(" ") in DOC_PATH.read_text(encoding="utf-8")
 
 
+def test_ranges_changed_example_is_pinned() -> None:
+    """The example in docs/protocol.md: ranges travel as an array of [start, end] int arrays."""
+    frame = RangesChanged(session=7, epoch=12, ranges=[(0, 99), (40000, 65535)])
+    data = encode(frame)
+    # "ranges", an array of 2 pairs: [0, 99] as 92 00 63, [40000, 65535] as 92 cd 9c40 cd ffff
+    assert data.endswith(bytes.fromhex("a6 72 61 6e 67 65 73 92 92 00 63 92 cd 9c 40 cd ff ff"))
+    assert msgpack.unpackb(data[4:]) == {
+        "type": "ranges_changed",
+        "session": 7,
+        "epoch": 12,
+        "ranges": [[0, 99], [40000, 65535]],
+    }
+    assert data.hex(" ") in DOC_PATH.read_text(encoding="utf-8")
+
+
 @pytest.mark.parametrize("count", [0, 1, 10_000])
 def test_batches_round_trip_empty_to_large(count: int) -> None:
     key_cycle: list[Key] = ["k", b"k", None]
@@ -303,7 +331,7 @@ def test_frame_of_exactly_max_frame_is_accepted() -> None:
 
 def test_default_limit() -> None:
     assert DEFAULT_MAX_FRAME == 5 * 1024 * 1024 == Decoder().max_frame
-    assert PROTOCOL_VERSION == 2
+    assert PROTOCOL_VERSION == 3
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2**32, True, 1.5, "5"])
@@ -333,9 +361,9 @@ SAMPLES: dict[str, Frame] = {
         Close(),
         Connected(version=1, server="keyfailover", max_frame=1024, session_timeout=10.0),
         Receipt(req=1, positions=[1, 2], duplicates=[False, True]),
-        Subscribed(req=1, session=1, consumer="c", start=0, end=HASH_RANGE_SIZE - 1, secret="f00d"),
+        Subscribed(req=1, session=1, consumer="c", ranges=[(0, 99), (200, HASH_RANGE_SIZE - 1)], secret="f00d"),
         Messages(session=1, messages=[(1, "k", b"v", 0), (2, None, b"w", 1)]),
-        RangesChanged(session=1, epoch=2, start=0, end=99),
+        RangesChanged(session=1, epoch=2, ranges=[(0, 99)]),
         ConsumerClosed(session=1, reason="timeout", req=None),
         Pong(nonce=1),
         Error(code="unknown_session", message="no such session", req=3),
@@ -413,11 +441,6 @@ BAD_FIELDS: list[tuple[str, str, object]] = [
     ("receipt", "duplicates", [0, 1]),
     ("receipt", "duplicates", [False]),
     ("receipt", "positions", [1]),
-    ("subscribed", "start", None),
-    ("subscribed", "end", None),
-    ("subscribed", "start", HASH_RANGE_SIZE),
-    ("subscribed", "end", -1),
-    ("ranges_changed", "start", 100),
     ("ranges_changed", "epoch", -1),
     ("connected", "max_frame", 0),
     ("connected", "max_frame", 2**32),
@@ -449,6 +472,92 @@ def test_bad_item_is_named_by_index() -> None:
     message = rejection(raw(body)).message
     assert "item 3 must be an array [position" in message
     assert len(message) < 400  # a 10 kB payload is cut short in the message
+
+
+# (bad ranges value, what the message must say): refused in subscribed and ranges_changed alike.
+BAD_RANGES: list[tuple[object, str]] = [
+    (None, "must be an array of [start, end] pairs, got None"),
+    ((0, 99), "item 0 must be an array [start, end]"),  # a bare pair, not a list of pairs
+    ("0-99", "must be an array of [start, end] pairs"),
+    (b"\x00", "must be an array of [start, end] pairs"),
+    ([[0]], "item 0 must be an array [start, end]"),
+    ([[0, 1, 2]], "item 0 must be an array [start, end]"),
+    ([[]], "item 0 must be an array [start, end]"),
+    ([7], "item 0 must be an array [start, end]"),
+    ([[0, 9], "10-20"], "item 1 must be an array [start, end]"),
+    ([[0, None]], "item 0 must be an array [start, end]"),
+    ([[None, None]], "item 0 must be an array [start, end]"),
+    ([[0, 9.0]], "item 0 must be an array [start, end]"),
+    ([[False, True]], "got (False, True) (tuple)"),
+    ([[-1, 5]], "hash slots in [0, 65535]"),
+    ([[0, HASH_RANGE_SIZE]], "hash slots in [0, 65535]"),
+    ([[0, 2**64 - 1]], "hash slots in [0, 65535]"),
+    ([[10, 9]], "with start <= end, got (10, 9)"),
+    ([[0, 9], [20, 29], [25, 40]], "item 2 [25, 40] starts at or before the end 29 of item 1"),
+    ([[0, 9], [9, 12]], "item 1 [9, 12] starts at or before the end 9 of item 0"),
+    ([[20, 29], [0, 9]], "item 1 [0, 9] starts at or before the end 29 of item 0; expected sorted, non-overlapping"),
+    ([[5, 5], [5, 5]], "item 1 [5, 5] starts at or before the end 5 of item 0"),
+    ([[slot, slot] for slot in range(HASH_RANGE_SIZE)] + [[0, 0]], "at most 65536 [start, end] pairs, got 65537"),
+]
+
+
+@pytest.mark.parametrize("frame_type", ["subscribed", "ranges_changed"])
+@pytest.mark.parametrize(("value", "expected"), BAD_RANGES, ids=[f"bad{i}" for i in range(len(BAD_RANGES))])
+def test_bad_ranges_are_rejected_with_what_was_expected(frame_type: str, value: object, expected: str) -> None:
+    body = body_of(SAMPLES[frame_type])
+    body["ranges"] = value
+    error = rejection(raw(body), accept="client")
+    assert error.code is ErrorCode.BAD_FIELD
+    assert error.message.startswith(f"{frame_type} frame: field 'ranges' ")
+    assert expected in error.message
+    assert len(error.message) < 400  # a huge list is not echoed back
+
+
+def valid_ranges(pairs: list[tuple[int, int]]) -> bool:
+    """The rule of docs/protocol.md, stated plainly: slots, start <= end, each start after the previous end."""
+    ends = [-1] + [end for _, end in pairs]
+    return all(
+        0 <= start <= end <= LAST_SLOT and start > previous for (start, end), previous in zip(pairs, ends, strict=False)
+    )
+
+
+edge_slots = st.sampled_from([-1, 0, 1, LAST_SLOT - 1, LAST_SLOT, HASH_RANGE_SIZE]) | st.integers(
+    -3, HASH_RANGE_SIZE + 3
+)
+
+
+@settings(max_examples=400)
+@given(st.lists(st.tuples(edge_slots, edge_slots), max_size=6) | slot_range_lists(), st.booleans())
+def test_ranges_are_accepted_exactly_when_valid(pairs: list[tuple[int, int]], subscribed: bool) -> None:
+    frame: Frame = (
+        Subscribed(req=1, session=2, consumer="c", ranges=pairs, secret="s")
+        if subscribed
+        else RangesChanged(session=2, epoch=3, ranges=pairs)
+    )
+    data = encode(frame)
+    if valid_ranges(pairs):
+        assert same(Decoder(accept="client").feed(data), [frame])
+    else:
+        error = rejection(data, accept="client")
+        assert error.code is ErrorCode.BAD_FIELD and "field 'ranges' item " in error.message
+
+
+@pytest.mark.parametrize(
+    "ranges",
+    [
+        [],  # a standby
+        [(0, HASH_RANGE_SIZE - 1)],
+        [(0, 0), (1, 1)],  # adjacent ranges are valid (a server merges them, but need not)
+        [(slot, slot) for slot in range(HASH_RANGE_SIZE)],  # the most there can be: every slot alone
+    ],
+    ids=["standby", "everything", "adjacent", "every-slot"],
+)
+def test_valid_ranges_round_trip(ranges: list[tuple[int, int]]) -> None:
+    for frame in (
+        Subscribed(req=1, session=2, consumer="c", ranges=ranges, secret="s"),
+        RangesChanged(session=2, epoch=3, ranges=ranges),
+    ):
+        assert same(Decoder(accept="client").feed(encode(frame)), [frame])
 
 
 @pytest.mark.parametrize("frame_type", sorted(SAMPLES))

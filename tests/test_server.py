@@ -16,9 +16,22 @@ from urllib.request import urlopen
 import pytest
 
 from keyfailover import RangeMap
+from keyfailover.broker.protocol import (
+    CloseConsumer,
+    ConsumerClosed,
+    Frame,
+    Ping,
+    Pong,
+    RangesChanged,
+    Subscribe,
+    Subscribed,
+)
 from keyfailover.client import Client, ClientClosed, Consumer, Message, Timeout
 from keyfailover.client.aio import AsyncClient
-from tests.server_process import ServerProcess, run_cli
+from keyfailover.core.hashing import HASH_RANGE_SIZE
+from tests.server_process import RawConnection, ServerProcess, run_cli, wait_until
+
+WHOLE = [(0, HASH_RANGE_SIZE - 1)]
 
 
 class Recorder:
@@ -242,15 +255,22 @@ def test_admin_endpoint_and_ranges_stats_commands(tmp_path: Path) -> None:
             b = client.subscribe("orders", "billing", consumer_name="b")
             a.receive(timeout=5.0)
             snapshot = json.loads(urlopen(f"{server.admin_url}/ranges?topic=orders&subscription=billing").read())
+            assert snapshot["version"] == 2
             restored = RangeMap.from_snapshot(snapshot)
-            assert restored.consumers() == ["a", "b"]
-            assert {a.range, b.range} == {restored.range_of("a"), restored.range_of("b")}
+            assert sorted(restored.consumers()) == ["a", "b"]
+            # b's subscribe came after a's ranges_changed on the same connection: both are up to date.
+            assert (a.ranges, b.ranges) == (restored.ranges_of("a"), restored.ranges_of("b"))
             listing = json.loads(urlopen(f"{server.admin_url}/ranges").read())
             assert [(s["topic"], s["subscription"]) for s in listing["subscriptions"]] == [("orders", "billing")]
+            assert listing["subscriptions"][0]["ranges"] == snapshot
             stats = json.loads(urlopen(f"{server.admin_url}/stats").read())
             (sub,) = stats["subscriptions"]
             assert sub["last_position"] == 50
-            assert set(sub["dispatcher"]["consumers"]) == {"a", "b"}
+            assert (sub["policy"], sub["max_ranges"]) == ("multi", 16)
+            assert {name: info["ranges"] for name, info in sub["dispatcher"]["consumers"].items()} == {
+                "a": [list(pair) for pair in a.ranges],
+                "b": [list(pair) for pair in b.ranges],
+            }
             assert json.loads(urlopen(f"{server.admin_url}/healthz").read()) == {"status": "ok"}
             with pytest.raises(HTTPError) as missing:
                 urlopen(f"{server.admin_url}/ranges?topic=orders&subscription=nope")
@@ -259,6 +279,112 @@ def test_admin_endpoint_and_ranges_stats_commands(tmp_path: Path) -> None:
                 done = run_cli(command, "--admin-url", server.admin_url, timeout=60)
                 assert done.returncode == 0, done.stderr
                 assert "orders/billing" in done.stdout
+
+
+def subscription_ranges(server: ServerProcess, topic: str, subscription: str) -> dict[str, list[tuple[int, int]]]:
+    """Every consumer's ranges, as the admin endpoint's ``/ranges`` has them now."""
+    snapshot = json.loads(urlopen(f"{server.admin_url}/ranges?topic={topic}&subscription={subscription}").read())
+    return RangeMap.from_snapshot(snapshot).ranges_by_consumer()
+
+
+def test_a_session_hears_of_its_ranges_exactly_when_they_change(tmp_path: Path) -> None:
+    """Joins and leaves, frame by frame: each ranges_changed brings a session a list it did not have, and
+    after every step the last list each live session was told is its part of the map that /ranges serves."""
+    with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server, RawConnection(server.port) as raw:
+        raw.connect()
+        told: dict[int, list[list[tuple[int, int]]]] = {}  # session -> every ranges list it got, in order
+        epochs: dict[int, int] = {}
+        live: dict[str, int] = {}  # consumer -> session
+        changes = 0
+
+        def record(frames: list[Frame]) -> None:
+            nonlocal changes
+            for frame in frames:
+                if isinstance(frame, Subscribed):
+                    told[frame.session] = [frame.ranges]
+                    live[frame.consumer] = frame.session
+                elif isinstance(frame, RangesChanged):
+                    assert frame.session in live.values(), f"ranges_changed for a dead session {frame.session}"
+                    assert frame.ranges != told[frame.session][-1], "told ranges that did not change"
+                    assert frame.epoch > epochs.get(frame.session, -1)
+                    told[frame.session].append(frame.ranges)
+                    epochs[frame.session] = frame.epoch
+                    changes += 1
+            owned = subscription_ranges(server, "t", "s")
+            assert {name: told[session][-1] for name, session in live.items()} == {
+                name: owned.get(name, []) for name in live
+            }
+            assert sum(end - start + 1 for ranges in owned.values() for start, end in ranges) == HASH_RANGE_SIZE
+
+        for req, name in enumerate(["a", "b", "c", "d", "e"], 1):
+            raw.send(Subscribe(req=req, topic="t", subscription="s", consumer=name, receiver_queue=10))
+            record(raw.receive_until(Subscribed))
+            assert told[live[name]][0], f"{name} joined as a standby"
+        assert told[live["a"]][0] == WHOLE and len(told[live["a"]]) >= 2  # a owned everything until b came
+        joined = changes
+        assert joined >= 4  # every join after the first took slots from someone
+        for req, name in enumerate(["b", "d"], 10):
+            session = live[name]
+            raw.send(CloseConsumer(req=req, topic="t", subscription="s", session=session), Ping(nonce=req))
+            frames = raw.receive_until(Pong)  # ranges_changed follow consumer_closed; the pong follows them
+            assert ConsumerClosed(session=session, reason="closed", req=req) in frames
+            del live[name]
+            record(frames)
+        assert changes > joined  # each leaver's slots went to someone
+
+
+def test_on_ranges_changed_tells_a_consumer_its_new_ranges_at_each_join_and_leave(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server, Client(server.url) as client:
+        seen: list[list[tuple[int, int]]] = []
+        a = client.subscribe("t", "s", consumer_name="a", on_ranges_changed=seen.append)
+        assert seen == [WHOLE] == [a.ranges]  # told before subscribe returned
+        expected = [WHOLE]
+        others: dict[str, Consumer] = {}
+
+        def step(change: Callable[[], None]) -> None:
+            change()
+            now = subscription_ranges(server, "t", "s")["a"]
+            if now != expected[-1]:
+                expected.append(now)
+            wait_until(lambda: seen == expected, f"a told {expected[-1]}")
+            assert a.ranges == expected[-1]
+
+        def join(name: str) -> Callable[[], None]:
+            return lambda: others.__setitem__(name, client.subscribe("t", "s", consumer_name=name))
+
+        for name in ("b", "c"):
+            step(join(name))
+        for name in ("b", "c"):
+            step(others.pop(name).close)
+        assert seen[-1] == WHOLE and len(seen) >= 3  # b's join took slots from a; the last leave gave all back
+
+
+@pytest.mark.parametrize(
+    ("options", "policy", "most"),
+    [(("--policy", "contiguous"), "contiguous", 1), (("--max-ranges", "2"), "multi", 2)],
+    ids=["contiguous", "multi-max-2"],
+)
+def test_serve_policy_and_max_ranges_reach_every_subscription(
+    tmp_path: Path, options: tuple[str, ...], policy: str, most: int
+) -> None:
+    with ServerProcess(tmp_path / "data", "--metrics-port", "0", *options) as server, Client(server.url) as client:
+        producer = client.create_producer("t")
+        for i in range(2000):
+            producer.send_async(b"x", key=f"k{i}")
+        producer.flush()
+        for subscription in ("s1", "s2"):
+            consumers = {name: client.subscribe("t", subscription, consumer_name=name) for name in "abcdef"}
+            for name in "bdf":
+                consumers.pop(name).close()
+        stats = json.loads(urlopen(f"{server.admin_url}/stats").read())
+        assert [(sub["subscription"], sub["policy"], sub["max_ranges"]) for sub in stats["subscriptions"]] == [
+            ("s1", policy, most),
+            ("s2", policy, most),
+        ]
+        for sub in stats["subscriptions"]:
+            owned = {name: info["ranges"] for name, info in sub["dispatcher"]["consumers"].items()}
+            assert sorted(owned) == ["a", "c", "e"]
+            assert all(1 <= len(ranges) <= most for ranges in owned.values()), owned
 
 
 def test_second_server_on_the_same_data_dir_is_refused(tmp_path: Path) -> None:
@@ -300,6 +426,7 @@ def test_asyncio_client_round_trip(tmp_path: Path) -> None:
             positions = [await producer.send(f"m{i}".encode(), key=f"k{i % 3}") for i in range(9)]
             assert positions == list(range(1, 10))
             consumer = await client.subscribe("async", "s", consumer_name="c")
+            assert consumer.ranges == WHOLE
             received = []
             for _ in range(9):
                 message = await consumer.receive(timeout=5.0)

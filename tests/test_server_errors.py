@@ -162,6 +162,11 @@ FATAL = {
     "malformed_frame/bad_utf8": Fatal(framed(b"\x81\xa4type\xa2\xff\xfe"), ErrorCode.MALFORMED_FRAME, r"utf-8"),
     "unknown_type/made_up": Fatal(packed({"type": "launch"}), ErrorCode.UNKNOWN_TYPE, r"unknown frame type 'launch'"),
     "unknown_type/server_frame": Fatal(encode(Pong(nonce=1)), ErrorCode.UNKNOWN_TYPE, r"'pong' is sent by servers"),
+    "unknown_type/ranges_changed": Fatal(
+        encode(RangesChanged(session=1, epoch=1, ranges=[(0, 65535)])),
+        ErrorCode.UNKNOWN_TYPE,
+        r"'ranges_changed' is sent by servers",
+    ),
     "frame_too_large": Fatal(
         struct.pack(">I", MAX_FRAME + 1),  # the length alone: refused before any body byte
         ErrorCode.FRAME_TOO_LARGE,
@@ -194,6 +199,13 @@ FATAL = {
         encode(Connect(version=PROTOCOL_VERSION + 1, token=TOKEN, client="x")),
         ErrorCode.VERSION_MISMATCH,
         rf"version {PROTOCOL_VERSION + 1} is not supported; expected {PROTOCOL_VERSION}",
+        after_connect=False,
+    ),
+    # A version 2 client could not read subscribed and ranges_changed with their lists of ranges.
+    "version_mismatch/v2_client": Fatal(
+        encode(Connect(version=2, token=TOKEN, client="x")),
+        ErrorCode.VERSION_MISMATCH,
+        r"version 2 is not supported; expected 3",
         after_connect=False,
     ),
 }

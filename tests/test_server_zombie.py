@@ -44,7 +44,7 @@ PREFETCH = 20  # the zombie's receiver queue: messages sent to it before it asks
 HOLD = 5  # of those, handed to the zombie's application and held unacked
 LATE = 10  # messages produced for the zombie's new session
 WAIT = 30.0  # bound on every wait for something that must happen
-WHOLE = (0, HASH_RANGE_SIZE - 1)
+WHOLE = [(0, HASH_RANGE_SIZE - 1)]
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOMBIE_SCRIPT = "import sys; from tests.test_server_zombie import zombie_main; zombie_main(sys.argv[1])"
@@ -87,7 +87,7 @@ def zombie_main(url: str) -> None:
     consumer = client.subscribe(TOPIC, SUBSCRIPTION, "zombie", receiver_queue_size=PREFETCH)
     held = [consumer.receive(timeout=WAIT) for _ in range(HOLD)]
     fresh: list[Message] = []
-    _report("held", range=consumer.range, messages=[_described(m) for m in held])
+    _report("held", ranges=consumer.ranges, messages=[_described(m) for m in held])
     for line in sys.stdin:
         command, _, argument = line.strip().partition(" ")
         if command == "receive":
@@ -185,7 +185,7 @@ class Healthy:
 
     def __init__(self, client: Client, keep: set[int]) -> None:
         self.changed = threading.Condition()
-        self.ranges: list[tuple[int | None, int | None]] = []
+        self.ranges: list[list[tuple[int, int]]] = []  # every list on_ranges_changed was called with
         self.deliveries: list[Message] = []
         self.kept: dict[int, Message] = {}
         self._keep = keep
@@ -196,9 +196,9 @@ class Healthy:
         self._thread = threading.Thread(target=self._drain, daemon=True)
         self._thread.start()
 
-    def _ranged(self, start: int | None, end: int | None) -> None:
+    def _ranged(self, ranges: list[tuple[int, int]]) -> None:
         with self.changed:
-            self.ranges.append((start, end))
+            self.ranges.append(ranges)
             self.changed.notify_all()
 
     def _drain(self) -> None:
@@ -274,27 +274,34 @@ def run_zombie(client: Client, zombie: Zombie, mixed: bool) -> Outcome:
     outcome = Outcome()
     # The zombie owns every key while it takes its first messages.
     report = zombie.report("held")
-    assert tuple(report["range"]) == WHOLE
+    assert [tuple(pair) for pair in report["ranges"]] == WHOLE
     outcome.held = {position: rest for position, *rest in report["messages"]}
     healthy = Healthy(client, keep=set(outcome.held))
     try:
-        assert healthy.consumer.range not in {WHOLE, (None, None)}
+        joined = healthy.consumer.ranges
+        assert joined not in (WHOLE, []) and healthy.ranges == [joined]
 
-        # Frozen past the session timeout, the zombie loses its range and its messages.
+        # Frozen past the session timeout, the zombie loses its ranges and its messages.
         zombie.pause()
-        healthy.wait_for(lambda: healthy.consumer.range == WHOLE, "the healthy consumer owns every key")
+        healthy.wait_for(lambda: healthy.ranges[-1] == WHOLE, "the healthy consumer told it owns every key")
+        assert healthy.consumer.ranges == WHOLE
         healthy.wait_for(
             lambda: len({m.position for m in healthy.deliveries}) == KEYS * PER_KEY,
             "the healthy consumer received every message",
         )
         zombie.resume()
-        healthy.wait_for(lambda: healthy.consumer.range != WHOLE, "the zombie subscribed again")
+        healthy.wait_for(lambda: healthy.ranges[-1] != WHOLE, "the zombie subscribed again")
+        # Told each change once: its share on joining, everything, then a share again.
+        assert healthy.ranges == [joined, WHOLE, healthy.consumer.ranges]
 
         def receive_late() -> None:
-            """New messages for the zombie's new session: new keys in its new range."""
-            start, end = healthy.consumer.range
-            assert start is not None and end is not None
-            late_keys = [k for k in (f"late-{i}" for i in range(10_000)) if not start <= key_hash(k) <= end]
+            """New messages for the zombie's new session: new keys in its new ranges."""
+            owned = healthy.consumer.ranges
+            late_keys = [
+                k
+                for k in (f"late-{i}" for i in range(10_000))
+                if not any(start <= key_hash(k) <= end for start, end in owned)
+            ]
             outcome.late = produce(client, late_keys[:LATE])
             zombie.tell(f"receive {LATE}")
             outcome.received = zombie.report("received")["messages"]

@@ -60,7 +60,7 @@ __all__ = [
     "valid_name",
 ]
 
-PROTOCOL_VERSION: Final = 2
+PROTOCOL_VERSION: Final = 3
 """The version a client sends in ``connect``; the server answers ``version_mismatch`` to others."""
 
 DEFAULT_MAX_FRAME: Final = 5 * 1024 * 1024
@@ -204,14 +204,16 @@ class Receipt:
 
 @dataclass(frozen=True, slots=True)
 class Subscribed:
-    """The answer to ``subscribe``: the new session, its hash range (None/None for standby) and its secret."""
+    """The answer to ``subscribe``: the new session, its hash ranges (none for a standby) and its secret.
+
+    ``ranges`` holds inclusive ``(start, end)`` slot pairs, sorted and non-overlapping.
+    """
 
     type: ClassVar[str] = "subscribed"
     req: int
     session: int
     consumer: str
-    start: int | None
-    end: int | None
+    ranges: list[tuple[int, int]]
     secret: str
 
 
@@ -226,13 +228,12 @@ class Messages:
 
 @dataclass(frozen=True, slots=True)
 class RangesChanged:
-    """A session's hash range changed (rebalance); ``epoch`` is the range map's new epoch."""
+    """A session's hash ranges changed (rebalance): all of them now; ``epoch`` is the range map's new epoch."""
 
     type: ClassVar[str] = "ranges_changed"
     session: int
     epoch: int
-    start: int | None
-    end: int | None
+    ranges: list[tuple[int, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,12 +374,6 @@ def _timeout(value: object) -> float:
     raise _wrong("a positive finite number", value)
 
 
-def _slot(value: object) -> int | None:
-    if value is None or (type(value) is int and 0 <= value < HASH_RANGE_SIZE):
-        return value
-    raise _wrong(f"a hash slot in [0, {HASH_RANGE_SIZE - 1}] or nil", value)
-
-
 _NAME_RULE: Final = f"a str of 1 to {MAX_NAME_LENGTH} characters without NUL"
 
 
@@ -515,12 +510,33 @@ def _same_length(values: dict[str, Any]) -> None:
         )
 
 
-def _range(values: dict[str, Any]) -> None:
-    start, end = values["start"], values["end"]
-    if (start is None) != (end is None):
-        raise _FieldError(f"'start' and 'end' must both be nil (standby) or both slots, got {start!r} and {end!r}")
-    if start is not None and start > end:
-        raise _FieldError(f"'start' {start} is after 'end' {end}; a range is [start, end] with start <= end")
+_RANGE: Final = f"an array [start, end] of hash slots in [0, {HASH_RANGE_SIZE - 1}] with start <= end"
+_MAX_RANGES: Final = HASH_RANGE_SIZE
+"""The most pairs a ``ranges`` field may hold: one per slot, as many as non-overlapping ranges can be."""
+
+
+def _slot_ranges(value: object) -> list[tuple[int, int]]:
+    """Inclusive ``(start, end)`` slot pairs, each starting after the previous one ended."""
+    items = _array(value, "[start, end] pairs")
+    if len(items) > _MAX_RANGES:
+        raise _FieldError(f"must hold at most {_MAX_RANGES} [start, end] pairs, got {len(items)}")
+    after = -1  # the previous pair's end
+    for index, item in enumerate(items):
+        if not (
+            type(item) is tuple
+            and len(item) == 2
+            and type(item[0]) is int
+            and type(item[1]) is int
+            and 0 <= item[0] <= item[1] < HASH_RANGE_SIZE
+        ):
+            raise _FieldError(f"item {index} must be {_RANGE}, got {_show(item)}")
+        if item[0] <= after:
+            raise _FieldError(
+                f"item {index} [{item[0]}, {item[1]}] starts at or before the end {after} of item {index - 1}; "
+                "expected sorted, non-overlapping ranges"
+            )
+        after = item[1]
+    return list(items)
 
 
 class _Spec(NamedTuple):
@@ -566,9 +582,9 @@ _SERVER_SPECS: Final = {
     for spec in (
         _spec(Connected, version=_uint, server=_label, max_frame=_max_frame, session_timeout=_timeout),
         _spec(Receipt, _same_length, req=_uint, positions=_uints, duplicates=_bools),
-        _spec(Subscribed, _range, req=_uint, session=_uint, consumer=_name, start=_slot, end=_slot, secret=_label),
+        _spec(Subscribed, req=_uint, session=_uint, consumer=_name, ranges=_slot_ranges, secret=_label),
         _spec(Messages, session=_uint, messages=_delivered),
-        _spec(RangesChanged, _range, session=_uint, epoch=_uint, start=_slot, end=_slot),
+        _spec(RangesChanged, session=_uint, epoch=_uint, ranges=_slot_ranges),
         _spec(ConsumerClosed, session=_uint, reason=_label, req=_opt_uint),
         _spec(Pong, nonce=_int64),
         _spec(Error, code=_label, message=_text, req=_opt_uint),

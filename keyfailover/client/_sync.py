@@ -8,6 +8,7 @@ that the loop flushes, and ``receive`` takes from a thread-safe inbox.
     producer = client.create_producer("orders")
     position = producer.send(b"payload", key="customer-7")
     consumer = client.subscribe("orders", "billing", consumer_name="c1")
+    print(consumer.ranges)  # e.g. [(0, 16383), (40960, 49151)]: the hash ranges it owns
     msg = consumer.receive(timeout=1.0)
     consumer.acknowledge(msg)
     client.close()
@@ -97,7 +98,11 @@ class Client:
         receiver_queue_size: int = 1000,
         on_ranges_changed: RangesCallback | None = None,
     ) -> Consumer:
-        """Join a subscription; ``on_ranges_changed(start, end)`` runs on the client's thread."""
+        """Join a subscription; returns once the server confirmed it.
+
+        ``on_ranges_changed(ranges)`` runs on the client's thread with the consumer's new hash
+        ranges (inclusive ``(start, end)`` pairs, sorted; empty for a standby) each time they change.
+        """
         consumer = self._run(
             self._async.subscribe(topic, subscription_name, consumer_name, receiver_queue_size, on_ranges_changed)
         )
@@ -187,9 +192,9 @@ class Consumer:
         return self._consumer.consumer_name
 
     @property
-    def range(self) -> tuple[int | None, int | None]:
-        """The hash range this consumer owns now: (start, end), or (None, None) without one."""
-        return self._consumer.range
+    def ranges(self) -> list[tuple[int, int]]:
+        """The hash ranges this consumer owns now: inclusive ``(start, end)`` pairs, sorted; empty for a standby."""
+        return self._consumer.ranges
 
     def receive(self, timeout: float | None = None) -> Message:
         """The next message; raises :class:`Timeout` when none arrives within ``timeout`` seconds."""

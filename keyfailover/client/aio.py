@@ -67,7 +67,8 @@ __all__ = [
     "parse_url",
 ]
 
-RangesCallback = Callable[[int | None, int | None], None]
+RangesCallback = Callable[[list[tuple[int, int]]], None]
+"""``on_ranges_changed(ranges)``: the consumer's new inclusive ``(start, end)`` hash ranges, sorted; empty: standby."""
 SendCallback = Callable[["int | None", "BaseException | None"], None]
 
 _log = logging.getLogger("keyfailover.client")
@@ -404,7 +405,12 @@ class AsyncClient:
         receiver_queue_size: int = 1000,
         on_ranges_changed: RangesCallback | None = None,
     ) -> AsyncConsumer:
-        """Join ``subscription_name`` of ``topic``; returns once the server confirmed it."""
+        """Join ``subscription_name`` of ``topic``; returns once the server confirmed it.
+
+        ``on_ranges_changed(ranges)`` runs on the event loop with the consumer's new hash
+        ranges (inclusive ``(start, end)`` pairs, sorted; empty for a standby) each time a
+        rebalance changes them, and after a resubscribe that gets different ones.
+        """
         if type(receiver_queue_size) is not int or receiver_queue_size < 1:
             raise KeyFailoverError(f"receiver_queue_size must be a positive int, not {receiver_queue_size!r}")
         check_name("topic", topic)
@@ -643,7 +649,12 @@ class AsyncProducer:
 
 
 class AsyncConsumer:
-    """Receives the messages of the keys its range holds, in per-key order."""
+    """Receives the messages of the keys its hash ranges hold, in per-key order.
+
+    A consumer may own several ranges of the hash space, or none (a standby, which gets
+    keyless messages only until a rebalance gives it some): :attr:`ranges` says which, and
+    ``on_ranges_changed(ranges)`` is called with the new list whenever it changes.
+    """
 
     def __init__(
         self,
@@ -675,8 +686,13 @@ class AsyncConsumer:
         self._closed = False
         self._ended: BaseException | None = None
         self._subscribed: asyncio.Future[None] = self._loop.create_future()
-        self.range: tuple[int | None, int | None] = (None, None)
+        self._ranges: list[tuple[int, int]] = []
         self._subscribe()
+
+    @property
+    def ranges(self) -> list[tuple[int, int]]:
+        """The hash ranges this consumer owns now: inclusive ``(start, end)`` pairs, sorted; empty for a standby."""
+        return list(self._ranges)
 
     # -- subscription ----------------------------------------------------------------
 
@@ -703,7 +719,7 @@ class AsyncConsumer:
             with self._cond:
                 self._consumed = 0
             self._link.sessions[reply.session] = self
-            self._set_range(reply.start, reply.end)
+            self._set_ranges(reply.ranges)
             if not self._subscribed.done():
                 self._subscribed.set_result(None)
         elif isinstance(reply, Error):
@@ -738,7 +754,7 @@ class AsyncConsumer:
             self._arrived.set()
         elif isinstance(frame, RangesChanged):
             if frame.session == self._session:
-                self._set_range(frame.start, frame.end)
+                self._set_ranges(frame.ranges)
         elif isinstance(frame, ConsumerClosed) and frame.session == self._session:
             self._drop_session()
             if frame.reason == "timeout" and not self._closed:
@@ -764,12 +780,13 @@ class AsyncConsumer:
             self._cond.notify_all()
         self._arrived.set()
 
-    def _set_range(self, start: int | None, end: int | None) -> None:
-        if (start, end) != self.range:
-            self.range = (start, end)
+    def _set_ranges(self, ranges: list[tuple[int, int]]) -> None:
+        """Remember the ranges the server announced; tell ``on_ranges_changed`` only when they differ."""
+        if ranges != self._ranges:
+            self._ranges = ranges
             if self._on_ranges_changed is not None:
                 try:
-                    self._on_ranges_changed(start, end)
+                    self._on_ranges_changed(list(ranges))
                 except Exception:
                     _log.exception("on_ranges_changed callback failed")
 

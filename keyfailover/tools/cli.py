@@ -125,15 +125,23 @@ def _int_at_least(low: int) -> Callable[[str], int]:
 _positive_int = _int_at_least(1)
 
 
-def _port(text: str) -> int:
-    """A TCP port, 0 to 65535 (0: the system picks a free one)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {text!r}")
-    return value
+def _int_between(low: int, high: int, what: str) -> Callable[[str], int]:
+    """A parser of ints from ``low`` to ``high``, whose error says ``what`` was expected."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} from {low} to {high}, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected {what} from {low} to {high}, got {text!r}")
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+_port = _int_between(0, 65535, "a port number")  # 0: the system picks a free one
 
 
 def _frame_size(text: str) -> int:
@@ -150,6 +158,12 @@ def _session_seconds(text: str) -> float:
     if not 0.1 <= value <= 86_400:
         raise argparse.ArgumentTypeError(f"expected seconds from 0.1 to 86400, got {text!r}")
     return value
+
+
+_DEFAULT_MAX_RANGES = 16
+
+
+_max_ranges = _int_between(1, 65536, "a number of ranges")  # a range holds at least one of the 65536 slots
 
 
 def _server_url(text: str) -> str:
@@ -254,11 +268,15 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from keyfailover.broker.protocol import DEFAULT_MAX_FRAME
-    from keyfailover.broker.server import ServerConfig
+    from keyfailover.broker.server import ServerConfig, SubscriptionConfig
     from keyfailover.tools.serve import run_server
 
     if (args.tls_cert is None) != (args.tls_key is None):
         raise _UsageError("--tls-cert and --tls-key go together")
+    if args.max_ranges is not None and args.policy != "multi":
+        raise _UsageError(
+            f"--max-ranges goes with --policy multi; --policy {args.policy} gives each consumer one range"
+        )
     token = _token(args)
     if token is None and not _loopback(args.host):
         print(
@@ -282,6 +300,9 @@ def _serve(args: argparse.Namespace) -> int:
         frame_timeout=args.frame_timeout,
         max_output=args.max_output,
         max_connections=args.max_connections,
+        subscription=SubscriptionConfig(
+            policy=args.policy, max_ranges=_DEFAULT_MAX_RANGES if args.max_ranges is None else args.max_ranges
+        ),
     )
     return asyncio.run(run_server(config))
 
@@ -322,10 +343,17 @@ def _admin_get(args: argparse.Namespace, path: str, query: dict[str, str]) -> An
 def _ranges(args: argparse.Namespace) -> int:
     if (args.topic is None) != (args.subscription is None):
         raise _UsageError("--topic and --subscription go together: give both, or neither for every subscription")
+    if args.pulsar_sticky and args.topic is None:
+        raise _UsageError("--pulsar-sticky shows one subscription: give --topic and --subscription")
+    if args.pulsar_sticky and args.json:
+        raise _UsageError("give --json or --pulsar-sticky, not both")
     query = {"topic": args.topic, "subscription": args.subscription} if args.topic else {}
     found = _admin_get(args, "/ranges", query)
     if args.json:
         print(json.dumps(found, indent=2, sort_keys=True))
+        return 0
+    if args.pulsar_sticky:
+        print(_pulsar_sticky(found))
         return 0
     listing = (
         [{"topic": args.topic, "subscription": args.subscription, "ranges": found}] if query else found["subscriptions"]
@@ -339,7 +367,30 @@ def _ranges(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pulsar_sticky(snapshot: dict[str, Any]) -> str:
+    """Each consumer's ranges of a range map snapshot as Pulsar Key_Shared STICKY hash ranges: JSON, a consumer a line.
+
+    Pulsar's ``Range.of(start, end)`` is inclusive like ours, and a snapshot lists ranges in
+    hash order, so each consumer's list comes out sorted.
+    """
+    sticky: dict[str, list[list[int]]] = {}
+    for entry in snapshot["ranges"]:
+        sticky.setdefault(entry["consumer"], []).append([entry["start"], entry["end"]])
+    lines = [f"  {json.dumps(consumer)}: {json.dumps(pairs)}" for consumer, pairs in sorted(sticky.items())]
+    return "{\n" + ",\n".join(lines) + "\n}" if lines else "{}"
+
+
+def _owned(ranges: list[list[int]], range_size: int) -> str:
+    """A consumer's ranges in a few words: ``3 ranges, 12.5%`` of the slots, or ``standby``."""
+    if not ranges:
+        return "standby"
+    share = sum(end - start + 1 for start, end in ranges) / range_size
+    return f"{len(ranges)} range{'' if len(ranges) == 1 else 's'}, {share:.1%}"
+
+
 def _stats(args: argparse.Namespace) -> int:
+    from keyfailover.core.hashing import HASH_RANGE_SIZE
+
     found = _admin_get(args, "/stats", {})
     if args.json:
         print(json.dumps(found, indent=2, sort_keys=True))
@@ -349,13 +400,14 @@ def _stats(args: argparse.Namespace) -> int:
         stats = item["dispatcher"]
         print(
             f"{item['topic']}/{item['subscription']}: backlog {item['backlog']}, replay {stats['replay']}, "
-            f"mark-delete {item['mark_delete']}, epoch {stats['epoch']}"
+            f"mark-delete {item['mark_delete']}, epoch {stats['epoch']}, "
+            f"policy {item['policy']} (max {item['max_ranges']} ranges per consumer)"
         )
-        print(f"  {'consumer':<24}{'range':>16}{'rate/s':>9}{'permits':>9}{'unacked':>9}{'draining':>9}")
+        print(f"  {'consumer':<24}{'ranges':>18}{'rate/s':>9}{'permits':>9}{'unacked':>9}{'draining':>9}")
         for consumer, info in sorted(stats["consumers"].items()):
-            shown = "standby" if info["range"] is None else f"[{info['range'][0]}, {info['range'][1]}]"
+            shown = _owned(info["ranges"], HASH_RANGE_SIZE)
             print(
-                f"  {consumer:<24}{shown:>16}{info['rate']:>9.0f}{info['permits']:>9}"
+                f"  {consumer:<24}{shown:>18}{info['rate']:>9.0f}{info['permits']:>9}"
                 f"{info['unacked']:>9}{info['draining_hashes']:>9}"
             )
     return 0
@@ -671,6 +723,19 @@ def _parser() -> argparse.ArgumentParser:
         help="open connections; one more is refused with too_many_connections (default 1024)",
     )
     serve.add_argument(
+        "--policy",
+        choices=("multi", "contiguous"),
+        default="multi",
+        help="how consumers share the hash space: multi (default; a consumer may own several ranges, so a join or "
+        "leave moves only about its share of the traffic) or contiguous (one range each, PIP-34 literally)",
+    )
+    serve.add_argument(
+        "--max-ranges",
+        type=_max_ranges,
+        default=None,
+        help=f"with --policy multi: the most ranges one consumer may own, 1 to 65536 (default {_DEFAULT_MAX_RANGES})",
+    )
+    serve.add_argument(
         "--metrics-port",
         type=_port,
         default=None,
@@ -748,10 +813,26 @@ def _parser() -> argparse.ArgumentParser:
         token_args(sub, "the server's token, if it requires one")
         tls_ca_arg(sub, "https://")
 
-    ranges = commands.add_parser("ranges", help="show each subscription's range map (from a running server)")
+    ranges = commands.add_parser(
+        "ranges",
+        help="show each subscription's range map (from a running server)",
+        description="Show each subscription's range map: one line per range, so a consumer that owns several "
+        "ranges appears on several lines. With --pulsar-sticky, print one subscription's ranges per consumer as "
+        "Apache Pulsar Key_Shared STICKY hash ranges. They mean the same in Pulsar 3.x; in Pulsar 4.x, which "
+        "maps slot 0 to 1, a range that is exactly [0, 0] receives no keys.",
+    )
     admin_args(ranges)
     ranges.add_argument("--topic", default=None, help="one subscription's topic (with --subscription)")
     ranges.add_argument("--subscription", default=None, help="one subscription (with --topic; default: all)")
+    ranges.add_argument(
+        "--pulsar-sticky",
+        action="store_true",
+        help='print each consumer\'s ranges as Apache Pulsar Key_Shared STICKY hash ranges, JSON {"consumer": '
+        "[[start, end], ...]} (inclusive, sorted): pass them to KeySharedPolicy.stickyHashRange().ranges("
+        "Range.of(start, end), ...) for that consumer; needs --topic and --subscription. Slots are Pulsar 3.x's "
+        "(murmur3_32(key) & 0x7FFFFFFF) %% 65536; Pulsar 4.x maps slot 0 to 1, so there a range that is exactly "
+        "[0, 0] receives no keys (they go to the owner of slot 1) and every other range means the same",
+    )
     ranges.set_defaults(run=_ranges)
 
     stats = commands.add_parser("stats", help="show per-consumer stats (from a running server)")

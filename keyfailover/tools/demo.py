@@ -11,7 +11,8 @@ and each account's events were first delivered in the order they were stored.
 core alone, on a simulated clock, and checks each delivery as it happens: in per-key
 order, one consumer per key at a time, nothing lost.
 
-Both print the range map after every change, with labelled columns, and a final table.
+Both print who owns what after every change, one line per consumer (it may own several
+ranges of the hash space: how many, its share of the slots, the first few), and a final table.
 """
 
 from __future__ import annotations
@@ -78,16 +79,41 @@ def _verdict(out: TextIO, report: DemoReport, held: str) -> None:
 # -- the core alone, on a simulated clock ----------------------------------------------------
 
 
+_SHOWN_RANGES = 3
+"""Ranges listed per consumer in the tables; the rest are counted."""
+
+
+def _owned(ranges: list[tuple[int, int]]) -> tuple[str, str]:
+    """A consumer's ranges for the tables: ``("3 ranges, 12.5% of slots", "[0, 99] [500, 899] ...")``."""
+    if not ranges:
+        return "no range (standby)", ""
+    share = sum(end - start + 1 for start, end in ranges) / HASH_RANGE_SIZE
+    summary = f"{len(ranges)} range{'' if len(ranges) == 1 else 's'}, {share:.1%} of slots"
+    listed = " ".join(f"[{start}, {end}]" for start, end in ranges[:_SHOWN_RANGES])
+    more = len(ranges) - _SHOWN_RANGES
+    return summary, listed + (f" and {more} more" if more > 0 else "")
+
+
+_RANGES_HEADER = f"{'hash ranges':<28}"
+_TAIL_HEADER = f"  {'status':<9}first ranges"
+
+
+def _in_hash_order(owned: dict[str, list[tuple[int, int]]]) -> list[tuple[str, list[tuple[int, int]]]]:
+    """``(consumer, ranges)`` by each consumer's first range; standbys, owning none, last."""
+    return sorted(owned.items(), key=lambda item: (not item[1], item[1][:1]))
+
+
 def _print_core_ranges(out: TextIO, title: str, dispatcher: Dispatcher, stalled: set[str]) -> None:
     stats = dispatcher.stats()
     out.write(f"\n{title} (epoch {stats['epoch']})\n")
-    out.write(f"  {'consumer':<10}{'hash range':>17}{'share':>8}{'rate/s':>9}{'unacked':>9}{'draining':>10}  status\n")
-    for start, end, consumer in dispatcher.ranges():
+    out.write(f"  {'consumer':<10}{_RANGES_HEADER}{'rate/s':>9}{'unacked':>9}{'draining':>10}{_TAIL_HEADER}\n")
+    for consumer, ranges in _in_hash_order({cid: info["ranges"] for cid, info in stats["consumers"].items()}):
         info = stats["consumers"][consumer]
-        share = (end - start + 1) / HASH_RANGE_SIZE
+        summary, listed = _owned(ranges)
+        status = "stalled" if consumer in stalled else "active"
         out.write(
-            f"  {consumer:<10}{f'[{start}, {end}]':>17}{share:>8.1%}{info['rate']:>9.0f}"
-            f"{info['unacked']:>9}{info['draining_hashes']:>10}  {'stalled' if consumer in stalled else 'active'}\n"
+            f"  {consumer:<10}{summary:<28}{info['rate']:>9.0f}{info['unacked']:>9}"
+            f"{info['draining_hashes']:>10}  {status:<9}{listed}\n"
         )
 
 
@@ -154,11 +180,11 @@ def run_core_demo(messages: int = 60_000, keys: int = 5_000, seed: int = 7, out:
 
     script: dict[int, tuple[str, Callable[[], None]]] = {
         0: ("c1 starts alone and owns the whole hash space", lambda: join("c1")),
-        messages // 6: ("c2 joins: it splits c1, the only (so busiest) consumer", lambda: join("c2")),
-        2 * messages // 6: ("c3 joins: it splits whichever of c1, c2 dispatches more", lambda: join("c3")),
+        messages // 6: ("c2 joins: it takes half of the traffic from c1, the only consumer", lambda: join("c2")),
+        2 * messages // 6: ("c3 joins: it takes a third of the traffic, from the busiest first", lambda: join("c3")),
         3 * messages // 6: ("c4 joins with 200 permits, then stalls (never acks)", lambda: stall("c4")),
-        4 * messages // 6: ("c1 leaves: its range merges into its less busy neighbour", lambda: _leave("c1")),
-        5 * messages // 6: ("stalled c4 is removed: its unacked messages go to the new owner", lambda: _leave("c4")),
+        4 * messages // 6: ("c1 leaves: its ranges go to the least busy, its neighbours first", lambda: _leave("c1")),
+        5 * messages // 6: ("stalled c4 is removed: its unacked messages go to the new owners", lambda: _leave("c4")),
     }
 
     out.write(f"keyfailover demo: {messages} messages over {keys} Zipf(1.1) keys, simulated clock\n")
@@ -259,28 +285,21 @@ class _Worker:
 
 
 def _print_server_ranges(out: TextIO, title: str, workers: dict[str, _Worker], observed: _Observed) -> None:
+    owned = {name: worker.consumer.ranges for name, worker in workers.items()}
+
     def tiled() -> bool:  # the consumers heard of their new ranges (ranges_changed frames)
-        widths = [
-            end - start + 1
-            for start, end in (w.consumer.range for w in workers.values())
-            if start is not None and end is not None
-        ]
-        return sum(widths) == HASH_RANGE_SIZE
+        owned.update((name, worker.consumer.ranges) for name, worker in workers.items())
+        return sum(end - start + 1 for ranges in owned.values() for start, end in ranges) == HASH_RANGE_SIZE
 
     _wait_for(tiled, 10.0)
     out.write(f"\n{title}\n")
-    out.write(f"  {'consumer':<10}{'hash range':>17}{'share':>8}{'received':>10}  status\n")
-    owned = sorted(
-        ((w.consumer.range, name) for name, w in workers.items() if w.consumer.range[0] is not None),
-        key=lambda item: item[0][0] or 0,
-    )
+    out.write(f"  {'consumer':<10}{_RANGES_HEADER}{'received':>10}{_TAIL_HEADER}\n")
     with observed.lock:
         received = dict(observed.deliveries)
-    for (start, end), name in owned:
-        assert start is not None and end is not None
+    for name, ranges in _in_hash_order(owned):
         status = "stalled" if workers[name].stalled.is_set() else "active"
-        share = (end - start + 1) / HASH_RANGE_SIZE
-        out.write(f"  {name:<10}{f'[{start}, {end}]':>17}{share:>8.1%}{received.get(name, 0):>10}  {status}\n")
+        summary, listed = _owned(ranges)
+        out.write(f"  {name:<10}{summary:<28}{received.get(name, 0):>10}  {status:<9}{listed}\n")
 
 
 def _wait_for(condition: object, seconds: float) -> bool:
@@ -359,9 +378,9 @@ def _scenario(
 
         _print_server_ranges(out, "c1 and c2 share the hash space", workers, observed)
         steps = {
-            events // 4: "c3 joins: it splits the busier of c1 and c2",
+            events // 4: "c3 joins: it takes a third of the traffic, from the busiest first",
             events // 2: "c4 joins, then stalls: its keys wait, nobody else's do",
-            3 * events // 4: "c1 leaves: its range merges into its less busy neighbour",
+            3 * events // 4: "c1 leaves: its ranges go to the least busy, its neighbours first",
         }
         for i, account in enumerate(account_ids):
             if i in steps:
@@ -377,18 +396,18 @@ def _scenario(
             key = f"account-{account}"
             producer.send_async(f"{key}:{i}:{(i * 37) % 1000 - 500}".encode(), key, remember(key))  # type: ignore[arg-type]
         producer.flush()
-        start, end = workers["c4"].consumer.range
+        stalled = workers["c4"].consumer.ranges
 
-        def others_done() -> bool:  # every event outside the stalled consumer's range was consumed
+        def others_done() -> bool:  # every event outside the stalled consumer's ranges was consumed
             with lock, observed.lock:
                 return all(
                     position in observed.first
                     for position, key in stored.items()
-                    if start is None or end is None or not start <= key_hash(key) <= end
+                    if not any(start <= key_hash(key) <= end for start, end in stalled)
                 )
 
         _wait_for(others_done, 60.0)
-        out.write(f"\nwhile c4 stalled, every event outside its range was consumed: {others_done()}\n")
+        out.write(f"\nwhile c4 stalled, every event outside its ranges was consumed: {others_done()}\n")
         workers.pop("c4").leave()
         report.status["c4"] = "stalled, then removed"
         _print_server_ranges(out, "stalled c4 is removed: its unacked events go to the new owners", workers, observed)

@@ -546,14 +546,12 @@ class _Connection(asyncio.Protocol):
             # right after the attach, reaches the client before any message of the session.
             subscription.attach(session, frame.receiver_queue, frame.secret)
             self._sessions[session.id] = session
-            start, end = session.range
             self.send(
                 Subscribed(
                     req=frame.req,
                     session=session.id,
                     consumer=frame.consumer,
-                    start=start,
-                    end=end,
+                    ranges=session.ranges,
                     secret=session.secret,
                 )
             )

@@ -24,7 +24,8 @@ from keyfailover.broker.protocol import ConsumerClosed, Frame, Key, Messages, Ra
 from keyfailover.broker.storage._executor import Storage
 from keyfailover.broker.storage.sqlite import StoredMessage
 from keyfailover.core.dispatcher import Delivery, Dispatcher
-from keyfailover.core.errors import ErrorCode, NotInFlightError, ProtocolError
+from keyfailover.core.errors import ConfigError, ErrorCode, NotInFlightError, ProtocolError
+from keyfailover.core.rebalance import POLICIES, MultiRangePolicy
 
 __all__ = ["Session", "Subscription", "SubscriptionConfig"]
 
@@ -37,16 +38,33 @@ _SEND_BYTES = 2 * 1024 * 1024  # well under the protocol's default 5 MiB frame l
 
 @dataclass(frozen=True)
 class SubscriptionConfig:
+    """What every subscription of a server shares: buffer bounds and the rebalance policy."""
+
     max_replay: int = 100_000
     payload_cache: int = 20_000
     cursor_flush_seconds: float = 0.05
     history: int = 1000  # range maps kept for `keyfailover plot`
+    policy: str = "multi"
+    """The dispatcher's rebalance policy: ``"multi"`` (several ranges per consumer) or ``"contiguous"``."""
+    max_ranges: int = 16
+    """With the multi policy, the most ranges one consumer may own."""
+
+    def __post_init__(self) -> None:
+        # Checked here, so a bad setting stops the server at start, not at its first subscribe.
+        if self.policy not in POLICIES:
+            raise ConfigError(f"policy must be one of {tuple(POLICIES)}, not {self.policy!r}")
+        if type(self.max_ranges) is not int or self.max_ranges < 1:
+            raise ConfigError(f"max_ranges must be an int >= 1, not {self.max_ranges!r}")
 
 
 class Session:
-    """One consumer's attachment to a subscription through one connection."""
+    """One consumer's attachment to a subscription through one connection.
 
-    __slots__ = ("consumer", "id", "range", "secret", "send", "subscription")
+    ``ranges`` is what the session was last told it owns: inclusive, sorted ``(start, end)``
+    pairs, empty for a standby.
+    """
+
+    __slots__ = ("consumer", "id", "ranges", "secret", "send", "subscription")
 
     def __init__(
         self, session_id: int, consumer: str, subscription: Subscription, send: Callable[[Frame], None]
@@ -56,7 +74,7 @@ class Session:
         self.secret = secrets.token_hex(16)  # proves a later subscribe is this consumer resuming
         self.subscription = subscription
         self.send = send
-        self.range: tuple[int | None, int | None] = (None, None)
+        self.ranges: list[tuple[int, int]] = []
 
 
 class Subscription:
@@ -66,7 +84,9 @@ class Subscription:
         self.topic = topic
         self.name = name
         self.cursor = cursor
-        self.dispatcher = Dispatcher(clock=time.monotonic, max_replay=config.max_replay)
+        self.dispatcher = Dispatcher(
+            clock=time.monotonic, max_replay=config.max_replay, policy=config.policy, max_ranges=config.max_ranges
+        )
         self.sessions: dict[str, Session] = {}
         self._storage = storage
         self._config = config
@@ -133,8 +153,7 @@ class Subscription:
         self.dispatcher.add_consumer(session.consumer)
         self.dispatcher.flow(session.consumer, permits)
         self.sessions[session.consumer] = session
-        start, end = self._range_of(session.consumer)
-        session.range = (start, end)
+        session.ranges = self.dispatcher.ranges_of(session.consumer)
         self.announce_ranges(skip=session)
         self.wake()
         return old
@@ -161,20 +180,20 @@ class Subscription:
         return None
 
     def announce_ranges(self, skip: Session | None = None) -> None:
-        """Tell every session whose range changed its new range; remember the map for plots."""
+        """Tell every session whose ranges changed its new ranges; remember the map for plots.
+
+        ``ranges_of`` reads the map's per-consumer index, built once per change in O(r), so
+        telling n sessions costs O(r + n), not O(n * r).
+        """
         epoch = self.dispatcher.epoch
         if not self._history or self._history[-1][1]["epoch"] != epoch:
             self._history.append((time.time(), self.dispatcher.snapshot()))
         for session in self.sessions.values():
-            now = self._range_of(session.consumer)
-            if now != session.range:
-                session.range = now
+            now = self.dispatcher.ranges_of(session.consumer)
+            if now != session.ranges:
+                session.ranges = now
                 if session is not skip:
-                    session.send(RangesChanged(session=session.id, epoch=epoch, start=now[0], end=now[1]))
-
-    def _range_of(self, consumer: str) -> tuple[int | None, int | None]:
-        found = self.dispatcher.range_of(consumer) if consumer in self.sessions else None
-        return found if found is not None else (None, None)
+                    session.send(RangesChanged(session=session.id, epoch=epoch, ranges=now))
 
     # -- flow, acks ------------------------------------------------------------------
 
@@ -309,12 +328,18 @@ class Subscription:
         return [{"time": at, "snapshot": snapshot} for at, snapshot in self._history]
 
     def describe(self) -> dict[str, Any]:
-        """JSON-safe state for the admin endpoint: dispatcher stats, cursor and backlog."""
+        """JSON-safe state for the admin endpoint: rebalance policy, dispatcher stats, cursor and backlog.
+
+        ``max_ranges`` is the most ranges one consumer may own: 1 under the contiguous policy.
+        """
         last = self._storage.last_position(self.topic)
         acked_above = sum(end - start + 1 for start, end in self.cursor.acked_ranges)
+        policy = self.dispatcher.policy
         return {
             "topic": self.topic,
             "subscription": self.name,
+            "policy": policy.name,
+            "max_ranges": policy.max_ranges if isinstance(policy, MultiRangePolicy) else 1,
             "dispatcher": self.dispatcher.stats(),
             "mark_delete": self.cursor.mark_delete,
             "acked_above_mark_delete": acked_above,

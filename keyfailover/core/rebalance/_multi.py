@@ -119,7 +119,7 @@ class MultiRangePolicy(Policy):
         room = {c: targets[c] * (1.0 + self.tolerance) - layout.loads[c] for c in shortfall}
         takes = _consolidate(takes, room, self.tolerance * level)
         grain = self._grain(level)
-        layout.transfer({leaver: layout.loads[leaver]}, takes, grain)
+        layout.carve(leaver, takes, grain)
         left = layout.loads[leaver]
         if left > grain and layout.count(leaver):
             # What did not fit the fair shares goes where there is room under the caps, the emptiest first.
@@ -519,6 +519,55 @@ class _Layout:
     def _moved(donor: str, receiver: str, weight: float, gives: dict[str, float], takes: dict[str, float]) -> None:
         gives[donor] -= weight
         takes[receiver] -= weight
+
+    def carve(self, leaver: str, takes: dict[str, float], grain: float) -> None:
+        """Cut ``leaver``'s ranges into consecutive pieces for the receivers in ``takes``, consumed in place.
+
+        Each range, the heaviest first, is carved in one pass (one cumulative sum, one
+        ``searchsorted`` for every cut): its bottom for the neighbour below and its top for
+        the neighbour above when they take (boundary moves, no new range), the middle for
+        the others in one queue, those taking most first, so a receiver the end of one range
+        cut short continues in the next; each such piece is a new range of its receiver,
+        which must own fewer than ``max_ranges``. Cuts fall between slots, at the slot
+        boundary nearest each receiver's amount.
+        """
+        queue = sorted((r for r, amount in takes.items() if amount >= grain), key=lambda r: (-takes[r], r))
+        for start, end in sorted(
+            ((self._starts[i], self._ends[i]) for i in self.indexes_of(leaver)), key=lambda r: -self.weight(*r)
+        ):
+            index = bisect.bisect_left(self._starts, start)
+            below = self._owners[index - 1] if index > 0 else None
+            above = self._owners[index + 1] if index + 1 < len(self._owners) else None
+            order = [below] if below is not None and takes.get(below, 0.0) >= grain else []
+            order += [
+                r
+                for r in queue
+                if takes[r] >= grain and r not in (below, above) and self.count(r) < self.max_ranges
+            ]
+            if above is not None and takes.get(above, 0.0) >= grain:
+                order.append(above)
+            if not order:
+                continue
+            running = np.cumsum(self._weights[start : end + 1])
+            wanted = np.cumsum([takes[r] for r in order])
+            # The slot boundary nearest each cumulative amount: piece i ends at slot cuts[i] - 1.
+            at = np.searchsorted(running, wanted)
+            lower = np.concatenate(([0.0], running))[np.minimum(at, len(running))]
+            upper = running[np.minimum(at, len(running) - 1)]
+            cuts = np.where(np.abs(upper - wanted) < np.abs(wanted - lower), at + 1, at)
+            cuts = np.minimum(cuts, len(running)).tolist()
+            if order[-1] == above and above is not None:
+                cuts[-1] = len(running)  # the neighbour above takes the rest: one boundary move
+            first = start
+            for receiver, cut in zip(order, cuts, strict=True):
+                last = start + cut - 1
+                if last < first:
+                    continue
+                weight = self.give(first, last, receiver)
+                takes[receiver] -= weight
+                first = last + 1
+                if first > end:
+                    break
 
     def hand_to_neighbours(self, leaver: str) -> None:
         """Whatever ``leaver`` still owns goes to an adjacent neighbour, the less loaded one (a boundary move)."""

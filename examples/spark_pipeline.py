@@ -2,9 +2,11 @@
 
 Reads payment events exported from a server's log (``keyfailover export --format parquet``;
 each payload is JSON with an ``amount``), and the live range map from a server's
-``/ranges`` endpoint or a snapshot file. Each account's events are processed in position
-order inside the partition of its range, giving a running balance per event; the result
-goes to one output directory per consumer (``OUT/owner=<consumer>``). Then it checks that
+``/ranges`` endpoint or a snapshot file (version 1 or 2). Each account's events are
+processed in position order inside the partition of its range, giving a running balance per
+event; a consumer may own several ranges (the server's default multi-range policy), so its
+accounts may be spread over several partitions, and the result goes to one output directory
+per consumer (``OUT/owner=<consumer>``), all its ranges together. Then it checks that
 for every account the owner Spark computed equals ``RangeMap.owner_of`` of the live map,
 and that every final balance is the sum of the account's amounts.
 
@@ -60,9 +62,12 @@ def running_balance(account: str | None, events: list[dict[str, Any]]) -> Iterat
 def run_job(spark: SparkSession, events_dir: Path, ranges: str, out_dir: Path) -> int:
     """Run the balances job and its checks; the process exit code (1 when a check failed)."""
     range_map = load_range_map(ranges)  # read once: the job and the checks use the same map
-    print(f"range map (epoch {range_map.epoch}) from {ranges}:")
-    for start, end, consumer in range_map.ranges():
-        print(f"  {consumer:<14}[{start:>5}, {end:>5}]  {(end - start + 1) / range_map.range_size:6.1%}")
+    print(f"range map (epoch {range_map.epoch}) from {ranges}: range = partition")
+    for partition, (start, end, consumer) in enumerate(range_map.ranges()):
+        share = (end - start + 1) / range_map.range_size
+        print(f"  {partition:>3}  {consumer:<14}[{start:>5}, {end:>5}]  {share:6.1%}")
+    for consumer, its_ranges in range_map.ranges_by_consumer().items():
+        print(f"  {consumer:<14}{len(its_ranges)} range(s), {range_map.width(consumer) / range_map.range_size:6.1%}")
     events = spark.read.parquet(str(events_dir)).select(
         "key",
         "position",
@@ -125,10 +130,11 @@ class Server:
 
 
 def wait_for_consumers(ranges_url: str, count: int, timeout: float = 30.0) -> None:
+    """Return once ``count`` consumers own ranges (a consumer may own several)."""
     deadline = time.monotonic() + timeout
     while True:
         with urlopen(ranges_url, timeout=10) as response:
-            if len(json.load(response)["ranges"]) == count:
+            if len(RangeMap.from_snapshot(json.load(response))) == count:
                 return
         if time.monotonic() > deadline:
             raise SystemExit(f"the range map of {ranges_url} did not reach {count} consumers in {timeout} s")

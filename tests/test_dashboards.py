@@ -2,10 +2,10 @@
 
 Every PromQL expression may name only series the collector exports (``METRIC_NAMES``, which
 tests/test_metrics.py pins to the real exposition) or series the rules record; rate-like
-functions take counters and deriv-like ones gauges; the dashboard shows what issue 4 lists.
-With promtool installed (Debian's prometheus package; scripts/setup-system installs it) the
-rules, their unit tests, the config and every dashboard expression are checked by Prometheus's
-own parser.
+functions take counters and deriv-like ones gauges; the dashboard shows what issues 4 and 12
+list. With promtool installed (Debian's prometheus package; scripts/setup-system installs it)
+the rules, their unit tests, the config and every dashboard expression are checked by
+Prometheus's own parser, and the range panels are evaluated by it on a real scrape.
 """
 
 from __future__ import annotations
@@ -14,14 +14,19 @@ import json
 import re
 import shutil
 import subprocess
+from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
-from keyfailover.integrations.metrics import METRIC_NAMES
+from keyfailover.core.dispatcher import Dispatcher
+from keyfailover.core.hashing import HASH_RANGE_SIZE
+from keyfailover.integrations.metrics import METRIC_NAMES, KeyFailoverCollector, SubscriptionView
 
 METRICS_DIR = Path(__file__).resolve().parent.parent / "metrics"
 DASHBOARD = METRICS_DIR / "grafana-dashboard.json"
@@ -192,6 +197,7 @@ def _family(sample: str) -> str:
         ("keyfailover_unacked_messages", True),
         ("keyfailover_replay_messages", True),
         ("keyfailover_draining_hashes", True),
+        ("keyfailover_consumer_ranges", True),
         ("keyfailover_rebalances_total", False),
         ("keyfailover_rebalance_duration_seconds_bucket", False),
         ("keyfailover_load_imbalance", False),
@@ -220,6 +226,95 @@ def test_range_ownership_is_a_stacked_chart_of_range_share() -> None:
     defaults = ownership["fieldConfig"]["defaults"]
     assert defaults["custom"]["stacking"]["mode"] == "normal", "the shares must stack up to the whole hash space"
     assert (defaults["min"], defaults["max"]) == (0, 1), "the axis must show the whole hash space, 0 to 1"
+
+
+def exposition_series(text: str) -> list[dict[str, str]]:
+    """Every sample of a Prometheus text exposition as a promtool input series holding its value for 5 minutes."""
+    found = []
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ", ".join(f"{name}={json.dumps(value)}" for name, value in sorted(sample.labels.items()))
+            found.append({"series": f"{sample.name}{{{labels}}}", "values": f"{sample.value!r}x5"})
+    return found
+
+
+def expected_samples(found: dict[tuple[tuple[str, str], ...], float]) -> list[dict[str, Any]]:
+    """promtool's ``exp_samples`` for ``labels -> value``."""
+    return [
+        {"labels": "{" + ", ".join(f"{name}={json.dumps(value)}" for name, value in labels) + "}", "value": value}
+        for labels, value in sorted(found.items())
+    ]
+
+
+def test_range_panels_evaluate_to_the_range_map_with_a_consumer_owning_several_ranges(tmp_path: Path) -> None:
+    """The range table, the Ranges, Policy and Ranges per consumer panels, evaluated by promtool on a real scrape."""
+    now = [0.0]
+    dispatcher = Dispatcher(clock=lambda: now[0], max_ranges=4)
+    for index in range(5):
+        dispatcher.add_consumer(f"c{index}")
+    for position in range(2_000):
+        dispatcher.publish(position, f"k{position}")
+    now[0] = 2.0
+    dispatcher.poll()  # measures the traffic, so each consumer has a traffic share
+    ranges = dispatcher.ranges()
+    owners = [consumer for _, _, consumer in ranges]
+    assert max(owners.count(consumer) for consumer in owners) >= 3, "the scenario needs a consumer with 3 ranges"
+    registry = CollectorRegistry()
+    registry.register(KeyFailoverCollector(lambda: [SubscriptionView("orders", "billing", dispatcher)]))
+    text = generate_latest(registry).decode()
+    (scraped,) = [f for f in text_string_to_metric_families(text) if f.name == "keyfailover_traffic_share"]
+    traffic = {sample.labels["consumer"]: sample.value for sample in scraped.samples}
+    assert min(traffic.values()) > 0 and sum(traffic.values()) == pytest.approx(1.0)
+
+    sub = (("subscription", "billing"), ("topic", "orders"))
+    per_range: dict[str, dict[tuple[tuple[str, str], ...], float]] = defaultdict(dict)
+    widths: dict[str, int] = defaultdict(int)
+    for start, end, consumer in ranges:
+        widths[consumer] += end - start + 1
+    ordinal: dict[str, int] = defaultdict(int)
+    for start, end, consumer in ranges:
+        labels = (("consumer", consumer), ("range", str(ordinal[consumer])), *sub)
+        ordinal[consumer] += 1
+        per_range["start"][(("__name__", "keyfailover_range_start"), *labels)] = start
+        per_range["end"][(("__name__", "keyfailover_range_end"), *labels)] = end
+        per_range["width"][labels] = (end - start + 1) / HASH_RANGE_SIZE
+        per_range["consumer"][labels] = widths[consumer] / HASH_RANGE_SIZE
+        per_range["traffic"][labels] = traffic[consumer]
+    expected: dict[str, dict[str, dict[tuple[tuple[str, str], ...], float]]] = {
+        "Ranges now": per_range,
+        "Ranges": {"A": {(): len(ranges)}},
+        "Policy": {
+            "A": {
+                (
+                    ("__name__", "keyfailover_rebalance_policy_info"),
+                    ("max_ranges", "4"),
+                    ("policy", "multi"),
+                    *sub,
+                ): 1.0
+            }
+        },
+        "Ranges per consumer": {
+            "A": {
+                (("__name__", "keyfailover_consumer_ranges"), ("consumer", consumer), *sub): owners.count(consumer)
+                for consumer in set(owners)
+            }
+        },
+    }
+    checks = []
+    for panel in panels(dashboard()):
+        for target in panel.get("targets", []) if panel.get("title") in expected else []:
+            expr = target["expr"].replace("$topic", "orders").replace("$subscription", "billing")
+            samples = expected_samples(expected[panel["title"]].pop(target["refId"]))
+            checks.append({"expr": expr, "eval_time": "2m", "exp_samples": samples})
+    assert all(not left for left in expected.values()), f"panels or targets not found: {expected}"
+    tests = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": exposition_series(text), "promql_expr_test": checks}],
+    }
+    unit_tests = tmp_path / "range_panels_test.yml"
+    unit_tests.write_text(yaml.safe_dump(tests), encoding="utf-8")
+    assert "SUCCESS" in run_promtool("test", "rules", str(unit_tests))
 
 
 def test_dashboard_panels_are_unique_and_use_the_data_source_variable() -> None:

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -26,13 +27,14 @@ from keyfailover.integrations.metrics import METRIC_NAMES, KeyFailoverCollector,
 
 SUB = {"topic": "orders", "subscription": "billing"}
 
-# The metrics issue 4 asks for: family name -> (type, labels besides topic and subscription).
+# The metrics issues 4 and 12 ask for: family name -> (type, labels besides topic and subscription).
 CONSUMER = ("consumer",)
 SPEC: dict[str, tuple[str, tuple[str, ...]]] = {
-    "keyfailover_range_start": ("gauge", CONSUMER),
-    "keyfailover_range_end": ("gauge", CONSUMER),
+    "keyfailover_range_start": ("gauge", ("consumer", "range")),
+    "keyfailover_range_end": ("gauge", ("consumer", "range")),
     "keyfailover_range_share": ("gauge", CONSUMER),
     "keyfailover_traffic_share": ("gauge", CONSUMER),
+    "keyfailover_consumer_ranges": ("gauge", CONSUMER),
     "keyfailover_messages_dispatched": ("counter", CONSUMER),
     "keyfailover_messages_acked": ("counter", CONSUMER),
     "keyfailover_messages_redelivered": ("counter", CONSUMER),
@@ -48,6 +50,7 @@ SPEC: dict[str, tuple[str, tuple[str, ...]]] = {
     "keyfailover_load_imbalance": ("gauge", ()),
     "keyfailover_consumers": ("gauge", ()),
     "keyfailover_range_map_epoch": ("gauge", ()),
+    "keyfailover_rebalance_policy_info": ("gauge", ("policy", "max_ranges")),  # an info family, as text format shows it
 }
 SERVER_SPEC: dict[str, tuple[str, tuple[str, ...]]] = {
     "keyfailover_log_appended": ("counter", ()),
@@ -141,9 +144,10 @@ class Recorder:
 
 
 def keys_in(recorder: Recorder, consumer: str, count: int, prefix: str) -> list[str]:
-    """``count`` keys whose slots lie in ``consumer``'s current range."""
-    start, end = recorder.dispatcher.range_of(consumer) or (1, 0)
-    found = (key for key in (f"{prefix}{i}" for i in range(200_000)) if start <= key_hash(key) <= end)
+    """``count`` keys whose slots lie in ``consumer``'s current ranges."""
+    owned = recorder.dispatcher.ranges_of(consumer)
+    candidates = (f"{prefix}{i}" for i in range(200_000))
+    found = (key for key in candidates if any(start <= key_hash(key) <= end for start, end in owned))
     return [next(found) for _ in range(count)]
 
 
@@ -218,20 +222,51 @@ def buckets(families: dict[str, Metric], name: str, **labels: str) -> dict[float
 # -- ranges and shares ------------------------------------------------------------------
 
 
-def test_ranges_and_shares_match_the_range_map() -> None:
+def per_range(families: dict[str, Metric], sample: str, **labels: str) -> dict[tuple[str, str], float]:
+    """A per-range family's samples whose labels include ``labels``, keyed by (consumer, range)."""
+    return {
+        (s.labels["consumer"], s.labels["range"]): s.value
+        for s in families[sample].samples
+        if all(s.labels.get(name) == value for name, value in labels.items())
+    }
+
+
+def numbered(ranges: list[tuple[int, int, str]]) -> dict[tuple[str, str], tuple[int, int]]:
+    """``(consumer, n)`` -> the consumer's n-th range in hash order, counted from the sorted triples."""
+    seen: Counter[str] = Counter()
+    found = {}
+    for start, end, consumer in ranges:
+        found[(consumer, str(seen[consumer]))] = (start, end)
+        seen[consumer] += 1
+    return found
+
+
+def test_per_range_series_and_per_consumer_shares_match_the_range_map() -> None:
     r = churned()
     d = r.dispatcher
     families = scrape_dispatcher(d)
     ranges = d.ranges()
-    assert sorted(c for _, _, c in ranges) == ["c1", "c2", "c3"]
-    assert values(families, "keyfailover_range_start", "consumer", **SUB) == {c: s for s, _, c in ranges}
-    assert values(families, "keyfailover_range_end", "consumer", **SUB) == {c: e for _, e, c in ranges}
+    owners = [c for _, _, c in ranges]
+    assert sorted(set(owners)) == ["c1", "c2", "c3"]
+    # The multi-range policy gave some consumer at least 3 ranges, none of them adjacent.
+    assert max(Counter(owners).values()) >= 3
+    assert all(a != b for a, b in pairwise(owners))
+
+    expected = numbered(ranges)
+    assert per_range(families, "keyfailover_range_start", **SUB) == {key: s for key, (s, _) in expected.items()}
+    assert per_range(families, "keyfailover_range_end", **SUB) == {key: e for key, (_, e) in expected.items()}
+    assert values(families, "keyfailover_consumer_ranges", "consumer", **SUB) == dict(Counter(owners))
+    widths: Counter[str] = Counter()
+    for start, end, consumer in ranges:
+        widths[consumer] += end - start + 1
     shares = values(families, "keyfailover_range_share", "consumer", **SUB)
-    assert shares == {c: (e - s + 1) / HASH_RANGE_SIZE for s, e, c in ranges}
+    assert shares == {c: width / HASH_RANGE_SIZE for c, width in widths.items()}
     assert sum(shares.values()) == pytest.approx(1.0, abs=1e-12)
 
     traffic = np.asarray(d.traffic())
-    loads = {c: float(traffic[s : e + 1].sum()) for s, e, c in ranges}
+    loads: defaultdict[str, float] = defaultdict(float)
+    for start, end, consumer in ranges:
+        loads[consumer] += float(traffic[start : end + 1].sum())
     total = sum(loads.values())
     assert total > 0
     traffic_shares = values(families, "keyfailover_traffic_share", "consumer", **SUB)
@@ -241,6 +276,38 @@ def test_ranges_and_shares_match_the_range_map() -> None:
     assert value(families, "keyfailover_load_imbalance", **SUB) == pytest.approx(max(loads.values()) / mean)
     assert value(families, "keyfailover_consumers", **SUB) == 3
     assert value(families, "keyfailover_range_map_epoch", **SUB) == d.epoch == sum(r.reasons.values())
+    assert value(families, "keyfailover_rebalance_policy_info", policy="multi", max_ranges="16", **SUB) == 1
+
+
+def test_the_policy_bounds_the_range_series_and_is_reported() -> None:
+    capped = Dispatcher(max_ranges=2)
+    contiguous = Dispatcher(policy="contiguous")
+    for dispatcher in (capped, contiguous):
+        for index in range(9):
+            dispatcher.add_consumer(f"c{index}")
+    families = scrape(
+        lambda: [
+            SubscriptionView("orders", "capped", capped),
+            SubscriptionView("orders", "contiguous", contiguous),
+        ]
+    )
+    for subscription, dispatcher, policy, most in (
+        ("capped", capped, "multi", 2),
+        ("contiguous", contiguous, "contiguous", 1),
+    ):
+        labels = {"topic": "orders", "subscription": subscription}
+        info = [
+            s for s in families["keyfailover_rebalance_policy_info"].samples if s.labels["subscription"] == subscription
+        ]
+        assert [(s.labels, s.value) for s in info] == [(labels | {"policy": policy, "max_ranges": str(most)}, 1.0)]
+        counts = values(families, "keyfailover_consumer_ranges", "consumer", **labels)
+        assert counts == dict(Counter(c for _, _, c in dispatcher.ranges()))
+        assert set(counts) == {f"c{index}" for index in range(9)} and max(counts.values()) <= most
+        # At most `most` series per consumer, numbered from 0, whatever the policy did.
+        starts = per_range(families, "keyfailover_range_start", **labels)
+        assert set(starts) == {(c, str(n)) for c, count in counts.items() for n in range(int(count))}
+        assert starts == {key: s for key, (s, _) in numbered(dispatcher.ranges()).items()}
+    assert max(values(families, "keyfailover_consumer_ranges", "consumer", subscription="capped").values()) == 2
 
 
 def test_each_subscription_sums_to_one_and_one_without_consumers_reports_zero() -> None:

@@ -34,7 +34,7 @@ RGB = tuple[int, int, int]
 
 
 def _scenario() -> list[HistoryEntry]:
-    """c1 alone; c2 and c3 join; c1 leaves; c4 joins; c3 leaves: 1, 2, 3, 2, 3, 2 consumers."""
+    """c1 alone; c2 and c3 join; c1 leaves; c4 joins; c3 leaves: 1, 2, 3, 2, 3, 2 consumers, several bands each."""
     ranges = RangeMap()
     history: list[HistoryEntry] = []
     at = 1_700_000_000.0
@@ -44,15 +44,15 @@ def _scenario() -> list[HistoryEntry]:
 
     ranges.assign_all("c1")
     record(0.0)
-    ranges.split("c1", "c2", 32768)  # c2 [32768, 65535]
+    ranges.reassign([(16384, 32767, "c2"), (49152, 65535, "c2")])  # c1 [0, 16383] [32768, 49151]
     record(4.0)
-    ranges.split("c2", "c3", 49152)  # c3 [49152, 65535]
+    ranges.reassign([(8192, 16383, "c3"), (24576, 32767, "c3"), (57344, 65535, "c3")])  # c3: three bands
     record(9.0)
-    ranges.merge("c1", "c2")  # c2 [0, 49151]
+    ranges.reassign([(0, 8191, "c2"), (32768, 49151, "c3")])  # c1 leaves: c2 [0, 8191] [16384, 24575] ...
     record(15.0)
-    ranges.split("c2", "c4", 16384)  # c4 [16384, 49151]
+    ranges.reassign([(4096, 8191, "c4"), (40960, 49151, "c4")])  # c4 [4096, 8191] [40960, 49151]
     record(20.0)
-    ranges.merge("c3", "c4")  # c4 [16384, 65535]
+    ranges.reassign([(8192, 16383, "c4"), (24576, 40959, "c2"), (57344, 65535, "c4")])  # c3 leaves
     record(27.0)
     return history
 
@@ -130,9 +130,9 @@ def _check_bands(picture: Picture, history: list[HistoryEntry], min_width: int =
             continue
         middle = (start + end) / 2
         ranges = RangeMap.from_snapshot(snapshot)
-        for first, last, consumer in ranges:
+        for first, last, consumer in ranges.ranges():
             assert picture.colour(middle, (first + last + 1) / 2) == picture.colours[consumer], (start, consumer)
-        # One band per consumer present: exactly their colours, nothing else (no seams, no lines);
+        # Every band of a consumer in its colour, nothing else (no seams, no lines);
         # a map with no consumers draws nothing over the background.
         bands = {picture.colours[consumer] for consumer in ranges.consumers()}
         assert picture.column(middle) == (bands or {picture.background})
@@ -141,8 +141,19 @@ def _check_bands(picture: Picture, history: list[HistoryEntry], min_width: int =
 
 
 @needs_matplotlib
-def test_file_history_renders_one_coloured_band_per_owner(tmp_path: Path) -> None:
+def test_file_history_renders_every_band_in_its_owners_colour(tmp_path: Path) -> None:
     history = _scenario()
+    maps = [RangeMap.from_snapshot(snapshot) for _, snapshot in history]
+    # The story has a consumer owning three bands at once, none adjacent to another.
+    assert maps[2].ranges_of("c3") == [(8192, 16383), (24576, 32767), (57344, 65535)]
+    assert [{c: len(owned) for c, owned in m.ranges_by_consumer().items()} for m in maps] == [
+        {"c1": 1},
+        {"c1": 2, "c2": 2},
+        {"c1": 2, "c3": 3, "c2": 2},
+        {"c2": 3, "c3": 3},
+        {"c2": 3, "c4": 2, "c3": 3},
+        {"c2": 3, "c4": 3},
+    ]
     source = _write(tmp_path / "history.jsonl", _jsonl(history))
     loaded = load_history(source)
     assert loaded == history
@@ -151,21 +162,53 @@ def test_file_history_renders_one_coloured_band_per_owner(tmp_path: Path) -> Non
     assert out.stat().st_size > 10_000
 
     picture = Picture(out, history, "billing")
-    assert picture.labels == ["c1", "c2", "c3", "c4", "rebalance"]
+    assert picture.labels == ["c1", "c2", "c3", "c4", "rebalance"]  # each consumer once, however many bands
     assert len(set(picture.colours.values())) == 4
     assert _check_bands(picture, history) == len(history)
-    # Spot checks at known (time, slot) points: who owned slot 40000 at 2 s, 12 s and 30 s.
+    # Spot checks at known (time, slot) points: c3's three bands at 12 s, the others' at 2, 6, 23 and 30 s.
     start = history[0][0]
     assert picture.colour(start + 2, 40_000) == picture.colours["c1"]
-    assert picture.colour(start + 12, 40_000) == picture.colours["c2"]
-    assert picture.colour(start + 23, 10_000) == picture.colours["c2"]
+    assert picture.colour(start + 6, 20_000) == picture.colour(start + 6, 60_000) == picture.colours["c2"]
+    assert {picture.colour(start + 12, slot) for slot in (10_000, 30_000, 60_000)} == {picture.colours["c3"]}
+    assert picture.colour(start + 12, 20_000) == picture.colours["c2"]
+    assert picture.colour(start + 23, 6_000) == picture.colour(start + 23, 45_000) == picture.colours["c4"]
     assert picture.colour(start + 28, 60_000) == picture.colours["c4"]
+    assert picture.colour(start + 28, 30_000) == picture.colours["c2"]
     # A dark rebalance line at each change after the first map, none before it.
     for at, _ in history[1:]:
         row, column = picture.pixel(at, 20_000)
         assert (picture.rgb[row, column - 1 : column + 2] < 90).all(axis=1).any(), at
     row, column = picture.pixel(start, 20_000)
     assert (picture.rgb[row, column + 3 : column + 40] == picture.colours["c1"]).all()
+
+
+def _version_1(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """``snapshot`` as a version 1 snapshot (one range per consumer), as histories written before issue 12 hold."""
+    assert len({r["consumer"] for r in snapshot["ranges"]}) == len(snapshot["ranges"])
+    return snapshot | {"version": 1}
+
+
+@needs_matplotlib
+def test_version_1_and_version_2_snapshots_mix_in_one_history(tmp_path: Path) -> None:
+    old = [
+        (100.0, _version_1(RangeMap.from_ranges([(0, 65535, "c1")]).snapshot())),
+        (110.0, _version_1(RangeMap.from_ranges([(0, 32767, "c1"), (32768, 65535, "c2")]).snapshot())),
+    ]
+    new = (120.0, RangeMap.from_ranges([(0, 9999, "c2"), (10000, 32767, "c1"), (32768, 65535, "c2")]).snapshot())
+    source = _write(tmp_path / "history.jsonl", _jsonl([*old, new]))
+    loaded = load_history(source)
+    assert [snapshot["version"] for _, snapshot in loaded] == [2, 2, 2]  # read as the current version
+    assert [RangeMap.from_snapshot(s) for _, s in loaded] == [RangeMap.from_snapshot(s) for _, s in [*old, new]]
+    out = tmp_path / "mixed.png"
+    assert main(["plot", "--history-file", str(source), "--out", str(out)]) == 0
+    picture = Picture(out, loaded, "Range ownership")
+    assert picture.labels == ["c1", "c2", "rebalance"]
+    assert _check_bands(picture, loaded) == 3
+    assert picture.colour(121.0, 5_000) == picture.colour(121.0, 50_000) == picture.colours["c2"]
+    # A version 1 snapshot cannot give one consumer two ranges.
+    twice = _version_1(old[1][1]) | {"ranges": new[1]["ranges"]}
+    with pytest.raises(HistoryError, match=r"line 1: a version 1 snapshot has one range per consumer, but \['c2'\]"):
+        load_history(_write(tmp_path / "bad.jsonl", _jsonl([(1.0, twice)])))
 
 
 @needs_matplotlib

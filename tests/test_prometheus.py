@@ -4,7 +4,9 @@ The scrape config is metrics/prometheus.yml pointed at the test server, scraping
 second, with metrics/alerts.yml loaded; Prometheus (Debian's prometheus package;
 scripts/setup-system installs it) runs on a free loopback port with a temporary TSDB. The
 test polls Prometheus's HTTP API until two scrapes of the server are stored and every alert
-rule was evaluated, then reads the range metrics back through PromQL. Prometheus applies a
+rule was evaluated, then reads the range metrics back through PromQL: one series per range
+(a consumer may own several), shares and range counts per consumer, the policy per
+subscription. Prometheus applies a
 new target list about 5 s after it starts, so the test takes about 7 s.
 """
 
@@ -15,6 +17,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -161,18 +164,32 @@ def test_prometheus_scrapes_range_shares_that_match_the_servers_ranges(tmp_path:
         totals = by_labels(
             query(url, "sum by (topic, subscription) (keyfailover_range_share)"), "topic", "subscription"
         )
-        starts = by_labels(query(url, "keyfailover_range_start"), "topic", "subscription", "consumer")
-        ends = by_labels(query(url, "keyfailover_range_end"), "topic", "subscription", "consumer")
+        per_range = ("topic", "subscription", "consumer", "range")
+        starts = by_labels(query(url, "keyfailover_range_start"), *per_range)
+        ends = by_labels(query(url, "keyfailover_range_end"), *per_range)
         shares = by_labels(query(url, "keyfailover_range_share"), "topic", "subscription", "consumer")
+        counts = by_labels(query(url, "keyfailover_consumer_ranges"), "topic", "subscription", "consumer")
+        policies = by_labels(query(url, "keyfailover_rebalance_policy_info"), "subscription", "policy", "max_ranges")
         ranges_after = get_json(f"{server.admin_url}/ranges")
 
     assert ranges_after == ranges_before, "the ranges changed while Prometheus scraped; nothing should move them"
     assert totals == {("orders", "audit"): pytest.approx(1.0), ("orders", "billing"): pytest.approx(1.0)}
-    expected: dict[tuple[str, str, str], tuple[int, int]] = {}
+    # The n-th range of a consumer (in hash order) is the series with range="n".
+    expected: dict[tuple[str, str, str, str], tuple[int, int]] = {}
     for listed in ranges_after["subscriptions"]:
+        assert listed["ranges"]["version"] == 2
+        seen: Counter[str] = Counter()
         for owned in listed["ranges"]["ranges"]:
-            expected[(listed["topic"], listed["subscription"], owned["consumer"])] = (owned["start"], owned["end"])
+            consumer = owned["consumer"]
+            key = (listed["topic"], listed["subscription"], consumer, str(seen[consumer]))
+            expected[key] = (owned["start"], owned["end"])
+            seen[consumer] += 1
     assert {key[2] for key in expected if key[1] == "billing"} == {"b1", "b3", "b4"}
     assert {key: (starts[key], ends[key]) for key in starts} == expected
     assert set(ends) == set(expected)
-    assert shares == {key: (end - start + 1) / HASH_RANGE_SIZE for key, (start, end) in expected.items()}
+    widths: Counter[tuple[str, str, str]] = Counter()
+    for (topic, subscription, consumer, _), (start, end) in expected.items():
+        widths[(topic, subscription, consumer)] += end - start + 1
+    assert shares == {key: width / HASH_RANGE_SIZE for key, width in widths.items()}
+    assert counts == dict(Counter(key[:3] for key in expected))
+    assert policies == {("audit", "multi", "16"): 1.0, ("billing", "multi", "16"): 1.0}

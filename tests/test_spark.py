@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,9 @@ from pyspark.sql import functions as sf
 from keyfailover import RangeMap, key_hash
 from keyfailover.core.errors import InvalidKeyError, RangeMapError, SnapshotError
 from keyfailover.integrations.spark import (
+    load_range_map,
     owner_column,
+    partition_by_consumer,
     partition_by_ranges,
     process_in_key_order,
     with_key_hash,
@@ -47,6 +50,19 @@ UNEVEN = RangeMap.from_ranges(
     epoch=12,
 )
 """Seven uneven ranges, one of them two slots wide."""
+
+MULTI = RangeMap.from_ranges(
+    [
+        (0, 999, "a"),
+        (1_000, 20_000, "b"),
+        (20_001, 20_002, "a"),
+        (20_003, 40_000, "c"),
+        (40_001, 50_000, "b"),
+        (50_001, 65_535, "a"),
+    ],
+    epoch=5,
+)
+"""Six ranges of three consumers (the multi-range policy): a owns three, none adjacent, one two slots wide; b two."""
 
 
 def oracle(df: DataFrame, key_col: str) -> DataFrame:
@@ -149,12 +165,15 @@ def test_with_range_id_accepts_every_form_of_range_map(spark: SparkSession, tmp_
     assert expected == [0, 0, 1, 1, 2, 2, 3, 4, 5, 5, 6, 6, None]
     snapshot_file = tmp_path / "ranges.json"
     snapshot_file.write_text(json.dumps(UNEVEN.snapshot()), encoding="utf-8")
+    version_1_file = tmp_path / "ranges-v1.json"
+    version_1_file.write_text(json.dumps(UNEVEN.snapshot() | {"version": 1}), encoding="utf-8")
     with SnapshotServer(UNEVEN.snapshot()) as server:
         forms: list[Any] = [
             UNEVEN,
             UNEVEN.snapshot(),
             snapshot_file,
             str(snapshot_file),
+            version_1_file,
             f"{server.url}/ranges?topic=t&subscription=s",
         ]
         for form in forms:
@@ -163,6 +182,33 @@ def test_with_range_id_accepts_every_form_of_range_map(spark: SparkSession, tmp_
             with_range_id(df, f"{server.url}/ranges?topic=t&subscription=other")
     with pytest.raises(SnapshotError, match=r"names no subscription; expected a /ranges URL with \?topic=T"):
         with_range_id(df, f"{server.url}/ranges")
+
+
+@pytest.mark.parametrize(
+    ("ranges", "version"), [(UNEVEN, 1), (UNEVEN, 2), (MULTI, 2)], ids=["v1", "v2", "v2 several ranges each"]
+)
+def test_load_range_map_reads_version_1_and_2_snapshot_files_and_urls(
+    tmp_path: Path, ranges: RangeMap, version: int
+) -> None:
+    snapshot = ranges.snapshot() | {"version": version}
+    snapshot_file = tmp_path / "ranges.json"
+    snapshot_file.write_text(json.dumps(snapshot), encoding="utf-8")
+    with SnapshotServer(snapshot) as server:
+        from_url = load_range_map(f"{server.url}/ranges?topic=t&subscription=s")
+    for found in (from_url, load_range_map(snapshot_file), load_range_map(str(snapshot_file))):
+        assert found == ranges and found.epoch == ranges.epoch
+        assert found.ranges_by_consumer() == ranges.ranges_by_consumer()
+
+
+def test_a_version_1_snapshot_giving_a_consumer_two_ranges_is_refused(tmp_path: Path) -> None:
+    snapshot = MULTI.snapshot() | {"version": 1}
+    snapshot_file = tmp_path / "ranges.json"
+    snapshot_file.write_text(json.dumps(snapshot), encoding="utf-8")
+    expected = r"a version 1 snapshot has one range per consumer, but \['a', 'b'\] appear more than once"
+    with SnapshotServer(snapshot) as server, pytest.raises(SnapshotError, match=expected):
+        load_range_map(f"{server.url}/ranges?topic=t&subscription=s")
+    with pytest.raises(SnapshotError, match=expected):
+        load_range_map(snapshot_file)
 
 
 def test_bad_input_raises_errors_that_say_what_was_expected(spark: SparkSession, tmp_path: Path) -> None:
@@ -201,7 +247,24 @@ def many_ranges(count: int, seed: int) -> RangeMap:
     return RangeMap.from_ranges([(bounds[i], bounds[i + 1] - 1, f"consumer-{i}") for i in range(count)])
 
 
-@pytest.mark.parametrize("ranges", [UNEVEN, many_ranges(1_000, seed=4)], ids=["7 ranges", "1000 ranges"])
+def shared_ranges(count: int, consumers: int, seed: int) -> RangeMap:
+    """About ``count`` ranges of random widths over ``consumers`` consumers, each owning several."""
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, 65_536), count - 1))
+    bounds = [0, *cuts, 65_536]
+    owners = [f"consumer-{rng.randrange(consumers)}" for _ in range(count)]
+    return RangeMap.from_ranges([(bounds[i], bounds[i + 1] - 1, owners[i]) for i in range(count)])
+
+
+SHARED = shared_ranges(1_000, 40, seed=5)
+assert SHARED.range_count() > 900 and len(SHARED) == 40
+
+
+@pytest.mark.parametrize(
+    "ranges",
+    [UNEVEN, MULTI, many_ranges(1_000, seed=4), SHARED],
+    ids=["7 ranges", "3 consumers with 6 ranges", "1000 ranges", "40 consumers with 1000 ranges"],
+)
 def test_range_id_and_owner_column_match_the_range_map(spark: SparkSession, ranges: RangeMap) -> None:
     rng = random.Random(3)
     keys = [random_text(rng) for _ in range(3_000)]
@@ -249,48 +312,90 @@ def shuffles(df: DataFrame) -> int:
     return plan.count("Exchange ")
 
 
-def where_rows_are(batches: Iterator[Any]) -> Iterator[Any]:
-    """Per row: the partition it is in, its index there, and the columns the test checks."""
-    partition = TaskContext.get().partitionId()  # type: ignore[union-attr]
-    index = 0
-    for batch in batches:
-        columns = batch.select(["key", "seq", "key_hash", "range_id"])
-        count = batch.num_rows
-        yield pa.RecordBatch.from_arrays(
-            [
-                pa.array([partition] * count, pa.int32()),
-                pa.array(range(index, index + count), pa.int64()),
-                *columns.columns,
-            ],
-            names=["partition", "index", "key", "seq", "key_hash", "range_id"],
-        )
-        index += count
+def where_rows_are(placed: str) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """A ``mapInArrow`` function giving per row its partition, its index there, key, seq, key_hash and ``placed``."""
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        partition = TaskContext.get().partitionId()  # type: ignore[union-attr]
+        index = 0
+        for batch in batches:
+            columns = batch.select(["key", "seq", "key_hash", placed])
+            count = batch.num_rows
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.array([partition] * count, pa.int32()),
+                    pa.array(range(index, index + count), pa.int64()),
+                    *columns.columns,
+                ],
+                names=["partition", "index", "key", "seq", "key_hash", placed],
+            )
+            index += count
+
+    return run
 
 
-def test_partition_by_ranges_puts_range_i_in_partition_i_sorted_by_key_then_order(spark: SparkSession) -> None:
-    df, by_key = events(spark, keys=3_000, null_rows=5, seed=11)
-    parted = partition_by_ranges(df, "key", UNEVEN, order_by="seq")
-    assert parted.rdd.getNumPartitions() == 8  # 7 ranges and the null keys
-    assert shuffles(parted) == shuffles(df) + 1
-    schema = "partition int, index long, key string, seq long, key_hash int, range_id int"
-    rows = parted.mapInArrow(where_rows_are, schema).collect()
-    assert len(rows) == sum(len(seqs) for seqs in by_key.values())
-    ranges = UNEVEN.ranges()
-    partitions: dict[int, list[Any]] = defaultdict(list)
-    for row in rows:
-        partitions[row["partition"]].append(row)
-        if row["key"] is None:
-            assert (row["partition"], row["key_hash"], row["range_id"]) == (7, None, None)
-        else:
-            start, end, _ = ranges[row["partition"]]
-            assert row["key_hash"] == key_hash(row["key"]) and start <= row["key_hash"] <= end
-            assert row["range_id"] == row["partition"]
+def check_sorted(partitions: dict[int, list[Any]]) -> None:
+    """Each partition's rows come sorted by key (as UTF-8 bytes, null first), then seq."""
     for partition, found in partitions.items():
         found.sort(key=lambda row: row["index"])
         order = [(b"" if row["key"] is None else row["key"].encode(), row["seq"]) for row in found]
         assert order == sorted(order), f"partition {partition} is not sorted by key, then seq"
-    holding = {int(UNEVEN.index_of([key_hash(key)])[0]) for key in by_key if key is not None}
-    assert set(partitions) == holding | {7}
+
+
+@pytest.mark.parametrize("ranges", [UNEVEN, MULTI], ids=["one range each", "several ranges each"])
+def test_partition_by_ranges_puts_range_i_in_partition_i_sorted_by_key_then_order(
+    spark: SparkSession, ranges: RangeMap
+) -> None:
+    df, by_key = events(spark, keys=3_000, null_rows=5, seed=11)
+    parted = partition_by_ranges(df, "key", ranges, order_by="seq")
+    count = ranges.range_count()
+    assert parted.rdd.getNumPartitions() == count + 1  # the ranges and the null keys
+    assert shuffles(parted) == shuffles(df) + 1
+    schema = "partition int, index long, key string, seq long, key_hash int, range_id int"
+    rows = parted.mapInArrow(where_rows_are("range_id"), schema).collect()
+    assert len(rows) == sum(len(seqs) for seqs in by_key.values())
+    triples = ranges.ranges()
+    partitions: dict[int, list[Any]] = defaultdict(list)
+    for row in rows:
+        partitions[row["partition"]].append(row)
+        if row["key"] is None:
+            assert (row["partition"], row["key_hash"], row["range_id"]) == (count, None, None)
+        else:
+            start, end, consumer = triples[row["partition"]]
+            assert row["key_hash"] == key_hash(row["key"]) and start <= row["key_hash"] <= end
+            assert ranges.owner_of(row["key_hash"]) == consumer
+            assert row["range_id"] == row["partition"]
+    check_sorted(partitions)
+    holding = {int(ranges.index_of([key_hash(key)])[0]) for key in by_key if key is not None}
+    assert set(partitions) == holding | {count}
+    if ranges is MULTI:  # a's three ranges are partitions 0, 2 and 5: one consumer, several partitions
+        owned_by_a = {p for p in partitions if p < count and triples[p][2] == "a"}
+        assert owned_by_a <= {0, 2, 5} and len(owned_by_a) >= 2
+
+
+def test_partition_by_consumer_puts_all_of_consumer_i_in_partition_i(spark: SparkSession) -> None:
+    df, by_key = events(spark, keys=3_000, null_rows=5, seed=13)
+    parted = partition_by_consumer(df, "key", MULTI, order_by=["seq"])
+    assert parted.columns == ["key", "seq", "value", "key_hash", "owner"]
+    assert parted.rdd.getNumPartitions() == 4  # a, b, c and the null keys
+    assert shuffles(parted) == shuffles(df) + 1
+    schema = "partition int, index long, key string, seq long, key_hash int, owner string"
+    rows = parted.mapInArrow(where_rows_are("owner"), schema).collect()
+    assert len(rows) == sum(len(seqs) for seqs in by_key.values())
+    assert MULTI.consumers() == ["a", "b", "c"]
+    partitions: dict[int, list[Any]] = defaultdict(list)
+    for row in rows:
+        partitions[row["partition"]].append(row)
+        if row["key"] is None:
+            assert (row["partition"], row["key_hash"], row["owner"]) == (3, None, None)
+        else:
+            owner = MULTI.owner_of(key_hash(row["key"]))
+            assert owner is not None and (row["key_hash"], row["owner"]) == (key_hash(row["key"]), owner)
+            assert row["partition"] == MULTI.consumers().index(owner)
+    check_sorted(partitions)
+    assert set(partitions) == {0, 1, 2, 3}
+    # Consumer a's partition holds keys of more than one of its ranges.
+    assert len({int(MULTI.index_of([row["key_hash"]])[0]) for row in partitions[0]}) == 2
 
 
 def seqs_of_each_key(key: str | None, rows: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -300,12 +405,15 @@ def seqs_of_each_key(key: str | None, rows: list[dict[str, Any]]) -> Iterator[di
     yield {"key": key, "seqs": [row["seq"] for row in rows], "partition": partition}
 
 
-def test_process_in_key_order_calls_fn_once_per_key_with_its_rows_in_order(spark: SparkSession) -> None:
+@pytest.mark.parametrize("ranges", [UNEVEN, MULTI], ids=["one range each", "several ranges each"])
+def test_process_in_key_order_calls_fn_once_per_key_with_its_rows_in_order(
+    spark: SparkSession, ranges: RangeMap
+) -> None:
     df, by_key = events(spark, keys=1_500, null_rows=4, seed=12)
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "7")  # keys straddle batches
     try:
         result = process_in_key_order(
-            df, "key", "seq", seqs_of_each_key, UNEVEN, "key string, seqs array<bigint>, partition int", batch_rows=5
+            df, "key", "seq", seqs_of_each_key, ranges, "key string, seqs array<bigint>, partition int", batch_rows=5
         )
         assert shuffles(result) == shuffles(df) + 1
         rows = result.collect()
@@ -315,7 +423,8 @@ def test_process_in_key_order_calls_fn_once_per_key_with_its_rows_in_order(spark
     assert set(calls) == set(by_key) and set(calls.values()) == {1}
     assert {row["key"]: row["seqs"] for row in rows} == by_key
     for row in rows:
-        assert row["partition"] == (7 if row["key"] is None else int(UNEVEN.index_of([key_hash(row["key"])])[0]))
+        expected = ranges.range_count() if row["key"] is None else int(ranges.index_of([key_hash(row["key"])])[0])
+        assert row["partition"] == expected
 
 
 def test_process_in_key_order_rejects_rows_that_do_not_fit_the_schema(spark: SparkSession) -> None:
@@ -333,15 +442,15 @@ def test_process_in_key_order_rejects_rows_that_do_not_fit_the_schema(spark: Spa
 
 
 def test_example_pipeline_runs_end_to_end(java: str, tmp_path: Path) -> None:
+    arguments = ["--demo", "--count", "3000", "--accounts", "120", "--consumers", "5", "--out", str(tmp_path / "o")]
     done = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--demo", "--count", "3000", "--accounts", "120", "--out", str(tmp_path / "o")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+        [sys.executable, str(EXAMPLE), *arguments], capture_output=True, text=True, timeout=300, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    # Five joins under the server's default multi-range policy leave some consumer with several ranges.
+    counts = {int(n) for n in re.findall(r"^  consumer-\d\s+(\d+) range\(s\)", done.stdout, re.MULTILINE)}
+    assert len(counts) > 1 and max(counts) > 1, done.stdout
     assert "owner check: 120 accounts, Spark owner == RangeMap.owner_of for 120, mismatches 0" in done.stdout
     assert "balance check: 120 accounts, final balance == sum of amounts, mismatches 0" in done.stdout
     written = sorted(path.name for path in (tmp_path / "o").iterdir() if path.is_dir())
-    assert written == ["owner=consumer-1", "owner=consumer-2", "owner=consumer-3"]
+    assert written == [f"owner=consumer-{i}" for i in range(1, 6)]

@@ -2,10 +2,12 @@
 
 The history is a list of ``(unix seconds, RangeMap snapshot)`` pairs, oldest first: what the
 server's admin ``/history`` endpoint returns, or a JSON-lines file of
-``{"time": seconds, "snapshot": {...}}`` records. Each map holds from its time until the next
-one's; the picture has the hash space upwards, time rightwards, one colour per consumer and a
-vertical line at every change. matplotlib (the ``plot`` extra) is imported only when drawing,
-so the base install reads and checks histories without it.
+``{"time": seconds, "snapshot": {...}}`` records, in snapshot version 1 (one range per
+consumer) or 2 (several), mixed freely. Each map holds from its time until the next one's;
+the picture has the hash space upwards, time rightwards and a vertical line at every change.
+A consumer may own several bands at once: all of them have its colour, and the legend lists
+each consumer once. matplotlib (the ``plot`` extra) is imported only when drawing, so the
+base install reads and checks histories without it.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def load_history(path: str | os.PathLike[str]) -> list[HistoryEntry]:
     """Read a JSON-lines history (one ``{"time", "snapshot"}`` object a line; blank lines skipped).
 
     Every line is checked as :func:`history_from_records` checks a record, and errors name the
-    line. Raises :class:`HistoryError`, or ``OSError`` if the file cannot be read.
+    line; snapshots come back in the current version (2) whatever version was stored. Raises
+    :class:`HistoryError`, or ``OSError`` if the file cannot be read.
     """
     items: list[tuple[str, object]] = []
     with open(path, encoding="utf-8") as source:
@@ -73,8 +76,8 @@ def history_from_records(records: object, source: str = "the history") -> list[H
     """Check a list of ``{"time", "snapshot"}`` records (the ``history`` of ``/history``).
 
     Times must be finite numbers, oldest first; each snapshot must pass
-    :meth:`RangeMap.from_snapshot`, all with one range size. ``source`` names the records in
-    errors. Raises :class:`HistoryError`.
+    :meth:`RangeMap.from_snapshot` (version 1 or 2), all with one range size, and comes back
+    as a version 2 snapshot. ``source`` names the records in errors. Raises :class:`HistoryError`.
     """
     if not isinstance(records, list):
         raise HistoryError(f"{source} must be a list of {{'time', 'snapshot'}} records, not {type(records).__name__}")
@@ -86,7 +89,8 @@ def ownership_figure(history: Sequence[tuple[float, Mapping[str, Any]]], title: 
 
     The x axis is the time since the first map (seconds, or minutes or hours for long
     histories), the y axis the hash slot: slot ``s`` covers ``[s, s + 1)``. The last map is
-    drawn for a tenth of the history's span (1 s when there is a single map). Raises
+    drawn for a tenth of the history's span (1 s when there is a single map). Each consumer has
+    one colour, for every band it owns, in order of first appearance. Raises
     :class:`HistoryError` for a bad history and :class:`MatplotlibMissingError` without matplotlib.
     """
     checked = _checked(
@@ -118,7 +122,7 @@ def ownership_figure(history: Sequence[tuple[float, Mapping[str, Any]]], title: 
     verts: list[list[tuple[float, float]]] = []
     faces: list[str] = []
     for left, right, (_, ranges) in zip(starts, [*starts[1:], end], checked, strict=True):
-        for start, last, consumer in ranges:
+        for start, last, consumer in ranges.ranges():
             verts.append([(left, start), (right, start), (right, last + 1), (left, last + 1)])
             faces.append(colours[consumer])
 

@@ -7,6 +7,12 @@ and :func:`partition_by_ranges` puts range i in partition i with
 ``repartitionById`` (Spark >= 4.1), sorted by key. :func:`process_in_key_order` then calls
 a Python function once per key, with that key's rows in order, inside those partitions.
 
+Ranges are numbered in hash order over the whole map, from 0, as
+:meth:`RangeMap.ranges` lists them and :meth:`RangeMap.index_of` numbers them. A consumer
+may own several ranges (the multi-range policy), so it may have several range ids and
+several partitions; :func:`owner_column` names the consumer of each row, and
+:func:`partition_by_consumer` puts all of a consumer's keys in one partition instead.
+
 Null keys form their own group: their ``key_hash``, range id and owner are null, and
 :func:`partition_by_ranges` puts them all in one extra partition, number n for a map of n
 ranges (empty when there are none), where :func:`process_in_key_order` calls the function
@@ -43,6 +49,7 @@ __all__ = [
     "load_range_map",
     "local_session",
     "owner_column",
+    "partition_by_consumer",
     "partition_by_ranges",
     "process_in_key_order",
     "with_key_hash",
@@ -165,7 +172,8 @@ def load_range_map(source: RangeMapSource) -> RangeMap:
 
     ``source`` is a :class:`RangeMap`, a snapshot dict (``RangeMap.snapshot()``), the path
     of a snapshot JSON file, or the URL of a server's ``/ranges`` endpoint for one
-    subscription (``http://HOST:PORT/ranges?topic=T&subscription=S``).
+    subscription (``http://HOST:PORT/ranges?topic=T&subscription=S``). Snapshots of version
+    1 (one range per consumer) and 2 (several) are read.
     """
     if isinstance(source, RangeMap):
         found = source
@@ -237,11 +245,11 @@ def _range_index(hash_col: str, range_map: RangeMap) -> Column:
     slot outside [0, 65535] fails the query rather than landing in an edge range.
     """
     slot = sf.col(hash_col)
-    if len(range_map) > _MAX_SEARCH_RANGES:
+    if range_map.range_count() > _MAX_SEARCH_RANGES:
         table = sf.from_json(sf.lit(json.dumps(range_map.slot_owners().tolist())), "array<int>")
         found = sf.element_at(table, slot + 1)
     else:
-        ends = [end for _, end, _ in range_map.ranges()]
+        ends, _ = range_map.lookup_table()
 
         def search(low: int, high: int) -> Column:
             if low == high:
@@ -265,10 +273,15 @@ def _range_index(hash_col: str, range_map: RangeMap) -> Column:
     )
 
 
+def _per_range(values: Sequence[Any], sql_type: str, range_index: Column) -> Column:
+    """``values[range_index]`` (one value per range, in hash order), null for a null index."""
+    return sf.element_at(sf.from_json(sf.lit(json.dumps(list(values))), f"array<{sql_type}>"), range_index + 1)
+
+
 def _owner(hash_col: str, range_map: RangeMap) -> Column:
-    """The consumer owning ``hash_col``'s slot, null for a null slot: its range index into the owners."""
-    owners = sf.from_json(sf.lit(json.dumps(range_map.consumers())), "array<string>")
-    return sf.element_at(owners, _range_index(hash_col, range_map) + 1)
+    """The consumer owning ``hash_col``'s slot, null for a null slot: the owner of its range."""
+    _, owners = range_map.lookup_table()
+    return _per_range(owners, "string", _range_index(hash_col, range_map))
 
 
 def with_range_id(
@@ -276,7 +289,9 @@ def with_range_id(
 ) -> DataFrame:
     """Add ``out``: the index (in hash order, from 0) of the range holding ``hash_col``'s slot, or null.
 
-    ``range_map`` is read once, now (see :func:`load_range_map` for its forms).
+    Ranges are numbered over the whole map, as :meth:`RangeMap.index_of` numbers them, so a
+    consumer owning several ranges has several range ids. ``range_map`` is read once, now
+    (see :func:`load_range_map` for its forms).
     """
     found = load_range_map(range_map)
     _require_slot_column(df, hash_col)
@@ -293,8 +308,9 @@ def owner_column(
 ) -> DataFrame:
     """Add ``out``: the consumer id owning each row's key, null for a null key.
 
-    With ``key_col`` the slot is computed from the key; without it ``hash_col`` must
-    already hold the slots (as :func:`with_key_hash` adds them).
+    Every range of a consumer maps to it, however many it owns. With ``key_col`` the slot
+    is computed from the key; without it ``hash_col`` must already hold the slots (as
+    :func:`with_key_hash` adds them).
     """
     found = load_range_map(range_map)
     if key_col is None:
@@ -315,17 +331,50 @@ def partition_by_ranges(
 ) -> DataFrame:
     """Repartition so that partition i holds exactly the keys of range i, sorted by key, then ``order_by``.
 
-    One shuffle (``repartitionById``) and a sort within each partition, nothing else. The
-    result has ``hash_col`` and ``range_col`` added and n + 1 partitions for a map of n
-    ranges: the last holds the rows whose key is null (and is empty when there are none).
+    Range i is the i-th range in hash order over the whole map (:func:`with_range_id`), so a
+    consumer owning several ranges has several partitions (:func:`partition_by_consumer`
+    gives it one). One shuffle (``repartitionById``) and a sort within each partition,
+    nothing else. The result has ``hash_col`` and ``range_col`` added and n + 1 partitions
+    for a map of n ranges: the last holds the rows whose key is null (and is empty when
+    there are none).
     """
     found = load_range_map(range_map)
-    order = [order_by] if isinstance(order_by, str) else list(order_by or [])
-    for name in order:
-        _column_type(df, name)
+    order = _order_columns(df, order_by)
     ranged = with_range_id(with_key_hash(df, key_col, hash_col), found, hash_col, range_col)
-    target = sf.coalesce(sf.col(range_col), sf.lit(len(found)))
-    return ranged.repartitionById(len(found) + 1, target).sortWithinPartitions(key_col, *order)
+    count = found.range_count()
+    target = sf.coalesce(sf.col(range_col), sf.lit(count))
+    return ranged.repartitionById(count + 1, target).sortWithinPartitions(key_col, *order)
+
+
+def partition_by_consumer(
+    df: DataFrame,
+    key_col: str,
+    range_map: RangeMapSource,
+    order_by: str | Sequence[str] | None = None,
+    *,
+    hash_col: str = "key_hash",
+    owner_col: str = "owner",
+) -> DataFrame:
+    """Repartition so that partition i holds exactly the keys of consumer i, sorted by key, then ``order_by``.
+
+    Consumers are numbered as :meth:`RangeMap.consumers` lists them (in hash order of each
+    one's first range), so each consumer's keys, from all its ranges, are in one partition,
+    as one live consumer receives them. One shuffle and a sort within each partition, as
+    :func:`partition_by_ranges`. The result has ``hash_col`` and ``owner_col`` (the consumer
+    id) added and c + 1 partitions for c consumers: the last holds the rows whose key is null.
+    """
+    found = load_range_map(range_map)
+    order = _order_columns(df, order_by)
+    arrays = found.arrays()
+    count = len(arrays.consumers)
+    index_col = f"__kf_{owner_col}_index"
+    index = sf.col(index_col)
+    owned = with_key_hash(df, key_col, hash_col).withColumn(
+        index_col, _per_range(arrays.owner.tolist(), "int", _range_index(hash_col, found))
+    )
+    owned = owned.withColumn(owner_col, _per_range(arrays.consumers, "string", index))
+    parted = owned.repartitionById(count + 1, sf.coalesce(index, sf.lit(count)))
+    return parted.sortWithinPartitions(key_col, *order).drop(index_col)
 
 
 def process_in_key_order(  # noqa: PLR0917  (the issue's positional signature)
@@ -428,6 +477,14 @@ def local_session(app_name: str, *, cores: int = 2, config: Mapping[str, str] | 
 
 
 # -- checks ------------------------------------------------------------------------------
+
+
+def _order_columns(df: DataFrame, order_by: str | Sequence[str] | None) -> list[str]:
+    """``order_by`` as a list of column names, each checked to be in ``df``."""
+    order = [order_by] if isinstance(order_by, str) else list(order_by or [])
+    for name in order:
+        _column_type(df, name)
+    return order
 
 
 def _column_type(df: DataFrame, name: str) -> Any:

@@ -2,6 +2,15 @@
 
 Nothing here runs per message: the core keeps plain counters and the collector turns them
 into metric families when Prometheus scrapes (prometheus_client's custom-collector model).
+
+A consumer may own several ranges (the multi-range policy, at most ``max_ranges`` each, 16
+by default; the contiguous policy gives one). ``keyfailover_range_start`` and
+``keyfailover_range_end`` have one series per range, labelled by ``consumer`` and ``range``,
+the range's ordinal among that consumer's ranges in hash order ("0", "1", ...). The ordinal
+rather than the first slot keeps the series count bounded by consumers x ``max_ranges`` for
+the life of a subscription: a boundary shift changes the values, not the label set, so it
+creates no series. The per-consumer families (shares, counters, ``keyfailover_consumer_ranges``)
+have one series per consumer, and ``keyfailover_rebalance_policy_info`` one per subscription.
 """
 
 from __future__ import annotations
@@ -10,12 +19,19 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from keyfailover.core.dispatcher import Dispatcher
 from keyfailover.core.hashing import HASH_RANGE_SIZE
 from keyfailover.core.histogram import Histogram
+from keyfailover.core.rebalance import MultiRangePolicy
 
 __all__ = ["METRIC_NAMES", "KeyFailoverCollector", "ServerView", "SubscriptionView"]
 
@@ -44,17 +60,31 @@ class ServerView:
 
 _SUB = ["topic", "subscription"]
 _CON = ["topic", "subscription", "consumer"]
+_RANGE = [*_CON, "range"]
 
-# name -> (kind, help, labels)
+# name -> (kind, help, labels); an info family's labels are those besides its value's.
 _SPECS: dict[str, tuple[str, str, list[str]]] = {
-    "keyfailover_range_start": ("gauge", "First hash slot of the consumer's range (inclusive).", _CON),
-    "keyfailover_range_end": ("gauge", "Last hash slot of the consumer's range (inclusive).", _CON),
-    "keyfailover_range_share": ("gauge", "Fraction of the 65536-slot hash space the consumer owns.", _CON),
-    "keyfailover_traffic_share": (
+    "keyfailover_range_start": (
         "gauge",
-        "Fraction of recent keyed messages that fall in the consumer's range.",
+        "First hash slot of one of the consumer's ranges (inclusive); range is its ordinal among them in hash order.",
+        _RANGE,
+    ),
+    "keyfailover_range_end": (
+        "gauge",
+        "Last hash slot of one of the consumer's ranges (inclusive); range is its ordinal among them in hash order.",
+        _RANGE,
+    ),
+    "keyfailover_range_share": (
+        "gauge",
+        "Fraction of the 65536-slot hash space the consumer owns, all its ranges together.",
         _CON,
     ),
+    "keyfailover_traffic_share": (
+        "gauge",
+        "Fraction of recent keyed messages that fall in the consumer's ranges.",
+        _CON,
+    ),
+    "keyfailover_consumer_ranges": ("gauge", "Ranges the consumer owns (0 for a standby).", _CON),
     "keyfailover_messages_dispatched": ("counter", "Messages delivered to the consumer (redeliveries included).", _CON),
     "keyfailover_messages_acked": ("counter", "Messages the consumer acknowledged.", _CON),
     "keyfailover_messages_redelivered": ("counter", "Deliveries to the consumer that were redeliveries.", _CON),
@@ -86,18 +116,23 @@ _SPECS: dict[str, tuple[str, str, list[str]]] = {
     "keyfailover_load_imbalance": ("gauge", "Recent traffic of the busiest consumer over the mean (1 is even).", _SUB),
     "keyfailover_consumers": ("gauge", "Consumers attached to the subscription (standbys included).", _SUB),
     "keyfailover_range_map_epoch": ("gauge", "Range map epoch: +1 at every change.", _SUB),
+    "keyfailover_rebalance_policy": (
+        "info",
+        "The subscription's rebalance policy and the most ranges it gives one consumer.",
+        _SUB,
+    ),
     "keyfailover_log_appended": ("counter", "Messages stored in the log (retried duplicates not counted).", []),
     "keyfailover_log_commit_seconds": ("histogram", "Time of one group commit to the log.", []),
     "keyfailover_connections": ("gauge", "Open client connections.", []),
     "keyfailover_protocol_errors": ("counter", "Error frames sent to clients, by code.", ["code"]),
 }
 
+_SUFFIXES = {"counter": ("_total",), "gauge": ("",), "info": ("_info",), "histogram": ("_bucket", "_sum", "_count")}
+
 METRIC_NAMES: frozenset[str] = frozenset(
-    name + suffix
-    for name, (kind, _, _) in _SPECS.items()
-    for suffix in {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}[kind]
+    name + suffix for name, (kind, _, _) in _SPECS.items() for suffix in _SUFFIXES[kind]
 )
-"""Every sample name the collector exports (counters with ``_total``, histograms with their series)."""
+"""Every sample name the collector exports: counters end in ``_total``, info in ``_info``, histograms as usual."""
 
 
 class _Families:
@@ -109,6 +144,8 @@ class _Families:
                 family = GaugeMetricFamily(name, help_text, labels=labels)
             elif kind == "counter":
                 family = CounterMetricFamily(name, help_text, labels=labels)
+            elif kind == "info":
+                family = InfoMetricFamily(name, help_text, labels=labels)
             else:
                 family = HistogramMetricFamily(name, help_text, labels=labels)
             self.by_name[name] = family
@@ -116,6 +153,11 @@ class _Families:
     def add(self, name: str, labels: list[str], value: float) -> None:
         family = self.by_name[name]
         assert isinstance(family, GaugeMetricFamily | CounterMetricFamily)
+        family.add_metric(labels, value)
+
+    def info(self, name: str, labels: list[str], value: dict[str, str]) -> None:
+        family = self.by_name[name]
+        assert isinstance(family, InfoMetricFamily)
         family.add_metric(labels, value)
 
     def histogram(self, name: str, labels: list[str], histogram: Histogram) -> None:
@@ -164,13 +206,15 @@ def _subscription(families: _Families, view: SubscriptionView) -> None:
     loads: list[float] = []
     for consumer, info in sorted(stats["consumers"].items()):
         labels = [*sub, consumer]
-        owned = info["range"]
-        if owned is not None:
-            start, end = owned
-            families.add("keyfailover_range_start", labels, start)
-            families.add("keyfailover_range_end", labels, end)
-            families.add("keyfailover_range_share", labels, (end - start + 1) / HASH_RANGE_SIZE)
-            load = float(prefix[end + 1] - prefix[start])
+        owned: list[tuple[int, int]] = info["ranges"]
+        families.add("keyfailover_consumer_ranges", labels, len(owned))
+        if owned:
+            for ordinal, (start, end) in enumerate(owned):
+                families.add("keyfailover_range_start", [*labels, str(ordinal)], start)
+                families.add("keyfailover_range_end", [*labels, str(ordinal)], end)
+            width = sum(end - start + 1 for start, end in owned)
+            families.add("keyfailover_range_share", labels, width / HASH_RANGE_SIZE)
+            load = sum(float(prefix[end + 1] - prefix[start]) for start, end in owned)
             loads.append(load)
             families.add("keyfailover_traffic_share", labels, load / total if total > 0 else 0.0)
         families.add("keyfailover_messages_dispatched", labels, info["delivered"])
@@ -193,3 +237,6 @@ def _subscription(families: _Families, view: SubscriptionView) -> None:
     families.add("keyfailover_load_imbalance", sub, max(loads) / mean if mean > 0 else 1.0)
     families.add("keyfailover_consumers", sub, len(stats["consumers"]))
     families.add("keyfailover_range_map_epoch", sub, stats["epoch"])
+    policy = dispatcher.policy
+    max_ranges = policy.max_ranges if isinstance(policy, MultiRangePolicy) else 1
+    families.info("keyfailover_rebalance_policy", sub, {"policy": policy.name, "max_ranges": str(max_ranges)})

@@ -24,10 +24,9 @@ Every choice is deterministic (ties by position, then id). See docs/evaluation.m
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -47,6 +46,11 @@ Side = Literal["low", "high"]
 
 _CANDIDATES = 3
 """Ranges of a donor searched for a new piece (its heaviest); more cost time and rarely win."""
+
+_PIN_FLOOR_DIVISOR = 4.0
+"""Slots lighter than the mean load over this are not searched for hot slots at first: a
+consumer is pinned only by a slot heavier than the fair level, which falls below a quarter
+of the mean only when pinned keys carry most of the traffic (then the search is redone)."""
 
 _HOT_BAND = 4.0
 """How many grains lighter than the amount a donor's hottest slot may be and still be taken alone."""
@@ -88,12 +92,13 @@ class MultiRangePolicy(Policy):
         layout = _layout(ranges, load, self.max_ranges)
         layout.loads[newcomer] = 0.0
         members = [*ranges.consumers(), newcomer]
-        targets, level = _fair_shares(members, layout.total, layout.hottest(), 1.0 + self.tolerance)
-        excess = {c: layout.loads[c] - targets[c] for c in members[:-1] if layout.loads[c] > targets[c]}
-        gives = _level_from_the_top(excess, targets[newcomer])
-        room = {c: layout.loads[c] - targets[c] * (1.0 - 2.0 * self.tolerance) for c in excess}
-        gives = _consolidate(gives, room, self.tolerance * level)
-        layout.transfer(gives, {newcomer: sum(gives.values())}, self._grain(level))
+        shares = _shares(layout, members, 1.0 + self.tolerance)
+        excess = np.maximum(shares.load - shares.target, 0.0)
+        excess[-1] = 0.0
+        gives = _from_the_top(excess, float(shares.target[-1]))
+        room = np.where(excess > 0.0, shares.load - shares.target * (1.0 - 2.0 * self.tolerance), 0.0)
+        gives = _consolidate(gives, room, self.tolerance * shares.level)
+        layout.transfer(_named(members, gives), {newcomer: float(gives.sum())}, self._grain(shares.level))
         self._settle(layout, members, 1.0 + self.tolerance)
         return layout.plan(ranges)
 
@@ -113,22 +118,22 @@ class MultiRangePolicy(Policy):
             return planned
         layout = _layout(ranges, load, self.max_ranges)
         members = [c for c in ranges.consumers() if c != leaver]
-        targets, level = _fair_shares(members, layout.total, layout.hottest(), 1.0 + self.tolerance)
-        shortfall = {c: targets[c] - layout.loads[c] for c in members if layout.loads[c] < targets[c]}
-        takes = _level_from_the_top(shortfall, layout.loads[leaver])
-        room = {c: targets[c] * (1.0 + self.tolerance) - layout.loads[c] for c in shortfall}
-        takes = _consolidate(takes, room, self.tolerance * level)
-        grain = self._grain(level)
-        layout.carve(leaver, takes, grain)
+        cap = 1.0 + self.tolerance
+        shares = _shares(layout, members, cap)
+        shortfall = np.maximum(shares.target - shares.load, 0.0)
+        takes = _from_the_top(shortfall, layout.loads[leaver])
+        room = np.where(shortfall > 0.0, shares.target * cap - shares.load, 0.0)
+        takes = _consolidate(takes, room, self.tolerance * shares.level)
+        grain = self._grain(shares.level)
+        layout.carve(leaver, _named(members, takes), grain)
         left = layout.loads[leaver]
         if left > grain and layout.count(leaver):
             # What did not fit the fair shares goes where there is room under the caps, the emptiest first.
-            cap = 1.0 + self.tolerance
-            loads = layout.loads
-            room = {c: targets[c] * cap - loads[c] for c in members if loads[c] < targets[c] * cap}
-            layout.transfer({leaver: left}, _level_from_the_top(room, left), grain)
+            now = np.fromiter(map(layout.loads.__getitem__, members), np.float64, len(members))
+            room = np.maximum(shares.target * cap - now, 0.0)
+            layout.transfer({leaver: left}, _named(members, _from_the_top(room, left)), grain)
         layout.hand_to_neighbours(leaver)
-        self._settle(layout, members, 1.0 + self.tolerance)
+        self._settle(layout, members, cap)
         return layout.plan(ranges)
 
     def shift(self, ranges: RangeMap, load: Load) -> RangeMap | None:
@@ -140,7 +145,7 @@ class MultiRangePolicy(Policy):
             return None
         return layout.plan(ranges)
 
-    def _settle(self, layout: _Layout, members: Sequence[str], trigger: float) -> bool:
+    def _settle(self, layout: _Layout, members: list[str], trigger: float) -> bool:
         """If a member carries more than ``trigger`` times its fair share, move what members carry
         over their share to those under it; True if anything moved.
 
@@ -152,20 +157,19 @@ class MultiRangePolicy(Policy):
         so that a sampling blip moves nothing.
         """
         cap = 1.0 + self.tolerance
-        loads = layout.loads
-        targets, level = _fair_shares(members, layout.total, layout.hottest(), cap)
-        noise = layout.noise
-        if all(loads[c] <= targets[c] * trigger for c in members):
-            return False  # the noise only raises the bar
-        gives = {c: loads[c] - targets[c] for c in members if loads[c] > targets[c] * cap + noise(targets[c])}
-        if not any(loads[c] > targets[c] * trigger + noise(targets[c]) for c in gives):
+        shares = _shares(layout, members, cap)
+        load, target = shares.load, shares.target
+        noise = layout.noise(target)
+        over = load > target * cap + noise
+        if not (over & (load > target * trigger + noise)).any():
             return False
-        shortfall = {c: targets[c] - loads[c] for c in members if loads[c] < targets[c]}
-        takes = _level_from_the_top(shortfall, sum(gives.values()))
-        room = {c: targets[c] * cap - loads[c] for c in shortfall}
-        takes = _consolidate(takes, room, self.tolerance * level)
+        gives = np.where(over, load - target, 0.0)
+        shortfall = np.maximum(target - load, 0.0)
+        takes = _from_the_top(shortfall, float(gives.sum()))
+        room = np.where(shortfall > 0.0, target * cap - load, 0.0)
+        takes = _consolidate(takes, room, self.tolerance * shares.level)
         moves = len(layout.moves)
-        layout.transfer(gives, takes, self._grain(level))
+        layout.transfer(_named(members, gives), _named(members, takes), self._grain(shares.level))
         return len(layout.moves) > moves
 
     def _grain(self, level: float) -> float:
@@ -183,76 +187,100 @@ def _layout(ranges: RangeMap, load: Load, max_ranges: int) -> _Layout:
     return _Layout(ranges, np.asarray(traffic, dtype=np.float64) + total * _FLOOR / size, True, max_ranges)
 
 
-def _fair_shares(
-    members: Sequence[str], total: float, hottest: dict[str, float], slack: float
-) -> tuple[dict[str, float], float]:
-    """Each member's fair share of ``total`` by water-filling, and the level of the unpinned ones.
+Vector = npt.NDArray[np.float64]
+
+
+class _Shares(NamedTuple):
+    """Every member's load and fair share, in the order of the members given."""
+
+    load: Vector
+    target: Vector
+    level: float
+    """The fair share of a member that is not pinned."""
+
+
+def _shares(layout: _Layout, members: list[str], slack: float) -> _Shares:
+    """Each member's load, and its fair share of the total by water-filling.
 
     A member whose hottest slot exceeds ``slack`` times the level is pinned at that slot's
-    weight (it cannot be split); the level is retaken over the others until none is.
+    weight (it cannot be split); pinning lowers the level of the others, so the pinned are
+    the heaviest first, and pinning stops at the first that is not over.
     """
-    order = sorted(members, key=lambda c: (-hottest.get(c, 0.0), c))
-    pinned = 0
-    held = 0.0
-    level = total / max(len(members), 1)
-    # Pinning a member lowers the level of the others, so the pinned are the heaviest first.
-    while pinned < len(members) and hottest.get(order[pinned], 0.0) > level * slack:
-        held += hottest[order[pinned]]
-        pinned += 1
-        level = max(total - held, 0.0) / max(len(members) - pinned, 1)
-    targets = dict.fromkeys(members, level)
-    for c in order[:pinned]:
-        targets[c] = hottest[c]
-    return targets, level
+    count = len(members)
+    load = np.fromiter(map(layout.loads.__getitem__, members), np.float64, count)
+    while True:
+        target, level = _water_fill(layout, members, slack)
+        if level * slack >= layout.peak_floor:
+            return _Shares(load, target, level)
+        layout.exact_peaks()
 
 
-def _level_from_the_top(amounts: dict[str, float], total: float) -> dict[str, float]:
+def _water_fill(layout: _Layout, members: list[str], slack: float) -> tuple[Vector, float]:
+    """Each member's fair share (in the order given) and the level of the unpinned."""
+    count = len(members)
+    hottest = layout.hottest()
+    heat = np.fromiter((hottest.get(c, 0.0) for c in members), np.float64, count)
+    order = np.argsort(-heat, kind="stable")
+    heavy = heat[order]
+    held = np.concatenate(([0.0], np.cumsum(heavy)[:-1]))  # held[k]: the k heaviest pinned
+    levels = np.maximum(layout.total - held, 0.0) / np.maximum(count - np.arange(count), 1)
+    stop = np.flatnonzero(heavy <= levels * slack)
+    pinned = int(stop[0]) if stop.size else count
+    level = float(levels[pinned]) if pinned < count else 0.0
+    target = np.full(count, level)
+    target[order[:pinned]] = heavy[:pinned]
+    return target, level
+
+
+def _named(members: list[str], amounts: Vector) -> dict[str, float]:
+    """The positive ``amounts`` by member."""
+    return {members[i]: float(amounts[i]) for i in np.flatnonzero(amounts > 0.0).tolist()}
+
+
+def _from_the_top(amounts: Vector, total: float) -> Vector:
     """Take ``total`` out of ``amounts``, the largest first, leaving the rest as even as possible.
 
     Returns what each gives: ``max(0, amount - x)`` with ``x`` chosen so the gifts sum to
     ``total`` (all of every amount when ``total`` exceeds their sum).
     """
-    if total <= 0.0 or not amounts:
-        return {}
-    if total >= sum(amounts.values()):
-        return dict(amounts)
-    ordered = sorted(amounts.values(), reverse=True)
-    taken = 0.0
-    x = 0.0
-    for index, value in enumerate(ordered):
-        below = ordered[index + 1] if index + 1 < len(ordered) else 0.0
-        # Lowering the cut from ``value`` to ``below`` takes (value - below) from each of the first index + 1.
-        step = (value - below) * (index + 1)
-        if taken + step >= total:
-            x = value - (total - taken) / (index + 1)
-            break
-        taken += step
-    return {c: amount - x for c, amount in amounts.items() if amount > x}
+    positive = np.maximum(amounts, 0.0)
+    if total <= 0.0:
+        return np.zeros_like(positive)
+    if total >= float(positive.sum()):
+        return positive
+    ordered = np.sort(positive)[::-1]
+    running = np.cumsum(ordered)
+    below = np.append(ordered[1:], 0.0)
+    # Lowering the cut to the next amount down takes running[k] - (k + 1) * below[k] in all.
+    taken = running - np.arange(1, len(ordered) + 1) * below
+    k = min(int(np.searchsorted(taken, total)), len(ordered) - 1)  # rounding may put the total past the last
+    cut = (float(running[k]) - total) / (k + 1)
+    return np.maximum(positive - cut, 0.0)
 
 
-def _consolidate(amounts: dict[str, float], room: dict[str, float], small: float) -> dict[str, float]:
+def _consolidate(amounts: Vector, room: Vector, small: float) -> Vector:
     """Fold amounts under ``small`` into the largest, each up to its ``room``; returns the new amounts.
 
     Many slivers would each cost a range; a few consumers taking a little more (within
     the tolerance) cost none. The total stays the same: what no room can hold goes back
     to the slivers it came from, the largest first.
     """
-    order = sorted(amounts, key=lambda c: (-amounts[c], c))
-    result = {c: amounts[c] for c in order if amounts[c] >= small}
-    spare = sum(amounts[c] for c in order if amounts[c] < small)
-    for c in order:
-        if spare <= 0.0:
+    order = np.argsort(-amounts, kind="stable")
+    order = order[amounts[order] > 0.0]
+    slivers = amounts < small
+    result = np.where(slivers, 0.0, amounts)
+    spare = float(amounts[slivers & (amounts > 0.0)].sum())
+    if spare <= 0.0:
+        return result
+    for cap in (np.maximum(room - result, 0.0), np.where(slivers, amounts, 0.0)):
+        # In order, each takes what it can hold until the spare is placed.
+        holds = cap[order]
+        before = np.cumsum(holds) - holds
+        extra = np.clip(spare - before, 0.0, holds)
+        result[order] += extra
+        spare -= float(extra.sum())
+        if spare <= 1e-12 * max(float(amounts.sum()), 1.0):
             break
-        extra = min(max(room.get(c, 0.0) - result.get(c, 0.0), 0.0), spare)
-        if extra > 0.0:
-            result[c] = result.get(c, 0.0) + extra
-            spare -= extra
-    for c in order:
-        if spare <= 0.0:
-            break
-        if c not in result:
-            result[c] = min(amounts[c], spare)
-            spare -= result[c]
     return result
 
 
@@ -265,6 +293,7 @@ class _Layout:
 
     def __init__(self, ranges: RangeMap, weights: npt.NDArray[np.float64], measured: bool, max_ranges: int) -> None:
         self.max_ranges = max_ranges
+        self._weights = weights
         arrays = ranges.arrays()
         self.size = ranges.range_size
         self.total = float(weights.sum())
@@ -274,10 +303,12 @@ class _Layout:
         count = len(arrays.consumers)
         sums = np.add.reduceat(weights, arrays.starts) if len(arrays.starts) else np.zeros(0)
         self.loads = dict(zip(arrays.consumers, np.bincount(arrays.owner, sums, count).tolist(), strict=True))
-        peaks = np.zeros(count)
-        if count:
-            np.maximum.at(peaks, arrays.owner, np.maximum.reduceat(weights, arrays.starts))
-        self._peaks: dict[str, float] = dict(zip(arrays.consumers, peaks.tolist(), strict=True))
+        # Each owner's heaviest slot, among the slots heavy enough to be pinned in all but
+        # extreme skews (one comparison over the slots instead of a maximum per range); a
+        # level below ``peak_floor`` asks for the exact peaks (see _shares).
+        self.peak_floor = self.total / max(count, 1) / _PIN_FLOOR_DIVISOR
+        self._peaks: dict[str, float] = {}
+        self._find_peaks(self.peak_floor)
         # Each owner's range starts, built when first needed from the map as given (an owner's
         # set is built before any change touches it, so a set built later is still right).
         self._code = {consumer: code for code, consumer in enumerate(arrays.consumers)}
@@ -285,8 +316,11 @@ class _Layout:
         self._initial_starts = arrays.starts[order]
         self._group = np.searchsorted(arrays.owner[order], np.arange(count + 1)).tolist()
         self._starts_of: dict[str, set[int]] = {}
-        self._weights = weights
-        self._range_weight: dict[int, float] = {}  # range start -> its weight, computed when first asked
+        # Per range start: its weight, and its heaviest slot with that slot's weight (found when
+        # first asked); both forgotten when the range changes.
+        self._range_weight: dict[int, float] = {}
+        self._first = (self._starts.copy(), self._ends.copy(), sums.tolist())  # the ranges as given, weighed
+        self._range_peak: dict[int, tuple[int, float]] = {}
         self.measured = measured
         self._stale: set[str] = set()  # owners that gave away their heaviest slot
         self.moves: list[Range] = []
@@ -301,17 +335,38 @@ class _Layout:
             self._starts_of[owner] = found
         return found
 
-    def noise(self, expected: float) -> float:
-        """How far a measured load may stray from ``expected`` by chance (0 when nothing was measured)."""
-        return 3.0 * math.sqrt(max(expected, 0.0)) if self.measured else 0.0
+    def noise(self, expected: Vector) -> Vector:
+        """How far measured loads may stray from ``expected`` by chance (0 when nothing was measured)."""
+        return 3.0 * np.sqrt(np.maximum(expected, 0.0)) if self.measured else np.zeros_like(expected)
+
+    def _find_peaks(self, floor: float) -> None:
+        """Each owner's heaviest slot among the slots heavier than ``floor`` (owners without one: 0)."""
+        self._peaks.clear()
+        heavy = np.flatnonzero(self._weights > floor)
+        owners, ends = self._owners, self._ends
+        for slot, heat in zip(heavy.tolist(), self._weights[heavy].tolist(), strict=True):
+            owner = owners[bisect.bisect_left(ends, slot)]
+            if heat > self._peaks.get(owner, 0.0):
+                self._peaks[owner] = heat
+
+    def exact_peaks(self) -> None:
+        """Find every owner's heaviest slot, however light."""
+        if self.peak_floor > 0.0:
+            self.peak_floor = 0.0
+            self._stale.clear()
+            self._find_peaks(-1.0)
 
     def hottest(self) -> dict[str, float]:
         """Each owner's heaviest slot."""
         for owner in self._stale:
-            self._peaks[owner] = max(
+            peak = max(
                 (float(self._weights[self._starts[i] : self._ends[i] + 1].max()) for i in self.indexes_of(owner)),
                 default=0.0,
             )
+            if peak > self.peak_floor:
+                self._peaks[owner] = peak
+            else:
+                self._peaks.pop(owner, None)
         self._stale.clear()
         return self._peaks
 
@@ -320,10 +375,22 @@ class _Layout:
 
     def range_weight(self, index: int) -> float:
         """The weight of the range at list position ``index`` (remembered until the range changes)."""
-        start = self._starts[index]
+        start, end = self._starts[index], self._ends[index]
         found = self._range_weight.get(start)
         if found is None:
-            found = self._range_weight[start] = self.weight(start, self._ends[index])
+            starts, ends, sums = self._first
+            at = bisect.bisect_left(starts, start)
+            unchanged = at < len(starts) and starts[at] == start and ends[at] == end
+            found = self._range_weight[start] = sums[at] if unchanged else self.weight(start, end)
+        return found
+
+    def range_peak(self, index: int) -> tuple[int, float]:
+        """The heaviest slot of the range at list position ``index`` and its weight (remembered likewise)."""
+        start = self._starts[index]
+        found = self._range_peak.get(start)
+        if found is None:
+            slot = start + int(np.argmax(self._weights[start : self._ends[index] + 1]))
+            found = self._range_peak[start] = (slot, float(self._weights[slot]))
         return found
 
     def count(self, owner: str) -> int:
@@ -351,12 +418,14 @@ class _Layout:
         for range_start, _, owner in removed:
             self._starts_of[owner].discard(range_start)
             self._range_weight.pop(range_start, None)
+            self._range_peak.pop(range_start, None)
         for range_start, _, owner in added:
             self._starts_of[owner].add(range_start)
         heaviest = float(self._weights[start : end + 1].max())
-        if heaviest >= self._peaks.get(donor, 0.0):
-            self._stale.add(donor)
-        self._peaks[receiver] = max(self._peaks.get(receiver, 0.0), heaviest)
+        if heaviest > self.peak_floor:
+            if heaviest >= self._peaks.get(donor, 0.0):
+                self._stale.add(donor)
+            self._peaks[receiver] = max(self._peaks.get(receiver, 0.0), heaviest)
         weight = self.weight(start, end)
         self.loads[donor] -= weight
         self.loads[receiver] = self.loads.get(receiver, 0.0) + weight
@@ -369,9 +438,21 @@ class _Layout:
         The piece never splits a slot; of two equally near pieces the narrower wins. None
         when even one slot weighs more than ``limit``.
         """
-        weights = self._weights[start : end + 1]
-        # Cumulative weights from the cut edge inward: running[k] is the piece of k + 1 slots.
-        running = np.cumsum(weights[::-1] if side == "high" else weights)
+        width = end - start + 1
+        # Only as far inward as the amount is likely to reach: twice the average slot's share of it.
+        density = self.range_weight(bisect.bisect_left(self._starts, start)) / width
+        reach = width if density <= 0.0 else min(width, int(2.0 * amount / density) + 16)
+        while True:
+            window = (
+                self._weights[end - reach + 1 : end + 1][::-1]
+                if side == "high"
+                else self._weights[start : start + reach]
+            )
+            # Cumulative weights from the cut edge inward: running[k] is the piece of k + 1 slots.
+            running = np.cumsum(window)
+            if reach == width or running[-1] > limit:
+                break
+            reach = width
         k = int(running.searchsorted(amount))  # the first piece reaching the amount
         shorter, longer = max(min(k - 1, len(running) - 1), 0), min(k, len(running) - 1)
         short_weight, long_weight = float(running[shorter]), float(running[longer])
@@ -413,7 +494,7 @@ class _Layout:
         owners, starts = self._owners, self._starts
         last = len(owners) - 1
         found: list[tuple[int, Side]] = []
-        for owner in owners_of:
+        for owner in sorted(owners_of):  # a set of names iterates in a per-process order: sort it (G6)
             for index in self.indexes_of(owner):
                 for other, side, across in ((index - 1, "low", "high"), (index + 1, "high", "low")):
                     if not 0 <= other <= last:
@@ -502,8 +583,8 @@ class _Layout:
                     continues = 0 if 0 <= across < len(owners) and gives.get(owners[across], 0.0) >= grain else 1
                     candidates.append((self._error(low, high, amount, grain), high - low, continues, low, high))
             if start == end or self.count(donor) < self.max_ranges:
-                hot = start + int(np.argmax(self._weights[start : end + 1]))
-                if amount - _HOT_BAND * grain <= float(self._weights[hot]) <= limit:
+                hot, heat = self.range_peak(index)
+                if amount - _HOT_BAND * grain <= heat <= limit:
                     candidates.append((0, 0, 0, hot, hot))
             for candidate in candidates:
                 if best is None or candidate < best:
@@ -540,9 +621,7 @@ class _Layout:
             above = self._owners[index + 1] if index + 1 < len(self._owners) else None
             order = [below] if below is not None and takes.get(below, 0.0) >= grain else []
             order += [
-                r
-                for r in queue
-                if takes[r] >= grain and r not in (below, above) and self.count(r) < self.max_ranges
+                r for r in queue if takes[r] >= grain and r not in (below, above) and self.count(r) < self.max_ranges
             ]
             if above is not None and takes.get(above, 0.0) >= grain:
                 order.append(above)

@@ -273,7 +273,8 @@ class RangeMap:
         """Apply ``(start, end, consumer)`` moves in order, as :meth:`assign` does, as one change.
 
         Every move is checked before any is applied, so a rejected call changes nothing.
-        The epoch grows by one if any slot changed owner.
+        The epoch grows by one if any slot ends up with another owner (moves that cancel
+        out are no change).
         """
         if not self._counts:
             raise RangeMapError("cannot reassign slots of an empty map; expected assign_all first")
@@ -285,13 +286,15 @@ class RangeMap:
             start = _check_slot("start", move[0], 0, high)
             end = _check_slot("end", move[1], start, high)
             checked.append((start, end, validate_consumer_id(move[2])))
-        changed = False
-        counts = self._counts
+        # Splice copies, so that moves which cancel out can be told from a change.
+        starts, ends, owners = list(self._starts), list(self._ends), list(self._owners)
+        counts = dict(self._counts)
+        spliced_any = False
         for start, end, consumer in checked:
-            spliced = splice(self._starts, self._ends, self._owners, start, end, consumer)
+            spliced = splice(starts, ends, owners, start, end, consumer)
             if spliced is None:
                 continue
-            changed = True
+            spliced_any = True
             removed, added = spliced
             for _, _, owner in removed:
                 counts[owner] -= 1
@@ -299,7 +302,8 @@ class RangeMap:
                     del counts[owner]
             for _, _, owner in added:
                 counts[owner] = counts.get(owner, 0) + 1
-        if changed:
+        if spliced_any and (starts != self._starts or owners != self._owners):
+            self._starts, self._ends, self._owners, self._counts = starts, ends, owners, counts
             self._changed()
 
     def clear(self) -> None:

@@ -386,8 +386,8 @@ class RangeMap:
                 raise SnapshotError(f"range entry {item!r} must have exactly start, end and consumer")
             triples.append((item["start"], item["end"], item["consumer"]))
         if version == 1:
-            owners = [consumer for _, _, consumer in triples]
-            repeated = sorted({c for c in owners if owners.count(c) > 1 and isinstance(c, str)})
+            seen = Counter(consumer for _, _, consumer in triples if isinstance(consumer, str))
+            repeated = sorted(consumer for consumer, count in seen.items() if count > 1)
             if repeated:
                 raise SnapshotError(
                     f"a version 1 snapshot has one range per consumer, but {repeated} appear more than once; "

@@ -799,6 +799,37 @@ def test_multi_join_respects_max_ranges(max_ranges: int) -> None:
     assert 1 <= len(planned.ranges_of("n")) <= max_ranges
 
 
+INTERLEAVED = [(2 * i, 2 * i + 1, "abcd"[i % 4]) for i in range(8)]
+"""a b c d a b c d, two slots each: every consumer owns two ranges."""
+
+ONE_EACH = [(4 * i, 4 * i + 3, "abcd"[i]) for i in range(4)]
+
+
+@pytest.mark.parametrize(("layout", "max_ranges"), [(INTERLEAVED, 2), (ONE_EACH, 1)], ids=["two-each", "one-each"])
+@pytest.mark.parametrize("leaver", ["a", "b", "c", "d"])
+@pytest.mark.parametrize("traffic", [None, np.ones(16)], ids=["widths", "uniform"])
+def test_multi_leave_hands_leftovers_to_neighbours_within_max_ranges(
+    layout: list[Range], max_ranges: int, leaver: str, traffic: Traffic | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every receiver already owns max_ranges ranges, so what the leaver still owns after the
+    moves by need is forced on adjacent neighbours: a boundary move that never adds a range."""
+    from keyfailover.core.rebalance import _multi
+
+    leftovers: list[int] = []
+    hand_over = _multi._Layout.hand_to_neighbours
+
+    def recording(layout: _multi._Layout, gone: str) -> None:  # white box: did the forced hand-over run?
+        leftovers.append(layout.count(gone))
+        hand_over(layout, gone)
+
+    monkeypatch.setattr(_multi._Layout, "hand_to_neighbours", recording)
+    ranges = _map(layout)
+    policy = MultiRangePolicy(max_ranges=max_ranges)
+    planned = policy.leave(ranges, leaver, Load(traffic=traffic))
+    assert leftovers and leftovers[0] > 0, "the leaver had leftovers to hand to its neighbours"
+    check_plan(policy, ranges, planned, [c for c in "abcd" if c != leaver], [])
+
+
 # -- moved_slots, range_traffic and reassign_rates ----------------------------------------
 
 

@@ -1,9 +1,11 @@
 """Example-based tests of the dispatcher core, written from its specification.
 
-The PIP-34 timeline (join splits the busiest range, leave merges into the less busy
-neighbour), draining on join (G1, PIP-379), redelivery on removal and nack (G2, G3),
-keyless round robin, permits, the bound (G4), every rejected call, and the stats.
-Time comes only from a manual clock; nothing sleeps.
+The PIP-34 timeline with the contiguous policy (join splits the busiest range, leave
+merges into the less busy neighbour) and its counterpart with the multi-range policy
+(a join takes a fair share from the busiest, a leave moves only the leaver's slots),
+draining on join (G1, PIP-379), redelivery on removal and nack (G2, G3), keyless round
+robin, permits, the bound (G4), every rejected call, and the stats. Time comes only from
+a manual clock; nothing sleeps.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from keyfailover.core.errors import (
     UnknownConsumerError,
 )
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
+from keyfailover.core.rebalance import ContiguousPolicy, MultiRangePolicy, moved_slots, range_traffic
 
 FULL = (0, HASH_RANGE_SIZE - 1)
 
@@ -73,7 +76,8 @@ def keys_of(d: Dispatcher, consumer: str, count: int, prefix: str = "key") -> li
 
 
 def range_of(d: Dispatcher, consumer: str) -> tuple[int, int]:
-    found = [(start, end) for start, end, c in d.ranges() if c == consumer]
+    """The one range of ``consumer`` (the contiguous policy gives one range each)."""
+    found = d.ranges_of(consumer)
     assert len(found) == 1, f"{consumer} should own exactly one range in {d.ranges()}"
     return found[0]
 
@@ -82,9 +86,10 @@ def assert_tiles(d: Dispatcher) -> None:
     ranges = d.ranges()
     assert ranges[0][0] == 0
     assert ranges[-1][1] == HASH_RANGE_SIZE - 1
-    for (_, end, _), (start, _, _) in pairwise(ranges):
+    for (_, end, owner), (start, _, other) in pairwise(ranges):
         assert start == end + 1, ranges
-    assert sorted(c for _, _, c in ranges) == sorted(d.consumers())
+        assert owner != other, f"two adjacent ranges of {owner}"
+    assert {c for _, _, c in ranges} == set(d.consumers())
 
 
 def ack_all(d: Dispatcher, deliveries: list[Delivery]) -> None:
@@ -130,7 +135,7 @@ def test_no_consumer_no_ranges() -> None:
     assert d.ranges() == []
     assert d.owner_of("anything") is None
     snapshot = d.snapshot()
-    assert snapshot["version"] == 1
+    assert snapshot["version"] == 2
     assert snapshot["range_size"] == HASH_RANGE_SIZE
     assert snapshot["ranges"] == []
     assert d.wants() == 5
@@ -167,13 +172,27 @@ def test_time_only_from_the_injected_clock(monkeypatch: pytest.MonkeyPatch) -> N
     d.snapshot()
 
 
+def test_the_default_policy_is_multi_range() -> None:
+    d = Dispatcher(clock=ManualClock(100.0), max_ranges=4)
+    assert d.policy == MultiRangePolicy(max_ranges=4)
+    assert Dispatcher(clock=ManualClock(100.0), policy="contiguous").policy == ContiguousPolicy()
+
+
+def test_ranges_of_an_unknown_consumer_is_refused() -> None:
+    d = Dispatcher(clock=ManualClock(100.0))
+    d.add_consumer("a")
+    assert d.ranges_of("a") == [FULL]
+    with pytest.raises(UnknownConsumerError, match="consumer 'b' is not connected; known consumers: 'a'"):
+        d.ranges_of("b")
+
+
 # -- the PIP-34 timeline ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("busy", ["C1", "C2"])
 def test_pip34_timeline(busy: str) -> None:
     clock = ManualClock(100.0)
-    d = Dispatcher(clock=clock)
+    d = Dispatcher(clock=clock, policy="contiguous")
     stream = Stream(d)
 
     d.add_consumer("C1")
@@ -223,7 +242,7 @@ def test_pip34_timeline(busy: str) -> None:
 
 def test_join_ties_go_to_the_widest_range() -> None:
     """Without any traffic (all rates 0) a joining consumer splits the widest range."""
-    d = Dispatcher(clock=ManualClock(100.0), split="midpoint")
+    d = Dispatcher(clock=ManualClock(100.0), split="midpoint", policy="contiguous")
     for name in ("a", "b", "c"):
         d.add_consumer(name)
     widths = {c: end - start + 1 for start, end, c in d.ranges()}
@@ -242,7 +261,7 @@ def test_join_ties_go_to_the_widest_range() -> None:
 @pytest.mark.parametrize("busier_side", ["below", "above"])
 def test_leaver_merges_into_the_less_busy_neighbour(busier_side: str) -> None:
     clock = ManualClock(100.0)
-    d = Dispatcher(clock=clock, split="midpoint")
+    d = Dispatcher(clock=clock, split="midpoint", policy="contiguous")
     for name in ("a", "b", "c"):
         d.add_consumer(name)
     middle = next(c for start, end, c in d.ranges() if start > 0 and end < HASH_RANGE_SIZE - 1)
@@ -260,6 +279,62 @@ def test_leaver_merges_into_the_less_busy_neighbour(busier_side: str) -> None:
     assert range_of(d, busier) == busier_range
     assert range_of(d, calmer) == (min(calmer_range[0], start), max(calmer_range[1], end))
     assert_tiles(d)
+
+
+@pytest.mark.parametrize("busy", ["C1", "C2"])
+def test_multi_range_timeline(busy: str) -> None:
+    """The same timeline with the default multi-range policy: a join takes a fair share from
+    the busiest, a leave moves only the leaver's slots."""
+    clock = ManualClock(100.0)
+    d = Dispatcher(clock=clock)
+    stream = Stream(d)
+    d.add_consumer("C1")
+    assert d.ranges() == [(0, HASH_RANGE_SIZE - 1, "C1")]
+
+    d.add_consumer("C2")  # nothing measured yet: half the slots each
+    assert_tiles(d)
+    assert d.range_map().width("C1") == d.range_map().width("C2") == HASH_RANGE_SIZE // 2
+    idle = "C2" if busy == "C1" else "C1"
+    drive(d, clock, stream, {busy: 20, idle: 2}, ticks=10)
+    rates = {c: d.stats()["consumers"][c]["rate"] for c in ("C1", "C2")}
+    assert rates[busy] > 2 * rates[idle] > 0, rates
+
+    before = d.range_map()
+    d.add_consumer("C3")
+    after = d.range_map()
+    assert_tiles(d)
+    moves = moved_slots(before, after)
+    assert {old for _, _, old, _ in moves} == {busy}, f"only the busiest gives: {moves}"
+    traffic = d.traffic()
+    total = float(traffic.sum())
+    shares = {c: load / total for c, load in range_traffic(after, traffic).items()}
+    assert range_traffic(before, traffic)[busy] / total > 0.9
+    assert 0.25 <= shares["C3"] <= 0.4, shares
+    assert max(shares.values()) <= 0.4, f"nobody is left with much more than a third: {shares}"
+
+    d.remove_consumer("C1")  # only C1's slots move; the others keep every slot they had
+    assert_tiles(d)
+    assert {old for _, _, old, _ in moved_slots(after, d.range_map())} == {"C1"}
+
+    d.remove_consumer("C2")
+    assert d.ranges() == [(0, HASH_RANGE_SIZE - 1, "C3")]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug in _multi.py: with little traffic measured, all of it in two keys of one consumer, a fourth "
+    "consumer's join takes nothing (the only donor's excess is in unmovable hot slots) and it stays a standby "
+    "although two consumers hold 60,000 idle slots; shift never gives a standby anything",
+)
+def test_a_consumer_joining_on_little_traffic_gets_a_range() -> None:
+    d = Dispatcher(clock=ManualClock(1000.0))
+    d.add_consumer("c1")
+    d.add_consumer("c2")
+    d.publish(1, "hot")  # both keys hash into c1's half, at either end of what c1 keeps
+    d.publish(2, "k3")
+    d.add_consumer("c3")
+    d.add_consumer("c4")
+    assert d.ranges_of("c4"), d.ranges()
 
 
 def test_every_change_bumps_the_epoch() -> None:
@@ -339,27 +414,30 @@ def test_key_in_flight_on_old_owner_drains_before_moving() -> None:
     assert d.stats()["consumers"]["c1"]["draining_hashes"] == 0
 
 
-def test_old_owner_leaving_releases_its_draining_keys_in_order() -> None:
-    d = Dispatcher(clock=ManualClock(100.0), split="midpoint")
+@pytest.mark.parametrize("policy", ["multi", "contiguous"])
+def test_old_owner_leaving_releases_its_draining_keys_in_order(policy: str) -> None:
+    d = Dispatcher(clock=ManualClock(100.0), split="midpoint", policy=policy)
     stream = Stream(d)
     d.add_consumer("c1")
-    d.flow("c1", 2)
-    (key,) = keys_where(lambda slot: slot >= HASH_RANGE_SIZE // 2, 1)
-    first, second = stream.publish(key, "first"), stream.publish(key, "second")
-    assert [x.position for x in d.poll()] == [first, second]
+    d.flow("c1", 100)
+    keys = [f"drain-{i}" for i in range(40)]
+    first = {key: stream.publish(key, "first") for key in keys}
+    second = {key: stream.publish(key, "second") for key in keys}
+    assert len(d.poll()) == 80
     d.add_consumer("c2")
-    assert d.owner_of(key) == "c2"
-    d.flow("c2", 10)
-    third = stream.publish(key, "third")
-    assert d.poll() == []
+    moved = [key for key in keys if d.owner_of(key) == "c2"]
+    assert moved, "the join moves some of the keys in flight"
+    d.flow("c2", 200)
+    third = {key: stream.publish(key, "third") for key in moved}
+    assert d.poll() == [], "keys in flight on c1 are blocked"
 
     d.remove_consumer("c1")
     out = d.poll()
-    assert [(x.consumer, x.position, x.payload, x.redelivery_count) for x in out] == [
-        ("c2", first, "first", 1),
-        ("c2", second, "second", 1),
-        ("c2", third, "third", 0),
-    ]
+    assert {x.consumer for x in out} == {"c2"}
+    for key in keys:
+        mine = [(x.position, x.payload, x.redelivery_count) for x in out if x.key == key]
+        expected = [(first[key], "first", 1), (second[key], "second", 1)]
+        assert mine == expected + ([(third[key], "third", 0)] if key in moved else [])
 
 
 def slot_twins(wanted: Callable[[int], bool]) -> tuple[str, str]:
@@ -630,7 +708,7 @@ def test_bound_counts_pending_and_in_flight() -> None:
 def prepared() -> tuple[Dispatcher, ManualClock]:
     """Two consumers, deliveries in flight, pending messages and a draining key."""
     clock = ManualClock(100.0)
-    d = Dispatcher(clock=clock, max_replay=50, split="midpoint")
+    d = Dispatcher(clock=clock, max_replay=50, split="midpoint", policy="contiguous")
     d.add_consumer("c1")
     d.flow("c1", 4)
     (moving,) = keys_where(lambda slot: slot >= HASH_RANGE_SIZE // 2, 1, prefix="mv")
@@ -646,6 +724,7 @@ def prepared() -> tuple[Dispatcher, ManualClock]:
     d.publish(20, moving, "m2")  # blocked: draining on c1
     d.flow("c2", 1)
     d.poll()
+    assert d.stats()["consumers"]["c1"]["draining_hashes"] == 1
     return d, clock
 
 
@@ -747,7 +826,7 @@ def test_errors_are_also_builtin_exceptions() -> None:
 
 def test_stats_on_a_known_state() -> None:
     clock = ManualClock(100.0)
-    d = Dispatcher(clock=clock, max_replay=10, split="midpoint")
+    d = Dispatcher(clock=clock, max_replay=10, split="midpoint", policy="contiguous")
     d.add_consumer("c1")
     d.add_consumer("c2")
     c1_range, c2_range = range_of(d, "c1"), range_of(d, "c2")
@@ -767,8 +846,8 @@ def test_stats_on_a_known_state() -> None:
 
     stats = d.stats()
     c1, c2 = stats["consumers"]["c1"], stats["consumers"]["c2"]
-    assert tuple(c1["range"]) == c1_range
-    assert tuple(c2["range"]) == c2_range
+    assert c1["ranges"] == [c1_range]
+    assert c2["ranges"] == [c2_range]
     assert (c1["permits"], c1["unacked"]) == (1, 4)
     assert (c2["permits"], c2["unacked"]) == (0, 0)
     assert c1["rate"] > 0.0
@@ -783,7 +862,7 @@ def test_stats_on_a_known_state() -> None:
     stats = d.stats()
     c1, c3 = stats["consumers"]["c1"], stats["consumers"]["c3"]
     assert (c1["draining_hashes"], c1["draining_unacked"]) == (1, 3)
-    assert (c3["draining_hashes"], c3["range"], c3["permits"], c3["unacked"]) == (0, (middle, upper), 0, 0)
+    assert (c3["draining_hashes"], c3["ranges"], c3["permits"], c3["unacked"]) == (0, [(middle, upper)], 0, 0)
     assert stats["replay"] == 2
     assert stats == d.stats(), "reading stats changes nothing"
 
@@ -792,3 +871,20 @@ def test_stats_on_a_known_state() -> None:
     assert d.stats()["consumers"]["c1"]["draining_hashes"] == 0
     assert d.stats()["consumers"]["c1"]["unacked"] == 1
     assert d.wants() == 7
+
+
+def test_stats_list_every_range_of_a_consumer_with_several() -> None:
+    clock = ManualClock(100.0)
+    d = Dispatcher(clock=clock)
+    d.add_consumer("C1")
+    d.add_consumer("C2")
+    drive(d, clock, Stream(d), {"C1": 20, "C2": 2}, ticks=10)
+    d.add_consumer("C3")  # C2, under its fair share, takes part of C1's excess as a second range
+    stats = d.stats()["consumers"]
+    ranges = d.range_map()
+    for consumer in ("C1", "C2", "C3"):
+        assert stats[consumer]["ranges"] == d.ranges_of(consumer) == ranges.ranges_of(consumer)
+    assert max(len(stats[c]["ranges"]) for c in stats) >= 2, stats
+    owned = sorted(r for c in stats for r in stats[c]["ranges"])
+    assert owned == [(start, end) for start, end, _ in d.ranges()]
+    assert all(len(stats[c]["ranges"]) <= 16 for c in stats)

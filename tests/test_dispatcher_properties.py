@@ -6,7 +6,9 @@ which consumer and what was acked. Every delivery is checked against the model w
 comes out of ``poll`` (G1, G2, permits, redelivery counts); after every poll the model
 checks that nothing which could go out was held back (G5); after every step it checks the
 bound (G4), the range tiling and the per-consumer stats. The teardown drains everything
-and checks that every published position was acked exactly once (G3).
+and checks that every published position was acked exactly once (G3). The machine runs
+once per rebalance policy (several ranges per consumer, and PIP-34's one range each), with
+and without boundary shifts.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from keyfailover.core.errors import (
     UnknownConsumerError,
 )
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_bytes, key_hash
+from keyfailover.core.ranges import RangeMap
+from keyfailover.core.rebalance import MultiRangePolicy
 
 Key = str | bytes | None
 
@@ -205,6 +209,33 @@ def check_nothing_held_back(d: Dispatcher, model: Model) -> None:
     assert not (keyless and with_permits), f"keyless position {keyless[0]} pending while {with_permits} have permits"
 
 
+def check_ranges(d: Dispatcher, model: Model) -> None:
+    """The range map tiles the space; the contiguous policy gives one range per consumer, the
+    multi-range policy at most max_ranges, never two adjacent ones of one consumer."""
+    ranges = d.ranges()
+    if not model.consumers:
+        assert ranges == []
+    else:
+        assert ranges[0][0] == 0
+        assert ranges[-1][1] == HASH_RANGE_SIZE - 1
+        for (_, end, below), (start, _, above) in pairwise(ranges):
+            assert start == end + 1, f"ranges do not tile: {ranges}"
+            assert below != above, f"two adjacent ranges of {below}: {ranges}"
+        assert all(start <= end for start, end, _ in ranges)
+        counts = Counter(consumer for _, _, consumer in ranges)
+        policy = d.policy
+        limit = policy.max_ranges if isinstance(policy, MultiRangePolicy) else 1
+        assert max(counts.values()) <= limit, f"more than {limit} range(s) for one consumer: {ranges}"
+        # Every consumer owns a range or is a standby, which owns none. With 65536 slots and at
+        # most four consumers the contiguous policy never leaves one a standby.
+        standby = {c for c, entry in d.stats()["consumers"].items() if entry["standby"]}
+        assert set(counts) | standby == set(model.consumers), f"ranges {ranges} vs consumers {model.consumers}"
+        assert not set(counts) & standby, f"standby {standby} own ranges: {ranges}"
+        if standby:
+            event("a join left a consumer a standby")
+            assert isinstance(policy, MultiRangePolicy), f"standby {standby} under {policy}"
+
+
 def check_state(d: Dispatcher, model: Model) -> None:
     """The invariants that hold between any two calls."""
     d._audit()  # the core's own internal invariants (heaps, holders, draining bookkeeping)
@@ -219,21 +250,10 @@ def check_state(d: Dispatcher, model: Model) -> None:
         assert len(holders) <= 1
         if holders and holders != {owner(key_hash(kb))}:
             event("a key is unacked on a consumer that no longer owns it")
-    # The range map tiles the space, one range per consumer.
+    check_ranges(d, model)
     ranges = d.ranges()
-    if not model.consumers:
-        assert ranges == []
-    else:
-        assert ranges[0][0] == 0
-        assert ranges[-1][1] == HASH_RANGE_SIZE - 1
-        for (_, end, _), (start, _, _) in pairwise(ranges):
-            assert start == end + 1, f"ranges do not tile: {ranges}"
-        assert all(start <= end for start, end, _ in ranges)
-        owners = [consumer for _, _, consumer in ranges]
-        assert len(owners) == len(set(owners)), f"a consumer owns two ranges: {ranges}"
-        assert set(owners) == set(model.consumers), f"ranges {ranges} vs consumers {model.consumers}"
     snapshot = d.snapshot()
-    assert snapshot["version"] == 1
+    assert snapshot["version"] == 2
     assert snapshot["range_size"] == HASH_RANGE_SIZE
     assert [(r["start"], r["end"], r["consumer"]) for r in snapshot["ranges"]] == ranges
     for key in DISTINCT_KEYS:
@@ -247,8 +267,8 @@ def check_state(d: Dispatcher, model: Model) -> None:
         entry = stats["consumers"][consumer]
         assert entry["permits"] == model.permits[consumer], f"{consumer}: {entry}"
         assert entry["unacked"] == len(model.inflight_on(consumer)), f"{consumer}: {entry}"
-        found = [(start, end) for start, end, c in ranges if c == consumer]
-        assert tuple(entry["range"]) == found[0]
+        assert entry["ranges"] == [(start, end) for start, end, c in ranges if c == consumer]
+        assert d.ranges_of(consumer) == entry["ranges"]
 
 
 def fingerprint(d: Dispatcher) -> tuple[Any, ...]:
@@ -257,10 +277,10 @@ def fingerprint(d: Dispatcher) -> tuple[Any, ...]:
 
 
 class DispatcherMachine(RuleBasedStateMachine):
-    """Random calls against one dispatcher, checked against :class:`Model`."""
+    """Random calls against one dispatcher (the default multi-range policy), checked against :class:`Model`."""
 
     def make(self, clock: ManualClock) -> Dispatcher:
-        return Dispatcher(clock=clock, max_replay=MAX_REPLAY, split="traffic")
+        return Dispatcher(clock=clock, max_replay=MAX_REPLAY)
 
     def __init__(self) -> None:
         super().__init__()
@@ -453,13 +473,36 @@ class DispatcherMachine(RuleBasedStateMachine):
         check_state(d, model)
 
 
-class MidpointShiftingMachine(DispatcherMachine):
-    """The same machine with midpoint splits and boundary shifts that fire on little traffic."""
+class MultiShiftingMachine(DispatcherMachine):
+    """The multi-range policy with at most two ranges each and shifts that fire on little traffic."""
 
     def make(self, clock: ManualClock) -> Dispatcher:
         return Dispatcher(
             clock=clock,
             max_replay=MAX_REPLAY,
+            max_ranges=2,
+            half_life=2.0,
+            shift_threshold=1.05,
+            shift_interval=1.0,
+            shift_min_traffic=1.0,
+        )
+
+
+class ContiguousMachine(DispatcherMachine):
+    """PIP-34's contiguous policy: one range each, split where traffic halves."""
+
+    def make(self, clock: ManualClock) -> Dispatcher:
+        return Dispatcher(clock=clock, max_replay=MAX_REPLAY, policy="contiguous", split="traffic")
+
+
+class ContiguousMidpointShiftingMachine(DispatcherMachine):
+    """The contiguous policy with midpoint splits and boundary shifts that fire on little traffic."""
+
+    def make(self, clock: ManualClock) -> Dispatcher:
+        return Dispatcher(
+            clock=clock,
+            max_replay=MAX_REPLAY,
+            policy="contiguous",
             split="midpoint",
             half_life=2.0,
             shift_threshold=1.05,
@@ -468,10 +511,105 @@ class MidpointShiftingMachine(DispatcherMachine):
         )
 
 
-DispatcherMachine.TestCase.settings = settings(max_examples=600, stateful_step_count=100, deadline=None)
-MidpointShiftingMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=100, deadline=None)
+# Four machines share the time the two of one policy had (600 and 300 examples).
+DispatcherMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=100, deadline=None)
+MultiShiftingMachine.TestCase.settings = settings(max_examples=75, stateful_step_count=100, deadline=None)
+ContiguousMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=100, deadline=None)
+ContiguousMidpointShiftingMachine.TestCase.settings = settings(max_examples=75, stateful_step_count=100, deadline=None)
 TestDispatcherMachine = DispatcherMachine.TestCase
-TestMidpointShiftingMachine = MidpointShiftingMachine.TestCase
+TestMultiShiftingMachine = MultiShiftingMachine.TestCase
+TestContiguousMachine = ContiguousMachine.TestCase
+TestContiguousMidpointShiftingMachine = ContiguousMidpointShiftingMachine.TestCase
+
+
+# -- the checkers catch planted violations ------------------------------------------------
+
+
+def _plant(d: Dispatcher, ranges: list[tuple[int, int, str]]) -> None:
+    """White box: install ``ranges`` as the dispatcher's map as they are, bypassing policy and checks."""
+    planted = RangeMap(HASH_RANGE_SIZE)
+    planted._starts = [start for start, _, _ in ranges]
+    planted._ends = [end for _, end, _ in ranges]
+    planted._owners = [owner for _, _, owner in ranges]
+    planted._counts = dict(Counter(planted._owners))
+    d._map = planted
+    d._ends, owners = planted.lookup_table()
+    d._owners = [d._consumers[cid] for cid in owners]
+
+
+END = HASH_RANGE_SIZE - 1
+
+PLANTED_MAPS = [
+    pytest.param("multi", [(0, 9, "c1"), (10, 19, "c2"), (20, 29, "c1"), (30, 39, "c2"), (40, END, "c1")],
+                 "more than 2 range", id="over-max-ranges"),
+    pytest.param("contiguous", [(0, 9, "c1"), (10, 19, "c2"), (20, END, "c1")], "more than 1 range",
+                 id="contiguous-two-ranges"),
+    pytest.param("multi", [(0, 9, "c1"), (10, END, "c1")], "two adjacent ranges", id="adjacent-ranges-of-one"),
+    pytest.param("multi", [(0, 9, "c1"), (11, END, "c2")], "do not tile", id="gap"),
+    pytest.param("multi", [(0, END, "c1")], "vs consumers", id="member-without-range"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("policy", "ranges", "message"), PLANTED_MAPS)
+def test_the_range_checker_catches_a_planted_violation(
+    policy: str, ranges: list[tuple[int, int, str]], message: str
+) -> None:
+    d = Dispatcher(clock=ManualClock(1000.0), policy=policy, max_ranges=2)
+    model = Model(MAX_REPLAY)
+    for name in ("c1", "c2"):
+        d.add_consumer(name)
+        model.add(name)
+    check_ranges(d, model)
+    _plant(d, ranges)
+    with pytest.raises(AssertionError, match=message):
+        check_ranges(d, model)
+
+
+def _delivery_model() -> tuple[Dispatcher, Model, str]:
+    """c1 and c2 with permits, key "k" published at 1 and 2 (pending), owned by ``owner``."""
+    d = Dispatcher(clock=ManualClock(1000.0), max_replay=MAX_REPLAY)
+    model = Model(MAX_REPLAY)
+    for name in ("c1", "c2"):
+        d.add_consumer(name)
+        model.add(name)
+        model.permits[name] = 2
+    for position in (1, 2):
+        d.publish(position, "k", position)
+        model.publish(position, "k", position)
+    owner = d.owner_of("k")
+    assert owner is not None
+    return d, model, owner
+
+
+def test_the_delivery_checker_catches_a_skipped_position() -> None:
+    d, model, owner = _delivery_model()
+    with pytest.raises(AssertionError, match="G2"):
+        check_poll(d, model, [Delivery(owner, 2, "k", 2, 0)])
+
+
+def test_the_delivery_checker_catches_a_key_on_two_consumers() -> None:
+    d, model, owner = _delivery_model()
+    other = "c2" if owner == "c1" else "c1"
+    model.holder[1] = owner
+    model.delivered[1] = 1
+    with pytest.raises(AssertionError, match="G1"):
+        check_poll(d, model, [Delivery(other, 2, "k", 2, 0)])
+
+
+def test_the_delivery_checker_catches_a_delivery_past_the_permits_or_to_the_wrong_owner() -> None:
+    d, model, owner = _delivery_model()
+    other = "c2" if owner == "c1" else "c1"
+    with pytest.raises(AssertionError, match="is owned by"):
+        check_poll(d, model, [Delivery(other, 1, "k", 1, 0)])
+    model.permits[owner] = 0
+    with pytest.raises(AssertionError, match="had no permits left"):
+        check_poll(d, model, [Delivery(owner, 1, "k", 1, 0)])
+
+
+def test_the_held_back_checker_catches_a_message_left_waiting() -> None:
+    d, model, _ = _delivery_model()  # "k" is pending and its owner has permits
+    with pytest.raises(AssertionError, match="G5"):
+        check_nothing_held_back(d, model)
 
 
 # -- G6: determinism ---------------------------------------------------------------------
@@ -546,7 +684,7 @@ class Run:
 
 def make_shifting(clock: ManualClock) -> Dispatcher:
     return Dispatcher(
-        clock=clock, max_replay=30, split="traffic", half_life=3.0, shift_threshold=1.1, shift_interval=2.0,
+        clock=clock, max_replay=30, max_ranges=3, half_life=3.0, shift_threshold=1.1, shift_interval=2.0,
         shift_min_traffic=1.0,
     )  # fmt: skip
 
@@ -555,13 +693,20 @@ def make_default(clock: ManualClock) -> Dispatcher:
     return Dispatcher(clock=clock, max_replay=30)
 
 
+def make_contiguous_shifting(clock: ManualClock) -> Dispatcher:
+    return Dispatcher(
+        clock=clock, max_replay=30, policy="contiguous", split="traffic", half_life=3.0, shift_threshold=1.1,
+        shift_interval=2.0, shift_min_traffic=1.0,
+    )  # fmt: skip
+
+
 PRELUDE: list[Op] = [("add", "c1"), ("add", "c2"), ("flow", "c1", 4), ("flow", "c2", 4)]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     ops=st.lists(OPS, min_size=40, max_size=150).map(lambda ops: PRELUDE + ops),
-    make=st.sampled_from([make_default, make_shifting]),
+    make=st.sampled_from([make_default, make_shifting, make_contiguous_shifting]),
 )
 def test_same_calls_and_clock_give_same_deliveries_and_ranges(
     ops: list[Op], make: Callable[[ManualClock], Dispatcher]
@@ -592,14 +737,17 @@ STALL_KEYS = tuple(f"order-{i}" for i in range(40))
     keys=st.lists(st.sampled_from(STALL_KEYS), min_size=150, max_size=300),
     stalled_index=st.integers(0, 3),
     ticks=st.lists(st.sampled_from((0.0, 0.5, 3.0)), min_size=1, max_size=5),
+    policy=st.sampled_from(("multi", "contiguous")),
 )
-def test_stalled_consumer_never_delays_other_keys(keys: list[str], stalled_index: int, ticks: list[float]) -> None:
+def test_stalled_consumer_never_delays_other_keys(
+    keys: list[str], stalled_index: int, ticks: list[float], policy: str
+) -> None:
     """G5 (and G4): one consumer never gets a permit; everyone else keeps receiving every
     message of their keys at once, only the stalled consumer's keys fill the buffer, and at
     the bound publishing stops. Removing the stalled consumer then hands its backlog over."""
     clock = ManualClock(1000.0)
     max_replay = 30
-    d = Dispatcher(clock=clock, max_replay=max_replay)
+    d = Dispatcher(clock=clock, max_replay=max_replay, policy=policy)
     model = Model(max_replay)
     names = ["a", "b", "c", "d"]
     stalled = names[stalled_index]

@@ -189,7 +189,8 @@ class RangeMap:
     def lookup_table(self) -> tuple[list[int], list[str]]:
         """The sorted range ends and each range's owner, for callers that bisect themselves.
 
-        The lists are the map's own and change with it: hold them only until the next change.
+        The lists are the map's own and are replaced, never mutated, on a change: hold them
+        only until the next change.
         """
         return self._ends, self._owners
 
@@ -277,7 +278,8 @@ class RangeMap:
         """Apply ``(start, end, consumer)`` moves in order, as :meth:`assign` does, as one change.
 
         Every move is checked before any is applied, so a rejected call changes nothing.
-        The epoch grows by one if any slot changed owner.
+        The epoch grows by one if any slot ends up with another owner (moves that cancel
+        out are no change).
         """
         if not self._counts:
             raise RangeMapError("cannot reassign slots of an empty map; expected assign_all first")
@@ -289,13 +291,15 @@ class RangeMap:
             start = _check_slot("start", move[0], 0, high)
             end = _check_slot("end", move[1], start, high)
             checked.append((start, end, validate_consumer_id(move[2])))
-        changed = False
-        counts = self._counts
+        # Splice copies, so that moves which cancel out can be told from a change.
+        starts, ends, owners = list(self._starts), list(self._ends), list(self._owners)
+        counts = dict(self._counts)
+        spliced_any = False
         for start, end, consumer in checked:
-            spliced = splice(self._starts, self._ends, self._owners, (start, end, consumer))
+            spliced = splice(starts, ends, owners, (start, end, consumer))
             if spliced is None:
                 continue
-            changed = True
+            spliced_any = True
             removed, added = spliced
             for _, _, owner in removed:
                 counts[owner] -= 1
@@ -303,7 +307,8 @@ class RangeMap:
                     del counts[owner]
             for _, _, owner in added:
                 counts[owner] = counts.get(owner, 0) + 1
-        if changed:
+        if spliced_any and (starts != self._starts or owners != self._owners):
+            self._starts, self._ends, self._owners, self._counts = starts, ends, owners, counts
             self._changed()
 
     def clear(self) -> None:
@@ -386,8 +391,8 @@ class RangeMap:
                 raise SnapshotError(f"range entry {item!r} must have exactly start, end and consumer")
             triples.append((item["start"], item["end"], item["consumer"]))
         if version == 1:
-            owners = [consumer for _, _, consumer in triples]
-            repeated = sorted({c for c in owners if owners.count(c) > 1 and isinstance(c, str)})
+            seen = Counter(consumer for _, _, consumer in triples if isinstance(consumer, str))
+            repeated = sorted(consumer for consumer, count in seen.items() if count > 1)
             if repeated:
                 raise SnapshotError(
                     f"a version 1 snapshot has one range per consumer, but {repeated} appear more than once; "

@@ -13,7 +13,16 @@ import numpy.typing as npt
 from keyfailover.core.errors import RangeMapError
 from keyfailover.core.ranges import RangeMap
 
-__all__ = ["Load", "Policy", "check_threshold", "check_traffic", "moved_slots", "range_traffic", "reassign_rates"]
+__all__ = [
+    "Load",
+    "Policy",
+    "check_min_traffic",
+    "check_threshold",
+    "check_traffic",
+    "moved_slots",
+    "range_traffic",
+    "reassign_rates",
+]
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,15 @@ def check_threshold(threshold: object) -> float:
     if type(threshold) not in (int, float) or not 1.0 <= float(threshold) < float("inf"):  # type: ignore[arg-type]
         raise RangeMapError(f"shift threshold {threshold!r} is not a finite number >= 1; expected max/mean >= 1")
     return float(threshold)  # type: ignore[arg-type]
+
+
+def check_min_traffic(min_traffic: object) -> float:
+    """A shift's least measured traffic: a finite number of at least 0."""
+    if type(min_traffic) not in (int, float) or not 0.0 <= float(min_traffic) < float("inf"):  # type: ignore[arg-type]
+        raise RangeMapError(
+            f"shift min_traffic {min_traffic!r} is not a finite number >= 0; expected the recent messages to act on"
+        )
+    return float(min_traffic)  # type: ignore[arg-type]
 
 
 def range_traffic(ranges: RangeMap, traffic: npt.NDArray[np.float64] | None) -> dict[str, float]:

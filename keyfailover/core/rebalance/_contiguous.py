@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from keyfailover.core.errors import RangeMapError
 from keyfailover.core.ranges import RangeMap
-from keyfailover.core.rebalance._common import Load, Policy, check_threshold, check_traffic
+from keyfailover.core.rebalance._common import Load, Policy, check_min_traffic, check_threshold, check_traffic
 
 __all__ = ["SPLIT_MODES", "ContiguousPolicy", "SplitMode", "balanced_cut"]
 
@@ -54,6 +54,7 @@ class ContiguousPolicy(Policy):
         if not isinstance(self.split, str) or self.split not in SPLIT_MODES:
             raise RangeMapError(f"split mode {self.split!r} is unknown; expected one of {SPLIT_MODES}")
         check_threshold(self.threshold)
+        check_min_traffic(self.min_traffic)
 
     def join(self, ranges: RangeMap, newcomer: str, load: Load) -> RangeMap:
         """The newcomer takes the upper part of the busiest range; a standby when no range has two slots."""

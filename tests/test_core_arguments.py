@@ -97,12 +97,6 @@ def test_the_policy_is_built_from_the_arguments() -> None:
     assert contiguous.policy == ContiguousPolicy(split="midpoint", threshold=1.1, min_traffic=1000.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ZeroDivisionError,
-    reason="bug in _multi.py: shift_threshold=1.0 is accepted, but MultiRangePolicy(threshold=1.0) divides by zero "
-    "planning the third consumer's join (tolerance 0 makes _grain() 0)",
-)
 def test_a_dispatcher_with_shift_threshold_one_takes_a_third_consumer() -> None:
     dispatcher = Dispatcher(clock=ManualClock(), shift_threshold=1.0)
     for cid in ("c1", "c2", "c3"):

@@ -34,7 +34,7 @@ import numpy.typing as npt
 from keyfailover.core._tiling import splice
 from keyfailover.core.errors import RangeMapError
 from keyfailover.core.ranges import Range, RangeMap
-from keyfailover.core.rebalance._common import Load, Policy, check_threshold, check_traffic
+from keyfailover.core.rebalance._common import Load, Policy, check_min_traffic, check_threshold, check_traffic
 
 __all__ = ["MultiRangePolicy"]
 
@@ -51,6 +51,10 @@ _PIN_FLOOR_DIVISOR = 4.0
 """Slots lighter than the mean load over this are not searched for hot slots at first: a
 consumer is pinned only by a slot heavier than the fair level, which falls below a quarter
 of the mean only when pinned keys carry most of the traffic (then the search is redone)."""
+
+_MIN_GRAIN = 0.0025
+"""The least grain, as a share of a fair share: with threshold 1 the tolerance is 0, but a
+piece of a quarter of a percent of a fair share is still not worth a range."""
 
 _HOT_BAND = 4.0
 """How many grains lighter than the amount a donor's hottest slot may be and still be taken alone."""
@@ -75,6 +79,7 @@ class MultiRangePolicy(Policy):
         if type(self.max_ranges) is not int or self.max_ranges < 1:
             raise RangeMapError(f"max_ranges must be an int >= 1, not {self.max_ranges!r}")
         check_threshold(self.threshold)
+        check_min_traffic(self.min_traffic)
 
     @property
     def tolerance(self) -> float:
@@ -100,6 +105,8 @@ class MultiRangePolicy(Policy):
         gives = _consolidate(gives, room, self.tolerance * shares.level)
         layout.transfer(_named(members, gives), {newcomer: float(gives.sum())}, self._grain(shares.level))
         self._settle(layout, members, 1.0 + self.tolerance)
+        if not layout.count(newcomer):
+            layout.give_idle(newcomer)
         return layout.plan(ranges)
 
     def leave(self, ranges: RangeMap, leaver: str, load: Load, standby: Sequence[str] = ()) -> RangeMap:
@@ -173,8 +180,8 @@ class MultiRangePolicy(Policy):
         return len(layout.moves) > moves
 
     def _grain(self, level: float) -> float:
-        """Leftovers below this weight are not worth another piece."""
-        return self.tolerance * level / 4.0
+        """Leftovers below this weight are not worth another piece (never 0, even at threshold 1)."""
+        return max(self.tolerance / 4.0, _MIN_GRAIN) * level
 
 
 def _layout(ranges: RangeMap, load: Load, max_ranges: int) -> _Layout:
@@ -435,19 +442,23 @@ class _Layout:
     def cut(self, start: int, end: int, side: Side, amount: float, limit: float) -> tuple[int, int] | None:
         """The piece at the ``side`` edge of ``[start, end]`` whose weight is nearest ``amount``, at most ``limit``.
 
-        The piece never splits a slot; of two equally near pieces the narrower wins. None
-        when even one slot weighs more than ``limit``.
+        The piece never splits a slot; of two equally near pieces the narrower wins. A
+        consumer's only range is never taken whole (it would own nothing without being a
+        standby). None when even one slot weighs more than ``limit``, or the range is a
+        consumer's only slot.
         """
-        width = end - start + 1
+        index = bisect.bisect_left(self._starts, start)
+        width = end - start + 1 - (1 if self.count(self._owners[index]) == 1 else 0)
+        if width < 1:
+            return None
         # Only as far inward as the amount is likely to reach: twice the average slot's share of it.
-        density = self.range_weight(bisect.bisect_left(self._starts, start)) / width
+        density = self.range_weight(index) / (end - start + 1)
         reach = width if density <= 0.0 else min(width, int(2.0 * amount / density) + 16)
         while True:
-            window = (
-                self._weights[end - reach + 1 : end + 1][::-1]
-                if side == "high"
-                else self._weights[start : start + reach]
-            )
+            if side == "high":
+                window = self._weights[end - reach + 1 : end + 1][::-1]
+            else:
+                window = self._weights[start : start + reach]
             # Cumulative weights from the cut edge inward: running[k] is the piece of k + 1 slots.
             running = np.cumsum(window)
             if reach == width or running[-1] > limit:
@@ -582,7 +593,7 @@ class _Layout:
                     low, high = piece
                     continues = 0 if 0 <= across < len(owners) and gives.get(owners[across], 0.0) >= grain else 1
                     candidates.append((self._error(low, high, amount, grain), high - low, continues, low, high))
-            if start == end or self.count(donor) < self.max_ranges:
+            if (start == end and self.count(donor) > 1) or (start < end and self.count(donor) < self.max_ranges):
                 hot, heat = self.range_peak(index)
                 if amount - _HOT_BAND * grain <= heat <= limit:
                     candidates.append((0, 0, 0, hot, hot))
@@ -647,6 +658,29 @@ class _Layout:
                 first = last + 1
                 if first > end:
                     break
+
+    def give_idle(self, newcomer: str) -> None:
+        """Give ``newcomer`` the upper half of the least used range that can spare a slot.
+
+        A join whose donors' excess lies in slots too hot to move would leave the newcomer
+        owning nothing while others hold idle slots; this way it owns slots that keys may
+        come to (and a later shift can weigh). Nothing happens when every range is one slot
+        of a consumer owning no other.
+        """
+        best: tuple[float, int, int] | None = None
+        for index, (start, end, owner) in enumerate(zip(self._starts, self._ends, self._owners, strict=True)):
+            if start == end and self.count(owner) == 1:
+                continue
+            candidate = (self.range_weight(index) / (end - start + 1), -(end - start), start)
+            if best is None or candidate < best:
+                best = candidate
+        if best is None:
+            return
+        start = best[2]
+        index = bisect.bisect_left(self._starts, start)
+        end = self._ends[index]
+        low = start + (end - start + 1) // 2 if end > start else start
+        self.give(low, end, newcomer)
 
     def hand_to_neighbours(self, leaver: str) -> None:
         """Whatever ``leaver`` still owns goes to an adjacent neighbour, the less loaded one (a boundary move)."""

@@ -619,8 +619,10 @@ def test_multi_join_takes_from_the_consumers_above_the_new_fair_share_only() -> 
     traffic[:64] = 20.0
     planned = MULTI.join(ranges, "n", Load(traffic=traffic))
     assert {(old, new) for _, _, old, new in moved_slots(ranges, planned)} == {("a", "n")}
-    assert _moved_traffic(ranges, planned, traffic) == 640.0
-    assert range_traffic(planned, traffic) == {"n": 640.0, "a": 640.0, "b": 640.0, "c": 640.0, "d": 640.0}
+    assert _moved_traffic(ranges, planned, traffic) == pytest.approx(640.0, abs=20.0)  # within one of a's slots
+    loads = range_traffic(planned, traffic)
+    assert loads["n"] == pytest.approx(640.0, abs=20.0)
+    assert (loads["b"], loads["c"], loads["d"]) == (640.0, 640.0, 640.0)
     assert len(planned.ranges_of("n")) == 1
 
 
@@ -781,7 +783,10 @@ def test_multi_shift_measures_each_consumer_against_its_fair_share_not_the_mean(
     assert range_traffic(ranges, traffic) == {"a": 110_000.0, "b": 110_000.0, "c": 80_000.0}
     planned = MULTI.shift(ranges, Load(traffic=traffic))
     assert planned is not None
-    assert range_traffic(planned, traffic) == {"a": 110_000.0, "b": 95_000.0, "c": 95_000.0}
+    loads = range_traffic(planned, traffic)
+    assert loads["a"] == 110_000.0
+    assert loads["b"] == pytest.approx(95_000.0, abs=1000.0)  # within one slot
+    assert loads["c"] == pytest.approx(95_000.0, abs=1000.0)
     assert {(old, new) for _, _, old, new in moved_slots(ranges, planned)} == {("b", "c")}
 
 

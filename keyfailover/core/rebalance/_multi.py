@@ -291,6 +291,14 @@ def _consolidate(amounts: Vector, room: Vector, small: float) -> Vector:
     return result
 
 
+class _Piece(NamedTuple):
+    """Slots ``[low, high]`` to move, and their weight."""
+
+    low: int
+    high: int
+    weight: float
+
+
 class _Layout:
     """A working copy of a range map for planning: parallel sorted lists of ranges, and cumulative weights.
 
@@ -439,7 +447,7 @@ class _Layout:
         self.moves.append((start, end, receiver))
         return weight
 
-    def cut(self, start: int, end: int, side: Side, amount: float, limit: float) -> tuple[int, int] | None:
+    def cut(self, start: int, end: int, side: Side, amount: float, limit: float) -> _Piece | None:
         """The piece at the ``side`` edge of ``[start, end]`` whose weight is nearest ``amount``, at most ``limit``.
 
         The piece never splits a slot; of two equally near pieces the narrower wins. A
@@ -472,8 +480,8 @@ class _Layout:
         else:
             short_piece, long_piece = (start, start + shorter), (start, start + longer)
         if long_weight <= limit and abs(long_weight - amount) < abs(short_weight - amount):
-            return long_piece
-        return short_piece if short_weight <= limit else None
+            return _Piece(*long_piece, long_weight)
+        return _Piece(*short_piece, short_weight) if short_weight <= limit else None
 
     def transfer(self, gives: dict[str, float], takes: dict[str, float], grain: float) -> None:
         """Move weight from donors (``gives``) to receivers (``takes``), as far as both allow.
@@ -539,7 +547,7 @@ class _Layout:
                 continue
             piece = self.cut(start, ends[index], side, amount, (takes[receiver] if overshoot else amount) + grain)
             if piece is not None:
-                self._moved(donor, receiver, self.give(*piece, receiver), gives, takes)
+                self._moved(donor, receiver, self.give(piece.low, piece.high, receiver), gives, takes)
 
     def _new_ranges(self, gives: dict[str, float], takes: dict[str, float], grain: float, overshoot: bool) -> None:
         """Receivers by need take pieces from donors by what they give, each piece a new range."""
@@ -590,9 +598,10 @@ class _Layout:
             for side, across in (("low", index - 1), ("high", index + 1)):
                 piece = self.cut(start, end, side, amount, limit)  # type: ignore[arg-type]
                 if piece is not None:
-                    low, high = piece
+                    low, high, weight = piece
                     continues = 0 if 0 <= across < len(owners) and gives.get(owners[across], 0.0) >= grain else 1
-                    candidates.append((self._error(low, high, amount, grain), high - low, continues, low, high))
+                    error = self._error(weight, amount, grain)
+                    candidates.append((error, high - low, continues, low, high))
             if (start == end and self.count(donor) > 1) or (start < end and self.count(donor) < self.max_ranges):
                 hot, heat = self.range_peak(index)
                 if amount - _HOT_BAND * grain <= heat <= limit:
@@ -602,9 +611,10 @@ class _Layout:
                     best = candidate
         return None if best is None else (best[3], best[4])
 
-    def _error(self, low: int, high: int, amount: float, grain: float) -> int:
-        """How far ``[low, high]`` weighs from ``amount``, in grains (0 within one grain)."""
-        error = abs(self.weight(low, high) - amount)
+    @staticmethod
+    def _error(weight: float, amount: float, grain: float) -> int:
+        """How far ``weight`` is from ``amount``, in grains (0 within one grain)."""
+        error = abs(weight - amount)
         return 0 if error <= grain else int(error / grain) + 1
 
     @staticmethod

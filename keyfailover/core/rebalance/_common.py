@@ -48,6 +48,8 @@ class Policy(ABC):
     """
 
     name: ClassVar[str]
+    reads_rates: ClassVar[bool]
+    """Whether the policy reads ``Load.rates`` (the per-consumer dispatch rates), or only the traffic."""
 
     @abstractmethod
     def join(self, ranges: RangeMap, newcomer: str, load: Load) -> RangeMap:

@@ -46,6 +46,7 @@ class ContiguousPolicy(Policy):
     """
 
     name: ClassVar[str] = "contiguous"
+    reads_rates: ClassVar[bool] = True
     split: SplitMode = "traffic"
     threshold: float = 1.1
     min_traffic: float = 1000.0

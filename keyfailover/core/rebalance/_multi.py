@@ -71,6 +71,7 @@ class MultiRangePolicy(Policy):
     """
 
     name: ClassVar[str] = "multi"
+    reads_rates: ClassVar[bool] = False
     max_ranges: int = 16
     threshold: float = 1.1
     min_traffic: float = 1000.0

@@ -119,8 +119,8 @@ class KeyFailover(Strategy):
 
     Joins and leaves go to the policy with the last measured window as the per-slot
     traffic, and each window of measured traffic is one chance of a shift, as the
-    dispatcher checks once per ``shift_interval``. A consumer's rate is the traffic its
-    ranges carried in the last window.
+    dispatcher checks once per ``shift_interval``. For a policy that reads rates, a
+    consumer's rate is the traffic its ranges carried in the last window.
     """
 
     name = "keyfailover"
@@ -132,7 +132,8 @@ class KeyFailover(Strategy):
         self._standby: list[str] = []
 
     def _load(self) -> Load:
-        return Load(range_traffic(self._ranges, self._traffic), self._traffic)
+        rates = range_traffic(self._ranges, self._traffic) if self._policy.reads_rates else {}
+        return Load(rates, self._traffic)
 
     def join(self, consumer: str) -> None:
         self._ranges = self._policy.join(self._ranges, consumer, self._load())

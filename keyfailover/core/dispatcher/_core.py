@@ -680,7 +680,7 @@ class Dispatcher:
         old = self._map
         moved = moved_slots(old, planned)
         traffic = self._meter.traffic
-        self._meter.set_rates(reassign_rates(old, planned, self._meter.rates, traffic))
+        self._meter.set_rates(reassign_rates(old, planned, self._meter.rates, traffic, moved))
         self._map = planned
         ends, owner_ids = planned.lookup_table()
         self._ends = ends

@@ -103,47 +103,62 @@ def moved_slots(old: RangeMap, new: RangeMap) -> list[tuple[int, int, str | None
     """The maximal slot intervals whose owner differs between ``old`` and ``new``.
 
     Each item is ``(first, last, old owner, new owner)``; owners are None for an empty map.
-    O(n) in the number of ranges of both maps.
+    Vectorised over the common refinement of both maps' ranges: O(r log r) in numpy for r
+    ranges, and Python work only per moved interval.
     """
     if old.range_size != new.range_size:
         raise RangeMapError(f"range sizes differ: {old.range_size} and {new.range_size}")
     size = old.range_size
-    unowned: list[tuple[int, int, str | None]] = [(0, size - 1, None)]
-    old_list: list[tuple[int, int, str | None]] = list(old.ranges()) or unowned
-    new_ranges: list[tuple[int, int, str | None]] = list(new.ranges()) or unowned
-    moved: list[tuple[int, int, str | None, str | None]] = []
-    i = j = 0
-    slot = 0
-    while slot < size:
-        _, old_end, old_owner = old_list[i]
-        _, new_end, new_owner = new_ranges[j]
-        last = min(old_end, new_end)
-        if old_owner != new_owner:
-            if moved and moved[-1][1] == slot - 1 and moved[-1][2:] == (old_owner, new_owner):
-                moved[-1] = (moved[-1][0], last, old_owner, new_owner)
-            else:
-                moved.append((slot, last, old_owner, new_owner))
-        slot = last + 1
-        if old_end == last:
-            i += 1
-        if new_end == last:
-            j += 1
-    return moved
+    old_arrays, new_arrays = old.arrays(), new.arrays()
+    names: list[str | None] = list(old_arrays.consumers)
+    code = {name: index for index, name in enumerate(old_arrays.consumers)}
+    for name in new_arrays.consumers:
+        if name not in code:
+            code[name] = len(names)
+            names.append(name)
+    names.append(None)  # code -1: nobody (an empty map)
+    new_codes = np.fromiter((code[name] for name in new_arrays.consumers), np.intp, len(new_arrays.consumers))
+    everything = np.array([size - 1], dtype=np.intp)
+    nobody = np.array([-1], dtype=np.intp)
+    old_ends, old_owner = (old_arrays.ends, old_arrays.owner) if len(old_arrays.ends) else (everything, nobody)
+    new_ends = new_arrays.ends if len(new_arrays.ends) else everything
+    new_owner = new_codes[new_arrays.owner] if len(new_arrays.ends) else nobody
+    ends = np.union1d(old_ends, new_ends)  # the pieces [previous end + 1, end] lie inside one range of each map
+    before = old_owner[np.searchsorted(old_ends, ends)]
+    after = new_owner[np.searchsorted(new_ends, ends)]
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    moved = before != after
+    # A moved piece continues the previous one's interval when both pieces moved between the same two owners.
+    continues = np.zeros_like(moved)
+    continues[1:] = moved[1:] & moved[:-1] & (before[1:] == before[:-1]) & (after[1:] == after[:-1])
+    firsts = np.flatnonzero(moved & ~continues)
+    lasts = np.flatnonzero(moved & ~np.append(continues[1:], False))
+    return [
+        (int(starts[first]), int(ends[last]), names[before[first]], names[after[first]])
+        for first, last in zip(firsts.tolist(), lasts.tolist(), strict=True)
+    ]
 
 
 def reassign_rates(
-    old: RangeMap, new: RangeMap, rates: Mapping[str, float], traffic: npt.NDArray[np.float64] | None
+    old: RangeMap,
+    new: RangeMap,
+    rates: Mapping[str, float],
+    traffic: npt.NDArray[np.float64] | None,
+    moved: list[tuple[int, int, str | None, str | None]] | None = None,
 ) -> dict[str, float]:
     """Estimate each consumer's dispatch rate under ``new`` from its measured rate under ``old``.
 
     A moved slot interval carries the share of its old owner's rate that its traffic (or,
     without traffic, its width) is of all the old owner's ranges. Used right after a change
     so the next decision does not act on the stale rate of a consumer that just lost half.
+    ``moved`` is ``moved_slots(old, new)`` when the caller has it already.
     """
-    widths = {consumer: float(old.width(consumer)) for consumer in old.consumers()}
+    arrays = old.arrays()
+    sizes = np.bincount(arrays.owner, arrays.ends - arrays.starts + 1, len(arrays.consumers))
+    widths = dict(zip(arrays.consumers, sizes.tolist(), strict=True))
     weights = range_traffic(old, traffic) if traffic is not None else widths
     estimated = {consumer: float(rates.get(consumer, 0.0)) for consumer in new.consumers()}
-    for first, last, old_owner, new_owner in moved_slots(old, new):
+    for first, last, old_owner, new_owner in moved_slots(old, new) if moved is None else moved:
         if old_owner is None:
             continue
         whole = weights[old_owner]

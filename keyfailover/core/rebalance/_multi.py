@@ -554,14 +554,15 @@ class _Layout:
         """Receivers by need take pieces from donors by what they give, each piece a new range."""
         donors = sorted((d for d, amount in gives.items() if amount >= grain), key=lambda d: (-gives[d], d))
         receivers = sorted((r for r, amount in takes.items() if amount >= grain), key=lambda r: (-takes[r], r))
-        failed: dict[str, float] = {}  # donor -> the largest limit no piece of it fitted under since it last gave
+        failed: dict[str, float] = {}  # donor -> the limit no piece of it fitted under since it last gave
+        band = _HOT_BAND * grain
         for receiver in receivers:
+            if self.count(receiver) >= self.max_ranges:
+                continue
             for donor in donors:
-                while (
-                    donor != receiver
-                    and min(gives[donor], takes[receiver]) >= _HOT_BAND * grain
-                    and self.count(receiver) < self.max_ranges
-                ):
+                if takes[receiver] < band or self.count(receiver) >= self.max_ranges:
+                    break  # this receiver is done: on to the next
+                while donor != receiver and min(gives[donor], takes[receiver]) >= band:
                     amount = min(gives[donor], takes[receiver])
                     limit = (takes[receiver] if overshoot else amount) + grain
                     if limit <= failed.get(donor, -1.0):
@@ -574,8 +575,10 @@ class _Layout:
                     weight = self.give(*piece, receiver)
                     self._moved(donor, receiver, weight, gives, takes)
                     self._boundaries(self._touching(gives, takes, grain, (receiver,)), gives, takes, grain, overshoot)
-                    if weight < grain:
+                    if weight < grain or self.count(receiver) >= self.max_ranges:
                         break
+            # A donor that had nothing to fit this receiver's need fits no smaller one either.
+            donors = [d for d in donors if gives[d] >= band and d not in failed]
 
     def _best_piece(
         self, donor: str, amount: float, limit: float, gives: dict[str, float], grain: float

@@ -2,23 +2,29 @@
 
 A consumer may own several ranges of the sorted map (at most ``max_ranges``; adjacent
 ranges of one owner are one range). Each decision first computes the fair share of every
-member by water-filling the measured traffic (a consumer whose hottest slot is heavier
-than a fair share is *pinned* at that slot: a key never splits, so it keeps the key and
-little else), then moves weight from consumers above their share to consumers below it:
+member by water-filling the measured traffic per slot (a consumer whose hottest slot is
+heavier than a fair share is *pinned* at that slot: a key never splits, so it keeps the key
+and little else), then moves weight from members above their share to members below it:
 
 - **join**: the newcomer takes from each consumer above the new fair share what brings it
   down to it (the busiest first), so about ``1/(n+1)`` of the traffic moves, the least any
-  balanced result can move. Pieces are cut at a range's edge where the traffic splits, a
-  piece taken next to another donor is continued across the boundary (one range, not two),
-  and a donor's surplus too small to be worth a range of its own (under the tolerance, a
-  fraction of the fair share) is taken from the busiest donors instead.
-- **leave**: the leaver's ranges go to the least busy consumers, its adjacent neighbours
-  first (a boundary move, no new range); only the leaver's own share moves.
-- **shift**: when traffic drifts (max/mean over the threshold) the consumers over their
-  cap give what they carry over their share to the least busy ones, adjacent ones first.
+  balanced result can move. A piece is cut at the edge of one of the donor's heaviest ranges
+  where the traffic splits, or is the range's hottest slot alone when that weighs what is
+  needed (one key instead of a run of cold ones); a piece cut next to another donor is
+  continued across the boundary (one range, not two); a surplus too small to be worth a
+  range (under the tolerance) is taken from the busiest donors instead.
+- **leave**: the leaver's ranges are carved, each in one pass, into consecutive pieces: the
+  bottom for the neighbour below and the top for the neighbour above (boundary moves), the
+  middle for the least busy consumers; only the leaver's share moves.
+- **settle**: after a join or a leave, a member left over its cap (a hot slot that had to go
+  somewhere) gives what it carries over its share to those under theirs, in the same change.
+- **shift**: the settle step alone, when a member carries more than ``threshold`` times its
+  fair share by more than the noise of its measured count.
 
-A receiver that already owns ``max_ranges`` ranges takes only pieces adjacent to its own.
-Every choice is deterministic (ties by position, then id). See docs/evaluation.md.
+Every consumer keeps at least one slot, a newcomer whose donors' excess lies in slots too
+hot to move takes the least used slots, and a receiver owning ``max_ranges`` ranges takes
+only pieces adjacent to its own. Every choice is deterministic (ties by position, then id).
+See docs/evaluation.md.
 """
 
 from __future__ import annotations

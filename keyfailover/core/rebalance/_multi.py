@@ -343,6 +343,7 @@ class _Layout:
         self._range_weight: dict[int, float] = {}
         self._first = (self._starts.copy(), self._ends.copy(), sums.tolist())  # the ranges as given, weighed
         self._range_peak: dict[int, tuple[int, float]] = {}
+        self._running: dict[int, npt.NDArray[np.float64]] = {}
         self.measured = measured
         self._stale: set[str] = set()  # owners that gave away their heaviest slot
         self.moves: list[Range] = []
@@ -441,6 +442,7 @@ class _Layout:
             self._starts_of[owner].discard(range_start)
             self._range_weight.pop(range_start, None)
             self._range_peak.pop(range_start, None)
+            self._running.pop(range_start, None)
         for range_start, _, owner in added:
             self._starts_of[owner].add(range_start)
         heaviest = float(self._weights[start : end + 1].max())
@@ -454,6 +456,14 @@ class _Layout:
         self.moves.append((start, end, receiver))
         return weight
 
+    def running(self, index: int) -> npt.NDArray[np.float64]:
+        """Cumulative weights across the range at list position ``index`` (remembered until it changes)."""
+        start = self._starts[index]
+        found = self._running.get(start)
+        if found is None:
+            found = self._running[start] = np.cumsum(self._weights[start : self._ends[index] + 1])
+        return found
+
     def cut(self, start: int, end: int, side: Side, amount: float, limit: float) -> _Piece | None:
         """The piece at the ``side`` edge of ``[start, end]`` whose weight is nearest ``amount``, at most ``limit``.
 
@@ -463,32 +473,29 @@ class _Layout:
         consumer's only slot.
         """
         index = bisect.bisect_left(self._starts, start)
-        width = end - start + 1 - (1 if self.count(self._owners[index]) == 1 else 0)
-        if width < 1:
+        run = self.running(index)  # run[k]: slots start .. start + k
+        width = len(run)
+        longest = width - (1 if self.count(self._owners[index]) == 1 else 0)
+        if longest < 1:
             return None
-        # Only as far inward as the amount is likely to reach: twice the average slot's share of it.
-        density = self.range_weight(index) / (end - start + 1)
-        reach = width if density <= 0.0 else min(width, int(2.0 * amount / density) + 16)
-        while True:
-            if side == "high":
-                window = self._weights[end - reach + 1 : end + 1][::-1]
-            else:
-                window = self._weights[start : start + reach]
-            # Cumulative weights from the cut edge inward: running[k] is the piece of k + 1 slots.
-            running = np.cumsum(window)
-            if reach == width or running[-1] > limit:
-                break
-            reach = width
-        k = int(running.searchsorted(amount))  # the first piece reaching the amount
-        shorter, longer = max(min(k - 1, len(running) - 1), 0), min(k, len(running) - 1)
-        short_weight, long_weight = float(running[shorter]), float(running[longer])
-        if side == "high":
-            short_piece, long_piece = (end - shorter, end), (end - longer, end)
+        if side == "low":
+            # The piece [start, start + k] weighs run[k], for k < longest.
+            k = min(int(run.searchsorted(amount)), longest - 1)
+            ks = (max(k - 1, 0), k)
+            pieces = [(start, start + j, float(run[j])) for j in ks]
         else:
-            short_piece, long_piece = (start, start + shorter), (start, start + longer)
-        if long_weight <= limit and abs(long_weight - amount) < abs(short_weight - amount):
-            return _Piece(*long_piece, long_weight)
-        return _Piece(*short_piece, short_weight) if short_weight <= limit else None
+            # The piece [start + j, end] weighs total - run[j - 1] (all of it for j = 0), for j >= width - longest.
+            total = float(run[-1])
+            i = int(run.searchsorted(total - amount))
+            lowest = width - longest
+            pieces = []
+            for j in (min(max(i + 1, lowest), width - 1), min(max(i, lowest), width - 1)):  # the shorter first
+                pieces.append((start + j, end, total - float(run[j - 1]) if j > 0 else total))
+        fitting = [piece for piece in pieces if piece[2] <= limit]
+        if not fitting:
+            return None
+        low, high, weight = min(fitting, key=lambda piece: (abs(piece[2] - amount), piece[1] - piece[0]))
+        return _Piece(low, high, weight)
 
     def transfer(self, gives: dict[str, float], takes: dict[str, float], grain: float) -> None:
         """Move weight from donors (``gives``) to receivers (``takes``), as far as both allow.
@@ -619,6 +626,8 @@ class _Layout:
             for candidate in candidates:
                 if best is None or candidate < best:
                     best = candidate
+            if best is not None and best[0] == 0 and best[1] == 0:
+                break  # a single slot of the right weight: nothing lighter can beat it
         return None if best is None else (best[3], best[4])
 
     @staticmethod

@@ -19,6 +19,7 @@ __all__ = [
     "check_min_traffic",
     "check_threshold",
     "check_traffic",
+    "fair_shares",
     "moved_slots",
     "range_traffic",
     "reassign_rates",
@@ -86,6 +87,33 @@ def check_min_traffic(min_traffic: object) -> float:
             f"shift min_traffic {min_traffic!r} is not a finite number >= 0; expected the recent messages to act on"
         )
     return float(min_traffic)  # type: ignore[arg-type]
+
+
+def fair_shares(
+    heat: npt.NDArray[np.float64], total: float, slack: float
+) -> tuple[npt.NDArray[np.float64], float, npt.NDArray[np.bool_]]:
+    """Each member's fair share of ``total`` by water-filling, the level of the unpinned, and who is pinned.
+
+    ``heat`` is each member's hottest slot. A member whose hottest slot exceeds ``slack``
+    times the level is pinned: its share is that slot (a key never splits, so it keeps the
+    key and little else). Pinning lowers the level of the others, so the pinned are the
+    heaviest first, and pinning stops at the first that is not over. The level is 0 when
+    every member is pinned.
+    """
+    count = len(heat)
+    order = np.argsort(-heat, kind="stable")
+    heavy = heat[order]
+    held = np.concatenate(([0.0], np.cumsum(heavy)[:-1]))  # held[k]: the k heaviest pinned
+    # Never below 0: when the pinned slots carry everything, rounding may leave a hair less.
+    levels = np.maximum(total - held, 0.0) / np.maximum(count - np.arange(count), 1)
+    stop = np.flatnonzero(heavy <= levels * slack)
+    pinned = int(stop[0]) if stop.size else count
+    level = float(levels[pinned]) if pinned < count else 0.0
+    target = np.full(count, level)
+    target[order[:pinned]] = heavy[:pinned]
+    is_pinned = np.zeros(count, dtype=bool)
+    is_pinned[order[:pinned]] = True
+    return target, level, is_pinned
 
 
 def range_traffic(ranges: RangeMap, traffic: npt.NDArray[np.float64] | None) -> dict[str, float]:

@@ -29,7 +29,14 @@ import numpy.typing as npt
 
 from keyfailover.core.errors import RangeMapError
 from keyfailover.core.ranges import RangeMap
-from keyfailover.core.rebalance._common import Load, Policy, check_min_traffic, check_threshold, check_traffic
+from keyfailover.core.rebalance._common import (
+    Load,
+    Policy,
+    check_min_traffic,
+    check_threshold,
+    check_traffic,
+    fair_shares,
+)
 
 __all__ = ["SPLIT_MODES", "ContiguousPolicy", "SplitMode", "balanced_cut"]
 
@@ -234,14 +241,8 @@ def _shift_caps(
     takes nothing else of weight, and the others share what is left.
     """
     floors = np.maximum.reduceat(traffic, starts)
-    pinned = np.zeros(len(starts), dtype=bool)
-    while True:
-        # Never below 0: when the pinned slots carry everything, rounding may leave a hair less.
-        level = max(total - float(floors[pinned].sum()), 0.0) / max(len(starts) - int(pinned.sum()), 1)
-        newly = ~pinned & (floors > level * slack)
-        if not newly.any():
-            return np.where(pinned, floors, level * slack), pinned
-        pinned |= newly
+    _, level, pinned = fair_shares(floors, total, slack)
+    return np.where(pinned, floors, level * slack), pinned
 
 
 def _sweep(

@@ -40,7 +40,14 @@ import numpy.typing as npt
 from keyfailover.core._tiling import splice
 from keyfailover.core.errors import RangeMapError
 from keyfailover.core.ranges import Range, RangeMap
-from keyfailover.core.rebalance._common import Load, Policy, check_min_traffic, check_threshold, check_traffic
+from keyfailover.core.rebalance._common import (
+    Load,
+    Policy,
+    check_min_traffic,
+    check_threshold,
+    check_traffic,
+    fair_shares,
+)
 
 __all__ = ["MultiRangePolicy"]
 
@@ -214,36 +221,21 @@ class _Shares(NamedTuple):
 
 
 def _shares(layout: _Layout, members: list[str], slack: float) -> _Shares:
-    """Each member's load, and its fair share of the total by water-filling.
+    """Each member's load, and its fair share of the total by water-filling (:func:`fair_shares`).
 
     A member whose hottest slot exceeds ``slack`` times the level is pinned at that slot's
-    weight (it cannot be split); pinning lowers the level of the others, so the pinned are
-    the heaviest first, and pinning stops at the first that is not over.
+    weight (it cannot be split). The layout knows only the peaks above its ``peak_floor``;
+    a level whose cap falls below that asks for the exact peaks and is taken again.
     """
     count = len(members)
     load = np.fromiter(map(layout.loads.__getitem__, members), np.float64, count)
     while True:
-        target, level = _water_fill(layout, members, slack)
+        hottest = layout.hottest()
+        heat = np.fromiter((hottest.get(c, 0.0) for c in members), np.float64, count)
+        target, level, _ = fair_shares(heat, layout.total, slack)
         if level * slack >= layout.peak_floor:
             return _Shares(load, target, level)
         layout.exact_peaks()
-
-
-def _water_fill(layout: _Layout, members: list[str], slack: float) -> tuple[Vector, float]:
-    """Each member's fair share (in the order given) and the level of the unpinned."""
-    count = len(members)
-    hottest = layout.hottest()
-    heat = np.fromiter((hottest.get(c, 0.0) for c in members), np.float64, count)
-    order = np.argsort(-heat, kind="stable")
-    heavy = heat[order]
-    held = np.concatenate(([0.0], np.cumsum(heavy)[:-1]))  # held[k]: the k heaviest pinned
-    levels = np.maximum(layout.total - held, 0.0) / np.maximum(count - np.arange(count), 1)
-    stop = np.flatnonzero(heavy <= levels * slack)
-    pinned = int(stop[0]) if stop.size else count
-    level = float(levels[pinned]) if pinned < count else 0.0
-    target = np.full(count, level)
-    target[order[:pinned]] = heavy[:pinned]
-    return target, level
 
 
 def _named(members: list[str], amounts: Vector) -> dict[str, float]:

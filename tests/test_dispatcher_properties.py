@@ -224,7 +224,7 @@ def check_ranges(d: Dispatcher, model: Model) -> None:
         assert all(start <= end for start, end, _ in ranges)
         counts = Counter(consumer for _, _, consumer in ranges)
         policy = d.policy
-        limit = policy.max_ranges if isinstance(policy, MultiRangePolicy) else 1
+        limit = policy.range_limit
         assert max(counts.values()) <= limit, f"more than {limit} range(s) for one consumer: {ranges}"
         # Every consumer owns a range or is a standby, which owns none. With 65536 slots and at
         # most four consumers the contiguous policy never leaves one a standby.

@@ -25,7 +25,7 @@ from keyfailover.broker.storage._executor import Storage
 from keyfailover.broker.storage.sqlite import StoredMessage
 from keyfailover.core.dispatcher import Delivery, Dispatcher
 from keyfailover.core.errors import ConfigError, ErrorCode, NotInFlightError, ProtocolError
-from keyfailover.core.rebalance import POLICIES, MultiRangePolicy
+from keyfailover.core.rebalance import POLICIES
 
 __all__ = ["Session", "Subscription", "SubscriptionConfig"]
 
@@ -339,7 +339,7 @@ class Subscription:
             "topic": self.topic,
             "subscription": self.name,
             "policy": policy.name,
-            "max_ranges": policy.max_ranges if isinstance(policy, MultiRangePolicy) else 1,
+            "max_ranges": policy.range_limit,
             "dispatcher": self.dispatcher.stats(),
             "mark_delete": self.cursor.mark_delete,
             "acked_above_mark_delete": acked_above,

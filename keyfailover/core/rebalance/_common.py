@@ -52,6 +52,11 @@ class Policy(ABC):
     reads_rates: ClassVar[bool]
     """Whether the policy reads ``Load.rates`` (the per-consumer dispatch rates), or only the traffic."""
 
+    @property
+    @abstractmethod
+    def range_limit(self) -> int:
+        """The most ranges the policy gives one consumer."""
+
     @abstractmethod
     def join(self, ranges: RangeMap, newcomer: str, load: Load) -> RangeMap:
         """The map after ``newcomer`` (owning nothing) joins; it may stay without a range (a standby)."""

@@ -64,6 +64,10 @@ class ContiguousPolicy(Policy):
         check_threshold(self.threshold)
         check_min_traffic(self.min_traffic)
 
+    @property
+    def range_limit(self) -> int:
+        return 1
+
     def join(self, ranges: RangeMap, newcomer: str, load: Load) -> RangeMap:
         """The newcomer takes the upper part of the busiest range; a standby when no range has two slots."""
         if newcomer in ranges:

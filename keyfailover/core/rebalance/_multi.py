@@ -96,6 +96,10 @@ class MultiRangePolicy(Policy):
         check_min_traffic(self.min_traffic)
 
     @property
+    def range_limit(self) -> int:
+        return self.max_ranges
+
+    @property
     def tolerance(self) -> float:
         """How far from its fair share (as a fraction of it) a consumer may end up."""
         return (self.threshold - 1.0) / 2.0

@@ -31,7 +31,6 @@ from prometheus_client.registry import Collector
 from keyfailover.core.dispatcher import Dispatcher
 from keyfailover.core.hashing import HASH_RANGE_SIZE
 from keyfailover.core.histogram import Histogram
-from keyfailover.core.rebalance import MultiRangePolicy
 
 __all__ = ["METRIC_NAMES", "KeyFailoverCollector", "ServerView", "SubscriptionView"]
 
@@ -238,5 +237,4 @@ def _subscription(families: _Families, view: SubscriptionView) -> None:
     families.add("keyfailover_consumers", sub, len(stats["consumers"]))
     families.add("keyfailover_range_map_epoch", sub, stats["epoch"])
     policy = dispatcher.policy
-    max_ranges = policy.max_ranges if isinstance(policy, MultiRangePolicy) else 1
-    families.info("keyfailover_rebalance_policy", sub, {"policy": policy.name, "max_ranges": str(max_ranges)})
+    families.info("keyfailover_rebalance_policy", sub, {"policy": policy.name, "max_ranges": str(policy.range_limit)})

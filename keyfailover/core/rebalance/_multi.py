@@ -649,9 +649,8 @@ class _Layout:
         boundary nearest each receiver's amount.
         """
         queue = sorted((r for r, amount in takes.items() if amount >= grain), key=lambda r: (-takes[r], r))
-        for start, end in sorted(
-            ((self._starts[i], self._ends[i]) for i in self.indexes_of(leaver)), key=lambda r: -self.weight(*r)
-        ):
+        heaviest_first = sorted(self.indexes_of(leaver), key=lambda i: -self.range_weight(i))
+        for start, end in [(self._starts[i], self._ends[i]) for i in heaviest_first]:
             index = bisect.bisect_left(self._starts, start)
             below = self._owners[index - 1] if index > 0 else None
             above = self._owners[index + 1] if index + 1 < len(self._owners) else None
@@ -663,7 +662,7 @@ class _Layout:
                 order.append(above)
             if not order:
                 continue
-            running = np.cumsum(self._weights[start : end + 1])
+            running = self.running(index)
             wanted = np.cumsum([takes[r] for r in order])
             # The slot boundary nearest each cumulative amount: piece i ends at slot cuts[i] - 1.
             at = np.searchsorted(running, wanted)

@@ -1,4 +1,4 @@
-"""What happens to an assignment: a consumer joins, a consumer leaves, a window of traffic is measured."""
+"""What happens to an assignment (a join, a leave, a measured window of traffic), and who owns what."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Event", "Join", "Leave", "Measured"]
+__all__ = ["Event", "Join", "Leave", "Measured", "Ownership"]
 
 
 @dataclass(frozen=True)
@@ -32,3 +32,14 @@ class Measured:
 
 
 Event = Join | Leave | Measured
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Who owns each of many keys, slots or hashes: ``consumers[index[i]]``; an index of -1 means nobody.
+
+    ``consumers`` may name one consumer many times (a range map lists a consumer per range).
+    """
+
+    consumers: tuple[str, ...]
+    index: npt.NDArray[np.intp]

@@ -40,13 +40,13 @@ from keyfailover.core.hashing import (
     pulsar4_consistent_hash,
     pulsar4_consistent_hashes,
 )
+from keyfailover.tools.evaluate._events import Ownership
 
 __all__ = [
     "AutoSplitSelector",
     "ConsistentHashingSelector",
     "ConsumerAssignError",
     "HashOutOfRangeError",
-    "Owners",
     "PulsarVersion",
 ]
 
@@ -62,17 +62,6 @@ class ConsumerAssignError(KeyFailoverError, RuntimeError):
 
 class HashOutOfRangeError(KeyFailoverError, ValueError):
     """A hash given to ``select`` or ``owners_of`` is not one the selector's hashes can be."""
-
-
-@dataclass(frozen=True)
-class Owners:
-    """Who owns each of many hashes: ``consumers[index[i]]`` owns ``hashes[i]``; -1 means no consumer.
-
-    ``consumers`` holds every consumer's id, in the order they were added.
-    """
-
-    consumers: tuple[str, ...]
-    index: npt.NDArray[np.intp]
 
 
 class _Table(NamedTuple):
@@ -161,7 +150,7 @@ class _Selector(ABC):
         at = self._ring.bisect_left(hash_)
         return self._owner(self._ring.peekitem(at if at < len(self._ring) else 0)[1])
 
-    def owners_of(self, hashes: npt.NDArray[np.integer[Any]]) -> Owners:
+    def owners_of(self, hashes: npt.NDArray[np.integer[Any]]) -> Ownership:
         """:meth:`select` of every hash in an integer array at once (numpy searchsorted over the ring)."""
         array = np.asarray(hashes)
         if array.dtype.kind not in "iu":
@@ -170,10 +159,10 @@ class _Selector(ABC):
             self._check_hashes(int(array.min()), int(array.max()))
         table = self._ring_table()
         if not len(table.keys):
-            return Owners(table.consumers, np.full(array.shape, -1, dtype=np.intp))
+            return Ownership(table.consumers, np.full(array.shape, -1, dtype=np.intp))
         at = np.searchsorted(table.keys, array, side="left")
         at[at == len(table.keys)] = 0
-        return Owners(table.consumers, table.owners[at])
+        return Ownership(table.consumers, table.owners[at])
 
     def _ring_table(self) -> _Table:
         """``_ring`` as numpy arrays, built once after each change (SortedDict.items() is slow)."""

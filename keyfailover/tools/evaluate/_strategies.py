@@ -11,7 +11,6 @@ queues, Pulsar's own hashes for Pulsar's selectors (:mod:`._pulsar`).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -20,7 +19,7 @@ import numpy.typing as npt
 from keyfailover.core.hashing import HASH_RANGE_SIZE
 from keyfailover.core.ranges import RangeMap
 from keyfailover.core.rebalance import ContiguousPolicy, Load, MultiRangePolicy, Policy, range_traffic
-from keyfailover.tools.evaluate._events import Event, Join, Leave, Measured
+from keyfailover.tools.evaluate._events import Event, Join, Leave, Measured, Ownership
 from keyfailover.tools.evaluate._pulsar import AutoSplitSelector, ConsistentHashingSelector, ConsumerAssignError
 from keyfailover.tools.evaluate._scenarios import Population
 
@@ -43,17 +42,6 @@ __all__ = [
 ]
 
 _SLOTS = np.arange(HASH_RANGE_SIZE)
-
-
-@dataclass(frozen=True)
-class Ownership:
-    """Who owns each of many keys (or slots): ``consumers[index[i]]``; an index of -1 means nobody.
-
-    ``consumers`` may name one consumer many times (a range map lists a consumer per range).
-    """
-
-    consumers: tuple[str, ...]
-    index: npt.NDArray[np.intp]
 
 
 class Strategy(ABC):
@@ -98,15 +86,6 @@ class Strategy(ABC):
         """How many ranges of its hash space the assignment has: what a consumer must be told."""
         owned = self.ownership()
         return int(np.count_nonzero(np.diff(owned.index))) + 1 if len(owned.consumers) else 0
-
-
-def _ceiling_owners(keys: list[int], owners: list[str]) -> Ownership:
-    """A slot belongs to the first of the sorted ``keys`` at or above it; past the last, to the first."""
-    if not keys:
-        return Ownership((), np.full(HASH_RANGE_SIZE, -1, dtype=np.intp))
-    index = np.searchsorted(np.asarray(keys), _SLOTS, side="left")
-    index[index == len(keys)] = 0
-    return Ownership(tuple(owners), index)
 
 
 def _bucket_owners(table: npt.NDArray[np.intp], consumers: list[str]) -> Ownership:
@@ -158,7 +137,7 @@ class KeyFailover(Strategy):
 
     def ownership(self) -> Ownership:
         if not len(self._ranges):
-            return _ceiling_owners([], [])
+            return Ownership((), np.full(HASH_RANGE_SIZE, -1, dtype=np.intp))
         return Ownership(tuple(self._ranges.lookup_table()[1]), self._ranges.slot_owners().astype(np.intp))
 
     def ranges(self) -> int:
@@ -199,8 +178,7 @@ class PulsarAutoSplit(Strategy):
         self._selector.remove_consumer(consumer)
 
     def ownership(self) -> Ownership:
-        owned = self._selector.owners_of(_SLOTS)
-        return Ownership(owned.consumers, owned.index)
+        return self._selector.owners_of(_SLOTS)
 
 
 class PulsarConsistent(Strategy):
@@ -229,13 +207,11 @@ class PulsarConsistent(Strategy):
         return population.key_pulsar4
 
     def owners(self, population: Population) -> Ownership:
-        owned = self._selector.owners_of(self._hashes(population))
-        return Ownership(owned.consumers, owned.index)
+        return self._selector.owners_of(self._hashes(population))
 
     def ownership(self) -> Ownership:
         """Owners of ring positions 0..65535 (4.x: the key slots, 0 unused; 3.x: the lowest positions only)."""
-        owned = self._selector.owners_of(_SLOTS)
-        return Ownership(owned.consumers, owned.index)
+        return self._selector.owners_of(_SLOTS)
 
     def ranges(self) -> int:
         return sum(len(found) for found in self._selector.consumer_key_hash_ranges().values())

@@ -19,6 +19,7 @@ from urllib.parse import urlencode, urlsplit
 from urllib.request import Request, urlopen
 
 from keyfailover.core.errors import KeyFailoverError
+from keyfailover.core.rebalance import DEFAULT_MAX_RANGES
 
 if TYPE_CHECKING:
     from keyfailover.client import Client
@@ -160,9 +161,6 @@ def _session_seconds(text: str) -> float:
     return value
 
 
-_DEFAULT_MAX_RANGES = 16
-
-
 _max_ranges = _int_between(1, 65536, "a number of ranges")  # a range holds at least one of the 65536 slots
 
 
@@ -301,7 +299,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_output=args.max_output,
         max_connections=args.max_connections,
         subscription=SubscriptionConfig(
-            policy=args.policy, max_ranges=_DEFAULT_MAX_RANGES if args.max_ranges is None else args.max_ranges
+            policy=args.policy, max_ranges=DEFAULT_MAX_RANGES if args.max_ranges is None else args.max_ranges
         ),
     )
     return asyncio.run(run_server(config))
@@ -733,7 +731,7 @@ def _parser() -> argparse.ArgumentParser:
         "--max-ranges",
         type=_max_ranges,
         default=None,
-        help=f"with --policy multi: the most ranges one consumer may own, 1 to 65536 (default {_DEFAULT_MAX_RANGES})",
+        help=f"with --policy multi: the most ranges one consumer may own, 1 to 65536 (default {DEFAULT_MAX_RANGES})",
     )
     serve.add_argument(
         "--metrics-port",

@@ -24,8 +24,8 @@ from keyfailover.broker.protocol import ConsumerClosed, Frame, Key, Messages, Ra
 from keyfailover.broker.storage._executor import Storage
 from keyfailover.broker.storage.sqlite import StoredMessage
 from keyfailover.core.dispatcher import Delivery, Dispatcher
-from keyfailover.core.errors import ConfigError, ErrorCode, NotInFlightError, ProtocolError
-from keyfailover.core.rebalance import POLICIES
+from keyfailover.core.errors import ErrorCode, NotInFlightError, ProtocolError
+from keyfailover.core.rebalance import DEFAULT_MAX_RANGES, check_policy_choice
 
 __all__ = ["Session", "Subscription", "SubscriptionConfig"]
 
@@ -46,15 +46,12 @@ class SubscriptionConfig:
     history: int = 1000  # range maps kept for `keyfailover plot`
     policy: str = "multi"
     """The dispatcher's rebalance policy: ``"multi"`` (several ranges per consumer) or ``"contiguous"``."""
-    max_ranges: int = 16
+    max_ranges: int = DEFAULT_MAX_RANGES
     """With the multi policy, the most ranges one consumer may own."""
 
     def __post_init__(self) -> None:
         # Checked here, so a bad setting stops the server at start, not at its first subscribe.
-        if self.policy not in POLICIES:
-            raise ConfigError(f"policy must be one of {tuple(POLICIES)}, not {self.policy!r}")
-        if type(self.max_ranges) is not int or self.max_ranges < 1:
-            raise ConfigError(f"max_ranges must be an int >= 1, not {self.max_ranges!r}")
+        check_policy_choice(self.policy, self.max_ranges)
 
 
 class Session:

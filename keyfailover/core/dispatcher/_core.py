@@ -44,13 +44,14 @@ from keyfailover.core.hashing import HASH_RANGE_SIZE, key_bytes
 from keyfailover.core.histogram import Histogram
 from keyfailover.core.ranges import Range, RangeMap
 from keyfailover.core.rebalance import (
-    POLICIES,
+    DEFAULT_MAX_RANGES,
     SPLIT_MODES,
     ContiguousPolicy,
     Load,
     MultiRangePolicy,
     Policy,
     SplitMode,
+    check_policy_choice,
     moved_slots,
     reassign_rates,
 )
@@ -190,7 +191,7 @@ class Dispatcher:
         shift_min_traffic: float = 1000.0,
         history: int = 1000,
         policy: str = "multi",
-        max_ranges: int = 16,
+        max_ranges: int = DEFAULT_MAX_RANGES,
     ) -> None:
         if not callable(clock):
             raise ConfigError(f"clock must be a callable returning seconds, not {clock!r}")
@@ -203,9 +204,7 @@ class Dispatcher:
         _check_number("shift_interval", shift_interval, 0.0)
         _check_number("shift_min_traffic", shift_min_traffic, 0.0)
         _check_int("history", history, 0)
-        if not isinstance(policy, str) or policy not in POLICIES:
-            raise ConfigError(f"policy must be one of {tuple(POLICIES)}, not {policy!r}")
-        _check_int("max_ranges", max_ranges, 1)
+        check_policy_choice(policy, max_ranges)
         now = clock()
         if type(now) not in (int, float) or not math.isfinite(now):
             raise ConfigError(f"clock() must return a finite number of seconds, returned {now!r}")

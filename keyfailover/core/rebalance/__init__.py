@@ -11,11 +11,13 @@ Two policies, both load-aware:
 docs/evaluation.md compares them with Pulsar's, Flink's and RocketMQ's assignments.
 """
 
+from keyfailover.core.errors import ConfigError
 from keyfailover.core.rebalance._common import Load, Policy, moved_slots, range_traffic, reassign_rates
 from keyfailover.core.rebalance._contiguous import SPLIT_MODES, ContiguousPolicy, SplitMode, balanced_cut
-from keyfailover.core.rebalance._multi import MultiRangePolicy
+from keyfailover.core.rebalance._multi import DEFAULT_MAX_RANGES, MultiRangePolicy
 
 __all__ = [
+    "DEFAULT_MAX_RANGES",
     "POLICIES",
     "SPLIT_MODES",
     "ContiguousPolicy",
@@ -24,6 +26,7 @@ __all__ = [
     "Policy",
     "SplitMode",
     "balanced_cut",
+    "check_policy_choice",
     "moved_slots",
     "range_traffic",
     "reassign_rates",
@@ -31,3 +34,11 @@ __all__ = [
 
 POLICIES: dict[str, type[Policy]] = {policy.name: policy for policy in (MultiRangePolicy, ContiguousPolicy)}
 """Every policy by name, the default first."""
+
+
+def check_policy_choice(policy: object, max_ranges: object) -> None:
+    """A policy name of :data:`POLICIES` and a ``max_ranges`` that is an int of at least 1, or ConfigError."""
+    if not isinstance(policy, str) or policy not in POLICIES:
+        raise ConfigError(f"policy must be one of {tuple(POLICIES)}, not {policy!r}")
+    if type(max_ranges) is not int or max_ranges < 1:
+        raise ConfigError(f"max_ranges must be an int >= 1, not {max_ranges!r}")

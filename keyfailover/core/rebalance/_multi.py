@@ -49,7 +49,10 @@ from keyfailover.core.rebalance._common import (
     fair_shares,
 )
 
-__all__ = ["MultiRangePolicy"]
+__all__ = ["DEFAULT_MAX_RANGES", "MultiRangePolicy"]
+
+DEFAULT_MAX_RANGES = 16
+"""The most ranges one consumer may own unless configured otherwise."""
 
 _FLOOR = 1e-3
 """Share of the measured traffic spread evenly over all slots, so that cold slots weigh a
@@ -85,7 +88,7 @@ class MultiRangePolicy(Policy):
 
     name: ClassVar[str] = "multi"
     reads_rates: ClassVar[bool] = False
-    max_ranges: int = 16
+    max_ranges: int = DEFAULT_MAX_RANGES
     threshold: float = 1.1
     min_traffic: float = 1000.0
 

@@ -345,6 +345,9 @@ class _Layout:
         self._running: dict[int, npt.NDArray[np.float64]] = {}
         self.measured = measured
         self._stale: set[str] = set()  # owners that gave away their heaviest slot
+        # Per donor, the largest limit no new-range piece of it fitted under since its ranges last
+        # changed: a later search within that limit (a settle after the join, say) is skipped.
+        self._no_piece: dict[str, float] = {}
         self.moves: list[Range] = []
 
     def _starts_set(self, owner: str) -> set[int]:
@@ -444,6 +447,8 @@ class _Layout:
             self._running.pop(range_start, None)
         for range_start, _, owner in added:
             self._starts_of[owner].add(range_start)
+        self._no_piece.pop(donor, None)
+        self._no_piece.pop(receiver, None)
         heaviest = float(self._weights[start : end + 1].max())
         if heaviest > self.peak_floor:
             if heaviest >= self._peaks.get(donor, 0.0):
@@ -471,6 +476,8 @@ class _Layout:
         standby). None when even one slot weighs more than ``limit``, or the range is a
         consumer's only slot.
         """
+        if self._weights[start if side == "low" else end] > limit:
+            return None  # the narrowest piece, the edge slot alone, is too heavy already
         index = bisect.bisect_left(self._starts, start)
         run = self.running(index)  # run[k]: slots start .. start + k
         width = len(run)
@@ -566,7 +573,8 @@ class _Layout:
         """Receivers by need take pieces from donors by what they give, each piece a new range."""
         donors = sorted((d for d, amount in gives.items() if amount >= grain), key=lambda d: (-gives[d], d))
         receivers = sorted((r for r, amount in takes.items() if amount >= grain), key=lambda r: (-takes[r], r))
-        failed: dict[str, float] = {}  # donor -> the limit no piece of it fitted under since it last gave
+        failed = self._no_piece
+        failed_here: set[str] = set()
         band = _HOT_BAND * grain
         for receiver in receivers:
             if self.count(receiver) >= self.max_ranges:
@@ -582,15 +590,15 @@ class _Layout:
                     piece = self._best_piece(donor, amount, limit, gives, grain)
                     if piece is None:
                         failed[donor] = limit
+                        failed_here.add(donor)
                         break
-                    failed.pop(donor, None)
                     weight = self.give(*piece, receiver)
                     self._moved(donor, receiver, weight, gives, takes)
                     self._boundaries(self._touching(gives, takes, grain, (receiver,)), gives, takes, grain, overshoot)
                     if weight < grain or self.count(receiver) >= self.max_ranges:
                         break
             # A donor that had nothing to fit this receiver's need fits no smaller one either.
-            donors = [d for d in donors if gives[d] >= band and d not in failed]
+            donors = [d for d in donors if gives[d] >= band and d not in failed_here]
 
     def _best_piece(
         self, donor: str, amount: float, limit: float, gives: dict[str, float], grain: float

@@ -1,5 +1,5 @@
 """Short import path for the sans-IO dispatcher core (it lives in :mod:`keyfailover.core.dispatcher`)."""
 
-from keyfailover.core.dispatcher import Delivery, Dispatcher, RebalanceEvent
+from keyfailover.core.dispatcher import DeadLetter, Delivery, Dispatcher, RebalanceEvent
 
-__all__ = ["Delivery", "Dispatcher", "RebalanceEvent"]
+__all__ = ["DeadLetter", "Delivery", "Dispatcher", "RebalanceEvent"]

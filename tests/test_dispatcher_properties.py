@@ -1,4 +1,4 @@
-"""Property tests of the dispatcher core against guarantees G1-G6 (docs: /work/shared/DESIGN.md).
+"""Property tests of the dispatcher core against guarantees G1-G7 (docs: /work/shared/DESIGN.md).
 
 A :class:`hypothesis.stateful.RuleBasedStateMachine` drives one :class:`Dispatcher` with a
 manual clock and keeps its own reference model of what was published, what is in flight on
@@ -8,7 +8,9 @@ checks that nothing which could go out was held back (G5); after every step it c
 bound (G4), the range tiling and the per-consumer stats. The teardown drains everything
 and checks that every published position was acked exactly once (G3). The machine runs
 once per rebalance policy (several ranges per consumer, and PIP-34's one range each), with
-and without boundary shifts.
+and without boundary shifts, and with leases and a redelivery limit (G7): the model then
+also predicts which deliveries expire at each poll, which consumers are stuck, and which
+messages must be dead-lettered instead of delivered again.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from keyfailover import Delivery, Dispatcher
 from keyfailover.core.clock import ManualClock
+from keyfailover.core.dispatcher import DeadLetter
 from keyfailover.core.errors import (
     BufferFullError,
     DuplicateConsumerError,
     InvalidKeyError,
     KeyFailoverError,
+    LeaseExpiredError,
     NotInFlightError,
     PermitsError,
     PositionError,
@@ -79,22 +83,35 @@ class Model:
     """What the dispatcher must be holding, kept independently of it."""
 
     max_replay: int
+    ack_timeout: float = 0.0
+    max_redeliveries: int | None = None
     consumers: list[str] = field(default_factory=list)
     permits: dict[str, int] = field(default_factory=dict)
     messages: dict[int, Published] = field(default_factory=dict)
     by_key: dict[bytes, list[int]] = field(default_factory=dict)
     holder: dict[int, str] = field(default_factory=dict)  # in-flight position -> consumer
+    deadline: dict[int, float] = field(default_factory=dict)  # in-flight position -> its lease's end
     acked: Counter[int] = field(default_factory=Counter)
     delivered: Counter[int] = field(default_factory=Counter)
+    came_back: dict[int, str] = field(default_factory=dict)  # why its last delivery came back
+    stuck: set[str] = field(default_factory=set)
+    dead: set[int] = field(default_factory=set)  # dead-lettered, not confirmed stored
+    buried: Counter[int] = field(default_factory=Counter)  # dead-lettered and confirmed
+    taken_back: dict[str, set[int]] = field(default_factory=dict)  # consumer -> positions taken at a deadline
     last_position: int = -1
 
     # -- derived -----------------------------------------------------------------------
 
     def held(self) -> int:
-        return len(self.messages) - len(self.acked)
+        return len(self.messages) - len(self.acked) - len(self.buried)
 
     def is_pending(self, position: int) -> bool:
-        return position not in self.acked and position not in self.holder
+        return (
+            position not in self.acked
+            and position not in self.holder
+            and position not in self.dead
+            and position not in self.buried
+        )
 
     def pending(self) -> list[int]:
         return [p for p in self.messages if self.is_pending(p)]
@@ -117,26 +134,56 @@ class Model:
     def add(self, consumer: str) -> None:
         self.consumers.append(consumer)
         self.permits[consumer] = 0
+        self.taken_back[consumer] = set()
 
     def remove(self, consumer: str) -> None:
         self.consumers.remove(consumer)
         del self.permits[consumer]
-        for position in self.inflight_on(consumer):
-            del self.holder[position]
+        del self.taken_back[consumer]
+        self.stuck.discard(consumer)
+        self.give_back(self.inflight_on(consumer), "consumer removed")
+
+    def give_back(self, positions: list[int], reason: str) -> None:
+        for p in positions:
+            del self.holder[p]
+            self.deadline.pop(p, None)
+            self.came_back[p] = reason
 
     def ack(self, consumer: str, position: int) -> None:
         assert self.holder.pop(position) == consumer
+        self.deadline.pop(position, None)
         self.acked[position] += 1
+        self.stuck.discard(consumer)
 
-    def nack(self, consumer: str, position: int) -> list[int]:
+    def later_of_key(self, consumer: str, position: int) -> list[int]:
+        """``position`` and every later delivery of its key on ``consumer`` (just it, when keyless)."""
         kb = self.messages[position].kb
         if kb is None:
-            returned = [position]
-        else:
-            returned = [p for p in self.inflight_on(consumer) if p >= position and self.messages[p].kb == kb]
-        for p in returned:
-            del self.holder[p]
+            return [position]
+        return [p for p in self.inflight_on(consumer) if p >= position and self.messages[p].kb == kb]
+
+    def nack(self, consumer: str, position: int) -> list[int]:
+        returned = self.later_of_key(consumer, position)
+        self.give_back(returned, "nack")
+        self.stuck.discard(consumer)
         return returned
+
+    def expire(self, now: float) -> None:
+        """What a poll at ``now`` takes back first: every lease due, with its key's later deliveries (G7, G2)."""
+        due = sorted(p for p, deadline in self.deadline.items() if deadline <= now)
+        returned: set[int] = set()
+        for p in due:
+            consumer = self.holder[p]
+            returned.update(self.later_of_key(consumer, p))
+            self.stuck.add(consumer)
+            event("a lease expired")
+        for p in returned:
+            self.taken_back[self.holder[p]].add(p)
+        self.give_back(sorted(returned), "ack timeout")
+
+    def must_dead_letter(self, position: int) -> bool:
+        limit = self.max_redeliveries
+        return limit is not None and self.delivered[position] > limit
 
 
 def owner_lookup(ranges: list[tuple[int, int, str]]) -> Callable[[int], str | None]:
@@ -150,7 +197,31 @@ def owner_lookup(ranges: list[tuple[int, int, str]]) -> Callable[[int], str | No
     return owner
 
 
-def check_poll(d: Dispatcher, model: Model, out: list[Delivery]) -> None:
+def poll_and_check(d: Dispatcher, model: Model, now: float) -> list[Delivery]:
+    """Poll at clock ``now``: the model takes back the leases due first, then checks the dead letters and deliveries."""
+    model.expire(now)
+    out = d.poll()
+    check_dead_letters(model, d.dead_letters())
+    check_poll(d, model, out, now)
+    return out
+
+
+def check_dead_letters(model: Model, letters: list[DeadLetter]) -> None:
+    """Every dead letter came back more than max_redeliveries times and was pending; mark it dead."""
+    for letter in letters:
+        position = letter.position
+        message = model.messages.get(position)
+        assert message is not None, f"{letter}: never published"
+        assert model.is_pending(position), f"{letter}: was not pending"
+        assert model.must_dead_letter(position), f"{letter}: delivered {model.delivered[position]} time(s) only"
+        assert letter.redelivery_count == model.delivered[position] - 1, f"{letter}: {model.delivered[position]}"
+        assert letter.key == message.key and letter.payload is message.payload, f"{letter}: {message}"
+        assert letter.reason == model.came_back[position], f"{letter}: came back by {model.came_back[position]}"
+        model.dead.add(position)
+        event("dead-lettered")
+
+
+def check_poll(d: Dispatcher, model: Model, out: list[Delivery], now: float = 0.0) -> None:
     """Check one poll's deliveries against the model, then update the model with them."""
     assert isinstance(out, list)
     owner = owner_lookup(d.ranges())
@@ -178,11 +249,15 @@ def check_poll(d: Dispatcher, model: Model, out: list[Delivery]) -> None:
             )
             smallest = min(p for p in model.by_key[message.kb] if model.is_pending(p))
             assert position == smallest, f"G2: {delivery} but position {smallest} of that key is still pending"
+        assert not model.must_dead_letter(position), f"{delivery}: past max_redeliveries, expected a dead letter"
         if delivery.redelivery_count:
             event("redelivery")
         model.permits[consumer] -= 1
         model.holder[position] = consumer
         model.delivered[position] += 1
+        model.taken_back[consumer].discard(position)
+        if model.ack_timeout:
+            model.deadline[position] = now + model.ack_timeout
     check_nothing_held_back(d, model)
     assert d.stats()["replay"] == len(model.pending()), "after a poll every pending message is in the replay buffer"
 
@@ -205,7 +280,7 @@ def check_nothing_held_back(d: Dispatcher, model: Model) -> None:
             f"and its owner {key_owner} has {model.permits[key_owner]} permit(s)"
         )
     keyless = [p for p in model.pending() if model.messages[p].kb is None]
-    with_permits = sorted(c for c, n in model.permits.items() if n > 0)
+    with_permits = sorted(c for c, n in model.permits.items() if n > 0 and c not in model.stuck)
     assert not (keyless and with_permits), f"keyless position {keyless[0]} pending while {with_permits} have permits"
 
 
@@ -213,7 +288,7 @@ def check_ranges(d: Dispatcher, model: Model) -> None:
     """The range map tiles the space; the contiguous policy gives one range per consumer, the
     multi-range policy at most max_ranges, never two adjacent ones of one consumer."""
     ranges = d.ranges()
-    if not model.consumers:
+    if not set(model.consumers) - model.stuck:
         assert ranges == []
     else:
         assert ranges[0][0] == 0
@@ -226,10 +301,12 @@ def check_ranges(d: Dispatcher, model: Model) -> None:
         policy = d.policy
         limit = policy.range_limit
         assert max(counts.values()) <= limit, f"more than {limit} range(s) for one consumer: {ranges}"
-        # Every consumer owns a range or is a standby, which owns none. With 65536 slots and at
-        # most four consumers the contiguous policy never leaves one a standby.
+        # Every consumer owns a range, is a standby, which owns none, or is stuck (G7), which owns
+        # none either. With 65536 slots and at most four consumers the contiguous policy never
+        # leaves one a standby.
         standby = {c for c, entry in d.stats()["consumers"].items() if entry["standby"]}
-        assert set(counts) | standby == set(model.consumers), f"ranges {ranges} vs consumers {model.consumers}"
+        live = set(model.consumers) - model.stuck
+        assert set(counts) | standby == live, f"ranges {ranges} vs consumers {model.consumers}, stuck {model.stuck}"
         assert not set(counts) & standby, f"standby {standby} own ranges: {ranges}"
         if standby:
             event("a join left a consumer a standby")
@@ -265,6 +342,7 @@ def check_state(d: Dispatcher, model: Model) -> None:
     assert set(stats["consumers"]) == set(model.consumers)
     for consumer in model.consumers:
         entry = stats["consumers"][consumer]
+        assert entry["stuck"] == (consumer in model.stuck), f"{consumer}: {entry}, stuck {model.stuck}"
         assert entry["permits"] == model.permits[consumer], f"{consumer}: {entry}"
         assert entry["unacked"] == len(model.inflight_on(consumer)), f"{consumer}: {entry}"
         assert entry["ranges"] == [(start, end) for start, end, c in ranges if c == consumer]
@@ -282,11 +360,14 @@ class DispatcherMachine(RuleBasedStateMachine):
     def make(self, clock: ManualClock) -> Dispatcher:
         return Dispatcher(clock=clock, max_replay=MAX_REPLAY)
 
+    def make_model(self) -> Model:
+        return Model(MAX_REPLAY)
+
     def __init__(self) -> None:
         super().__init__()
         self.clock = ManualClock(1000.0)
         self.d = self.make(self.clock)
-        self.model = Model(MAX_REPLAY)
+        self.model = self.make_model()
         self.payload_seq = 0
 
     def rejected(self, error: type[KeyFailoverError], call: Callable[[], object]) -> None:
@@ -332,6 +413,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         name = data.draw(st.sampled_from(self.model.consumers), label="flow")
         self.d.flow(name, permits)
         self.model.permits[name] += permits
+        self.model.stuck.discard(name)  # a flow is progress
 
     def publish_one(self, key: Key, gap: int) -> None:
         position = self.model.last_position + gap
@@ -360,7 +442,7 @@ class DispatcherMachine(RuleBasedStateMachine):
     @rule()
     def poll(self) -> None:
         ranges = self.d.ranges()
-        check_poll(self.d, self.model, self.d.poll())
+        poll_and_check(self.d, self.model, self.clock())
         if self.d.ranges() != ranges:
             event("ranges shifted during a poll")
 
@@ -460,17 +542,96 @@ class DispatcherMachine(RuleBasedStateMachine):
             for consumer in model.consumers:
                 d.flow(consumer, model.max_replay)
                 model.permits[consumer] += model.max_replay
-            check_poll(d, model, d.poll())
+                model.stuck.discard(consumer)
+            poll_and_check(d, model, self.clock())
             for position, consumer in sorted(model.holder.items()):
                 d.ack(consumer, position)
                 model.ack(consumer, position)
+            confirm_dead_letters(d, model, sorted(model.dead))
             self.clock.advance(1.0)
         assert model.held() == 0, f"G3: positions {model.pending()} were never delivered and acked"
-        assert set(model.acked) == set(model.messages)
-        assert all(count == 1 for count in model.acked.values())
+        assert set(model.acked) | set(model.buried) == set(model.messages)
+        assert not set(model.acked) & set(model.buried), "acked and dead-lettered"
+        assert all(count == 1 for count in (model.acked + model.buried).values())
         assert d.wants() == model.max_replay
         assert d.poll() == []
         check_state(d, model)
+
+
+def confirm_dead_letters(d: Dispatcher, model: Model, positions: list[int]) -> None:
+    """Confirm ``positions`` as stored; those not dead-lettered (or confirmed already) must be rejected."""
+    confirmed, rejected = d.dead_lettered(positions)
+    expected: tuple[list[int], list[int]] = ([], [])
+    for position in positions:
+        if position in model.dead:
+            model.dead.remove(position)
+            model.buried[position] += 1
+            expected[0].append(position)
+        else:
+            expected[1].append(position)
+    assert (confirmed, rejected) == expected
+
+
+class LeaseMachine(DispatcherMachine):
+    """Leases (ack_timeout 1 s against clock steps of 0 to 31 s) and a redelivery limit of 1 (G7)."""
+
+    TIMEOUT = 1.0
+    LIMIT = 1
+
+    def make(self, clock: ManualClock) -> Dispatcher:
+        return Dispatcher(clock=clock, max_replay=MAX_REPLAY, ack_timeout=self.TIMEOUT, max_redeliveries=self.LIMIT)
+
+    def make_model(self) -> Model:
+        return Model(MAX_REPLAY, ack_timeout=self.TIMEOUT, max_redeliveries=self.LIMIT)
+
+    @precondition(lambda self: bool(self.model.holder))
+    @rule(data=st.data())
+    def extend(self, data: st.DataObject) -> None:
+        """Renew some of one consumer's leases, with strays and taken-back ones mixed in."""
+        model = self.model
+        consumer = data.draw(st.sampled_from(sorted(set(model.holder.values()))), label="consumer")
+        mine = model.inflight_on(consumer)
+        strays = [*sorted(model.taken_back[consumer]), model.last_position + 1]
+        positions = data.draw(st.lists(st.sampled_from(mine + strays), max_size=5), label="extend")
+        extended, rejected = self.d.extend(consumer, positions)
+        assert extended == [p for p in positions if p in mine]
+        assert rejected == [p for p in positions if p not in mine]
+        for position in extended:
+            model.deadline[position] = self.clock() + self.TIMEOUT
+        if extended:
+            model.stuck.discard(consumer)
+
+    @precondition(lambda self: bool(self.model.holder))
+    @rule()
+    def stall(self) -> None:
+        """Nobody acks for a whole ack_timeout: every lease out now is due at the next poll."""
+        self.clock.advance(self.TIMEOUT)
+        poll_and_check(self.d, self.model, self.clock())
+
+    @precondition(lambda self: any(self.model.taken_back.values()))
+    @rule(data=st.data())
+    def late_ack(self, data: st.DataObject) -> None:
+        """An ack or nack of a delivery taken back at its deadline is refused as late and changes nothing."""
+        choices = sorted((c, p) for c, taken in self.model.taken_back.items() for p in taken)
+        consumer, position = data.draw(st.sampled_from(choices), label="late")
+        assert self.d.lease_expired(consumer, position)
+        call = data.draw(st.sampled_from((self.d.ack, self.d.nack)), label="call")
+        self.rejected(LeaseExpiredError, lambda: call(consumer, position))
+        event("a late ack was refused")
+
+    @rule(data=st.data())
+    def confirm_dead(self, data: st.DataObject) -> None:
+        """The IO layer confirms some dead letters stored (strays and repeats are rejected)."""
+        model = self.model
+        choices = sorted(model.dead) + sorted(model.buried) + [model.last_position + 1]
+        confirm_dead_letters(self.d, model, data.draw(st.lists(st.sampled_from(choices), max_size=4), label="dead"))
+
+    @invariant()
+    def leases_scheduled(self) -> None:
+        """A poll at the next deadline is never too late for a lease that is due."""
+        deadline = self.d.next_deadline()
+        if self.model.deadline:
+            assert deadline is not None and deadline <= min(self.model.deadline.values())
 
 
 class MultiShiftingMachine(DispatcherMachine):
@@ -516,7 +677,9 @@ DispatcherMachine.TestCase.settings = settings(max_examples=150, stateful_step_c
 MultiShiftingMachine.TestCase.settings = settings(max_examples=75, stateful_step_count=100, deadline=None)
 ContiguousMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=100, deadline=None)
 ContiguousMidpointShiftingMachine.TestCase.settings = settings(max_examples=75, stateful_step_count=100, deadline=None)
+LeaseMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=100, deadline=None)
 TestDispatcherMachine = DispatcherMachine.TestCase
+TestLeaseMachine = LeaseMachine.TestCase
 TestMultiShiftingMachine = MultiShiftingMachine.TestCase
 TestContiguousMachine = ContiguousMachine.TestCase
 TestContiguousMidpointShiftingMachine = ContiguousMidpointShiftingMachine.TestCase
@@ -612,6 +775,41 @@ def test_the_held_back_checker_catches_a_message_left_waiting() -> None:
         check_nothing_held_back(d, model)
 
 
+def test_the_delivery_checker_catches_a_delivery_past_max_redeliveries() -> None:
+    d, model, owner = _delivery_model()
+    model.max_redeliveries = 1
+    model.delivered[1] = 2  # delivered twice, came back twice
+    with pytest.raises(AssertionError, match="past max_redeliveries"):
+        check_poll(d, model, [Delivery(owner, 1, "k", 1, 2)])
+
+
+def test_the_dead_letter_checker_catches_a_premature_or_wrong_dead_letter() -> None:
+    _, model, _ = _delivery_model()
+    model.max_redeliveries = 1
+    with pytest.raises(AssertionError, match="delivered 0 time"):
+        check_dead_letters(model, [DeadLetter(1, "k", 1, 0, "nack")])
+    model.delivered[1] = 2
+    model.came_back[1] = "ack timeout"
+    with pytest.raises(AssertionError, match="came back by ack timeout"):
+        check_dead_letters(model, [DeadLetter(1, "k", 1, 1, "nack")])
+    model.holder[1] = "c1"
+    with pytest.raises(AssertionError, match="was not pending"):
+        check_dead_letters(model, [DeadLetter(1, "k", 1, 1, "ack timeout")])
+
+
+def test_the_state_checker_catches_a_stuck_consumer_that_kept_its_ranges() -> None:
+    """The model says c1's lease expired; a dispatcher that did not move its ranges is caught."""
+    d = Dispatcher(clock=ManualClock(1000.0), max_replay=MAX_REPLAY)
+    model = Model(MAX_REPLAY)
+    for name in ("c1", "c2"):
+        d.add_consumer(name)
+        model.add(name)
+    check_state(d, model)
+    model.stuck.add("c1")
+    with pytest.raises(AssertionError, match="stuck"):
+        check_state(d, model)
+
+
 # -- G6: determinism ---------------------------------------------------------------------
 
 Op = tuple[Any, ...]
@@ -620,6 +818,7 @@ PUBLISH = st.tuples(st.just("publish"), st.sampled_from(KEY_POOL), st.integers(1
 POLL = st.tuples(st.just("poll"))
 FLOW = st.tuples(st.just("flow"), st.sampled_from(NAMES), st.integers(0, 12))
 ACK = st.tuples(st.just("ack"), st.integers(0, 50))
+EXTEND = st.tuples(st.just("extend"), st.integers(0, 50))
 OPS: st.SearchStrategy[Op] = st.one_of(
     PUBLISH,
     POLL,
@@ -633,6 +832,7 @@ OPS: st.SearchStrategy[Op] = st.one_of(
     st.tuples(st.just("remove"), st.sampled_from(NAMES)),
     st.tuples(st.just("nack"), st.integers(0, 50)),
     st.tuples(st.just("tick"), st.sampled_from(CLOCK_STEPS)),
+    EXTEND,
 )
 
 
@@ -662,7 +862,12 @@ class Run:
             elif kind == "poll":
                 out = d.poll()
                 self.outstanding.extend((x.consumer, x.position) for x in out)
-                return out
+                letters = d.dead_letters()
+                d.dead_lettered([letter.position for letter in letters])
+                return out, letters
+            elif kind == "extend" and self.outstanding:
+                consumer, position = self.outstanding[op[1] % len(self.outstanding)]
+                return d.extend(consumer, [position])
             elif kind in ("ack", "nack") and self.outstanding:
                 consumer, position = self.outstanding.pop(op[1] % len(self.outstanding))
                 (d.ack if kind == "ack" else d.nack)(consumer, position)
@@ -693,6 +898,10 @@ def make_default(clock: ManualClock) -> Dispatcher:
     return Dispatcher(clock=clock, max_replay=30)
 
 
+def make_leases(clock: ManualClock) -> Dispatcher:
+    return Dispatcher(clock=clock, max_replay=30, ack_timeout=2.0, max_redeliveries=1)
+
+
 def make_contiguous_shifting(clock: ManualClock) -> Dispatcher:
     return Dispatcher(
         clock=clock, max_replay=30, policy="contiguous", split="traffic", half_life=3.0, shift_threshold=1.1,
@@ -706,7 +915,7 @@ PRELUDE: list[Op] = [("add", "c1"), ("add", "c2"), ("flow", "c1", 4), ("flow", "
 @settings(max_examples=100, deadline=None)
 @given(
     ops=st.lists(OPS, min_size=40, max_size=150).map(lambda ops: PRELUDE + ops),
-    make=st.sampled_from([make_default, make_shifting, make_contiguous_shifting]),
+    make=st.sampled_from([make_default, make_shifting, make_contiguous_shifting, make_leases]),
 )
 def test_same_calls_and_clock_give_same_deliveries_and_ranges(
     ops: list[Op], make: Callable[[ManualClock], Dispatcher]

@@ -5,7 +5,7 @@ Nothing here does I/O, reads a wall clock on its own or imports anything outside
 """
 
 from keyfailover.core.clock import ManualClock
-from keyfailover.core.dispatcher import Delivery, Dispatcher, RebalanceEvent
+from keyfailover.core.dispatcher import DeadLetter, Delivery, Dispatcher, RebalanceEvent
 from keyfailover.core.errors import (
     BufferFullError,
     ConfigError,
@@ -13,6 +13,7 @@ from keyfailover.core.errors import (
     DuplicateConsumerError,
     InvalidKeyError,
     KeyFailoverError,
+    LeaseExpiredError,
     NotInFlightError,
     PermitsError,
     PositionError,
@@ -30,11 +31,13 @@ __all__ = [
     "ConfigError",
     "ConsumerError",
     "ContiguousPolicy",
+    "DeadLetter",
     "Delivery",
     "Dispatcher",
     "DuplicateConsumerError",
     "InvalidKeyError",
     "KeyFailoverError",
+    "LeaseExpiredError",
     "Load",
     "ManualClock",
     "MultiRangePolicy",

@@ -22,6 +22,7 @@ __all__ = [
     "FrameEncodeError",
     "InvalidKeyError",
     "KeyFailoverError",
+    "LeaseExpiredError",
     "LogError",
     "LogFileError",
     "NotInFlightError",
@@ -77,6 +78,15 @@ class NotInFlightError(KeyFailoverError, LookupError):
         return str(self.args[0]) if self.args else ""
 
 
+class LeaseExpiredError(NotInFlightError):
+    """An ack, nack or extension named a delivery whose lease (ack deadline) had expired.
+
+    The delivery was taken back when its deadline passed and is (or will be) delivered
+    again; the late call changed nothing. Processing is at least once: a consumer that
+    works past its deadline should extend the lease while it works.
+    """
+
+
 class BufferFullError(KeyFailoverError, RuntimeError):
     """A publish came while ``wants()`` was 0: the bounded replay buffer is full."""
 
@@ -103,6 +113,7 @@ class ErrorCode(StrEnum):
     UNKNOWN_SUBSCRIPTION = "unknown_subscription"
     UNKNOWN_SESSION = "unknown_session"
     NOT_IN_FLIGHT = "not_in_flight"
+    LEASE_EXPIRED = "lease_expired"
     CONSUMER_BUSY = "consumer_busy"
     INVALID_MESSAGE = "invalid_message"
     SHUTTING_DOWN = "shutting_down"

@@ -13,6 +13,17 @@ messages in flight on the old owner is *draining*: it is in no heap, and only th
 old owner's last ack (or its removal) releases it to the new owner (G1, PIP-379).
 Heap entries are invalidated lazily: an entry counts only while its key is still
 queued on that consumer and its position is still the key's head.
+
+With an ``ack_timeout`` every delivery is a lease (G7). A consumer's in-flight dict is in
+deadline order (a delivery or an extension puts a message last, with the latest
+deadline), so its earliest deadline is its first entry; a heap holds at most one entry per
+consumer, never later than that first deadline. ``poll`` takes back what expired (with
+every later delivery of the same key on that consumer, G2), and the first expiry on a
+consumer marks it *stuck*: its ranges go to the others as if it had left, and it rejoins
+as a joiner at its next accepted ack, nack, extension or flow. With ``max_redeliveries``,
+a message that came back more often than that is not delivered again: when it reaches the
+head of its key it is handed to the IO layer as a :class:`DeadLetter` (the key goes on),
+and it counts against ``max_replay`` until the IO layer confirms it stored it.
 """
 
 from __future__ import annotations
@@ -21,7 +32,7 @@ import bisect
 import heapq
 import math
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
@@ -35,6 +46,7 @@ from keyfailover.core.errors import (
     ConsumerError,
     DuplicateConsumerError,
     KeyFailoverError,
+    LeaseExpiredError,
     NotInFlightError,
     PermitsError,
     PositionError,
@@ -56,7 +68,7 @@ from keyfailover.core.rebalance import (
     reassign_rates,
 )
 
-__all__ = ["Delivery", "Dispatcher", "RebalanceEvent"]
+__all__ = ["DeadLetter", "Delivery", "Dispatcher", "RebalanceEvent"]
 
 
 def _check_int(name: str, value: object, low: int) -> None:
@@ -78,6 +90,10 @@ Key = str | bytes | None
 
 _SLOT_MASK = HASH_RANGE_SIZE - 1
 
+_EXPIRED_REMEMBERED = 10_000
+"""Positions taken back from one consumer that are remembered, so that a late ack of one is
+refused as late (:class:`LeaseExpiredError`) rather than as unknown; the oldest go first."""
+
 
 class Delivery(NamedTuple):
     """One message handed to one consumer; ack or nack it by ``position``."""
@@ -87,6 +103,20 @@ class Delivery(NamedTuple):
     key: Key
     payload: Any
     redelivery_count: int
+
+
+class DeadLetter(NamedTuple):
+    """A message that came back more than ``max_redeliveries`` times: store it, then confirm it.
+
+    ``redelivery_count`` is that of its last delivery (``max_redeliveries``); ``reason`` is
+    why that delivery came back: ``"nack"``, ``"ack timeout"`` or ``"consumer removed"``.
+    """
+
+    position: int
+    key: Key
+    payload: Any
+    redelivery_count: int
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -120,7 +150,7 @@ class _Change:
 
 
 class _Message:
-    __slots__ = ("kb", "key", "payload", "position", "redeliveries", "slot")
+    __slots__ = ("came_back", "deadline", "kb", "key", "payload", "position", "redeliveries", "slot")
 
     def __init__(self, position: int, key: Key, kb: bytes | None, slot: int, payload: Any) -> None:
         self.position = position
@@ -129,19 +159,37 @@ class _Message:
         self.slot = slot
         self.payload = payload
         self.redeliveries = 0
+        self.deadline = 0.0  # of its lease while in flight (with an ack_timeout)
+        self.came_back = ""  # why its last delivery came back
 
 
 class _Consumer:
-    __slots__ = ("acked", "cid", "delivered", "inflight", "permits", "ready", "redelivered")
+    __slots__ = (
+        "acked",
+        "cid",
+        "delivered",
+        "expired",
+        "expired_count",
+        "inflight",
+        "lease_due",
+        "permits",
+        "ready",
+        "redelivered",
+        "stuck",
+    )
 
     def __init__(self, cid: str) -> None:
         self.cid = cid
         self.permits = 0
-        self.inflight: dict[int, _Message] = {}  # in delivery order
+        self.inflight: dict[int, _Message] = {}  # in delivery (so deadline) order
         self.ready: list[tuple[int, bytes]] = []  # heap of (head position, key bytes)
         self.delivered = 0
         self.acked = 0
         self.redelivered = 0
+        self.stuck = False  # a lease expired: it owns no range until it shows progress
+        self.lease_due = False  # it has an entry in the dispatcher's lease heap
+        self.expired: OrderedDict[int, float] = OrderedDict()  # taken-back position -> when
+        self.expired_count = 0
 
 
 class _KeyState:
@@ -177,6 +225,11 @@ class Dispatcher:
         shift_interval: minimum seconds between two shifts (and between shift checks).
         shift_min_traffic: recent traffic below which no shift is made (too little signal).
         history: how many :class:`RebalanceEvent` records to keep.
+        ack_timeout: seconds a consumer has to ack a delivery before it is taken back and
+            the consumer loses its ranges until it shows progress (G7); 0 disables leases.
+        max_redeliveries: deliveries after the first that a message may have; one that
+            comes back once more is handed out by :meth:`dead_letters` instead of being
+            delivered again. None (the default) redelivers for ever.
     """
 
     def __init__(
@@ -192,6 +245,8 @@ class Dispatcher:
         history: int = 1000,
         policy: str = "multi",
         max_ranges: int = DEFAULT_MAX_RANGES,
+        ack_timeout: float = 0.0,
+        max_redeliveries: int | None = None,
     ) -> None:
         if not callable(clock):
             raise ConfigError(f"clock must be a callable returning seconds, not {clock!r}")
@@ -205,6 +260,9 @@ class Dispatcher:
         _check_number("shift_min_traffic", shift_min_traffic, 0.0)
         _check_int("history", history, 0)
         check_policy_choice(policy, max_ranges)
+        _check_number("ack_timeout", ack_timeout, 0.0, extra=" (0 disables leases)")
+        if max_redeliveries is not None:
+            _check_int("max_redeliveries", max_redeliveries, 0)
         now = clock()
         if type(now) not in (int, float) or not math.isfinite(now):
             raise ConfigError(f"clock() must return a finite number of seconds, returned {now!r}")
@@ -244,6 +302,16 @@ class Dispatcher:
         self._draining_since: dict[int, int] = {}
         self._undrained: deque[_Change] = deque()  # not bounded by history: each change is observed once
         self._drain_seconds = Histogram()
+        self._ack_timeout = float(ack_timeout)
+        self._max_redeliveries = max_redeliveries
+        self._deadline = now + self._ack_timeout  # of a delivery made now (set at every poll)
+        # (no earlier than the consumer's first deadline, seq, consumer): one entry per consumer with leases
+        self._leases: list[tuple[float, int, _Consumer]] = []
+        self._lease_seq = 0
+        self._expired_total = 0
+        self._dead_out: list[DeadLetter] = []  # decided, not yet handed out
+        self._dead_unconfirmed: dict[int, DeadLetter] = {}  # handed out, not yet confirmed stored
+        self._dead_total = 0
 
     # -- consumers -------------------------------------------------------------------
 
@@ -273,12 +341,8 @@ class Dispatcher:
         if reason not in ("leave", "timeout"):
             raise KeyFailoverError(f"removal reason must be 'leave' or 'timeout', not {reason!r}")
         now = self._sample()
-        planned = self._policy.leave(self._map, cid, self._load(), self._standby)
-        if cid in self._standby:
-            self._standby.remove(cid)
-        elif self._standby and self._standby[0] in planned:
-            self._standby.pop(0)
-        returned = self._return_inflight(consumer, list(consumer.inflight.values()))
+        planned = self._leave_plan(cid)
+        returned = self._return_inflight(consumer, list(consumer.inflight.values()), "consumer removed")
         del self._consumers[cid]
         self._round_robin.remove(consumer)
         self._rr = 0
@@ -287,7 +351,7 @@ class Dispatcher:
         self._meter.forget(cid)
 
     def flow(self, cid: str, permits: int) -> None:
-        """Give ``cid`` ``permits`` more deliveries."""
+        """Give ``cid`` ``permits`` more deliveries (0 is allowed); a stuck consumer rejoins (progress)."""
         consumer = self._consumer(cid)
         if type(permits) is not int or permits < 0:
             raise PermitsError(f"permits must be a non-negative int, not {permits!r}")
@@ -295,6 +359,8 @@ class Dispatcher:
             consumer.permits += permits
             if consumer.ready:
                 self._wake[consumer] = None
+        if consumer.stuck:
+            self._recover(consumer)
 
     # -- messages --------------------------------------------------------------------
 
@@ -350,6 +416,9 @@ class Dispatcher:
         (G2), and a key's messages never pass each other.
         """
         now = self._clock()
+        if self._leases and self._leases[0][0] <= now:
+            self._expire(now)
+        self._deadline = now + self._ack_timeout
         if self._shift_threshold is not None and now - self._last_shift >= self._shift_interval:
             self._maybe_shift(now)
         elif now - self._last_sample >= 1.0 or self._meter.needs_fold():
@@ -364,22 +433,103 @@ class Dispatcher:
         return out
 
     def ack(self, cid: str, position: int) -> None:
-        """Acknowledge ``position``, in flight on ``cid``; a drained key moves on (G1)."""
-        if not self._ack(self._consumer(cid), position):
-            raise NotInFlightError(self._not_in_flight(cid, position, "ack"))
+        """Acknowledge ``position``, in flight on ``cid``; a drained key moves on (G1).
+
+        Refused (:class:`LeaseExpiredError`) when the delivery was taken back at its deadline.
+        """
+        consumer = self._consumer(cid)
+        if not self._ack(consumer, position):
+            raise self._refusal(consumer, position, "ack")
+        if consumer.stuck:
+            self._recover(consumer)
 
     def ack_many(self, cid: str, positions: Iterable[int]) -> tuple[list[int], list[int]]:
         """Acknowledge each of ``positions`` as :meth:`ack` does; returns ``(acked, rejected)``.
 
-        A rejected position (not in flight on ``cid``, a repeat included) changes nothing; the
-        others are acknowledged all the same.
+        A rejected position (not in flight on ``cid``, a repeat or a late one included)
+        changes nothing; the others are acknowledged all the same.
         """
         consumer = self._consumer(cid)
         acked: list[int] = []
         rejected: list[int] = []
         for position in positions:
             (acked if self._ack(consumer, position) else rejected).append(position)
+        if acked and consumer.stuck:
+            self._recover(consumer)
         return acked, rejected
+
+    def extend(self, cid: str, positions: Iterable[int]) -> tuple[list[int], list[int]]:
+        """Renew the leases of ``positions``, in flight on ``cid``: each deadline becomes now + ``ack_timeout``.
+
+        For a consumer still working on a delivery (SQS ChangeMessageVisibility, RocketMQ
+        changeInvisibleTime). Returns ``(extended, rejected)``; a rejected position (not in
+        flight on ``cid``, a late one included) changes nothing. Without leases every
+        position in flight is accepted and nothing changes. An accepted extension is
+        progress: a stuck consumer rejoins.
+        """
+        consumer = self._consumer(cid)
+        timeout = self._ack_timeout
+        deadline = self._clock() + timeout if timeout else 0.0
+        inflight = consumer.inflight
+        extended: list[int] = []
+        rejected: list[int] = []
+        for position in positions:
+            message = inflight.pop(position, None) if type(position) is int else None
+            if message is None:
+                rejected.append(position)
+                continue
+            inflight[position] = message  # last: the latest deadline
+            if timeout:
+                message.deadline = deadline
+            extended.append(position)
+        if extended and consumer.stuck:
+            self._recover(consumer)
+        return extended, rejected
+
+    def lease_expired(self, cid: str, position: int) -> bool:
+        """Whether ``position`` was taken back from ``cid`` at a lease deadline (so an ack of it is late).
+
+        The last 10,000 positions taken back from each consumer are remembered.
+        """
+        return position in self._consumer(cid).expired
+
+    def next_deadline(self) -> float | None:
+        """The clock reading at which :meth:`poll` may next take back a lease; None when nothing is leased.
+
+        Never later than the earliest deadline (it may be earlier: polling early is harmless).
+        """
+        return self._leases[0][0] if self._leases else None
+
+    def dead_letters(self) -> list[DeadLetter]:
+        """The messages given up on since the last call, in the order decided.
+
+        Each still counts against ``max_replay`` until :meth:`dead_lettered` confirms it was
+        stored in the dead-letter topic (G3: stored before it leaves the subscription).
+        """
+        out = self._dead_out
+        if not out:
+            return []
+        self._dead_out = []
+        for letter in out:
+            self._dead_unconfirmed[letter.position] = letter
+        return out
+
+    def dead_lettered(self, positions: Iterable[int]) -> tuple[list[int], list[int]]:
+        """Confirm that these dead letters are stored; returns ``(confirmed, rejected)``.
+
+        A rejected position (not handed out by :meth:`dead_letters`, or confirmed already)
+        changes nothing.
+        """
+        unconfirmed = self._dead_unconfirmed
+        confirmed: list[int] = []
+        rejected: list[int] = []
+        for position in positions:
+            if type(position) is int and unconfirmed.pop(position, None) is not None:
+                confirmed.append(position)
+                self._held -= 1
+            else:
+                rejected.append(position)
+        return confirmed, rejected
 
     def _ack(self, consumer: _Consumer, position: int) -> bool:
         message = consumer.inflight.pop(position, None) if type(position) is int else None
@@ -408,18 +558,17 @@ class Dispatcher:
         consumer = self._consumer(cid)
         message = consumer.inflight.get(position) if type(position) is int else None
         if message is None:
-            raise NotInFlightError(self._not_in_flight(cid, position, "nack"))
+            raise self._refusal(consumer, position, "nack")
         kb = message.kb
         if kb is None:
-            del consumer.inflight[position]
-            message.redeliveries += 1
-            self._keyless.appendleft(message)
-            return
-        later = [m for m in consumer.inflight.values() if m.kb == kb and m.position >= position]
-        returned = self._return_inflight(consumer, later)
-        for state in returned:
-            if not state.draining:
-                self._queue(state, self._owner_of_slot(state.slot))
+            self._return_inflight(consumer, [message], "nack")
+        else:
+            later = [m for m in consumer.inflight.values() if m.kb == kb and m.position >= position]
+            for state in self._return_inflight(consumer, later, "nack"):
+                if not state.draining:
+                    self._queue(state, self._owner_of_slot(state.slot))
+        if consumer.stuck:
+            self._recover(consumer)
 
     # -- reading ---------------------------------------------------------------------
 
@@ -492,6 +641,8 @@ class Dispatcher:
             consumers[cid] = {
                 "ranges": self._map.ranges_of(cid),
                 "standby": cid in self._standby,
+                "stuck": consumer.stuck,
+                "expired": consumer.expired_count,
                 "permits": consumer.permits,
                 "unacked": len(consumer.inflight),
                 "rate": rates.get(cid, 0.0),
@@ -511,6 +662,11 @@ class Dispatcher:
             "wants": self.wants(),
             "epoch": self._map.epoch,
             "rebalances": dict(self._rebalances),
+            "ack_timeout": self._ack_timeout,
+            "max_redeliveries": self._max_redeliveries,
+            "expired_leases": self._expired_total,
+            "dead_lettered": self._dead_total,
+            "dead_letters_unconfirmed": len(self._dead_out) + len(self._dead_unconfirmed),
         }
 
     def drain_histogram(self) -> Histogram:
@@ -529,12 +685,19 @@ class Dispatcher:
         consumer.inflight[message.position] = message
         if message.redeliveries:
             consumer.redelivered += 1
+            if consumer.expired:
+                consumer.expired.pop(message.position, None)
+        if self._ack_timeout:
+            message.deadline = self._deadline
+            if not consumer.lease_due:
+                self._schedule(consumer, self._deadline)
         out.append(Delivery(consumer.cid, message.position, message.key, message.payload, message.redeliveries))
 
     def _serve_ready(self, out: list[Delivery]) -> None:
         keys = self._keys
         deliver = self._deliver
         heappop, heappush = heapq.heappop, heapq.heappush
+        limit = self._max_redeliveries
         for consumer in self._wake:
             ready = consumer.ready
             while consumer.permits and ready:
@@ -544,6 +707,15 @@ class Dispatcher:
                     continue
                 pending = state.pending
                 if not pending or pending[0].position != position:
+                    continue
+                if limit is not None and pending[0].redeliveries > limit:
+                    self._dead_letter(pending.popleft())
+                    if pending:
+                        heappush(ready, (pending[0].position, kb))
+                    else:
+                        state.queued_on = None
+                        if not state.inflight:
+                            del keys[kb]
                     continue
                 deliver(consumer, pending.popleft(), out)
                 state.holder = consumer
@@ -556,7 +728,11 @@ class Dispatcher:
 
     def _serve_keyless(self, out: list[Delivery]) -> None:
         waiting = self._keyless
+        limit = self._max_redeliveries
         while waiting:
+            if limit is not None and waiting[0].redeliveries > limit:
+                self._dead_letter(waiting.popleft())
+                continue
             consumer = self._next_with_permits()
             if consumer is None:
                 return
@@ -567,7 +743,7 @@ class Dispatcher:
         count = len(consumers)
         for step in range(count):
             consumer = consumers[(self._rr + step) % count]
-            if consumer.permits:
+            if consumer.permits and not consumer.stuck:
                 self._rr = (self._rr + step + 1) % count
                 return consumer
         return None
@@ -644,13 +820,14 @@ class Dispatcher:
         owners = self._owners
         return owners[bisect.bisect_left(self._ends, slot)] if owners else None
 
-    def _return_inflight(self, consumer: _Consumer, messages: list[_Message]) -> list[_KeyState]:
+    def _return_inflight(self, consumer: _Consumer, messages: list[_Message], reason: str) -> list[_KeyState]:
         """Move ``messages`` (in flight on ``consumer``) back to pending, each key ahead of its queue."""
         by_key: dict[bytes, list[_Message]] = {}
         keyless = []
         for message in messages:
             del consumer.inflight[message.position]
             message.redeliveries += 1
+            message.came_back = reason
             if message.kb is None:
                 keyless.append(message)
             else:
@@ -670,7 +847,99 @@ class Dispatcher:
             states.append(state)
         return states
 
+    def _dead_letter(self, message: _Message) -> None:
+        """Give up on ``message``: it waits in the dead-letter queue until the IO layer confirms it stored it."""
+        self._dead_out.append(
+            DeadLetter(message.position, message.key, message.payload, message.redeliveries - 1, message.came_back)
+        )
+        self._dead_total += 1
+
+    # -- internals: leases -----------------------------------------------------------
+
+    def _schedule(self, consumer: _Consumer, deadline: float) -> None:
+        self._lease_seq += 1
+        heapq.heappush(self._leases, (deadline, self._lease_seq, consumer))
+        consumer.lease_due = True
+
+    def _expire(self, now: float) -> None:
+        """Take back every delivery whose deadline is at or before ``now`` (G7)."""
+        leases = self._leases
+        while leases and leases[0][0] <= now:
+            consumer = heapq.heappop(leases)[2]
+            consumer.lease_due = False
+            if self._consumers.get(consumer.cid) is not consumer:
+                continue  # removed since
+            expired = []
+            for message in consumer.inflight.values():
+                if message.deadline > now:
+                    break
+                expired.append(message)
+            if expired:
+                self._take_back(consumer, expired, now)
+            first = next(iter(consumer.inflight.values()), None)
+            if first is not None and not consumer.lease_due:
+                self._schedule(consumer, first.deadline)
+
+    def _take_back(self, consumer: _Consumer, expired: list[_Message], now: float) -> None:
+        """Return ``expired`` and every later delivery of their keys on ``consumer`` (G2); it is now stuck."""
+        firsts: dict[bytes, int] = {}
+        messages = []
+        for message in expired:
+            if message.kb is None:
+                messages.append(message)
+            elif message.kb not in firsts:
+                firsts[message.kb] = message.position
+        messages += [
+            m for m in consumer.inflight.values() if m.kb is not None and m.kb in firsts and m.position >= firsts[m.kb]
+        ]
+        remembered = consumer.expired
+        for message in messages:
+            remembered[message.position] = now
+        while len(remembered) > _EXPIRED_REMEMBERED:
+            remembered.popitem(last=False)
+        consumer.expired_count += len(expired)
+        self._expired_total += len(expired)
+        returned = self._return_inflight(consumer, messages, "ack timeout")
+        if consumer.stuck:
+            for state in returned:
+                self._reroute(state)
+            return
+        # Stuck: its ranges go to the others as if it had left (its other keys drain as usual).
+        consumer.stuck = True
+        self._sample(now)
+        self._apply(self._leave_plan(consumer.cid), now, "stuck", consumer.cid, returned)
+
+    def _recover(self, consumer: _Consumer) -> None:
+        """A stuck consumer showed progress: it rejoins as a joiner."""
+        consumer.stuck = False
+        now = self._sample()
+        planned = self._policy.join(self._map, consumer.cid, self._load())
+        if consumer.cid not in planned:
+            self._standby.append(consumer.cid)
+        self._apply(planned, now, "recovered", consumer.cid, [])
+
+    def _refusal(self, consumer: _Consumer, position: object, verb: str) -> NotInFlightError:
+        """The error for an ack or nack of ``position``, which is not in flight on ``consumer``."""
+        taken_back = consumer.expired.get(position) if type(position) is int else None
+        if taken_back is None:
+            return NotInFlightError(self._not_in_flight(consumer.cid, position, verb))
+        return LeaseExpiredError(
+            f"cannot {verb} position {position} on {consumer.cid!r}: its lease expired and it was taken back "
+            f"at clock {taken_back:.3f} (ack_timeout {self._ack_timeout:g} s), so it is delivered again; "
+            "expected an ack within ack_timeout of the delivery, or extend() while still working on it"
+        )
+
     # -- internals: range changes ----------------------------------------------------
+
+    def _leave_plan(self, cid: str) -> RangeMap:
+        """The map without ``cid`` (its ranges to a standby or the others); a standby that inherits leaves the list."""
+        standby = self._standby
+        planned = self._policy.leave(self._map, cid, self._load(), standby)
+        if cid in standby:
+            standby.remove(cid)
+        elif standby and standby[0] in planned:
+            standby.pop(0)
+        return planned
 
     def _apply(
         self, planned: RangeMap, now: float, reason: str, consumer: str | None, returned: list[_KeyState]
@@ -786,9 +1055,18 @@ class Dispatcher:
         O(state); for tests, which call it after every step of a random run.
         """
         inflight_by_key: Counter[bytes] = Counter()
-        held = len(self._fresh) + len(self._keyless)
+        held = len(self._fresh) + len(self._keyless) + len(self._dead_out) + len(self._dead_unconfirmed)
+        timeout = self._ack_timeout
+        scheduled = {id(entry[2]): entry[0] for entry in self._leases}
         for consumer in self._consumers.values():
             held += len(consumer.inflight)
+            if timeout and consumer.inflight:
+                first = next(iter(consumer.inflight.values())).deadline
+                assert consumer.lease_due and scheduled.get(id(consumer), first + 1) <= first, f"{consumer.cid}: lease"
+                deadlines = [m.deadline for m in consumer.inflight.values()]
+                assert deadlines == sorted(deadlines), f"{consumer.cid}: in-flight not in deadline order"
+            assert not (consumer.stuck and consumer.cid in self._map), f"{consumer.cid}: stuck with ranges"
+            assert not (consumer.stuck and consumer.cid in self._standby), f"{consumer.cid}: stuck standby"
             for message in consumer.inflight.values():
                 if message.kb is not None:
                     inflight_by_key[message.kb] += 1
@@ -814,7 +1092,8 @@ class Dispatcher:
         assert since == Counter(self._draining_since), f"draining by change {since} != {self._draining_since}"
         assert held == self._held, f"held {self._held}, counted {held}"
         assert self._held <= self._max_replay, f"held {self._held} above max_replay {self._max_replay}"
-        assert set(self._consumers) == set(self._map.consumers()) | set(self._standby), "membership"
+        stuck = {cid for cid, consumer in self._consumers.items() if consumer.stuck}
+        assert set(self._consumers) == set(self._map.consumers()) | set(self._standby) | stuck, "membership"
 
     def _consumer(self, cid: str) -> _Consumer:
         try:

@@ -1,0 +1,252 @@
+"""Leases (ack deadlines), stuck consumers and dead letters in the dispatcher core (G7).
+
+The property machine in test_dispatcher_properties.py runs these in a random event mix;
+here each rule is pinned down on a small example with a manual clock.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from keyfailover import DeadLetter, Delivery, Dispatcher, LeaseExpiredError, NotInFlightError
+from keyfailover.core.clock import ManualClock
+from keyfailover.core.errors import ConfigError
+
+TIMEOUT = 10.0
+
+
+def two_consumers(**options: object) -> tuple[Dispatcher, ManualClock]:
+    clock = ManualClock(100.0)
+    d = Dispatcher(clock=clock, ack_timeout=TIMEOUT, **options)  # type: ignore[arg-type]
+    for name in ("a", "b"):
+        d.add_consumer(name)
+        d.flow(name, 1000)
+    return d, clock
+
+
+def keys_of(d: Dispatcher, consumer: str, count: int = 3) -> list[str]:
+    """``count`` keys that ``consumer`` owns now."""
+    found = [f"key-{i}" for i in range(1000) if d.owner_of(f"key-{i}") == consumer]
+    return found[:count]
+
+
+def by_consumer(out: list[Delivery], consumer: str) -> list[tuple[int, str | bytes | None]]:
+    return [(x.position, x.key) for x in out if x.consumer == consumer]
+
+
+def test_an_expired_lease_takes_the_stuck_consumers_keys_to_the_others_in_order() -> None:
+    d, clock = two_consumers()
+    stuck_keys = keys_of(d, "a")
+    for position, key in enumerate(stuck_keys * 2):  # two messages per key
+        d.publish(position, key)
+    first = d.poll()
+    assert {x.consumer for x in first} == {"a"}
+    assert d.next_deadline() == 100.0 + TIMEOUT
+    clock.advance(TIMEOUT - 0.001)
+    assert d.poll() == []  # not due yet
+    assert not d.stats()["consumers"]["a"]["stuck"]
+    clock.advance(0.001)
+    again = d.poll()
+    # Every delivery came back (each key's later ones with it) and went to b, in position order.
+    assert [(x.consumer, x.position, x.redelivery_count) for x in again] == [("b", p, 1) for p in range(6)]
+    stats = d.stats()
+    assert stats["consumers"]["a"]["stuck"] is True
+    assert stats["consumers"]["a"]["ranges"] == [] and d.ranges() == [(0, 65535, "b")]
+    assert stats["consumers"]["a"]["expired"] == 6 and stats["expired_leases"] == 6
+    assert stats["rebalances"] == {"join": 2, "stuck": 1}
+    d._audit()
+
+
+def test_a_late_ack_is_refused_as_late_and_changes_nothing() -> None:
+    d, clock = two_consumers()
+    (key,) = keys_of(d, "a", 1)
+    d.publish(1, key)
+    d.poll()
+    clock.advance(TIMEOUT)
+    d.poll()
+    assert d.lease_expired("a", 1)
+    before = (d.ranges(), d.stats())
+    with pytest.raises(LeaseExpiredError, match=r"lease expired .*\(ack_timeout 10 s\)"):
+        d.ack("a", 1)
+    with pytest.raises(NotInFlightError):  # a LeaseExpiredError is a NotInFlightError
+        d.nack("a", 1)
+    assert (d.ranges(), d.stats()) == before
+    assert d.ack_many("a", [1]) == ([], [1])
+    assert d.extend("a", [1]) == ([], [1])
+    assert (d.ranges(), d.stats()) == before
+    d.ack("b", 1)  # the new holder's ack counts
+
+
+def test_an_expired_lease_releases_a_draining_key_without_waiting_for_the_old_owner() -> None:
+    """G1 with leases: a key left in flight on its former owner drains at the lease's deadline."""
+    clock = ManualClock(0.0)
+    d = Dispatcher(clock=clock, ack_timeout=TIMEOUT)
+    d.add_consumer("a")
+    d.flow("a", 100)
+    for position in range(1, 41):
+        d.publish(position, f"key-{position}")
+    d.poll()  # all 40 in flight on a
+    clock.advance(1.0)
+    d.add_consumer("b")  # b takes a share: its keys are draining on a
+    d.flow("b", 100)
+    d.ack_many("a", [p for p in range(1, 41) if d.owner_of(f"key-{p}") == "a"])
+    drained = [p for p in range(1, 41) if d.owner_of(f"key-{p}") == "b"]
+    assert drained and d.stats()["consumers"]["a"]["draining_hashes"] == len(drained)
+    d.publish(41, f"key-{drained[0]}")
+    assert d.poll() == []  # blocked: its key is in flight on a
+    clock.advance(TIMEOUT - 1.0)
+    out = d.poll()
+    assert [(x.consumer, x.position) for x in out] == [("b", p) for p in [*drained, 41]]
+    assert d.stats()["consumers"]["a"]["draining_hashes"] == 0
+    d._audit()
+
+
+def test_extend_keeps_a_lease_and_a_stuck_consumer_rejoins_on_progress() -> None:
+    d, clock = two_consumers()
+    keys = keys_of(d, "a", 2)
+    d.publish(1, keys[0])
+    d.publish(2, keys[1])
+    d.poll()
+    clock.advance(TIMEOUT - 1.0)
+    assert d.extend("a", [1, 99]) == ([1], [99])
+    clock.advance(1.0)
+    d.poll()  # 2 expired, 1 was extended
+    assert d.lease_expired("a", 2) and not d.lease_expired("a", 1)
+    assert d.stats()["consumers"]["a"]["stuck"] and d.ranges_of("a") == []
+    d.ack("a", 1)  # progress: a rejoins as a joiner
+    assert not d.stats()["consumers"]["a"]["stuck"]
+    assert d.ranges_of("a") != []
+    assert d.stats()["rebalances"]["recovered"] == 1
+    d._audit()
+
+
+@pytest.mark.parametrize("progress", ["flow", "nack", "extend"])
+def test_each_kind_of_progress_ends_stuck(progress: str) -> None:
+    d, clock = two_consumers()
+    keys = keys_of(d, "a", 2)
+    d.publish(1, keys[0])
+    d.poll()
+    clock.advance(TIMEOUT / 2)
+    d.publish(2, keys[1])
+    d.poll()
+    clock.advance(TIMEOUT / 2)
+    d.poll()  # 1 expired; 2 (delivered later) is still leased to a
+    assert d.stats()["consumers"]["a"]["stuck"]
+    if progress == "flow":
+        d.flow("a", 0)
+    elif progress == "nack":
+        d.nack("a", 2)
+    else:
+        d.extend("a", [2])
+    assert not d.stats()["consumers"]["a"]["stuck"]
+    d._audit()
+
+
+def test_a_stuck_consumer_gets_no_keyless_messages_and_a_stuck_standby_stays_out() -> None:
+    d, clock = two_consumers()
+    d.publish(1, None)
+    d.publish(2, None)
+    out = d.poll()
+    assert sorted(x.consumer for x in out) == ["a", "b"]
+    d.ack("b", next(x.position for x in out if x.consumer == "b"))
+    clock.advance(TIMEOUT)
+    again = d.poll()
+    assert [(x.consumer, x.redelivery_count) for x in again] == [("b", 1)]
+    for position in range(3, 7):
+        d.publish(position, None)
+    assert {x.consumer for x in d.poll()} == {"b"}, "keyless messages skip a stuck consumer"
+
+
+def test_redelivery_counts_survive_moves_and_a_poison_message_is_dead_lettered_then_the_key_goes_on() -> None:
+    clock = ManualClock(0.0)
+    d = Dispatcher(clock=clock, max_redeliveries=2, max_replay=10)
+    for name in ("a", "b"):
+        d.add_consumer(name)
+        d.flow(name, 100)
+    key = keys_of(d, "a", 1)[0]
+    d.publish(1, key, "poison")
+    deliveries = 0
+    for round_ in range(3):
+        out = d.poll()
+        (first,) = [x for x in out if x.position == 1]
+        assert first.redelivery_count == round_
+        deliveries += 1
+        if round_ == 1:
+            d.remove_consumer(first.consumer)  # the count goes with the message to the new owner
+            d.add_consumer(first.consumer)
+            d.flow(first.consumer, 100)
+        else:
+            d.nack(first.consumer, 1)
+    d.publish(2, key, "next")
+    out = d.poll()
+    assert deliveries == 3  # max_redeliveries + 1
+    assert [x.position for x in out] == [2], "the key goes on with its next message"
+    (letter,) = d.dead_letters()
+    assert letter == DeadLetter(1, key, "poison", 2, "nack")
+    assert d.dead_letters() == []
+    stats = d.stats()
+    assert stats["dead_lettered"] == 1 and stats["dead_letters_unconfirmed"] == 1
+    assert stats["held"] == 2  # the dead letter counts until it is confirmed stored (and 2 is in flight)
+    assert d.dead_lettered([1, 1, 7]) == ([1], [1, 7])
+    assert d.stats()["held"] == 1 and d.stats()["dead_letters_unconfirmed"] == 0
+    d._audit()
+
+
+def test_a_dead_letter_names_why_its_last_delivery_came_back() -> None:
+    d, clock = two_consumers(max_redeliveries=0)
+    (key,) = keys_of(d, "a", 1)
+    d.publish(1, key)
+    d.publish(2, None)
+    d.poll()
+    clock.advance(TIMEOUT)
+    assert d.poll() == []
+    letters = d.dead_letters()
+    assert sorted((x.position, x.redelivery_count, x.reason) for x in letters) == [
+        (1, 0, "ack timeout"),
+        (2, 0, "ack timeout"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"ack_timeout": -1.0}, "ack_timeout must be a finite number >= 0.0"),
+        ({"ack_timeout": float("inf")}, "ack_timeout"),
+        ({"ack_timeout": "30"}, "ack_timeout"),
+        ({"max_redeliveries": -1}, "max_redeliveries must be an int >= 0"),
+        ({"max_redeliveries": True}, "max_redeliveries"),
+        ({"max_redeliveries": 2.0}, "max_redeliveries"),
+    ],
+)
+def test_bad_lease_settings_are_refused(options: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Dispatcher(**options)  # type: ignore[arg-type]
+
+
+def test_without_leases_nothing_expires_and_extend_changes_nothing() -> None:
+    clock = ManualClock(0.0)
+    d = Dispatcher(clock=clock)
+    d.add_consumer("a")
+    d.flow("a", 10)
+    d.publish(1, "k")
+    d.poll()
+    assert d.next_deadline() is None
+    clock.advance(1e9)
+    assert d.poll() == []
+    assert d.extend("a", [1, 2]) == ([1], [2])
+    d.ack("a", 1)
+    assert d.stats()["expired_leases"] == 0
+
+
+def test_when_every_consumer_is_stuck_nothing_is_lost() -> None:
+    d, clock = two_consumers()
+    for position in range(20):
+        d.publish(position, f"key-{position}")
+    d.poll()
+    clock.advance(TIMEOUT)
+    assert d.poll() == []
+    assert d.ranges() == [] and d.stats()["replay"] == 20
+    d.flow("b", 0)  # b shows progress: it rejoins and takes everything
+    out = d.poll()
+    assert sorted(x.position for x in out) == list(range(20)) and {x.consumer for x in out} == {"b"}
+    d._audit()

@@ -250,3 +250,17 @@ def test_when_every_consumer_is_stuck_nothing_is_lost() -> None:
     out = d.poll()
     assert sorted(x.position for x in out) == list(range(20)) and {x.consumer for x in out} == {"b"}
     d._audit()
+
+
+def test_messages_taken_back_only_to_keep_their_keys_order_do_not_count_as_failures() -> None:
+    """A nack returns the key's later deliveries too; only the nacked one failed, so only it is dead-lettered."""
+    d = Dispatcher(clock=ManualClock(0.0), max_redeliveries=1)
+    d.add_consumer("a")
+    d.flow("a", 100)
+    d.publish(1, "k", "poison")
+    d.publish(2, "k", "innocent")
+    for _ in range(2):
+        assert [x.position for x in d.poll()] == [1, 2]
+        d.nack("a", 1)
+    assert [(x.position, x.redelivery_count) for x in d.poll()] == [(2, 2)]
+    assert [letter.position for letter in d.dead_letters()] == [1]

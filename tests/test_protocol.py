@@ -33,6 +33,7 @@ from keyfailover.broker.protocol import (
     ConsumerClosed,
     Decoder,
     Error,
+    Extend,
     Flow,
     Frame,
     Key,
@@ -44,6 +45,7 @@ from keyfailover.broker.protocol import (
     RangesChanged,
     Receipt,
     ServerFrame,
+    Settled,
     Subscribe,
     Subscribed,
     encode,
@@ -117,8 +119,9 @@ client_frames: st.SearchStrategy[Frame] = st.one_of(
     st.builds(Produce, req=uints, topic=names, producer=st.none() | labels, messages=produced),
     st.builds(Subscribe, req=uints, topic=names, subscription=names, consumer=names, receiver_queue=uints),
     st.builds(Flow, topic=names, subscription=names, session=uints, permits=uints),
-    st.builds(Ack, topic=names, subscription=names, session=uints, positions=positions),
-    st.builds(Nack, topic=names, subscription=names, session=uints, positions=positions),
+    st.builds(Ack, topic=names, subscription=names, session=uints, positions=positions, req=st.none() | uints),
+    st.builds(Nack, topic=names, subscription=names, session=uints, positions=positions, req=st.none() | uints),
+    st.builds(Extend, topic=names, subscription=names, session=uints, positions=positions, req=st.none() | uints),
     st.builds(CloseConsumer, req=uints, topic=names, subscription=names, session=uints),
     st.builds(Ping, nonce=int64s),
     st.just(Close()),
@@ -136,6 +139,7 @@ server_frames: st.SearchStrategy[Frame] = st.one_of(
     st.builds(Messages, session=uints, messages=delivered),
     ranges_changeds(),
     st.builds(ConsumerClosed, session=uints, reason=labels, req=st.none() | uints),
+    st.builds(Settled, req=uints),
     st.builds(Pong, nonce=int64s),
     st.builds(Error, code=labels, message=texts, req=st.none() | uints),
 )
@@ -331,7 +335,7 @@ def test_frame_of_exactly_max_frame_is_accepted() -> None:
 
 def test_default_limit() -> None:
     assert DEFAULT_MAX_FRAME == 5 * 1024 * 1024 == Decoder().max_frame
-    assert PROTOCOL_VERSION == 3
+    assert PROTOCOL_VERSION == 4
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2**32, True, 1.5, "5"])
@@ -356,6 +360,7 @@ SAMPLES: dict[str, Frame] = {
         Flow(topic="t", subscription="s", session=1, permits=5),
         Ack(topic="t", subscription="s", session=1, positions=[1, 2]),
         Nack(topic="t", subscription="s", session=1, positions=[1, 2]),
+        Extend(topic="t", subscription="s", session=1, positions=[1, 2], req=4),
         CloseConsumer(req=1, topic="t", subscription="s", session=1),
         Ping(nonce=1),
         Close(),
@@ -365,6 +370,7 @@ SAMPLES: dict[str, Frame] = {
         Messages(session=1, messages=[(1, "k", b"v", 0), (2, None, b"w", 1)]),
         RangesChanged(session=1, epoch=2, ranges=[(0, 99)]),
         ConsumerClosed(session=1, reason="timeout", req=None),
+        Settled(req=4),
         Pong(nonce=1),
         Error(code="unknown_session", message="no such session", req=3),
     )

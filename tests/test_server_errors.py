@@ -201,11 +201,11 @@ FATAL = {
         rf"version {PROTOCOL_VERSION + 1} is not supported; expected {PROTOCOL_VERSION}",
         after_connect=False,
     ),
-    # A version 2 client could not read subscribed and ranges_changed with their lists of ranges.
-    "version_mismatch/v2_client": Fatal(
-        encode(Connect(version=2, token=TOKEN, client="x")),
+    # A version 3 client's ack lacks its req; a version 2 one could not read lists of ranges.
+    "version_mismatch/v3_client": Fatal(
+        encode(Connect(version=3, token=TOKEN, client="x")),
         ErrorCode.VERSION_MISMATCH,
-        r"version 2 is not supported; expected 3",
+        r"version 3 is not supported; expected 4",
         after_connect=False,
     ),
 }

@@ -40,6 +40,7 @@ __all__ = [
     "Decoder",
     "Error",
     "ErrorCode",
+    "Extend",
     "Flow",
     "Frame",
     "Key",
@@ -52,6 +53,7 @@ __all__ = [
     "RangesChanged",
     "Receipt",
     "ServerFrame",
+    "Settled",
     "Subscribe",
     "Subscribed",
     "check_name",
@@ -60,7 +62,7 @@ __all__ = [
     "valid_name",
 ]
 
-PROTOCOL_VERSION: Final = 3
+PROTOCOL_VERSION: Final = 4
 """The version a client sends in ``connect``; the server answers ``version_mismatch`` to others."""
 
 DEFAULT_MAX_FRAME: Final = 5 * 1024 * 1024
@@ -132,13 +134,14 @@ class Flow:
 
 @dataclass(frozen=True, slots=True)
 class Ack:
-    """Acknowledge delivered positions of a consumer session."""
+    """Acknowledge delivered positions of a consumer session; with ``req``, answered (``settled`` or ``error``)."""
 
     type: ClassVar[str] = "ack"
     topic: str
     subscription: str
     session: int
     positions: list[int]
+    req: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +153,19 @@ class Nack:
     subscription: str
     session: int
     positions: list[int]
+    req: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Extend:
+    """Renew the leases (ack deadlines) of delivered positions a consumer is still working on."""
+
+    type: ClassVar[str] = "extend"
+    topic: str
+    subscription: str
+    session: int
+    positions: list[int]
+    req: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +263,14 @@ class ConsumerClosed:
 
 
 @dataclass(frozen=True, slots=True)
+class Settled:
+    """The answer to an ``ack``, ``nack`` or ``extend`` that carried a ``req``: every position was accepted."""
+
+    type: ClassVar[str] = "settled"
+    req: int
+
+
+@dataclass(frozen=True, slots=True)
 class Pong:
     """The answer to ``ping``."""
 
@@ -264,10 +288,12 @@ class Error:
     req: int | None
 
 
-ClientFrame: TypeAlias = Connect | Produce | Subscribe | Flow | Ack | Nack | CloseConsumer | Ping | Close
+ClientFrame: TypeAlias = Connect | Produce | Subscribe | Flow | Ack | Nack | Extend | CloseConsumer | Ping | Close
 """Frames a client sends."""
 
-ServerFrame: TypeAlias = Connected | Receipt | Subscribed | Messages | RangesChanged | ConsumerClosed | Pong | Error
+ServerFrame: TypeAlias = (
+    Connected | Receipt | Subscribed | Messages | RangesChanged | ConsumerClosed | Settled | Pong | Error
+)
 """Frames a server sends."""
 
 Frame: TypeAlias = ClientFrame | ServerFrame
@@ -570,8 +596,9 @@ _CLIENT_SPECS: Final = {
             secret=_opt_label,
         ),
         _spec(Flow, topic=_name, subscription=_name, session=_uint, permits=_uint),
-        _spec(Ack, topic=_name, subscription=_name, session=_uint, positions=_uints),
-        _spec(Nack, topic=_name, subscription=_name, session=_uint, positions=_uints),
+        _spec(Ack, topic=_name, subscription=_name, session=_uint, positions=_uints, req=_opt_uint),
+        _spec(Nack, topic=_name, subscription=_name, session=_uint, positions=_uints, req=_opt_uint),
+        _spec(Extend, topic=_name, subscription=_name, session=_uint, positions=_uints, req=_opt_uint),
         _spec(CloseConsumer, req=_uint, topic=_name, subscription=_name, session=_uint),
         _spec(Ping, nonce=_int64),
         _spec(Close),
@@ -586,6 +613,7 @@ _SERVER_SPECS: Final = {
         _spec(Messages, session=_uint, messages=_delivered),
         _spec(RangesChanged, session=_uint, epoch=_uint, ranges=_slot_ranges),
         _spec(ConsumerClosed, session=_uint, reason=_label, req=_opt_uint),
+        _spec(Settled, req=_uint),
         _spec(Pong, nonce=_int64),
         _spec(Error, code=_label, message=_text, req=_opt_uint),
     )

@@ -30,7 +30,9 @@ from keyfailover.client.aio import (
     ConsumerBusyError,
     ConsumerClosedError,
     Key,
+    LeaseExpiredError,
     Message,
+    NotInFlight,
     RangesCallback,
     SendCallback,
     ServerError,
@@ -43,7 +45,9 @@ __all__ = [
     "Consumer",
     "ConsumerBusyError",
     "ConsumerClosedError",
+    "LeaseExpiredError",
     "Message",
+    "NotInFlight",
     "Producer",
     "ServerError",
     "Timeout",
@@ -202,6 +206,14 @@ class Consumer:
 
     def acknowledge(self, message: Message) -> None:
         self._consumer.acknowledge(message)
+
+    def acknowledge_confirmed(self, message: Message, timeout: float | None = 10.0) -> None:
+        """Acknowledge ``message`` and wait for the server; :class:`LeaseExpiredError` when it came too late."""
+        self._client._run(self._consumer.acknowledge_confirmed(message, timeout))
+
+    def extend(self, message: Message, timeout: float | None = 10.0) -> None:
+        """Renew ``message``'s lease (ack deadline) while still working on it; raises as acknowledge_confirmed."""
+        self._client._run(self._consumer.extend(message, timeout))
 
     def negative_acknowledge(self, message: Message) -> None:
         """Redeliver ``message``; later prefetched messages of its key are dropped to keep order."""

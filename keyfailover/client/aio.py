@@ -35,6 +35,7 @@ from keyfailover.broker.protocol import (
     ConsumerClosed,
     Decoder,
     Error,
+    Extend,
     Flow,
     Frame,
     Key,
@@ -45,13 +46,15 @@ from keyfailover.broker.protocol import (
     Produce,
     RangesChanged,
     Receipt,
+    Settled,
     Subscribe,
     Subscribed,
     check_name,
     encode,
     stream_transport,
 )
-from keyfailover.core.errors import FATAL_CODES, ErrorCode, KeyFailoverError
+from keyfailover.core.errors import FATAL_CODES, ErrorCode, KeyFailoverError, NotInFlightError
+from keyfailover.core.errors import LeaseExpiredError as CoreLeaseExpiredError
 
 __all__ = [
     "AsyncClient",
@@ -61,7 +64,9 @@ __all__ = [
     "ConsumerBusyError",
     "ConsumerClosedError",
     "Key",
+    "LeaseExpiredError",
     "Message",
+    "NotInFlight",
     "ServerError",
     "Timeout",
     "parse_url",
@@ -109,6 +114,27 @@ class ServerError(KeyFailoverError, RuntimeError):
 
 class ConsumerBusyError(ServerError):
     """The consumer name is in use by a live session of another client; pick another name."""
+
+
+class NotInFlight(ServerError, NotInFlightError):  # noqa: N818  (the server's code: not_in_flight)
+    """A confirmed ack, nack or extension named a message that is not in flight on this consumer."""
+
+
+class LeaseExpiredError(NotInFlight, CoreLeaseExpiredError):
+    """A confirmed ack, nack or extension came after the message's ack deadline: it was taken back.
+
+    The message is (or will be) delivered again, maybe to another consumer; the late call
+    changed nothing. Extend a lease (:meth:`AsyncConsumer.extend`) while still working on it.
+    """
+
+
+def _settle_error(reply: Error) -> ServerError:
+    """The exception for an error answering an ack, nack or extension."""
+    if reply.code == ErrorCode.LEASE_EXPIRED:
+        return LeaseExpiredError(reply.code, reply.message)
+    if reply.code == ErrorCode.NOT_IN_FLIGHT:
+        return NotInFlight(reply.code, reply.message)
+    return ServerError(reply.code, reply.message)
 
 
 class Message(NamedTuple):
@@ -293,7 +319,7 @@ class _Link(asyncio.Protocol):
                 if frame.req is not None and (callback := self.pending.pop(frame.req, None)) is not None:
                     callback(frame)
             return
-        if isinstance(frame, Receipt | Subscribed):
+        if isinstance(frame, Receipt | Subscribed | Settled):
             callback = self.pending.pop(frame.req, None)
             if callback is not None:
                 callback(frame)
@@ -680,6 +706,10 @@ class AsyncConsumer:
         self._secret: str | None = None  # from the last subscribed: proves a resubscribe is this consumer
         self._consumed = 0  # received since the last flow (guarded by _cond)
         self._flow_scheduled = False
+        # Set when the server left this consumer without ranges (a standby, or stuck after an
+        # expired lease): the application's next receive or ack sends a flow, which the
+        # server counts as progress, so a consumer that was stuck gets ranges again.
+        self._show_progress = False
         self._acks: list[int] = []
         self._ack_session = 0
         self._ack_scheduled = False
@@ -782,6 +812,9 @@ class AsyncConsumer:
 
     def _set_ranges(self, ranges: list[tuple[int, int]]) -> None:
         """Remember the ranges the server announced; tell ``on_ranges_changed`` only when they differ."""
+        if not ranges:
+            with self._cond:
+                self._show_progress = True
         if ranges != self._ranges:
             self._ranges = ranges
             if self._on_ranges_changed is not None:
@@ -803,6 +836,14 @@ class AsyncConsumer:
         if flow:
             self._call(self._send_flow)
         return message
+
+    def _progress(self) -> bool:
+        """Whether to send a flow now to show the server progress (holding ``_cond``)."""
+        if not self._show_progress:
+            return False
+        self._show_progress = False
+        self._flow_scheduled = True
+        return True
 
     def wait_take(self, timeout: float | None) -> Message:
         """Blocking take for threads (the sync client)."""
@@ -842,16 +883,19 @@ class AsyncConsumer:
     def _consumed_one(self, count: int = 1) -> bool:
         """Count messages taken (holding ``_cond``); whether a flow is now to be scheduled."""
         self._consumed += count
-        if self._consumed < max(self._queue_size // 2, 1) or self._flow_scheduled:
+        if self._flow_scheduled:
             return False
+        if self._consumed < max(self._queue_size // 2, 1):
+            return self._progress()
         self._flow_scheduled = True
         return True
 
     def _send_flow(self) -> None:
+        """Send the permits taken since the last flow: none at all when only showing progress."""
         with self._cond:
             permits, self._consumed = self._consumed, 0
             self._flow_scheduled = False
-        if permits and self._session:
+        if self._session:
             self._link.send(
                 Flow(topic=self.topic, subscription=self.subscription, session=self._session, permits=permits)
             )
@@ -870,8 +914,11 @@ class AsyncConsumer:
             self._acks.append(message.position)
             schedule = not self._ack_scheduled or len(self._acks) >= _MAX_BATCH
             self._ack_scheduled = True
+            flow = self._progress()
         if schedule:
             self._call(self._flush_acks)
+        if flow:
+            self._call(self._send_flow)
 
     def _flush_acks(self) -> None:
         with self._cond:
@@ -883,6 +930,69 @@ class AsyncConsumer:
     def _send_acks(self, session: int, positions: list[int]) -> None:
         if positions and session:
             self._link.send(Ack(topic=self.topic, subscription=self.subscription, session=session, positions=positions))
+
+    async def acknowledge_confirmed(self, message: Message, timeout: float | None = 10.0) -> None:
+        """Acknowledge ``message`` and wait until the server accepted it.
+
+        Raises :class:`LeaseExpiredError` when the ack came after the message's ack deadline
+        (it was taken back and is delivered again), :class:`NotInFlight` when the message is
+        not in flight on this consumer (acked already, or its session ended), and
+        :class:`Timeout` when no answer came within ``timeout`` seconds.
+        """
+        await self._settle(Ack, message, timeout)
+
+    async def extend(self, message: Message, timeout: float | None = 10.0) -> None:
+        """Renew ``message``'s lease: its ack deadline becomes now plus the server's ack timeout.
+
+        For work that takes longer than the ack timeout (as SQS ChangeMessageVisibility):
+        call it before the deadline, as often as needed. Raises as :meth:`acknowledge_confirmed`.
+        """
+        await self._settle(Extend, message, timeout)
+
+    async def _settle(self, kind: type[Ack | Extend], message: Message, timeout: float | None) -> None:
+        """Send one ``kind`` frame for ``message`` with a request id and wait for its answer."""
+        self._check_open()
+        self._flush_acks()
+        with self._cond:
+            flow = self._progress()
+        if flow:
+            self._send_flow()
+        if not message.session or message.session != self._session:
+            raise NotInFlight(
+                ErrorCode.NOT_IN_FLIGHT,
+                f"position {message.position} was delivered to an earlier session of {self.consumer_name!r}, "
+                "which ended (its messages were given back)",
+            )
+        answer: asyncio.Future[Frame | None] = self._loop.create_future()
+        req = self._link.next_req()
+
+        def answered(reply: Frame | None) -> None:
+            if not answer.done():
+                answer.set_result(reply)
+
+        self._link.pending[req] = answered
+        frame = kind(
+            topic=self.topic,
+            subscription=self.subscription,
+            session=message.session,
+            positions=[message.position],
+            req=req,
+        )
+        if not self._link.send(frame):
+            self._link.pending.pop(req, None)
+            raise ClientClosed(f"not connected: the {frame.type} of position {message.position} was not sent")
+        try:
+            async with asyncio.timeout(timeout):
+                reply = await answer
+        except TimeoutError:
+            self._link.pending.pop(req, None)
+            raise Timeout(f"no answer to the {frame.type} of position {message.position} within {timeout} s") from None
+        if isinstance(reply, Error):
+            raise _settle_error(reply)
+        if not isinstance(reply, Settled):
+            raise ClientClosed(
+                f"the connection was lost before the {frame.type} of position {message.position} was answered"
+            )
 
     def negative_acknowledge(self, message: Message) -> None:
         """Redeliver ``message``; prefetched later messages of its key are dropped, so the key restarts in order."""

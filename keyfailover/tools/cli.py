@@ -18,6 +18,7 @@ from urllib.error import HTTPError, URLError
 from urllib.parse import urlencode, urlsplit
 from urllib.request import Request, urlopen
 
+from keyfailover.core.dispatcher import DEFAULT_ACK_TIMEOUT
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.rebalance import DEFAULT_MAX_RANGES
 
@@ -161,7 +162,18 @@ def _session_seconds(text: str) -> float:
     return value
 
 
-_max_ranges = _int_between(1, 65536, "a number of ranges")  # a range holds at least one of the 65536 slots
+_max_ranges = _int_between(1, 65536, "a number of ranges")
+
+
+def _ack_seconds(text: str) -> float:
+    """An ack timeout: 0 (no leases) or finite seconds up to a day."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (0 disables), got {text!r}") from None
+    if not 0.0 <= value <= 86_400:
+        raise argparse.ArgumentTypeError(f"expected seconds from 0 (disabled) to 86400, got {text!r}")
+    return value  # a range holds at least one of the 65536 slots
 
 
 def _server_url(text: str) -> str:
@@ -299,7 +311,10 @@ def _serve(args: argparse.Namespace) -> int:
         max_output=args.max_output,
         max_connections=args.max_connections,
         subscription=SubscriptionConfig(
-            policy=args.policy, max_ranges=DEFAULT_MAX_RANGES if args.max_ranges is None else args.max_ranges
+            policy=args.policy,
+            max_ranges=DEFAULT_MAX_RANGES if args.max_ranges is None else args.max_ranges,
+            ack_timeout=args.ack_timeout,
+            max_redeliveries=args.max_redeliveries,
         ),
     )
     return asyncio.run(run_server(config))
@@ -316,13 +331,13 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def _admin_get(args: argparse.Namespace, path: str, query: dict[str, str]) -> Any:
-    """GET ``path`` from the admin endpoint as JSON; any failure is one clear line (exit 1)."""
+def _admin_call(args: argparse.Namespace, path: str, query: dict[str, str], method: str = "GET") -> Any:
+    """GET (or POST) ``path`` on the admin endpoint, as JSON; any failure is one clear line (exit 1)."""
     target = args.admin_url.rstrip("/") + path + ("?" + urlencode(query) if query else "")
     name = f"keyfailover {args.command}"
     hint = "the admin endpoint is the port given to `keyfailover serve --metrics-port`, not the broker port"
     token = _token(args)
-    request = Request(target, headers={} if token is None else {"Authorization": f"Bearer {token}"})
+    request = Request(target, headers={} if token is None else {"Authorization": f"Bearer {token}"}, method=method)
     tls = None if args.tls_ca is None else _ca_context(args)
     try:
         with urlopen(request, timeout=10, context=tls) as response:
@@ -346,7 +361,7 @@ def _ranges(args: argparse.Namespace) -> int:
     if args.pulsar_sticky and args.json:
         raise _UsageError("give --json or --pulsar-sticky, not both")
     query = {"topic": args.topic, "subscription": args.subscription} if args.topic else {}
-    found = _admin_get(args, "/ranges", query)
+    found = _admin_call(args, "/ranges", query)
     if args.json:
         print(json.dumps(found, indent=2, sort_keys=True))
         return 0
@@ -362,6 +377,32 @@ def _ranges(args: argparse.Namespace) -> int:
         for entry in snapshot["ranges"]:
             share = (entry["end"] - entry["start"] + 1) / snapshot["range_size"]
             print(f"  {entry['consumer']:<24}[{entry['start']:>5}, {entry['end']:>5}]  {share:6.1%}")
+    return 0
+
+
+def _dlq(args: argparse.Namespace) -> int:
+    query = {"topic": args.topic, "subscription": args.subscription}
+    if args.action == "replay":
+        found = _admin_call(args, "/dlq/replay", query, method="POST")
+        if args.json:
+            print(json.dumps(found, indent=2, sort_keys=True))
+        else:
+            print(f"replayed {found['replayed']} dead letter(s) to {args.topic}")
+        return 0
+    found = _admin_call(args, "/dlq", {**query, "limit": str(args.limit)})
+    if args.json:
+        print(json.dumps(found, indent=2, sort_keys=True))
+        return 0
+    letters = found["dead_letters"]
+    print(f"{found['dlq_topic']}: {len(letters)} dead letter(s)")
+    for entry in letters:
+        key = entry["key"]
+        shown = f"bytes {key['bytes']}" if isinstance(key, dict) else repr(key)
+        replayed = "" if entry["replayed_at"] is None else f", replayed at {entry['replayed_at']}"
+        print(
+            f"  {entry['dlq_position']:>6}  from {entry['position']:>8}  key {shown}  "
+            f"{entry['redelivery_count'] + 1} deliveries, {entry['reason']}{replayed}"
+        )
     return 0
 
 
@@ -389,7 +430,7 @@ def _owned(ranges: list[list[int]], range_size: int) -> str:
 def _stats(args: argparse.Namespace) -> int:
     from keyfailover.core.hashing import HASH_RANGE_SIZE
 
-    found = _admin_get(args, "/stats", {})
+    found = _admin_call(args, "/stats", {})
     if args.json:
         print(json.dumps(found, indent=2, sort_keys=True))
         return 0
@@ -399,11 +440,12 @@ def _stats(args: argparse.Namespace) -> int:
         print(
             f"{item['topic']}/{item['subscription']}: backlog {item['backlog']}, replay {stats['replay']}, "
             f"mark-delete {item['mark_delete']}, epoch {stats['epoch']}, "
-            f"policy {item['policy']} (max {item['max_ranges']} ranges per consumer)"
+            f"policy {item['policy']} (max {item['max_ranges']} ranges per consumer), "
+            f"ack timeout {item['ack_timeout']:g} s, dead-lettered {item['dead_lettered']}"
         )
         print(f"  {'consumer':<24}{'ranges':>18}{'rate/s':>9}{'permits':>9}{'unacked':>9}{'draining':>9}")
         for consumer, info in sorted(stats["consumers"].items()):
-            shown = _owned(info["ranges"], HASH_RANGE_SIZE)
+            shown = "stuck (lease expired)" if info["stuck"] else _owned(info["ranges"], HASH_RANGE_SIZE)
             print(
                 f"  {consumer:<24}{shown:>18}{info['rate']:>9.0f}{info['permits']:>9}"
                 f"{info['unacked']:>9}{info['draining_hashes']:>9}"
@@ -425,7 +467,7 @@ def _plot(args: argparse.Namespace) -> int:
     else:
         if args.topic is None or args.subscription is None:
             raise _UsageError("--admin-url needs --topic and --subscription")
-        found = _admin_get(args, "/history", {"topic": args.topic, "subscription": args.subscription})
+        found = _admin_call(args, "/history", {"topic": args.topic, "subscription": args.subscription})
         records = found.get("history") if isinstance(found, dict) else found
         history = history_from_records(records, f"{args.admin_url.rstrip('/')}/history")
         name = f"{args.topic}/{args.subscription}"
@@ -734,6 +776,20 @@ def _parser() -> argparse.ArgumentParser:
         help=f"with --policy multi: the most ranges one consumer may own, 1 to 65536 (default {DEFAULT_MAX_RANGES})",
     )
     serve.add_argument(
+        "--ack-timeout",
+        type=_ack_seconds,
+        default=DEFAULT_ACK_TIMEOUT,
+        help="seconds a consumer has to ack a delivery before it is taken back and the consumer loses its ranges "
+        f"until it acks or asks for more again; 0 disables (default {DEFAULT_ACK_TIMEOUT:g})",
+    )
+    serve.add_argument(
+        "--max-redeliveries",
+        type=_int_between(0, 1_000_000, "a number of redeliveries"),
+        default=None,
+        help="after this many redeliveries a message goes to the dead-letter topic <topic>-<subscription>-DLQ "
+        "and its key goes on (default: redeliver for ever)",
+    )
+    serve.add_argument(
         "--metrics-port",
         type=_port,
         default=None,
@@ -832,6 +888,21 @@ def _parser() -> argparse.ArgumentParser:
         "[0, 0] receives no keys (they go to the owner of slot 1) and every other range means the same",
     )
     ranges.set_defaults(run=_ranges)
+
+    dlq = commands.add_parser(
+        "dlq",
+        help="list or replay a subscription's dead letters (from a running server)",
+        description="A message delivered max_redeliveries + 1 times without an ack (`keyfailover serve "
+        "--max-redeliveries`) is stored in the topic <topic>-<subscription>-DLQ, which can be consumed like any "
+        "topic. `list` shows where each came from and why; `replay` re-publishes those not replayed yet to the "
+        "topic (every subscription of the topic receives them again).",
+    )
+    dlq.add_argument("action", choices=("list", "replay"), help="list the dead letters, or replay them")
+    admin_args(dlq)
+    dlq.add_argument("--topic", type=_name, required=True, help="the topic the messages came from")
+    dlq.add_argument("--subscription", type=_name, required=True, help="the subscription that gave up on them")
+    dlq.add_argument("--limit", type=_positive_int, default=1000, help="with list: show at most this many (1000)")
+    dlq.set_defaults(run=_dlq)
 
     stats = commands.add_parser("stats", help="show per-consumer stats (from a running server)")
     admin_args(stats)

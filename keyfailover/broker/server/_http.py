@@ -1,7 +1,8 @@
-"""The admin HTTP endpoint of ``keyfailover serve --metrics-port``: read-only JSON for operators.
+"""The admin HTTP endpoint of ``keyfailover serve --metrics-port``: JSON for operators.
 
-A deliberately small HTTP/1.1 server on the event loop (GET only, one request per
-connection), so every handler reads the dispatchers from the loop thread that owns them.
+A deliberately small HTTP/1.1 server on the event loop (one request per connection, no
+request bodies), so every handler reads the dispatchers from the loop thread that owns
+them. GET reads; the few POST routes change something (a dead-letter replay).
 """
 
 from __future__ import annotations
@@ -42,10 +43,13 @@ def json_response(value: Any, status: int = 200) -> Response:
 
 
 class AdminServer:
-    """Serves ``GET <path>`` from a table of handlers; query parameters go to the handler."""
+    """Serves ``GET <path>`` and ``POST <path>`` from tables of handlers; query parameters go to the handler."""
 
-    def __init__(self, routes: dict[str, Handler], token: str | None = None) -> None:
+    def __init__(
+        self, routes: dict[str, Handler], token: str | None = None, post_routes: dict[str, Handler] | None = None
+    ) -> None:
         self._routes = routes
+        self._post_routes = post_routes or {}
         self._token = None if token is None else token.encode()
         self._server: asyncio.base_events.Server | None = None
 
@@ -95,14 +99,18 @@ class AdminServer:
         if len(parts) != 3 or not parts[2].startswith("HTTP/"):
             return 400, "text/plain", f"malformed request line {request_line!r}\n".encode()
         method, target, _ = parts
-        if method != "GET":
-            return 405, "text/plain", f"method {method} is not allowed; expected GET\n".encode()
+        if method not in ("GET", "POST"):
+            return 405, "text/plain", f"method {method} is not allowed; expected GET or POST\n".encode()
         url = urlsplit(target)
         if self._token is not None and url.path not in _OPEN_PATHS and not self._authorized(head):
             return 401, "text/plain", b"this server requires its token: send the header Authorization: Bearer TOKEN\n"
-        handler = self._routes.get(url.path)
+        table, other = (self._routes, self._post_routes) if method == "GET" else (self._post_routes, self._routes)
+        handler = table.get(url.path)
         if handler is None:
-            known = ", ".join(sorted(self._routes))
+            if url.path in other:
+                expected = "POST" if method == "GET" else "GET"
+                return 405, "text/plain", f"{url.path} takes {expected}, not {method}\n".encode()
+            known = ", ".join(sorted([*self._routes, *(f"POST {path}" for path in self._post_routes)]))
             return 404, "text/plain", f"no such path {url.path!r}; expected one of {known}\n".encode()
         query = {name: values[-1] for name, values in parse_qs(url.query).items()}
         try:

@@ -18,6 +18,7 @@ from typing import TextIO
 
 from keyfailover.broker.protocol import (
     DEFAULT_MAX_FRAME,
+    MAX_NAME_LENGTH,
     PROTOCOL_VERSION,
     Ack,
     Close,
@@ -27,6 +28,7 @@ from keyfailover.broker.protocol import (
     Decoder,
     Error,
     ErrorCode,
+    Extend,
     Flow,
     Frame,
     Messages,
@@ -36,6 +38,7 @@ from keyfailover.broker.protocol import (
     Produce,
     ProtocolError,
     Receipt,
+    Settled,
     Subscribe,
     Subscribed,
     encode,
@@ -44,7 +47,7 @@ from keyfailover.broker.protocol import (
 from keyfailover.broker.server._http import AdminServer, Handler, Response, json_response
 from keyfailover.broker.server._subscription import Session, Subscription, SubscriptionConfig
 from keyfailover.broker.storage._executor import Result, Storage
-from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, Log, StoredMessage
+from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, Log, StoredMessage, dead_letter_topic
 from keyfailover.core.errors import KeyFailoverError
 
 __all__ = ["Server", "ServerConfig"]
@@ -108,7 +111,9 @@ class Server:
             "/ranges": self._ranges,
             "/stats": self._stats,
             "/history": self._history,
+            "/dlq": self._dead_letters,
         }
+        self._post_routes: dict[str, Handler] = {"/dlq/replay": self._replay_dead_letters}
 
     def add_admin_route(self, path: str, handler: Handler) -> None:
         """Serve ``GET path`` on the admin endpoint (``--metrics-port``) too; call before :meth:`start`."""
@@ -171,7 +176,7 @@ class Server:
             raise KeyFailoverError(f"cannot listen on {host}:{port} ({_reason(exc)})") from None
         self._reaper = loop.create_task(self._reap_loop(), name="keyfailover-reaper")
         if self.config.metrics_port is not None:
-            self._admin = AdminServer(self._routes, self.config.token)
+            self._admin = AdminServer(self._routes, self.config.token, self._post_routes)
             admin_host, admin_port = self.config.metrics_host, self.config.metrics_port
             try:
                 self._admin_address = await self._admin.start(admin_host, admin_port, tls)
@@ -295,6 +300,44 @@ class Server:
         if found is None:
             return json_response({"error": "give the topic and subscription of a live subscription"}, 404)
         return json_response({"topic": found.topic, "subscription": found.name, "history": found.history()})
+
+    async def _dead_letters(self, query: dict[str, str]) -> Response:
+        """``/dlq?topic=T&subscription=S[&limit=N]``: the subscription's dead letters, oldest first."""
+        topic, name = query.get("topic"), query.get("subscription")
+        limit_text = query.get("limit", "1000")
+        if not topic or not name or not limit_text.isdigit():
+            return json_response({"error": "give topic and subscription (and a limit of digits, default 1000)"}, 400)
+        records = await self.storage.call(self.storage.log.dead_letters, topic, name, int(limit_text))
+        return json_response(
+            {
+                "topic": topic,
+                "subscription": name,
+                "dlq_topic": dead_letter_topic(topic, name),
+                "dead_letters": [
+                    {
+                        "dlq_position": r.dlq_position,
+                        "position": r.position,
+                        "key": r.key if not isinstance(r.key, bytes) else {"bytes": r.key.hex()},
+                        "payload_bytes": len(r.payload),
+                        "redelivery_count": r.redelivery_count,
+                        "reason": r.reason,
+                        "time": r.time,
+                        "replayed_at": r.replayed_at,
+                    }
+                    for r in records
+                ],
+            }
+        )
+
+    async def _replay_dead_letters(self, query: dict[str, str]) -> Response:
+        """``POST /dlq/replay?topic=T&subscription=S``: re-publish the dead letters not replayed yet to T."""
+        topic, name = query.get("topic"), query.get("subscription")
+        if not topic or not name:
+            return json_response({"error": "give topic and subscription"}, 400)
+        stored = await self.storage.replay_dead_letters(topic, name)
+        return json_response(
+            {"topic": topic, "subscription": name, "replayed": len(stored), "positions": [m.position for m in stored]}
+        )
 
     async def _healthz(self, _query: dict[str, str]) -> Response:
         return json_response({"status": "shutting down" if self.closing else "ok"}, 503 if self.closing else 200)
@@ -478,7 +521,7 @@ class _Connection(asyncio.Protocol):
             return
         if not self.authenticated:
             raise ProtocolError(ErrorCode.NOT_CONNECTED, f"expected a connect frame first, got {frame.type!r}")
-        if isinstance(frame, Ack | Nack | Flow):
+        if isinstance(frame, Ack | Nack | Extend | Flow):
             self._consumer_frame(frame)
         elif isinstance(frame, Produce):
             self._produce(frame)
@@ -538,6 +581,13 @@ class _Connection(asyncio.Protocol):
         try:
             if self._server.closing:
                 raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
+            dlq = dead_letter_topic(frame.topic, frame.subscription)
+            if self._server.config.subscription.max_redeliveries is not None and len(dlq) > MAX_NAME_LENGTH:
+                raise ProtocolError(
+                    ErrorCode.BAD_FIELD,
+                    f"the dead-letter topic name {dlq[:40]!r}... would be {len(dlq)} characters; expected topic "
+                    f"and subscription names short enough for <topic>-<subscription>-DLQ to fit {MAX_NAME_LENGTH}",
+                )
             subscription = await self._server.subscription(frame.topic, frame.subscription)
             if self._closed:
                 return
@@ -582,20 +632,32 @@ class _Connection(asyncio.Protocol):
             )
         return session
 
-    def _consumer_frame(self, frame: Ack | Nack | Flow) -> None:
+    def _consumer_frame(self, frame: Ack | Nack | Extend | Flow) -> None:
         session = self._session_for(frame.topic, frame.subscription, frame.session)
         subscription = session.subscription
         if isinstance(frame, Flow):
             subscription.flow(session, frame.permits)
             return
-        rejected = (
-            subscription.ack(session, frame.positions)
-            if isinstance(frame, Ack)
-            else subscription.nack(session, frame.positions)
-        )
+        if isinstance(frame, Ack):
+            rejected = subscription.ack(session, frame.positions)
+        elif isinstance(frame, Nack):
+            rejected = subscription.nack(session, frame.positions)
+        else:
+            rejected = subscription.extend(session, frame.positions)
         if rejected:
+            late = [p for p in rejected if subscription.dispatcher.lease_expired(session.consumer, p)]
             shown = ", ".join(str(p) for p in rejected[:10]) + (" ..." if len(rejected) > 10 else "")
+            if late:
+                raise ProtocolError(
+                    ErrorCode.LEASE_EXPIRED,
+                    f"{frame.type} of position(s) {shown} rejected on session {session.id}: "
+                    f"{len(late)} of them were taken back when their lease expired (ack_timeout "
+                    f"{subscription.dispatcher.ack_timeout:g} s) and are delivered again; "
+                    "the others were accepted",
+                )
             raise ProtocolError(
                 ErrorCode.NOT_IN_FLIGHT,
                 f"{frame.type} of position(s) {shown} rejected: not in flight on session {session.id}",
             )
+        if frame.req is not None:
+            self.send(Settled(req=frame.req))

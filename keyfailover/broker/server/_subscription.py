@@ -22,8 +22,8 @@ from typing import Any
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.protocol import ConsumerClosed, Frame, Key, Messages, RangesChanged
 from keyfailover.broker.storage._executor import Storage
-from keyfailover.broker.storage.sqlite import StoredMessage
-from keyfailover.core.dispatcher import Delivery, Dispatcher
+from keyfailover.broker.storage.sqlite import StoredMessage, dead_letter_topic
+from keyfailover.core.dispatcher import DEFAULT_ACK_TIMEOUT, DeadLetter, Delivery, Dispatcher, check_leases
 from keyfailover.core.errors import ErrorCode, NotInFlightError, ProtocolError
 from keyfailover.core.rebalance import DEFAULT_MAX_RANGES, check_policy_choice
 
@@ -48,10 +48,16 @@ class SubscriptionConfig:
     """The dispatcher's rebalance policy: ``"multi"`` (several ranges per consumer) or ``"contiguous"``."""
     max_ranges: int = DEFAULT_MAX_RANGES
     """With the multi policy, the most ranges one consumer may own."""
+    ack_timeout: float = DEFAULT_ACK_TIMEOUT
+    """Seconds a consumer has to ack a delivery before it is taken back and the consumer loses
+    its ranges until it shows progress (0 disables leases)."""
+    max_redeliveries: int | None = None
+    """Redeliveries after which a message goes to ``<topic>-<subscription>-DLQ``; None: never."""
 
     def __post_init__(self) -> None:
         # Checked here, so a bad setting stops the server at start, not at its first subscribe.
         check_policy_choice(self.policy, self.max_ranges)
+        check_leases(self.ack_timeout, self.max_redeliveries)
 
 
 class Session:
@@ -82,7 +88,12 @@ class Subscription:
         self.name = name
         self.cursor = cursor
         self.dispatcher = Dispatcher(
-            clock=time.monotonic, max_replay=config.max_replay, policy=config.policy, max_ranges=config.max_ranges
+            clock=time.monotonic,
+            max_replay=config.max_replay,
+            policy=config.policy,
+            max_ranges=config.max_ranges,
+            ack_timeout=config.ack_timeout,
+            max_redeliveries=config.max_redeliveries,
         )
         self.sessions: dict[str, Session] = {}
         self._storage = storage
@@ -96,6 +107,8 @@ class Subscription:
         self._closed = False
         self._task: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
+        self._unburied: list[DeadLetter] = []  # given up on by the dispatcher, not stored in the DLQ yet
+        self.dead_lettered = 0  # messages stored in the dead-letter topic by this subscription
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -210,6 +223,10 @@ class Subscription:
             self.wake()
         return rejected
 
+    def extend(self, session: Session, positions: list[int]) -> list[int]:
+        """Renew the leases of ``positions``; returns those that were not in flight on the session."""
+        return self.dispatcher.extend(session.consumer, positions)[1]
+
     def nack(self, session: Session, positions: list[int]) -> list[int]:
         rejected = []
         for position in positions:
@@ -226,7 +243,7 @@ class Subscription:
         epoch = -1
         while not self._closed:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+                await asyncio.wait_for(self._wake.wait(), timeout=self._next_wake())
             self._wake.clear()
             if self._closed:
                 return
@@ -239,10 +256,20 @@ class Subscription:
                 epoch = now_epoch
                 self.announce_ranges()
 
+    def _next_wake(self) -> float:
+        """Seconds until the pump must poll without being woken: the next lease deadline, at most 1 s away."""
+        deadline = self.dispatcher.next_deadline()
+        if deadline is None:
+            return 1.0
+        return min(max(deadline - time.monotonic(), 0.0) + 0.001, 1.0)
+
     async def _pump(self) -> None:
         dispatcher = self.dispatcher
         while True:
             await self._send(dispatcher.poll())
+            letters = dispatcher.dead_letters()
+            if letters or self._unburied:
+                await self._bury(letters)
             wanted = dispatcher.wants()
             last = self._storage.last_position(self.topic)
             if not wanted or self._read_position >= last or not self.sessions:
@@ -266,6 +293,46 @@ class Subscription:
                     cache[position] = message
                 self._read_position = position
             self._trim_cache()
+
+    async def _bury(self, letters: list[DeadLetter]) -> None:
+        """Store the dispatcher's dead letters in the dead-letter topic, then ack them here (G3).
+
+        Stored first, acked after: a crash in between redelivers them (at least once). A
+        failed store is retried at the next pump; the dispatcher holds them till then.
+        """
+        self._unburied.extend(letters)
+        unburied = self._unburied
+        cache = self._cache
+        missing = [letter.position for letter in unburied if letter.position not in cache]
+        found = await self._storage.call(self._storage.log.read_positions, self.topic, missing) if missing else {}
+        entries = []
+        for letter in unburied:
+            stored = cache.get(letter.position) or found.get(letter.position)
+            if stored is None:
+                _log.error("dead letter at position %d of %s is not in the log", letter.position, self.topic)
+                continue
+            entries.append((letter.position, stored.key, stored.payload, letter.redelivery_count, letter.reason))
+        try:
+            await self._storage.dead_letter(self.topic, self.name, entries)
+        except Exception:
+            _log.exception("storing %d dead letters of %s/%s failed; retrying", len(entries), self.topic, self.name)
+            return
+        self._unburied = []
+        positions = [letter.position for letter in unburied]
+        for position in positions:
+            self.cursor.ack(position)
+            cache.pop(position, None)
+        self.dispatcher.dead_lettered(positions)
+        self.dead_lettered += len(entries)
+        self._cursor_dirty = True
+        _log.warning(
+            "%d message(s) of %s/%s moved to %s after %s deliveries",
+            len(entries),
+            self.topic,
+            self.name,
+            dead_letter_topic(self.topic, self.name),
+            "/".join(sorted({str(letter.redelivery_count + 1) for letter in unburied})),
+        )
 
     def _trim_cache(self) -> None:
         cache = self._cache
@@ -337,6 +404,9 @@ class Subscription:
             "subscription": self.name,
             "policy": policy.name,
             "max_ranges": policy.range_limit,
+            "ack_timeout": self.dispatcher.ack_timeout,
+            "max_redeliveries": self.dispatcher.max_redeliveries,
+            "dead_lettered": self.dead_lettered,
             "dispatcher": self.dispatcher.stats(),
             "mark_delete": self.cursor.mark_delete,
             "acked_above_mark_delete": acked_above,

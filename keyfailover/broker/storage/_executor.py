@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
-from keyfailover.broker.storage.sqlite import Key, Log, StoredMessage
+from keyfailover.broker.storage.sqlite import Key, Log, StoredMessage, dead_letter_topic
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.histogram import Histogram
 
@@ -83,6 +83,21 @@ class Storage:
         self._wake.set()
         return future
 
+    async def dead_letter(
+        self, topic: str, subscription: str, letters: Sequence[tuple[int, Key, bytes, int, str]]
+    ) -> list[int]:
+        """Store dead letters in the subscription's dead-letter topic (:meth:`Log.dead_letter`); their positions."""
+        positions = await self.call(self._log.dead_letter, topic, subscription, letters)
+        stored = [StoredMessage(p, key, payload) for p, (_, key, payload, _, _) in zip(positions, letters, strict=True)]
+        self._stored(dead_letter_topic(topic, subscription), stored)
+        return positions
+
+    async def replay_dead_letters(self, topic: str, subscription: str) -> list[StoredMessage]:
+        """Re-publish the subscription's dead letters not replayed yet (:meth:`Log.replay_dead_letters`)."""
+        stored = await self.call(self._log.replay_dead_letters, topic, subscription)
+        self._stored(topic, stored)
+        return stored
+
     async def close(self) -> None:
         """Commit what is queued, stop the committer and close the log."""
         self._closing = True
@@ -138,3 +153,12 @@ class Storage:
             if stored:
                 for listener in self._listeners:
                     listener(topic, stored)
+
+    def _stored(self, topic: str, stored: list[StoredMessage]) -> None:
+        """Account messages stored outside a group commit, and tell the listeners."""
+        if not stored:
+            return
+        self.appended += len(stored)
+        self._last[topic] = max(self._last.get(topic, 0), stored[-1].position)
+        for listener in self._listeners:
+            listener(topic, stored)

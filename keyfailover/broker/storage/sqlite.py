@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import reprlib
 import sqlite3
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,9 +29,11 @@ from keyfailover.broker.cursor import Cursor
 from keyfailover.core.errors import CursorError, InvalidKeyError, LogError, LogFileError, SequenceError
 
 __all__ = [
+    "DEAD_LETTER_SUFFIX",
     "LOG_FILE_NAME",
     "MAX_POSITION",
     "SCHEMA_VERSION",
+    "DeadLetterRecord",
     "ExportRow",
     "Key",
     "Log",
@@ -38,6 +41,7 @@ __all__ = [
     "LogStats",
     "StoredMessage",
     "TopicStats",
+    "dead_letter_topic",
 ]
 
 _T = TypeVar("_T")
@@ -54,8 +58,16 @@ LOG_FILE_NAME = "keyfailover.db"
 ExportRow = tuple[int, Key, bytes, str | None, int | None]
 """``(position, key, payload, producer name or None, sequence id or None)``: one stored message."""
 
-SCHEMA_VERSION = 1
-"""``PRAGMA user_version`` of a log this module writes; a later schema migrates from it."""
+SCHEMA_VERSION = 2
+"""``PRAGMA user_version`` of a log this module writes; version 1 (no dead letters) is migrated."""
+
+DEAD_LETTER_SUFFIX = "-DLQ"
+
+
+def dead_letter_topic(topic: str, subscription: str) -> str:
+    """The dead-letter topic of a subscription: ``<topic>-<subscription>-DLQ`` (Apache Pulsar's naming)."""
+    return f"{topic}-{subscription}{DEAD_LETTER_SUFFIX}"
+
 
 _POSITION_BITS = 40
 MAX_POSITION = (1 << _POSITION_BITS) - 1
@@ -82,6 +94,20 @@ _SCHEMA = (
         PRIMARY KEY (topic, subscription)
     ) WITHOUT ROWID""",
 )
+_DEAD_LETTERS = (
+    """CREATE TABLE dead_letters (
+        dlq_topic TEXT NOT NULL,          -- <topic>-<subscription>-DLQ, a topic like any other
+        dlq_position INTEGER NOT NULL,    -- where the message is stored in it
+        topic TEXT NOT NULL,
+        subscription TEXT NOT NULL,
+        position INTEGER NOT NULL,        -- where it was in its topic
+        redelivery_count INTEGER NOT NULL,
+        reason TEXT NOT NULL,             -- why its last delivery came back
+        time REAL NOT NULL,               -- unix seconds it was dead-lettered
+        replayed_at INTEGER,              -- its position in the topic once re-published, else NULL
+        PRIMARY KEY (dlq_topic, dlq_position)
+    ) WITHOUT ROWID""",
+)
 
 
 class StoredMessage(NamedTuple):
@@ -90,6 +116,19 @@ class StoredMessage(NamedTuple):
     position: int
     key: Key
     payload: bytes
+
+
+class DeadLetterRecord(NamedTuple):
+    """A dead-lettered message: where it is in the dead-letter topic, where it came from, and why."""
+
+    dlq_position: int
+    position: int
+    key: Key
+    payload: bytes
+    redelivery_count: int
+    reason: str
+    time: float
+    replayed_at: int | None
 
 
 class TopicStats(TypedDict):
@@ -214,6 +253,73 @@ class Log:
         """Every topic that holds messages, sorted."""
         return [name for (name,) in self._connection().execute("SELECT name FROM topics ORDER BY name")]
 
+    # -- dead letters ----------------------------------------------------------------
+
+    def dead_letter(
+        self, topic: str, subscription: str, letters: Sequence[tuple[int, Key, bytes, int, str]]
+    ) -> list[int]:
+        """Store ``(position, key, payload, redelivery_count, reason)`` letters in the subscription's
+        dead-letter topic, with where each came from and why, in one transaction; their positions there.
+        """
+        topic, subscription = _name(topic, "topic"), _name(subscription, "subscription")
+        dlq = dead_letter_topic(topic, subscription)
+        rows = [_letter(letter, index) for index, letter in enumerate(_iterable(letters, "letters"))]
+        now = time.time()
+        with self._transaction() as db:
+            writer = _Append(db)
+            stored = writer.add(dlq, None, [(None, key, payload) for _, key, payload, _, _ in rows])
+            writer.insert()
+            db.executemany(
+                "INSERT INTO dead_letters (dlq_topic, dlq_position, topic, subscription, position, redelivery_count,"
+                " reason, time) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (dlq, dlq_position, topic, subscription, position, count, reason, now)
+                    for (dlq_position, _), (position, _, _, count, reason) in zip(stored, rows, strict=True)
+                ],
+            )
+        return [dlq_position for dlq_position, _ in stored]
+
+    def dead_letters(self, topic: str, subscription: str, limit: int = 1000) -> list[DeadLetterRecord]:
+        """The subscription's dead letters, oldest first (at most ``limit``), with their messages."""
+        dlq = dead_letter_topic(_name(topic, "topic"), _name(subscription, "subscription"))
+        limit = _count(limit, "limit")
+        topic_id = self._topic_id(dlq)
+        if topic_id is None:
+            return []
+        base = topic_id << _POSITION_BITS
+        rows = self._connection().execute(
+            "SELECT d.dlq_position, d.position, m.key, m.payload, d.redelivery_count, d.reason, d.time, d.replayed_at"
+            " FROM dead_letters d JOIN messages m ON m.id = ? + d.dlq_position"
+            " WHERE d.dlq_topic = ? ORDER BY d.dlq_position LIMIT ?",
+            (base, dlq, limit),
+        )
+        return [DeadLetterRecord(*row) for row in rows]
+
+    def replay_dead_letters(self, topic: str, subscription: str) -> list[StoredMessage]:
+        """Re-publish to ``topic`` every dead letter of the subscription not replayed yet, in one transaction.
+
+        Each is marked with its new position, so a second call replays only newer ones.
+        Returns the messages as stored in ``topic`` (every subscription of it gets them).
+        """
+        waiting = [
+            record for record in self.dead_letters(topic, subscription, MAX_POSITION) if record.replayed_at is None
+        ]
+        if not waiting:
+            return []
+        dlq = dead_letter_topic(topic, subscription)
+        with self._transaction() as db:
+            writer = _Append(db)
+            stored = writer.add(topic, None, [(None, record.key, record.payload) for record in waiting])
+            writer.insert()
+            db.executemany(
+                "UPDATE dead_letters SET replayed_at = ? WHERE dlq_topic = ? AND dlq_position = ?",
+                [(position, dlq, record.dlq_position) for (position, _), record in zip(stored, waiting, strict=True)],
+            )
+        return [
+            StoredMessage(position, record.key, record.payload)
+            for (position, _), record in zip(stored, waiting, strict=True)
+        ]
+
     # -- cursors ---------------------------------------------------------------------
 
     def subscriptions(self, topic: str) -> list[str]:
@@ -307,9 +413,12 @@ class Log:
                     f"the log {str(self._path)!r} has schema version {version}, newer than {SCHEMA_VERSION}, "
                     "the newest this keyfailover reads"
                 )
-            if version != 0 or db.execute("SELECT count(*) FROM sqlite_schema").fetchone()[0]:
-                raise LogFileError(f"{str(self._path)!r} is an SQLite database but not a keyfailover log")
-            for statement in _SCHEMA:
+            if version == 0:
+                if db.execute("SELECT count(*) FROM sqlite_schema").fetchone()[0]:
+                    raise LogFileError(f"{str(self._path)!r} is an SQLite database but not a keyfailover log")
+                for statement in _SCHEMA:
+                    db.execute(statement)
+            for statement in _DEAD_LETTERS:  # version 1 had no dead letters
                 db.execute(statement)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
@@ -594,6 +703,24 @@ def _iterable(value: Iterable[_T], what: str) -> Iterable[_T]:
     if not isinstance(value, Iterable):
         raise LogError(f"{what} must be iterable, not {type(value).__name__}")
     return value
+
+
+def _letter(value: object, index: int) -> tuple[int, Key, bytes, int, str]:
+    if not isinstance(value, tuple) or len(value) != 5:
+        raise LogError(
+            f"dead letter {index} must be a (position, key, payload, redelivery_count, reason) tuple, "
+            f"not {reprlib.repr(value)}"
+        )
+    position, key, payload, count, reason = value
+    if key is not None and type(key) is not str and type(key) is not bytes:
+        key = _key(key)
+    return (
+        _position(position),
+        key,
+        _payload(payload, index),
+        _count(count, "redelivery_count"),
+        _name(reason, "reason"),
+    )
 
 
 def _cursor_row(entry: tuple[str, str, Cursor]) -> tuple[str, str, bytes]:

@@ -21,9 +21,12 @@ consumer, never later than that first deadline. ``poll`` takes back what expired
 every later delivery of the same key on that consumer, G2), and the first expiry on a
 consumer marks it *stuck*: its ranges go to the others as if it had left, and it rejoins
 as a joiner at its next accepted ack, nack, extension or flow. With ``max_redeliveries``,
-a message that came back more often than that is not delivered again: when it reaches the
+a message that failed more often than that is not delivered again: when it reaches the
 head of its key it is handed to the IO layer as a :class:`DeadLetter` (the key goes on),
-and it counts against ``max_replay`` until the IO layer confirms it stored it.
+and it counts against ``max_replay`` until the IO layer confirms it stored it. A delivery
+*fails* when it comes back as the oldest of its key's returned deliveries (the one nacked,
+the first of the key whose lease expired, the first of the key on a removed consumer) or
+keyless; the later ones of the key, returned only to keep the key's order, do not fail.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ from keyfailover.core.rebalance import (
     reassign_rates,
 )
 
-__all__ = ["DeadLetter", "Delivery", "Dispatcher", "RebalanceEvent"]
+__all__ = ["DEFAULT_ACK_TIMEOUT", "DeadLetter", "Delivery", "Dispatcher", "RebalanceEvent", "check_leases"]
 
 
 def _check_int(name: str, value: object, low: int) -> None:
@@ -85,6 +88,17 @@ def _check_number(name: str, value: object, low: float, *, inclusive: bool = Tru
     if not math.isfinite(number) or number < low or (not inclusive and number == low):
         raise ConfigError(f"{name} must be a finite number {sign} {low}{extra}, not {value!r}")
 
+
+def check_leases(ack_timeout: object, max_redeliveries: object) -> None:
+    """Check lease settings: ``ack_timeout`` finite seconds >= 0, ``max_redeliveries`` an int >= 0 or None."""
+    _check_number("ack_timeout", ack_timeout, 0.0, extra=" (0 disables leases)")
+    if max_redeliveries is not None:
+        _check_int("max_redeliveries", max_redeliveries, 0)
+
+
+DEFAULT_ACK_TIMEOUT = 30.0
+"""The server's ack deadline unless configured otherwise: SQS's default visibility timeout and
+Kafka share groups' record lock. The core's own default is 0 (no leases): its caller owns the clock."""
 
 Key = str | bytes | None
 
@@ -106,10 +120,11 @@ class Delivery(NamedTuple):
 
 
 class DeadLetter(NamedTuple):
-    """A message that came back more than ``max_redeliveries`` times: store it, then confirm it.
+    """A message whose deliveries failed more than ``max_redeliveries`` times: store it, then confirm it.
 
-    ``redelivery_count`` is that of its last delivery (``max_redeliveries``); ``reason`` is
-    why that delivery came back: ``"nack"``, ``"ack timeout"`` or ``"consumer removed"``.
+    ``redelivery_count`` is that of its last delivery (``max_redeliveries`` when every
+    delivery failed); ``reason`` is why that delivery came back: ``"nack"``, ``"ack
+    timeout"`` or ``"consumer removed"``.
     """
 
     position: int
@@ -150,7 +165,7 @@ class _Change:
 
 
 class _Message:
-    __slots__ = ("came_back", "deadline", "kb", "key", "payload", "position", "redeliveries", "slot")
+    __slots__ = ("came_back", "deadline", "failures", "kb", "key", "payload", "position", "redeliveries", "slot")
 
     def __init__(self, position: int, key: Key, kb: bytes | None, slot: int, payload: Any) -> None:
         self.position = position
@@ -159,6 +174,7 @@ class _Message:
         self.slot = slot
         self.payload = payload
         self.redeliveries = 0
+        self.failures = 0  # deliveries that came back as the oldest of their key (see the module docstring)
         self.deadline = 0.0  # of its lease while in flight (with an ack_timeout)
         self.came_back = ""  # why its last delivery came back
 
@@ -227,8 +243,8 @@ class Dispatcher:
         history: how many :class:`RebalanceEvent` records to keep.
         ack_timeout: seconds a consumer has to ack a delivery before it is taken back and
             the consumer loses its ranges until it shows progress (G7); 0 disables leases.
-        max_redeliveries: deliveries after the first that a message may have; one that
-            comes back once more is handed out by :meth:`dead_letters` instead of being
+        max_redeliveries: failed deliveries after the first that a message may have; one
+            that fails once more is handed out by :meth:`dead_letters` instead of being
             delivered again. None (the default) redelivers for ever.
     """
 
@@ -260,9 +276,7 @@ class Dispatcher:
         _check_number("shift_min_traffic", shift_min_traffic, 0.0)
         _check_int("history", history, 0)
         check_policy_choice(policy, max_ranges)
-        _check_number("ack_timeout", ack_timeout, 0.0, extra=" (0 disables leases)")
-        if max_redeliveries is not None:
-            _check_int("max_redeliveries", max_redeliveries, 0)
+        check_leases(ack_timeout, max_redeliveries)
         now = clock()
         if type(now) not in (int, float) or not math.isfinite(now):
             raise ConfigError(f"clock() must return a finite number of seconds, returned {now!r}")
@@ -587,6 +601,16 @@ class Dispatcher:
         return self._policy
 
     @property
+    def ack_timeout(self) -> float:
+        """Seconds a delivery's lease lasts; 0 when leases are off."""
+        return self._ack_timeout
+
+    @property
+    def max_redeliveries(self) -> int | None:
+        """Redeliveries after which a message is dead-lettered; None: never."""
+        return self._max_redeliveries
+
+    @property
     def epoch(self) -> int:
         """The range map's epoch: +1 at every change."""
         return self._map.epoch
@@ -708,7 +732,7 @@ class Dispatcher:
                 pending = state.pending
                 if not pending or pending[0].position != position:
                     continue
-                if limit is not None and pending[0].redeliveries > limit:
+                if limit is not None and pending[0].failures > limit:
                     self._dead_letter(pending.popleft())
                     if pending:
                         heappush(ready, (pending[0].position, kb))
@@ -730,7 +754,7 @@ class Dispatcher:
         waiting = self._keyless
         limit = self._max_redeliveries
         while waiting:
-            if limit is not None and waiting[0].redeliveries > limit:
+            if limit is not None and waiting[0].failures > limit:
                 self._dead_letter(waiting.popleft())
                 continue
             consumer = self._next_with_permits()
@@ -821,7 +845,10 @@ class Dispatcher:
         return owners[bisect.bisect_left(self._ends, slot)] if owners else None
 
     def _return_inflight(self, consumer: _Consumer, messages: list[_Message], reason: str) -> list[_KeyState]:
-        """Move ``messages`` (in flight on ``consumer``) back to pending, each key ahead of its queue."""
+        """Move ``messages`` (in flight on ``consumer``) back to pending, each key ahead of its queue.
+
+        Each key's oldest returned message, and every keyless one, counts a failure.
+        """
         by_key: dict[bytes, list[_Message]] = {}
         keyless = []
         for message in messages:
@@ -829,6 +856,7 @@ class Dispatcher:
             message.redeliveries += 1
             message.came_back = reason
             if message.kb is None:
+                message.failures += 1
                 keyless.append(message)
             else:
                 by_key.setdefault(message.kb, []).append(message)
@@ -838,6 +866,7 @@ class Dispatcher:
         for kb, returned in by_key.items():
             state = self._keys[kb]
             returned.sort(key=lambda m: m.position)
+            returned[0].failures += 1
             state.pending.extendleft(reversed(returned))
             state.inflight -= len(returned)
             if not state.inflight:

@@ -1,0 +1,166 @@
+"""Leases and dead letters through a real server (issue 13): a stuck consumer, a poison message, extend.
+
+Each test starts ``keyfailover serve`` on loopback with a short ``--ack-timeout``; the
+clients are the project's own. Times are measured and recorded (``record_property``), never
+asserted: what is asserted is who received what, in which order, and that nothing was lost.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from keyfailover.client import Client, Consumer, LeaseExpiredError, Message, Timeout
+from tests.server_process import ServerProcess, run_cli, wait_until
+
+ACK_TIMEOUT = 2.0
+
+
+def produce(client: Client, topic: str, messages: list[tuple[str, bytes]]) -> list[int]:
+    """Send ``(key, payload)`` messages and wait for every receipt; their positions."""
+    producer = client.create_producer(topic)
+    positions = [producer.send(payload, key) for key, payload in messages]
+    producer.close()
+    return positions
+
+
+def test_a_stuck_consumer_loses_its_keys_to_the_others_in_order_and_its_late_ack_is_refused(
+    tmp_path: Path, record_property: Callable[[str, object], None]
+) -> None:
+    """A consumer that heartbeats but never acks: after ack_timeout its keys go to the healthy
+    consumer, which gets every message of them, each key in order; the stuck one's ack is refused."""
+    keys = [f"account-{i}" for i in range(40)]
+    messages = [(keys[i % len(keys)], f"{i}".encode()) for i in range(400)]
+    with (
+        ServerProcess(tmp_path / "data", "--ack-timeout", str(ACK_TIMEOUT), "--metrics-port", "0") as server,
+        Client(server.url) as client,
+    ):
+        stuck = client.subscribe("orders", "billing", consumer_name="stuck", receiver_queue_size=1000)
+        healthy = client.subscribe("orders", "billing", consumer_name="healthy", receiver_queue_size=1000)
+        wait_until(lambda: bool(stuck.ranges) and bool(healthy.ranges), "both consumers own ranges")
+        produce(client, "orders", messages)
+        # The stuck consumer's application takes its first message and never acks anything.
+        first = stuck.receive(timeout=10)
+        taken_at = time.monotonic()
+        got: dict[str, list[int]] = {}
+        arrival: dict[int, float] = {}
+        done = threading.Event()
+
+        def consume() -> None:
+            while not done.is_set():
+                try:
+                    message = healthy.receive(timeout=0.2)
+                except Timeout:
+                    continue
+                assert isinstance(message.key, str)
+                got.setdefault(message.key, []).append(message.position)
+                arrival.setdefault(message.position, time.monotonic())
+                healthy.acknowledge(message)
+
+        worker = threading.Thread(target=consume)
+        worker.start()
+        try:
+            wait_until(lambda: len(arrival) == len(messages), "the healthy consumer received every message", 30)
+        finally:
+            done.set()
+            worker.join()
+        assert first.position in got.get(str(first.key), []), "the stuck consumer's message reached the healthy one"
+        for key, positions in got.items():
+            assert positions == sorted(positions), f"{key}: out of order {positions}"
+        expected: dict[str, list[int]] = {key: [] for key in keys}
+        for position, (key, _) in enumerate(messages, start=1):
+            expected[key].append(position)
+        assert {key: sorted(set(positions)) for key, positions in got.items()} == expected, "nothing lost"
+        stats = json.loads(run_cli("stats", "--admin-url", str(server.admin_url), "--json").stdout)
+        (subscription,) = stats["subscriptions"]
+        consumers = subscription["dispatcher"]["consumers"]
+        assert consumers["stuck"]["stuck"] is True and consumers["stuck"]["ranges"] == []
+        assert stuck.ranges == [], "the stuck consumer was told it lost its ranges"
+        assert subscription["dispatcher"]["expired_leases"] >= 1
+        handed_over = min(arrival[p] for p in got[str(first.key)] if p >= first.position)
+        record_property("ack_timeout_s", ACK_TIMEOUT)
+        record_property("messages_taken_back", subscription["dispatcher"]["expired_leases"])
+        record_property("handover_after_first_delivery_s", round(handed_over - taken_at, 3))
+        # Its application wakes up: the late ack is refused, and the activity gives it ranges again.
+        with pytest.raises(LeaseExpiredError, match="lease expired"):
+            stuck.acknowledge_confirmed(first)
+        wait_until(lambda: bool(stuck.ranges), "the stuck consumer rejoined after showing progress")
+    assert "Traceback" not in server.errors(), server.errors()
+
+
+def test_a_poison_message_goes_to_the_dead_letter_topic_and_its_key_goes_on(tmp_path: Path) -> None:
+    """With --max-redeliveries 2 a message nacked every time is delivered exactly 3 times, then
+    stored in orders-billing-DLQ (listed, consumable, replayable) while its key's next message goes out."""
+    with (
+        ServerProcess(tmp_path / "data", "--max-redeliveries", "2", "--metrics-port", "0") as server,
+        Client(server.url) as client,
+    ):
+        consumer = client.subscribe("orders", "billing", consumer_name="worker", receiver_queue_size=10)
+        poison, after = produce(client, "orders", [("acct-7", b"poison"), ("acct-7", b"fine")])
+        deliveries: list[Message] = []
+        while True:
+            message = consumer.receive(timeout=10)
+            if message.payload == b"poison":
+                deliveries.append(message)
+                consumer.negative_acknowledge(message)
+            elif len(deliveries) == 3:  # the key goes on once the poison message is gone
+                assert message.position == after
+                consumer.acknowledge_confirmed(message)
+                break
+            # else: a copy of "fine" sent before its key was nacked (the nack took it back too)
+        assert [m.redelivery_count for m in deliveries] == [0, 1, 2], "max_redeliveries + 1 deliveries"
+        admin = ("--admin-url", str(server.admin_url))
+        listed = json.loads(run_cli("dlq", "list", *admin, "--topic", "orders", "--subscription", "billing",
+                                    "--json").stdout)  # fmt: skip
+        (letter,) = listed["dead_letters"]
+        assert (letter["position"], letter["key"], letter["redelivery_count"], letter["reason"]) == (
+            poison,
+            "acct-7",
+            2,
+            "nack",
+        )
+        assert listed["dlq_topic"] == "orders-billing-DLQ"
+        reader = client.subscribe("orders-billing-DLQ", "triage", consumer_name="reader", receiver_queue_size=10)
+        stored = reader.receive(timeout=10)
+        assert (stored.key, stored.payload) == ("acct-7", b"poison")
+        reader.acknowledge(stored)
+        replay = run_cli("dlq", "replay", *admin, "--topic", "orders", "--subscription", "billing")
+        assert replay.returncode == 0 and "replayed 1 dead letter" in replay.stdout, replay
+        again = consumer.receive(timeout=10)
+        assert (again.key, again.payload, again.redelivery_count) == ("acct-7", b"poison", 0)
+        assert again.position > after
+        consumer.acknowledge_confirmed(again)
+        replay = run_cli("dlq", "replay", *admin, "--topic", "orders", "--subscription", "billing")
+        assert "replayed 0 dead letter" in replay.stdout, "a dead letter is replayed once"
+    assert "Traceback" not in server.errors(), server.errors()
+
+
+def test_extend_keeps_a_lease_past_the_ack_timeout(tmp_path: Path) -> None:
+    """A consumer working longer than ack_timeout keeps its message by extending the lease."""
+    timeout = 1.0
+    with ServerProcess(tmp_path / "data", "--ack-timeout", str(timeout)) as server, Client(server.url) as client:
+        consumer: Consumer = client.subscribe("jobs", "workers", consumer_name="slow", receiver_queue_size=5)
+        other = client.subscribe("jobs", "workers", consumer_name="idle", receiver_queue_size=5)
+        produce(client, "jobs", [("job-1", b"work")])
+        owner, bystander = (consumer, other) if _owns(consumer, "job-1") else (other, consumer)
+        message = owner.receive(timeout=10)
+        pause = threading.Event()
+        for _ in range(4):  # 2 s of work in all: twice the ack timeout
+            pause.wait(timeout / 2)
+            owner.extend(message)
+        owner.acknowledge_confirmed(message)
+        with pytest.raises(Timeout):
+            bystander.receive(timeout=0.5)
+    assert "Traceback" not in server.errors(), server.errors()
+
+
+def _owns(consumer: Consumer, key: str) -> bool:
+    from keyfailover import key_hash
+
+    slot = key_hash(key)
+    return any(start <= slot <= end for start, end in consumer.ranges)

@@ -202,6 +202,9 @@ def _family(sample: str) -> str:
         ("keyfailover_rebalance_duration_seconds_bucket", False),
         ("keyfailover_load_imbalance", False),
         ("keyfailover_log_commit_seconds_bucket", False),
+        ("keyfailover_consumer_stuck", True),
+        ("keyfailover_leases_expired_total", True),
+        ("keyfailover_dead_lettered_total", False),
     ],
 )
 def test_dashboard_has_the_time_series_panels_the_issue_lists(metric: str, per_consumer: bool) -> None:
@@ -366,6 +369,8 @@ def test_alert_rules_name_only_exported_metrics() -> None:
         ("backlog growing", {"keyfailover_backlog_messages"}),
         ("imbalance above a threshold", {"keyfailover_load_imbalance"}),
         ("a subscription with no consumers", {"keyfailover_consumers"}),
+        ("a stuck consumer", {"keyfailover_consumer_stuck"}),
+        ("dead-letter growth", {"keyfailover_dead_lettered_total"}),
     ],
 )
 def test_alert_rules_cover_what_the_issue_lists(what: str, metrics: set[str]) -> None:

@@ -558,3 +558,58 @@ def test_every_acknowledged_append_survives_sigkill(tmp_path: Path, synchronous:
         # the writer's producer state survived too: a retry of its last batch is a duplicate
         retry = [(seq, None, b"payload-%d" % seq) for seq in range(last - 49, last + 1)]
         assert log.append([("crash", "writer", retry)]) == [[(p, True) for p in range(last - 49, last + 1)]]
+
+
+def test_dead_letters_are_stored_with_where_they_came_from_and_replayed_once(log: Log) -> None:
+    log.append([("t", None, [(None, "a", b"1"), (None, b"b", b"2"), (None, None, b"3")])])
+    assert log.dead_letters("t", "s") == []
+    assert log.dead_letter("t", "s", [(1, "a", b"1", 2, "nack"), (3, None, b"3", 0, "ack timeout")]) == [1, 2]
+    assert log.read("t-s-DLQ", 0, 10) == [StoredMessage(1, "a", b"1"), StoredMessage(2, None, b"3")]
+    records = log.dead_letters("t", "s")
+    found = [
+        (r.dlq_position, r.position, r.key, r.payload, r.redelivery_count, r.reason, r.replayed_at) for r in records
+    ]
+    assert found == [(1, 1, "a", b"1", 2, "nack", None), (2, 3, None, b"3", 0, "ack timeout", None)]
+    assert log.dead_letters("t", "s", limit=1) == records[:1]
+    assert log.dead_letters("t", "other") == []
+    assert log.replay_dead_letters("t", "s") == [StoredMessage(4, "a", b"1"), StoredMessage(5, None, b"3")]
+    assert [r.replayed_at for r in log.dead_letters("t", "s")] == [4, 5]
+    assert log.replay_dead_letters("t", "s") == []
+    log.dead_letter("t", "s", [(2, b"b", b"2", 1, "consumer removed")])
+    assert log.replay_dead_letters("t", "s") == [StoredMessage(6, b"b", b"2")]
+
+
+@pytest.mark.parametrize(
+    ("letter", "message"),
+    [
+        ((1, "a", b"1", 2), "must be a \\(position, key, payload, redelivery_count, reason\\) tuple"),
+        (("1", "a", b"1", 2, "nack"), "a position must be an int"),
+        ((1, 7, b"1", 2, "nack"), "a message key must be str, bytes or None"),
+        ((1, "a", "text", 2, "nack"), "payload"),
+        ((1, "a", b"1", -1, "nack"), "redelivery_count must be a non-negative int"),
+        ((1, "a", b"1", 2, ""), "reason must be a non-empty str"),
+    ],
+)
+def test_a_bad_dead_letter_stores_nothing(log: Log, letter: object, message: str) -> None:
+    log.append([("t", None, [(None, "a", b"1")])])
+    with pytest.raises(KeyFailoverError, match=message):
+        log.dead_letter("t", "s", [(1, "a", b"1", 0, "nack"), letter])  # type: ignore[list-item]
+    assert log.dead_letters("t", "s") == [] and log.read("t-s-DLQ", 0, 10) == []
+
+
+def test_a_version_1_log_gains_the_dead_letter_table_and_keeps_everything(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    with Log(path) as log:
+        log.append([("t", None, [(None, "a", b"1")])])
+        log.save_cursors([("t", "s", Cursor(1, []))])
+    with sqlite3.connect(path) as db:  # as version 1 left it: no dead_letters table
+        db.execute("DROP TABLE dead_letters")
+        db.execute("PRAGMA user_version = 1")
+    db.close()
+    with Log(path) as log:
+        assert log.read("t", 0, 10) == [StoredMessage(1, "a", b"1")]
+        assert log.load_cursor("t", "s") == Cursor(1, [])
+        assert log.dead_letter("t", "s", [(1, "a", b"1", 0, "nack")]) == [1]
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    db.close()

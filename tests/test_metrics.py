@@ -43,6 +43,8 @@ SPEC: dict[str, tuple[str, tuple[str, ...]]] = {
     "keyfailover_permits": ("gauge", CONSUMER),
     "keyfailover_draining_hashes": ("gauge", CONSUMER),
     "keyfailover_replay_messages": ("gauge", CONSUMER),
+    "keyfailover_consumer_stuck": ("gauge", CONSUMER),
+    "keyfailover_leases_expired": ("counter", CONSUMER),
     "keyfailover_backlog_messages": ("gauge", ()),
     "keyfailover_rebalances": ("counter", ("reason",)),
     "keyfailover_rebalance_duration_seconds": ("histogram", ()),
@@ -50,6 +52,9 @@ SPEC: dict[str, tuple[str, tuple[str, ...]]] = {
     "keyfailover_load_imbalance": ("gauge", ()),
     "keyfailover_consumers": ("gauge", ()),
     "keyfailover_range_map_epoch": ("gauge", ()),
+    "keyfailover_dead_lettered": ("counter", ()),
+    "keyfailover_dead_letters_unconfirmed": ("gauge", ()),
+    "keyfailover_ack_timeout_seconds": ("gauge", ()),
     "keyfailover_rebalance_policy_info": ("gauge", ("policy", "max_ranges")),  # an info family, as text format shows it
 }
 SERVER_SPEC: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -338,6 +343,8 @@ def test_each_subscription_sums_to_one_and_one_without_consumers_reports_zero() 
         "leave": 1,
         "shift": 0,
         "timeout": 0,
+        "stuck": 0,
+        "recovered": 0,
     }
     # No traffic: the pair is even, and nothing moved any traffic.
     assert value(families, "keyfailover_load_imbalance", topic="orders", subscription="audit") == 1.0
@@ -383,7 +390,8 @@ def test_rebalances_by_reason_and_stickiness_of_the_last_change() -> None:
     families = scrape_dispatcher(r.dispatcher)
     assert r.reasons == Counter(join=5, leave=1, timeout=1, shift=1)
     reasons = values(families, "keyfailover_rebalances_total", "reason", **SUB)
-    assert reasons == {reason: r.reasons[reason] for reason in ("join", "leave", "shift", "timeout")}
+    expected = ("join", "leave", "shift", "timeout", "stuck", "recovered")
+    assert reasons == {reason: r.reasons[reason] for reason in expected}
     assert reasons == {reason: r.dispatcher.stats()["rebalances"].get(reason, 0) for reason in reasons}
     last = r.dispatcher.rebalances()[-1]
     assert last.reason == "shift"
@@ -509,3 +517,27 @@ def test_registering_reads_nothing_and_every_scrape_reads_live_state() -> None:
     r.ack(deliveries[:2])
     assert acked() == 2
     assert calls == ["collect", "collect"]
+
+
+def test_stuck_consumers_expired_leases_and_dead_letters_are_reported() -> None:
+    clock = {"now": 0.0}
+    dispatcher = Dispatcher(clock=lambda: clock["now"], ack_timeout=5.0, max_redeliveries=0)
+    for name in ("a", "b"):
+        dispatcher.add_consumer(name)
+        dispatcher.flow(name, 10)
+    keys = [f"key-{i}" for i in range(50) if dispatcher.owner_of(f"key-{i}") == "a"][:2]
+    for position, key in enumerate(keys, start=1):
+        dispatcher.publish(position, key)
+    dispatcher.poll()
+    clock["now"] = 5.0
+    dispatcher.poll()  # both leases expire: a is stuck, and with max_redeliveries 0 both are dead letters
+    families = scrape_dispatcher(dispatcher)
+    sub = {"topic": "orders", "subscription": "billing"}
+    assert values(families, "keyfailover_consumer_stuck", "consumer", **sub) == {"a": 1.0, "b": 0.0}
+    assert values(families, "keyfailover_leases_expired_total", "consumer", **sub) == {"a": 2.0, "b": 0.0}
+    assert value(families, "keyfailover_dead_lettered_total", **sub) == 2
+    assert value(families, "keyfailover_dead_letters_unconfirmed", **sub) == 2
+    assert value(families, "keyfailover_ack_timeout_seconds", **sub) == 5.0
+    assert values(families, "keyfailover_rebalances_total", "reason", **sub)["stuck"] == 1
+    dispatcher.dead_lettered([letter.position for letter in dispatcher.dead_letters()])
+    assert value(scrape_dispatcher(dispatcher), "keyfailover_dead_letters_unconfirmed", **sub) == 0

@@ -12,6 +12,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.error import HTTPError
+from urllib.request import Request, urlopen
 
 import pytest
 
@@ -137,6 +139,21 @@ def test_a_poison_message_goes_to_the_dead_letter_topic_and_its_key_goes_on(tmp_
         consumer.acknowledge_confirmed(again)
         replay = run_cli("dlq", "replay", *admin, "--topic", "orders", "--subscription", "billing")
         assert "replayed 0 dead letter" in replay.stdout, "a dead letter is replayed once"
+        listed_text = run_cli("dlq", "list", *admin, "--topic", "orders", "--subscription", "billing").stdout
+        assert "orders-billing-DLQ: 1 dead letter(s)" in listed_text and "3 deliveries, nack" in listed_text
+        # Reads take GET, the replay POST; anything else is refused without a change.
+        for method, path, status in [
+            ("GET", "/dlq/replay?topic=orders&subscription=billing", 405),
+            ("POST", "/stats", 405),
+            ("DELETE", "/dlq?topic=orders&subscription=billing", 405),
+            ("GET", "/dlq?topic=orders", 400),
+            ("POST", "/nowhere", 404),
+        ]:
+            with pytest.raises(HTTPError) as refused:
+                urlopen(Request(f"{server.admin_url}{path}", method=method), timeout=10)
+            assert refused.value.code == status, (method, path)
+        assert len(json.loads(run_cli("dlq", "list", *admin, "--topic", "orders", "--subscription", "billing",
+                                      "--json").stdout)["dead_letters"]) == 1  # fmt: skip
     assert "Traceback" not in server.errors(), server.errors()
 
 

@@ -34,7 +34,7 @@ from keyfailover.core.histogram import Histogram
 
 __all__ = ["METRIC_NAMES", "KeyFailoverCollector", "ServerView", "SubscriptionView"]
 
-REASONS = ("join", "leave", "shift", "timeout")
+REASONS = ("join", "leave", "shift", "timeout", "stuck", "recovered")
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,27 @@ _SPECS: dict[str, tuple[str, str, list[str]]] = {
         _CON,
     ),
     "keyfailover_replay_messages": ("gauge", "Messages waiting in the replay buffer for this consumer's keys.", _CON),
+    "keyfailover_consumer_stuck": (
+        "gauge",
+        "1 while the consumer is stuck: a lease of it expired and it owns no range until it acks or asks for more.",
+        _CON,
+    ),
+    "keyfailover_leases_expired": (
+        "counter",
+        "Deliveries to the consumer taken back because their ack deadline passed.",
+        _CON,
+    ),
+    "keyfailover_dead_lettered": (
+        "counter",
+        "Messages given up on after max_redeliveries and moved to <topic>-<subscription>-DLQ.",
+        _SUB,
+    ),
+    "keyfailover_dead_letters_unconfirmed": (
+        "gauge",
+        "Dead letters not yet stored in the dead-letter topic (they still count against the buffer bound).",
+        _SUB,
+    ),
+    "keyfailover_ack_timeout_seconds": ("gauge", "The subscription's ack deadline (0: no leases).", _SUB),
     "keyfailover_backlog_messages": ("gauge", "Messages stored and not yet acknowledged by the subscription.", _SUB),
     "keyfailover_rebalances": ("counter", "Range-map changes, by reason.", [*_SUB, "reason"]),
     "keyfailover_rebalance_duration_seconds": (
@@ -224,6 +245,8 @@ def _subscription(families: _Families, view: SubscriptionView) -> None:
         families.add("keyfailover_permits", labels, info["permits"])
         families.add("keyfailover_draining_hashes", labels, info["draining_hashes"])
         families.add("keyfailover_replay_messages", labels, info["replay"])
+        families.add("keyfailover_consumer_stuck", labels, 1.0 if info["stuck"] else 0.0)
+        families.add("keyfailover_leases_expired", labels, info["expired"])
     # Without a log behind it, the backlog is what the dispatcher holds unacknowledged.
     backlog = view.backlog if view.backlog is not None else stats["held"]
     families.add("keyfailover_backlog_messages", sub, backlog)
@@ -236,5 +259,8 @@ def _subscription(families: _Families, view: SubscriptionView) -> None:
     families.add("keyfailover_load_imbalance", sub, max(loads) / mean if mean > 0 else 1.0)
     families.add("keyfailover_consumers", sub, len(stats["consumers"]))
     families.add("keyfailover_range_map_epoch", sub, stats["epoch"])
+    families.add("keyfailover_dead_lettered", sub, stats["dead_lettered"])
+    families.add("keyfailover_dead_letters_unconfirmed", sub, stats["dead_letters_unconfirmed"])
+    families.add("keyfailover_ack_timeout_seconds", sub, stats["ack_timeout"])
     policy = dispatcher.policy
     families.info("keyfailover_rebalance_policy", sub, {"policy": policy.name, "max_ranges": str(policy.range_limit)})

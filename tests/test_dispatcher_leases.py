@@ -264,3 +264,20 @@ def test_messages_taken_back_only_to_keep_their_keys_order_do_not_count_as_failu
         d.nack("a", 1)
     assert [(x.position, x.redelivery_count) for x in d.poll()] == [(2, 2)]
     assert [letter.position for letter in d.dead_letters()] == [1]
+
+
+def test_leases_extended_out_of_position_order_expire_together_oldest_first() -> None:
+    """Found by the property machine: an extension puts a key's deadlines out of position order;
+    when both expire at one poll, the oldest is the one that failed and the key restarts from it."""
+    d, clock = two_consumers(max_redeliveries=0)
+    (key,) = keys_of(d, "a", 1)
+    d.publish(1, key, "first")
+    d.publish(2, key, "second")
+    assert [x.position for x in d.poll()] == [1, 2]
+    clock.advance(TIMEOUT / 2)
+    d.extend("a", [1])  # 1's deadline is now after 2's
+    clock.advance(TIMEOUT)  # both are due
+    out = d.poll()
+    assert [(x.consumer, x.position, x.redelivery_count) for x in out] == [("b", 2, 1)]
+    assert [(letter.position, letter.reason) for letter in d.dead_letters()] == [(1, "ack timeout")]
+    d._audit()

@@ -10,7 +10,9 @@ and checks that every published position was acked exactly once (G3). The machin
 once per rebalance policy (several ranges per consumer, and PIP-34's one range each), with
 and without boundary shifts, and with leases and a redelivery limit (G7): the model then
 also predicts which deliveries expire at each poll, which consumers are stuck, and which
-messages must be dead-lettered instead of delivered again.
+messages must be dead-lettered instead of delivered again; and with consume-mode switches
+(unordered mode: any consumer, no order; back in ordered mode a key with deliveries still
+out from unordered mode waits for them).
 """
 
 from __future__ import annotations
@@ -99,6 +101,8 @@ class Model:
     dead: set[int] = field(default_factory=set)  # dead-lettered, not confirmed stored
     buried: Counter[int] = field(default_factory=Counter)  # dead-lettered and confirmed
     taken_back: dict[str, set[int]] = field(default_factory=dict)  # consumer -> positions taken at a deadline
+    unordered: bool = False
+    loose: set[int] = field(default_factory=set)  # in-flight positions delivered in unordered mode
     last_position: int = -1
 
     # -- derived -----------------------------------------------------------------------
@@ -152,23 +156,25 @@ class Model:
             self.deadline.pop(p, None)
             self.came_back[p] = reason
             kb = self.messages[p].kb
-            if kb is None:
+            if kb is None or self.unordered or p in self.loose:
                 self.failures[p] += 1
             elif kb not in oldest or p < oldest[kb]:
                 oldest[kb] = p
+            self.loose.discard(p)
         for p in oldest.values():
             self.failures[p] += 1
 
     def ack(self, consumer: str, position: int) -> None:
         assert self.holder.pop(position) == consumer
         self.deadline.pop(position, None)
+        self.loose.discard(position)
         self.acked[position] += 1
         self.stuck.discard(consumer)
 
     def later_of_key(self, consumer: str, position: int) -> list[int]:
         """``position`` and every later delivery of its key on ``consumer`` (just it, when keyless)."""
         kb = self.messages[position].kb
-        if kb is None:
+        if kb is None or self.unordered:
             return [position]
         return [p for p in self.inflight_on(consumer) if p >= position and self.messages[p].kb == kb]
 
@@ -250,7 +256,8 @@ def check_poll(d: Dispatcher, model: Model, out: list[Delivery], now: float = 0.
         assert delivery.redelivery_count == model.delivered[position], (
             f"{delivery}: position was delivered {model.delivered[position]} time(s) before"
         )
-        if message.kb is not None:
+        assert consumer not in model.stuck, f"{delivery}: {consumer} is stuck"
+        if message.kb is not None and not model.unordered:
             holders = model.holders_of(message.kb)
             assert holders <= {consumer}, f"G1: {delivery} while key has unacked deliveries on {sorted(holders)}"
             expected_owner = owner(key_hash(message.kb))
@@ -266,6 +273,8 @@ def check_poll(d: Dispatcher, model: Model, out: list[Delivery], now: float = 0.
         model.holder[position] = consumer
         model.delivered[position] += 1
         model.taken_back[consumer].discard(position)
+        if model.unordered and message.kb is not None:
+            model.loose.add(position)
         if model.ack_timeout:
             model.deadline[position] = now + model.ack_timeout
     check_nothing_held_back(d, model)
@@ -275,10 +284,15 @@ def check_poll(d: Dispatcher, model: Model, out: list[Delivery], now: float = 0.
 def check_nothing_held_back(d: Dispatcher, model: Model) -> None:
     """After a poll, no pending message may be deliverable (G5: nothing waits needlessly)."""
     owner = owner_lookup(d.ranges())
+    if model.unordered:  # every waiting message goes to any consumer with permits
+        waiting = model.pending()
+        with_permits = sorted(c for c, n in model.permits.items() if n > 0 and c not in model.stuck)
+        assert not (waiting and with_permits), f"unordered: {waiting[:3]} pending while {with_permits} have permits"
+        return
     for kb, positions in model.by_key.items():
         pending = [p for p in positions if model.is_pending(p)]
-        if not pending:
-            continue
+        if not pending or any(p in model.loose for p in positions):
+            continue  # nothing waits, or the key waits for its deliveries from unordered mode
         key_owner = owner(key_hash(kb))
         holders = model.holders_of(kb)
         if not holders <= {key_owner}:
@@ -330,10 +344,12 @@ def check_state(d: Dispatcher, model: Model) -> None:
     held = model.held()
     assert held <= model.max_replay
     assert d.wants() == model.max_replay - held
-    # G1: every key's unacked deliveries sit on one consumer.
+    # G1: every key's unacked deliveries sit on one consumer (but those made in unordered mode).
     owner = owner_lookup(d.ranges())
-    for kb in model.by_key:
+    for kb, positions in model.by_key.items():
         holders = model.holders_of(kb)
+        if any(p in model.loose for p in positions):
+            continue
         assert len(holders) <= 1
         if holders and holders != {owner(key_hash(kb))}:
             event("a key is unacked on a consumer that no longer owns it")
@@ -644,6 +660,19 @@ class LeaseMachine(DispatcherMachine):
             assert deadline is not None and deadline <= min(self.model.deadline.values())
 
 
+class ModeMachine(LeaseMachine):
+    """Leases and dead letters, with the consume mode switched between ordered and unordered at random."""
+
+    @rule()
+    def switch_mode(self) -> None:
+        model = self.model
+        model.unordered = not model.unordered
+        self.d.set_consume_mode("unordered" if model.unordered else "ordered")
+        assert self.d.stats()["consume_mode"] == ("unordered" if model.unordered else "ordered")
+        if model.loose and not model.unordered:
+            event("back to ordered with deliveries from unordered mode still out")
+
+
 class MultiShiftingMachine(DispatcherMachine):
     """The multi-range policy with at most two ranges each and shifts that fire on little traffic."""
 
@@ -688,6 +717,8 @@ MultiShiftingMachine.TestCase.settings = settings(max_examples=75, stateful_step
 ContiguousMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=100, deadline=None)
 ContiguousMidpointShiftingMachine.TestCase.settings = settings(max_examples=75, stateful_step_count=100, deadline=None)
 LeaseMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=100, deadline=None)
+ModeMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=100, deadline=None)
+TestModeMachine = ModeMachine.TestCase
 TestDispatcherMachine = DispatcherMachine.TestCase
 TestLeaseMachine = LeaseMachine.TestCase
 TestMultiShiftingMachine = MultiShiftingMachine.TestCase
@@ -831,6 +862,7 @@ POLL = st.tuples(st.just("poll"))
 FLOW = st.tuples(st.just("flow"), st.sampled_from(NAMES), st.integers(0, 12))
 ACK = st.tuples(st.just("ack"), st.integers(0, 50))
 EXTEND = st.tuples(st.just("extend"), st.integers(0, 50))
+MODE = st.tuples(st.just("mode"), st.sampled_from(("ordered", "unordered")))
 OPS: st.SearchStrategy[Op] = st.one_of(
     PUBLISH,
     POLL,
@@ -845,6 +877,7 @@ OPS: st.SearchStrategy[Op] = st.one_of(
     st.tuples(st.just("nack"), st.integers(0, 50)),
     st.tuples(st.just("tick"), st.sampled_from(CLOCK_STEPS)),
     EXTEND,
+    MODE,
 )
 
 
@@ -877,6 +910,8 @@ class Run:
                 letters = d.dead_letters()
                 d.dead_lettered([letter.position for letter in letters])
                 return out, letters
+            elif kind == "mode":
+                d.set_consume_mode(op[1])
             elif kind == "extend" and self.outstanding:
                 consumer, position = self.outstanding[op[1] % len(self.outstanding)]
                 return d.extend(consumer, [position])
@@ -1019,3 +1054,13 @@ def test_stalled_consumer_never_delays_other_keys(
         model.ack(x.consumer, x.position)
     assert model.held() == 0
     assert set(model.acked) == set(model.messages)
+
+
+def test_the_checkers_catch_a_message_left_waiting_in_unordered_mode_and_a_delivery_to_a_stuck_consumer() -> None:
+    d, model, owner = _delivery_model()
+    model.unordered = True
+    with pytest.raises(AssertionError, match=r"unordered: .* pending while"):
+        check_nothing_held_back(d, model)
+    model.stuck.add(owner)
+    with pytest.raises(AssertionError, match="is stuck"):
+        check_poll(d, model, [Delivery(owner, 1, "k", 1, 0)])

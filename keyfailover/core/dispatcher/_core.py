@@ -27,6 +27,15 @@ and it counts against ``max_replay`` until the IO layer confirms it stored it. A
 *fails* when it comes back as the oldest of its key's returned deliveries (the one nacked,
 the first of the key whose lease expired, the first of the key on a removed consumer) or
 keyless; the later ones of the key, returned only to keep the key's order, do not fail.
+
+The consume mode is ``ordered`` (all of the above) or ``unordered`` (pop, as RocketMQ's
+RIP-19): every waiting message, keyed or not, is in one queue in position order and goes to
+the next consumer with permits, round robin, under a lease; ranges are kept up to date but
+route nothing, and there is no per-key order. A keyed message delivered in unordered mode is
+*loose*: it counts in its key's ``loose``, not in ``inflight``/``holder``. Back in ordered
+mode a key with loose deliveries is blocked until every one of them is acked, nacked or
+expired (then it restarts in position order); a returned loose message is put back in its
+key's queue by position.
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import mmh3
 
@@ -71,7 +80,17 @@ from keyfailover.core.rebalance import (
     reassign_rates,
 )
 
-__all__ = ["DEFAULT_ACK_TIMEOUT", "DeadLetter", "Delivery", "Dispatcher", "RebalanceEvent", "check_leases"]
+__all__ = [
+    "CONSUME_MODES",
+    "DEFAULT_ACK_TIMEOUT",
+    "ConsumeMode",
+    "DeadLetter",
+    "Delivery",
+    "Dispatcher",
+    "RebalanceEvent",
+    "check_consume_mode",
+    "check_leases",
+]
 
 
 def _check_int(name: str, value: object, low: int) -> None:
@@ -94,6 +113,20 @@ def check_leases(ack_timeout: object, max_redeliveries: object) -> None:
     _check_number("ack_timeout", ack_timeout, 0.0, extra=" (0 disables leases)")
     if max_redeliveries is not None:
         _check_int("max_redeliveries", max_redeliveries, 0)
+
+
+ConsumeMode = Literal["ordered", "unordered"]
+CONSUME_MODES: tuple[ConsumeMode, ...] = ("ordered", "unordered")
+
+
+def check_consume_mode(mode: object) -> ConsumeMode:
+    """A consume mode: ``"ordered"`` (key ranges, per-key order) or ``"unordered"`` (pop: any consumer, no order)."""
+    if isinstance(mode, str):
+        if mode == "ordered":
+            return "ordered"
+        if mode == "unordered":
+            return "unordered"
+    raise ConfigError(f"consume mode must be one of {CONSUME_MODES}, not {mode!r}")
 
 
 DEFAULT_ACK_TIMEOUT = 30.0
@@ -165,7 +198,18 @@ class _Change:
 
 
 class _Message:
-    __slots__ = ("came_back", "deadline", "failures", "kb", "key", "payload", "position", "redeliveries", "slot")
+    __slots__ = (
+        "came_back",
+        "deadline",
+        "failures",
+        "kb",
+        "key",
+        "loose",
+        "payload",
+        "position",
+        "redeliveries",
+        "slot",
+    )
 
     def __init__(self, position: int, key: Key, kb: bytes | None, slot: int, payload: Any) -> None:
         self.position = position
@@ -176,6 +220,7 @@ class _Message:
         self.redeliveries = 0
         self.failures = 0  # deliveries that came back as the oldest of their key (see the module docstring)
         self.deadline = 0.0  # of its lease while in flight (with an ack_timeout)
+        self.loose = False  # in flight from a delivery in unordered mode
         self.came_back = ""  # why its last delivery came back
 
 
@@ -208,8 +253,17 @@ class _Consumer:
         self.expired_count = 0
 
 
+def _insert_by_position(queue: deque[_Message], message: _Message) -> None:
+    """Put ``message`` into ``queue`` (sorted by position) where it belongs."""
+    for index, queued in enumerate(queue):
+        if queued.position > message.position:
+            queue.insert(index, message)
+            return
+    queue.append(message)
+
+
 class _KeyState:
-    __slots__ = ("drain_seq", "draining", "holder", "inflight", "kb", "pending", "queued_on", "slot")
+    __slots__ = ("drain_seq", "draining", "holder", "inflight", "kb", "loose", "pending", "queued_on", "slot")
 
     def __init__(self, kb: bytes, slot: int, holder: _Consumer | None, inflight: int) -> None:
         self.kb = kb
@@ -220,6 +274,7 @@ class _KeyState:
         self.queued_on: _Consumer | None = None
         self.draining = False
         self.drain_seq = 0  # the change that started the current draining
+        self.loose = 0  # deliveries in flight made in unordered mode (on any consumers): the key is blocked
 
 
 class Dispatcher:
@@ -263,6 +318,7 @@ class Dispatcher:
         max_ranges: int = DEFAULT_MAX_RANGES,
         ack_timeout: float = 0.0,
         max_redeliveries: int | None = None,
+        consume_mode: ConsumeMode = "ordered",
     ) -> None:
         if not callable(clock):
             raise ConfigError(f"clock must be a callable returning seconds, not {clock!r}")
@@ -277,6 +333,7 @@ class Dispatcher:
         _check_int("history", history, 0)
         check_policy_choice(policy, max_ranges)
         check_leases(ack_timeout, max_redeliveries)
+        check_consume_mode(consume_mode)
         now = clock()
         if type(now) not in (int, float) or not math.isfinite(now):
             raise ConfigError(f"clock() must return a finite number of seconds, returned {now!r}")
@@ -326,6 +383,8 @@ class Dispatcher:
         self._dead_out: list[DeadLetter] = []  # decided, not yet handed out
         self._dead_unconfirmed: dict[int, DeadLetter] = {}  # handed out, not yet confirmed stored
         self._dead_total = 0
+        # Unordered mode: every waiting message is in ``_keyless`` (keyed ones too), in position order.
+        self._unordered = consume_mode == "unordered"
 
     # -- consumers -------------------------------------------------------------------
 
@@ -427,7 +486,8 @@ class Dispatcher:
            see 1), a keyless one round robin as in 2.
 
         So the list is not sorted by position overall, nor per consumer; per key it always is
-        (G2), and a key's messages never pass each other.
+        (G2), and a key's messages never pass each other. In unordered mode every waiting
+        message, keyed or not, goes as keyless ones do (2 and 3), with no order at all.
         """
         now = self._clock()
         if self._leases and self._leases[0][0] <= now:
@@ -438,6 +498,10 @@ class Dispatcher:
         elif now - self._last_sample >= 1.0 or self._meter.needs_fold():
             self._sample(now)
         out: list[Delivery] = []
+        if self._unordered:
+            if self._fresh or self._keyless:
+                self._serve_unordered(out)
+            return out
         if self._wake:
             self._serve_ready(out)
         if self._keyless:
@@ -555,15 +619,21 @@ class Dispatcher:
         if kb is None:
             return True
         state = self._keys[kb]
+        if message.loose:
+            message.loose = False
+            state.loose -= 1
+            if not state.loose:
+                self._unblock(state)
+            return True
         state.inflight -= 1
         if state.inflight:
             return True
         state.holder = None
         if state.draining:
             self._release(state)
-            if state.pending:
+            if state.pending and not state.loose:
                 self._queue(state, self._owner_of_slot(state.slot))
-        if not state.pending:
+        if not state.pending and not state.loose:
             del self._keys[kb]
         return True
 
@@ -574,12 +644,12 @@ class Dispatcher:
         if message is None:
             raise self._refusal(consumer, position, "nack")
         kb = message.kb
-        if kb is None:
+        if kb is None or self._unordered:
             self._return_inflight(consumer, [message], "nack")
         else:
             later = [m for m in consumer.inflight.values() if m.kb == kb and m.position >= position]
             for state in self._return_inflight(consumer, later, "nack"):
-                if not state.draining:
+                if not state.draining and not state.loose:
                     self._queue(state, self._owner_of_slot(state.slot))
         if consumer.stuck:
             self._recover(consumer)
@@ -599,6 +669,51 @@ class Dispatcher:
     def policy(self) -> Policy:
         """The rebalance policy deciding every range change."""
         return self._policy
+
+    @property
+    def consume_mode(self) -> ConsumeMode:
+        """``"ordered"`` (key ranges, per-key order) or ``"unordered"`` (pop: any consumer with permits)."""
+        return "unordered" if self._unordered else "ordered"
+
+    def set_consume_mode(self, mode: ConsumeMode) -> None:
+        """Switch between ordered and unordered consumption; nothing waiting or in flight is lost.
+
+        To unordered: every waiting message joins one queue in position order. To ordered:
+        waiting messages go back to their keys, and a key with deliveries still in flight
+        from unordered mode waits until each is acked, nacked or expired (G1, G2 again from
+        then on). Leases, dead letters and ranges carry on across the switch.
+        """
+        check_consume_mode(mode)
+        if mode == self.consume_mode:
+            return
+        keys = self._keys
+        if mode == "unordered":
+            waiting = [*self._keyless, *(m for state in keys.values() for m in state.pending)]
+            waiting.sort(key=lambda m: m.position)
+            self._keyless = deque(waiting)
+            for kb, state in list(keys.items()):
+                state.pending.clear()
+                state.queued_on = None
+                if not (state.inflight or state.loose):
+                    del keys[kb]
+            for consumer in self._consumers.values():
+                consumer.ready = []
+            self._wake.clear()
+            self._unordered = True
+            return
+        self._unordered = False
+        waiting = sorted(self._keyless, key=lambda m: m.position)
+        self._keyless = deque()
+        for message in waiting:
+            if message.kb is None:
+                self._keyless.append(message)
+                continue
+            found = keys.get(message.kb)
+            if found is None:
+                found = keys[message.kb] = _KeyState(message.kb, message.slot, None, 0)
+            found.pending.append(message)
+        for key_state in keys.values():
+            self._reroute(key_state)
 
     @property
     def ack_timeout(self) -> float:
@@ -691,6 +806,7 @@ class Dispatcher:
             "expired_leases": self._expired_total,
             "dead_lettered": self._dead_total,
             "dead_letters_unconfirmed": len(self._dead_out) + len(self._dead_unconfirmed),
+            "consume_mode": self.consume_mode,
         }
 
     def drain_histogram(self) -> Histogram:
@@ -762,6 +878,30 @@ class Dispatcher:
                 return
             self._deliver(consumer, waiting.popleft(), out)
 
+    def _serve_unordered(self, out: list[Delivery]) -> None:
+        """Unordered mode: waiting messages, then fresh ones, round robin to consumers with permits (pop)."""
+        waiting = self._keyless
+        waiting.extend(self._fresh)
+        self._fresh.clear()
+        keys = self._keys
+        limit = self._max_redeliveries
+        while waiting:
+            if limit is not None and waiting[0].failures > limit:
+                self._dead_letter(waiting.popleft())
+                continue
+            consumer = self._next_with_permits()
+            if consumer is None:
+                return
+            message = waiting.popleft()
+            kb = message.kb
+            if kb is not None:
+                state = keys.get(kb)
+                if state is None:
+                    state = keys[kb] = _KeyState(kb, message.slot, None, 0)
+                state.loose += 1
+                message.loose = True
+            self._deliver(consumer, message, out)
+
     def _next_with_permits(self) -> _Consumer | None:
         consumers = self._round_robin
         count = len(consumers)
@@ -803,7 +943,7 @@ class Dispatcher:
                     state = keys[kb] = _KeyState(kb, message.slot, None, 0)
                     state.pending.append(message)
                     self._queue(state, owner)
-            elif state.holder is owner:
+            elif state.holder is owner and not state.loose:
                 if owner is not None and owner.permits and not owner.ready:
                     deliver(owner, message, out)
                     state.inflight += 1
@@ -847,24 +987,39 @@ class Dispatcher:
     def _return_inflight(self, consumer: _Consumer, messages: list[_Message], reason: str) -> list[_KeyState]:
         """Move ``messages`` (in flight on ``consumer``) back to pending, each key ahead of its queue.
 
-        Each key's oldest returned message, and every keyless one, counts a failure.
+        Each key's oldest returned message, every keyless one, and in unordered mode every
+        one, counts a failure. A loose message goes back into its key's queue by position
+        (ahead of everything in unordered mode). Returns the ordered-mode key states that got
+        messages back, for the caller to queue.
         """
+        unordered = self._unordered
         by_key: dict[bytes, list[_Message]] = {}
-        keyless = []
+        front = []  # back to the shared queue, ahead of what waits there
+        loose = []
         for message in messages:
             del consumer.inflight[message.position]
             message.redeliveries += 1
             message.came_back = reason
-            if message.kb is None:
+            if message.kb is None or unordered or message.loose:
                 message.failures += 1
-                keyless.append(message)
+            if message.loose:
+                loose.append(message)
+            elif message.kb is None or unordered:
+                front.append(message)
             else:
                 by_key.setdefault(message.kb, []).append(message)
-        keyless.sort(key=lambda m: m.position)
-        self._keyless.extendleft(reversed(keyless))
-        states = []
+        keys = self._keys
+        states: dict[bytes, _KeyState] = {}
+        for message in front:
+            if message.kb is not None:  # unordered mode: an ordered delivery made before the switch
+                state = states[message.kb] = keys[message.kb]
+                state.inflight -= 1
+                if not state.inflight:
+                    state.holder = None
+                    if state.draining:
+                        self._release(state)
         for kb, returned in by_key.items():
-            state = self._keys[kb]
+            state = states[kb] = keys[kb]
             returned.sort(key=lambda m: m.position)
             returned[0].failures += 1
             state.pending.extendleft(reversed(returned))
@@ -873,8 +1028,32 @@ class Dispatcher:
                 state.holder = None
                 if state.draining:
                     self._release(state)
-            states.append(state)
-        return states
+        for message in loose:
+            message.loose = False
+            if message.kb is None:
+                front.append(message)
+                continue
+            state = states[message.kb] = keys[message.kb]
+            state.loose -= 1
+            if unordered:
+                front.append(message)
+            else:
+                _insert_by_position(state.pending, message)
+        front.sort(key=lambda m: m.position)
+        self._keyless.extendleft(reversed(front))
+        if unordered:
+            for kb, state in states.items():
+                if not (state.inflight or state.loose or state.pending):
+                    del keys[kb]
+            return []
+        return list(states.values())
+
+    def _unblock(self, state: _KeyState) -> None:
+        """``state``'s last loose delivery is settled: in ordered mode the key may go on, in order."""
+        if not (state.inflight or state.pending):
+            del self._keys[state.kb]
+        elif not self._unordered:
+            self._reroute(state)
 
     def _dead_letter(self, message: _Message) -> None:
         """Give up on ``message``: it waits in the dead-letter queue until the IO layer confirms it stored it."""
@@ -910,14 +1089,17 @@ class Dispatcher:
                 self._schedule(consumer, first.deadline)
 
     def _take_back(self, consumer: _Consumer, expired: list[_Message], now: float) -> None:
-        """Return ``expired`` and every later delivery of their keys on ``consumer`` (G2); it is now stuck."""
+        """Return ``expired`` and every later delivery of their keys on ``consumer`` (G2); it is now stuck.
+
+        In unordered mode there is no key order to keep: only ``expired`` come back.
+        """
         firsts: dict[bytes, int] = {}
         messages = []
         for message in expired:
-            if message.kb is None:
+            if message.kb is None or self._unordered:
                 messages.append(message)
-            elif message.kb not in firsts:
-                firsts[message.kb] = message.position
+            elif message.position < firsts.get(message.kb, message.position + 1):
+                firsts[message.kb] = message.position  # the oldest: an extension puts deadlines out of position order
         messages += [
             m for m in consumer.inflight.values() if m.kb is not None and m.kb in firsts and m.position >= firsts[m.kb]
         ]
@@ -1006,7 +1188,7 @@ class Dispatcher:
                 return
             if state.draining:
                 self._release(state)
-        if state.pending and state.queued_on is not owner:
+        if state.pending and state.queued_on is not owner and not state.loose:
             self._queue(state, owner)
 
     def _record(
@@ -1084,6 +1266,7 @@ class Dispatcher:
         O(state); for tests, which call it after every step of a random run.
         """
         inflight_by_key: Counter[bytes] = Counter()
+        loose_by_key: Counter[bytes] = Counter()
         held = len(self._fresh) + len(self._keyless) + len(self._dead_out) + len(self._dead_unconfirmed)
         timeout = self._ack_timeout
         scheduled = {id(entry[2]): entry[0] for entry in self._leases}
@@ -1097,23 +1280,28 @@ class Dispatcher:
             assert not (consumer.stuck and consumer.cid in self._map), f"{consumer.cid}: stuck with ranges"
             assert not (consumer.stuck and consumer.cid in self._standby), f"{consumer.cid}: stuck standby"
             for message in consumer.inflight.values():
-                if message.kb is not None:
+                if message.loose:
+                    assert message.kb is not None, "a keyless loose delivery"
+                    loose_by_key[message.kb] += 1
+                elif message.kb is not None:
                     inflight_by_key[message.kb] += 1
-                    state = self._keys.get(message.kb)
-                    assert state is not None and state.holder is consumer, f"{message.kb!r}: holder mismatch"
+                    found = self._keys.get(message.kb)
+                    assert found is not None and found.holder is consumer, f"{message.kb!r}: holder mismatch"
         for kb, state in self._keys.items():
             held += len(state.pending)
             assert state.inflight == inflight_by_key[kb], f"{kb!r}: inflight count {state.inflight}"
+            assert state.loose == loose_by_key[kb], f"{kb!r}: loose count {state.loose}"
             assert (state.holder is None) == (state.inflight == 0), f"{kb!r}: holder without inflight"
-            assert state.pending or state.inflight, f"{kb!r}: empty state kept"
+            assert state.pending or state.inflight or state.loose, f"{kb!r}: empty state kept"
+            assert not (self._unordered and state.pending), f"{kb!r}: keyed queue in unordered mode"
             positions = [m.position for m in state.pending]
             assert positions == sorted(positions), f"{kb!r}: pending out of order"
             if state.holder is not None and positions:
-                top = max(p for p, m in state.holder.inflight.items() if m.kb == kb)
+                top = max(p for p, m in state.holder.inflight.items() if m.kb == kb and not m.loose)
                 assert top < positions[0], f"{kb!r}: pending {positions[0]} not after in-flight {top}"
             owner = self._owner_of_slot(state.slot)
             assert state.draining == (state.inflight > 0 and state.holder is not owner), f"{kb!r}: draining flag"
-            queued = bool(state.pending) and not state.draining and owner is not None
+            queued = bool(state.pending) and not state.draining and owner is not None and not state.loose
             assert state.queued_on is owner if queued else state.queued_on is None, f"{kb!r}: queued_on"
             if queued and owner is not None:
                 assert (positions[0], kb) in owner.ready, f"{kb!r}: missing from {owner.cid}'s ready heap"

@@ -250,7 +250,8 @@ def expected_samples(found: dict[tuple[tuple[str, str], ...], float]) -> list[di
 
 
 def test_range_panels_evaluate_to_the_range_map_with_a_consumer_owning_several_ranges(tmp_path: Path) -> None:
-    """The range table, the Ranges, Policy and Ranges per consumer panels, evaluated by promtool on a real scrape."""
+    """The range table, the Ranges, Policy and Ranges per consumer panels, evaluated by promtool on a real scrape
+    (the policy panel shows the consume mode too)."""
     now = [0.0]
     dispatcher = Dispatcher(clock=lambda: now[0], max_ranges=4)
     for index in range(5):
@@ -286,7 +287,7 @@ def test_range_panels_evaluate_to_the_range_map_with_a_consumer_owning_several_r
     expected: dict[str, dict[str, dict[tuple[tuple[str, str], ...], float]]] = {
         "Ranges now": per_range,
         "Ranges": {"A": {(): len(ranges)}},
-        "Policy": {
+        "Policy and consume mode": {
             "A": {
                 (
                     ("__name__", "keyfailover_rebalance_policy_info"),
@@ -294,7 +295,8 @@ def test_range_panels_evaluate_to_the_range_map_with_a_consumer_owning_several_r
                     ("policy", "multi"),
                     *sub,
                 ): 1.0
-            }
+            },
+            "B": {(("__name__", "keyfailover_consume_mode_info"), ("mode", "ordered"), *sub): 1.0},
         },
         "Ranges per consumer": {
             "A": {

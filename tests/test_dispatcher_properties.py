@@ -148,15 +148,18 @@ class Model:
         self.stuck.discard(consumer)
         self.give_back(self.inflight_on(consumer), "consumer removed")
 
-    def give_back(self, positions: list[int], reason: str) -> None:
-        """Return ``positions`` to pending; each key's oldest of them, and every keyless one, failed."""
+    def give_back(self, positions: list[int], reason: str, failed: int | None = None) -> None:
+        """Return ``positions`` to pending. ``failed`` alone failed when given; else each key's
+        oldest of them, every keyless one, every one from unordered mode, and in unordered mode all."""
         oldest: dict[bytes, int] = {}
         for p in positions:
             del self.holder[p]
             self.deadline.pop(p, None)
             self.came_back[p] = reason
             kb = self.messages[p].kb
-            if kb is None or self.unordered or p in self.loose:
+            if failed is not None:
+                self.failures[p] += p == failed
+            elif kb is None or self.unordered or p in self.loose:
                 self.failures[p] += 1
             elif kb not in oldest or p < oldest[kb]:
                 oldest[kb] = p
@@ -174,23 +177,24 @@ class Model:
     def later_of_key(self, consumer: str, position: int) -> list[int]:
         """``position`` and every later delivery of its key on ``consumer`` (just it, when keyless)."""
         kb = self.messages[position].kb
-        if kb is None or self.unordered:
+        if kb is None:
             return [position]
         return [p for p in self.inflight_on(consumer) if p >= position and self.messages[p].kb == kb]
 
     def nack(self, consumer: str, position: int) -> list[int]:
         returned = self.later_of_key(consumer, position)
-        self.give_back(returned, "nack")
+        self.give_back(returned, "nack", position)
         self.stuck.discard(consumer)
         return returned
 
     def expire(self, now: float) -> None:
-        """What a poll at ``now`` takes back first: every lease due, with its key's later deliveries (G7, G2)."""
+        """What a poll at ``now`` takes back first: every lease due, with its key's later deliveries
+        (G7, G2; in unordered mode, no order to keep: only those due)."""
         due = sorted(p for p, deadline in self.deadline.items() if deadline <= now)
         returned: set[int] = set()
         for p in due:
             consumer = self.holder[p]
-            returned.update(self.later_of_key(consumer, p))
+            returned.update([p] if self.unordered else self.later_of_key(consumer, p))
             self.stuck.add(consumer)
             event("a lease expired")
         for p in returned:

@@ -602,14 +602,17 @@ def test_a_version_1_log_gains_the_dead_letter_table_and_keeps_everything(tmp_pa
     with Log(path) as log:
         log.append([("t", None, [(None, "a", b"1")])])
         log.save_cursors([("t", "s", Cursor(1, []))])
-    with sqlite3.connect(path) as db:  # as version 1 left it: no dead_letters table
+    with sqlite3.connect(path) as db:  # as version 1 left it: no dead letters, no subscription settings
         db.execute("DROP TABLE dead_letters")
+        db.execute("DROP TABLE subscription_settings")
         db.execute("PRAGMA user_version = 1")
     db.close()
     with Log(path) as log:
         assert log.read("t", 0, 10) == [StoredMessage(1, "a", b"1")]
         assert log.load_cursor("t", "s") == Cursor(1, [])
         assert log.dead_letter("t", "s", [(1, "a", b"1", 0, "nack")]) == [1]
+        log.save_consume_mode("t", "s", "unordered")
+        assert log.load_consume_mode("t", "s") == "unordered"
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
     db.close()

@@ -56,6 +56,7 @@ SPEC: dict[str, tuple[str, tuple[str, ...]]] = {
     "keyfailover_dead_letters_unconfirmed": ("gauge", ()),
     "keyfailover_ack_timeout_seconds": ("gauge", ()),
     "keyfailover_rebalance_policy_info": ("gauge", ("policy", "max_ranges")),  # an info family, as text format shows it
+    "keyfailover_consume_mode_info": ("gauge", ("mode",)),
 }
 SERVER_SPEC: dict[str, tuple[str, tuple[str, ...]]] = {
     "keyfailover_log_appended": ("counter", ()),

@@ -373,10 +373,23 @@ def _ranges(args: argparse.Namespace) -> int:
     )
     for item in listing:
         snapshot = item["ranges"]
-        print(f"{item['topic']}/{item['subscription']} (epoch {snapshot['epoch']})")
+        mode = f", {item['consume_mode']}" if "consume_mode" in item else ""
+        print(f"{item['topic']}/{item['subscription']} (epoch {snapshot['epoch']}{mode})")
         for entry in snapshot["ranges"]:
             share = (entry["end"] - entry["start"] + 1) / snapshot["range_size"]
             print(f"  {entry['consumer']:<24}[{entry['start']:>5}, {entry['end']:>5}]  {share:6.1%}")
+    return 0
+
+
+def _set_consume_mode(args: argparse.Namespace) -> int:
+    query = {"topic": args.topic, "subscription": args.subscription, "mode": args.mode}
+    found = _admin_call(args, "/consume-mode", query, method="POST")
+    if args.json:
+        print(json.dumps(found, indent=2, sort_keys=True))
+    elif found["was"] is None:
+        print(f"{args.topic}/{args.subscription}: consume mode {args.mode} saved (applies when it is next opened)")
+    else:
+        print(f"{args.topic}/{args.subscription}: consume mode {found['was']} -> {args.mode}")
     return 0
 
 
@@ -440,7 +453,7 @@ def _stats(args: argparse.Namespace) -> int:
         print(
             f"{item['topic']}/{item['subscription']}: backlog {item['backlog']}, replay {stats['replay']}, "
             f"mark-delete {item['mark_delete']}, epoch {stats['epoch']}, "
-            f"policy {item['policy']} (max {item['max_ranges']} ranges per consumer), "
+            f"{item['consume_mode']}, policy {item['policy']} (max {item['max_ranges']} ranges per consumer), "
             f"ack timeout {item['ack_timeout']:g} s, dead-lettered {item['dead_lettered']}"
         )
         print(f"  {'consumer':<24}{'ranges':>18}{'rate/s':>9}{'permits':>9}{'unacked':>9}{'draining':>9}")
@@ -888,6 +901,23 @@ def _parser() -> argparse.ArgumentParser:
         "[0, 0] receives no keys (they go to the owner of slot 1) and every other range means the same",
     )
     ranges.set_defaults(run=_ranges)
+
+    admin = commands.add_parser("admin", help="change a running server's subscriptions")
+    admin_commands = admin.add_subparsers(dest="admin_command", required=True, metavar="ACTION")
+    mode = admin_commands.add_parser(
+        "set-consume-mode",
+        help="switch a subscription between ordered and unordered consumption (live, saved)",
+        description="ordered: each key's messages go, in order, to the one consumer owning its hash range. "
+        "unordered: any consumer with permits takes any message under a lease (pop), without key ranges or "
+        "per-key order, for subscriptions that need throughput more than order. The switch applies at once and "
+        "is saved with the subscription; nothing waiting or in flight is lost. Back to ordered, a key waits until "
+        "its messages delivered in unordered mode are acked or their leases expire.",
+    )
+    mode.add_argument("mode", choices=("ordered", "unordered"), help="the consume mode")
+    admin_args(mode)
+    mode.add_argument("--topic", type=_name, required=True, help="the subscription's topic")
+    mode.add_argument("--subscription", type=_name, required=True, help="the subscription")
+    mode.set_defaults(run=_set_consume_mode)
 
     dlq = commands.add_parser(
         "dlq",

@@ -48,6 +48,7 @@ from keyfailover.broker.server._http import AdminServer, Handler, Response, json
 from keyfailover.broker.server._subscription import Session, Subscription, SubscriptionConfig
 from keyfailover.broker.storage._executor import Result, Storage
 from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, Log, StoredMessage, dead_letter_topic
+from keyfailover.core.dispatcher import check_consume_mode
 from keyfailover.core.errors import KeyFailoverError
 
 __all__ = ["Server", "ServerConfig"]
@@ -113,7 +114,10 @@ class Server:
             "/history": self._history,
             "/dlq": self._dead_letters,
         }
-        self._post_routes: dict[str, Handler] = {"/dlq/replay": self._replay_dead_letters}
+        self._post_routes: dict[str, Handler] = {
+            "/dlq/replay": self._replay_dead_letters,
+            "/consume-mode": self._set_consume_mode,
+        }
 
     def add_admin_route(self, path: str, handler: Handler) -> None:
         """Serve ``GET path`` on the admin endpoint (``--metrics-port``) too; call before :meth:`start`."""
@@ -273,7 +277,8 @@ class Server:
         self._opening[key] = future
         try:
             cursor = await self.storage.call(self.storage.log.load_cursor, topic, name)
-            subscription = Subscription(topic, name, cursor, self.storage, self.config.subscription)
+            mode = check_consume_mode(await self.storage.call(self.storage.log.load_consume_mode, topic, name))
+            subscription = Subscription(topic, name, cursor, self.storage, self.config.subscription, consume_mode=mode)
             subscription.start()
             self._subscriptions[key] = subscription
             future.set_result(subscription)
@@ -329,6 +334,23 @@ class Server:
             }
         )
 
+    async def _set_consume_mode(self, query: dict[str, str]) -> Response:
+        """``POST /consume-mode?topic=T&subscription=S&mode=ordered|unordered``: switch live and save."""
+        topic, name, mode = query.get("topic"), query.get("subscription"), query.get("mode")
+        if not topic or not name or mode not in ("ordered", "unordered"):
+            return json_response({"error": "give topic, subscription and mode=ordered or mode=unordered"}, 400)
+        live = self._subscriptions.get((topic, name))
+        if live is None:
+            stored = await self.storage.call(self.storage.log.subscriptions, topic)
+            if name not in stored:
+                return json_response({"error": f"no subscription {name!r} of topic {topic!r}"}, 404)
+            await self.storage.call(self.storage.log.save_consume_mode, topic, name, mode)
+            before = None
+        else:
+            before = live.dispatcher.consume_mode
+            await live.set_consume_mode(mode)
+        return json_response({"topic": topic, "subscription": name, "consume_mode": mode, "was": before})
+
     async def _replay_dead_letters(self, query: dict[str, str]) -> Response:
         """``POST /dlq/replay?topic=T&subscription=S``: re-publish the dead letters not replayed yet to T."""
         topic, name = query.get("topic"), query.get("subscription")
@@ -347,7 +369,12 @@ class Server:
         topic, name = query.get("topic"), query.get("subscription")
         if topic is None and name is None:
             listing = [
-                {"topic": t, "subscription": n, "ranges": s.dispatcher.snapshot()}
+                {
+                    "topic": t,
+                    "subscription": n,
+                    "consume_mode": s.dispatcher.consume_mode,
+                    "ranges": s.dispatcher.snapshot(),
+                }
                 for (t, n), s in sorted(self._subscriptions.items())
             ]
             return json_response({"subscriptions": listing})

@@ -23,7 +23,15 @@ from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.protocol import ConsumerClosed, Frame, Key, Messages, RangesChanged
 from keyfailover.broker.storage._executor import Storage
 from keyfailover.broker.storage.sqlite import StoredMessage, dead_letter_topic
-from keyfailover.core.dispatcher import DEFAULT_ACK_TIMEOUT, DeadLetter, Delivery, Dispatcher, check_leases
+from keyfailover.core.dispatcher import (
+    DEFAULT_ACK_TIMEOUT,
+    ConsumeMode,
+    DeadLetter,
+    Delivery,
+    Dispatcher,
+    check_consume_mode,
+    check_leases,
+)
 from keyfailover.core.errors import ErrorCode, NotInFlightError, ProtocolError
 from keyfailover.core.rebalance import DEFAULT_MAX_RANGES, check_policy_choice
 
@@ -83,7 +91,16 @@ class Session:
 class Subscription:
     """The live state of one subscription of one topic."""
 
-    def __init__(self, topic: str, name: str, cursor: Cursor, storage: Storage, config: SubscriptionConfig) -> None:
+    def __init__(
+        self,
+        topic: str,
+        name: str,
+        cursor: Cursor,
+        storage: Storage,
+        config: SubscriptionConfig,
+        *,
+        consume_mode: ConsumeMode = "ordered",
+    ) -> None:
         self.topic = topic
         self.name = name
         self.cursor = cursor
@@ -94,6 +111,7 @@ class Subscription:
             max_ranges=config.max_ranges,
             ack_timeout=config.ack_timeout,
             max_redeliveries=config.max_redeliveries,
+            consume_mode=consume_mode,
         )
         self.sessions: dict[str, Session] = {}
         self._storage = storage
@@ -206,6 +224,13 @@ class Subscription:
                     session.send(RangesChanged(session=session.id, epoch=epoch, ranges=now))
 
     # -- flow, acks ------------------------------------------------------------------
+
+    async def set_consume_mode(self, mode: str) -> None:
+        """Switch the consume mode live (nothing waiting or in flight is lost) and save it."""
+        checked = check_consume_mode(mode)
+        await self._storage.call(self._storage.log.save_consume_mode, self.topic, self.name, checked)
+        self.dispatcher.set_consume_mode(checked)
+        self.wake()
 
     def flow(self, session: Session, permits: int) -> None:
         self.dispatcher.flow(session.consumer, permits)
@@ -404,6 +429,7 @@ class Subscription:
             "subscription": self.name,
             "policy": policy.name,
             "max_ranges": policy.range_limit,
+            "consume_mode": self.dispatcher.consume_mode,
             "ack_timeout": self.dispatcher.ack_timeout,
             "max_redeliveries": self.dispatcher.max_redeliveries,
             "dead_lettered": self.dead_lettered,

@@ -94,7 +94,13 @@ _SCHEMA = (
         PRIMARY KEY (topic, subscription)
     ) WITHOUT ROWID""",
 )
-_DEAD_LETTERS = (
+_VERSION_2 = (
+    """CREATE TABLE subscription_settings (
+        topic TEXT NOT NULL,
+        subscription TEXT NOT NULL,
+        consume_mode TEXT NOT NULL,  -- ordered | unordered
+        PRIMARY KEY (topic, subscription)
+    ) WITHOUT ROWID""",
     """CREATE TABLE dead_letters (
         dlq_topic TEXT NOT NULL,          -- <topic>-<subscription>-DLQ, a topic like any other
         dlq_position INTEGER NOT NULL,    -- where the message is stored in it
@@ -355,10 +361,33 @@ class Log:
                 rows,
             )
 
+    def load_consume_mode(self, topic: str, subscription: str) -> str:
+        """The subscription's saved consume mode: ``"ordered"`` unless one was saved."""
+        key = (_name(topic, "topic"), _name(subscription, "subscription"))
+        row = (
+            self._connection()
+            .execute("SELECT consume_mode FROM subscription_settings WHERE topic = ? AND subscription = ?", key)
+            .fetchone()
+        )
+        return "ordered" if row is None else str(row[0])
+
+    def save_consume_mode(self, topic: str, subscription: str, mode: str) -> None:
+        """Save the subscription's consume mode (``"ordered"`` or ``"unordered"``)."""
+        key = (_name(topic, "topic"), _name(subscription, "subscription"))
+        if mode not in ("ordered", "unordered"):
+            raise LogError(f"consume mode must be 'ordered' or 'unordered', not {reprlib.repr(mode)}")
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO subscription_settings (topic, subscription, consume_mode) VALUES (?, ?, ?)"
+                " ON CONFLICT (topic, subscription) DO UPDATE SET consume_mode = excluded.consume_mode",
+                (*key, mode),
+            )
+
     def delete_subscription(self, topic: str, subscription: str) -> bool:
-        """Forget the subscription's cursor; whether it had one."""
+        """Forget the subscription's cursor and settings; whether it had a cursor."""
         key = (_name(topic, "topic"), _name(subscription, "subscription"))
         with self._transaction() as db:
+            db.execute("DELETE FROM subscription_settings WHERE topic = ? AND subscription = ?", key)
             return db.execute("DELETE FROM cursors WHERE topic = ? AND subscription = ?", key).rowcount > 0
 
     # -- the file --------------------------------------------------------------------
@@ -418,7 +447,7 @@ class Log:
                     raise LogFileError(f"{str(self._path)!r} is an SQLite database but not a keyfailover log")
                 for statement in _SCHEMA:
                     db.execute(statement)
-            for statement in _DEAD_LETTERS:  # version 1 had no dead letters
+            for statement in _VERSION_2:  # version 1 had no dead letters and no subscription settings
                 db.execute(statement)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 

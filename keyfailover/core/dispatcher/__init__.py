@@ -1,12 +1,25 @@
 """The sans-IO Key_Failover dispatcher core: events in, deliveries out."""
 
 from keyfailover.core.dispatcher._core import (
+    CONSUME_MODES,
     DEFAULT_ACK_TIMEOUT,
+    ConsumeMode,
     DeadLetter,
     Delivery,
     Dispatcher,
     RebalanceEvent,
+    check_consume_mode,
     check_leases,
 )
 
-__all__ = ["DEFAULT_ACK_TIMEOUT", "DeadLetter", "Delivery", "Dispatcher", "RebalanceEvent", "check_leases"]
+__all__ = [
+    "CONSUME_MODES",
+    "DEFAULT_ACK_TIMEOUT",
+    "ConsumeMode",
+    "DeadLetter",
+    "Delivery",
+    "Dispatcher",
+    "RebalanceEvent",
+    "check_consume_mode",
+    "check_leases",
+]

@@ -644,11 +644,12 @@ class Dispatcher:
         if message is None:
             raise self._refusal(consumer, position, "nack")
         kb = message.kb
-        if kb is None or self._unordered:
+        if kb is None:
             self._return_inflight(consumer, [message], "nack")
         else:
+            # In unordered mode too: a client drops what it prefetched of the key after a nack.
             later = [m for m in consumer.inflight.values() if m.kb == kb and m.position >= position]
-            for state in self._return_inflight(consumer, later, "nack"):
+            for state in self._return_inflight(consumer, later, "nack", message):
                 if not state.draining and not state.loose:
                     self._queue(state, self._owner_of_slot(state.slot))
         if consumer.stuck:
@@ -984,15 +985,19 @@ class Dispatcher:
         owners = self._owners
         return owners[bisect.bisect_left(self._ends, slot)] if owners else None
 
-    def _return_inflight(self, consumer: _Consumer, messages: list[_Message], reason: str) -> list[_KeyState]:
+    def _return_inflight(
+        self, consumer: _Consumer, messages: list[_Message], reason: str, failed: _Message | None = None
+    ) -> list[_KeyState]:
         """Move ``messages`` (in flight on ``consumer``) back to pending, each key ahead of its queue.
 
-        Each key's oldest returned message, every keyless one, and in unordered mode every
-        one, counts a failure. A loose message goes back into its key's queue by position
-        (ahead of everything in unordered mode). Returns the ordered-mode key states that got
-        messages back, for the caller to queue.
+        ``failed`` (a nack's message) alone counts a failure when given; else each key's
+        oldest returned message, every keyless or loose one, and in unordered mode every
+        one. A loose message goes back into its key's queue by position (ahead of everything
+        in unordered mode). Returns the ordered-mode key states that got messages back, for
+        the caller to queue.
         """
         unordered = self._unordered
+        each = failed is None
         by_key: dict[bytes, list[_Message]] = {}
         front = []  # back to the shared queue, ahead of what waits there
         loose = []
@@ -1000,7 +1005,7 @@ class Dispatcher:
             del consumer.inflight[message.position]
             message.redeliveries += 1
             message.came_back = reason
-            if message.kb is None or unordered or message.loose:
+            if message is failed or (each and (message.kb is None or unordered or message.loose)):
                 message.failures += 1
             if message.loose:
                 loose.append(message)
@@ -1021,7 +1026,8 @@ class Dispatcher:
         for kb, returned in by_key.items():
             state = states[kb] = keys[kb]
             returned.sort(key=lambda m: m.position)
-            returned[0].failures += 1
+            if each:
+                returned[0].failures += 1
             state.pending.extendleft(reversed(returned))
             state.inflight -= len(returned)
             if not state.inflight:

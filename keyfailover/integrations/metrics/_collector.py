@@ -141,6 +141,11 @@ _SPECS: dict[str, tuple[str, str, list[str]]] = {
         "The subscription's rebalance policy and the most ranges it gives one consumer.",
         _SUB,
     ),
+    "keyfailover_consume_mode": (
+        "info",
+        "The subscription's consume mode: ordered (key ranges, per-key order) or unordered (any consumer).",
+        _SUB,
+    ),
     "keyfailover_log_appended": ("counter", "Messages stored in the log (retried duplicates not counted).", []),
     "keyfailover_log_commit_seconds": ("histogram", "Time of one group commit to the log.", []),
     "keyfailover_connections": ("gauge", "Open client connections.", []),
@@ -264,3 +269,4 @@ def _subscription(families: _Families, view: SubscriptionView) -> None:
     families.add("keyfailover_ack_timeout_seconds", sub, stats["ack_timeout"])
     policy = dispatcher.policy
     families.info("keyfailover_rebalance_policy", sub, {"policy": policy.name, "max_ranges": str(policy.range_limit)})
+    families.info("keyfailover_consume_mode", sub, {"mode": dispatcher.consume_mode})

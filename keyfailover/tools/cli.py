@@ -903,7 +903,9 @@ def _parser() -> argparse.ArgumentParser:
     ranges.set_defaults(run=_ranges)
 
     admin = commands.add_parser("admin", help="change a running server's subscriptions")
-    admin_commands = admin.add_subparsers(dest="admin_command", required=True, metavar="ACTION")
+    admin_commands = admin.add_subparsers(
+        dest="admin_command", required=True, metavar="ACTION", help="set-consume-mode: ordered or unordered"
+    )
     mode = admin_commands.add_parser(
         "set-consume-mode",
         help="switch a subscription between ordered and unordered consumption (live, saved)",

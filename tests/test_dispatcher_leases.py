@@ -281,3 +281,29 @@ def test_leases_extended_out_of_position_order_expire_together_oldest_first() ->
     assert [(x.consumer, x.position, x.redelivery_count) for x in out] == [("b", 2, 1)]
     assert [(letter.position, letter.reason) for letter in d.dead_letters()] == [(1, "ack timeout")]
     d._audit()
+
+
+def test_a_consumer_at_its_unacked_limit_gets_nothing_until_it_acks_half() -> None:
+    """Pulsar's maxUnackedMessagesPerConsumer: permits are withheld, not lost, at the limit."""
+    d = Dispatcher(clock=ManualClock(0.0), max_unacked_per_consumer=4)
+    d.add_consumer("a")
+    d.flow("a", 10)
+    for position in range(1, 13):
+        d.publish(position, f"key-{position}")
+    first = d.poll()
+    assert [x.position for x in first] == [1, 2, 3, 4]
+    stats = d.stats()["consumers"]["a"]
+    assert (stats["unacked_limit_reached"], stats["permits"], stats["unacked"]) == (True, 6, 4)
+    d.flow("a", 5)  # counted, still withheld
+    d.ack("a", 1)
+    assert d.poll() == [], "3 unacked is above half the limit"
+    d.ack("a", 2)
+    assert [x.position for x in d.poll()] == [5, 6]  # down to 2: two more reach the limit again
+    assert d.stats()["consumers"]["a"]["permits"] == 9
+    d._audit()
+
+
+def test_an_unacked_limit_must_be_a_non_negative_int() -> None:
+    for bad in (-1, 1.5, True, "10"):
+        with pytest.raises(ConfigError, match="max_unacked_per_consumer must be an int >= 0"):
+            Dispatcher(max_unacked_per_consumer=bad)  # type: ignore[arg-type]

@@ -103,6 +103,8 @@ class Model:
     taken_back: dict[str, set[int]] = field(default_factory=dict)  # consumer -> positions taken at a deadline
     unordered: bool = False
     loose: set[int] = field(default_factory=set)  # in-flight positions delivered in unordered mode
+    unacked_limit: int = 0
+    blocked: set[str] = field(default_factory=set)  # consumers at their unacked limit
     last_position: int = -1
 
     # -- derived -----------------------------------------------------------------------
@@ -146,12 +148,14 @@ class Model:
         del self.permits[consumer]
         del self.taken_back[consumer]
         self.stuck.discard(consumer)
+        self.blocked.discard(consumer)
         self.give_back(self.inflight_on(consumer), "consumer removed")
 
     def give_back(self, positions: list[int], reason: str, failed: int | None = None) -> None:
         """Return ``positions`` to pending. ``failed`` alone failed when given; else each key's
         oldest of them, every keyless one, every one from unordered mode, and in unordered mode all."""
         oldest: dict[bytes, int] = {}
+        consumers = {self.holder[p] for p in positions}
         for p in positions:
             del self.holder[p]
             self.deadline.pop(p, None)
@@ -166,11 +170,24 @@ class Model:
             self.loose.discard(p)
         for p in oldest.values():
             self.failures[p] += 1
+        for consumer in consumers:
+            if consumer in self.permits:
+                self.settle_limit(consumer)
+
+    def can_take(self, consumer: str) -> bool:
+        """Whether ``consumer`` may get a delivery: permits, not stuck, not at its unacked limit."""
+        return self.permits[consumer] > 0 and consumer not in self.stuck and consumer not in self.blocked
+
+    def settle_limit(self, consumer: str) -> None:
+        """A consumer at its unacked limit gets deliveries again once down to half of it."""
+        if consumer in self.blocked and len(self.inflight_on(consumer)) <= self.unacked_limit // 2:
+            self.blocked.discard(consumer)
 
     def ack(self, consumer: str, position: int) -> None:
         assert self.holder.pop(position) == consumer
         self.deadline.pop(position, None)
         self.loose.discard(position)
+        self.settle_limit(consumer)
         self.acked[position] += 1
         self.stuck.discard(consumer)
 
@@ -261,6 +278,7 @@ def check_poll(d: Dispatcher, model: Model, out: list[Delivery], now: float = 0.
             f"{delivery}: position was delivered {model.delivered[position]} time(s) before"
         )
         assert consumer not in model.stuck, f"{delivery}: {consumer} is stuck"
+        assert consumer not in model.blocked, f"{delivery}: {consumer} is at its unacked limit"
         if message.kb is not None and not model.unordered:
             holders = model.holders_of(message.kb)
             assert holders <= {consumer}, f"G1: {delivery} while key has unacked deliveries on {sorted(holders)}"
@@ -276,6 +294,9 @@ def check_poll(d: Dispatcher, model: Model, out: list[Delivery], now: float = 0.
         model.permits[consumer] -= 1
         model.holder[position] = consumer
         model.delivered[position] += 1
+        if model.unacked_limit and len(model.inflight_on(consumer)) >= model.unacked_limit:
+            model.blocked.add(consumer)
+            event("a consumer reached its unacked limit")
         model.taken_back[consumer].discard(position)
         if model.unordered and message.kb is not None:
             model.loose.add(position)
@@ -290,7 +311,7 @@ def check_nothing_held_back(d: Dispatcher, model: Model) -> None:
     owner = owner_lookup(d.ranges())
     if model.unordered:  # every waiting message goes to any consumer with permits
         waiting = model.pending()
-        with_permits = sorted(c for c, n in model.permits.items() if n > 0 and c not in model.stuck)
+        with_permits = sorted(c for c in model.permits if model.can_take(c))
         assert not (waiting and with_permits), f"unordered: {waiting[:3]} pending while {with_permits} have permits"
         return
     for kb, positions in model.by_key.items():
@@ -301,14 +322,14 @@ def check_nothing_held_back(d: Dispatcher, model: Model) -> None:
         holders = model.holders_of(kb)
         if not holders <= {key_owner}:
             event("a pending key is draining: unacked on a former owner")
-        if key_owner is None or model.permits[key_owner] == 0:
+        if key_owner is None or not model.can_take(key_owner):
             continue
         assert not holders <= {key_owner}, (
             f"G5: key {kb!r} has position {pending[0]} pending, is not blocked (unacked on {sorted(holders)}), "
             f"and its owner {key_owner} has {model.permits[key_owner]} permit(s)"
         )
     keyless = [p for p in model.pending() if model.messages[p].kb is None]
-    with_permits = sorted(c for c, n in model.permits.items() if n > 0 and c not in model.stuck)
+    with_permits = sorted(c for c in model.permits if model.can_take(c))
     assert not (keyless and with_permits), f"keyless position {keyless[0]} pending while {with_permits} have permits"
 
 
@@ -373,6 +394,7 @@ def check_state(d: Dispatcher, model: Model) -> None:
     for consumer in model.consumers:
         entry = stats["consumers"][consumer]
         assert entry["stuck"] == (consumer in model.stuck), f"{consumer}: {entry}, stuck {model.stuck}"
+        assert entry["unacked_limit_reached"] == (consumer in model.blocked), f"{consumer}: {entry}"
         assert entry["permits"] == model.permits[consumer], f"{consumer}: {entry}"
         assert entry["unacked"] == len(model.inflight_on(consumer)), f"{consumer}: {entry}"
         assert entry["ranges"] == [(start, end) for start, end, c in ranges if c == consumer]
@@ -566,7 +588,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         for position, consumer in sorted(model.holder.items()):
             d.ack(consumer, position)
             model.ack(consumer, position)
-        for _ in range(5):
+        for _ in range(5 + model.max_replay):  # an unacked limit lets only a few out per poll
             if not model.held():
                 break
             for consumer in model.consumers:
@@ -665,7 +687,24 @@ class LeaseMachine(DispatcherMachine):
 
 
 class ModeMachine(LeaseMachine):
-    """Leases and dead letters, with the consume mode switched between ordered and unordered at random."""
+    """Leases and dead letters, with the consume mode switched between ordered and unordered at
+    random, and an unacked limit of 3 per consumer."""
+
+    LIMIT_UNACKED = 3
+
+    def make(self, clock: ManualClock) -> Dispatcher:
+        return Dispatcher(
+            clock=clock,
+            max_replay=MAX_REPLAY,
+            ack_timeout=self.TIMEOUT,
+            max_redeliveries=self.LIMIT,
+            max_unacked_per_consumer=self.LIMIT_UNACKED,
+        )
+
+    def make_model(self) -> Model:
+        model = super().make_model()
+        model.unacked_limit = self.LIMIT_UNACKED
+        return model
 
     @rule()
     def switch_mode(self) -> None:

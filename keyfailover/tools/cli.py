@@ -315,6 +315,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_ranges=DEFAULT_MAX_RANGES if args.max_ranges is None else args.max_ranges,
             ack_timeout=args.ack_timeout,
             max_redeliveries=args.max_redeliveries,
+            max_unacked_per_consumer=args.max_unacked_per_consumer,
         ),
     )
     return asyncio.run(run_server(config))
@@ -801,6 +802,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="after this many redeliveries a message goes to the dead-letter topic <topic>-<subscription>-DLQ "
         "and its key goes on (default: redeliver for ever)",
+    )
+    serve.add_argument(
+        "--max-unacked-per-consumer",
+        type=_int_between(0, 10_000_000, "a number of messages"),
+        default=50_000,
+        help="a consumer holding this many unacked messages gets no more until it acks half of them "
+        "(Pulsar's maxUnackedMessagesPerConsumer); 0 is no limit (default 50000)",
     )
     serve.add_argument(
         "--metrics-port",

@@ -32,12 +32,15 @@ from keyfailover.core.dispatcher import (
     check_consume_mode,
     check_leases,
 )
-from keyfailover.core.errors import ErrorCode, NotInFlightError, ProtocolError
+from keyfailover.core.errors import ConfigError, ErrorCode, NotInFlightError, ProtocolError
 from keyfailover.core.rebalance import DEFAULT_MAX_RANGES, check_policy_choice
 
 __all__ = ["Session", "Subscription", "SubscriptionConfig"]
 
 _log = logging.getLogger("keyfailover.server")
+
+DEFAULT_MAX_UNACKED = 50_000
+"""Apache Pulsar's default maxUnackedMessagesPerConsumer."""
 
 _READ_BATCH = 2000
 _SEND_BATCH = 1000
@@ -61,11 +64,17 @@ class SubscriptionConfig:
     its ranges until it shows progress (0 disables leases)."""
     max_redeliveries: int | None = None
     """Redeliveries after which a message goes to ``<topic>-<subscription>-DLQ``; None: never."""
+    max_unacked_per_consumer: int = DEFAULT_MAX_UNACKED
+    """Unacked deliveries at which a consumer gets no more until it acks half (0: no limit)."""
 
     def __post_init__(self) -> None:
         # Checked here, so a bad setting stops the server at start, not at its first subscribe.
         check_policy_choice(self.policy, self.max_ranges)
         check_leases(self.ack_timeout, self.max_redeliveries)
+        if type(self.max_unacked_per_consumer) is not int or self.max_unacked_per_consumer < 0:
+            raise ConfigError(
+                f"max_unacked_per_consumer must be an int >= 0 (0: no limit), not {self.max_unacked_per_consumer!r}"
+            )
 
 
 class Session:
@@ -112,6 +121,7 @@ class Subscription:
             ack_timeout=config.ack_timeout,
             max_redeliveries=config.max_redeliveries,
             consume_mode=consume_mode,
+            max_unacked_per_consumer=config.max_unacked_per_consumer,
         )
         self.sessions: dict[str, Session] = {}
         self._storage = storage

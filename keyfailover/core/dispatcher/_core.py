@@ -237,6 +237,8 @@ class _Consumer:
         "ready",
         "redelivered",
         "stuck",
+        "unacked_blocked",
+        "withheld",
     )
 
     def __init__(self, cid: str) -> None:
@@ -251,6 +253,8 @@ class _Consumer:
         self.lease_due = False  # it has an entry in the dispatcher's lease heap
         self.expired: OrderedDict[int, float] = OrderedDict()  # taken-back position -> when
         self.expired_count = 0
+        self.unacked_blocked = False  # at max_unacked_per_consumer: its permits are withheld
+        self.withheld = 0
 
 
 def _insert_by_position(queue: deque[_Message], message: _Message) -> None:
@@ -301,6 +305,10 @@ class Dispatcher:
         max_redeliveries: failed deliveries after the first that a message may have; one
             that fails once more is handed out by :meth:`dead_letters` instead of being
             delivered again. None (the default) redelivers for ever.
+        max_unacked_per_consumer: a consumer holding this many unacked deliveries gets no
+            more until it is down to half of them (Pulsar's maxUnackedMessagesPerConsumer);
+            0 (the default) is no limit.
+        consume_mode: ``"ordered"`` (the default) or ``"unordered"``; see :meth:`set_consume_mode`.
     """
 
     def __init__(
@@ -319,6 +327,7 @@ class Dispatcher:
         ack_timeout: float = 0.0,
         max_redeliveries: int | None = None,
         consume_mode: ConsumeMode = "ordered",
+        max_unacked_per_consumer: int = 0,
     ) -> None:
         if not callable(clock):
             raise ConfigError(f"clock must be a callable returning seconds, not {clock!r}")
@@ -334,6 +343,7 @@ class Dispatcher:
         check_policy_choice(policy, max_ranges)
         check_leases(ack_timeout, max_redeliveries)
         check_consume_mode(consume_mode)
+        _check_int("max_unacked_per_consumer", max_unacked_per_consumer, 0)
         now = clock()
         if type(now) not in (int, float) or not math.isfinite(now):
             raise ConfigError(f"clock() must return a finite number of seconds, returned {now!r}")
@@ -385,6 +395,8 @@ class Dispatcher:
         self._dead_total = 0
         # Unordered mode: every waiting message is in ``_keyless`` (keyed ones too), in position order.
         self._unordered = consume_mode == "unordered"
+        self._unacked_limit = max_unacked_per_consumer
+        self._unacked_resume = max_unacked_per_consumer // 2
 
     # -- consumers -------------------------------------------------------------------
 
@@ -428,7 +440,9 @@ class Dispatcher:
         consumer = self._consumer(cid)
         if type(permits) is not int or permits < 0:
             raise PermitsError(f"permits must be a non-negative int, not {permits!r}")
-        if permits:
+        if consumer.unacked_blocked:
+            consumer.withheld += permits
+        elif permits:
             consumer.permits += permits
             if consumer.ready:
                 self._wake[consumer] = None
@@ -615,6 +629,8 @@ class Dispatcher:
             return False
         consumer.acked += 1
         self._held -= 1
+        if consumer.unacked_blocked and len(consumer.inflight) <= self._unacked_resume:
+            self._resume(consumer)
         kb = message.kb
         if kb is None:
             return True
@@ -783,7 +799,8 @@ class Dispatcher:
                 "standby": cid in self._standby,
                 "stuck": consumer.stuck,
                 "expired": consumer.expired_count,
-                "permits": consumer.permits,
+                "permits": consumer.permits + consumer.withheld,
+                "unacked_limit_reached": consumer.unacked_blocked,
                 "unacked": len(consumer.inflight),
                 "rate": rates.get(cid, 0.0),
                 "draining_hashes": len(slots),
@@ -832,6 +849,10 @@ class Dispatcher:
             message.deadline = self._deadline
             if not consumer.lease_due:
                 self._schedule(consumer, self._deadline)
+        if self._unacked_limit and len(consumer.inflight) >= self._unacked_limit:
+            consumer.unacked_blocked = True
+            consumer.withheld += consumer.permits
+            consumer.permits = 0
         out.append(Delivery(consumer.cid, message.position, message.key, message.payload, message.redeliveries))
 
     def _serve_ready(self, out: list[Delivery]) -> None:
@@ -1047,12 +1068,22 @@ class Dispatcher:
                 _insert_by_position(state.pending, message)
         front.sort(key=lambda m: m.position)
         self._keyless.extendleft(reversed(front))
+        if consumer.unacked_blocked and len(consumer.inflight) <= self._unacked_resume:
+            self._resume(consumer)
         if unordered:
             for kb, state in states.items():
                 if not (state.inflight or state.loose or state.pending):
                     del keys[kb]
             return []
         return list(states.values())
+
+    def _resume(self, consumer: _Consumer) -> None:
+        """``consumer`` acked down to half its unacked limit: its withheld permits count again."""
+        consumer.unacked_blocked = False
+        consumer.permits += consumer.withheld
+        consumer.withheld = 0
+        if consumer.permits and consumer.ready:
+            self._wake[consumer] = None
 
     def _unblock(self, state: _KeyState) -> None:
         """``state``'s last loose delivery is settled: in ordered mode the key may go on, in order."""
@@ -1284,6 +1315,11 @@ class Dispatcher:
                 deadlines = [m.deadline for m in consumer.inflight.values()]
                 assert deadlines == sorted(deadlines), f"{consumer.cid}: in-flight not in deadline order"
             assert not (consumer.stuck and consumer.cid in self._map), f"{consumer.cid}: stuck with ranges"
+            if consumer.unacked_blocked:
+                assert not consumer.permits and len(consumer.inflight) > self._unacked_resume, f"{consumer.cid}: limit"
+            else:
+                assert not consumer.withheld, f"{consumer.cid}: withheld permits while not blocked"
+                assert not self._unacked_limit or len(consumer.inflight) < self._unacked_limit, consumer.cid
             assert not (consumer.stuck and consumer.cid in self._standby), f"{consumer.cid}: stuck standby"
             for message in consumer.inflight.values():
                 if message.loose:

@@ -12,10 +12,11 @@ the last publish the loop drains until nothing is left. The clock is manual: +1 
 
 The same loop also drives the Dispatcher with leases on (``ack_timeout`` 30 s, which no
 delivery reaches: the row shows what the deadline bookkeeping costs; issue 13's bar, from
-RocketMQ RIP-19, is under 10% of throughput). In the same run the same loop drives two peers: ``NaiveKeyShared`` (routes each message at
-once by the same range-map lookup; no permits, draining or replay order) and
-``NullDispatcher`` (no routing at all), which shows what the loop itself costs. Every run
-checks that each published message was acked exactly once.
+RocketMQ RIP-19, is under 10% of throughput). In the same run the same loop drives two
+peers: ``NaiveKeyShared`` (routes each message at once by the same range-map lookup; no
+permits, draining or replay order) and ``NullDispatcher`` (no routing at all), which shows
+what the loop itself costs. Every run checks that each published message was acked exactly
+once.
 """
 
 from __future__ import annotations

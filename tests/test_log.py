@@ -611,6 +611,7 @@ def test_a_version_1_log_gains_the_dead_letter_table_and_keeps_everything(tmp_pa
         assert log.read("t", 0, 10) == [StoredMessage(1, "a", b"1")]
         assert log.load_cursor("t", "s") == Cursor(1, [])
         assert log.dead_letter("t", "s", [(1, "a", b"1", 0, "nack")]) == [1]
+        assert log.load_consume_mode("t", "s") is None
         log.save_consume_mode("t", "s", "unordered")
         assert log.load_consume_mode("t", "s") == "unordered"
     with sqlite3.connect(path) as db:

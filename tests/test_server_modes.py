@@ -109,3 +109,17 @@ def test_ordered_unordered_ordered_under_traffic_loses_nothing_and_keeps_key_ord
             "--subscription", "nobody",
         )  # fmt: skip
         assert refused.returncode == 1 and "no subscription 'nobody'" in refused.stderr, refused
+
+
+def test_serve_consume_mode_is_the_mode_of_subscriptions_without_their_own(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with ServerProcess(data, "--metrics-port", "0") as server, Client(server.url) as client:
+        client.subscribe("orders", "billing", consumer_name="c1")
+        switch(server, "unordered")
+        switch(server, "ordered")  # saved: billing keeps ordered whatever the server's default
+    with ServerProcess(data, "--metrics-port", "0", "--consume-mode", "unordered") as server, Client(server.url) as c:
+        c.subscribe("orders", "billing", consumer_name="c1")
+        c.subscribe("orders", "audit", consumer_name="c1")
+        stats = json.load(urlopen(f"{server.admin_url}/stats", timeout=10))
+        modes = {item["subscription"]: item["consume_mode"] for item in stats["subscriptions"]}
+        assert modes == {"billing": "ordered", "audit": "unordered"}

@@ -316,6 +316,7 @@ def _serve(args: argparse.Namespace) -> int:
             ack_timeout=args.ack_timeout,
             max_redeliveries=args.max_redeliveries,
             max_unacked_per_consumer=args.max_unacked_per_consumer,
+            consume_mode=args.consume_mode,
         ),
     )
     return asyncio.run(run_server(config))
@@ -802,6 +803,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="after this many redeliveries a message goes to the dead-letter topic <topic>-<subscription>-DLQ "
         "and its key goes on (default: redeliver for ever)",
+    )
+    serve.add_argument(
+        "--consume-mode",
+        choices=("ordered", "unordered"),
+        default="ordered",
+        help="the consume mode of subscriptions without one of their own (`keyfailover admin set-consume-mode` "
+        "sets one): ordered (per-key order, the default) or unordered (any consumer takes any message)",
     )
     serve.add_argument(
         "--max-unacked-per-consumer",

@@ -277,7 +277,8 @@ class Server:
         self._opening[key] = future
         try:
             cursor = await self.storage.call(self.storage.log.load_cursor, topic, name)
-            mode = check_consume_mode(await self.storage.call(self.storage.log.load_consume_mode, topic, name))
+            saved = await self.storage.call(self.storage.log.load_consume_mode, topic, name)
+            mode = self.config.subscription.consume_mode if saved is None else check_consume_mode(saved)
             subscription = Subscription(topic, name, cursor, self.storage, self.config.subscription, consume_mode=mode)
             subscription.start()
             self._subscriptions[key] = subscription

@@ -66,11 +66,14 @@ class SubscriptionConfig:
     """Redeliveries after which a message goes to ``<topic>-<subscription>-DLQ``; None: never."""
     max_unacked_per_consumer: int = DEFAULT_MAX_UNACKED
     """Unacked deliveries at which a consumer gets no more until it acks half (0: no limit)."""
+    consume_mode: ConsumeMode = "ordered"
+    """The consume mode of a subscription that has none saved (``keyfailover admin set-consume-mode`` saves one)."""
 
     def __post_init__(self) -> None:
         # Checked here, so a bad setting stops the server at start, not at its first subscribe.
         check_policy_choice(self.policy, self.max_ranges)
         check_leases(self.ack_timeout, self.max_redeliveries)
+        check_consume_mode(self.consume_mode)
         if type(self.max_unacked_per_consumer) is not int or self.max_unacked_per_consumer < 0:
             raise ConfigError(
                 f"max_unacked_per_consumer must be an int >= 0 (0: no limit), not {self.max_unacked_per_consumer!r}"

@@ -361,15 +361,15 @@ class Log:
                 rows,
             )
 
-    def load_consume_mode(self, topic: str, subscription: str) -> str:
-        """The subscription's saved consume mode: ``"ordered"`` unless one was saved."""
+    def load_consume_mode(self, topic: str, subscription: str) -> str | None:
+        """The subscription's saved consume mode, or None when none was saved."""
         key = (_name(topic, "topic"), _name(subscription, "subscription"))
         row = (
             self._connection()
             .execute("SELECT consume_mode FROM subscription_settings WHERE topic = ? AND subscription = ?", key)
             .fetchone()
         )
-        return "ordered" if row is None else str(row[0])
+        return None if row is None else str(row[0])
 
     def save_consume_mode(self, topic: str, subscription: str, mode: str) -> None:
         """Save the subscription's consume mode (``"ordered"`` or ``"unordered"``)."""

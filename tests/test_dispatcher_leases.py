@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from keyfailover import DeadLetter, Delivery, Dispatcher, LeaseExpiredError, NotInFlightError
+from keyfailover import DeadLetter, Delivery, Dispatcher, LeaseExpiredError, NotInFlightError, key_hash
 from keyfailover.core.clock import ManualClock
-from keyfailover.core.errors import ConfigError
+from keyfailover.core.errors import ConfigError, PositionError
 
 TIMEOUT = 10.0
 
@@ -307,3 +307,72 @@ def test_an_unacked_limit_must_be_a_non_negative_int() -> None:
     for bad in (-1, 1.5, True, "10"):
         with pytest.raises(ConfigError, match="max_unacked_per_consumer must be an int >= 0"):
             Dispatcher(max_unacked_per_consumer=bad)  # type: ignore[arg-type]
+
+
+def _stalled_run(spill: bool) -> tuple[Dispatcher, dict[str, list[int]], int]:
+    """A never-acking consumer beside a healthy one: 3,000 messages over 100 keys through a buffer of 100.
+
+    The test plays the IO layer: it publishes while wants() allows, polls, acks what the
+    healthy consumer got, and re-reads parked slots from its own log. Returns the dispatcher,
+    the positions each consumer received, and how many messages were published.
+    """
+    d = Dispatcher(clock=ManualClock(0.0), max_replay=100, max_unacked_per_consumer=20, spill=spill)
+    for name in ("stuck", "healthy"):
+        d.add_consumer(name)
+        d.flow(name, 10_000)
+    log = [(position, f"key-{position % 100}") for position in range(1, 3001)]
+    got: dict[str, list[int]] = {"stuck": [], "healthy": []}
+    published = 0
+    for _ in range(1000):
+        while published < len(log) and d.wants():
+            d.publish(*log[published])
+            published += 1
+        for delivery in d.poll():
+            got[delivery.consumer].append(delivery.position)
+            if delivery.consumer == "healthy":
+                d.ack("healthy", delivery.position)
+        slots = d.rereads()
+        if slots:
+            through = published
+            for position, key in log[:published]:
+                if key_hash(key) in slots and position >= slots[key_hash(key)]:
+                    if not d.wants():
+                        through = position - 1
+                        break
+                    d.restore(position, key)
+            d.restored(slots, through)
+        d._audit()
+    return d, got, published
+
+
+def test_with_spill_a_never_acking_consumer_does_not_stop_the_others() -> None:
+    """Issue 13: the healthy consumer gets every message of its keys although the other one never acks."""
+    d, got, published = _stalled_run(spill=True)
+    assert published == 3000
+    healthy_keys = {f"key-{i}" for i in range(100) if d.owner_of(f"key-{i}") == "healthy"}
+    expected = [p for p in range(1, 3001) if f"key-{p % 100}" in healthy_keys]
+    assert got["healthy"] == sorted(got["healthy"]) and set(got["healthy"]) == set(expected)
+    assert len(got["stuck"]) == 20, "the stuck consumer holds its unacked limit"
+    stats = d.stats()
+    assert stats["held"] <= 100 and stats["parked_slots"] > 0 and stats["parked_messages"] > 0
+    # The peer, without spilling: the stuck consumer's keys fill the buffer and reading stops for everyone.
+    d, got, published = _stalled_run(spill=False)
+    assert published < 300 and d.wants() == 0
+    assert len(got["healthy"]) < len(expected) // 5
+
+
+def test_restore_refuses_what_was_not_parked() -> None:
+    d = Dispatcher(clock=ManualClock(0.0), max_replay=4, spill=True)
+    d.add_consumer("a")
+    d.publish(1, "k")
+    with pytest.raises(PositionError, match="restore only right after poll"):
+        d.restore(1, "k")
+    d.poll()
+    with pytest.raises(PositionError, match="is not parked"):
+        d.restore(1, "k")
+    with pytest.raises(PositionError, match="keyed message"):
+        d.restore(2, None)
+    with pytest.raises(PositionError, match="through must be an int position up to the last published 1"):
+        d.restored([key_hash("k")], 5)
+    with pytest.raises(ConfigError, match="spill must be a bool"):
+        Dispatcher(spill=1)  # type: ignore[arg-type]

@@ -105,6 +105,7 @@ class Model:
     loose: set[int] = field(default_factory=set)  # in-flight positions delivered in unordered mode
     unacked_limit: int = 0
     blocked: set[str] = field(default_factory=set)  # consumers at their unacked limit
+    routed_through: int = -1  # the last position published before the last poll
     last_position: int = -1
 
     # -- derived -----------------------------------------------------------------------
@@ -223,6 +224,18 @@ class Model:
         return limit is not None and self.failures[position] > limit
 
 
+def parked_positions(d: Dispatcher, model: Model) -> set[int]:
+    """Pending positions the dispatcher does not hold: those of a parked slot from its first parked position on."""
+    parked = d._parked  # white box: slot -> first position not held
+    return {
+        p
+        for p in model.pending()
+        if (kb := model.messages[p].kb) is not None
+        and p <= model.routed_through  # published since the last poll: held until routed
+        and p >= parked.get(key_hash(kb), model.last_position + 1)
+    }
+
+
 def owner_lookup(ranges: list[tuple[int, int, str]]) -> Callable[[int], str | None]:
     """Who owns a slot according to ``ranges`` (as returned by ``Dispatcher.ranges``)."""
     ends = [end for _, end, _ in ranges]
@@ -235,12 +248,33 @@ def owner_lookup(ranges: list[tuple[int, int, str]]) -> Callable[[int], str | No
 
 
 def poll_and_check(d: Dispatcher, model: Model, now: float) -> list[Delivery]:
-    """Poll at clock ``now``: the model takes back the leases due first, then checks the dead letters and deliveries."""
+    """Poll at clock ``now``: the model takes back the leases due first, then checks the dead letters and
+    deliveries; then it plays the IO layer's log, restoring what rereads() asks for."""
     model.expire(now)
     out = d.poll()
+    model.routed_through = model.last_position
     check_dead_letters(model, d.dead_letters())
     check_poll(d, model, out, now)
+    reread(d, model)
     return out
+
+
+def reread(d: Dispatcher, model: Model) -> None:
+    """Re-read the parked slots rereads() names from the model's log, in position order, while the bound allows."""
+    slots = d.rereads()
+    if not slots:
+        return
+    event("parked slots re-read")
+    through = model.last_position
+    for position, message in sorted(model.messages.items()):
+        slot = None if message.kb is None else key_hash(message.kb)
+        if slot not in slots or position < slots[slot]:
+            continue
+        if not d.wants():
+            through = position - 1
+            break
+        d.restore(position, message.key, message.payload)
+    d.restored(slots, through)
 
 
 def check_dead_letters(model: Model, letters: list[DeadLetter]) -> None:
@@ -303,14 +337,16 @@ def check_poll(d: Dispatcher, model: Model, out: list[Delivery], now: float = 0.
         if model.ack_timeout:
             model.deadline[position] = now + model.ack_timeout
     check_nothing_held_back(d, model)
-    assert d.stats()["replay"] == len(model.pending()), "after a poll every pending message is in the replay buffer"
+    parked = parked_positions(d, model)
+    assert d.stats()["replay"] == len(model.pending()) - len(parked), "after a poll every held pending message waits"
 
 
 def check_nothing_held_back(d: Dispatcher, model: Model) -> None:
     """After a poll, no pending message may be deliverable (G5: nothing waits needlessly)."""
     owner = owner_lookup(d.ranges())
+    parked = parked_positions(d, model)
     if model.unordered:  # every waiting message goes to any consumer with permits
-        waiting = model.pending()
+        waiting = [p for p in model.pending() if p not in parked]
         with_permits = sorted(c for c in model.permits if model.can_take(c))
         assert not (waiting and with_permits), f"unordered: {waiting[:3]} pending while {with_permits} have permits"
         return
@@ -318,6 +354,9 @@ def check_nothing_held_back(d: Dispatcher, model: Model) -> None:
         pending = [p for p in positions if model.is_pending(p)]
         if not pending or any(p in model.loose for p in positions):
             continue  # nothing waits, or the key waits for its deliveries from unordered mode
+        if pending[0] in parked:
+            event("a key waits in the log: its slot is parked")
+            continue  # the IO layer re-reads it once rereads() names the slot
         key_owner = owner(key_hash(kb))
         holders = model.holders_of(kb)
         if not holders <= {key_owner}:
@@ -366,7 +405,8 @@ def check_state(d: Dispatcher, model: Model) -> None:
     """The invariants that hold between any two calls."""
     d._audit()  # the core's own internal invariants (heaps, holders, draining bookkeeping)
     # G4: the bound.
-    held = model.held()
+    parked = parked_positions(d, model)
+    held = model.held() - len(parked)
     assert held <= model.max_replay
     assert d.wants() == model.max_replay - held
     # G1: every key's unacked deliveries sit on one consumer (but those made in unordered mode).
@@ -389,7 +429,7 @@ def check_state(d: Dispatcher, model: Model) -> None:
     # Operator stats agree with the model.
     stats = d.stats()
     # Messages published since the last poll may not have reached the replay buffer yet.
-    assert stats["replay"] + stats.get("unrouted", 0) == len(model.pending())
+    assert stats["replay"] + stats.get("unrouted", 0) == len(model.pending()) - len(parked)
     assert set(stats["consumers"]) == set(model.consumers)
     for consumer in model.consumers:
         entry = stats["consumers"][consumer]
@@ -471,7 +511,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         position = self.model.last_position + gap
         self.payload_seq += 1
         payload = ("payload", self.payload_seq)
-        if self.model.held() >= self.model.max_replay:
+        if self.model.held() - len(parked_positions(self.d, self.model)) >= self.model.max_replay:
             event("publish at the bound")
             self.rejected(BufferFullError, lambda: self.d.publish(position, key, payload))
         else:
@@ -566,7 +606,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         elif kind == "stale position" and model.last_position >= 0:
             position = model.last_position - data.draw(st.integers(0, 2), label="back")
             self.rejected(PositionError, lambda: d.publish(position, "hot", None))
-        elif kind == "bad key" and model.held() < model.max_replay:
+        elif kind == "bad key" and d.wants():
             # The position stays free: the next publish may use it.
             key: Any = data.draw(st.sampled_from((7, 1.5, bytearray(b"hot"), ("hot",), "\udc80")), label="bad key")
             self.rejected(InvalidKeyError, lambda: d.publish(model.last_position + 1, key, None))
@@ -588,7 +628,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         for position, consumer in sorted(model.holder.items()):
             d.ack(consumer, position)
             model.ack(consumer, position)
-        for _ in range(5 + model.max_replay):  # an unacked limit lets only a few out per poll
+        for _ in range(5 + len(model.messages)):  # an unacked limit may let one out per poll
             if not model.held():
                 break
             for consumer in model.consumers:
@@ -716,6 +756,21 @@ class ModeMachine(LeaseMachine):
             event("back to ordered with deliveries from unordered mode still out")
 
 
+class SpillMachine(ModeMachine):
+    """The mode machine with spilling: at half the bound, the slots of keys that cannot go out are parked
+    and re-read from the model's log (the model counts them as pending, not held)."""
+
+    def make(self, clock: ManualClock) -> Dispatcher:
+        return Dispatcher(
+            clock=clock,
+            max_replay=MAX_REPLAY,
+            ack_timeout=self.TIMEOUT,
+            max_redeliveries=self.LIMIT,
+            max_unacked_per_consumer=self.LIMIT_UNACKED,
+            spill=True,
+        )
+
+
 class MultiShiftingMachine(DispatcherMachine):
     """The multi-range policy with at most two ranges each and shifts that fire on little traffic."""
 
@@ -761,6 +816,8 @@ ContiguousMachine.TestCase.settings = settings(max_examples=150, stateful_step_c
 ContiguousMidpointShiftingMachine.TestCase.settings = settings(max_examples=75, stateful_step_count=100, deadline=None)
 LeaseMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=100, deadline=None)
 ModeMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=100, deadline=None)
+SpillMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=100, deadline=None)
+TestSpillMachine = SpillMachine.TestCase
 TestModeMachine = ModeMachine.TestCase
 TestDispatcherMachine = DispatcherMachine.TestCase
 TestLeaseMachine = LeaseMachine.TestCase

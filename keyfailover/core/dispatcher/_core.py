@@ -28,6 +28,14 @@ and it counts against ``max_replay`` until the IO layer confirms it stored it. A
 the first of the key whose lease expired, the first of the key on a removed consumer) or
 keyless; the later ones of the key, returned only to keep the key's order, do not fail.
 
+With ``spill`` (for an IO layer that keeps a log), a bounded buffer never stops reading for
+everyone because of the keys some consumers cannot take: once half of ``max_replay`` is
+held, a fresh message whose owner has no permits (or whose key is blocked) is not held; its
+slot is *parked* from that position, and every later message of the slot too. The dispatcher
+then keeps one position per parked slot, not the messages. When an owner can take again,
+:meth:`rereads` names the slots and where to re-read them from; the IO layer re-reads its log
+and hands the messages back with :meth:`restore`, then :meth:`restored` says how far it got.
+
 The consume mode is ``ordered`` (all of the above) or ``unordered`` (pop, as RocketMQ's
 RIP-19): every waiting message, keyed or not, is in one queue in position order and goes to
 the next consumer with permits, round robin, under a lease; ranges are kept up to date but
@@ -257,6 +265,20 @@ class _Consumer:
         self.withheld = 0
 
 
+def _make_message(position: int, key: Key, payload: Any) -> _Message:
+    """A message with its key's bytes and slot (raises :class:`InvalidKeyError` for a bad key)."""
+    if key is None:
+        return _Message(position, None, None, -1, payload)
+    if type(key) is str:
+        try:
+            kb = key.encode()
+        except UnicodeEncodeError:
+            kb = key_bytes(key)  # raises the descriptive InvalidKeyError
+    else:
+        kb = key if type(key) is bytes else key_bytes(key)
+    return _Message(position, key, kb, mmh3.hash(kb, 0, False) & _SLOT_MASK, payload)
+
+
 def _insert_by_position(queue: deque[_Message], message: _Message) -> None:
     """Put ``message`` into ``queue`` (sorted by position) where it belongs."""
     for index, queued in enumerate(queue):
@@ -309,6 +331,9 @@ class Dispatcher:
             more until it is down to half of them (Pulsar's maxUnackedMessagesPerConsumer);
             0 (the default) is no limit.
         consume_mode: ``"ordered"`` (the default) or ``"unordered"``; see :meth:`set_consume_mode`.
+        spill: park the slots of keys that cannot go out once half of ``max_replay`` is held,
+            for the IO layer to re-read from its log (see :meth:`rereads`); off by default, as
+            an IO layer without a log would lose what is parked.
     """
 
     def __init__(
@@ -328,6 +353,7 @@ class Dispatcher:
         max_redeliveries: int | None = None,
         consume_mode: ConsumeMode = "ordered",
         max_unacked_per_consumer: int = 0,
+        spill: bool = False,
     ) -> None:
         if not callable(clock):
             raise ConfigError(f"clock must be a callable returning seconds, not {clock!r}")
@@ -344,6 +370,8 @@ class Dispatcher:
         check_leases(ack_timeout, max_redeliveries)
         check_consume_mode(consume_mode)
         _check_int("max_unacked_per_consumer", max_unacked_per_consumer, 0)
+        if type(spill) is not bool:
+            raise ConfigError(f"spill must be a bool, not {spill!r}")
         now = clock()
         if type(now) not in (int, float) or not math.isfinite(now):
             raise ConfigError(f"clock() must return a finite number of seconds, returned {now!r}")
@@ -397,6 +425,11 @@ class Dispatcher:
         self._unordered = consume_mode == "unordered"
         self._unacked_limit = max_unacked_per_consumer
         self._unacked_resume = max_unacked_per_consumer // 2
+        self._spill = spill
+        self._park_at = max(max_replay // 2, 1)
+        self._parked: dict[int, int] = {}  # slot -> the first position of it not held (re-read from the log)
+        self._parked_total = 0  # messages not held because their slot was parked
+        self._reread_due = False  # something changed that may let a parked slot go out
 
     # -- consumers -------------------------------------------------------------------
 
@@ -440,6 +473,7 @@ class Dispatcher:
         consumer = self._consumer(cid)
         if type(permits) is not int or permits < 0:
             raise PermitsError(f"permits must be a non-negative int, not {permits!r}")
+        self._reread_due = True
         if consumer.unacked_blocked:
             consumer.withheld += permits
         elif permits:
@@ -462,27 +496,101 @@ class Dispatcher:
         last = self._last_position
         if last is not None and position <= last:
             raise PositionError(f"position {position} is not after the last published position {last}")
-        if self._held >= self._max_replay:
-            raise BufferFullError(
-                f"the dispatcher holds {self._held} unacked messages, its max_replay bound; "
-                "expected publish only while wants() > 0"
-            )
-        if key is None:
-            message = _Message(position, None, None, -1, payload)
-        else:
-            if type(key) is str:
-                try:
-                    kb = key.encode()
-                except UnicodeEncodeError:
-                    kb = key_bytes(key)  # raises the descriptive InvalidKeyError
-            else:
-                kb = key if type(key) is bytes else key_bytes(key)
-            slot = mmh3.hash(kb, 0, False) & _SLOT_MASK
-            message = _Message(position, key, kb, slot, payload)
-            self._meter.slot_log.append(slot)
+        self._check_room()
+        message = _make_message(position, key, payload)
+        if message.kb is not None:
+            self._meter.slot_log.append(message.slot)
         self._last_position = position
         self._held += 1
         self._fresh.append(message)
+
+    def _check_room(self) -> None:
+        if self._held >= self._max_replay:
+            raise BufferFullError(
+                f"the dispatcher holds {self._held} unacked messages, its max_replay bound; "
+                "expected publish and restore only while wants() > 0"
+            )
+
+    # -- spilling to the log -----------------------------------------------------------
+
+    def rereads(self) -> dict[int, int]:
+        """Parked slots whose messages may go out now: ``{slot: first position to re-read}``.
+
+        Call it after :meth:`poll`; re-read the log from each position on (up to the last
+        published one), :meth:`restore` each message of those slots in position order while
+        :meth:`wants` allows, then call :meth:`restored`. Empty unless something changed since
+        the last call that lets a parked slot's owner take messages.
+        """
+        if not self._parked or not self._reread_due or self._fresh or self._held >= self._park_at:
+            return {}
+        self._reread_due = False
+        if self._unordered:
+            return dict(self._parked)
+        owners, ends = self._owners, self._ends
+        if not owners:
+            return {}
+        return {slot: first for slot, first in self._parked.items() if owners[bisect.bisect_left(ends, slot)].permits}
+
+    def restore(self, position: int, key: Key, payload: Any = None) -> None:
+        """Hand back a parked message re-read from the log (its slot parked at or before ``position``).
+
+        Restored messages of a slot come in position order and count against ``max_replay``
+        as published ones do.
+        """
+        if self._fresh:
+            raise PositionError("restore only right after poll(): published messages are waiting to be routed")
+        message = _make_message(position, key, payload) if type(position) is int else None
+        if message is None or message.kb is None:
+            raise PositionError(f"restore takes a keyed message at an int position, not {position!r}, {key!r}")
+        first = self._parked.get(message.slot)
+        last = self._last_position
+        if first is None or position < first or last is None or position > last:
+            raise PositionError(
+                f"position {position} (slot {message.slot}) is not parked: expected a position from "
+                f"{first} to {last} of a slot rereads() named"
+            )
+        self._check_room()
+        self._held += 1
+        self._parked[message.slot] = position + 1
+        if self._unordered:
+            self._keyless.append(message)
+            return
+        kb = message.kb
+        state = self._keys.get(kb)
+        if state is None:
+            state = self._keys[kb] = _KeyState(kb, message.slot, None, 0)
+        state.pending.append(message)
+        if len(state.pending) == 1:
+            self._reroute(state)
+
+    def restored(self, slots: Iterable[int], through: int) -> None:
+        """Every message of ``slots`` up to ``through`` was re-read; a slot re-read to the end is unparked."""
+        last = self._last_position
+        if type(through) is not int or last is None or through > last:
+            raise PositionError(f"through must be an int position up to the last published {last}, not {through!r}")
+        parked = self._parked
+        for slot in slots:
+            first = parked.get(slot)
+            if first is None:
+                continue
+            if through >= last:
+                del parked[slot]
+            elif through >= first:
+                parked[slot] = through + 1
+        self._reread_due = True  # the budget may have run out: ask again after the next poll
+
+    def _stalled(self, state: _KeyState | None, slot: int) -> bool:
+        """Whether a fresh message of ``slot`` (its key's ``state``) would wait for a while: park it."""
+        owners = self._owners
+        if not owners:
+            return False  # nobody to take anything: parking would not let others go on
+        owner = owners[bisect.bisect_left(self._ends, slot)]
+        return not owner.permits or (state is not None and bool(state.draining or state.loose))
+
+    def _park(self, message: _Message) -> None:
+        self._held -= 1
+        self._parked.setdefault(message.slot, message.position)
+        self._parked_total += 1
 
     def poll(self) -> list[Delivery]:
         """Route everything that can go out now and return the deliveries.
@@ -703,6 +811,7 @@ class Dispatcher:
         check_consume_mode(mode)
         if mode == self.consume_mode:
             return
+        self._reread_due = True
         keys = self._keys
         if mode == "unordered":
             waiting = [*self._keyless, *(m for state in keys.values() for m in state.pending)]
@@ -825,6 +934,8 @@ class Dispatcher:
             "dead_lettered": self._dead_total,
             "dead_letters_unconfirmed": len(self._dead_out) + len(self._dead_unconfirmed),
             "consume_mode": self.consume_mode,
+            "parked_slots": len(self._parked),
+            "parked_messages": self._parked_total,
         }
 
     def drain_histogram(self) -> Histogram:
@@ -903,7 +1014,15 @@ class Dispatcher:
     def _serve_unordered(self, out: list[Delivery]) -> None:
         """Unordered mode: waiting messages, then fresh ones, round robin to consumers with permits (pop)."""
         waiting = self._keyless
-        waiting.extend(self._fresh)
+        parked = self._parked
+        if parked:  # a parked slot's later messages are re-read from the log, in unordered mode too
+            for message in self._fresh:
+                if message.kb is not None and message.slot in parked:
+                    self._park(message)
+                else:
+                    waiting.append(message)
+        else:
+            waiting.extend(self._fresh)
         self._fresh.clear()
         keys = self._keys
         limit = self._max_redeliveries
@@ -941,6 +1060,8 @@ class Dispatcher:
         fresh = self._fresh
         keyless = self._keyless
         keyless_blocked = False
+        parked = self._parked if self._spill else None
+        park_at = self._park_at
         while fresh:
             message = fresh.popleft()
             kb = message.kb
@@ -953,6 +1074,11 @@ class Dispatcher:
                     deliver(consumer, message, out)
                 continue
             state = keys.get(kb)
+            if parked is not None and (
+                message.slot in parked or (self._held >= park_at and self._stalled(state, message.slot))
+            ):
+                self._park(message)
+                continue
             if state is not None and state.pending:
                 state.pending.append(message)
                 continue
@@ -1080,6 +1206,7 @@ class Dispatcher:
     def _resume(self, consumer: _Consumer) -> None:
         """``consumer`` acked down to half its unacked limit: its withheld permits count again."""
         consumer.unacked_blocked = False
+        self._reread_due = True
         consumer.permits += consumer.withheld
         consumer.withheld = 0
         if consumer.permits and consumer.ready:
@@ -1193,6 +1320,7 @@ class Dispatcher:
         self, planned: RangeMap, now: float, reason: str, consumer: str | None, returned: list[_KeyState]
     ) -> None:
         """Install ``planned`` and re-route every key whose owner changed (G1)."""
+        self._reread_due = True
         old = self._map
         moved = moved_slots(old, planned)
         traffic = self._meter.traffic
@@ -1263,6 +1391,7 @@ class Dispatcher:
     def _release(self, state: _KeyState) -> None:
         """``state`` stops draining; mark the changes that no longer wait for any key drained."""
         state.draining = False
+        self._reread_due = True
         since = self._draining_since
         left = since[state.drain_seq] - 1
         if left:
@@ -1350,6 +1479,9 @@ class Dispatcher:
         since = Counter(state.drain_seq for state in self._keys.values() if state.draining)
         assert since == Counter(self._draining_since), f"draining by change {since} != {self._draining_since}"
         assert held == self._held, f"held {self._held}, counted {held}"
+        assert self._spill or not self._parked, "parked without spill"
+        last = self._last_position
+        assert all(last is not None and first <= last + 1 for first in self._parked.values()), "parked past the end"
         assert self._held <= self._max_replay, f"held {self._held} above max_replay {self._max_replay}"
         stuck = {cid for cid, consumer in self._consumers.items() if consumer.stuck}
         assert set(self._consumers) == set(self._map.consumers()) | set(self._standby) | stuck, "membership"

@@ -181,3 +181,47 @@ def _owns(consumer: Consumer, key: str) -> bool:
 
     slot = key_hash(key)
     return any(start <= slot <= end for start, end in consumer.ranges)
+
+
+def test_a_consumer_that_never_acks_does_not_stop_the_others(tmp_path: Path) -> None:
+    """The never-acking bar at small scale: with a buffer of 200 and an unacked limit of 20, the healthy
+    consumer gets every message of its keys while the other holds its 20 (its keys' messages stay in the
+    log, parked, not in memory); once the stuck one leaves, the rest comes from the log, in order."""
+    keys = [f"account-{i}" for i in range(100)]
+    count = 5000
+    options = ("--max-replay", "200", "--max-unacked-per-consumer", "20", "--ack-timeout", "3600")
+    with (
+        ServerProcess(tmp_path / "data", *options, "--metrics-port", "0") as server,
+        Client(server.url) as client,
+    ):
+        stuck = client.subscribe("orders", "billing", consumer_name="stuck", receiver_queue_size=1000)
+        healthy = client.subscribe("orders", "billing", consumer_name="healthy", receiver_queue_size=1000)
+        wait_until(lambda: bool(stuck.ranges) and bool(healthy.ranges), "both consumers own ranges")
+        mine = [key for key in keys if _owns(healthy, key)]
+        positions = produce(client, "orders", [(keys[i % len(keys)], b"x") for i in range(count)])
+        key_at = {position: keys[i % len(keys)] for i, position in enumerate(positions)}
+        expected = {position for position, key in key_at.items() if key in mine}
+        got: list[Message] = []
+
+        def take_healthy(until: set[int]) -> None:
+            seen = {m.position for m in got}
+            while not until <= seen:
+                message = healthy.receive(timeout=30)
+                got.append(message)
+                seen.add(message.position)
+                healthy.acknowledge(message)
+
+        take_healthy(expected)  # the stuck consumer never takes a message: its application is blocked
+        stats = json.loads(run_cli("stats", "--admin-url", str(server.admin_url), "--json").stdout)
+        dispatcher = stats["subscriptions"][0]["dispatcher"]
+        assert dispatcher["consumers"]["stuck"]["unacked"] == 20
+        assert dispatcher["held"] <= 200 and dispatcher["parked_slots"] > 0
+        stuck.close()  # its messages and keys go to the healthy consumer, the parked ones re-read from the log
+        take_healthy(set(positions))
+        order: dict[str, list[int]] = {}
+        for message in got:
+            order.setdefault(str(message.key), []).append(message.position)
+        for key, seen in order.items():
+            first = [p for i, p in enumerate(seen) if p not in seen[:i]]
+            assert first == sorted(first), f"{key}: first deliveries out of order"
+    assert "Traceback" not in server.errors(), server.errors()

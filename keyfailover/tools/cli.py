@@ -317,6 +317,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_redeliveries=args.max_redeliveries,
             max_unacked_per_consumer=args.max_unacked_per_consumer,
             consume_mode=args.consume_mode,
+            max_replay=args.max_replay,
         ),
     )
     return asyncio.run(run_server(config))
@@ -803,6 +804,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="after this many redeliveries a message goes to the dead-letter topic <topic>-<subscription>-DLQ "
         "and its key goes on (default: redeliver for ever)",
+    )
+    serve.add_argument(
+        "--max-replay",
+        type=_int_between(100, 100_000_000, "a number of messages"),
+        default=100_000,
+        help="messages a subscription holds unacked in memory, waiting and in flight (default 100000); past half "
+        "of it, the messages of consumers that cannot take them stay in the log and are re-read later",
     )
     serve.add_argument(
         "--consume-mode",

@@ -33,6 +33,7 @@ from keyfailover.core.dispatcher import (
     check_leases,
 )
 from keyfailover.core.errors import ConfigError, ErrorCode, NotInFlightError, ProtocolError
+from keyfailover.core.hashing import key_hash
 from keyfailover.core.rebalance import DEFAULT_MAX_RANGES, check_policy_choice
 
 __all__ = ["Session", "Subscription", "SubscriptionConfig"]
@@ -125,6 +126,7 @@ class Subscription:
             max_redeliveries=config.max_redeliveries,
             consume_mode=consume_mode,
             max_unacked_per_consumer=config.max_unacked_per_consumer,
+            spill=True,  # the log is here: what a blocked consumer cannot take is re-read from it, not held
         )
         self.sessions: dict[str, Session] = {}
         self._storage = storage
@@ -308,6 +310,10 @@ class Subscription:
             letters = dispatcher.dead_letters()
             if letters or self._unburied:
                 await self._bury(letters)
+            slots = dispatcher.rereads()
+            if slots:
+                await self._reread(slots)
+                continue  # deliver what came back before reading on
             wanted = dispatcher.wants()
             last = self._storage.last_position(self.topic)
             if not wanted or self._read_position >= last or not self.sessions:
@@ -371,6 +377,38 @@ class Subscription:
             dead_letter_topic(self.topic, self.name),
             "/".join(sorted({str(letter.redelivery_count + 1) for letter in unburied})),
         )
+
+    async def _reread(self, slots: dict[int, int]) -> None:
+        """Re-read parked slots from the log (from each one's first parked position) and restore them in order.
+
+        Stops where the dispatcher's bound does, and tells it how far every slot was re-read.
+        """
+        dispatcher = self.dispatcher
+        after = min(slots.values()) - 1
+        end = self._read_position  # everything published so far: the pump publishes all it reads
+        through = end
+        cache = self._cache
+        while after < end:
+            batch = await self._storage.call(self._storage.log.read, self.topic, after, min(_READ_BATCH, end - after))
+            if not batch:
+                break
+            for message in batch:
+                position, key = message.position, message.key
+                if position > end:
+                    break
+                if key is None or position < slots.get(key_hash(key), position + 1) or self.cursor.is_acked(position):
+                    continue  # not parked, or acked before a restart (never published again)
+                if not dispatcher.wants():
+                    through = position - 1
+                    break
+                dispatcher.restore(position, key, None)
+                cache[position] = message
+            else:
+                after = batch[-1].position
+                continue
+            break
+        dispatcher.restored(slots, through)
+        self._trim_cache()
 
     def _trim_cache(self) -> None:
         cache = self._cache

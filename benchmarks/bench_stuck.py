@@ -10,10 +10,11 @@ allows, polls, acks, and, with spilling, re-reads the parked slots from its log 
 within the bound. A row ends when every message of the healthy consumers' keys was
 delivered, or when nothing moved for a round (reading stopped).
 
-Rows, each in its own process (so the peak resident memory is that row's): the dispatcher
+Rows, each in its own process: the dispatcher
 with ``spill=True`` (what ``keyfailover serve`` runs) and the peer, the same dispatcher
 without it (what keyfailover did before issue 13, and what Pulsar does: at the bound,
-reading stops for every key).
+reading stops for every key). "dispatcher MiB" is the growth of the row process's peak
+resident memory over what it had once its log was built: what the dispatcher held.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def run(spill: bool, total: int, results: Queue[tuple[Any, ...]]) -> None:
         d.add_consumer(name)
         d.flow(name, total)
     slots = np.fromiter((key_hash(k) for k in keys), np.int64, total)
+    log_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # the process with its log, before any message
     healthy_expected = sum(1 for k in keys if d.owner_of(k) != "stuck")
     delivered = 0
     published = 0
@@ -76,7 +78,7 @@ def run(spill: bool, total: int, results: Queue[tuple[Any, ...]]) -> None:
         if (published, delivered) == before and not parked:
             break  # nothing moved: reading stopped
     seconds = time.perf_counter() - started
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - log_kib
     results.put((delivered, healthy_expected, total - published, seconds, peak_kib, d.stats()["parked_slots"]))
 
 
@@ -107,7 +109,7 @@ def main() -> None:
     print_table(
         f"A consumer that never acks beside 3 healthy ones: {format_count(total)} messages over {KEYS:,} keys, "
         f"max_replay {total // 10:,}, unacked limit {total // 20:,}",
-        ["Dispatcher", "messages", "healthy got / of theirs", "never read", "parked slots", "seconds", "peak MiB"],
+        ["Dispatcher", "messages", "healthy got", "never read", "parked slots", "seconds", "dispatcher MiB"],
         rows,
     )
     delivered, expected = measured[True][:2]

@@ -21,7 +21,7 @@ HEADERS = {
     "bench_rebalance.py": ("operation", "consumers", "median ms", "max ms", "median vs uhashring"),
     "bench_log.py": ("writer", "synchronous", "batch", "messages", "messages/s", "vs peer"),
     "bench_spark.py": ("job", "rows", "partitions", "seconds", "median s", "rows/s", "vs native"),
-    "bench_stuck.py": ("Dispatcher", "messages", "healthy got / of theirs", "never read", "parked slots", "peak MiB"),
+    "bench_stuck.py": ("Dispatcher", "messages", "healthy got", "never read", "parked slots", "dispatcher MiB"),
     "bench_e2e.py": ("system", "mode", "messages", "msgs/s", "p50 ms", "p99 ms", "vs redis same durability"),
 }
 

@@ -376,3 +376,38 @@ def test_restore_refuses_what_was_not_parked() -> None:
         d.restored([key_hash("k")], 5)
     with pytest.raises(ConfigError, match="spill must be a bool"):
         Dispatcher(spill=1)  # type: ignore[arg-type]
+
+
+def test_a_consumer_whose_backlog_keeps_growing_sheds_range_to_an_idle_one() -> None:
+    """Issue 13 part 2: a slow consumer (no permits left) beside an idle one loses range to it,
+    so its waiting keys move; the change is a "backlog" rebalance."""
+    clock = ManualClock(0.0)
+    d = Dispatcher(clock=clock, backlog_interval=1.0, shift_interval=3600.0)
+    d.add_consumer("slow")
+    d.add_consumer("idle")
+    d.flow("slow", 10)
+    d.flow("idle", 10_000)
+    slow_keys = [f"key-{i}" for i in range(2000) if d.owner_of(f"key-{i}") == "slow"][:200]
+    position = 0
+    before = d.ranges_of("slow")
+    for _ in range(4):
+        for key in slow_keys:
+            position += 1
+            d.publish(position, key)
+        for delivery in d.poll():
+            d.ack(delivery.consumer, delivery.position)
+        clock.advance(1.0)
+        d.poll()
+    assert d.stats()["rebalances"].get("backlog") == 1
+    after = d.ranges_of("slow")
+    assert sum(e - s + 1 for s, e in after) < sum(e - s + 1 for s, e in before)
+    moved = [key for key in slow_keys if d.owner_of(key) == "idle"]
+    assert moved, "some of the slow consumer's waiting keys went to the idle one"
+    assert d.stats()["consumers"]["idle"]["unacked"] > 0, "and it took their messages at once"
+    d._audit()
+
+
+def test_a_backlog_interval_must_be_positive_or_none() -> None:
+    for bad in (0, -1.0, float("nan"), "5"):
+        with pytest.raises(ConfigError, match="backlog_interval"):
+            Dispatcher(backlog_interval=bad)  # type: ignore[arg-type]

@@ -783,6 +783,7 @@ class MultiShiftingMachine(DispatcherMachine):
             shift_threshold=1.05,
             shift_interval=1.0,
             shift_min_traffic=1.0,
+            backlog_interval=1.0,
         )
 
 
@@ -806,6 +807,7 @@ class ContiguousMidpointShiftingMachine(DispatcherMachine):
             shift_threshold=1.05,
             shift_interval=1.0,
             shift_min_traffic=1.0,
+            backlog_interval=1.0,
         )
 
 

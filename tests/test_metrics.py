@@ -346,6 +346,7 @@ def test_each_subscription_sums_to_one_and_one_without_consumers_reports_zero() 
         "timeout": 0,
         "stuck": 0,
         "recovered": 0,
+        "backlog": 0,
     }
     # No traffic: the pair is even, and nothing moved any traffic.
     assert value(families, "keyfailover_load_imbalance", topic="orders", subscription="audit") == 1.0
@@ -391,7 +392,7 @@ def test_rebalances_by_reason_and_stickiness_of_the_last_change() -> None:
     families = scrape_dispatcher(r.dispatcher)
     assert r.reasons == Counter(join=5, leave=1, timeout=1, shift=1)
     reasons = values(families, "keyfailover_rebalances_total", "reason", **SUB)
-    expected = ("join", "leave", "shift", "timeout", "stuck", "recovered")
+    expected = ("join", "leave", "shift", "timeout", "stuck", "recovered", "backlog")
     assert reasons == {reason: r.reasons[reason] for reason in expected}
     assert reasons == {reason: r.dispatcher.stats()["rebalances"].get(reason, 0) for reason in reasons}
     last = r.dispatcher.rebalances()[-1]

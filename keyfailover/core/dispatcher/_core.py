@@ -58,6 +58,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, NamedTuple
 
 import mmh3
+import numpy as np
 
 from keyfailover.core.dispatcher._load import LoadMeter
 from keyfailover.core.errors import (
@@ -144,6 +145,9 @@ Kafka share groups' record lock. The core's own default is 0 (no leases): its ca
 Key = str | bytes | None
 
 _SLOT_MASK = HASH_RANGE_SIZE - 1
+
+_BACKLOG_MIN = 100
+"""Waiting messages below which a consumer's backlog is not worth a range change."""
 
 _EXPIRED_REMEMBERED = 10_000
 """Positions taken back from one consumer that are remembered, so that a late ack of one is
@@ -331,6 +335,11 @@ class Dispatcher:
             more until it is down to half of them (Pulsar's maxUnackedMessagesPerConsumer);
             0 (the default) is no limit.
         consume_mode: ``"ordered"`` (the default) or ``"unordered"``; see :meth:`set_consume_mode`.
+        backlog_interval: seconds between backlog checks: a consumer whose waiting messages
+            grew since the last check (to at least 100, or a tenth of ``max_replay`` if less)
+            while another has idle permits sheds
+            range to the others, as a shift would with its backlog counted as traffic; None
+            disables (so does ``shift_threshold=None``).
         spill: park the slots of keys that cannot go out once half of ``max_replay`` is held,
             for the IO layer to re-read from its log (see :meth:`rereads`); off by default, as
             an IO layer without a log would lose what is parked.
@@ -354,6 +363,7 @@ class Dispatcher:
         consume_mode: ConsumeMode = "ordered",
         max_unacked_per_consumer: int = 0,
         spill: bool = False,
+        backlog_interval: float | None = 5.0,
     ) -> None:
         if not callable(clock):
             raise ConfigError(f"clock must be a callable returning seconds, not {clock!r}")
@@ -372,6 +382,8 @@ class Dispatcher:
         _check_int("max_unacked_per_consumer", max_unacked_per_consumer, 0)
         if type(spill) is not bool:
             raise ConfigError(f"spill must be a bool, not {spill!r}")
+        if backlog_interval is not None:
+            _check_number("backlog_interval", backlog_interval, 0.0, inclusive=False, extra=" or None")
         now = clock()
         if type(now) not in (int, float) or not math.isfinite(now):
             raise ConfigError(f"clock() must return a finite number of seconds, returned {now!r}")
@@ -430,6 +442,10 @@ class Dispatcher:
         self._parked: dict[int, int] = {}  # slot -> the first position of it not held (re-read from the log)
         self._parked_total = 0  # messages not held because their slot was parked
         self._reread_due = False  # something changed that may let a parked slot go out
+        self._backlog_interval = None if shift_threshold is None else backlog_interval
+        self._last_backlog = now
+        self._backlog_seen: dict[str, int] = {}  # waiting messages per consumer at the last check
+        self._backlog_min = min(_BACKLOG_MIN, max(max_replay // 10, 1))
 
     # -- consumers -------------------------------------------------------------------
 
@@ -615,6 +631,9 @@ class Dispatcher:
         if self._leases and self._leases[0][0] <= now:
             self._expire(now)
         self._deadline = now + self._ack_timeout
+        interval = self._backlog_interval
+        if interval is not None and now - self._last_backlog >= interval and not self._unordered:
+            self._check_backlog(now)
         if self._shift_threshold is not None and now - self._last_shift >= self._shift_interval:
             self._maybe_shift(now)
         elif now - self._last_sample >= 1.0 or self._meter.needs_fold():
@@ -1406,6 +1425,38 @@ class Dispatcher:
                 change = undrained.popleft()
                 change.drained_at = now
                 self._drain_seconds.observe(max(now - change.event.time, 0.0))
+
+    def _check_backlog(self, now: float) -> None:
+        """A consumer whose waiting messages keep growing while another has idle permits sheds range.
+
+        The policy's shift decides, on the measured traffic plus each slot's waiting messages
+        (ready to go, not blocked by draining): what a slow consumer cannot take counts as
+        load on it, so the shift moves as little range as makes the loads even again.
+        """
+        self._last_backlog = now
+        owner_of = self._owner_of_slot
+        waiting: Counter[str] = Counter()
+        per_slot: Counter[int] = Counter()
+        for state in self._keys.values():
+            if state.pending and not state.draining and not state.loose:
+                owner = owner_of(state.slot)
+                if owner is not None:
+                    waiting[owner.cid] += len(state.pending)
+                    per_slot[state.slot] += len(state.pending)
+        seen, self._backlog_seen = self._backlog_seen, dict(waiting)
+        least = self._backlog_min
+        growing = [c for c, count in waiting.items() if count >= least and count > seen.get(c, count)]
+        idle = any(c.permits and not waiting[cid] and not c.stuck for cid, c in self._consumers.items())
+        if not growing or not idle:
+            return
+        self._sample(now)
+        traffic = np.array(self._meter.traffic, dtype=np.float64)
+        slots = np.fromiter(per_slot.keys(), np.intp, len(per_slot))
+        traffic[slots] += np.fromiter(per_slot.values(), np.float64, len(per_slot))
+        planned = self._policy.shift(self._map, Load(self._meter.rates, traffic))
+        if planned is not None:
+            self._apply(planned, now, "backlog", None, [])
+            self._backlog_seen = {}
 
     def _maybe_shift(self, now: float) -> None:
         self._sample(now)

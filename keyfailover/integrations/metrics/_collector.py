@@ -34,7 +34,7 @@ from keyfailover.core.histogram import Histogram
 
 __all__ = ["METRIC_NAMES", "KeyFailoverCollector", "ServerView", "SubscriptionView"]
 
-REASONS = ("join", "leave", "shift", "timeout", "stuck", "recovered")
+REASONS = ("join", "leave", "shift", "timeout", "stuck", "recovered", "backlog")
 
 
 @dataclass(frozen=True)

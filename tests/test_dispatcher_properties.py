@@ -731,6 +731,7 @@ class ModeMachine(LeaseMachine):
     random, and an unacked limit of 3 per consumer."""
 
     LIMIT_UNACKED = 3
+    SPILL = False
 
     def make(self, clock: ManualClock) -> Dispatcher:
         return Dispatcher(
@@ -739,6 +740,7 @@ class ModeMachine(LeaseMachine):
             ack_timeout=self.TIMEOUT,
             max_redeliveries=self.LIMIT,
             max_unacked_per_consumer=self.LIMIT_UNACKED,
+            spill=self.SPILL,
         )
 
     def make_model(self) -> Model:
@@ -760,15 +762,7 @@ class SpillMachine(ModeMachine):
     """The mode machine with spilling: at half the bound, the slots of keys that cannot go out are parked
     and re-read from the model's log (the model counts them as pending, not held)."""
 
-    def make(self, clock: ManualClock) -> Dispatcher:
-        return Dispatcher(
-            clock=clock,
-            max_replay=MAX_REPLAY,
-            ack_timeout=self.TIMEOUT,
-            max_redeliveries=self.LIMIT,
-            max_unacked_per_consumer=self.LIMIT_UNACKED,
-            spill=True,
-        )
+    SPILL = True
 
 
 class MultiShiftingMachine(DispatcherMachine):

@@ -1019,30 +1019,9 @@ class Dispatcher:
         self._wake.clear()
 
     def _serve_keyless(self, out: list[Delivery]) -> None:
+        """The shared queue, round robin to consumers with permits: keyless messages, and in unordered
+        mode every waiting message (a keyed one goes out loose)."""
         waiting = self._keyless
-        limit = self._max_redeliveries
-        while waiting:
-            if limit is not None and waiting[0].failures > limit:
-                self._dead_letter(waiting.popleft())
-                continue
-            consumer = self._next_with_permits()
-            if consumer is None:
-                return
-            self._deliver(consumer, waiting.popleft(), out)
-
-    def _serve_unordered(self, out: list[Delivery]) -> None:
-        """Unordered mode: waiting messages, then fresh ones, round robin to consumers with permits (pop)."""
-        waiting = self._keyless
-        parked = self._parked
-        if parked:  # a parked slot's later messages are re-read from the log, in unordered mode too
-            for message in self._fresh:
-                if message.kb is not None and message.slot in parked:
-                    self._park(message)
-                else:
-                    waiting.append(message)
-        else:
-            waiting.extend(self._fresh)
-        self._fresh.clear()
         keys = self._keys
         limit = self._max_redeliveries
         while waiting:
@@ -1061,6 +1040,21 @@ class Dispatcher:
                 state.loose += 1
                 message.loose = True
             self._deliver(consumer, message, out)
+
+    def _serve_unordered(self, out: list[Delivery]) -> None:
+        """Unordered mode: waiting messages, then fresh ones, round robin to consumers with permits (pop)."""
+        waiting = self._keyless
+        parked = self._parked
+        if parked:  # a parked slot's later messages are re-read from the log, in unordered mode too
+            for message in self._fresh:
+                if message.kb is not None and message.slot in parked:
+                    self._park(message)
+                else:
+                    waiting.append(message)
+        else:
+            waiting.extend(self._fresh)
+        self._fresh.clear()
+        self._serve_keyless(out)
 
     def _next_with_permits(self) -> _Consumer | None:
         consumers = self._round_robin

@@ -30,9 +30,9 @@ from keyfailover.core.dispatcher import (
     Delivery,
     Dispatcher,
     check_consume_mode,
-    check_leases,
+    check_delivery_settings,
 )
-from keyfailover.core.errors import ConfigError, ErrorCode, NotInFlightError, ProtocolError
+from keyfailover.core.errors import ErrorCode, NotInFlightError, ProtocolError
 from keyfailover.core.hashing import key_hash
 from keyfailover.core.rebalance import DEFAULT_MAX_RANGES, check_policy_choice
 
@@ -73,12 +73,8 @@ class SubscriptionConfig:
     def __post_init__(self) -> None:
         # Checked here, so a bad setting stops the server at start, not at its first subscribe.
         check_policy_choice(self.policy, self.max_ranges)
-        check_leases(self.ack_timeout, self.max_redeliveries)
+        check_delivery_settings(self.ack_timeout, self.max_redeliveries, self.max_unacked_per_consumer)
         check_consume_mode(self.consume_mode)
-        if type(self.max_unacked_per_consumer) is not int or self.max_unacked_per_consumer < 0:
-            raise ConfigError(
-                f"max_unacked_per_consumer must be an int >= 0 (0: no limit), not {self.max_unacked_per_consumer!r}"
-            )
 
 
 class Session:
@@ -348,10 +344,11 @@ class Subscription:
         unburied = self._unburied
         cache = self._cache
         missing = [letter.position for letter in unburied if letter.position not in cache]
-        found = await self._storage.call(self._storage.log.read_positions, self.topic, missing) if missing else {}
+        if missing:
+            await self._read_into_cache(missing)
         entries = []
         for letter in unburied:
-            stored = cache.get(letter.position) or found.get(letter.position)
+            stored = cache.get(letter.position)
             if stored is None:
                 _log.error("dead letter at position %d of %s is not in the log", letter.position, self.topic)
                 continue
@@ -378,6 +375,11 @@ class Subscription:
             "/".join(sorted({str(letter.redelivery_count + 1) for letter in unburied})),
         )
 
+    async def _read_into_cache(self, positions: list[int]) -> None:
+        """Read the messages at ``positions`` (not cached) from the log into the payload cache."""
+        found = await self._storage.call(self._storage.log.read_positions, self.topic, positions)
+        self._cache.update(found)
+
     async def _reread(self, slots: dict[int, int]) -> None:
         """Re-read parked slots from the log (from each one's first parked position) and restore them in order.
 
@@ -386,16 +388,15 @@ class Subscription:
         dispatcher = self.dispatcher
         after = min(slots.values()) - 1
         end = self._read_position  # everything published so far: the pump publishes all it reads
-        through = end
+        through = end  # lowered where the bound stops the re-read
         cache = self._cache
-        while after < end:
+        while after < end and through == end:
+            # Positions have no gaps: the batch ends at or before ``end``.
             batch = await self._storage.call(self._storage.log.read, self.topic, after, min(_READ_BATCH, end - after))
             if not batch:
                 break
             for message in batch:
                 position, key = message.position, message.key
-                if position > end:
-                    break
                 if key is None or position < slots.get(key_hash(key), position + 1) or self.cursor.is_acked(position):
                     continue  # not parked, or acked before a restart (never published again)
                 if not dispatcher.wants():
@@ -403,10 +404,7 @@ class Subscription:
                     break
                 dispatcher.restore(position, key, None)
                 cache[position] = message
-            else:
-                after = batch[-1].position
-                continue
-            break
+            after = batch[-1].position
         dispatcher.restored(slots, through)
         self._trim_cache()
 
@@ -423,9 +421,7 @@ class Subscription:
         missing = [d.position for d in deliveries if d.position not in cache]
         if missing:
             before = {d.consumer: sessions.get(d.consumer) for d in deliveries}
-            found = await self._storage.call(self._storage.log.read_positions, self.topic, missing)
-            for position, message in found.items():
-                cache[position] = message
+            await self._read_into_cache(missing)
             # A consumer removed while payloads were read had its deliveries sent back to pending.
             gone = {name for name, session in before.items() if session is None or sessions.get(name) is not session}
             if gone:

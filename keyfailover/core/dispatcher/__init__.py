@@ -9,7 +9,7 @@ from keyfailover.core.dispatcher._core import (
     Dispatcher,
     RebalanceEvent,
     check_consume_mode,
-    check_leases,
+    check_delivery_settings,
 )
 
 __all__ = [
@@ -21,5 +21,5 @@ __all__ = [
     "Dispatcher",
     "RebalanceEvent",
     "check_consume_mode",
-    "check_leases",
+    "check_delivery_settings",
 ]

@@ -98,7 +98,7 @@ __all__ = [
     "Dispatcher",
     "RebalanceEvent",
     "check_consume_mode",
-    "check_leases",
+    "check_delivery_settings",
 ]
 
 
@@ -117,11 +117,13 @@ def _check_number(name: str, value: object, low: float, *, inclusive: bool = Tru
         raise ConfigError(f"{name} must be a finite number {sign} {low}{extra}, not {value!r}")
 
 
-def check_leases(ack_timeout: object, max_redeliveries: object) -> None:
-    """Check lease settings: ``ack_timeout`` finite seconds >= 0, ``max_redeliveries`` an int >= 0 or None."""
+def check_delivery_settings(ack_timeout: object, max_redeliveries: object, max_unacked_per_consumer: object) -> None:
+    """Check ``ack_timeout`` (finite seconds >= 0), ``max_redeliveries`` (an int >= 0 or None) and
+    ``max_unacked_per_consumer`` (an int >= 0)."""
     _check_number("ack_timeout", ack_timeout, 0.0, extra=" (0 disables leases)")
     if max_redeliveries is not None:
         _check_int("max_redeliveries", max_redeliveries, 0)
+    _check_int("max_unacked_per_consumer", max_unacked_per_consumer, 0)
 
 
 ConsumeMode = Literal["ordered", "unordered"]
@@ -377,9 +379,8 @@ class Dispatcher:
         _check_number("shift_min_traffic", shift_min_traffic, 0.0)
         _check_int("history", history, 0)
         check_policy_choice(policy, max_ranges)
-        check_leases(ack_timeout, max_redeliveries)
+        check_delivery_settings(ack_timeout, max_redeliveries, max_unacked_per_consumer)
         check_consume_mode(consume_mode)
-        _check_int("max_unacked_per_consumer", max_unacked_per_consumer, 0)
         if type(spill) is not bool:
             raise ConfigError(f"spill must be a bool, not {spill!r}")
         if backlog_interval is not None:
@@ -542,10 +543,12 @@ class Dispatcher:
         self._reread_due = False
         if self._unordered:
             return dict(self._parked)
-        owners, ends = self._owners, self._ends
-        if not owners:
-            return {}
-        return {slot: first for slot, first in self._parked.items() if owners[bisect.bisect_left(ends, slot)].permits}
+        owner_of = self._owner_of_slot
+        return {
+            slot: first
+            for slot, first in self._parked.items()
+            if (owner := owner_of(slot)) is not None and owner.permits
+        }
 
     def restore(self, position: int, key: Key, payload: Any = None) -> None:
         """Hand back a parked message re-read from the log (its slot parked at or before ``position``).
@@ -597,10 +600,9 @@ class Dispatcher:
 
     def _stalled(self, state: _KeyState | None, slot: int) -> bool:
         """Whether a fresh message of ``slot`` (its key's ``state``) would wait for a while: park it."""
-        owners = self._owners
-        if not owners:
+        owner = self._owner_of_slot(slot)
+        if owner is None:
             return False  # nobody to take anything: parking would not let others go on
-        owner = owners[bisect.bisect_left(self._ends, slot)]
         return not owner.permits or (state is not None and bool(state.draining or state.loose))
 
     def _park(self, message: _Message) -> None:
@@ -768,14 +770,11 @@ class Dispatcher:
             if not state.loose:
                 self._unblock(state)
             return True
-        state.inflight -= 1
-        if state.inflight:
+        was_draining = state.draining
+        if not self._settle_inflight(state, 1):
             return True
-        state.holder = None
-        if state.draining:
-            self._release(state)
-            if state.pending and not state.loose:
-                self._queue(state, self._owner_of_slot(state.slot))
+        if was_draining and state.pending and not state.loose:
+            self._queue(state, self._owner_of_slot(state.slot))
         if not state.pending and not state.loose:
             del self._keys[kb]
         return True
@@ -1160,15 +1159,15 @@ class Dispatcher:
         each = failed is None
         by_key: dict[bytes, list[_Message]] = {}
         front = []  # back to the shared queue, ahead of what waits there
-        loose = []
+        loose: list[tuple[bytes, _Message]] = []
         for message in messages:
             del consumer.inflight[message.position]
             message.redeliveries += 1
             message.came_back = reason
             if message is failed or (each and (message.kb is None or unordered or message.loose)):
                 message.failures += 1
-            if message.loose:
-                loose.append(message)
+            if message.loose and message.kb is not None:  # only keyed deliveries go out loose
+                loose.append((message.kb, message))
             elif message.kb is None or unordered:
                 front.append(message)
             else:
@@ -1178,28 +1177,17 @@ class Dispatcher:
         for message in front:
             if message.kb is not None:  # unordered mode: an ordered delivery made before the switch
                 state = states[message.kb] = keys[message.kb]
-                state.inflight -= 1
-                if not state.inflight:
-                    state.holder = None
-                    if state.draining:
-                        self._release(state)
+                self._settle_inflight(state, 1)
         for kb, returned in by_key.items():
             state = states[kb] = keys[kb]
             returned.sort(key=lambda m: m.position)
             if each:
                 returned[0].failures += 1
             state.pending.extendleft(reversed(returned))
-            state.inflight -= len(returned)
-            if not state.inflight:
-                state.holder = None
-                if state.draining:
-                    self._release(state)
-        for message in loose:
+            self._settle_inflight(state, len(returned))
+        for kb, message in loose:
             message.loose = False
-            if message.kb is None:
-                front.append(message)
-                continue
-            state = states[message.kb] = keys[message.kb]
+            state = states[kb] = keys[kb]
             state.loose -= 1
             if unordered:
                 front.append(message)
@@ -1215,6 +1203,17 @@ class Dispatcher:
                     del keys[kb]
             return []
         return list(states.values())
+
+    def _settle_inflight(self, state: _KeyState, count: int) -> bool:
+        """``count`` of ``state``'s ordered deliveries were acked or taken back; True when none is left
+        in flight (the key has no holder then, and stops draining)."""
+        state.inflight -= count
+        if state.inflight:
+            return False
+        state.holder = None
+        if state.draining:
+            self._release(state)
+        return True
 
     def _resume(self, consumer: _Consumer) -> None:
         """``consumer`` acked down to half its unacked limit: its withheld permits count again."""

@@ -127,6 +127,14 @@ def test_a_wrong_token_is_a_clear_refusal(tmp_path: Path) -> None:
         (["serve", "--data-dir", "d", "--ack-timeout", "-1"], "expected seconds from 0 (disabled) to 86400"),
         (["serve", "--data-dir", "d", "--ack-timeout", "nan"], "expected seconds from 0 (disabled) to 86400"),
         (["serve", "--data-dir", "d", "--max-redeliveries", "-1"], "--max-redeliveries"),
+        (
+            ["serve", "--data-dir", "d", "--nack-backoff", "90"],
+            "--nack-backoff 90 is longer than --nack-backoff-max 60",
+        ),
+        (["serve", "--data-dir", "d", "--nack-backoff-max", "-2"], "expected seconds from 0 (disabled) to 86400"),
+        (["admin", "configure", "--topic", "t"], "the following arguments are required: --subscription"),
+        (["admin", "configure", "--topic", "t", "--subscription", "s", "--max-redeliveries", "few"], "or none"),
+        (["admin", "configure", "--topic", "t", "--subscription", "s", "--nack-backoff", "inf"], "to 86400"),
     ],
 )
 def test_usage_errors_exit_2(command: list[str], fragment: str) -> None:

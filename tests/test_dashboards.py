@@ -205,6 +205,7 @@ def _family(sample: str) -> str:
         ("keyfailover_consumer_stuck", True),
         ("keyfailover_leases_expired_total", True),
         ("keyfailover_dead_lettered_total", False),
+        ("keyfailover_backoff_messages", False),
     ],
 )
 def test_dashboard_has_the_time_series_panels_the_issue_lists(metric: str, per_consumer: bool) -> None:

@@ -216,6 +216,10 @@ def test_a_dead_letter_names_why_its_last_delivery_came_back() -> None:
         ({"max_redeliveries": -1}, "max_redeliveries must be an int >= 0"),
         ({"max_redeliveries": True}, "max_redeliveries"),
         ({"max_redeliveries": 2.0}, "max_redeliveries"),
+        ({"nack_backoff": -0.5}, "nack_backoff must be a finite number >= 0.0"),
+        ({"nack_backoff": float("nan")}, "nack_backoff"),
+        ({"nack_backoff": 2.0, "nack_backoff_max": 1.0}, r"nack_backoff_max must be a finite number >= 2.0 \(at least"),
+        ({"nack_backoff_max": float("inf")}, "nack_backoff_max"),
     ],
 )
 def test_bad_lease_settings_are_refused(options: dict[str, object], message: str) -> None:
@@ -411,3 +415,148 @@ def test_a_backlog_interval_must_be_positive_or_none() -> None:
     for bad in (0, -1.0, float("nan"), "5"):
         with pytest.raises(ConfigError, match="backlog_interval"):
             Dispatcher(backlog_interval=bad)  # type: ignore[arg-type]
+
+
+# -- nack backoff ----------------------------------------------------------------------
+
+
+def test_a_nacked_key_backs_off_doubling_up_to_the_max_while_other_keys_go_on() -> None:
+    d, clock = two_consumers(nack_backoff=1.0, nack_backoff_max=3.0)
+    poison, other = keys_of(d, "a", 2)
+    d.publish(1, poison)
+    d.publish(2, poison)
+    d.publish(3, other)
+    assert [x.position for x in d.poll()] == [1, 2, 3]
+    waits = []
+    for round_ in range(4):
+        start = clock()
+        d.nack("a", 1)  # 2, later of the key on a, comes back with it (G2)
+        assert d.next_deadline() == start + waits_expected(round_)
+        d.publish(10 + round_, other)  # another key of the same consumer is not held up (G5)
+        assert [x.position for x in d.poll()] == [10 + round_]
+        stats = d.stats()
+        assert (stats["backoff_keys"], stats["backoff_messages"]) == (1, 2)
+        clock.advance(waits_expected(round_) - 0.001)
+        assert d.poll() == []
+        clock.advance(0.001)
+        again = d.poll()
+        assert [(x.position, x.redelivery_count) for x in again] == [(1, round_ + 1), (2, round_ + 1)]
+        waits.append(clock() - start)
+        assert d.stats()["backoff_messages"] == 0
+    assert waits == pytest.approx([1.0, 2.0, 3.0, 3.0])
+    d._audit()
+
+
+def waits_expected(round_: int) -> float:
+    """The backoff of the (round_ + 1)-th nack of one message: 1 s doubling, at most 3 s."""
+    return min(2.0**round_, 3.0)
+
+
+def test_a_backed_off_key_holds_its_later_messages_and_dead_letters_after_max_redeliveries() -> None:
+    d, clock = two_consumers(nack_backoff=0.5, max_redeliveries=1)
+    (key,) = keys_of(d, "a", 1)
+    d.publish(1, key)
+    d.poll()
+    d.nack("a", 1)
+    d.publish(2, key)  # published during the backoff: it waits behind position 1
+    assert d.poll() == []
+    clock.advance(0.5)
+    assert [x.position for x in d.poll()] == [1, 2]
+    d.nack("a", 1)  # its second failure: past max_redeliveries, dead-lettered when its backoff ends
+    clock.advance(0.999)
+    assert d.poll() == [] and d.dead_letters() == []
+    clock.advance(0.001)
+    assert [x.position for x in d.poll()] == [2]
+    assert [(x.position, x.reason) for x in d.dead_letters()] == [(1, "nack")]
+    d._audit()
+
+
+def test_a_keyless_message_and_an_unordered_one_back_off_alone() -> None:
+    d, clock = two_consumers(nack_backoff=2.0)
+    (key,) = keys_of(d, "a", 1)
+    d.publish(1, None)
+    d.publish(2, None)
+    first = {x.position: x.consumer for x in d.poll()}
+    d.nack(first[1], 1)
+    d.publish(3, None)
+    assert [x.position for x in d.poll()] == [3]
+    clock.advance(2.0)
+    assert [x.position for x in d.poll()] == [1]
+    d.set_consume_mode("unordered")
+    d.publish(4, key)
+    d.publish(5, key)
+    out = {x.position: x.consumer for x in d.poll()}
+    d.nack(out[4], 4)  # in unordered mode the key's later message does not wait for it
+    if out[5] == out[4]:
+        assert [x.position for x in d.poll()] == [5]  # 5 came back with 4 (the client drops it) and goes at once
+    assert d.stats()["backoff_messages"] == 1
+    clock.advance(2.0)
+    assert [x.position for x in d.poll()] == [4]
+    d._audit()
+
+
+def test_a_mode_switch_ends_every_backoff() -> None:
+    d, _ = two_consumers(nack_backoff=60.0)
+    (key,) = keys_of(d, "a", 1)
+    d.publish(1, key)
+    d.poll()
+    d.nack("a", 1)
+    assert d.poll() == []
+    d.set_consume_mode("unordered")
+    assert [x.position for x in d.poll()] == [1]
+    d._audit()
+
+
+def test_without_a_backoff_a_nack_redelivers_at_once_and_a_late_backoff_still_holds_the_key() -> None:
+    d, clock = two_consumers(nack_backoff=5.0)
+    (key,) = keys_of(d, "a", 1)
+    d.publish(1, key)
+    d.publish(2, key)
+    d.poll()
+    d.nack("a", 2)
+    d.set_delivery_settings(ack_timeout=TIMEOUT, max_redeliveries=None, nack_backoff=0.0)
+    d.nack("a", 1)  # no backoff of its own, but the key still waits for the running one (G2)
+    assert d.poll() == []
+    clock.advance(5.0)
+    assert [x.position for x in d.poll()] == [1, 2]
+    d.nack("a", 1)
+    assert [x.position for x in d.poll()] == [1, 2]
+    d._audit()
+
+
+# -- delivery settings changed live ----------------------------------------------------
+
+
+def test_a_shorter_ack_timeout_applies_to_leases_out_and_a_longer_one_to_new_deliveries() -> None:
+    d, clock = two_consumers()
+    key, other = keys_of(d, "a", 2)
+    d.publish(1, key)
+    d.poll()  # leased until 110
+    clock.advance(2.0)
+    d.set_delivery_settings(ack_timeout=20.0, max_redeliveries=None)
+    assert d.next_deadline() == 110.0  # a longer timeout does not lengthen a lease already out
+    d.publish(2, other)
+    d.poll()
+    d.set_delivery_settings(ack_timeout=1.0, max_redeliveries=3)
+    assert d.next_deadline() == 103.0  # the leases out end at most 1 s from now
+    assert (d.ack_timeout, d.max_redeliveries) == (1.0, 3)
+    clock.advance(1.0)
+    assert {x.redelivery_count for x in d.poll()} == {1}
+    d.set_delivery_settings(ack_timeout=0.0, max_redeliveries=None)
+    assert d.next_deadline() is None
+    clock.advance(1e6)
+    assert d.poll() == []
+    d.set_delivery_settings(ack_timeout=4.0, max_redeliveries=None)  # leases again: what is out is leased from now
+    assert d.next_deadline() == clock() + 4.0
+    d._audit()
+
+
+def test_a_bad_live_setting_is_refused_and_changes_nothing() -> None:
+    d, _ = two_consumers(nack_backoff=1.0)
+    before = d.stats()
+    with pytest.raises(ConfigError, match=r"nack_backoff_max must be a finite number >= 5\.0"):
+        d.set_delivery_settings(ack_timeout=1.0, max_redeliveries=2, nack_backoff=5.0, nack_backoff_max=1.0)
+    with pytest.raises(ConfigError, match="max_redeliveries must be an int >= 0"):
+        d.set_delivery_settings(ack_timeout=1.0, max_redeliveries=-1)
+    assert d.stats() == before
+    assert (d.ack_timeout, d.max_redeliveries, d.nack_backoff) == (TIMEOUT, None, (1.0, 60.0))

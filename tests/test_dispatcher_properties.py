@@ -107,6 +107,10 @@ class Model:
     blocked: set[str] = field(default_factory=set)  # consumers at their unacked limit
     routed_through: int = -1  # the last position published before the last poll
     last_position: int = -1
+    nack_backoff: float = 0.0
+    nack_backoff_max: float = 60.0
+    backoff: dict[bytes, float] = field(default_factory=dict)  # ordered mode: key -> when its nack backoff ends
+    delayed: dict[int, float] = field(default_factory=dict)  # keyless or unordered: position -> its backoff's end
 
     # -- derived -----------------------------------------------------------------------
 
@@ -199,11 +203,29 @@ class Model:
             return [position]
         return [p for p in self.inflight_on(consumer) if p >= position and self.messages[p].kb == kb]
 
-    def nack(self, consumer: str, position: int) -> list[int]:
+    def nack(self, consumer: str, position: int, now: float) -> list[int]:
         returned = self.later_of_key(consumer, position)
         self.give_back(returned, "nack", position)
         self.stuck.discard(consumer)
+        if self.nack_backoff:
+            end = now + min(self.nack_backoff * 2.0 ** (self.failures[position] - 1), self.nack_backoff_max)
+            kb = self.messages[position].kb
+            if kb is None or self.unordered:
+                self.delayed[position] = end
+            else:
+                self.backoff[kb] = max(self.backoff.get(kb, 0.0), end)
+            event("a nack backs off")
         return returned
+
+    def end_backoffs(self, now: float) -> None:
+        """What a poll at ``now`` releases: every backoff that ended by then."""
+        self.backoff = {kb: end for kb, end in self.backoff.items() if end > now}
+        self.delayed = {p: end for p, end in self.delayed.items() if end > now}
+
+    def backing_off(self, position: int) -> bool:
+        """Whether ``position`` waits for a nack backoff (its own, or in ordered mode its key's)."""
+        kb = self.messages[position].kb
+        return position in self.delayed or (kb is not None and not self.unordered and kb in self.backoff)
 
     def expire(self, now: float) -> None:
         """What a poll at ``now`` takes back first: every lease due, with its key's later deliveries
@@ -251,6 +273,7 @@ def poll_and_check(d: Dispatcher, model: Model, now: float) -> list[Delivery]:
     """Poll at clock ``now``: the model takes back the leases due first, then checks the dead letters and
     deliveries; then it plays the IO layer's log, restoring what rereads() asks for."""
     model.expire(now)
+    model.end_backoffs(now)
     out = d.poll()
     model.routed_through = model.last_position
     check_dead_letters(model, d.dead_letters())
@@ -323,6 +346,7 @@ def check_poll(d: Dispatcher, model: Model, out: list[Delivery], now: float = 0.
             smallest = min(p for p in model.by_key[message.kb] if model.is_pending(p))
             assert position == smallest, f"G2: {delivery} but position {smallest} of that key is still pending"
         assert not model.must_dead_letter(position), f"{delivery}: past max_redeliveries, expected a dead letter"
+        assert not model.backing_off(position), f"G5: {delivery} before its nack backoff ended"
         if delivery.redelivery_count:
             event("redelivery")
         model.permits[consumer] -= 1
@@ -346,7 +370,7 @@ def check_nothing_held_back(d: Dispatcher, model: Model) -> None:
     owner = owner_lookup(d.ranges())
     parked = parked_positions(d, model)
     if model.unordered:  # every waiting message goes to any consumer with permits
-        waiting = [p for p in model.pending() if p not in parked]
+        waiting = [p for p in model.pending() if p not in parked and not model.backing_off(p)]
         with_permits = sorted(c for c in model.permits if model.can_take(c))
         assert not (waiting and with_permits), f"unordered: {waiting[:3]} pending while {with_permits} have permits"
         return
@@ -357,6 +381,8 @@ def check_nothing_held_back(d: Dispatcher, model: Model) -> None:
         if pending[0] in parked:
             event("a key waits in the log: its slot is parked")
             continue  # the IO layer re-reads it once rereads() names the slot
+        if kb in model.backoff:
+            continue  # it goes on when its backoff ends (other keys do not wait for it: checked below)
         key_owner = owner(key_hash(kb))
         holders = model.holders_of(kb)
         if not holders <= {key_owner}:
@@ -367,7 +393,7 @@ def check_nothing_held_back(d: Dispatcher, model: Model) -> None:
             f"G5: key {kb!r} has position {pending[0]} pending, is not blocked (unacked on {sorted(holders)}), "
             f"and its owner {key_owner} has {model.permits[key_owner]} permit(s)"
         )
-    keyless = [p for p in model.pending() if model.messages[p].kb is None]
+    keyless = [p for p in model.pending() if model.messages[p].kb is None and not model.backing_off(p)]
     with_permits = sorted(c for c in model.permits if model.can_take(c))
     assert not (keyless and with_permits), f"keyless position {keyless[0]} pending while {with_permits} have permits"
 
@@ -430,6 +456,9 @@ def check_state(d: Dispatcher, model: Model) -> None:
     stats = d.stats()
     # Messages published since the last poll may not have reached the replay buffer yet.
     assert stats["replay"] + stats.get("unrouted", 0) == len(model.pending()) - len(parked)
+    backing_off = [p for p in model.pending() if model.backing_off(p) and p <= model.routed_through and p not in parked]
+    assert stats["backoff_messages"] == len(backing_off), f"{stats['backoff_messages']} in backoff: {backing_off}"
+    assert stats["backoff_keys"] == len(model.backoff), f"{stats['backoff_keys']} keys in backoff: {model.backoff}"
     assert set(stats["consumers"]) == set(model.consumers)
     for consumer in model.consumers:
         entry = stats["consumers"][consumer]
@@ -568,7 +597,7 @@ class DispatcherMachine(RuleBasedStateMachine):
     def nack(self, data: st.DataObject) -> None:
         position, consumer = data.draw(st.sampled_from(sorted(self.model.holder.items())), label="nack")
         self.d.nack(consumer, position)
-        self.model.nack(consumer, position)
+        self.model.nack(consumer, position, self.clock())
 
     @rule(seconds=st.sampled_from(CLOCK_STEPS))
     def tick(self, seconds: float) -> None:
@@ -688,8 +717,9 @@ class LeaseMachine(DispatcherMachine):
         extended, rejected = self.d.extend(consumer, positions)
         assert extended == [p for p in positions if p in mine]
         assert rejected == [p for p in positions if p not in mine]
-        for position in extended:
-            model.deadline[position] = self.clock() + self.TIMEOUT
+        if model.ack_timeout:
+            for position in extended:
+                model.deadline[position] = self.clock() + model.ack_timeout
         if extended:
             model.stuck.discard(consumer)
 
@@ -697,7 +727,7 @@ class LeaseMachine(DispatcherMachine):
     @rule()
     def stall(self) -> None:
         """Nobody acks for a whole ack_timeout: every lease out now is due at the next poll."""
-        self.clock.advance(self.TIMEOUT)
+        self.clock.advance(self.model.ack_timeout or self.TIMEOUT)
         poll_and_check(self.d, self.model, self.clock())
 
     @precondition(lambda self: any(self.model.taken_back.values()))
@@ -718,20 +748,45 @@ class LeaseMachine(DispatcherMachine):
         choices = sorted(model.dead) + sorted(model.buried) + [model.last_position + 1]
         confirm_dead_letters(self.d, model, data.draw(st.lists(st.sampled_from(choices), max_size=4), label="dead"))
 
+    @rule(
+        timeout=st.sampled_from((0.0, 0.5, 1.0, 4.0)),
+        limit=st.sampled_from((None, 0, 1, 2)),
+        backoff=st.sampled_from((0.0, 0.25, 1.0)),
+    )
+    def reconfigure(self, timeout: float, limit: int | None, backoff: float) -> None:
+        """Delivery settings changed live: a lease out ends no later than the new timeout from now."""
+        model, now = self.model, self.clock()
+        self.d.set_delivery_settings(
+            ack_timeout=timeout, max_redeliveries=limit, nack_backoff=backoff, nack_backoff_max=2.0
+        )
+        if not timeout:
+            model.deadline.clear()
+        else:
+            for position in model.holder:
+                end = now + timeout
+                model.deadline[position] = min(model.deadline[position], end) if model.ack_timeout else end
+        model.ack_timeout, model.max_redeliveries = timeout, limit
+        model.nack_backoff, model.nack_backoff_max = backoff, 2.0
+        assert self.d.ack_timeout == timeout and self.d.max_redeliveries == limit
+        assert self.d.nack_backoff == (backoff, 2.0)
+
     @invariant()
     def leases_scheduled(self) -> None:
-        """A poll at the next deadline is never too late for a lease that is due."""
+        """A poll at the next deadline is never too late for a lease that is due, nor for a backoff's end."""
         deadline = self.d.next_deadline()
-        if self.model.deadline:
-            assert deadline is not None and deadline <= min(self.model.deadline.values())
+        ends = [*self.model.deadline.values(), *self.model.backoff.values(), *self.model.delayed.values()]
+        if ends:
+            assert deadline is not None and deadline <= min(ends)
 
 
 class ModeMachine(LeaseMachine):
     """Leases and dead letters, with the consume mode switched between ordered and unordered at
-    random, and an unacked limit of 3 per consumer."""
+    random, an unacked limit of 3 per consumer and nack backoffs (0.5 s doubling to 2 s)."""
 
     LIMIT_UNACKED = 3
     SPILL = False
+    BACKOFF = 0.5
+    BACKOFF_MAX = 2.0
 
     def make(self, clock: ManualClock) -> Dispatcher:
         return Dispatcher(
@@ -741,16 +796,23 @@ class ModeMachine(LeaseMachine):
             max_redeliveries=self.LIMIT,
             max_unacked_per_consumer=self.LIMIT_UNACKED,
             spill=self.SPILL,
+            nack_backoff=self.BACKOFF,
+            nack_backoff_max=self.BACKOFF_MAX,
         )
 
     def make_model(self) -> Model:
         model = super().make_model()
         model.unacked_limit = self.LIMIT_UNACKED
+        model.nack_backoff, model.nack_backoff_max = self.BACKOFF, self.BACKOFF_MAX
         return model
 
     @rule()
     def switch_mode(self) -> None:
         model = self.model
+        if model.backoff or model.delayed:
+            event("a mode switch ends nack backoffs")
+        model.backoff.clear()
+        model.delayed.clear()
         model.unordered = not model.unordered
         self.d.set_consume_mode("unordered" if model.unordered else "ordered")
         assert self.d.stats()["consume_mode"] == ("unordered" if model.unordered else "ordered")

@@ -605,6 +605,7 @@ def test_a_version_1_log_gains_the_dead_letter_table_and_keeps_everything(tmp_pa
     with sqlite3.connect(path) as db:  # as version 1 left it: no dead letters, no subscription settings
         db.execute("DROP TABLE dead_letters")
         db.execute("DROP TABLE subscription_settings")
+        db.execute("DROP TABLE delivery_settings")
         db.execute("PRAGMA user_version = 1")
     db.close()
     with Log(path) as log:
@@ -615,5 +616,56 @@ def test_a_version_1_log_gains_the_dead_letter_table_and_keeps_everything(tmp_pa
         log.save_consume_mode("t", "s", "unordered")
         assert log.load_consume_mode("t", "s") == "unordered"
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     db.close()
+
+
+def test_a_version_2_log_gains_the_delivery_settings_table_and_keeps_its_consume_modes(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    with Log(path) as log:
+        log.save_consume_mode("t", "s", "unordered")
+    with sqlite3.connect(path) as db:  # as version 2 left it: no per-subscription delivery settings
+        db.execute("DROP TABLE delivery_settings")
+        db.execute("PRAGMA user_version = 2")
+    db.close()
+    with Log(path) as log:
+        assert log.load_consume_mode("t", "s") == "unordered"
+        assert log.load_delivery_settings("t", "s") == {}
+        log.save_delivery_settings("t", "s", {"ack_timeout": 5.0})
+        assert log.load_delivery_settings("t", "s") == {"ack_timeout": 5.0}
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
+    db.close()
+
+
+def test_delivery_settings_are_saved_per_subscription_replaced_and_forgotten(tmp_path: Path) -> None:
+    with Log(tmp_path / "log.db") as log:
+        log.save_delivery_settings("t", "s", {"ack_timeout": 5.0, "max_redeliveries": None})
+        log.save_delivery_settings("t", "other", {"nack_backoff": 1, "nack_backoff_max": 8.0})
+        assert log.load_delivery_settings("t", "s") == {"ack_timeout": 5.0, "max_redeliveries": None}
+        log.save_delivery_settings("t", "s", {"max_redeliveries": 3})  # replaces, does not merge
+        assert log.load_delivery_settings("t", "s") == {"max_redeliveries": 3}
+        assert log.load_delivery_settings("t", "other") == {"nack_backoff": 1, "nack_backoff_max": 8.0}
+        log.save_delivery_settings("t", "other", {})
+        assert log.load_delivery_settings("t", "other") == {}
+        log.save_cursors([("t", "s", Cursor(0, []))])
+        log.delete_subscription("t", "s")
+        assert log.load_delivery_settings("t", "s") == {}
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"ack_timout": 5.0}, "unknown delivery setting 'ack_timout'; expected one of"),
+        ({"ack_timeout": "5"}, "delivery setting ack_timeout must be a finite number or None"),
+        ({"ack_timeout": float("inf")}, "must be a finite number or None"),
+        ({"max_redeliveries": True}, "must be a finite number or None"),
+        ([("ack_timeout", 5.0)], "delivery settings must be a mapping"),
+    ],
+)
+def test_bad_delivery_settings_are_refused_and_change_nothing(tmp_path: Path, settings: object, message: str) -> None:
+    with Log(tmp_path / "log.db") as log:
+        log.save_delivery_settings("t", "s", {"ack_timeout": 1.0})
+        with pytest.raises(LogError, match=message):
+            log.save_delivery_settings("t", "s", settings)  # type: ignore[arg-type]
+        assert log.load_delivery_settings("t", "s") == {"ack_timeout": 1.0}

@@ -55,6 +55,8 @@ SPEC: dict[str, tuple[str, tuple[str, ...]]] = {
     "keyfailover_dead_lettered": ("counter", ()),
     "keyfailover_dead_letters_unconfirmed": ("gauge", ()),
     "keyfailover_ack_timeout_seconds": ("gauge", ()),
+    "keyfailover_backoff_messages": ("gauge", ()),
+    "keyfailover_backoff_keys": ("gauge", ()),
     "keyfailover_rebalance_policy_info": ("gauge", ("policy", "max_ranges")),  # an info family, as text format shows it
     "keyfailover_consume_mode_info": ("gauge", ("mode",)),
 }
@@ -543,3 +545,24 @@ def test_stuck_consumers_expired_leases_and_dead_letters_are_reported() -> None:
     assert values(families, "keyfailover_rebalances_total", "reason", **sub)["stuck"] == 1
     dispatcher.dead_lettered([letter.position for letter in dispatcher.dead_letters()])
     assert value(scrape_dispatcher(dispatcher), "keyfailover_dead_letters_unconfirmed", **sub) == 0
+
+
+def test_messages_in_nack_backoff_are_reported() -> None:
+    clock = {"now": 0.0}
+    dispatcher = Dispatcher(clock=lambda: clock["now"], nack_backoff=2.0)
+    dispatcher.add_consumer("a")
+    dispatcher.flow("a", 10)
+    for position, key in enumerate(["k", "k", "other", None], start=1):
+        dispatcher.publish(position, key)
+    dispatcher.poll()
+    dispatcher.nack("a", 1)  # k waits with both its messages
+    dispatcher.nack("a", 4)  # the keyless one waits alone
+    sub = {"topic": "orders", "subscription": "billing"}
+    families = scrape_dispatcher(dispatcher)
+    assert value(families, "keyfailover_backoff_messages", **sub) == 3
+    assert value(families, "keyfailover_backoff_keys", **sub) == 1
+    clock["now"] = 2.0
+    assert sorted(d.position for d in dispatcher.poll()) == [1, 2, 4]
+    families = scrape_dispatcher(dispatcher)
+    assert value(families, "keyfailover_backoff_messages", **sub) == 0
+    assert value(families, "keyfailover_backoff_keys", **sub) == 0

@@ -228,3 +228,75 @@ def test_a_consumer_that_never_acks_does_not_stop_the_others(tmp_path: Path) -> 
             first = [p for i, p in enumerate(seen) if p not in seen[:i]]
             assert first == sorted(first), f"{key}: first deliveries out of order"
     assert "Traceback" not in server.errors(), server.errors()
+
+
+def test_delivery_settings_are_per_subscription_live_and_saved(
+    tmp_path: Path, record_property: Callable[[str, object], None]
+) -> None:
+    """`keyfailover admin configure` gives one subscription its own ack timeout, redelivery limit and
+    nack backoff while another subscription of the topic keeps the server's; the settings apply at
+    once, survive a restart, and a bad one is refused without a change."""
+    data = tmp_path / "data"
+    with (
+        ServerProcess(data, "--metrics-port", "0") as server,  # the server's ack timeout: 30 s
+        Client(server.url) as client,
+    ):
+        admin = ("--admin-url", str(server.admin_url))
+        stuck = client.subscribe("orders", "fast", consumer_name="stuck", receiver_queue_size=100)
+        healthy = client.subscribe("orders", "fast", consumer_name="healthy", receiver_queue_size=100)
+        reader = client.subscribe("orders", "audit", consumer_name="reader", receiver_queue_size=100)
+        wait_until(lambda: bool(stuck.ranges) and bool(healthy.ranges), "both consumers own ranges")
+        fast = ("--topic", "orders", "--subscription", "fast")
+        options = ("--ack-timeout", "1", "--max-redeliveries", "2", "--nack-backoff", "0.5")
+        shown = run_cli("admin", "configure", *admin, *fast, *options)
+        assert shown.returncode == 0, shown
+        assert "ack timeout       1 s (own)" in shown.stdout and "nack backoff max  60 s (server)" in shown.stdout
+        refused = run_cli("admin", "configure", *admin, *fast, "--nack-backoff", "90")
+        assert refused.returncode == 1 and "nack_backoff_max must be a finite number >= 90" in refused.stderr
+        assert run_cli("admin", "configure", *admin, *fast, "--ack-timeout", "-1").returncode == 2
+        keys = [key for key in (f"acct-{i}" for i in range(200)) if _owns(stuck, key)][:5]
+        positions = produce(client, "orders", [(key, b"x") for key in keys])
+        first = stuck.receive(timeout=10)  # its application takes one and never acks: 1 s later it is stuck
+        got: list[int] = []
+        while len(got) < len(positions):
+            message = healthy.receive(timeout=20)  # the server's 30 s would time out here
+            got.append(message.position)
+            if message.position == first.position and message.redelivery_count == 1:
+                nacked_at = time.monotonic()
+                # Its second failure (the first was the expiry): 0.5 s doubled once, then its last try.
+                healthy.negative_acknowledge(message)
+                got.pop()
+                continue
+            if message.position == first.position:
+                record_property("nack_backoff_redelivery_s", round(time.monotonic() - nacked_at, 3))
+            healthy.acknowledge(message)
+        assert sorted(got) == positions
+        audit = [reader.receive(timeout=10) for _ in positions]
+        assert [m.redelivery_count for m in audit] == [0] * len(positions), "the other subscription kept 30 s"
+        for message in audit:
+            reader.acknowledge(message)
+        settings = json.loads(run_cli("admin", "configure", *admin, *fast, "--json").stdout)
+        assert settings["settings"] == {
+            "ack_timeout": 1.0,
+            "max_redeliveries": 2,
+            "nack_backoff": 0.5,
+            "nack_backoff_max": 60.0,
+        }
+        other = json.loads(run_cli("admin", "configure", *admin, "--topic", "orders", "--subscription", "audit",
+                                   "--json").stdout)  # fmt: skip
+        assert other["settings"]["ack_timeout"] == 30.0 and other["own"] == []
+        stats = json.loads(run_cli("stats", *admin, "--json").stdout)
+        by_name = {item["subscription"]: item for item in stats["subscriptions"]}
+        assert by_name["fast"]["dispatcher"]["nack_backoff"] == 0.5 and by_name["fast"]["ack_timeout"] == 1.0
+    assert "Traceback" not in server.errors(), server.errors()
+    with ServerProcess(data, "--metrics-port", "0") as server:
+        admin = ("--admin-url", str(server.admin_url))
+        saved = json.loads(run_cli("admin", "configure", *admin, *fast, "--json").stdout)
+        assert saved["own"] == ["ack_timeout", "max_redeliveries", "nack_backoff"]
+        back = json.loads(run_cli("admin", "configure", *admin, *fast, "--ack-timeout", "default", "--json").stdout)
+        assert back["settings"]["ack_timeout"] == 30.0 and back["own"] == ["max_redeliveries", "nack_backoff"]
+        reset = json.loads(run_cli("admin", "configure", *admin, *fast, "--reset", "--json").stdout)
+        assert reset["own"] == [] and reset["settings"]["max_redeliveries"] is None
+        missing = run_cli("admin", "configure", *admin, "--topic", "orders", "--subscription", "nobody")
+        assert missing.returncode == 1 and "no subscription 'nobody' of topic 'orders'" in missing.stderr
+    assert "Traceback" not in server.errors(), server.errors()

@@ -18,7 +18,7 @@ from urllib.error import HTTPError, URLError
 from urllib.parse import urlencode, urlsplit
 from urllib.request import Request, urlopen
 
-from keyfailover.core.dispatcher import DEFAULT_ACK_TIMEOUT
+from keyfailover.core.dispatcher import DEFAULT_ACK_TIMEOUT, DEFAULT_NACK_BACKOFF_MAX
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.rebalance import DEFAULT_MAX_RANGES
 
@@ -173,7 +173,24 @@ def _ack_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected seconds (0 disables), got {text!r}") from None
     if not 0.0 <= value <= 86_400:
         raise argparse.ArgumentTypeError(f"expected seconds from 0 (disabled) to 86400, got {text!r}")
-    return value  # a range holds at least one of the 65536 slots
+    return value
+
+
+def _or_default(parse: Callable[[str], object]) -> Callable[[str], str]:
+    """An admin setting: what ``parse`` accepts, or ``default`` (the server's); kept as the text sent."""
+
+    def check(text: str) -> str:
+        if text != "default":
+            parse(text)
+        return text
+
+    check.__name__ = getattr(parse, "__name__", "setting")
+    return check
+
+
+def _redeliveries_or_none(text: str) -> int | None:
+    """A redelivery limit: an int from 0, or ``none`` (redeliver for ever)."""
+    return None if text == "none" else _int_between(0, 1_000_000, "a number of redeliveries or none")(text)
 
 
 def _server_url(text: str) -> str:
@@ -287,6 +304,11 @@ def _serve(args: argparse.Namespace) -> int:
         raise _UsageError(
             f"--max-ranges goes with --policy multi; --policy {args.policy} gives each consumer one range"
         )
+    if args.nack_backoff > args.nack_backoff_max:
+        raise _UsageError(
+            f"--nack-backoff {args.nack_backoff:g} is longer than --nack-backoff-max {args.nack_backoff_max:g}; "
+            "expected a first backoff no longer than the longest"
+        )
     token = _token(args)
     if token is None and not _loopback(args.host):
         print(
@@ -318,6 +340,8 @@ def _serve(args: argparse.Namespace) -> int:
             max_unacked_per_consumer=args.max_unacked_per_consumer,
             consume_mode=args.consume_mode,
             max_replay=args.max_replay,
+            nack_backoff=args.nack_backoff,
+            nack_backoff_max=args.nack_backoff_max,
         ),
     )
     return asyncio.run(run_server(config))
@@ -393,6 +417,42 @@ def _set_consume_mode(args: argparse.Namespace) -> int:
         print(f"{args.topic}/{args.subscription}: consume mode {args.mode} saved (applies when it is next opened)")
     else:
         print(f"{args.topic}/{args.subscription}: consume mode {found['was']} -> {args.mode}")
+    return 0
+
+
+def _configure(args: argparse.Namespace) -> int:
+    query = {"topic": args.topic, "subscription": args.subscription}
+    changes = {
+        setting: value
+        for setting in ("ack_timeout", "max_redeliveries", "nack_backoff", "nack_backoff_max")
+        if (value := getattr(args, setting)) is not None
+    }
+    if args.reset or changes:
+        found = _admin_call(
+            args,
+            "/subscription-settings",
+            {**query, **changes, **({"reset": "1"} if args.reset else {})},
+            method="POST",
+        )
+    else:
+        found = _admin_call(args, "/subscription-settings", query)
+    if args.json:
+        print(json.dumps(found, indent=2, sort_keys=True))
+        return 0
+    settings, own = found["settings"], set(found["own"])
+    timeout, limit = settings["ack_timeout"], settings["max_redeliveries"]
+    backoff, backoff_max = settings["nack_backoff"], settings["nack_backoff_max"]
+    lines = {
+        "ack_timeout": f"{timeout:g} s" if timeout else "off",
+        "max_redeliveries": "none (for ever)" if limit is None else str(limit),
+        "nack_backoff": f"{backoff:g} s" if backoff else "off",
+        "nack_backoff_max": f"{backoff_max:g} s",
+    }
+    print(f"{args.topic}/{args.subscription}:")
+    for setting, text in lines.items():
+        print(f"  {setting.replace('_', ' '):<18}{text} ({'own' if setting in own else 'server'})")
+    if found.get("live") is False:
+        print("  (saved; the subscription is not open: they apply when it is next opened)")
     return 0
 
 
@@ -827,6 +887,19 @@ def _parser() -> argparse.ArgumentParser:
         "(Pulsar's maxUnackedMessagesPerConsumer); 0 is no limit (default 50000)",
     )
     serve.add_argument(
+        "--nack-backoff",
+        type=_ack_seconds,
+        default=0.0,
+        help="seconds a nacked message waits before it is delivered again, doubling with each failure of it up to "
+        "--nack-backoff-max; in ordered mode its key waits with it, no other key does (default 0: at once)",
+    )
+    serve.add_argument(
+        "--nack-backoff-max",
+        type=_ack_seconds,
+        default=DEFAULT_NACK_BACKOFF_MAX,
+        help=f"the longest nack backoff in seconds (default {DEFAULT_NACK_BACKOFF_MAX:g})",
+    )
+    serve.add_argument(
         "--metrics-port",
         type=_port,
         default=None,
@@ -928,7 +1001,10 @@ def _parser() -> argparse.ArgumentParser:
 
     admin = commands.add_parser("admin", help="change a running server's subscriptions")
     admin_commands = admin.add_subparsers(
-        dest="admin_command", required=True, metavar="ACTION", help="set-consume-mode: ordered or unordered"
+        dest="admin_command",
+        required=True,
+        metavar="ACTION",
+        help="set-consume-mode: ordered or unordered; configure: a subscription's own delivery settings",
     )
     mode = admin_commands.add_parser(
         "set-consume-mode",
@@ -944,6 +1020,35 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--topic", type=_name, required=True, help="the subscription's topic")
     mode.add_argument("--subscription", type=_name, required=True, help="the subscription")
     mode.set_defaults(run=_set_consume_mode)
+
+    configure = admin_commands.add_parser(
+        "configure",
+        help="show or set a subscription's own ack timeout, redelivery limit and nack backoff (live, saved)",
+        description="Without settings, show the subscription's delivery settings and whether each is its own or the "
+        "server's (`keyfailover serve` options). Each setting given becomes the subscription's own, at once and "
+        "saved with it; 'default' gives it the server's again. A shorter ack timeout also shortens the leases "
+        "already out (to the new timeout from now); a longer one applies to new deliveries.",
+    )
+    admin_args(configure)
+    configure.add_argument("--topic", type=_name, required=True, help="the subscription's topic")
+    configure.add_argument("--subscription", type=_name, required=True, help="the subscription")
+    configure.add_argument(
+        "--ack-timeout", type=_or_default(_ack_seconds), default=None, help="seconds, 0 for no leases, or default"
+    )
+    configure.add_argument(
+        "--max-redeliveries",
+        type=_or_default(_redeliveries_or_none),
+        default=None,
+        help="redeliveries before the dead-letter topic, none (for ever), or default",
+    )
+    configure.add_argument(
+        "--nack-backoff", type=_or_default(_ack_seconds), default=None, help="seconds, 0 for none, or default"
+    )
+    configure.add_argument(
+        "--nack-backoff-max", type=_or_default(_ack_seconds), default=None, help="seconds, or default"
+    )
+    configure.add_argument("--reset", action="store_true", help="drop every own setting first (then apply those given)")
+    configure.set_defaults(run=_configure)
 
     dlq = commands.add_parser(
         "dlq",

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO, cast
 
 from keyfailover.broker.protocol import (
     DEFAULT_MAX_FRAME,
@@ -45,11 +45,17 @@ from keyfailover.broker.protocol import (
     stream_transport,
 )
 from keyfailover.broker.server._http import AdminServer, Handler, Response, json_response
-from keyfailover.broker.server._subscription import Session, Subscription, SubscriptionConfig
+from keyfailover.broker.server._subscription import DeliverySettings, Session, Subscription, SubscriptionConfig
 from keyfailover.broker.storage._executor import Result, Storage
-from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, Log, StoredMessage, dead_letter_topic
+from keyfailover.broker.storage.sqlite import (
+    DELIVERY_SETTINGS,
+    LOG_FILE_NAME,
+    Log,
+    StoredMessage,
+    dead_letter_topic,
+)
 from keyfailover.core.dispatcher import check_consume_mode
-from keyfailover.core.errors import KeyFailoverError
+from keyfailover.core.errors import ConfigError, KeyFailoverError
 
 __all__ = ["Server", "ServerConfig"]
 
@@ -113,10 +119,12 @@ class Server:
             "/stats": self._stats,
             "/history": self._history,
             "/dlq": self._dead_letters,
+            "/subscription-settings": self._subscription_settings,
         }
         self._post_routes: dict[str, Handler] = {
             "/dlq/replay": self._replay_dead_letters,
             "/consume-mode": self._set_consume_mode,
+            "/subscription-settings": self._configure_subscription,
         }
 
     def add_admin_route(self, path: str, handler: Handler) -> None:
@@ -279,7 +287,10 @@ class Server:
             cursor = await self.storage.call(self.storage.log.load_cursor, topic, name)
             saved = await self.storage.call(self.storage.log.load_consume_mode, topic, name)
             mode = self.config.subscription.consume_mode if saved is None else check_consume_mode(saved)
-            subscription = Subscription(topic, name, cursor, self.storage, self.config.subscription, consume_mode=mode)
+            own = await self._own_settings(topic, name)
+            subscription = Subscription(
+                topic, name, cursor, self.storage, self.config.subscription, consume_mode=mode, own_settings=own
+            )
             subscription.start()
             self._subscriptions[key] = subscription
             future.set_result(subscription)
@@ -351,6 +362,68 @@ class Server:
             before = live.dispatcher.consume_mode
             await live.set_consume_mode(mode)
         return json_response({"topic": topic, "subscription": name, "consume_mode": mode, "was": before})
+
+    async def _own_settings(self, topic: str, name: str) -> DeliverySettings:
+        """The delivery settings saved for the subscription (the log checked them as it saved them)."""
+        return cast(DeliverySettings, await self.storage.call(self.storage.log.load_delivery_settings, topic, name))
+
+    async def _settings_of(self, query: dict[str, str]) -> tuple[str, str, Subscription | None]:
+        """The subscription ``query`` names, live or stored (None); raises :class:`_RefusedError` if none."""
+        topic, name = query.get("topic"), query.get("subscription")
+        if not topic or not name:
+            raise _RefusedError(400, "give topic and subscription")
+        live = self._subscriptions.get((topic, name))
+        if live is None and name not in await self.storage.call(self.storage.log.subscriptions, topic):
+            raise _RefusedError(404, f"no subscription {name!r} of topic {topic!r}")
+        return topic, name, live
+
+    async def _subscription_settings(self, query: dict[str, str]) -> Response:
+        """``/subscription-settings?topic=T&subscription=S``: the delivery settings in force, and which are its own."""
+        try:
+            topic, name, live = await self._settings_of(query)
+        except _RefusedError as refused:
+            return refused.response
+        own = live.own_settings if live is not None else await self._own_settings(topic, name)
+        settings = self.config.subscription.delivery(own)
+        return json_response(
+            {"topic": topic, "subscription": name, "settings": settings, "own": sorted(own), "live": live is not None}
+        )
+
+    async def _configure_subscription(self, query: dict[str, str]) -> Response:
+        """``POST /subscription-settings?topic=T&subscription=S[&reset=1][&ack_timeout=SECONDS]...``.
+
+        Each of ack_timeout, max_redeliveries (``none``: never), nack_backoff and
+        nack_backoff_max given becomes the subscription's own (``default``: the server's
+        again); ``reset=1`` drops every own setting first. Live and saved at once.
+        """
+        try:
+            topic, name, live = await self._settings_of(query)
+        except _RefusedError as refused:
+            return refused.response
+        unknown = sorted(set(query) - {"topic", "subscription", "reset", *DELIVERY_SETTINGS})
+        if unknown or query.get("reset", "1") != "1":
+            expected = f"expected settings of {list(DELIVERY_SETTINGS)} and reset=1"
+            return json_response({"error": f"unknown parameters {unknown} or reset not 1; {expected}"}, 400)
+        own: dict[str, Any] = {} if "reset" in query else dict(await self._own_settings(topic, name))
+        try:
+            for setting in DELIVERY_SETTINGS:
+                text = query.get(setting)
+                if text is None:
+                    continue
+                if text == "default":
+                    own.pop(setting, None)
+                else:
+                    own[setting] = _setting_value(setting, text)
+            settings = self.config.subscription.delivery(cast(DeliverySettings, own))
+        except ConfigError as exc:
+            return json_response({"error": str(exc)}, 400)
+        if live is not None:
+            await live.configure(cast(DeliverySettings, own))
+        else:
+            await self.storage.call(self.storage.log.save_delivery_settings, topic, name, own)
+        return json_response(
+            {"topic": topic, "subscription": name, "settings": settings, "own": sorted(own), "live": live is not None}
+        )
 
     async def _replay_dead_letters(self, query: dict[str, str]) -> Response:
         """``POST /dlq/replay?topic=T&subscription=S``: re-publish the dead letters not replayed yet to T."""
@@ -689,3 +762,25 @@ class _Connection(asyncio.Protocol):
             )
         if frame.req is not None:
             self.send(Settled(req=frame.req))
+
+
+def _setting_value(setting: str, text: str) -> float | int | None:
+    """A delivery setting's value from an admin query (checked for range by ``SubscriptionConfig.delivery``)."""
+    if setting == "max_redeliveries":
+        if text == "none":
+            return None
+        if not text.isdigit():
+            raise ConfigError(f"max_redeliveries must be a number of redeliveries, none or default, not {text!r}")
+        return int(text)
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"{setting} must be a number of seconds or default, not {text!r}") from None
+
+
+class _RefusedError(Exception):
+    """An admin request that names nothing to act on: its error response."""
+
+    def __init__(self, status: int, error: str) -> None:
+        super().__init__(error)
+        self.response = json_response({"error": error}, status)

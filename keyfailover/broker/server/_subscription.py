@@ -17,7 +17,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.protocol import ConsumerClosed, Frame, Key, Messages, RangesChanged
@@ -25,6 +25,7 @@ from keyfailover.broker.storage._executor import Storage
 from keyfailover.broker.storage.sqlite import StoredMessage, dead_letter_topic
 from keyfailover.core.dispatcher import (
     DEFAULT_ACK_TIMEOUT,
+    DEFAULT_NACK_BACKOFF_MAX,
     ConsumeMode,
     DeadLetter,
     Delivery,
@@ -36,7 +37,7 @@ from keyfailover.core.errors import ErrorCode, NotInFlightError, ProtocolError
 from keyfailover.core.hashing import key_hash
 from keyfailover.core.rebalance import DEFAULT_MAX_RANGES, check_policy_choice
 
-__all__ = ["Session", "Subscription", "SubscriptionConfig"]
+__all__ = ["DeliverySettings", "Session", "Subscription", "SubscriptionConfig"]
 
 _log = logging.getLogger("keyfailover.server")
 
@@ -46,6 +47,15 @@ DEFAULT_MAX_UNACKED = 50_000
 _READ_BATCH = 2000
 _SEND_BATCH = 1000
 _SEND_BYTES = 2 * 1024 * 1024  # well under the protocol's default 5 MiB frame limit
+
+
+class DeliverySettings(TypedDict, total=False):
+    """Delivery settings a subscription may have of its own (``keyfailover admin configure``)."""
+
+    ack_timeout: float
+    max_redeliveries: int | None
+    nack_backoff: float
+    nack_backoff_max: float
 
 
 @dataclass(frozen=True)
@@ -69,12 +79,35 @@ class SubscriptionConfig:
     """Unacked deliveries at which a consumer gets no more until it acks half (0: no limit)."""
     consume_mode: ConsumeMode = "ordered"
     """The consume mode of a subscription that has none saved (``keyfailover admin set-consume-mode`` saves one)."""
+    nack_backoff: float = 0.0
+    """Seconds a nacked message (in ordered mode its key) waits before it is delivered again,
+    doubling with each failure of it up to ``nack_backoff_max``; 0: redeliver at once."""
+    nack_backoff_max: float = DEFAULT_NACK_BACKOFF_MAX
 
     def __post_init__(self) -> None:
         # Checked here, so a bad setting stops the server at start, not at its first subscribe.
         check_policy_choice(self.policy, self.max_ranges)
-        check_delivery_settings(self.ack_timeout, self.max_redeliveries, self.max_unacked_per_consumer)
+        self.delivery({})
         check_consume_mode(self.consume_mode)
+
+    def delivery(self, own: DeliverySettings) -> DeliverySettings:
+        """The delivery settings of a subscription with ``own`` settings (over these); raises
+        :class:`ConfigError` when the result is not valid."""
+        settings: DeliverySettings = {
+            "ack_timeout": self.ack_timeout,
+            "max_redeliveries": self.max_redeliveries,
+            "nack_backoff": self.nack_backoff,
+            "nack_backoff_max": self.nack_backoff_max,
+        }
+        settings.update(own)
+        check_delivery_settings(
+            settings["ack_timeout"],
+            settings["max_redeliveries"],
+            self.max_unacked_per_consumer,
+            settings["nack_backoff"],
+            settings["nack_backoff_max"],
+        )
+        return settings
 
 
 class Session:
@@ -109,17 +142,22 @@ class Subscription:
         config: SubscriptionConfig,
         *,
         consume_mode: ConsumeMode = "ordered",
+        own_settings: DeliverySettings | None = None,
     ) -> None:
         self.topic = topic
         self.name = name
         self.cursor = cursor
+        self.own_settings: DeliverySettings = dict(own_settings or {})  # type: ignore[assignment]
+        delivery = config.delivery(self.own_settings)
         self.dispatcher = Dispatcher(
             clock=time.monotonic,
             max_replay=config.max_replay,
             policy=config.policy,
             max_ranges=config.max_ranges,
-            ack_timeout=config.ack_timeout,
-            max_redeliveries=config.max_redeliveries,
+            ack_timeout=delivery["ack_timeout"],
+            max_redeliveries=delivery["max_redeliveries"],
+            nack_backoff=delivery["nack_backoff"],
+            nack_backoff_max=delivery["nack_backoff_max"],
             consume_mode=consume_mode,
             max_unacked_per_consumer=config.max_unacked_per_consumer,
             spill=True,  # the log is here: what a blocked consumer cannot take is re-read from it, not held
@@ -242,6 +280,26 @@ class Subscription:
         await self._storage.call(self._storage.log.save_consume_mode, self.topic, self.name, checked)
         self.dispatcher.set_consume_mode(checked)
         self.wake()
+
+    async def configure(self, own: DeliverySettings) -> DeliverySettings:
+        """Give the subscription ``own`` delivery settings (over the server's), live and saved;
+        returns the settings in force. Invalid ones raise :class:`ConfigError` and change nothing."""
+        delivery = self._config.delivery(own)
+        await self._storage.call(self._storage.log.save_delivery_settings, self.topic, self.name, dict(own))
+        self.dispatcher.set_delivery_settings(**delivery)
+        self.own_settings = own
+        self.wake()
+        return delivery
+
+    def delivery(self) -> DeliverySettings:
+        """The delivery settings in force."""
+        backoff, backoff_max = self.dispatcher.nack_backoff
+        return {
+            "ack_timeout": self.dispatcher.ack_timeout,
+            "max_redeliveries": self.dispatcher.max_redeliveries,
+            "nack_backoff": backoff,
+            "nack_backoff_max": backoff_max,
+        }
 
     def flow(self, session: Session, permits: int) -> None:
         self.dispatcher.flow(session.consumer, permits)
@@ -477,8 +535,8 @@ class Subscription:
             "policy": policy.name,
             "max_ranges": policy.range_limit,
             "consume_mode": self.dispatcher.consume_mode,
-            "ack_timeout": self.dispatcher.ack_timeout,
-            "max_redeliveries": self.dispatcher.max_redeliveries,
+            **self.delivery(),
+            "own_settings": sorted(self.own_settings),
             "dead_lettered": self.dead_lettered,
             "dispatcher": self.dispatcher.stats(),
             "mark_delete": self.cursor.mark_delete,

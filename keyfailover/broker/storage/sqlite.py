@@ -15,11 +15,13 @@ sequence id, indexed so that a retried message finds the position it was stored 
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import reprlib
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal, NamedTuple, TypedDict, TypeVar
@@ -30,6 +32,7 @@ from keyfailover.core.errors import CursorError, InvalidKeyError, LogError, LogF
 
 __all__ = [
     "DEAD_LETTER_SUFFIX",
+    "DELIVERY_SETTINGS",
     "LOG_FILE_NAME",
     "MAX_POSITION",
     "SCHEMA_VERSION",
@@ -58,8 +61,12 @@ LOG_FILE_NAME = "keyfailover.db"
 ExportRow = tuple[int, Key, bytes, str | None, int | None]
 """``(position, key, payload, producer name or None, sequence id or None)``: one stored message."""
 
-SCHEMA_VERSION = 2
-"""``PRAGMA user_version`` of a log this module writes; version 1 (no dead letters) is migrated."""
+SCHEMA_VERSION = 3
+"""``PRAGMA user_version`` of a log this module writes; versions 1 (no dead letters) and 2 (no
+per-subscription delivery settings) are migrated."""
+
+DELIVERY_SETTINGS = ("ack_timeout", "max_redeliveries", "nack_backoff", "nack_backoff_max")
+"""The settings a subscription may have of its own (the rest come from the server's)."""
 
 DEAD_LETTER_SUFFIX = "-DLQ"
 
@@ -112,6 +119,14 @@ _VERSION_2 = (
         time REAL NOT NULL,               -- unix seconds it was dead-lettered
         replayed_at INTEGER,              -- its position in the topic once re-published, else NULL
         PRIMARY KEY (dlq_topic, dlq_position)
+    ) WITHOUT ROWID""",
+)
+_VERSION_3 = (
+    """CREATE TABLE delivery_settings (
+        topic TEXT NOT NULL,
+        subscription TEXT NOT NULL,
+        settings TEXT NOT NULL,  -- JSON: each of DELIVERY_SETTINGS the subscription sets itself
+        PRIMARY KEY (topic, subscription)
     ) WITHOUT ROWID""",
 )
 
@@ -383,11 +398,46 @@ class Log:
                 (*key, mode),
             )
 
+    def load_delivery_settings(self, topic: str, subscription: str) -> dict[str, float | int | None]:
+        """The delivery settings the subscription has of its own (empty when none were saved)."""
+        key = (_name(topic, "topic"), _name(subscription, "subscription"))
+        row = (
+            self._connection()
+            .execute("SELECT settings FROM delivery_settings WHERE topic = ? AND subscription = ?", key)
+            .fetchone()
+        )
+        if row is None:
+            return {}
+        settings = json.loads(row[0])
+        return {name: settings[name] for name in DELIVERY_SETTINGS if name in settings}
+
+    def save_delivery_settings(self, topic: str, subscription: str, settings: Mapping[str, object]) -> None:
+        """Save the subscription's own delivery settings, replacing those saved before (empty: none)."""
+        key = (_name(topic, "topic"), _name(subscription, "subscription"))
+        if not isinstance(settings, Mapping):
+            raise LogError(f"delivery settings must be a mapping, not {reprlib.repr(settings)}")
+        for name, value in settings.items():
+            if name not in DELIVERY_SETTINGS:
+                raise LogError(f"unknown delivery setting {reprlib.repr(name)}; expected one of {DELIVERY_SETTINGS}")
+            number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if value is not None and not number:
+                raise LogError(f"delivery setting {name} must be a finite number or None, not {reprlib.repr(value)}")
+        with self._transaction() as db:
+            if not settings:
+                db.execute("DELETE FROM delivery_settings WHERE topic = ? AND subscription = ?", key)
+                return
+            db.execute(
+                "INSERT INTO delivery_settings (topic, subscription, settings) VALUES (?, ?, ?)"
+                " ON CONFLICT (topic, subscription) DO UPDATE SET settings = excluded.settings",
+                (*key, json.dumps(dict(settings), sort_keys=True)),
+            )
+
     def delete_subscription(self, topic: str, subscription: str) -> bool:
         """Forget the subscription's cursor and settings; whether it had a cursor."""
         key = (_name(topic, "topic"), _name(subscription, "subscription"))
         with self._transaction() as db:
             db.execute("DELETE FROM subscription_settings WHERE topic = ? AND subscription = ?", key)
+            db.execute("DELETE FROM delivery_settings WHERE topic = ? AND subscription = ?", key)
             return db.execute("DELETE FROM cursors WHERE topic = ? AND subscription = ?", key).rowcount > 0
 
     # -- the file --------------------------------------------------------------------
@@ -447,7 +497,10 @@ class Log:
                     raise LogFileError(f"{str(self._path)!r} is an SQLite database but not a keyfailover log")
                 for statement in _SCHEMA:
                     db.execute(statement)
-            for statement in _VERSION_2:  # version 1 had no dead letters and no subscription settings
+            if version < 2:  # version 1 had no dead letters and no subscription settings
+                for statement in _VERSION_2:
+                    db.execute(statement)
+            for statement in _VERSION_3:  # version 2 had no per-subscription delivery settings
                 db.execute(statement)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 

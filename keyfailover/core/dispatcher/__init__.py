@@ -3,6 +3,7 @@
 from keyfailover.core.dispatcher._core import (
     CONSUME_MODES,
     DEFAULT_ACK_TIMEOUT,
+    DEFAULT_NACK_BACKOFF_MAX,
     ConsumeMode,
     DeadLetter,
     Delivery,
@@ -15,6 +16,7 @@ from keyfailover.core.dispatcher._core import (
 __all__ = [
     "CONSUME_MODES",
     "DEFAULT_ACK_TIMEOUT",
+    "DEFAULT_NACK_BACKOFF_MAX",
     "ConsumeMode",
     "DeadLetter",
     "Delivery",

@@ -92,6 +92,7 @@ from keyfailover.core.rebalance import (
 __all__ = [
     "CONSUME_MODES",
     "DEFAULT_ACK_TIMEOUT",
+    "DEFAULT_NACK_BACKOFF_MAX",
     "ConsumeMode",
     "DeadLetter",
     "Delivery",
@@ -100,6 +101,11 @@ __all__ = [
     "check_consume_mode",
     "check_delivery_settings",
 ]
+
+
+DEFAULT_NACK_BACKOFF_MAX = 60.0
+"""The longest a nacked key waits for its redelivery unless configured otherwise (Apache Pulsar's
+MultiplierRedeliveryBackoff default maxDelayMs)."""
 
 
 def _check_int(name: str, value: object, low: int) -> None:
@@ -117,13 +123,23 @@ def _check_number(name: str, value: object, low: float, *, inclusive: bool = Tru
         raise ConfigError(f"{name} must be a finite number {sign} {low}{extra}, not {value!r}")
 
 
-def check_delivery_settings(ack_timeout: object, max_redeliveries: object, max_unacked_per_consumer: object) -> None:
-    """Check ``ack_timeout`` (finite seconds >= 0), ``max_redeliveries`` (an int >= 0 or None) and
-    ``max_unacked_per_consumer`` (an int >= 0)."""
+def check_delivery_settings(
+    ack_timeout: object,
+    max_redeliveries: object,
+    max_unacked_per_consumer: object,
+    nack_backoff: object = 0.0,
+    nack_backoff_max: object = DEFAULT_NACK_BACKOFF_MAX,
+) -> None:
+    """Check ``ack_timeout`` (finite seconds >= 0), ``max_redeliveries`` (an int >= 0 or None),
+    ``max_unacked_per_consumer`` (an int >= 0), ``nack_backoff`` (finite seconds >= 0) and
+    ``nack_backoff_max`` (finite seconds, at least ``nack_backoff``)."""
     _check_number("ack_timeout", ack_timeout, 0.0, extra=" (0 disables leases)")
     if max_redeliveries is not None:
         _check_int("max_redeliveries", max_redeliveries, 0)
     _check_int("max_unacked_per_consumer", max_unacked_per_consumer, 0)
+    _check_number("nack_backoff", nack_backoff, 0.0, extra=" (0 redelivers a nacked message at once)")
+    low = float(nack_backoff)  # type: ignore[arg-type]
+    _check_number("nack_backoff_max", nack_backoff_max, low, extra=f" (at least nack_backoff, {low:g})")
 
 
 ConsumeMode = Literal["ordered", "unordered"]
@@ -143,6 +159,8 @@ def check_consume_mode(mode: object) -> ConsumeMode:
 DEFAULT_ACK_TIMEOUT = 30.0
 """The server's ack deadline unless configured otherwise: SQS's default visibility timeout and
 Kafka share groups' record lock. The core's own default is 0 (no leases): its caller owns the clock."""
+
+_MAX_DOUBLINGS = 60  # 2**60 times any backoff is past any max
 
 Key = str | bytes | None
 
@@ -295,7 +313,18 @@ def _insert_by_position(queue: deque[_Message], message: _Message) -> None:
 
 
 class _KeyState:
-    __slots__ = ("drain_seq", "draining", "holder", "inflight", "kb", "loose", "pending", "queued_on", "slot")
+    __slots__ = (
+        "backoff",
+        "drain_seq",
+        "draining",
+        "holder",
+        "inflight",
+        "kb",
+        "loose",
+        "pending",
+        "queued_on",
+        "slot",
+    )
 
     def __init__(self, kb: bytes, slot: int, holder: _Consumer | None, inflight: int) -> None:
         self.kb = kb
@@ -307,6 +336,7 @@ class _KeyState:
         self.draining = False
         self.drain_seq = 0  # the change that started the current draining
         self.loose = 0  # deliveries in flight made in unordered mode (on any consumers): the key is blocked
+        self.backoff = 0.0  # the clock reading at which a nack's backoff ends (0: none): the key is blocked
 
 
 class Dispatcher:
@@ -345,6 +375,13 @@ class Dispatcher:
         spill: park the slots of keys that cannot go out once half of ``max_replay`` is held,
             for the IO layer to re-read from its log (see :meth:`rereads`); off by default, as
             an IO layer without a log would lose what is parked.
+        nack_backoff: seconds a nacked message waits before it is delivered again, doubling
+            with each failure of it (its first nack waits ``nack_backoff``, its second twice
+            that, ...) up to ``nack_backoff_max``. In ordered mode the whole key waits (its
+            later messages stay behind it, G2) and no other key does (G5); a keyless message,
+            or any message in unordered mode, waits alone. Only nacks back off: an expired
+            lease or a removed consumer returns its messages at once. 0 (the default) is off.
+        nack_backoff_max: the longest backoff, in seconds (default 60).
     """
 
     def __init__(
@@ -366,6 +403,8 @@ class Dispatcher:
         max_unacked_per_consumer: int = 0,
         spill: bool = False,
         backlog_interval: float | None = 5.0,
+        nack_backoff: float = 0.0,
+        nack_backoff_max: float = DEFAULT_NACK_BACKOFF_MAX,
     ) -> None:
         if not callable(clock):
             raise ConfigError(f"clock must be a callable returning seconds, not {clock!r}")
@@ -379,7 +418,7 @@ class Dispatcher:
         _check_number("shift_min_traffic", shift_min_traffic, 0.0)
         _check_int("history", history, 0)
         check_policy_choice(policy, max_ranges)
-        check_delivery_settings(ack_timeout, max_redeliveries, max_unacked_per_consumer)
+        check_delivery_settings(ack_timeout, max_redeliveries, max_unacked_per_consumer, nack_backoff, nack_backoff_max)
         check_consume_mode(consume_mode)
         if type(spill) is not bool:
             raise ConfigError(f"spill must be a bool, not {spill!r}")
@@ -447,6 +486,10 @@ class Dispatcher:
         self._last_backlog = now
         self._backlog_seen: dict[str, int] = {}  # waiting messages per consumer at the last check
         self._backlog_min = min(_BACKLOG_MIN, max(max_replay // 10, 1))
+        self._backoff = float(nack_backoff)
+        self._backoff_max = float(nack_backoff_max)
+        self._key_backoffs: list[tuple[float, bytes]] = []  # (end, key): stale once the key's backoff differs
+        self._delayed: list[tuple[float, int, _Message]] = []  # (end, position, message): shared-queue messages
 
     # -- consumers -------------------------------------------------------------------
 
@@ -603,7 +646,7 @@ class Dispatcher:
         owner = self._owner_of_slot(slot)
         if owner is None:
             return False  # nobody to take anything: parking would not let others go on
-        return not owner.permits or (state is not None and bool(state.draining or state.loose))
+        return not owner.permits or (state is not None and bool(state.draining or state.loose or state.backoff))
 
     def _park(self, message: _Message) -> None:
         self._held -= 1
@@ -632,6 +675,8 @@ class Dispatcher:
         now = self._clock()
         if self._leases and self._leases[0][0] <= now:
             self._expire(now)
+        if (self._key_backoffs and self._key_backoffs[0][0] <= now) or (self._delayed and self._delayed[0][0] <= now):
+            self._end_backoffs(now)
         self._deadline = now + self._ack_timeout
         interval = self._backlog_interval
         if interval is not None and now - self._last_backlog >= interval and not self._unordered:
@@ -715,11 +760,15 @@ class Dispatcher:
         return position in self._consumer(cid).expired
 
     def next_deadline(self) -> float | None:
-        """The clock reading at which :meth:`poll` may next take back a lease; None when nothing is leased.
+        """The clock reading at which :meth:`poll` may next have work of its own: a lease to take
+        back or a nack backoff that ends; None when nothing is leased or backing off.
 
-        Never later than the earliest deadline (it may be earlier: polling early is harmless).
+        Never later than the earliest deadline or backoff end (it may be earlier: polling
+        early is harmless).
         """
-        return self._leases[0][0] if self._leases else None
+        heaps: tuple[list[Any], ...] = (self._leases, self._key_backoffs, self._delayed)
+        ends = [heap[0][0] for heap in heaps if heap]
+        return min(ends) if ends else None
 
     def dead_letters(self) -> list[DeadLetter]:
         """The messages given up on since the last call, in the order decided.
@@ -773,27 +822,33 @@ class Dispatcher:
         was_draining = state.draining
         if not self._settle_inflight(state, 1):
             return True
-        if was_draining and state.pending and not state.loose:
+        if was_draining and state.pending and not (state.loose or state.backoff):
             self._queue(state, self._owner_of_slot(state.slot))
         if not state.pending and not state.loose:
             del self._keys[kb]
         return True
 
     def nack(self, cid: str, position: int) -> None:
-        """Return ``position`` and every later unacked delivery of its key on ``cid`` to pending (G2)."""
+        """Return ``position`` and every later unacked delivery of its key on ``cid`` to pending (G2).
+
+        With a ``nack_backoff`` the message waits for its backoff before it goes out again: in
+        ordered mode with its whole key, else alone.
+        """
         consumer = self._consumer(cid)
         message = consumer.inflight.get(position) if type(position) is int else None
         if message is None:
             raise self._refusal(consumer, position, "nack")
         kb = message.kb
-        if kb is None:
-            self._return_inflight(consumer, [message], "nack")
-        else:
-            # In unordered mode too: a client drops what it prefetched of the key after a nack.
+        # In unordered mode too: a client drops what it prefetched of the key after a nack.
+        later = [message]
+        if kb is not None:
             later = [m for m in consumer.inflight.values() if m.kb == kb and m.position >= position]
-            for state in self._return_inflight(consumer, later, "nack", message):
-                if not state.draining and not state.loose:
-                    self._queue(state, self._owner_of_slot(state.slot))
+        until = self._backoff_end(message) if self._backoff else 0.0
+        for state in self._return_inflight(consumer, later, "nack", message, until):
+            if until:
+                self._hold(state, until)
+            elif not (state.draining or state.loose or state.backoff):  # (a backoff from an earlier nack)
+                self._queue(state, self._owner_of_slot(state.slot))
         if consumer.stuck:
             self._recover(consumer)
 
@@ -824,20 +879,25 @@ class Dispatcher:
         To unordered: every waiting message joins one queue in position order. To ordered:
         waiting messages go back to their keys, and a key with deliveries still in flight
         from unordered mode waits until each is acked, nacked or expired (G1, G2 again from
-        then on). Leases, dead letters and ranges carry on across the switch.
+        then on). Leases, dead letters and ranges carry on across the switch; nack backoffs end
+        (what waited goes out with the rest).
         """
         check_consume_mode(mode)
         if mode == self.consume_mode:
             return
         self._reread_due = True
         keys = self._keys
+        delayed = [message for _, _, message in self._delayed]
+        self._delayed = []
+        self._key_backoffs = []
         if mode == "unordered":
-            waiting = [*self._keyless, *(m for state in keys.values() for m in state.pending)]
+            waiting = [*self._keyless, *delayed, *(m for state in keys.values() for m in state.pending)]
             waiting.sort(key=lambda m: m.position)
             self._keyless = deque(waiting)
             for kb, state in list(keys.items()):
                 state.pending.clear()
                 state.queued_on = None
+                state.backoff = 0.0
                 if not (state.inflight or state.loose):
                     del keys[kb]
             for consumer in self._consumers.values():
@@ -846,7 +906,7 @@ class Dispatcher:
             self._unordered = True
             return
         self._unordered = False
-        waiting = sorted(self._keyless, key=lambda m: m.position)
+        waiting = sorted([*self._keyless, *delayed], key=lambda m: m.position)
         self._keyless = deque()
         for message in waiting:
             if message.kb is None:
@@ -858,6 +918,47 @@ class Dispatcher:
             found.pending.append(message)
         for key_state in keys.values():
             self._reroute(key_state)
+
+    def set_delivery_settings(
+        self,
+        *,
+        ack_timeout: float,
+        max_redeliveries: int | None,
+        nack_backoff: float = 0.0,
+        nack_backoff_max: float = DEFAULT_NACK_BACKOFF_MAX,
+    ) -> None:
+        """Change the lease, dead-letter and backoff settings live (a bad value changes nothing).
+
+        A new ``ack_timeout`` applies to every delivery made from now on; a lease already out
+        ends no later than the new timeout from now (a longer timeout does not lengthen it; a
+        consumer that needs longer extends). Turning leases on leases what is in flight from
+        now; turning them off ends every lease. A new ``max_redeliveries`` applies to every
+        message when it is next due to go out; backoffs already running keep their ends.
+        """
+        check_delivery_settings(ack_timeout, max_redeliveries, self._unacked_limit, nack_backoff, nack_backoff_max)
+        timeout = float(ack_timeout)
+        if timeout != self._ack_timeout:
+            now = self._clock()
+            self._leases = []
+            cap = now + timeout
+            was_leased = self._ack_timeout > 0.0
+            for consumer in self._consumers.values():
+                consumer.lease_due = False
+                if not timeout or not consumer.inflight:
+                    continue
+                for message in consumer.inflight.values():  # deadline order stays: min() keeps it
+                    message.deadline = min(message.deadline, cap) if was_leased else cap
+                self._schedule(consumer, next(iter(consumer.inflight.values())).deadline)
+            self._ack_timeout = timeout
+            self._deadline = cap
+        self._max_redeliveries = max_redeliveries
+        self._backoff = float(nack_backoff)
+        self._backoff_max = float(nack_backoff_max)
+
+    @property
+    def nack_backoff(self) -> tuple[float, float]:
+        """``(nack_backoff, nack_backoff_max)`` in seconds; a first value of 0 is off."""
+        return self._backoff, self._backoff_max
 
     @property
     def ack_timeout(self) -> float:
@@ -908,8 +1009,13 @@ class Dispatcher:
         draining: dict[str, tuple[set[int], int]] = {cid: (set(), 0) for cid in self._consumers}
         waiting: Counter[str] = Counter()
         replay = len(self._keyless)
+        backoff_keys = 0
+        backoff_messages = len(self._delayed)
         for state in self._keys.values():
             replay += len(state.pending)
+            if state.backoff:
+                backoff_keys += 1
+                backoff_messages += len(state.pending)
             if state.pending:
                 owner = self._owner_of_slot(state.slot)
                 if owner is not None:
@@ -939,7 +1045,7 @@ class Dispatcher:
             }
         return {
             "consumers": consumers,
-            "replay": replay,
+            "replay": replay + len(self._delayed),
             "unrouted": len(self._fresh),
             "held": self._held,
             "max_replay": self._max_replay,
@@ -954,6 +1060,10 @@ class Dispatcher:
             "consume_mode": self.consume_mode,
             "parked_slots": len(self._parked),
             "parked_messages": self._parked_total,
+            "nack_backoff": self._backoff,
+            "nack_backoff_max": self._backoff_max,
+            "backoff_keys": backoff_keys,
+            "backoff_messages": backoff_messages,
         }
 
     def drain_histogram(self) -> Histogram:
@@ -1145,15 +1255,21 @@ class Dispatcher:
         return owners[bisect.bisect_left(self._ends, slot)] if owners else None
 
     def _return_inflight(
-        self, consumer: _Consumer, messages: list[_Message], reason: str, failed: _Message | None = None
+        self,
+        consumer: _Consumer,
+        messages: list[_Message],
+        reason: str,
+        failed: _Message | None = None,
+        delay_until: float = 0.0,
     ) -> list[_KeyState]:
         """Move ``messages`` (in flight on ``consumer``) back to pending, each key ahead of its queue.
 
         ``failed`` (a nack's message) alone counts a failure when given; else each key's
         oldest returned message, every keyless or loose one, and in unordered mode every
         one. A loose message goes back into its key's queue by position (ahead of everything
-        in unordered mode). Returns the ordered-mode key states that got messages back, for
-        the caller to queue.
+        in unordered mode). With ``delay_until``, ``failed`` waits until then if it goes back
+        to the shared queue (keyless, or unordered mode). Returns the ordered-mode key states
+        that got messages back, for the caller to queue.
         """
         unordered = self._unordered
         each = failed is None
@@ -1193,6 +1309,9 @@ class Dispatcher:
                 front.append(message)
             else:
                 _insert_by_position(state.pending, message)
+        if delay_until and failed is not None and failed in front:
+            front.remove(failed)
+            heapq.heappush(self._delayed, (delay_until, failed.position, failed))
         front.sort(key=lambda m: m.position)
         self._keyless.extendleft(reversed(front))
         if consumer.unacked_blocked and len(consumer.inflight) <= self._unacked_resume:
@@ -1237,6 +1356,38 @@ class Dispatcher:
             DeadLetter(message.position, message.key, message.payload, message.redeliveries - 1, message.came_back)
         )
         self._dead_total += 1
+
+    # -- internals: nack backoff -----------------------------------------------------
+
+    def _backoff_end(self, message: _Message) -> float:
+        """When the backoff of ``message``, being nacked, ends: ``nack_backoff`` doubled per earlier failure."""
+        doublings = min(message.failures, _MAX_DOUBLINGS)
+        return self._clock() + min(self._backoff * 2.0**doublings, self._backoff_max)
+
+    def _hold(self, state: _KeyState, until: float) -> None:
+        """Keep ``state`` (ordered mode) off every ready heap until ``until``; a later end wins."""
+        state.queued_on = None  # its heap entries, if any, are stale from now on
+        if until > state.backoff:
+            state.backoff = until
+            heapq.heappush(self._key_backoffs, (until, state.kb))
+
+    def _end_backoffs(self, now: float) -> None:
+        """Release the keys and messages whose backoff ended at or before ``now``."""
+        keys = self._keys
+        backoffs = self._key_backoffs
+        while backoffs and backoffs[0][0] <= now:
+            until, kb = heapq.heappop(backoffs)
+            state = keys.get(kb)
+            if state is not None and state.backoff == until:
+                state.backoff = 0.0
+                self._reroute(state)
+        delayed = self._delayed
+        due = []
+        while delayed and delayed[0][0] <= now:
+            due.append(heapq.heappop(delayed)[2])
+        if due:
+            due.sort(key=lambda m: m.position)
+            self._keyless.extendleft(reversed(due))
 
     # -- internals: leases -----------------------------------------------------------
 
@@ -1365,7 +1516,7 @@ class Dispatcher:
                 return
             if state.draining:
                 self._release(state)
-        if state.pending and state.queued_on is not owner and not state.loose:
+        if state.pending and state.queued_on is not owner and not (state.loose or state.backoff):
             self._queue(state, owner)
 
     def _record(
@@ -1431,7 +1582,7 @@ class Dispatcher:
         waiting: Counter[str] = Counter()
         per_slot: Counter[int] = Counter()
         for state in self._keys.values():
-            if state.pending and not state.draining and not state.loose:
+            if state.pending and not (state.draining or state.loose or state.backoff):
                 owner = owner_of(state.slot)
                 if owner is not None:
                     waiting[owner.cid] += len(state.pending)
@@ -1478,6 +1629,9 @@ class Dispatcher:
         inflight_by_key: Counter[bytes] = Counter()
         loose_by_key: Counter[bytes] = Counter()
         held = len(self._fresh) + len(self._keyless) + len(self._dead_out) + len(self._dead_unconfirmed)
+        held += len(self._delayed)
+        assert self._unordered or all(m.kb is None for _, _, m in self._delayed), "a keyed message delayed alone"
+        backoffs = set(self._key_backoffs)
         timeout = self._ack_timeout
         scheduled = {id(entry[2]): entry[0] for entry in self._leases}
         for consumer in self._consumers.values():
@@ -1514,9 +1668,13 @@ class Dispatcher:
             if state.holder is not None and positions:
                 top = max(p for p, m in state.holder.inflight.items() if m.kb == kb and not m.loose)
                 assert top < positions[0], f"{kb!r}: pending {positions[0]} not after in-flight {top}"
+            if state.backoff:
+                assert state.pending and not self._unordered, f"{kb!r}: backoff without pending messages"
+                assert (state.backoff, kb) in backoffs, f"{kb!r}: backoff {state.backoff} not scheduled"
             owner = self._owner_of_slot(state.slot)
             assert state.draining == (state.inflight > 0 and state.holder is not owner), f"{kb!r}: draining flag"
-            queued = bool(state.pending) and not state.draining and owner is not None and not state.loose
+            queued = bool(state.pending) and not state.draining and owner is not None
+            queued = queued and not (state.loose or state.backoff)
             assert state.queued_on is owner if queued else state.queued_on is None, f"{kb!r}: queued_on"
             if queued and owner is not None:
                 assert (positions[0], kb) in owner.ready, f"{kb!r}: missing from {owner.cid}'s ready heap"

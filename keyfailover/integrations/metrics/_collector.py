@@ -121,6 +121,12 @@ _SPECS: dict[str, tuple[str, str, list[str]]] = {
         _SUB,
     ),
     "keyfailover_ack_timeout_seconds": ("gauge", "The subscription's ack deadline (0: no leases).", _SUB),
+    "keyfailover_backoff_messages": (
+        "gauge",
+        "Messages waiting for a nack backoff to end (in ordered mode with every later message of their keys).",
+        _SUB,
+    ),
+    "keyfailover_backoff_keys": ("gauge", "Keys held back by a nack backoff (ordered mode).", _SUB),
     "keyfailover_backlog_messages": ("gauge", "Messages stored and not yet acknowledged by the subscription.", _SUB),
     "keyfailover_rebalances": ("counter", "Range-map changes, by reason.", [*_SUB, "reason"]),
     "keyfailover_rebalance_duration_seconds": (
@@ -267,6 +273,8 @@ def _subscription(families: _Families, view: SubscriptionView) -> None:
     families.add("keyfailover_dead_lettered", sub, stats["dead_lettered"])
     families.add("keyfailover_dead_letters_unconfirmed", sub, stats["dead_letters_unconfirmed"])
     families.add("keyfailover_ack_timeout_seconds", sub, stats["ack_timeout"])
+    families.add("keyfailover_backoff_messages", sub, stats["backoff_messages"])
+    families.add("keyfailover_backoff_keys", sub, stats["backoff_keys"])
     policy = dispatcher.policy
     families.info("keyfailover_rebalance_policy", sub, {"policy": policy.name, "max_ranges": str(policy.range_limit)})
     families.info("keyfailover_consume_mode", sub, {"mode": dispatcher.consume_mode})

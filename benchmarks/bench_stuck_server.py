@@ -1,0 +1,325 @@
+"""A consumer that receives every message and never acks, beside three healthy ones, through a real server.
+
+Run: ``python benchmarks/bench_stuck_server.py [--quick]``. Each row is a fresh ``keyfailover
+serve`` with its default bounds (``--max-replay`` 100,000, ``--max-unacked-per-consumer``
+50,000; ``--quick``: a tenth of each) and an ack timeout of an hour, so that no lease
+expires during the run: what keeps the healthy consumers going here is the unacked limit
+and the log spill, not the deadline. One producer process sends 1,000,000 100-byte messages
+over 10,000 keys (uniform, seeded; ``--quick``: 100,000) in confirmed batches of 1000, and
+four consumer processes with receiver queues of 1000 take them. In the first row one
+consumer's application takes every message and never acks; the other three take and ack
+each one. The peer row, in the same run, has four healthy consumers.
+
+A row ends once the producer is done and the healthy consumers received nothing new for
+``QUIET`` seconds. It reports what the healthy consumers received (first deliveries), the
+longest time they received nothing while the producer was still sending, what the
+never-acking consumer holds and what is left in the log (unacked, its keys), the server's
+peak resident memory (``VmHWM``), and checks that nothing was lost: every message was acked
+or is still in the subscription's backlog, and the healthy consumers got every message
+of every key the never-acking consumer neither owns at the end nor ever received a message of
+(a key it holds a message of waits for its ack, as per-key order demands).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Event
+from pathlib import Path
+from typing import Any
+from urllib.request import urlopen
+
+import numpy as np
+from _common import format_count, parse_quick, print_goals, print_table
+from bench_e2e import BATCH, HEADER, KEYS, POLL_SECONDS, RECEIVER_QUEUE, key_names, produce_keyfailover, stop_process
+
+from keyfailover import key_hash
+
+TOPIC = "bench-e2e"  # what bench_e2e's producer sends to
+SUBSCRIPTION = "bench"
+QUIET = 3.0
+START_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class Server:
+    address: str
+    admin: str
+    pid: int
+
+
+@contextlib.contextmanager
+def server(folder: Path, count: int) -> Iterator[Server]:
+    """``keyfailover serve`` on free loopback ports (broker and admin), bounds scaled to ``count`` messages."""
+    command = [sys.executable, "-m", "keyfailover", "serve", "--data-dir", str(folder / "data")]
+    command += ["--host", "127.0.0.1", "--port", "0", "--ack-timeout", "3600", "--metrics-port", "0"]
+    command += ["--max-replay", str(count // 10), "--max-unacked-per-consumer", str(count // 20)]
+    stderr = (folder / "server.log").open("wb")
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=stderr, env=dict(os.environ, PYTHONUNBUFFERED="1")
+    )
+    try:
+        assert process.stdout is not None
+        listening, admin = process.stdout.readline().decode(), process.stdout.readline().decode()
+        if not listening.startswith("listening on ") or not admin.startswith("metrics on "):
+            process.wait(timeout=10)
+            raise SystemExit(f"keyfailover serve did not start: {listening!r}\n{(folder / 'server.log').read_text()}")
+        port = listening.rsplit(":", 1)[1].strip()
+        yield Server(f"kf://127.0.0.1:{port}", admin.split("metrics on ", 1)[1].strip(), process.pid)
+    finally:
+        stop_process(process)
+        if process.stdout is not None:
+            process.stdout.close()
+        stderr.close()
+
+
+def peak_rss_mib(pid: int) -> float:
+    """The peak resident memory of process ``pid`` so far (Linux ``VmHWM``), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise SystemExit(f"no VmHWM in /proc/{pid}/status")
+
+
+def stats(admin: str) -> dict[str, Any]:
+    """The one subscription's entry of the admin endpoint's ``/stats``."""
+    with urlopen(f"{admin}/stats", timeout=10) as response:
+        found = json.load(response)
+    subscription: dict[str, Any] = found["subscriptions"][0]
+    return subscription
+
+
+def consumer_main(
+    address: str, name: str, *, acks: bool, stop: Event, progress: Any, slot: int, results: Queue[Any]
+) -> None:
+    """Receive until ``stop`` and idle; ack each message when ``acks``. Reports first-delivery indices and times."""
+    try:
+        from keyfailover.client import Client, Timeout
+
+        indices, times = array("q"), array("q")
+        seen: set[int] = set()
+        now = time.monotonic_ns
+        with Client(address) as client:
+            consumer = client.subscribe(TOPIC, SUBSCRIPTION, consumer_name=name, receiver_queue_size=RECEIVER_QUEUE)
+            results.put(("ready", name))
+            while True:
+                try:
+                    message = consumer.receive(POLL_SECONDS)
+                except Timeout:
+                    progress[slot] = len(indices)
+                    if stop.is_set():
+                        break
+                    continue
+                index = HEADER.unpack_from(message.payload)[0]
+                if index not in seen:
+                    seen.add(index)
+                    indices.append(index)
+                    times.append(now())
+                    if not len(indices) & 255:
+                        progress[slot] = len(indices)
+                if acks:
+                    consumer.acknowledge(message)
+            ranges = list(consumer.ranges)
+        results.put(("consumer", name, indices.tobytes(), times.tobytes(), ranges))
+    except BaseException:
+        results.put(("error", name, traceback.format_exc()))
+        raise
+
+
+def producer_main(address: str, count: int, results: Queue[Any]) -> None:
+    try:
+        first, last = produce_keyfailover(address, count, 1)
+        results.put(("producer", first, last))
+    except BaseException:
+        results.put(("error", "producer", traceback.format_exc()))
+        raise
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    healthy_received: int
+    healthy_expected: int
+    longest_gap: float
+    stuck_holds: int
+    stuck_received: int
+    backlog: int
+    acked_or_backlog: int
+    held: int
+    parked_slots: int
+    seconds: float
+    peak_mib: float
+
+
+def run_row(label: str, stuck: bool, count: int) -> Row:
+    names = ["stuck" if stuck else "h0", "h1", "h2", "h3"]
+    context = multiprocessing.get_context("spawn")
+    results: Queue[Any] = context.Queue()
+    stop = context.Event()
+    progress = context.Array("q", len(names), lock=False)
+    with tempfile.TemporaryDirectory(prefix="bench-stuck-") as folder, server(Path(folder), count) as srv:
+        consumers = [
+            context.Process(
+                target=consumer_main,
+                args=(srv.address, name),
+                kwargs={"acks": name != "stuck", "stop": stop, "progress": progress, "slot": slot, "results": results},
+                daemon=True,
+            )
+            for slot, name in enumerate(names)
+        ]
+        producer = context.Process(target=producer_main, args=(srv.address, count, results), daemon=True)
+        processes = [*consumers, producer]
+        reports: dict[str, tuple[Any, ...]] = {}
+        produced: tuple[int, int] | None = None
+        final: dict[str, Any] | None = None
+        peak = 0.0
+        try:
+            for process in consumers:
+                process.start()
+            ready = 0
+            deadline = time.monotonic() + START_TIMEOUT
+            healthy_seen, quiet_since = -1, time.monotonic()
+            while len(reports) < len(names):
+                try:
+                    kind, *message = results.get(timeout=0.2)
+                except queue.Empty:
+                    if ready < len(names) and time.monotonic() > deadline:
+                        raise SystemExit(f"{label}: only {ready} consumers subscribed") from None
+                    for process in processes:
+                        if process.exitcode not in (None, 0):
+                            raise SystemExit(f"{label}: a benchmark process exited with {process.exitcode}") from None
+                    if produced is not None and not stop.is_set():
+                        healthy = sum(progress[slot] for slot, name in enumerate(names) if name != "stuck")
+                        if healthy != healthy_seen:
+                            healthy_seen, quiet_since = healthy, time.monotonic()
+                        elif time.monotonic() - quiet_since > QUIET:
+                            final = stats(srv.admin)
+                            peak = peak_rss_mib(srv.pid)
+                            stop.set()
+                    continue
+                if kind == "error":
+                    raise SystemExit(f"{label}: {message[0]} failed:\n{message[1]}")
+                if kind == "ready":
+                    ready += 1
+                    if ready == len(names):
+                        producer.start()
+                elif kind == "producer":
+                    produced = (message[0], message[1])
+                else:
+                    reports[message[0]] = tuple(message[1:])
+            for process in processes:
+                process.join(timeout=30)
+        finally:
+            stop.set()
+            for process in processes:
+                if process.is_alive():
+                    process.terminate()
+                    process.join(timeout=5)
+    assert produced is not None and final is not None
+    first_send, last_send = produced
+    healthy_indices = np.concatenate(
+        [np.frombuffer(reports[n][0], np.int64) for n in names if n != "stuck"] or [np.zeros(0, np.int64)]
+    )
+    healthy_times = np.sort(np.concatenate([np.frombuffer(reports[n][1], np.int64) for n in names if n != "stuck"]))
+    during = healthy_times[(healthy_times >= first_send) & (healthy_times <= last_send)]
+    edges = np.concatenate([[first_send], during, [last_send]])
+    longest_gap = float(np.diff(edges).max()) / 1e9
+    keys = key_names(count)
+    slots = np.fromiter((key_hash(k) for k in keys), np.int64, count)
+    of_stuck = np.zeros(count, bool)
+    if stuck:
+        for start, end in reports["stuck"][2]:
+            of_stuck |= (slots >= start) & (slots <= end)
+        touched = {keys[i] for i in np.frombuffer(reports["stuck"][0], np.int64).tolist()}
+        of_stuck |= np.fromiter((k in touched for k in keys), bool, count)
+    expected = set(np.flatnonzero(~of_stuck).tolist())
+    got = set(healthy_indices.tolist())
+    consumers = final["dispatcher"]["consumers"]
+    stuck_holds = consumers["stuck"]["unacked"] if stuck else 0
+    acked = sum(c["acked"] for c in consumers.values())
+    return Row(
+        label,
+        len(got & expected) if stuck else len(got),
+        len(expected),
+        longest_gap,
+        stuck_holds,
+        len(reports["stuck"][0]) if stuck else 0,
+        final["backlog"],
+        acked + final["backlog"],
+        final["dispatcher"]["held"],
+        final["dispatcher"]["parked_slots"],
+        (int(healthy_times[-1]) - first_send) / 1e9 if len(healthy_times) else 0.0,
+        peak,
+    )
+
+
+def main() -> None:
+    quick = parse_quick(__doc__ or "")
+    count = 100_000 if quick else 1_000_000
+    rows = [
+        run_row("1 never acks, 3 healthy", True, count),
+        run_row("peer: 4 healthy", False, count),
+    ]
+    print_table(
+        f"keyfailover serve, {format_count(count)} messages over {KEYS:,} keys in batches of {BATCH}: "
+        "a consumer that receives and never acks",
+        [
+            "consumers",
+            "healthy got / their keys'",
+            "longest gap s",
+            "healthy msg/s",
+            "stuck holds",
+            "left in log",
+            "held / parked slots",
+            "server peak MiB",
+        ],
+        [
+            [
+                row.label,
+                f"{format_count(row.healthy_received)} / {format_count(row.healthy_expected)}",
+                f"{row.longest_gap:.2f}",
+                format_count(row.healthy_received / row.seconds) if row.seconds else "-",
+                format_count(row.stuck_holds),
+                format_count(row.backlog - row.stuck_holds),
+                f"{format_count(row.held)} / {row.parked_slots:,}",
+                f"{row.peak_mib:.0f}",
+            ]
+            for row in rows
+        ],
+    )
+    stuck, peer = rows
+    print_goals(
+        [
+            (
+                "healthy consumers receive every message of their keys",
+                f"{stuck.healthy_received:,} of {stuck.healthy_expected:,}",
+                stuck.healthy_received == stuck.healthy_expected,
+            ),
+            (
+                "nothing lost: acked + backlog = sent",
+                f"{stuck.acked_or_backlog:,} of {count:,}",
+                stuck.acked_or_backlog == count,
+            ),
+            (
+                "server memory bounded (peak beside the 4-healthy peer)",
+                f"{stuck.peak_mib:.0f} MiB vs {peer.peak_mib:.0f} MiB",
+                stuck.peak_mib < 2 * peer.peak_mib,
+            ),
+        ]
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -22,7 +22,7 @@ HEADERS = {
     "bench_log.py": ("writer", "synchronous", "batch", "messages", "messages/s", "vs peer"),
     "bench_spark.py": ("job", "rows", "partitions", "seconds", "median s", "rows/s", "vs native"),
     "bench_stuck.py": ("Dispatcher", "messages", "healthy got", "never read", "parked slots", "dispatcher MiB"),
-    "bench_stuck_server.py": ("consumers", "healthy got / their keys'", "longest gap s", "server peak MiB"),
+    "bench_stuck_server.py": ("consumers", "healthy got / their keys'", "longest gap s", "server peak MiB half-way"),
     "bench_e2e.py": ("system", "mode", "messages", "msgs/s", "p50 ms", "p99 ms", "vs redis same durability"),
 }
 

@@ -382,6 +382,31 @@ def test_restore_refuses_what_was_not_parked() -> None:
         Dispatcher(spill=1)  # type: ignore[arg-type]
 
 
+def test_no_backlog_range_goes_to_a_consumer_that_takes_messages_and_acks_none() -> None:
+    """A consumer with permits and nothing waiting that never acks (its application is blocked, its
+    lease not yet expired) is not idle: a slow consumer's growing backlog is not shed to it."""
+    clock = ManualClock(0.0)
+    d = Dispatcher(clock=clock, backlog_interval=1.0, shift_interval=3600.0)
+    d.add_consumer("slow")
+    d.add_consumer("taker")
+    d.flow("slow", 10)
+    d.flow("taker", 1_000_000)
+    keys = [f"key-{i}" for i in range(4000)]
+    position = 0
+    for _ in range(6):
+        for key in keys:
+            position += 1
+            d.publish(position, key)
+        for delivery in d.poll():
+            if delivery.consumer == "slow":
+                d.ack(delivery.consumer, delivery.position)
+        clock.advance(1.0)
+        d.poll()
+    assert d.stats()["consumers"]["taker"]["unacked"] > 0 and d.stats()["replay"] > 100
+    assert "backlog" not in d.stats()["rebalances"]
+    d._audit()
+
+
 def test_a_consumer_whose_backlog_keeps_growing_sheds_range_to_an_idle_one() -> None:
     """Issue 13 part 2: a slow consumer (no permits left) beside an idle one loses range to it,
     so its waiting keys move; the change is a "backlog" rebalance."""

@@ -44,6 +44,8 @@ _log = logging.getLogger("keyfailover.server")
 DEFAULT_MAX_UNACKED = 50_000
 """Apache Pulsar's default maxUnackedMessagesPerConsumer."""
 
+_FLUSH_SHARE = 0.1
+"""The most of the log worker's time one subscription's cursor flushes may take."""
 _READ_BATCH = 2000
 _SEND_BATCH = 1000
 _SEND_BYTES = 2 * 1024 * 1024  # well under the protocol's default 5 MiB frame limit
@@ -549,9 +551,20 @@ class Subscription:
     # -- cursor ----------------------------------------------------------------------
 
     async def _flush_loop(self) -> None:
+        """Save the cursor every ``cursor_flush_seconds``, or less often when saving it takes long.
+
+        A cursor with many acked ranges (a consumer that never acks leaves a hole per message)
+        takes long to save, on the worker thread that also commits produced messages: the
+        flushes may use at most ``_FLUSH_SHARE`` of its time. A crash loses at most the acks
+        since the last flush (they are redelivered: at least once).
+        """
+        wait = self._config.cursor_flush_seconds
         while not self._closed:
-            await asyncio.sleep(self._config.cursor_flush_seconds)
+            await asyncio.sleep(wait)
+            started = time.monotonic()
             await self.flush_cursor()
+            took = time.monotonic() - started
+            wait = max(self._config.cursor_flush_seconds, took * (1.0 - _FLUSH_SHARE) / _FLUSH_SHARE)
 
     async def flush_cursor(self) -> None:
         if not self._cursor_dirty:

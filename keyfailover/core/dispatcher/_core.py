@@ -485,6 +485,7 @@ class Dispatcher:
         self._backlog_interval = None if shift_threshold is None else backlog_interval
         self._last_backlog = now
         self._backlog_seen: dict[str, int] = {}  # waiting messages per consumer at the last check
+        self._backlog_acked: dict[str, int] = {}  # acks per consumer at the last check
         self._backlog_min = min(_BACKLOG_MIN, max(max_replay // 10, 1))
         self._backoff = float(nack_backoff)
         self._backoff_max = float(nack_backoff_max)
@@ -1575,7 +1576,10 @@ class Dispatcher:
 
         The policy's shift decides, on the measured traffic plus each slot's waiting messages
         (ready to go, not blocked by draining): what a slow consumer cannot take counts as
-        load on it, so the shift moves as little range as makes the loads even again.
+        load on it, so the shift moves as little range as makes the loads even again. Only a
+        consumer making progress counts as idle: one with nothing in flight, or that acked
+        since the last check. One that takes messages and acks none (its application may be
+        blocked) has its in-flight messages counted as load too, so no range goes to it.
         """
         self._last_backlog = now
         owner_of = self._owner_of_slot
@@ -1588,9 +1592,18 @@ class Dispatcher:
                     waiting[owner.cid] += len(state.pending)
                     per_slot[state.slot] += len(state.pending)
         seen, self._backlog_seen = self._backlog_seen, dict(waiting)
+        acked_seen = self._backlog_acked
+        self._backlog_acked = {cid: c.acked for cid, c in self._consumers.items()}
         least = self._backlog_min
         growing = [c for c, count in waiting.items() if count >= least and count > seen.get(c, count)]
-        idle = any(c.permits and not waiting[cid] and not c.stuck for cid, c in self._consumers.items())
+        idle = False
+        for cid, consumer in self._consumers.items():
+            if not consumer.inflight or consumer.acked > acked_seen.get(cid, consumer.acked):
+                idle = idle or bool(consumer.permits and not waiting[cid] and not consumer.stuck)
+            else:  # not acking: what it holds is load the policy must not add to
+                for message in consumer.inflight.values():
+                    if message.kb is not None:
+                        per_slot[message.slot] += 1
         if not growing or not idle:
             return
         self._sample(now)

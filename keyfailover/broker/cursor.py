@@ -185,7 +185,7 @@ class Cursor:
         deltas = points[1:]
         np.subtract(deltas, points[:-1], out=deltas)  # in place: gap to each range's first, then its length - 1
         # The deltas are positive, so their int64 bytes are their uint64 bytes.
-        return _HEADER.pack(FORMAT_VERSION, self._mark_delete, count) + zlib.compress(memoryview(deltas), 1)
+        return _HEADER.pack(FORMAT_VERSION, self._mark_delete, count) + zlib.compress(deltas.data, 1)
 
     @classmethod
     def from_bytes(cls, data: bytes | bytearray | memoryview) -> Cursor:

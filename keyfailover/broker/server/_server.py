@@ -112,6 +112,7 @@ class Server:
         self._lock_file: TextIO | None = None
         self.protocol_errors: Counter[str] = Counter()  # error frames sent, by code
         self._admin_address: tuple[str, int] | None = None
+        self._settings_lock = asyncio.Lock()  # orders saving a subscription's settings with opening it
         self.closing = False
         self._routes: dict[str, Handler] = {
             "/healthz": self._healthz,
@@ -287,12 +288,13 @@ class Server:
             cursor = await self.storage.call(self.storage.log.load_cursor, topic, name)
             saved = await self.storage.call(self.storage.log.load_consume_mode, topic, name)
             mode = self.config.subscription.consume_mode if saved is None else check_consume_mode(saved)
-            own = await self._own_settings(topic, name)
-            subscription = Subscription(
-                topic, name, cursor, self.storage, self.config.subscription, consume_mode=mode, own_settings=own
-            )
-            subscription.start()
-            self._subscriptions[key] = subscription
+            async with self._settings_lock:  # a change of its settings is saved before or applied after
+                own = await self._own_settings(topic, name)
+                subscription = Subscription(
+                    topic, name, cursor, self.storage, self.config.subscription, consume_mode=mode, own_settings=own
+                )
+                subscription.start()
+                self._subscriptions[key] = subscription
             future.set_result(subscription)
             return subscription
         except BaseException as exc:
@@ -396,14 +398,18 @@ class Server:
         nack_backoff_max given becomes the subscription's own (``default``: the server's
         again); ``reset=1`` drops every own setting first. Live and saved at once.
         """
-        try:
-            topic, name, live = await self._settings_of(query)
-        except _RefusedError as refused:
-            return refused.response
         unknown = sorted(set(query) - {"topic", "subscription", "reset", *DELIVERY_SETTINGS})
         if unknown or query.get("reset", "1") != "1":
             expected = f"expected settings of {list(DELIVERY_SETTINGS)} and reset=1"
             return json_response({"error": f"unknown parameters {unknown} or reset not 1; {expected}"}, 400)
+        async with self._settings_lock:  # one change at a time, and none while the subscription opens
+            return await self._configure_locked(query)
+
+    async def _configure_locked(self, query: dict[str, str]) -> Response:
+        try:
+            topic, name, _ = await self._settings_of(query)
+        except _RefusedError as refused:
+            return refused.response
         own: dict[str, Any] = {} if "reset" in query else dict(await self._own_settings(topic, name))
         try:
             for setting in DELIVERY_SETTINGS:
@@ -417,10 +423,10 @@ class Server:
             settings = self.config.subscription.delivery(cast(DeliverySettings, own))
         except ConfigError as exc:
             return json_response({"error": str(exc)}, 400)
+        await self.storage.call(self.storage.log.save_delivery_settings, topic, name, own)
+        live = self._subscriptions.get((topic, name))  # looked up after the save: it may have opened meanwhile
         if live is not None:
-            await live.configure(cast(DeliverySettings, own))
-        else:
-            await self.storage.call(self.storage.log.save_delivery_settings, topic, name, own)
+            live.configure(cast(DeliverySettings, own))
         return json_response(
             {"topic": topic, "subscription": name, "settings": settings, "own": sorted(own), "live": live is not None}
         )

@@ -283,11 +283,10 @@ class Subscription:
         self.dispatcher.set_consume_mode(checked)
         self.wake()
 
-    async def configure(self, own: DeliverySettings) -> DeliverySettings:
-        """Give the subscription ``own`` delivery settings (over the server's), live and saved;
-        returns the settings in force. Invalid ones raise :class:`ConfigError` and change nothing."""
+    def configure(self, own: DeliverySettings) -> DeliverySettings:
+        """Give the subscription ``own`` delivery settings (over the server's), saved already by the
+        caller; returns the settings in force. Invalid ones raise :class:`ConfigError` and change nothing."""
         delivery = self._config.delivery(own)
-        await self._storage.call(self._storage.log.save_delivery_settings, self.topic, self.name, dict(own))
         self.dispatcher.set_delivery_settings(**delivery)
         self.own_settings = own
         self.wake()

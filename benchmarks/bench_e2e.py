@@ -492,6 +492,17 @@ def consumer_main(system: System, address: str, slot: int, *, stop: Event, progr
         raise
 
 
+def end_processes(processes: Sequence[multiprocessing.process.BaseProcess]) -> None:
+    """Terminate each benchmark process still alive (SIGKILL if it does not exit within 5 s)."""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+            process.join(timeout=5)
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
 def cpu_seconds(pid: int) -> float:
     """User plus system CPU seconds of process ``pid`` so far (Linux /proc; 0 elsewhere)."""
     try:
@@ -585,13 +596,7 @@ def run_processes(system: System, server: Server, count: int, window: int) -> Ru
             process.join(timeout=30)
     finally:
         stop.set()
-        for process in processes:
-            if process.is_alive():
-                process.terminate()
-                process.join(timeout=5)
-            if process.is_alive():
-                process.kill()
-                process.join()
+        end_processes(processes)
     assert produced is not None
     return Run(produced, reports, server_cpu, machine_end - machine_cpu, ended - started)
 

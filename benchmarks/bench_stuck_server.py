@@ -44,7 +44,17 @@ from urllib.request import urlopen
 
 import numpy as np
 from _common import format_count, print_goals, print_table
-from bench_e2e import BATCH, HEADER, KEYS, POLL_SECONDS, RECEIVER_QUEUE, key_names, produce_keyfailover, stop_process
+from bench_e2e import (
+    BATCH,
+    HEADER,
+    KEYS,
+    POLL_SECONDS,
+    RECEIVER_QUEUE,
+    end_processes,
+    key_names,
+    produce_keyfailover,
+    stop_process,
+)
 
 from keyfailover import key_hash
 
@@ -228,10 +238,7 @@ def run_row(label: str, stuck: bool, count: int, profile: Path | None = None) ->
                 process.join(timeout=30)
         finally:
             stop.set()
-            for process in processes:
-                if process.is_alive():
-                    process.terminate()
-                    process.join(timeout=5)
+            end_processes(processes)
     assert produced is not None and final is not None
     first_send, last_send = produced
     half_way = first_send + (last_send - first_send) // 2

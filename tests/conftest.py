@@ -1,17 +1,22 @@
-"""Fixtures shared across test modules: one local SparkSession for the whole run."""
+"""Fixtures shared across test modules: one local SparkSession, one ZooKeeper and one PostgreSQL
+for the whole run, each started by the first test that asks and stopped at the end."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from keyfailover.tools.services import PostgreSQL, ZooKeeper
 
 
 @pytest.fixture(scope="session")
@@ -45,3 +50,23 @@ def spark(java: str) -> Iterator[SparkSession]:
             os.environ.pop("PYSPARK_PYTHON", None)
         else:
             os.environ["PYSPARK_PYTHON"] = previous
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeper]:
+    """Debian's ZooKeeper 3.8 on a free loopback port, with a 100 ms tick (sessions from 200 ms)."""
+    from keyfailover.tools.services import ZooKeeper
+
+    with ZooKeeper(tmp_path_factory.mktemp("zookeeper")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgreSQL]:
+    """Debian's PostgreSQL 15 on a free loopback port, its cluster in a temporary folder."""
+    from keyfailover.tools.services import PostgreSQL
+
+    folder = Path(tempfile.mkdtemp(prefix="keyfailover-postgresql-"))  # under /tmp: open to the postgres user
+    with PostgreSQL(folder) as server:
+        yield server
+    shutil.rmtree(folder, ignore_errors=True)  # owned by the postgres user when run as root

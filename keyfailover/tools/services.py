@@ -1,0 +1,202 @@
+"""Start the real parts a cluster needs on loopback: Debian's ZooKeeper and PostgreSQL.
+
+For tests, benchmarks and the cluster demo: each service runs in a folder of its own (config,
+data and log), listens on 127.0.0.1 only, on a free port unless one is given, and is stopped
+(its process and every child gone) when the context ends; the folder is the caller's to
+remove. ``scripts/setup-system`` installs both (``zookeeper``, ``postgresql``).
+
+PostgreSQL refuses to run as root: as root the server runs as the ``postgres`` system user
+(the folder is handed to it, and the folders above it must let that user through), otherwise
+as the calling user.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+
+from keyfailover.core.errors import KeyFailoverError
+
+__all__ = ["PostgreSQL", "ServiceError", "ZooKeeper", "free_port"]
+
+ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
+ZOOKEEPER_CONF = Path("/etc/zookeeper/conf")
+POSTGRESQL_BIN = Path("/usr/lib/postgresql/15/bin")
+START_TIMEOUT = 60.0
+
+
+class ServiceError(KeyFailoverError, RuntimeError):
+    """A service is not installed, or did not start or stop as expected."""
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+class ZooKeeper:
+    """A standalone ZooKeeper server (``ZooKeeperServerMain``) in ``folder``.
+
+    ``tick_ms`` is ZooKeeper's tick: sessions may be as short as two ticks, so tests can use
+    short session timeouts. ``hosts`` is the connect string for kazoo.
+    """
+
+    def __init__(self, folder: Path, *, port: int | None = None, tick_ms: int = 100) -> None:
+        self.folder = Path(folder)
+        self.port = port or free_port()
+        self.tick_ms = tick_ms
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def hosts(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> ZooKeeper:
+        java = shutil.which("java")
+        if java is None or not ZOOKEEPER_JAR.exists():
+            raise ServiceError(
+                f"ZooKeeper needs java and {ZOOKEEPER_JAR} (Debian's zookeeper package); run scripts/setup-system"
+            )
+        if self._answers() or not self._port_free():
+            raise ServiceError(f"ZooKeeper cannot start on {self.hosts}: something else listens there")
+        data = self.folder / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        config = self.folder / "zoo.cfg"
+        config.write_text(
+            f"tickTime={self.tick_ms}\n"
+            f"dataDir={data}\n"
+            f"clientPort={self.port}\n"
+            "clientPortAddress=127.0.0.1\n"
+            "admin.enableServer=false\n"
+            "4lw.commands.whitelist=ruok\n"
+            f"minSessionTimeout={2 * self.tick_ms}\n"
+            "maxClientCnxns=0\n"
+        )
+        log = (self.folder / "zookeeper.log").open("ab")
+        classpath = f"{ZOOKEEPER_CONF}:{ZOOKEEPER_JAR}"
+        command = [java, "-Xmx256m", "-cp", classpath, "org.apache.zookeeper.server.ZooKeeperServerMain", str(config)]
+        self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        deadline = time.monotonic() + START_TIMEOUT
+        while not (self._answers() and self._process.poll() is None):
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise ServiceError(f"ZooKeeper did not start on {self.hosts}; its log: {self.folder / 'zookeeper.log'}")
+            time.sleep(0.05)
+        return self
+
+    def _port_free(self) -> bool:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", self.port))
+            except OSError:
+                return False
+        return True
+
+    def _answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as connection:
+                connection.sendall(b"ruok")
+                return connection.recv(4) == b"imok"
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self._process is not None:
+            _stop(self._process)
+            self._process = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def __enter__(self) -> ZooKeeper:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+class PostgreSQL:
+    """A PostgreSQL 15 server with its own cluster in ``folder``: superuser ``kf``, trust auth on loopback.
+
+    ``dsn`` connects to database ``database`` (created at start).
+    """
+
+    def __init__(self, folder: Path, *, port: int | None = None, database: str = "keyfailover") -> None:
+        self.folder = Path(folder)
+        self.port = port or free_port()
+        self.database = database
+        self._started = False
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://kf@127.0.0.1:{self.port}/{self.database}"
+
+    def _run(self, *command: str) -> subprocess.CompletedProcess[str]:
+        """Run one of PostgreSQL's programs, as the ``postgres`` user when this process is root."""
+        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        return subprocess.run(
+            [*prefix, *command], capture_output=True, text=True, check=False, timeout=START_TIMEOUT, cwd="/"
+        )
+
+    def start(self) -> PostgreSQL:
+        initdb, pg_ctl = POSTGRESQL_BIN / "initdb", POSTGRESQL_BIN / "pg_ctl"
+        if not initdb.exists():
+            raise ServiceError(f"PostgreSQL needs {initdb} (Debian's postgresql package); run scripts/setup-system")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            shutil.chown(self.folder, "postgres", "postgres")
+            if self._run("test", "-w", str(self.folder)).returncode:
+                raise ServiceError(
+                    f"the postgres user cannot write {self.folder}: every folder above it must be open to it "
+                    "(a folder made by tempfile.mkdtemp() under /tmp is)"
+                )
+        data = self.folder / "data"
+        if not data.exists():
+            done = self._run(str(initdb), "-D", str(data), "-A", "trust", "-U", "kf", "-E", "UTF8", "--no-sync")
+            if done.returncode:
+                raise ServiceError(f"initdb failed in {data}: {done.stderr.strip() or done.stdout.strip()}")
+        options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1"
+        log = self.folder / "postgresql.log"
+        done = self._run(str(pg_ctl), "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "60", "start")
+        if done.returncode:
+            raise ServiceError(f"PostgreSQL did not start on port {self.port}: {done.stderr.strip()}; its log: {log}")
+        self._started = True
+        psql = POSTGRESQL_BIN / "psql"
+        created = self._run(
+            str(psql), "-h", "127.0.0.1", "-p", str(self.port), "-U", "kf", "-d", "postgres", "-v", "ON_ERROR_STOP=1",
+            "-c", f'CREATE DATABASE "{self.database}"',
+        )  # fmt: skip
+        if created.returncode and "already exists" not in created.stderr:
+            self.stop()
+            raise ServiceError(f"cannot create database {self.database!r}: {created.stderr.strip()}")
+        return self
+
+    def stop(self) -> None:
+        if self._started:
+            self._run(str(POSTGRESQL_BIN / "pg_ctl"), "-D", str(self.folder / "data"), "-m", "fast", "-w", "stop")
+            self._started = False
+
+    def __enter__(self) -> PostgreSQL:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()

@@ -1,0 +1,60 @@
+"""The real ZooKeeper and PostgreSQL the cluster tests share (keyfailover.tools.services)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from keyfailover.tools.services import PostgreSQL, ServiceError, ZooKeeper, free_port
+
+
+def test_zookeeper_keeps_an_ephemeral_node_while_its_session_lives(zookeeper: ZooKeeper) -> None:
+    from kazoo.client import KazooClient
+
+    owner, watcher = KazooClient(hosts=zookeeper.hosts, timeout=2.0), KazooClient(hosts=zookeeper.hosts)
+    owner.start(timeout=10)
+    watcher.start(timeout=10)
+    try:
+        owner.ensure_path("/services-test")
+        node = owner.create("/services-test/broker-", b"127.0.0.1:1", ephemeral=True, sequence=True)
+        assert watcher.get(node)[0] == b"127.0.0.1:1"
+        owner.stop()  # the session ends: its ephemeral node goes
+        assert watcher.exists(node) is None
+    finally:
+        for client in (owner, watcher):
+            client.stop()
+            client.close()
+
+
+def test_postgresql_stores_and_reads_back(postgres: PostgreSQL) -> None:
+    import asyncpg
+
+    async def roundtrip() -> list[tuple[int, bytes]]:
+        connection = await asyncpg.connect(postgres.dsn)
+        try:
+            await connection.execute("CREATE TEMP TABLE probe (position BIGINT PRIMARY KEY, payload BYTEA)")
+            await connection.executemany("INSERT INTO probe VALUES ($1, $2)", [(1, b"a"), (2, b"b")])
+            rows = await connection.fetch("SELECT position, payload FROM probe ORDER BY position")
+            return [(row["position"], row["payload"]) for row in rows]
+        finally:
+            await connection.close()
+
+    assert asyncio.run(roundtrip()) == [(1, b"a"), (2, b"b")]
+
+
+def test_a_zookeeper_on_a_taken_port_is_refused(tmp_path: Path, zookeeper: ZooKeeper) -> None:
+    """A second server on the port the shared one holds is refused before it starts."""
+    clash = ZooKeeper(tmp_path / "clash", port=zookeeper.port)
+    with pytest.raises(ServiceError, match=r"ZooKeeper cannot start on 127\.0\.0\.1:\d+: something else listens there"):
+        clash.start()
+    assert clash.pid is None
+
+
+def test_free_port_is_free() -> None:
+    import socket
+
+    port = free_port()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", port))

@@ -1,0 +1,9 @@
+"""Level 1 of scheduling in ZooKeeper: broker membership, the elected coordinator, the fenced
+assignment of partitions to brokers, and the barrier a broker holds on each partition it serves.
+
+See :class:`ClusterMember`; the assignment itself is :mod:`keyfailover.core.partitions`.
+"""
+
+from keyfailover.broker.cluster._member import ClusterMember, ClusterState, create_topic
+
+__all__ = ["ClusterMember", "ClusterState", "create_topic"]

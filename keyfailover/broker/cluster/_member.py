@@ -1,0 +1,399 @@
+"""One broker's part in level 1 (the Rebalanser ZooKeeper design).
+
+ZooKeeper layout under ``root``:
+
+- ``brokers/b-NNNNNNNNNN``: one ephemeral sequential znode per live broker (its id and
+  address). The lowest is the coordinator; every other broker watches the next lower one, so
+  a departure wakes one broker, not all.
+- ``epoch``: the coordinator epoch. A new coordinator bumps it with a versioned write, so
+  two brokers can never both believe they won the same epoch.
+- ``assignment``: partitions -> brokers, with the coordinator's epoch and a generation (+1 at
+  every change). The coordinator writes it in a ZooKeeper transaction that also checks the
+  ``epoch`` znode is still at the version its own bump left: once another broker has become
+  coordinator, a zombie's write fails, and it steps down.
+- ``topics/T``: a topic's partition count, fixed at creation.
+- ``barriers/T-p``: an ephemeral znode held by the broker serving partition p of T. A broker
+  that is assigned a partition serves it only once it created the barrier: after the previous
+  owner released it or its session expired (Resource Barrier).
+
+Every ZooKeeper event (a watch, a session change) only queues work; one thread per member
+does the work in order, and calls ``on_acquired`` / ``on_released`` from that thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, unquote
+
+from keyfailover.core.errors import ConfigError
+from keyfailover.core.partitions import Assignment, PartitionId, check_partition_count
+
+__all__ = ["ClusterMember", "ClusterState", "create_topic"]
+
+_log = logging.getLogger("keyfailover.cluster")
+
+
+def _topic_node(root: str, topic: str) -> str:
+    return f"{root}/topics/{quote(topic, safe='')}"
+
+
+def create_topic(zk: Any, root: str, topic: str, partitions: int) -> bool:
+    """Create ``topic`` with ``partitions`` in the cluster at ``root``; False if it exists with as many.
+
+    A topic that exists with another partition count is refused (:class:`ConfigError`):
+    the count is fixed at creation.
+    """
+    from kazoo.exceptions import NodeExistsError
+
+    check_partition_count(partitions)
+    if not isinstance(topic, str) or not topic:
+        raise ConfigError(f"a topic name must be a non-empty str, not {topic!r}")
+    node = _topic_node(root, topic)
+    zk.ensure_path(f"{root}/topics")
+    try:
+        zk.create(node, str(partitions).encode())
+    except NodeExistsError:
+        existing = int(zk.get(node)[0])
+        if existing != partitions:
+            raise ConfigError(
+                f"topic {topic!r} exists with {existing} partitions; a topic's partition count is fixed at "
+                f"creation, so it cannot be created again with {partitions}"
+            ) from None
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    """What one member knows, for status pages and tests."""
+
+    broker_id: str
+    coordinator: bool
+    epoch: int
+    """The coordinator epoch this member won (0 if it never coordinated)."""
+    applied: tuple[int, int]
+    """``(epoch, generation)`` of the assignment it applied last."""
+    assignment: Assignment
+    owned: frozenset[PartitionId]
+    """The partitions whose barrier it holds: those it serves."""
+
+
+class ClusterMember:
+    """A broker's membership in the cluster at ``root`` of the ZooKeeper ensemble ``hosts``.
+
+    ``on_acquired(partition)`` is called once the broker holds the partition's barrier (it may
+    serve it now); ``on_released(partition)`` before it lets the barrier go (it must stop
+    serving it first). Both run on the member's worker thread.
+    """
+
+    def __init__(
+        self,
+        hosts: str,
+        root: str,
+        broker_id: str,
+        address: str,
+        *,
+        session_timeout: float = 10.0,
+        min_rebalance_interval: float = 0.0,
+        on_acquired: Callable[[PartitionId], None] | None = None,
+        on_released: Callable[[PartitionId], None] | None = None,
+    ) -> None:
+        if not root.startswith("/") or root.endswith("/"):
+            raise ConfigError(f"the cluster root must be a ZooKeeper path like /keyfailover, not {root!r}")
+        if not isinstance(broker_id, str) or not broker_id:
+            raise ConfigError(f"a broker id must be a non-empty str, not {broker_id!r}")
+        self.hosts, self.root, self.broker_id, self.address = hosts, root, broker_id, address
+        self.session_timeout = session_timeout
+        self.min_rebalance_interval = min_rebalance_interval
+        self._on_acquired = on_acquired or (lambda partition: None)
+        self._on_released = on_released or (lambda partition: None)
+        self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._lock = threading.Lock()
+        self._zk: Any = None
+        self._node = ""  # our znode's name under brokers/
+        self._coordinating = False
+        self._epoch = 0
+        self._epoch_version = -1  # the epoch znode's version after our bump
+        self._last_rebalance = 0.0
+        self._applied = (0, 0)
+        self._assignment = Assignment(0)
+        self._owned: set[PartitionId] = set()
+        self._waiting: set[PartitionId] = set()  # assigned to us, barrier still held by another
+        self._worker: threading.Thread | None = None
+
+    # -- life cycle ------------------------------------------------------------------
+
+    def start(self) -> ClusterMember:
+        """Connect, register and take part; raises :class:`ConfigError` when ZooKeeper cannot be reached."""
+        from kazoo.client import KazooClient
+        from kazoo.handlers.threading import KazooTimeoutError
+
+        self._zk = KazooClient(hosts=self.hosts, timeout=self.session_timeout)
+        try:
+            self._zk.start(timeout=self.session_timeout)
+        except KazooTimeoutError:
+            self._zk.close()
+            raise ConfigError(f"cannot reach ZooKeeper at {self.hosts} within {self.session_timeout:g} s") from None
+        self._zk.add_listener(self._session_changed)
+        for path in ("brokers", "topics", "barriers"):
+            self._zk.ensure_path(f"{self.root}/{path}")
+        for path, value in (("epoch", b"0"), ("assignment", b"")):
+            self._zk.ensure_path(f"{self.root}/{path}")
+            if not self._zk.get(f"{self.root}/{path}")[0] and value:
+                self._zk.set(f"{self.root}/{path}", value)
+        self._register()
+        self._worker = threading.Thread(target=self._work, name=f"cluster {self.broker_id}", daemon=True)
+        self._worker.start()
+        self._events.put(("elect", None))
+        self._events.put(("assignment", None))
+        return self
+
+    def stop(self) -> None:
+        """Stop serving every partition, release the barriers and leave (idempotent)."""
+        if self._worker is not None:
+            self._events.put(("stop", None))
+            self._worker.join(timeout=30)
+            self._worker = None
+        if self._zk is not None:
+            self._zk.stop()
+            self._zk.close()
+            self._zk = None
+
+    def __enter__(self) -> ClusterMember:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def state(self) -> ClusterState:
+        with self._lock:
+            return ClusterState(
+                self.broker_id,
+                self._coordinating,
+                self._epoch,
+                self._applied,
+                self._assignment,
+                frozenset(self._owned),
+            )
+
+    # -- the worker ------------------------------------------------------------------
+
+    def _work(self) -> None:
+        handlers: dict[str, Callable[[Any], None]] = {
+            "elect": lambda _: self._elect(),
+            "rebalance": lambda _: self._rebalance(),
+            "assignment": lambda _: self._apply(),
+            "barrier": lambda _: self._acquire_waiting(),
+            "lost": lambda _: self._session_lost(),
+        }
+        while True:
+            kind, argument = self._events.get()
+            if kind == "stop":
+                self._release(set(self._owned))
+                return
+            try:
+                handlers[kind](argument)
+            except Exception:
+                if self._zk is None or not self._zk.connected:
+                    continue  # the session is gone: the listener queues what follows
+                _log.exception("cluster member %s: %s failed", self.broker_id, kind)
+
+    def _later(self, kind: str) -> Callable[[Any], None]:
+        return lambda _event: self._events.put((kind, None))
+
+    def _session_changed(self, state: str) -> None:
+        """Kazoo's session listener (its thread): only queue."""
+        from kazoo.protocol.states import KazooState
+
+        if state == KazooState.LOST:
+            self._events.put(("lost", None))
+
+    def _session_lost(self) -> None:
+        """Our ephemeral znodes are gone with the session: stop serving, and come back as a new member."""
+        with self._lock:
+            self._coordinating = False
+        self._on_release_all()
+        self._waiting.clear()
+        self._zk.retry(self._register)
+        self._events.put(("elect", None))
+        self._events.put(("assignment", None))
+
+    def _on_release_all(self) -> None:
+        for partition in sorted(self._owned):
+            self._on_released(partition)
+        with self._lock:
+            self._owned.clear()
+
+    def _register(self) -> None:
+        data = json.dumps({"id": self.broker_id, "address": self.address}).encode()
+        path = self._zk.create(f"{self.root}/brokers/b-", data, ephemeral=True, sequence=True)
+        self._node = path.rsplit("/", 1)[1]
+
+    # -- election --------------------------------------------------------------------
+
+    def _elect(self) -> None:
+        members = sorted(self._zk.get_children(f"{self.root}/brokers", watch=self._members_changed))
+        if self._node not in members:
+            return  # our session was lost: the listener re-registers us
+        index = members.index(self._node)
+        if index == 0:
+            if not self._coordinating:
+                self._become_coordinator()
+            return
+        before = f"{self.root}/brokers/{members[index - 1]}"
+        if self._zk.exists(before, watch=self._later("elect")) is None:
+            self._events.put(("elect", None))
+
+    def _members_changed(self, _event: Any) -> None:
+        self._events.put(("rebalance", None))
+
+    def _become_coordinator(self) -> None:
+        from kazoo.exceptions import BadVersionError
+
+        data, stat = self._zk.get(f"{self.root}/epoch")
+        epoch = int(data or b"0") + 1
+        try:
+            written = self._zk.set(f"{self.root}/epoch", str(epoch).encode(), version=stat.version)
+        except BadVersionError:
+            self._events.put(("elect", None))  # another bump came first: look again
+            return
+        with self._lock:
+            self._coordinating = True
+            self._epoch = epoch
+        self._epoch_version = written.version
+        _log.info("broker %s is the coordinator, epoch %d", self.broker_id, epoch)
+        self._zk.get_children(f"{self.root}/topics", watch=self._later("rebalance"))
+        self._events.put(("rebalance", None))
+
+    # -- the coordinator's assignment ------------------------------------------------
+
+    def _rebalance(self) -> None:
+        if not self._coordinating:
+            return
+        wait = self._last_rebalance + self.min_rebalance_interval - time.monotonic()
+        if wait > 0:
+            threading.Timer(wait, self._events.put, args=(("rebalance", None),)).start()
+            return
+        zk, root = self._zk, self.root
+        brokers = set()
+        for child in zk.get_children(f"{root}/brokers", watch=self._members_changed):
+            found = zk.exists(f"{root}/brokers/{child}")
+            if found is not None:
+                brokers.add(json.loads(zk.get(f"{root}/brokers/{child}")[0])["id"])
+        partitions: list[PartitionId] = []
+        for child in zk.get_children(f"{root}/topics", watch=self._later("rebalance")):
+            count = int(zk.get(f"{root}/topics/{child}")[0])
+            topic = unquote(child)
+            partitions += [(topic, p) for p in range(count)]
+        data, stat = zk.get(f"{root}/assignment")
+        epoch, current = _parse_assignment(data)
+        if epoch > self._epoch:
+            self._step_down(epoch)
+            return
+        planned = current.rebalanced(partitions, brokers)
+        if planned is current and epoch == self._epoch:
+            return
+        # Every write is newer than anything a member applied, a zombie's stray write included.
+        generation = max(current.generation, self._applied[1]) + 1
+        self.write_assignment(Assignment(generation, planned.owners), stat.version)
+
+    def write_assignment(self, assignment: Assignment, version: int) -> bool:
+        """Write ``assignment`` over the znode version ``version``, fenced by our epoch; False if refused.
+
+        Refused when another broker became coordinator since our epoch began (we step down) or
+        the assignment changed since ``version`` was read (we rebalance again).
+        """
+        from kazoo.exceptions import BadVersionError, NoNodeError, RolledBackError
+
+        transaction = self._zk.transaction()
+        transaction.check(f"{self.root}/epoch", self._epoch_version)
+        transaction.set_data(f"{self.root}/assignment", _assignment_bytes(self._epoch, assignment), version)
+        results = transaction.commit()
+        failed = [r for r in results if isinstance(r, (BadVersionError, NoNodeError, RolledBackError))]
+        if not failed:
+            self._last_rebalance = time.monotonic()
+            return True
+        if isinstance(results[0], BadVersionError):  # the epoch moved on: a newer coordinator
+            data = self._zk.get(f"{self.root}/epoch")[0]
+            self._step_down(int(data))
+        else:
+            self._events.put(("rebalance", None))
+        return False
+
+    def _step_down(self, epoch: int) -> None:
+        _log.warning("broker %s steps down: epoch %d is newer than its %d", self.broker_id, epoch, self._epoch)
+        with self._lock:
+            self._coordinating = False
+        self._events.put(("elect", None))
+
+    # -- every broker: apply the assignment ------------------------------------------
+
+    def _apply(self) -> None:
+        data, _ = self._zk.get(f"{self.root}/assignment", watch=self._later("assignment"))
+        epoch, assignment = _parse_assignment(data)
+        if self._coordinating and epoch < self._epoch:
+            self._events.put(("rebalance", None))  # not written under our epoch: write it again
+        if (epoch, assignment.generation) <= self._applied:
+            return  # stale or the same: never go back to an older assignment
+        mine = set(assignment.partitions_of(self.broker_id))
+        self._release(self._owned - mine)
+        with self._lock:
+            self._applied = (epoch, assignment.generation)
+            self._assignment = assignment
+        self._waiting = mine - self._owned
+        self._acquire_waiting()
+
+    def _release(self, partitions: set[PartitionId]) -> None:
+        from kazoo.exceptions import NoNodeError
+
+        for partition in sorted(partitions):
+            self._on_released(partition)
+            with self._lock:
+                self._owned.discard(partition)
+            with contextlib.suppress(NoNodeError):  # gone with an earlier session
+                self._zk.delete(self._barrier(partition))
+
+    def _acquire_waiting(self) -> None:
+        from kazoo.exceptions import NodeExistsError
+
+        for partition in sorted(self._waiting):
+            if self._assignment.owners.get(partition) != self.broker_id:
+                self._waiting.discard(partition)
+                continue
+            path = self._barrier(partition)
+            try:
+                self._zk.create(path, self.broker_id.encode(), ephemeral=True)
+            except NodeExistsError:
+                if self._zk.exists(path, watch=self._later("barrier")) is None:
+                    self._events.put(("barrier", None))  # released meanwhile: try again
+                continue
+            self._waiting.discard(partition)
+            with self._lock:
+                self._owned.add(partition)
+            self._on_acquired(partition)
+
+    def _barrier(self, partition: PartitionId) -> str:
+        topic, index = partition
+        return f"{self.root}/barriers/{quote(topic, safe='')}-{index}"
+
+
+def _assignment_bytes(epoch: int, assignment: Assignment) -> bytes:
+    owners = [[topic, index, broker] for (topic, index), broker in sorted(assignment.owners.items())]
+    return json.dumps({"epoch": epoch, "generation": assignment.generation, "owners": owners}).encode()
+
+
+def _parse_assignment(data: bytes) -> tuple[int, Assignment]:
+    if not data:
+        return 0, Assignment(0)
+    found = json.loads(data)
+    owners = {(topic, index): broker for topic, index, broker in found["owners"]}
+    return int(found["epoch"]), Assignment(int(found["generation"]), owners)

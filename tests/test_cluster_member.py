@@ -1,0 +1,191 @@
+"""Level 1 against a real ZooKeeper: election, epochs, the fenced assignment and partition barriers."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from keyfailover.broker.cluster import ClusterMember, create_topic
+from keyfailover.core.errors import ConfigError
+from keyfailover.core.partitions import Assignment, PartitionId
+from keyfailover.tools.services import ZooKeeper, free_port
+from tests.server_process import wait_until
+
+
+class Ledger:
+    """Who served which partition when, from the members' own callbacks."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[float, str, str, PartitionId]] = []
+        self._lock = threading.Lock()
+
+    def member(self, zookeeper: ZooKeeper, root: str, broker: str) -> ClusterMember:
+        def note(action: str) -> Callable[[PartitionId], None]:
+            def record(partition: PartitionId) -> None:
+                with self._lock:
+                    self.events.append((time.monotonic(), broker, action, partition))
+
+            return record
+
+        return ClusterMember(
+            zookeeper.hosts,
+            root,
+            broker,
+            f"127.0.0.1:{free_port()}",
+            session_timeout=2.0,
+            on_acquired=note("acquired"),
+            on_released=note("released"),
+        )
+
+    def never_two_at_once(self) -> None:
+        """No partition was served by two brokers at any moment (acquired only after the last release)."""
+        serving: dict[PartitionId, str] = {}
+        with self._lock:
+            events = sorted(self.events)
+        for _, broker, action, partition in events:
+            if action == "acquired":
+                assert partition not in serving, f"{partition}: {broker} acquired while {serving[partition]} served"
+                serving[partition] = broker
+            else:
+                assert serving.pop(partition) == broker
+
+
+@pytest.fixture
+def root(zookeeper: ZooKeeper) -> Iterator[str]:
+    """A fresh cluster root, removed afterwards."""
+    from kazoo.client import KazooClient
+
+    path = f"/kf-test-{uuid.uuid4().hex[:8]}"
+    yield path
+    client = KazooClient(hosts=zookeeper.hosts)
+    client.start(timeout=10)
+    client.delete(path, recursive=True)
+    client.stop()
+    client.close()
+
+
+def admin(zookeeper: ZooKeeper) -> Any:
+    from kazoo.client import KazooClient
+
+    client = KazooClient(hosts=zookeeper.hosts)
+    client.start(timeout=10)
+    return client
+
+
+def test_the_lowest_member_coordinates_and_every_partition_has_one_broker(zookeeper: ZooKeeper, root: str) -> None:
+    ledger = Ledger()
+    zk = admin(zookeeper)
+    try:
+        assert create_topic(zk, root, "orders", 6) is True
+        members = [ledger.member(zookeeper, root, f"b{i}").start() for i in range(3)]
+        try:
+            wait_until(lambda: all(len(m.state.owned) == 2 for m in members), "every broker serves two partitions")
+            states = [m.state for m in members]
+            assert [s.coordinator for s in states] == [True, False, False]
+            assert states[0].epoch == 1
+            assert all(len(s.owned) == 2 for s in states)
+            assert set().union(*(s.owned for s in states)) == {("orders", p) for p in range(6)}
+            barriers = {
+                child: zk.get(f"{root}/barriers/{child}")[0].decode() for child in zk.get_children(f"{root}/barriers")
+            }
+            assert barriers == {f"orders-{p}": s.broker_id for s in states for _, p in s.owned}
+            # The coordinator leaves: the next lowest takes over with a new epoch, and only the
+            # leaver's partitions move (after its barriers are gone).
+            before = {s.broker_id: s.owned for s in states}
+            members[0].stop()
+            wait_until(lambda: members[1].state.coordinator and len(members[1].state.owned) == 3, "b1 coordinates")
+            wait_until(lambda: len(members[2].state.owned) == 3, "b2 serves 3")
+            assert members[1].state.epoch == 2
+            assert before["b1"] <= members[1].state.owned and before["b2"] <= members[2].state.owned, "sticky"
+            ledger.never_two_at_once()
+        finally:
+            for member in members:
+                member.stop()
+    finally:
+        zk.stop()
+        zk.close()
+    ledger.never_two_at_once()
+
+
+def test_a_zombie_coordinators_write_is_refused_and_it_steps_down(zookeeper: ZooKeeper, root: str) -> None:
+    zk = admin(zookeeper)
+    ledger = Ledger()
+    try:
+        create_topic(zk, root, "orders", 2)
+        first = ledger.member(zookeeper, root, "b1").start()
+        try:
+            wait_until(lambda: len(first.state.owned) == 2, "b1 serves both partitions")
+            assert first.state.coordinator and first.state.epoch == 1
+            _, stat = zk.get(f"{root}/epoch")
+            zk.set(f"{root}/epoch", b"7", version=stat.version)  # another coordinator won
+            assignment_before, version = zk.get(f"{root}/assignment")
+            stolen = Assignment(99, {("orders", 0): "b9", ("orders", 1): "b9"})
+            assert first.write_assignment(stolen, version.version) is False, "the stale epoch fences the write"
+            assert zk.get(f"{root}/assignment")[0] == assignment_before
+            # It stepped down and, still the lowest member, won the next epoch properly.
+            wait_until(lambda: first.state.epoch == 8, "b1 coordinates again with epoch 8")
+            assert first.state.owned == {("orders", 0), ("orders", 1)}
+        finally:
+            first.stop()
+    finally:
+        zk.stop()
+        zk.close()
+    ledger.never_two_at_once()
+
+
+def test_a_topic_keeps_its_partition_count(zookeeper: ZooKeeper, root: str) -> None:
+    zk = admin(zookeeper)
+    try:
+        assert create_topic(zk, root, "orders", 4) is True
+        assert create_topic(zk, root, "orders", 4) is False
+        with pytest.raises(
+            ConfigError, match=r"topic 'orders' exists with 4 partitions; .* cannot be created again with 8"
+        ):
+            create_topic(zk, root, "orders", 8)
+        with pytest.raises(ConfigError, match="partition count must be an int from 1 to 65536"):
+            create_topic(zk, root, "other", 0)
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def test_an_unreachable_zookeeper_is_named() -> None:
+    hosts = f"127.0.0.1:{free_port()}"
+    member = ClusterMember(hosts, "/kf", "b1", "127.0.0.1:1", session_timeout=1.0)
+    with pytest.raises(ConfigError, match=f"cannot reach ZooKeeper at {hosts} within 1 s"):
+        member.start()
+
+
+def test_the_ledger_catches_a_partition_served_twice() -> None:
+    ledger = Ledger()
+    ledger.events += [(1.0, "b1", "acquired", ("t", 0)), (2.0, "b2", "acquired", ("t", 0))]
+    with pytest.raises(AssertionError, match=r"\('t', 0\): b2 acquired while b1 served"):
+        ledger.never_two_at_once()
+
+
+def test_an_older_assignment_is_never_applied(zookeeper: ZooKeeper, root: str) -> None:
+    """A member applies only an assignment newer (epoch, generation) than the one it applied last."""
+    zk = admin(zookeeper)
+    ledger = Ledger()
+    try:
+        create_topic(zk, root, "orders", 2)
+        member = ledger.member(zookeeper, root, "b1").start()
+        try:
+            wait_until(lambda: len(member.state.owned) == 2, "b1 serves both partitions")
+            applied = member.state.applied
+            old = b'{"epoch": 0, "generation": 1, "owners": [["orders", 0, "b9"], ["orders", 1, "b9"]]}'
+            zk.set(f"{root}/assignment", old)  # an older write, as a zombie's that got through would be
+            # The coordinator sees a lower epoch than its own and rewrites; b1 never drops its partitions.
+            wait_until(lambda: member.state.applied > applied, "a newer assignment is applied")
+            assert member.state.owned == {("orders", 0), ("orders", 1)}
+            assert [e[2] for e in ledger.events] == ["acquired", "acquired"], "nothing was released meanwhile"
+        finally:
+            member.stop()
+    finally:
+        zk.stop()
+        zk.close()

@@ -1,0 +1,119 @@
+"""The shared PostgreSQL log (issue 14): positions, producer dedup, cursors, and owner-epoch fencing."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from keyfailover.broker.cursor import Cursor
+from keyfailover.broker.storage.postgresql import FencedError, PostgresLog
+from keyfailover.broker.storage.sqlite import StoredMessage
+from keyfailover.core.errors import LogError
+from keyfailover.tools.services import PostgreSQL, free_port
+
+
+def run(postgres: PostgreSQL, body: Callable[[PostgresLog, str], Awaitable[None]]) -> None:
+    """Run ``body`` against a connected log, with a topic name no other test uses."""
+
+    async def main() -> None:
+        log = await PostgresLog.connect(postgres.dsn)
+        try:
+            await body(log, f"orders-{uuid.uuid4().hex[:8]}")
+        finally:
+            await log.close()
+
+    asyncio.run(main())
+
+
+def test_messages_get_gapless_positions_per_partition_and_read_back_with_their_keys(postgres: PostgreSQL) -> None:
+    async def body(log: PostgresLog, topic: str) -> None:
+        lease = await log.open_partition(topic, 0, "b1")
+        assert (lease.epoch, lease.last_position) == (1, 0)
+        stored = await log.append(lease, None, [(None, "acct-1", b"a"), (None, b"\x00k", b"b"), (None, None, b"c")])
+        assert stored == [(1, False), (2, False), (3, False)]
+        other = await log.open_partition(topic, 1, "b1")
+        assert await log.append(other, None, [(None, "acct-2", b"d")]) == [(1, False)]
+        assert await log.read(topic, 0, 0, 10) == [
+            StoredMessage(1, "acct-1", b"a"),
+            StoredMessage(2, b"\x00k", b"b"),
+            StoredMessage(3, None, b"c"),
+        ]
+        assert await log.read(topic, 0, 2, 10) == [StoredMessage(3, None, b"c")]
+        assert [m.position for m in await log.read(topic, 1, 0, 10)] == [1]
+
+    run(postgres, body)
+
+
+def test_a_resent_batch_is_not_stored_twice(postgres: PostgreSQL) -> None:
+    async def body(log: PostgresLog, topic: str) -> None:
+        lease = await log.open_partition(topic, 0, "b1")
+        first = await log.append(lease, "p1", [(0, "k", b"a"), (1, "k", b"b")])
+        # After a failover the producer resends what it had no receipt for, with one new message.
+        again = await log.append(lease, "p1", [(1, "k", b"b"), (2, "k", b"c")])
+        assert first == [(1, False), (2, False)]
+        assert again == [(2, True), (3, False)]
+        assert [m.payload for m in await log.read(topic, 0, 0, 10)] == [b"a", b"b", b"c"]
+
+    run(postgres, body)
+
+
+def test_a_broker_that_lost_its_partition_can_never_write_to_it_again(postgres: PostgreSQL) -> None:
+    """The zombie bar: once another broker opened the partition, the old lease's appends and
+    cursor saves fail on the owner epoch, in the same transaction, and store nothing."""
+
+    async def body(log: PostgresLog, topic: str) -> None:
+        old = await log.open_partition(topic, 0, "b1")
+        await log.append(old, None, [(None, "k", b"before")])
+        new = await log.open_partition(topic, 0, "b2")
+        assert new.epoch == old.epoch + 1 and new.last_position == 1
+        with pytest.raises(FencedError, match=r"opened by b2 at owner epoch 2; b1's lease at epoch 1 is stale"):
+            await log.append(old, None, [(None, "k", b"zombie")])
+        with pytest.raises(FencedError, match="stale"):
+            await log.save_cursor(old, "billing", Cursor(1))
+        assert await log.append(new, None, [(None, "k", b"after")]) == [(2, False)]
+        assert [m.payload for m in await log.read(topic, 0, 0, 10)] == [b"before", b"after"]
+        assert await log.load_cursor(topic, 0, "billing") == Cursor()
+        await log.save_cursor(new, "billing", Cursor(2))
+        assert await log.load_cursor(topic, 0, "billing") == Cursor(2)
+        assert await log.owner_epoch(topic, 0) == ("b2", 2)
+
+    run(postgres, body)
+
+
+def test_concurrent_appends_under_one_lease_get_distinct_positions(postgres: PostgreSQL) -> None:
+    async def body(log: PostgresLog, topic: str) -> None:
+        lease = await log.open_partition(topic, 0, "b1")
+        batches = [[(None, f"k{i}", f"{i}-{j}".encode()) for j in range(50)] for i in range(8)]
+        results = await asyncio.gather(*(log.append(lease, None, batch) for batch in batches))
+        positions = sorted(position for result in results for position, _ in result)
+        assert positions == list(range(1, 401))
+        read = await log.read(topic, 0, 0, 1000)
+        assert [m.position for m in read] == positions
+
+    run(postgres, body)
+
+
+def test_bad_input_is_refused_and_stores_nothing(postgres: PostgreSQL) -> None:
+    async def body(log: PostgresLog, topic: str) -> None:
+        lease = await log.open_partition(topic, 0, "b1")
+        with pytest.raises(LogError, match="a named producer's message needs a sequence id >= 0"):
+            await log.append(lease, "p1", [(0, "k", b"a"), (None, "k", b"b")])
+        with pytest.raises(LogError, match="a key must be str, bytes or None, not int"):
+            await log.append(lease, None, [(None, 7, b"a")])  # type: ignore[list-item]
+        with pytest.raises(LogError, match="partition must be an int >= 0"):
+            await log.read(topic, -1, 0, 10)
+        assert await log.read(topic, 0, 0, 10) == []
+
+    run(postgres, body)
+
+
+def test_an_unreachable_postgresql_is_named_without_its_password() -> None:
+    dsn = f"postgresql://kf:secret@127.0.0.1:{free_port()}/keyfailover"
+    with pytest.raises(
+        LogError, match=r"cannot reach PostgreSQL at postgresql://kf@127\.0\.0\.1:\d+/keyfailover"
+    ) as info:
+        asyncio.run(PostgresLog.connect(dsn))
+    assert "secret" not in str(info.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from keyfailover.broker.cluster import ClusterMember, create_topic
+from keyfailover.broker.cluster import ClusterMember, create_topic, parse_cluster_url
 from keyfailover.core.errors import ConfigError
 from keyfailover.core.partitions import Assignment, PartitionId
 from keyfailover.tools.services import ZooKeeper, free_port
@@ -189,3 +190,60 @@ def test_an_older_assignment_is_never_applied(zookeeper: ZooKeeper, root: str) -
     finally:
         zk.stop()
         zk.close()
+
+
+def test_topics_create_and_cluster_status_from_the_command_line(zookeeper: ZooKeeper, root: str) -> None:
+    from tests.server_process import run_cli
+
+    url = ("--cluster", f"zk://{zookeeper.hosts}{root}")
+    created = run_cli("topics", "create", "orders", "--partitions", "4", *url)
+    assert created.returncode == 0 and "topic 'orders' created with 4 partition(s)" in created.stdout, created
+    again = run_cli("topics", "create", "orders", "--partitions", "4", *url)
+    assert again.returncode == 0 and "exists already" in again.stdout
+    other = run_cli("topics", "create", "orders", "--partitions", "8", *url)
+    assert other.returncode == 1 and "exists with 4 partitions" in other.stderr and "Traceback" not in other.stderr
+    ledger = Ledger()
+    members = [ledger.member(zookeeper, root, f"b{i}").start() for i in range(2)]
+    try:
+        wait_until(lambda: all(len(m.state.owned) == 2 for m in members), "each broker serves two partitions")
+        status = json.loads(run_cli("cluster", "status", *url, "--json").stdout)
+        assert status["coordinator"] == "b0" and status["epoch"] == 1
+        assert [b["id"] for b in status["brokers"]] == ["b0", "b1"]
+        assert status["topics"] == {"orders": 4}
+        served = {(e["topic"], e["partition"]): e["broker"] for e in status["assignment"]["partitions"]}
+        assert served == {p: m.broker_id for m in members for p in m.state.owned}
+        text = run_cli("cluster", "status", *url).stdout
+        assert "coordinator b0, epoch 1" in text and "orders-0" in text
+    finally:
+        for member in members:
+            member.stop()
+
+
+def test_cluster_commands_name_a_bad_url_or_an_unreachable_zookeeper() -> None:
+    from tests.server_process import run_cli
+
+    bad = run_cli("cluster", "status", "--cluster", "http://127.0.0.1:2181/kf")
+    assert bad.returncode == 2 and "is not of the form zk://HOST:PORT" in bad.stderr
+    hosts = f"127.0.0.1:{free_port()}"
+    gone = run_cli("topics", "create", "orders", "--cluster", f"zk://{hosts}/kf")
+    assert gone.returncode == 1 and f"cannot reach ZooKeeper at {hosts}" in gone.stderr
+    assert "Traceback" not in gone.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("zk://127.0.0.1:2181/kf", ("127.0.0.1:2181", "/kf")),
+        ("zk://h1:2181,h2:2182/a/b/", ("h1:2181,h2:2182", "/a/b")),
+    ],
+)
+def test_a_cluster_url_names_the_ensemble_and_the_root(url: str, expected: tuple[str, str]) -> None:
+    assert parse_cluster_url(url) == expected
+
+
+@pytest.mark.parametrize(
+    "url", ["zk://h1:2181", "zk://h1:2181/", "zk://h1/kf", "zk://h1:x/kf", "zk:///kf", "h1:2181/kf"]
+)
+def test_a_bad_cluster_url_is_refused(url: str) -> None:
+    with pytest.raises(ConfigError, match="is not of the form zk://HOST:PORT"):
+        parse_cluster_url(url)

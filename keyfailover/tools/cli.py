@@ -214,6 +214,16 @@ def _name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _cluster_url(text: str) -> tuple[str, str]:
+    """``zk://HOST:PORT[,HOST:PORT...]/PATH``: the ZooKeeper ensemble and the cluster's root path."""
+    from keyfailover.broker.cluster import parse_cluster_url
+
+    try:
+        return parse_cluster_url(text)
+    except KeyFailoverError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _admin_url(text: str) -> str:
     """``http://HOST:PORT`` (or https) of a server's admin endpoint."""
     try:
@@ -453,6 +463,54 @@ def _configure(args: argparse.Namespace) -> int:
         print(f"  {setting.replace('_', ' '):<18}{text} ({'own' if setting in own else 'server'})")
     if found.get("live") is False:
         print("  (saved; the subscription is not open: they apply when it is next opened)")
+    return 0
+
+
+def _create_topic(args: argparse.Namespace) -> int:
+    from keyfailover.broker.cluster import connect, create_topic
+
+    hosts, root = args.cluster
+    zk = connect(hosts)
+    try:
+        created = create_topic(zk, root, args.topic, args.partitions)
+    finally:
+        zk.stop()
+        zk.close()
+    state = "created" if created else "exists already"
+    print(f"topic {args.topic!r} {state} with {args.partitions} partition(s) in zk://{hosts}{root}")
+    return 0
+
+
+def _cluster_status(args: argparse.Namespace) -> int:
+    from keyfailover.broker.cluster import cluster_status, connect
+
+    hosts, root = args.cluster
+    zk = connect(hosts)
+    try:
+        status = cluster_status(zk, root)
+    finally:
+        zk.stop()
+        zk.close()
+    if args.json:
+        print(json.dumps(status, indent=2, sort_keys=True))
+        return 0
+    assignment = status["assignment"]
+    print(
+        f"cluster zk://{hosts}{root}: coordinator {status['coordinator'] or 'none'}, epoch {status['epoch']}, "
+        f"assignment generation {assignment['generation']} (written at epoch {assignment['epoch']})"
+    )
+    print(f"brokers ({len(status['brokers'])}):")
+    for broker in status["brokers"]:
+        role = "  coordinator" if broker["id"] == status["coordinator"] else ""
+        print(f"  {broker['id']:<20}{broker['address']:<24}{broker['node']}{role}")
+    print(f"topics ({len(status['topics'])}):")
+    for topic, count in status["topics"].items():
+        print(f"  {topic:<28}{count} partition(s)")
+    print("partitions:")
+    live = {broker["id"] for broker in status["brokers"]}
+    for entry in assignment["partitions"]:
+        gone = "" if entry["broker"] in live else "  (broker gone: unserved until the coordinator reassigns it)"
+        print(f"  {entry['topic']}-{entry['partition']:<8}{entry['broker']}{gone}")
     return 0
 
 
@@ -1064,6 +1122,38 @@ def _parser() -> argparse.ArgumentParser:
     dlq.add_argument("--subscription", type=_name, required=True, help="the subscription that gave up on them")
     dlq.add_argument("--limit", type=_positive_int, default=1000, help="with list: show at most this many (1000)")
     dlq.set_defaults(run=_dlq)
+
+    def cluster_arg(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument(
+            "--cluster",
+            type=_cluster_url,
+            required=True,
+            help="the cluster's ZooKeeper ensemble and root path: zk://HOST:PORT[,HOST:PORT...]/PATH",
+        )
+
+    topics = commands.add_parser("topics", help="create a cluster's topics with their partition counts")
+    topics_commands = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION", help="create")
+    create = topics_commands.add_parser(
+        "create",
+        help="create a topic with P partitions (fixed at creation; again with the same count is a no-op)",
+        description="Partition p of P holds the keys whose hash slot lies in [p*65536//P, (p+1)*65536//P). "
+        "Creating a topic that exists with another partition count is refused.",
+    )
+    create.add_argument("topic", type=_name, help="the topic")
+    create.add_argument(
+        "--partitions", type=_int_between(1, 65536, "a number of partitions"), default=1, help="P (default 1)"
+    )
+    cluster_arg(create)
+    create.set_defaults(run=_create_topic)
+
+    cluster = commands.add_parser("cluster", help="show a cluster's brokers, coordinator and partition assignment")
+    cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION", help="status")
+    status = cluster_commands.add_parser(
+        "status", help="brokers, coordinator, epoch, generation, topics and partition -> broker, from ZooKeeper"
+    )
+    cluster_arg(status)
+    status.add_argument("--json", action="store_true", help="print the raw JSON")
+    status.set_defaults(run=_cluster_status)
 
     stats = commands.add_parser("stats", help="show per-consumer stats (from a running server)")
     admin_args(stats)

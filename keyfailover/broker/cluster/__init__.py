@@ -4,6 +4,13 @@ assignment of partitions to brokers, and the barrier a broker holds on each part
 See :class:`ClusterMember`; the assignment itself is :mod:`keyfailover.core.partitions`.
 """
 
-from keyfailover.broker.cluster._member import ClusterMember, ClusterState, create_topic
+from keyfailover.broker.cluster._member import (
+    ClusterMember,
+    ClusterState,
+    cluster_status,
+    connect,
+    create_topic,
+    parse_cluster_url,
+)
 
-__all__ = ["ClusterMember", "ClusterState", "create_topic"]
+__all__ = ["ClusterMember", "ClusterState", "cluster_status", "connect", "create_topic", "parse_cluster_url"]

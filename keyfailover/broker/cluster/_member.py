@@ -36,9 +36,69 @@ from urllib.parse import quote, unquote
 from keyfailover.core.errors import ConfigError
 from keyfailover.core.partitions import Assignment, PartitionId, check_partition_count
 
-__all__ = ["ClusterMember", "ClusterState", "create_topic"]
+__all__ = ["ClusterMember", "ClusterState", "cluster_status", "connect", "create_topic", "parse_cluster_url"]
 
 _log = logging.getLogger("keyfailover.cluster")
+
+
+def parse_cluster_url(url: str) -> tuple[str, str]:
+    """``zk://HOST:PORT[,HOST:PORT...]/PATH`` -> ``(kazoo hosts, root path)``; :class:`ConfigError` otherwise."""
+    prefix = "zk://"
+    rest = url[len(prefix) :] if isinstance(url, str) and url.startswith(prefix) else ""
+    hosts, slash, path = rest.partition("/")
+    root = "/" + path.rstrip("/")
+    servers = hosts.split(",") if hosts else []
+    valid = all(host.rpartition(":")[0] and host.rpartition(":")[2].isdigit() for host in servers)
+    if not slash or not servers or not valid or root == "/":
+        raise ConfigError(f"cluster URL {url!r} is not of the form zk://HOST:PORT[,HOST:PORT...]/PATH")
+    return hosts, root
+
+
+def connect(hosts: str, timeout: float = 10.0) -> Any:
+    """A started kazoo client; :class:`ConfigError` naming ``hosts`` when ZooKeeper cannot be reached."""
+    from kazoo.client import KazooClient
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    zk = KazooClient(hosts=hosts, timeout=timeout)
+    try:
+        zk.start(timeout=timeout)
+    except KazooTimeoutError:
+        zk.close()
+        raise ConfigError(f"cannot reach ZooKeeper at {hosts} within {timeout:g} s") from None
+    return zk
+
+
+def cluster_status(zk: Any, root: str) -> dict[str, Any]:
+    """The cluster at ``root`` as ZooKeeper holds it (JSON-safe): brokers (the first is the
+    coordinator), coordinator epoch, topics and their partition counts, and the assignment."""
+    if zk.exists(root) is None:
+        raise ConfigError(f"there is no keyfailover cluster at {root} (no broker or topic was ever registered there)")
+    brokers = []
+    for child in sorted(zk.get_children(f"{root}/brokers") if zk.exists(f"{root}/brokers") else []):
+        found = zk.exists(f"{root}/brokers/{child}")
+        if found is not None:
+            brokers.append({"node": child, **json.loads(zk.get(f"{root}/brokers/{child}")[0])})
+    topics = {}
+    for child in sorted(zk.get_children(f"{root}/topics") if zk.exists(f"{root}/topics") else []):
+        topics[unquote(child)] = int(zk.get(f"{root}/topics/{child}")[0])
+    epoch_data = zk.get(f"{root}/epoch")[0] if zk.exists(f"{root}/epoch") else b"0"
+    assignment_data = zk.get(f"{root}/assignment")[0] if zk.exists(f"{root}/assignment") else b""
+    written_epoch, assignment = _parse_assignment(assignment_data)
+    return {
+        "root": root,
+        "coordinator": brokers[0]["id"] if brokers else None,
+        "epoch": int(epoch_data or b"0"),
+        "brokers": brokers,
+        "topics": topics,
+        "assignment": {
+            "epoch": written_epoch,
+            "generation": assignment.generation,
+            "partitions": [
+                {"topic": topic, "partition": index, "broker": broker}
+                for (topic, index), broker in sorted(assignment.owners.items())
+            ],
+        },
+    }
 
 
 def _topic_node(root: str, topic: str) -> str:
@@ -133,15 +193,7 @@ class ClusterMember:
 
     def start(self) -> ClusterMember:
         """Connect, register and take part; raises :class:`ConfigError` when ZooKeeper cannot be reached."""
-        from kazoo.client import KazooClient
-        from kazoo.handlers.threading import KazooTimeoutError
-
-        self._zk = KazooClient(hosts=self.hosts, timeout=self.session_timeout)
-        try:
-            self._zk.start(timeout=self.session_timeout)
-        except KazooTimeoutError:
-            self._zk.close()
-            raise ConfigError(f"cannot reach ZooKeeper at {self.hosts} within {self.session_timeout:g} s") from None
+        self._zk = connect(self.hosts, self.session_timeout)
         self._zk.add_listener(self._session_changed)
         for path in ("brokers", "topics", "barriers"):
             self._zk.ensure_path(f"{self.root}/{path}")

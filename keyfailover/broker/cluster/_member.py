@@ -188,6 +188,7 @@ class ClusterMember:
         self._owned: set[PartitionId] = set()
         self._waiting: set[PartitionId] = set()  # assigned to us, barrier still held by another
         self._worker: threading.Thread | None = None
+        self._wake = {kind: self._waker(kind) for kind in ("elect", "rebalance", "assignment", "barrier")}
 
     # -- life cycle ------------------------------------------------------------------
 
@@ -259,7 +260,9 @@ class ClusterMember:
                     continue  # the session is gone: the listener queues what follows
                 _log.exception("cluster member %s: %s failed", self.broker_id, kind)
 
-    def _later(self, kind: str) -> Callable[[Any], None]:
+    def _waker(self, kind: str) -> Callable[[Any], None]:
+        """A watch callback that queues ``kind``: one object per kind, so that kazoo, which keeps a
+        set of watchers per path, keeps it once however often the watch is set."""
         return lambda _event: self._events.put((kind, None))
 
     def _session_changed(self, state: str) -> None:
@@ -293,7 +296,7 @@ class ClusterMember:
     # -- election --------------------------------------------------------------------
 
     def _elect(self) -> None:
-        members = sorted(self._zk.get_children(f"{self.root}/brokers", watch=self._members_changed))
+        members = sorted(self._zk.get_children(f"{self.root}/brokers", watch=self._wake["rebalance"]))
         if self._node not in members:
             return  # our session was lost: the listener re-registers us
         index = members.index(self._node)
@@ -302,11 +305,8 @@ class ClusterMember:
                 self._become_coordinator()
             return
         before = f"{self.root}/brokers/{members[index - 1]}"
-        if self._zk.exists(before, watch=self._later("elect")) is None:
+        if self._zk.exists(before, watch=self._wake["elect"]) is None:
             self._events.put(("elect", None))
-
-    def _members_changed(self, _event: Any) -> None:
-        self._events.put(("rebalance", None))
 
     def _become_coordinator(self) -> None:
         from kazoo.exceptions import BadVersionError
@@ -323,7 +323,7 @@ class ClusterMember:
             self._epoch = epoch
         self._epoch_version = written.version
         _log.info("broker %s is the coordinator, epoch %d", self.broker_id, epoch)
-        self._zk.get_children(f"{self.root}/topics", watch=self._later("rebalance"))
+        self._zk.get_children(f"{self.root}/topics", watch=self._wake["rebalance"])
         self._events.put(("rebalance", None))
 
     # -- the coordinator's assignment ------------------------------------------------
@@ -337,12 +337,12 @@ class ClusterMember:
             return
         zk, root = self._zk, self.root
         brokers = set()
-        for child in zk.get_children(f"{root}/brokers", watch=self._members_changed):
+        for child in zk.get_children(f"{root}/brokers", watch=self._wake["rebalance"]):
             found = zk.exists(f"{root}/brokers/{child}")
             if found is not None:
                 brokers.add(json.loads(zk.get(f"{root}/brokers/{child}")[0])["id"])
         partitions: list[PartitionId] = []
-        for child in zk.get_children(f"{root}/topics", watch=self._later("rebalance")):
+        for child in zk.get_children(f"{root}/topics", watch=self._wake["rebalance"]):
             count = int(zk.get(f"{root}/topics/{child}")[0])
             topic = unquote(child)
             partitions += [(topic, p) for p in range(count)]
@@ -390,7 +390,7 @@ class ClusterMember:
     # -- every broker: apply the assignment ------------------------------------------
 
     def _apply(self) -> None:
-        data, _ = self._zk.get(f"{self.root}/assignment", watch=self._later("assignment"))
+        data, _ = self._zk.get(f"{self.root}/assignment", watch=self._wake["assignment"])
         epoch, assignment = _parse_assignment(data)
         if self._coordinating and epoch < self._epoch:
             self._events.put(("rebalance", None))  # not written under our epoch: write it again
@@ -425,7 +425,7 @@ class ClusterMember:
             try:
                 self._zk.create(path, self.broker_id.encode(), ephemeral=True)
             except NodeExistsError:
-                if self._zk.exists(path, watch=self._later("barrier")) is None:
+                if self._zk.exists(path, watch=self._wake["barrier"]) is None:
                     self._events.put(("barrier", None))  # released meanwhile: try again
                 continue
             self._waiting.discard(partition)

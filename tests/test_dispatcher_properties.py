@@ -248,13 +248,14 @@ class Model:
 
 def parked_positions(d: Dispatcher, model: Model) -> set[int]:
     """Pending positions the dispatcher does not hold: those of a parked slot from its first parked position on."""
-    parked = d._parked  # white box: slot -> first position not held
+    parked = d._parked  # white box: slot (counted from the dispatcher's first slot) -> first position not held
+    first = d.slots[0]
     return {
         p
         for p in model.pending()
         if (kb := model.messages[p].kb) is not None
         and p <= model.routed_through  # published since the last poll: held until routed
-        and p >= parked.get(key_hash(kb), model.last_position + 1)
+        and p >= parked.get(key_hash(kb) - first, model.last_position + 1)
     }
 
 
@@ -402,11 +403,12 @@ def check_ranges(d: Dispatcher, model: Model) -> None:
     """The range map tiles the space; the contiguous policy gives one range per consumer, the
     multi-range policy at most max_ranges, never two adjacent ones of one consumer."""
     ranges = d.ranges()
+    first, last = d.slots
     if not set(model.consumers) - model.stuck:
         assert ranges == []
     else:
-        assert ranges[0][0] == 0
-        assert ranges[-1][1] == HASH_RANGE_SIZE - 1
+        assert ranges[0][0] == first
+        assert ranges[-1][1] == last
         for (_, end, below), (start, _, above) in pairwise(ranges):
             assert start == end + 1, f"ranges do not tile: {ranges}"
             assert below != above, f"two adjacent ranges of {below}: {ranges}"
@@ -447,9 +449,10 @@ def check_state(d: Dispatcher, model: Model) -> None:
     check_ranges(d, model)
     ranges = d.ranges()
     snapshot = d.snapshot()
+    first, last = d.slots
     assert snapshot["version"] == 2
-    assert snapshot["range_size"] == HASH_RANGE_SIZE
-    assert [(r["start"], r["end"], r["consumer"]) for r in snapshot["ranges"]] == ranges
+    assert snapshot["range_size"] == last - first + 1  # a block's own map, counted from its first slot
+    assert [(r["start"] + first, r["end"] + first, r["consumer"]) for r in snapshot["ranges"]] == ranges
     for key in DISTINCT_KEYS:
         assert d.owner_of(key) == owner(key_hash(key))
     # Operator stats agree with the model.
@@ -827,6 +830,27 @@ class SpillMachine(ModeMachine):
     SPILL = True
 
 
+class BlockMachine(SpillMachine):
+    """The spill machine over one block of slots (a partition's): every pool key's slot lies in
+    [1094, 58351], so the offset between the block's own slots and the whole space's is exercised
+    in routing, ranges, owner_of, snapshots and re-reads."""
+
+    SLOTS = (1094, 58351)
+
+    def make(self, clock: ManualClock) -> Dispatcher:
+        return Dispatcher(
+            clock=clock,
+            max_replay=MAX_REPLAY,
+            ack_timeout=self.TIMEOUT,
+            max_redeliveries=self.LIMIT,
+            max_unacked_per_consumer=self.LIMIT_UNACKED,
+            spill=True,
+            nack_backoff=self.BACKOFF,
+            nack_backoff_max=self.BACKOFF_MAX,
+            slots=self.SLOTS,
+        )
+
+
 class MultiShiftingMachine(DispatcherMachine):
     """The multi-range policy with at most two ranges each and shifts that fire on little traffic."""
 
@@ -875,6 +899,8 @@ ContiguousMidpointShiftingMachine.TestCase.settings = settings(max_examples=75, 
 LeaseMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=100, deadline=None)
 ModeMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=100, deadline=None)
 SpillMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=100, deadline=None)
+BlockMachine.TestCase.settings = settings(max_examples=75, stateful_step_count=100, deadline=None)
+TestBlockMachine = BlockMachine.TestCase
 TestSpillMachine = SpillMachine.TestCase
 TestModeMachine = ModeMachine.TestCase
 TestDispatcherMachine = DispatcherMachine.TestCase

@@ -566,3 +566,25 @@ def test_messages_in_nack_backoff_are_reported() -> None:
     families = scrape_dispatcher(dispatcher)
     assert value(families, "keyfailover_backoff_messages", **sub) == 0
     assert value(families, "keyfailover_backoff_keys", **sub) == 0
+
+
+def test_a_partition_dispatchers_traffic_shares_are_read_at_its_own_slots() -> None:
+    """A dispatcher over one partition's block: its traffic array starts at the block's first slot."""
+    from keyfailover.core.clock import ManualClock
+    from keyfailover.core.partitions import partition_of_key, partition_slots
+
+    clock = ManualClock()
+    dispatcher = Dispatcher(clock=clock, slots=partition_slots(3, 4))
+    for name in ("a", "b"):
+        dispatcher.add_consumer(name)
+        dispatcher.flow(name, 10_000)
+    keys = [key for key in (f"k{i}" for i in range(4000)) if partition_of_key(key, 4) == 3]
+    for position, key in enumerate(keys, start=1):
+        dispatcher.publish(position, key)
+    for delivery in dispatcher.poll():
+        dispatcher.ack(delivery.consumer, delivery.position)
+    clock.advance(2.0)
+    dispatcher.poll()  # measures the traffic
+    shares = values(scrape_dispatcher(dispatcher), "keyfailover_traffic_share", "consumer", **SUB)
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert all(share > 0.2 for share in shares.values()), shares

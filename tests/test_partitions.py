@@ -10,7 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyfailover.core.errors import ConfigError
+from keyfailover.core.clock import ManualClock
+from keyfailover.core.dispatcher import Dispatcher
+from keyfailover.core.errors import ConfigError, WrongPartitionError
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
 from keyfailover.core.partitions import (
     Assignment,
@@ -167,3 +169,68 @@ def test_the_stickiness_check_catches_a_balanced_assignment_that_moves_too_much(
     assert kept < most_kept(partitions, brokers, previous)
     sticky = assign_partitions(partitions, brokers, previous)
     assert sum(1 for p, b in sticky.items() if previous[p] == b) == most_kept(partitions, brokers, previous)
+
+
+# -- a dispatcher per partition ------------------------------------------------------------
+
+
+def block_dispatchers(count: int, consumers: list[str]) -> list[Dispatcher]:
+    """One dispatcher per partition of a topic with ``count`` partitions, each with ``consumers``."""
+    dispatchers = []
+    for partition in range(count):
+        d = Dispatcher(clock=ManualClock(), slots=partition_slots(partition, count))
+        for consumer in consumers:
+            d.add_consumer(consumer)
+            d.flow(consumer, 1000)
+        dispatchers.append(d)
+    return dispatchers
+
+
+def test_the_partitions_range_maps_together_tile_the_whole_space() -> None:
+    dispatchers = block_dispatchers(4, ["c1", "c2", "c3"])
+    union = sorted(r for d in dispatchers for r in d.ranges())
+    assert union[0][0] == 0 and union[-1][1] == HASH_RANGE_SIZE - 1
+    assert all(after[0] == before[1] + 1 for before, after in itertools.pairwise(union))
+    for partition, d in enumerate(dispatchers):
+        first, last = partition_slots(partition, 4)
+        assert d.slots == (first, last)
+        assert d.ranges()[0][0] == first and d.ranges()[-1][1] == last
+        assert d.snapshot()["range_size"] == last - first + 1
+        assert all(d.ranges_of(consumer) for consumer in ("c1", "c2", "c3")), "each consumer has a share of each"
+
+
+def test_each_key_goes_to_its_partitions_dispatcher_and_to_the_owner_of_its_slot() -> None:
+    dispatchers = block_dispatchers(4, ["c1", "c2"])
+    keys = [f"acct-{i}" for i in range(400)]
+    for position, key in enumerate(keys, start=1):
+        dispatchers[partition_of_key(key, 4)].publish(position, key, key)
+    delivered = {}
+    for d in dispatchers:
+        for delivery in d.poll():
+            delivered[delivery.key] = delivery.consumer
+            assert d.owner_of(str(delivery.key)) == delivery.consumer
+        d._audit()
+    assert set(delivered) == set(keys)
+    for key in keys:  # the owner by the ranges, in slots of the whole space
+        slot = key_hash(key)
+        d = dispatchers[partition_of_key(key, 4)]
+        assert [cid for start, end, cid in d.ranges() if start <= slot <= end] == [delivered[key]]
+
+
+def test_a_key_of_another_partition_is_refused_and_changes_nothing() -> None:
+    d = Dispatcher(clock=ManualClock(), slots=partition_slots(0, 4))
+    d.add_consumer("c1")
+    outside = next(f"k{i}" for i in range(100) if partition_of_key(f"k{i}", 4) != 0)
+    before = (d.stats(), d.wants(), d.ranges())
+    with pytest.raises(WrongPartitionError, match=r"hashes to slot \d+, outside this dispatcher's slots \[0, 16383\]"):
+        d.publish(1, outside)
+    with pytest.raises(WrongPartitionError, match="expected a key of its partition"):
+        d.owner_of(outside)
+    assert (d.stats(), d.wants(), d.ranges()) == before
+    d.publish(1, next(f"k{i}" for i in range(100) if partition_of_key(f"k{i}", 4) == 0))  # position 1 is still free
+
+
+@pytest.mark.parametrize("slots", [(5, 4), (-1, 10), (0, 65536), (0,), [0, 10], (0.0, 10)])
+def test_bad_slots_are_refused(slots: object) -> None:
+    with pytest.raises(ConfigError, match=r"slots must be a \(first, last\) tuple of ints"):
+        Dispatcher(slots=slots)  # type: ignore[arg-type]

@@ -33,6 +33,7 @@ __all__ = [
     "SequenceError",
     "SnapshotError",
     "UnknownConsumerError",
+    "WrongPartitionError",
 ]
 
 
@@ -42,6 +43,10 @@ class KeyFailoverError(Exception):
 
 class InvalidKeyError(KeyFailoverError, TypeError):
     """A message key is not ``str``, ``bytes`` or ``None``, or a ``str`` is not valid UTF-8."""
+
+
+class WrongPartitionError(KeyFailoverError, ValueError):
+    """A key whose hash slot lies outside the slots of the dispatcher (the partition) it was given to."""
 
 
 class ConfigError(KeyFailoverError, ValueError):

@@ -72,6 +72,7 @@ from keyfailover.core.errors import (
     PermitsError,
     PositionError,
     UnknownConsumerError,
+    WrongPartitionError,
 )
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_bytes
 from keyfailover.core.histogram import Histogram
@@ -289,8 +290,9 @@ class _Consumer:
         self.withheld = 0
 
 
-def _make_message(position: int, key: Key, payload: Any) -> _Message:
-    """A message with its key's bytes and slot (raises :class:`InvalidKeyError` for a bad key)."""
+def _make_message(position: int, key: Key, payload: Any, first: int = 0, size: int = HASH_RANGE_SIZE) -> _Message:
+    """A message with its key's bytes and slot, counted from ``first`` (raises :class:`InvalidKeyError`
+    for a bad key, :class:`WrongPartitionError` for a key whose slot is not in ``[first, first + size)``)."""
     if key is None:
         return _Message(position, None, None, -1, payload)
     if type(key) is str:
@@ -300,7 +302,17 @@ def _make_message(position: int, key: Key, payload: Any) -> _Message:
             kb = key_bytes(key)  # raises the descriptive InvalidKeyError
     else:
         kb = key if type(key) is bytes else key_bytes(key)
-    return _Message(position, key, kb, mmh3.hash(kb, 0, False) & _SLOT_MASK, payload)
+    slot = (mmh3.hash(kb, 0, False) & _SLOT_MASK) - first
+    if not 0 <= slot < size:
+        raise _wrong_partition(key, slot + first, first, size)
+    return _Message(position, key, kb, slot, payload)
+
+
+def _wrong_partition(key: Key, slot: int, first: int, size: int) -> WrongPartitionError:
+    return WrongPartitionError(
+        f"key {key!r} hashes to slot {slot}, outside this dispatcher's slots [{first}, {first + size - 1}]; "
+        "expected a key of its partition"
+    )
 
 
 def _insert_by_position(queue: deque[_Message], message: _Message) -> None:
@@ -382,6 +394,11 @@ class Dispatcher:
             or any message in unordered mode, waits alone. Only nacks back off: an expired
             lease or a removed consumer returns its messages at once. 0 (the default) is off.
         nack_backoff_max: the longest backoff, in seconds (default 60).
+        slots: ``(first, last)``, the inclusive block of hash slots this dispatcher serves (a
+            partition's, see :mod:`keyfailover.core.partitions`); its ranges tile that block.
+            Every slot argument and result (:meth:`ranges`, :meth:`owner_of`, :meth:`rereads`)
+            is a slot of the whole space; :meth:`snapshot`, :meth:`range_map` and
+            :meth:`traffic` are the block's own, counted from ``first``. Default: all 65536.
     """
 
     def __init__(
@@ -405,6 +422,7 @@ class Dispatcher:
         backlog_interval: float | None = 5.0,
         nack_backoff: float = 0.0,
         nack_backoff_max: float = DEFAULT_NACK_BACKOFF_MAX,
+        slots: tuple[int, int] = (0, HASH_RANGE_SIZE - 1),
     ) -> None:
         if not callable(clock):
             raise ConfigError(f"clock must be a callable returning seconds, not {clock!r}")
@@ -424,6 +442,15 @@ class Dispatcher:
             raise ConfigError(f"spill must be a bool, not {spill!r}")
         if backlog_interval is not None:
             _check_number("backlog_interval", backlog_interval, 0.0, inclusive=False, extra=" or None")
+        if (
+            type(slots) is not tuple
+            or len(slots) != 2
+            or not all(type(bound) is int for bound in slots)
+            or not 0 <= slots[0] <= slots[1] < HASH_RANGE_SIZE
+        ):
+            raise ConfigError(
+                f"slots must be a (first, last) tuple of ints with 0 <= first <= last <= 65535, not {slots!r}"
+            )
         now = clock()
         if type(now) not in (int, float) or not math.isfinite(now):
             raise ConfigError(f"clock() must return a finite number of seconds, returned {now!r}")
@@ -437,9 +464,11 @@ class Dispatcher:
         )
         self._shift_threshold = shift_threshold
         self._shift_interval = shift_interval
-        self._meter = LoadMeter(HASH_RANGE_SIZE, half_life)
+        self._first = slots[0]
+        self._size = slots[1] - slots[0] + 1
+        self._meter = LoadMeter(self._size, half_life)
 
-        self._map = RangeMap()
+        self._map = RangeMap(self._size)
         self._ends: list[int] = []
         self._owners: list[_Consumer] = []
         self._consumers: dict[str, _Consumer] = {}
@@ -558,7 +587,7 @@ class Dispatcher:
         if last is not None and position <= last:
             raise PositionError(f"position {position} is not after the last published position {last}")
         self._check_room()
-        message = _make_message(position, key, payload)
+        message = _make_message(position, key, payload, self._first, self._size)
         if message.kb is not None:
             self._meter.slot_log.append(message.slot)
         self._last_position = position
@@ -585,11 +614,12 @@ class Dispatcher:
         if not self._parked or not self._reread_due or self._fresh or self._held >= self._park_at:
             return {}
         self._reread_due = False
+        offset = self._first
         if self._unordered:
-            return dict(self._parked)
+            return {slot + offset: first for slot, first in self._parked.items()}
         owner_of = self._owner_of_slot
         return {
-            slot: first
+            slot + offset: first
             for slot, first in self._parked.items()
             if (owner := owner_of(slot)) is not None and owner.permits
         }
@@ -602,14 +632,14 @@ class Dispatcher:
         """
         if self._fresh:
             raise PositionError("restore only right after poll(): published messages are waiting to be routed")
-        message = _make_message(position, key, payload) if type(position) is int else None
+        message = _make_message(position, key, payload, self._first, self._size) if type(position) is int else None
         if message is None or message.kb is None:
             raise PositionError(f"restore takes a keyed message at an int position, not {position!r}, {key!r}")
         first = self._parked.get(message.slot)
         last = self._last_position
         if first is None or position < first or last is None or position > last:
             raise PositionError(
-                f"position {position} (slot {message.slot}) is not parked: expected a position from "
+                f"position {position} (slot {message.slot + self._first}) is not parked: expected a position from "
                 f"{first} to {last} of a slot rereads() named"
             )
         self._check_room()
@@ -632,14 +662,16 @@ class Dispatcher:
         if type(through) is not int or last is None or through > last:
             raise PositionError(f"through must be an int position up to the last published {last}, not {through!r}")
         parked = self._parked
-        for slot in slots:
-            first = parked.get(slot)
+        offset = self._first
+        for named in slots:  # slots of the whole space, as rereads() named them
+            local = named - offset if type(named) is int else -1
+            first = parked.get(local)
             if first is None:
                 continue
             if through >= last:
-                del parked[slot]
+                del parked[local]
             elif through >= first:
-                parked[slot] = through + 1
+                parked[local] = through + 1
         self._reread_due = True  # the budget may have run out: ask again after the next poll
 
     def _stalled(self, state: _KeyState | None, slot: int) -> bool:
@@ -856,13 +888,27 @@ class Dispatcher:
     # -- reading ---------------------------------------------------------------------
 
     def ranges(self) -> list[Range]:
-        """Every ``(start, end, consumer)``, sorted by start."""
-        return self._map.ranges()
+        """Every ``(start, end, consumer)``, sorted by start; they tile :attr:`slots`."""
+        offset = self._first
+        if not offset:
+            return self._map.ranges()
+        return [(start + offset, end + offset, cid) for start, end, cid in self._map.ranges()]
 
     def ranges_of(self, cid: str) -> list[tuple[int, int]]:
         """``cid``'s inclusive ranges, sorted; empty for a standby (raises for an unknown consumer)."""
         self._consumer(cid)
-        return self._map.ranges_of(cid)
+        return self._ranges_of(cid)
+
+    def _ranges_of(self, cid: str) -> list[tuple[int, int]]:
+        offset = self._first
+        if not offset:
+            return self._map.ranges_of(cid)
+        return [(start + offset, end + offset) for start, end in self._map.ranges_of(cid)]
+
+    @property
+    def slots(self) -> tuple[int, int]:
+        """The inclusive ``(first, last)`` hash slots this dispatcher serves."""
+        return self._first, self._first + self._size - 1
 
     @property
     def policy(self) -> Policy:
@@ -981,15 +1027,21 @@ class Dispatcher:
         return self._map.copy()
 
     def owner_of(self, key: str | bytes) -> str | None:
-        """The consumer whose range holds ``key``'s hash, or None without consumers."""
+        """The consumer whose range holds ``key``'s hash, or None without consumers.
+
+        Raises :class:`WrongPartitionError` for a key whose slot is outside :attr:`slots`.
+        """
         kb = key if type(key) is bytes else key_bytes(key)
+        slot = (mmh3.hash(kb, 0, False) & _SLOT_MASK) - self._first
+        if not 0 <= slot < self._size:
+            raise _wrong_partition(key, slot + self._first, self._first, self._size)
         owners = self._owners
         if not owners:
             return None
-        return owners[bisect.bisect_left(self._ends, mmh3.hash(kb, 0, False) & _SLOT_MASK)].cid
+        return owners[bisect.bisect_left(self._ends, slot)].cid
 
     def snapshot(self) -> dict[str, Any]:
-        """The range map snapshot (``RangeMap.snapshot`` format)."""
+        """The range map snapshot (``RangeMap.snapshot`` format; of a block, counted from its first slot)."""
         return self._map.snapshot()
 
     def consumers(self) -> list[str]:
@@ -1029,7 +1081,7 @@ class Dispatcher:
         for cid, consumer in self._consumers.items():
             slots, unacked = draining[cid]
             consumers[cid] = {
-                "ranges": self._map.ranges_of(cid),
+                "ranges": self._ranges_of(cid),
                 "standby": cid in self._standby,
                 "stuck": consumer.stuck,
                 "expired": consumer.expired_count,
@@ -1072,7 +1124,8 @@ class Dispatcher:
         return self._drain_seconds
 
     def traffic(self) -> Any:
-        """Recent per-slot traffic (decayed message counts, as of the last measurement), read-only."""
+        """Recent per-slot traffic (decayed message counts, as of the last measurement), read-only;
+        entry i is slot ``slots[0] + i``."""
         return self._meter.traffic
 
     # -- internals: routing ----------------------------------------------------------
@@ -1537,7 +1590,7 @@ class Dispatcher:
             moved_traffic = sum(float(traffic[first : last + 1].sum()) for first, last, _, _ in moved)
             stickiness = 1.0 - moved_traffic / total
         else:
-            stickiness = 1.0 - moved_count / HASH_RANGE_SIZE
+            stickiness = 1.0 - moved_count / self._size
         if not len(old):
             stickiness = 1.0
         draining = sum(self._draining_since.values())

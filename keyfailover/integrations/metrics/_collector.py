@@ -231,8 +231,9 @@ def _subscription(families: _Families, view: SubscriptionView) -> None:
     dispatcher = view.dispatcher
     sub = [view.topic, view.subscription]
     stats = dispatcher.stats()
-    traffic = np.asarray(dispatcher.traffic())
+    traffic = np.asarray(dispatcher.traffic())  # entry i is slot first + i
     prefix = np.concatenate(([0.0], np.cumsum(traffic)))
+    first = dispatcher.slots[0]
     total = float(prefix[-1])
     loads: list[float] = []
     for consumer, info in sorted(stats["consumers"].items()):
@@ -245,7 +246,7 @@ def _subscription(families: _Families, view: SubscriptionView) -> None:
                 families.add("keyfailover_range_end", [*labels, str(ordinal)], end)
             width = sum(end - start + 1 for start, end in owned)
             families.add("keyfailover_range_share", labels, width / HASH_RANGE_SIZE)
-            load = sum(float(prefix[end + 1] - prefix[start]) for start, end in owned)
+            load = sum(float(prefix[end + 1 - first] - prefix[start - first]) for start, end in owned)
             loads.append(load)
             families.add("keyfailover_traffic_share", labels, load / total if total > 0 else 0.0)
         families.add("keyfailover_messages_dispatched", labels, info["delivered"])

@@ -36,6 +36,7 @@ from keyfailover.core import (
     RebalanceEvent,
     SnapshotError,
     UnknownConsumerError,
+    WrongPartitionError,
     key_hash,
     key_hashes,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "RebalanceEvent",
     "SnapshotError",
     "UnknownConsumerError",
+    "WrongPartitionError",
     "key_hash",
     "key_hashes",
 ]

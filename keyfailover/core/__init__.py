@@ -20,6 +20,7 @@ from keyfailover.core.errors import (
     RangeMapError,
     SnapshotError,
     UnknownConsumerError,
+    WrongPartitionError,
 )
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash, key_hashes
 from keyfailover.core.ranges import RangeMap
@@ -50,6 +51,7 @@ __all__ = [
     "RebalanceEvent",
     "SnapshotError",
     "UnknownConsumerError",
+    "WrongPartitionError",
     "key_hash",
     "key_hashes",
 ]

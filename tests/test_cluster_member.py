@@ -247,3 +247,63 @@ def test_a_cluster_url_names_the_ensemble_and_the_root(url: str, expected: tuple
 def test_a_bad_cluster_url_is_refused(url: str) -> None:
     with pytest.raises(ConfigError, match="is not of the form zk://HOST:PORT"):
         parse_cluster_url(url)
+
+
+def test_a_member_paused_past_its_session_loses_its_partitions_and_rejoins_as_a_follower(
+    zookeeper: ZooKeeper, root: str
+) -> None:
+    """SIGSTOP a member process past its session: its partitions go to the live member (after ZooKeeper
+    removed its barriers); SIGCONT: it finds its session lost, stops serving, and comes back as a new,
+    follower member that gets a fair share again."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    zk = admin(zookeeper)
+    ledger = Ledger()
+    try:
+        create_topic(zk, root, "orders", 4)
+        live = ledger.member(zookeeper, root, "b0").start()
+        script = os.path.join(os.path.dirname(__file__), "cluster_member_process.py")
+        paused = subprocess.Popen(
+            [sys.executable, script, zookeeper.hosts, root, "b1", "1.0"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        events: list[dict[str, Any]] = []
+        assert paused.stdout is not None
+
+        def read() -> None:
+            for line in paused.stdout:  # type: ignore[union-attr]
+                events.append(json.loads(line))
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            wait_until(lambda: len(live.state.owned) == 2 and len(events) >= 3, "b0 and b1 serve two partitions each")
+            theirs = {tuple(e["partition"]) for e in events if e["event"] == "acquired"}
+            os.kill(paused.pid, signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            wait_until(lambda: len(live.state.owned) == 4, "b0 serves all four once b1's session expired")
+            taken_at = max(t for t, broker, action, p in ledger.events if action == "acquired" and p in theirs)
+            assert taken_at - stopped_at >= 1.0, "not before b1's session (1 s) expired"
+            assert live.state.coordinator and live.state.epoch == 1, "the coordinator did not change"
+            os.kill(paused.pid, signal.SIGCONT)
+            wait_until(
+                lambda: {tuple(e["partition"]) for e in events if e["event"] == "released"} >= theirs,
+                "b1 stopped serving what it had once it found its session lost",
+            )
+            wait_until(lambda: len(live.state.owned) == 2, "b1 rejoined and took a fair share back")
+            status_brokers = [
+                json.loads(zk.get(f"{root}/brokers/{c}")[0])["id"] for c in sorted(zk.get_children(f"{root}/brokers"))
+            ]
+            assert status_brokers == ["b0", "b1"], "b1 came back as a new member, after b0: a follower"
+        finally:
+            if paused.poll() is None:
+                os.kill(paused.pid, signal.SIGCONT)
+                paused.stdin.close()  # type: ignore[union-attr]
+                paused.wait(timeout=30)
+            live.stop()
+    finally:
+        zk.stop()
+        zk.close()

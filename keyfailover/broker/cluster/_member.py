@@ -175,7 +175,7 @@ class ClusterMember:
         self.min_rebalance_interval = min_rebalance_interval
         self._on_acquired = on_acquired or (lambda partition: None)
         self._on_released = on_released or (lambda partition: None)
-        self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._events: queue.Queue[str] = queue.Queue()
         self._lock = threading.Lock()
         self._zk: Any = None
         self._node = ""  # our znode's name under brokers/
@@ -205,14 +205,14 @@ class ClusterMember:
         self._register()
         self._worker = threading.Thread(target=self._work, name=f"cluster {self.broker_id}", daemon=True)
         self._worker.start()
-        self._events.put(("elect", None))
-        self._events.put(("assignment", None))
+        self._events.put("elect")
+        self._events.put("assignment")
         return self
 
     def stop(self) -> None:
         """Stop serving every partition, release the barriers and leave (idempotent)."""
         if self._worker is not None:
-            self._events.put(("stop", None))
+            self._events.put("stop")
             self._worker.join(timeout=30)
             self._worker = None
         if self._zk is not None:
@@ -241,20 +241,20 @@ class ClusterMember:
     # -- the worker ------------------------------------------------------------------
 
     def _work(self) -> None:
-        handlers: dict[str, Callable[[Any], None]] = {
-            "elect": lambda _: self._elect(),
-            "rebalance": lambda _: self._rebalance(),
-            "assignment": lambda _: self._apply(),
-            "barrier": lambda _: self._acquire_waiting(),
-            "lost": lambda _: self._session_lost(),
+        handlers: dict[str, Callable[[], None]] = {
+            "elect": self._elect,
+            "rebalance": self._rebalance,
+            "assignment": self._apply,
+            "barrier": self._acquire_waiting,
+            "lost": self._session_lost,
         }
         while True:
-            kind, argument = self._events.get()
+            kind = self._events.get()
             if kind == "stop":
                 self._release(set(self._owned))
                 return
             try:
-                handlers[kind](argument)
+                handlers[kind]()
             except Exception:
                 if self._zk is None or not self._zk.connected:
                     continue  # the session is gone: the listener queues what follows
@@ -263,14 +263,14 @@ class ClusterMember:
     def _waker(self, kind: str) -> Callable[[Any], None]:
         """A watch callback that queues ``kind``: one object per kind, so that kazoo, which keeps a
         set of watchers per path, keeps it once however often the watch is set."""
-        return lambda _event: self._events.put((kind, None))
+        return lambda _event: self._events.put(kind)
 
     def _session_changed(self, state: str) -> None:
         """Kazoo's session listener (its thread): only queue."""
         from kazoo.protocol.states import KazooState
 
         if state == KazooState.LOST:
-            self._events.put(("lost", None))
+            self._events.put("lost")
 
     def _session_lost(self) -> None:
         """Our ephemeral znodes are gone with the session: stop serving, and come back as a new member."""
@@ -279,8 +279,8 @@ class ClusterMember:
         self._on_release_all()
         self._waiting.clear()
         self._zk.retry(self._register)
-        self._events.put(("elect", None))
-        self._events.put(("assignment", None))
+        self._events.put("elect")
+        self._events.put("assignment")
 
     def _on_release_all(self) -> None:
         for partition in sorted(self._owned):
@@ -306,7 +306,7 @@ class ClusterMember:
             return
         before = f"{self.root}/brokers/{members[index - 1]}"
         if self._zk.exists(before, watch=self._wake["elect"]) is None:
-            self._events.put(("elect", None))
+            self._events.put("elect")
 
     def _become_coordinator(self) -> None:
         from kazoo.exceptions import BadVersionError
@@ -316,7 +316,7 @@ class ClusterMember:
         try:
             written = self._zk.set(f"{self.root}/epoch", str(epoch).encode(), version=stat.version)
         except BadVersionError:
-            self._events.put(("elect", None))  # another bump came first: look again
+            self._events.put("elect")  # another bump came first: look again
             return
         with self._lock:
             self._coordinating = True
@@ -324,7 +324,7 @@ class ClusterMember:
         self._epoch_version = written.version
         _log.info("broker %s is the coordinator, epoch %d", self.broker_id, epoch)
         self._zk.get_children(f"{self.root}/topics", watch=self._wake["rebalance"])
-        self._events.put(("rebalance", None))
+        self._events.put("rebalance")
 
     # -- the coordinator's assignment ------------------------------------------------
 
@@ -333,7 +333,7 @@ class ClusterMember:
             return
         wait = self._last_rebalance + self.min_rebalance_interval - time.monotonic()
         if wait > 0:
-            threading.Timer(wait, self._events.put, args=(("rebalance", None),)).start()
+            threading.Timer(wait, self._events.put, args=("rebalance",)).start()
             return
         zk, root = self._zk, self.root
         brokers = set()
@@ -378,14 +378,14 @@ class ClusterMember:
             data = self._zk.get(f"{self.root}/epoch")[0]
             self._step_down(int(data))
         else:
-            self._events.put(("rebalance", None))
+            self._events.put("rebalance")
         return False
 
     def _step_down(self, epoch: int) -> None:
         _log.warning("broker %s steps down: epoch %d is newer than its %d", self.broker_id, epoch, self._epoch)
         with self._lock:
             self._coordinating = False
-        self._events.put(("elect", None))
+        self._events.put("elect")
 
     # -- every broker: apply the assignment ------------------------------------------
 
@@ -393,7 +393,7 @@ class ClusterMember:
         data, _ = self._zk.get(f"{self.root}/assignment", watch=self._wake["assignment"])
         epoch, assignment = _parse_assignment(data)
         if self._coordinating and epoch < self._epoch:
-            self._events.put(("rebalance", None))  # not written under our epoch: write it again
+            self._events.put("rebalance")  # not written under our epoch: write it again
         if (epoch, assignment.generation) <= self._applied:
             return  # stale or the same: never go back to an older assignment
         mine = set(assignment.partitions_of(self.broker_id))
@@ -426,7 +426,7 @@ class ClusterMember:
                 self._zk.create(path, self.broker_id.encode(), ephemeral=True)
             except NodeExistsError:
                 if self._zk.exists(path, watch=self._wake["barrier"]) is None:
-                    self._events.put(("barrier", None))  # released meanwhile: try again
+                    self._events.put("barrier")  # released meanwhile: try again
                 continue
             self._waiting.discard(partition)
             with self._lock:

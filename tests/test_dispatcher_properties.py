@@ -790,6 +790,7 @@ class ModeMachine(LeaseMachine):
     SPILL = False
     BACKOFF = 0.5
     BACKOFF_MAX = 2.0
+    SLOTS = (0, HASH_RANGE_SIZE - 1)
 
     def make(self, clock: ManualClock) -> Dispatcher:
         return Dispatcher(
@@ -801,6 +802,7 @@ class ModeMachine(LeaseMachine):
             spill=self.SPILL,
             nack_backoff=self.BACKOFF,
             nack_backoff_max=self.BACKOFF_MAX,
+            slots=self.SLOTS,
         )
 
     def make_model(self) -> Model:
@@ -836,19 +838,6 @@ class BlockMachine(SpillMachine):
     in routing, ranges, owner_of, snapshots and re-reads."""
 
     SLOTS = (1094, 58351)
-
-    def make(self, clock: ManualClock) -> Dispatcher:
-        return Dispatcher(
-            clock=clock,
-            max_replay=MAX_REPLAY,
-            ack_timeout=self.TIMEOUT,
-            max_redeliveries=self.LIMIT,
-            max_unacked_per_consumer=self.LIMIT_UNACKED,
-            spill=True,
-            nack_backoff=self.BACKOFF,
-            nack_backoff_max=self.BACKOFF_MAX,
-            slots=self.SLOTS,
-        )
 
 
 class MultiShiftingMachine(DispatcherMachine):

@@ -73,23 +73,14 @@ def cluster_status(zk: Any, root: str) -> dict[str, Any]:
     coordinator), coordinator epoch, topics and their partition counts, and the assignment."""
     if zk.exists(root) is None:
         raise ConfigError(f"there is no keyfailover cluster at {root} (no broker or topic was ever registered there)")
-    brokers = []
-    for child in sorted(zk.get_children(f"{root}/brokers") if zk.exists(f"{root}/brokers") else []):
-        found = zk.exists(f"{root}/brokers/{child}")
-        if found is not None:
-            brokers.append({"node": child, **json.loads(zk.get(f"{root}/brokers/{child}")[0])})
-    topics = {}
-    for child in sorted(zk.get_children(f"{root}/topics") if zk.exists(f"{root}/topics") else []):
-        topics[unquote(child)] = int(zk.get(f"{root}/topics/{child}")[0])
-    epoch_data = zk.get(f"{root}/epoch")[0] if zk.exists(f"{root}/epoch") else b"0"
-    assignment_data = zk.get(f"{root}/assignment")[0] if zk.exists(f"{root}/assignment") else b""
-    written_epoch, assignment = _parse_assignment(assignment_data)
+    brokers = _brokers(zk, root)
+    written_epoch, assignment = _parse_assignment(_data(zk, f"{root}/assignment"))
     return {
         "root": root,
         "coordinator": brokers[0]["id"] if brokers else None,
-        "epoch": int(epoch_data or b"0"),
+        "epoch": int(_data(zk, f"{root}/epoch") or b"0"),
         "brokers": brokers,
-        "topics": topics,
+        "topics": _topics(zk, root),
         "assignment": {
             "epoch": written_epoch,
             "generation": assignment.generation,
@@ -98,6 +89,44 @@ def cluster_status(zk: Any, root: str) -> dict[str, Any]:
                 for (topic, index), broker in sorted(assignment.owners.items())
             ],
         },
+    }
+
+
+def _data(zk: Any, path: str) -> bytes:
+    """The data of the znode at ``path``; empty when there is none."""
+    from kazoo.exceptions import NoNodeError
+
+    try:
+        return bytes(zk.get(path)[0])
+    except NoNodeError:
+        return b""
+
+
+def _children(zk: Any, path: str, watch: Callable[[Any], None] | None) -> list[str]:
+    """The sorted children of ``path`` (none when it does not exist), setting ``watch`` on it."""
+    from kazoo.exceptions import NoNodeError
+
+    try:
+        return sorted(zk.get_children(path, watch=watch))
+    except NoNodeError:
+        return []
+
+
+def _brokers(zk: Any, root: str, watch: Callable[[Any], None] | None = None) -> list[dict[str, Any]]:
+    """Every registered broker (its znode's ``node`` name, ``id``, ``address``), lowest znode first;
+    one whose znode went while they were read is left out."""
+    found = []
+    for child in _children(zk, f"{root}/brokers", watch):
+        data = _data(zk, f"{root}/brokers/{child}")
+        if data:
+            found.append({"node": child, **json.loads(data)})
+    return found
+
+
+def _topics(zk: Any, root: str, watch: Callable[[Any], None] | None = None) -> dict[str, int]:
+    """Every topic and its partition count."""
+    return {
+        unquote(child): int(_data(zk, f"{root}/topics/{child}")) for child in _children(zk, f"{root}/topics", watch)
     }
 
 
@@ -196,12 +225,8 @@ class ClusterMember:
         """Connect, register and take part; raises :class:`ConfigError` when ZooKeeper cannot be reached."""
         self._zk = connect(self.hosts, self.session_timeout)
         self._zk.add_listener(self._session_changed)
-        for path in ("brokers", "topics", "barriers"):
+        for path in ("brokers", "topics", "barriers", "epoch", "assignment"):  # empty epoch: 0
             self._zk.ensure_path(f"{self.root}/{path}")
-        for path, value in (("epoch", b"0"), ("assignment", b"")):
-            self._zk.ensure_path(f"{self.root}/{path}")
-            if not self._zk.get(f"{self.root}/{path}")[0] and value:
-                self._zk.set(f"{self.root}/{path}", value)
         self._register()
         self._worker = threading.Thread(target=self._work, name=f"cluster {self.broker_id}", daemon=True)
         self._worker.start()
@@ -335,17 +360,9 @@ class ClusterMember:
         if wait > 0:
             threading.Timer(wait, self._events.put, args=("rebalance",)).start()
             return
-        zk, root = self._zk, self.root
-        brokers = set()
-        for child in zk.get_children(f"{root}/brokers", watch=self._wake["rebalance"]):
-            found = zk.exists(f"{root}/brokers/{child}")
-            if found is not None:
-                brokers.add(json.loads(zk.get(f"{root}/brokers/{child}")[0])["id"])
-        partitions: list[PartitionId] = []
-        for child in zk.get_children(f"{root}/topics", watch=self._wake["rebalance"]):
-            count = int(zk.get(f"{root}/topics/{child}")[0])
-            topic = unquote(child)
-            partitions += [(topic, p) for p in range(count)]
+        zk, root, wake = self._zk, self.root, self._wake["rebalance"]
+        brokers = {broker["id"] for broker in _brokers(zk, root, wake)}
+        partitions = [(topic, p) for topic, count in _topics(zk, root, wake).items() for p in range(count)]
         data, stat = zk.get(f"{root}/assignment")
         epoch, current = _parse_assignment(data)
         if epoch > self._epoch:

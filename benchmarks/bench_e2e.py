@@ -45,8 +45,6 @@ import multiprocessing
 import os
 import queue
 import shutil
-import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -66,6 +64,8 @@ from typing import Any, Literal, TypeAlias
 import numpy as np
 import numpy.typing as npt
 from _common import SEED, format_count, print_goals, print_table
+
+from keyfailover.tools.services import free_port, stop_process
 
 System = Literal["keyfailover", "redis"]
 
@@ -140,10 +140,11 @@ to be far from 0 (like Redis).
 
 @dataclass(frozen=True)
 class Server:
-    """A started server: the address its clients take, and its process id."""
+    """A started server: the address its clients take, its process id, and its admin URL if it serves one."""
 
     address: str
     pid: int
+    admin: str | None = None
 
 
 @dataclass(frozen=True)
@@ -175,27 +176,9 @@ def key_names(count: int) -> list[str]:
 # -- servers ---------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on now (Redis takes a port number, not 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def stop_process(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL if it does not exit within 30 s."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 @contextlib.contextmanager
 def keyfailover_server(folder: Path, args: Sequence[str], profile: Path | None) -> Iterator[Server]:
-    """``keyfailover serve`` on a free loopback port."""
+    """``keyfailover serve`` on a free loopback port (and its admin endpoint, with ``--metrics-port`` in ``args``)."""
     runner = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
     command = [sys.executable, *runner, "-m", "keyfailover", "serve", "--data-dir", str(folder / "data")]
     command += ["--host", "127.0.0.1", "--port", "0", *args]
@@ -209,9 +192,15 @@ def keyfailover_server(folder: Path, args: Sequence[str], profile: Path | None) 
         if not line.startswith("listening on "):
             process.wait(timeout=10)
             raise SystemExit(f"keyfailover serve did not start: {line!r}\n{(folder / 'server.log').read_text()}")
-        yield Server(f"kf://127.0.0.1:{line.rsplit(':', 1)[1].strip()}", process.pid)
+        admin = None
+        if "--metrics-port" in args:
+            metrics = process.stdout.readline().decode()
+            if not metrics.startswith("metrics on "):
+                raise SystemExit(f"keyfailover serve printed no metrics address: {metrics!r}")
+            admin = metrics.split("metrics on ", 1)[1].strip()
+        yield Server(f"kf://127.0.0.1:{line.rsplit(':', 1)[1].strip()}", process.pid, admin)
     finally:
-        stop_process(process)
+        stop_process(process, timeout=30)
         if process.stdout is not None:
             process.stdout.close()
         stderr.close()
@@ -253,7 +242,7 @@ def redis_server(folder: Path, args: Sequence[str]) -> Iterator[Server]:
         client.close()
         yield Server(f"127.0.0.1:{port}", process.pid)
     finally:
-        stop_process(process)
+        stop_process(process, timeout=30)
 
 
 # -- producer --------------------------------------------------------------------------

@@ -23,18 +23,13 @@ of every key the never-acking consumer neither owns at the end nor ever received
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import multiprocessing
-import os
 import queue
-import subprocess
-import sys
 import tempfile
 import time
 import traceback
 from array import array
-from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
@@ -52,8 +47,8 @@ from bench_e2e import (
     RECEIVER_QUEUE,
     end_processes,
     key_names,
+    keyfailover_server,
     produce_keyfailover,
-    stop_process,
 )
 
 from keyfailover import key_hash
@@ -62,39 +57,6 @@ TOPIC = "bench-e2e"  # what bench_e2e's producer sends to
 SUBSCRIPTION = "bench"
 QUIET = 3.0
 START_TIMEOUT = 60.0
-
-
-@dataclass(frozen=True)
-class Server:
-    address: str
-    admin: str
-    pid: int
-
-
-@contextlib.contextmanager
-def server(folder: Path, count: int, profile: Path | None) -> Iterator[Server]:
-    """``keyfailover serve`` on free loopback ports (broker and admin), bounds scaled to ``count`` messages."""
-    runner = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
-    command = [sys.executable, *runner, "-m", "keyfailover", "serve", "--data-dir", str(folder / "data")]
-    command += ["--host", "127.0.0.1", "--port", "0", "--ack-timeout", "3600", "--metrics-port", "0"]
-    command += ["--max-replay", str(count // 10), "--max-unacked-per-consumer", str(count // 20)]
-    stderr = (folder / "server.log").open("wb")
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=stderr, env=dict(os.environ, PYTHONUNBUFFERED="1")
-    )
-    try:
-        assert process.stdout is not None
-        listening, admin = process.stdout.readline().decode(), process.stdout.readline().decode()
-        if not listening.startswith("listening on ") or not admin.startswith("metrics on "):
-            process.wait(timeout=10)
-            raise SystemExit(f"keyfailover serve did not start: {listening!r}\n{(folder / 'server.log').read_text()}")
-        port = listening.rsplit(":", 1)[1].strip()
-        yield Server(f"kf://127.0.0.1:{port}", admin.split("metrics on ", 1)[1].strip(), process.pid)
-    finally:
-        stop_process(process)
-        if process.stdout is not None:
-            process.stdout.close()
-        stderr.close()
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -182,7 +144,13 @@ def run_row(label: str, stuck: bool, count: int, profile: Path | None = None) ->
     results: Queue[Any] = context.Queue()
     stop = context.Event()
     progress = context.Array("q", len(names), lock=False)
-    with tempfile.TemporaryDirectory(prefix="bench-stuck-") as folder, server(Path(folder), count, profile) as srv:
+    bounds = ["--max-replay", str(count // 10), "--max-unacked-per-consumer", str(count // 20)]
+    args = ["--ack-timeout", "3600", "--metrics-port", "0", *bounds]
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-stuck-") as folder,
+        keyfailover_server(Path(folder), args, profile) as srv,
+    ):
+        assert srv.admin is not None
         consumers = [
             context.Process(
                 target=consumer_main,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 from collections import Counter
@@ -31,6 +30,7 @@ import yaml
 
 from keyfailover.client import Client
 from keyfailover.core.hashing import HASH_RANGE_SIZE
+from keyfailover.tools.services import free_port, stop_process
 from tests.server_process import ServerProcess
 
 PROMETHEUS = shutil.which("prometheus")
@@ -61,13 +61,6 @@ def wait_for(what: str, check: Callable[[], T | None], log: Path | None = None) 
 def get_json(url: str) -> Any:
     with urlopen(url, timeout=10) as response:
         return json.load(response)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @contextmanager
@@ -107,12 +100,7 @@ def prometheus(tmp_path: Path, target: str) -> Iterator[str]:
         wait_for("prometheus to be ready", ready, log)
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
 
 
 def query(url: str, promql: str) -> list[dict[str, Any]]:

@@ -19,10 +19,11 @@ import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from keyfailover.core.errors import KeyFailoverError
 
-__all__ = ["PostgreSQL", "ServiceError", "ZooKeeper", "free_port"]
+__all__ = ["PostgreSQL", "ServiceError", "ZooKeeper", "free_port", "stop_process"]
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 ZOOKEEPER_CONF = Path("/etc/zookeeper/conf")
@@ -41,11 +42,12 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def stop_process(process: subprocess.Popen[Any], timeout: float = 20.0) -> None:
+    """SIGTERM, then SIGKILL if the process has not exited within ``timeout`` seconds."""
     if process.poll() is None:
         process.terminate()
         try:
-            process.wait(timeout=20)
+            process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
@@ -120,7 +122,7 @@ class ZooKeeper:
 
     def stop(self) -> None:
         if self._process is not None:
-            _stop(self._process)
+            stop_process(self._process)
             self._process = None
 
     @property

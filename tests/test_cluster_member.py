@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from keyfailover.broker.cluster import ClusterMember, create_topic, parse_cluster_url
+from keyfailover.broker.cluster import ClusterMember, connect, create_topic, parse_cluster_url
 from keyfailover.core.errors import ConfigError
 from keyfailover.core.partitions import Assignment, PartitionId
 from keyfailover.tools.services import ZooKeeper, free_port
@@ -57,102 +57,84 @@ class Ledger:
 
 
 @pytest.fixture
-def root(zookeeper: ZooKeeper) -> Iterator[str]:
-    """A fresh cluster root, removed afterwards."""
-    from kazoo.client import KazooClient
-
-    path = f"/kf-test-{uuid.uuid4().hex[:8]}"
-    yield path
-    client = KazooClient(hosts=zookeeper.hosts)
-    client.start(timeout=10)
-    client.delete(path, recursive=True)
+def zk(zookeeper: ZooKeeper) -> Iterator[Any]:
+    """A client of the shared ZooKeeper, closed afterwards."""
+    client = connect(zookeeper.hosts)
+    yield client
     client.stop()
     client.close()
 
 
-def admin(zookeeper: ZooKeeper) -> Any:
-    from kazoo.client import KazooClient
+@pytest.fixture
+def root(zk: Any) -> Iterator[str]:
+    """A fresh cluster root, removed afterwards."""
+    path = f"/kf-test-{uuid.uuid4().hex[:8]}"
+    yield path
+    zk.delete(path, recursive=True)
 
-    client = KazooClient(hosts=zookeeper.hosts)
-    client.start(timeout=10)
-    return client
 
-
-def test_the_lowest_member_coordinates_and_every_partition_has_one_broker(zookeeper: ZooKeeper, root: str) -> None:
+def test_the_lowest_member_coordinates_and_every_partition_has_one_broker(
+    zookeeper: ZooKeeper, zk: Any, root: str
+) -> None:
     ledger = Ledger()
-    zk = admin(zookeeper)
+    assert create_topic(zk, root, "orders", 6) is True
+    members = [ledger.member(zookeeper, root, f"b{i}").start() for i in range(3)]
     try:
-        assert create_topic(zk, root, "orders", 6) is True
-        members = [ledger.member(zookeeper, root, f"b{i}").start() for i in range(3)]
-        try:
-            wait_until(lambda: all(len(m.state.owned) == 2 for m in members), "every broker serves two partitions")
-            states = [m.state for m in members]
-            assert [s.coordinator for s in states] == [True, False, False]
-            assert states[0].epoch == 1
-            assert all(len(s.owned) == 2 for s in states)
-            assert set().union(*(s.owned for s in states)) == {("orders", p) for p in range(6)}
-            barriers = {
-                child: zk.get(f"{root}/barriers/{child}")[0].decode() for child in zk.get_children(f"{root}/barriers")
-            }
-            assert barriers == {f"orders-{p}": s.broker_id for s in states for _, p in s.owned}
-            # The coordinator leaves: the next lowest takes over with a new epoch, and only the
-            # leaver's partitions move (after its barriers are gone).
-            before = {s.broker_id: s.owned for s in states}
-            members[0].stop()
-            wait_until(lambda: members[1].state.coordinator and len(members[1].state.owned) == 3, "b1 coordinates")
-            wait_until(lambda: len(members[2].state.owned) == 3, "b2 serves 3")
-            assert members[1].state.epoch == 2
-            assert before["b1"] <= members[1].state.owned and before["b2"] <= members[2].state.owned, "sticky"
-            ledger.never_two_at_once()
-        finally:
-            for member in members:
-                member.stop()
+        wait_until(lambda: all(len(m.state.owned) == 2 for m in members), "every broker serves two partitions")
+        states = [m.state for m in members]
+        assert [s.coordinator for s in states] == [True, False, False]
+        assert states[0].epoch == 1
+        assert all(len(s.owned) == 2 for s in states)
+        assert set().union(*(s.owned for s in states)) == {("orders", p) for p in range(6)}
+        barriers = {
+            child: zk.get(f"{root}/barriers/{child}")[0].decode() for child in zk.get_children(f"{root}/barriers")
+        }
+        assert barriers == {f"orders-{p}": s.broker_id for s in states for _, p in s.owned}
+        # The coordinator leaves: the next lowest takes over with a new epoch, and only the
+        # leaver's partitions move (after its barriers are gone).
+        before = {s.broker_id: s.owned for s in states}
+        members[0].stop()
+        wait_until(lambda: members[1].state.coordinator and len(members[1].state.owned) == 3, "b1 coordinates")
+        wait_until(lambda: len(members[2].state.owned) == 3, "b2 serves 3")
+        assert members[1].state.epoch == 2
+        assert before["b1"] <= members[1].state.owned and before["b2"] <= members[2].state.owned, "sticky"
+        ledger.never_two_at_once()
     finally:
-        zk.stop()
-        zk.close()
+        for member in members:
+            member.stop()
     ledger.never_two_at_once()
 
 
-def test_a_zombie_coordinators_write_is_refused_and_it_steps_down(zookeeper: ZooKeeper, root: str) -> None:
-    zk = admin(zookeeper)
+def test_a_zombie_coordinators_write_is_refused_and_it_steps_down(zookeeper: ZooKeeper, zk: Any, root: str) -> None:
     ledger = Ledger()
+    create_topic(zk, root, "orders", 2)
+    first = ledger.member(zookeeper, root, "b1").start()
     try:
-        create_topic(zk, root, "orders", 2)
-        first = ledger.member(zookeeper, root, "b1").start()
-        try:
-            wait_until(lambda: len(first.state.owned) == 2, "b1 serves both partitions")
-            assert first.state.coordinator and first.state.epoch == 1
-            _, stat = zk.get(f"{root}/epoch")
-            zk.set(f"{root}/epoch", b"7", version=stat.version)  # another coordinator won
-            assignment_before, version = zk.get(f"{root}/assignment")
-            stolen = Assignment(99, {("orders", 0): "b9", ("orders", 1): "b9"})
-            assert first.write_assignment(stolen, version.version) is False, "the stale epoch fences the write"
-            assert zk.get(f"{root}/assignment")[0] == assignment_before
-            # It stepped down and, still the lowest member, won the next epoch properly.
-            wait_until(lambda: first.state.epoch == 8, "b1 coordinates again with epoch 8")
-            assert first.state.owned == {("orders", 0), ("orders", 1)}
-        finally:
-            first.stop()
+        wait_until(lambda: len(first.state.owned) == 2, "b1 serves both partitions")
+        assert first.state.coordinator and first.state.epoch == 1
+        _, stat = zk.get(f"{root}/epoch")
+        zk.set(f"{root}/epoch", b"7", version=stat.version)  # another coordinator won
+        assignment_before, version = zk.get(f"{root}/assignment")
+        stolen = Assignment(99, {("orders", 0): "b9", ("orders", 1): "b9"})
+        assert first.write_assignment(stolen, version.version) is False, "the stale epoch fences the write"
+        assert zk.get(f"{root}/assignment")[0] == assignment_before
+        # It stepped down and, still the lowest member, won the next epoch properly.
+        wait_until(lambda: first.state.epoch == 8, "b1 coordinates again with epoch 8")
+        assert first.state.owned == {("orders", 0), ("orders", 1)}
     finally:
-        zk.stop()
-        zk.close()
+        first.stop()
     ledger.never_two_at_once()
 
 
-def test_a_topic_keeps_its_partition_count(zookeeper: ZooKeeper, root: str) -> None:
-    zk = admin(zookeeper)
-    try:
-        assert create_topic(zk, root, "orders", 4) is True
-        assert create_topic(zk, root, "orders", 4) is False
-        with pytest.raises(
-            ConfigError, match=r"topic 'orders' exists with 4 partitions; .* cannot be created again with 8"
-        ):
-            create_topic(zk, root, "orders", 8)
-        with pytest.raises(ConfigError, match="partition count must be an int from 1 to 65536"):
-            create_topic(zk, root, "other", 0)
-    finally:
-        zk.stop()
-        zk.close()
+def test_a_topic_keeps_its_partition_count(zookeeper: ZooKeeper, zk: Any, root: str) -> None:
+    assert create_topic(zk, root, "orders", 4) is True
+    assert create_topic(zk, root, "orders", 4) is False
+    with pytest.raises(
+        ConfigError, match=r"topic 'orders' exists with 4 partitions; .* cannot be created again with 8"
+    ):
+        create_topic(zk, root, "orders", 8)
+    with pytest.raises(ConfigError, match="partition count must be an int from 1 to 65536"):
+        create_topic(zk, root, "other", 0)
 
 
 def test_an_unreachable_zookeeper_is_named() -> None:
@@ -169,27 +151,22 @@ def test_the_ledger_catches_a_partition_served_twice() -> None:
         ledger.never_two_at_once()
 
 
-def test_an_older_assignment_is_never_applied(zookeeper: ZooKeeper, root: str) -> None:
+def test_an_older_assignment_is_never_applied(zookeeper: ZooKeeper, zk: Any, root: str) -> None:
     """A member applies only an assignment newer (epoch, generation) than the one it applied last."""
-    zk = admin(zookeeper)
     ledger = Ledger()
+    create_topic(zk, root, "orders", 2)
+    member = ledger.member(zookeeper, root, "b1").start()
     try:
-        create_topic(zk, root, "orders", 2)
-        member = ledger.member(zookeeper, root, "b1").start()
-        try:
-            wait_until(lambda: len(member.state.owned) == 2, "b1 serves both partitions")
-            applied = member.state.applied
-            old = b'{"epoch": 0, "generation": 1, "owners": [["orders", 0, "b9"], ["orders", 1, "b9"]]}'
-            zk.set(f"{root}/assignment", old)  # an older write, as a zombie's that got through would be
-            # The coordinator sees a lower epoch than its own and rewrites; b1 never drops its partitions.
-            wait_until(lambda: member.state.applied > applied, "a newer assignment is applied")
-            assert member.state.owned == {("orders", 0), ("orders", 1)}
-            assert [e[2] for e in ledger.events] == ["acquired", "acquired"], "nothing was released meanwhile"
-        finally:
-            member.stop()
+        wait_until(lambda: len(member.state.owned) == 2, "b1 serves both partitions")
+        applied = member.state.applied
+        old = b'{"epoch": 0, "generation": 1, "owners": [["orders", 0, "b9"], ["orders", 1, "b9"]]}'
+        zk.set(f"{root}/assignment", old)  # an older write, as a zombie's that got through would be
+        # The coordinator sees a lower epoch than its own and rewrites; b1 never drops its partitions.
+        wait_until(lambda: member.state.applied > applied, "a newer assignment is applied")
+        assert member.state.owned == {("orders", 0), ("orders", 1)}
+        assert [e[2] for e in ledger.events] == ["acquired", "acquired"], "nothing was released meanwhile"
     finally:
-        zk.stop()
-        zk.close()
+        member.stop()
 
 
 def test_topics_create_and_cluster_status_from_the_command_line(zookeeper: ZooKeeper, root: str) -> None:
@@ -250,7 +227,7 @@ def test_a_bad_cluster_url_is_refused(url: str) -> None:
 
 
 def test_a_member_paused_past_its_session_loses_its_partitions_and_rejoins_as_a_follower(
-    zookeeper: ZooKeeper, root: str
+    zookeeper: ZooKeeper, zk: Any, root: str
 ) -> None:
     """SIGSTOP a member process past its session: its partitions go to the live member (after ZooKeeper
     removed its barriers); SIGCONT: it finds its session lost, stops serving, and comes back as a new,
@@ -260,50 +237,45 @@ def test_a_member_paused_past_its_session_loses_its_partitions_and_rejoins_as_a_
     import subprocess
     import sys
 
-    zk = admin(zookeeper)
     ledger = Ledger()
+    create_topic(zk, root, "orders", 4)
+    live = ledger.member(zookeeper, root, "b0").start()
+    script = os.path.join(os.path.dirname(__file__), "cluster_member_process.py")
+    paused = subprocess.Popen(
+        [sys.executable, script, zookeeper.hosts, root, "b1", "1.0"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    events: list[dict[str, Any]] = []
+    assert paused.stdout is not None
+
+    def read() -> None:
+        for line in paused.stdout:  # type: ignore[union-attr]
+            events.append(json.loads(line))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        create_topic(zk, root, "orders", 4)
-        live = ledger.member(zookeeper, root, "b0").start()
-        script = os.path.join(os.path.dirname(__file__), "cluster_member_process.py")
-        paused = subprocess.Popen(
-            [sys.executable, script, zookeeper.hosts, root, "b1", "1.0"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        events: list[dict[str, Any]] = []
-        assert paused.stdout is not None
-
-        def read() -> None:
-            for line in paused.stdout:  # type: ignore[union-attr]
-                events.append(json.loads(line))
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        try:
-            wait_until(lambda: len(live.state.owned) == 2 and len(events) >= 3, "b0 and b1 serve two partitions each")
-            theirs = {tuple(e["partition"]) for e in events if e["event"] == "acquired"}
-            os.kill(paused.pid, signal.SIGSTOP)
-            stopped_at = time.monotonic()
-            wait_until(lambda: len(live.state.owned) == 4, "b0 serves all four once b1's session expired")
-            taken_at = max(t for t, broker, action, p in ledger.events if action == "acquired" and p in theirs)
-            assert taken_at - stopped_at >= 1.0, "not before b1's session (1 s) expired"
-            assert live.state.coordinator and live.state.epoch == 1, "the coordinator did not change"
-            os.kill(paused.pid, signal.SIGCONT)
-            wait_until(
-                lambda: {tuple(e["partition"]) for e in events if e["event"] == "released"} >= theirs,
-                "b1 stopped serving what it had once it found its session lost",
-            )
-            wait_until(lambda: len(live.state.owned) == 2, "b1 rejoined and took a fair share back")
-            status_brokers = [
-                json.loads(zk.get(f"{root}/brokers/{c}")[0])["id"] for c in sorted(zk.get_children(f"{root}/brokers"))
-            ]
-            assert status_brokers == ["b0", "b1"], "b1 came back as a new member, after b0: a follower"
-        finally:
-            if paused.poll() is None:
-                os.kill(paused.pid, signal.SIGCONT)
-                paused.stdin.close()  # type: ignore[union-attr]
-                paused.wait(timeout=30)
-            live.stop()
+        wait_until(lambda: len(live.state.owned) == 2 and len(events) >= 3, "b0 and b1 serve two partitions each")
+        theirs = {tuple(e["partition"]) for e in events if e["event"] == "acquired"}
+        os.kill(paused.pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        wait_until(lambda: len(live.state.owned) == 4, "b0 serves all four once b1's session expired")
+        taken_at = max(t for t, broker, action, p in ledger.events if action == "acquired" and p in theirs)
+        assert taken_at - stopped_at >= 1.0, "not before b1's session (1 s) expired"
+        assert live.state.coordinator and live.state.epoch == 1, "the coordinator did not change"
+        os.kill(paused.pid, signal.SIGCONT)
+        wait_until(
+            lambda: {tuple(e["partition"]) for e in events if e["event"] == "released"} >= theirs,
+            "b1 stopped serving what it had once it found its session lost",
+        )
+        wait_until(lambda: len(live.state.owned) == 2, "b1 rejoined and took a fair share back")
+        status_brokers = [
+            json.loads(zk.get(f"{root}/brokers/{c}")[0])["id"] for c in sorted(zk.get_children(f"{root}/brokers"))
+        ]
+        assert status_brokers == ["b0", "b1"], "b1 came back as a new member, after b0: a follower"
     finally:
-        zk.stop()
-        zk.close()
+        if paused.poll() is None:
+            os.kill(paused.pid, signal.SIGCONT)
+            paused.stdin.close()  # type: ignore[union-attr]
+            paused.wait(timeout=30)
+        live.stop()

@@ -353,11 +353,11 @@ class Server:
         topic, name, mode = query.get("topic"), query.get("subscription"), query.get("mode")
         if not topic or not name or mode not in ("ordered", "unordered"):
             return json_response({"error": "give topic, subscription and mode=ordered or mode=unordered"}, 400)
-        live = self._subscriptions.get((topic, name))
+        try:
+            _, _, live = await self._settings_of(query)
+        except _RefusedError as refused:
+            return refused.response
         if live is None:
-            stored = await self.storage.call(self.storage.log.subscriptions, topic)
-            if name not in stored:
-                return json_response({"error": f"no subscription {name!r} of topic {topic!r}"}, 404)
             await self.storage.call(self.storage.log.save_consume_mode, topic, name, mode)
             before = None
         else:

@@ -149,7 +149,7 @@ class Subscription:
         self.topic = topic
         self.name = name
         self.cursor = cursor
-        self.own_settings: DeliverySettings = dict(own_settings or {})  # type: ignore[assignment]
+        self.own_settings: DeliverySettings = {} if own_settings is None else own_settings.copy()
         delivery = config.delivery(self.own_settings)
         self.dispatcher = Dispatcher(
             clock=time.monotonic,
@@ -352,7 +352,8 @@ class Subscription:
                 self.announce_ranges()
 
     def _next_wake(self) -> float:
-        """Seconds until the pump must poll without being woken: the next lease deadline, at most 1 s away."""
+        """Seconds until the pump must poll without being woken: the next lease deadline or backoff end,
+        at most 1 s away."""
         deadline = self.dispatcher.next_deadline()
         if deadline is None:
             return 1.0

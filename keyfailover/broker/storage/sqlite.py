@@ -282,7 +282,7 @@ class Log:
         """Store ``(position, key, payload, redelivery_count, reason)`` letters in the subscription's
         dead-letter topic, with where each came from and why, in one transaction; their positions there.
         """
-        topic, subscription = _name(topic, "topic"), _name(subscription, "subscription")
+        topic, subscription = _subscription_key(topic, subscription)
         dlq = dead_letter_topic(topic, subscription)
         rows = [_letter(letter, index) for index, letter in enumerate(_iterable(letters, "letters"))]
         now = time.time()
@@ -302,7 +302,7 @@ class Log:
 
     def dead_letters(self, topic: str, subscription: str, limit: int = 1000) -> list[DeadLetterRecord]:
         """The subscription's dead letters, oldest first (at most ``limit``), with their messages."""
-        dlq = dead_letter_topic(_name(topic, "topic"), _name(subscription, "subscription"))
+        dlq = dead_letter_topic(*_subscription_key(topic, subscription))
         limit = _count(limit, "limit")
         topic_id = self._topic_id(dlq)
         if topic_id is None:
@@ -355,7 +355,7 @@ class Log:
 
         A new subscription's cursor is stored by the first :meth:`save_cursors` that names it.
         """
-        key = (_name(topic, "topic"), _name(subscription, "subscription"))
+        key = _subscription_key(topic, subscription)
         row = (
             self._connection().execute("SELECT state FROM cursors WHERE topic = ? AND subscription = ?", key).fetchone()
         )
@@ -378,7 +378,7 @@ class Log:
 
     def load_consume_mode(self, topic: str, subscription: str) -> str | None:
         """The subscription's saved consume mode, or None when none was saved."""
-        key = (_name(topic, "topic"), _name(subscription, "subscription"))
+        key = _subscription_key(topic, subscription)
         row = (
             self._connection()
             .execute("SELECT consume_mode FROM subscription_settings WHERE topic = ? AND subscription = ?", key)
@@ -388,7 +388,7 @@ class Log:
 
     def save_consume_mode(self, topic: str, subscription: str, mode: str) -> None:
         """Save the subscription's consume mode (``"ordered"`` or ``"unordered"``)."""
-        key = (_name(topic, "topic"), _name(subscription, "subscription"))
+        key = _subscription_key(topic, subscription)
         if mode not in ("ordered", "unordered"):
             raise LogError(f"consume mode must be 'ordered' or 'unordered', not {reprlib.repr(mode)}")
         with self._transaction() as db:
@@ -400,7 +400,7 @@ class Log:
 
     def load_delivery_settings(self, topic: str, subscription: str) -> dict[str, float | int | None]:
         """The delivery settings the subscription has of its own (empty when none were saved)."""
-        key = (_name(topic, "topic"), _name(subscription, "subscription"))
+        key = _subscription_key(topic, subscription)
         row = (
             self._connection()
             .execute("SELECT settings FROM delivery_settings WHERE topic = ? AND subscription = ?", key)
@@ -413,7 +413,7 @@ class Log:
 
     def save_delivery_settings(self, topic: str, subscription: str, settings: Mapping[str, object]) -> None:
         """Save the subscription's own delivery settings, replacing those saved before (empty: none)."""
-        key = (_name(topic, "topic"), _name(subscription, "subscription"))
+        key = _subscription_key(topic, subscription)
         if not isinstance(settings, Mapping):
             raise LogError(f"delivery settings must be a mapping, not {reprlib.repr(settings)}")
         for name, value in settings.items():
@@ -434,7 +434,7 @@ class Log:
 
     def delete_subscription(self, topic: str, subscription: str) -> bool:
         """Forget the subscription's cursor and settings; whether it had a cursor."""
-        key = (_name(topic, "topic"), _name(subscription, "subscription"))
+        key = _subscription_key(topic, subscription)
         with self._transaction() as db:
             db.execute("DELETE FROM subscription_settings WHERE topic = ? AND subscription = ?", key)
             db.execute("DELETE FROM delivery_settings WHERE topic = ? AND subscription = ?", key)
@@ -757,6 +757,11 @@ def _key(key: object) -> Key:
     raise InvalidKeyError(f"a message key must be str, bytes or None, not {type(key).__name__}")
 
 
+def _subscription_key(topic: object, subscription: object) -> tuple[str, str]:
+    """``(topic, subscription)``, each checked as :func:`_name` does."""
+    return _name(topic, "topic"), _name(subscription, "subscription")
+
+
 def _name(value: object, what: str) -> str:
     if not isinstance(value, str) or not value:
         raise LogError(f"{what} must be a non-empty str, not {reprlib.repr(value)}")
@@ -817,4 +822,4 @@ def _cursor_row(entry: tuple[str, str, Cursor]) -> tuple[str, str, bytes]:
             f"the cursor of {reprlib.repr(subscription)} on topic {reprlib.repr(topic)} must be a Cursor, "
             f"not {type(cursor).__name__}"
         )
-    return _name(topic, "topic"), _name(subscription, "subscription"), cursor.to_bytes()
+    return *_subscription_key(topic, subscription), cursor.to_bytes()

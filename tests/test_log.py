@@ -606,6 +606,7 @@ def test_a_version_1_log_gains_the_dead_letter_table_and_keeps_everything(tmp_pa
         db.execute("DROP TABLE dead_letters")
         db.execute("DROP TABLE subscription_settings")
         db.execute("DROP TABLE delivery_settings")
+        db.execute("DROP TABLE partitioned_topics")
         db.execute("PRAGMA user_version = 1")
     db.close()
     with Log(path) as log:
@@ -616,7 +617,7 @@ def test_a_version_1_log_gains_the_dead_letter_table_and_keeps_everything(tmp_pa
         log.save_consume_mode("t", "s", "unordered")
         assert log.load_consume_mode("t", "s") == "unordered"
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     db.close()
 
 
@@ -626,6 +627,7 @@ def test_a_version_2_log_gains_the_delivery_settings_table_and_keeps_its_consume
         log.save_consume_mode("t", "s", "unordered")
     with sqlite3.connect(path) as db:  # as version 2 left it: no per-subscription delivery settings
         db.execute("DROP TABLE delivery_settings")
+        db.execute("DROP TABLE partitioned_topics")
         db.execute("PRAGMA user_version = 2")
     db.close()
     with Log(path) as log:
@@ -634,8 +636,44 @@ def test_a_version_2_log_gains_the_delivery_settings_table_and_keeps_its_consume
         log.save_delivery_settings("t", "s", {"ack_timeout": 5.0})
         assert log.load_delivery_settings("t", "s") == {"ack_timeout": 5.0}
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 4
     db.close()
+
+
+def test_a_version_3_log_gains_partitioned_topics_and_keeps_its_settings(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    with Log(path) as log:
+        log.save_delivery_settings("t", "s", {"ack_timeout": 5.0})
+    with sqlite3.connect(path) as db:  # as version 3 left it: no partitioned topics
+        db.execute("DROP TABLE partitioned_topics")
+        db.execute("PRAGMA user_version = 3")
+    db.close()
+    with Log(path) as log:
+        assert log.load_delivery_settings("t", "s") == {"ack_timeout": 5.0}
+        assert log.partition_counts() == {}
+        assert log.create_partitioned_topic("orders", 4)
+        assert log.partition_counts() == {"orders": 4}
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 4
+    db.close()
+
+
+def test_partitioned_topics_are_created_once_with_a_fixed_count(tmp_path: Path) -> None:
+    with Log(tmp_path / "log.db") as log:
+        assert log.create_partitioned_topic("orders", 8) is True
+        assert log.create_partitioned_topic("orders", 8) is False  # the same again: nothing to do
+        with pytest.raises(LogError, match=r"exists with 8 partitions; .* cannot be created again with 3"):
+            log.create_partitioned_topic("orders", 3)
+        log.append([("plain", None, [(None, "a", b"1")])])
+        with pytest.raises(LogError, match="already holds messages as a topic of one partition"):
+            log.create_partitioned_topic("plain", 2)
+        assert log.create_partitioned_topic("plain", 1) is True  # one partition: the topic as it is
+        for bad in (0, 65537, "2", True):
+            with pytest.raises(LogError, match="partition count must be an int from 1 to 65536"):
+                log.create_partitioned_topic("other", bad)  # type: ignore[arg-type]
+        with pytest.raises(LogError, match="names a partition"):
+            log.create_partitioned_topic("orders-partition-3", 2)
+        assert log.partition_counts() == {"orders": 8, "plain": 1}
 
 
 def test_delivery_settings_are_saved_per_subscription_replaced_and_forgotten(tmp_path: Path) -> None:

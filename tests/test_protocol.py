@@ -37,6 +37,7 @@ from keyfailover.broker.protocol import (
     Flow,
     Frame,
     Key,
+    Lookup,
     Messages,
     Nack,
     Ping,
@@ -44,6 +45,7 @@ from keyfailover.broker.protocol import (
     Produce,
     RangesChanged,
     Receipt,
+    Route,
     ServerFrame,
     Settled,
     Subscribe,
@@ -123,6 +125,7 @@ client_frames: st.SearchStrategy[Frame] = st.one_of(
     st.builds(Nack, topic=names, subscription=names, session=uints, positions=positions, req=st.none() | uints),
     st.builds(Extend, topic=names, subscription=names, session=uints, positions=positions, req=st.none() | uints),
     st.builds(CloseConsumer, req=uints, topic=names, subscription=names, session=uints),
+    st.builds(Lookup, req=uints, topic=names),
     st.builds(Ping, nonce=int64s),
     st.just(Close()),
 )
@@ -136,6 +139,7 @@ server_frames: st.SearchStrategy[Frame] = st.one_of(
     ),
     receipts(),
     subscribeds(),
+    st.builds(Route, req=uints, topic=names, brokers=st.lists(st.none() | texts, min_size=1, max_size=20)),
     st.builds(Messages, session=uints, messages=delivered),
     ranges_changeds(),
     st.builds(ConsumerClosed, session=uints, reason=labels, req=st.none() | uints),
@@ -335,7 +339,7 @@ def test_frame_of_exactly_max_frame_is_accepted() -> None:
 
 def test_default_limit() -> None:
     assert DEFAULT_MAX_FRAME == 5 * 1024 * 1024 == Decoder().max_frame
-    assert PROTOCOL_VERSION == 4
+    assert PROTOCOL_VERSION == 5
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2**32, True, 1.5, "5"])

@@ -202,10 +202,10 @@ FATAL = {
         after_connect=False,
     ),
     # A version 3 client's ack lacks its req; a version 2 one could not read lists of ranges.
-    "version_mismatch/v3_client": Fatal(
-        encode(Connect(version=3, token=TOKEN, client="x")),
+    "version_mismatch/v4_client": Fatal(
+        encode(Connect(version=4, token=TOKEN, client="x")),
         ErrorCode.VERSION_MISMATCH,
-        r"version 3 is not supported; expected 4",
+        r"version 4 is not supported; expected 5",
         after_connect=False,
     ),
 }

@@ -44,6 +44,7 @@ __all__ = [
     "Flow",
     "Frame",
     "Key",
+    "Lookup",
     "Messages",
     "Nack",
     "Ping",
@@ -52,6 +53,7 @@ __all__ = [
     "ProtocolError",
     "RangesChanged",
     "Receipt",
+    "Route",
     "ServerFrame",
     "Settled",
     "Subscribe",
@@ -62,7 +64,7 @@ __all__ = [
     "valid_name",
 ]
 
-PROTOCOL_VERSION: Final = 4
+PROTOCOL_VERSION: Final = 5
 """The version a client sends in ``connect``; the server answers ``version_mismatch`` to others."""
 
 DEFAULT_MAX_FRAME: Final = 5 * 1024 * 1024
@@ -180,6 +182,15 @@ class CloseConsumer:
 
 
 @dataclass(frozen=True, slots=True)
+class Lookup:
+    """Ask how many partitions ``topic`` has and which broker serves each (answered by ``route``)."""
+
+    type: ClassVar[str] = "lookup"
+    req: int
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
 class Ping:
     """Heartbeat; the server answers ``pong`` with the same nonce."""
 
@@ -231,6 +242,21 @@ class Subscribed:
     consumer: str
     ranges: list[tuple[int, int]]
     secret: str
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """The answer to ``lookup``: one broker address (``HOST:PORT``) per partition of ``topic``.
+
+    ``""`` is the broker that answered; nil, a partition no broker serves right now (a
+    failover is under way: look up again). Partition p of a topic with P > 1 partitions is
+    produced to and subscribed to as the topic ``<topic>-partition-<p>``.
+    """
+
+    type: ClassVar[str] = "route"
+    req: int
+    topic: str
+    brokers: list[str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,11 +314,13 @@ class Error:
     req: int | None
 
 
-ClientFrame: TypeAlias = Connect | Produce | Subscribe | Flow | Ack | Nack | Extend | CloseConsumer | Ping | Close
+ClientFrame: TypeAlias = (
+    Connect | Produce | Subscribe | Flow | Ack | Nack | Extend | CloseConsumer | Lookup | Ping | Close
+)
 """Frames a client sends."""
 
 ServerFrame: TypeAlias = (
-    Connected | Receipt | Subscribed | Messages | RangesChanged | ConsumerClosed | Settled | Pong | Error
+    Connected | Receipt | Subscribed | Route | Messages | RangesChanged | ConsumerClosed | Settled | Pong | Error
 )
 """Frames a server sends."""
 
@@ -475,6 +503,19 @@ def _uints(value: object) -> list[int]:
     return list(items)
 
 
+_MAX_ROUTE: Final = HASH_RANGE_SIZE  # the most partitions a topic may have
+
+
+def _brokers(value: object) -> list[str | None]:
+    items = _array(value, "broker addresses")
+    if not 0 < len(items) <= _MAX_ROUTE:
+        raise _FieldError(f"must hold 1 to {_MAX_ROUTE} broker addresses (one per partition), got {len(items)}")
+    for item in items:
+        if not (item is None or type(item) is str):
+            raise _bad_item(items, item, "a str (HOST:PORT, or empty for this broker) or nil")
+    return list(items)
+
+
 def _bools(value: object) -> list[bool]:
     items = _array(value, "bool")
     for item in items:
@@ -600,6 +641,7 @@ _CLIENT_SPECS: Final = {
         _spec(Nack, topic=_name, subscription=_name, session=_uint, positions=_uints, req=_opt_uint),
         _spec(Extend, topic=_name, subscription=_name, session=_uint, positions=_uints, req=_opt_uint),
         _spec(CloseConsumer, req=_uint, topic=_name, subscription=_name, session=_uint),
+        _spec(Lookup, req=_uint, topic=_name),
         _spec(Ping, nonce=_int64),
         _spec(Close),
     )
@@ -610,6 +652,7 @@ _SERVER_SPECS: Final = {
         _spec(Connected, version=_uint, server=_label, max_frame=_max_frame, session_timeout=_timeout),
         _spec(Receipt, _same_length, req=_uint, positions=_uints, duplicates=_bools),
         _spec(Subscribed, req=_uint, session=_uint, consumer=_name, ranges=_slot_ranges, secret=_label),
+        _spec(Route, req=_uint, topic=_name, brokers=_brokers),
         _spec(Messages, session=_uint, messages=_delivered),
         _spec(RangesChanged, session=_uint, epoch=_uint, ranges=_slot_ranges),
         _spec(ConsumerClosed, session=_uint, reason=_label, req=_opt_uint),

@@ -120,6 +120,8 @@ class ErrorCode(StrEnum):
     NOT_IN_FLIGHT = "not_in_flight"
     LEASE_EXPIRED = "lease_expired"
     CONSUMER_BUSY = "consumer_busy"
+    NOT_OWNER = "not_owner"
+    WRONG_PARTITION = "wrong_partition"
     INVALID_MESSAGE = "invalid_message"
     SHUTTING_DOWN = "shutting_down"
     TOO_MANY_CONNECTIONS = "too_many_connections"

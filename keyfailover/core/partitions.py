@@ -37,7 +37,9 @@ __all__ = [
     "partition_of_key",
     "partition_of_slot",
     "partition_slots",
+    "partition_topic",
     "partitions_of_slots",
+    "split_partition_topic",
 ]
 
 MAX_PARTITIONS = HASH_RANGE_SIZE
@@ -83,6 +85,25 @@ def partitions_of_slots(slots: npt.ArrayLike, partitions: int) -> npt.NDArray[np
 def partition_of_key(key: str | bytes, partitions: int) -> int:
     """The partition that holds ``key``'s messages (by :func:`~keyfailover.core.hashing.key_hash`)."""
     return partition_of_slot(key_hash(key), partitions)
+
+
+PARTITION_SUFFIX = "-partition-"
+"""Partition p of a topic T with P > 1 partitions is stored and served as the topic ``T-partition-p``
+(Apache Pulsar's naming); a topic with one partition is served under its own name."""
+
+
+def partition_topic(topic: str, partition: int, partitions: int) -> str:
+    """The name partition ``partition`` of ``topic`` (of ``partitions``) is stored and served under."""
+    partition_slots(partition, partitions)
+    return topic if partitions == 1 else f"{topic}{PARTITION_SUFFIX}{partition}"
+
+
+def split_partition_topic(name: str) -> tuple[str, int] | None:
+    """``(topic, partition)`` when ``name`` has the form ``T-partition-p``, else None."""
+    topic, suffix, index = name.rpartition(PARTITION_SUFFIX)
+    if not suffix or not topic or not index.isascii() or not index.isdigit() or str(int(index)) != index:
+        return None
+    return topic, int(index)
 
 
 def _broker_ids(brokers: Iterable[str]) -> list[str]:

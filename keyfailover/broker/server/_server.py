@@ -31,6 +31,7 @@ from keyfailover.broker.protocol import (
     Extend,
     Flow,
     Frame,
+    Lookup,
     Messages,
     Nack,
     Ping,
@@ -38,6 +39,7 @@ from keyfailover.broker.protocol import (
     Produce,
     ProtocolError,
     Receipt,
+    Route,
     Settled,
     Subscribe,
     Subscribed,
@@ -46,7 +48,8 @@ from keyfailover.broker.protocol import (
 )
 from keyfailover.broker.server._http import AdminServer, Handler, Response, json_response
 from keyfailover.broker.server._subscription import DeliverySettings, Session, Subscription, SubscriptionConfig
-from keyfailover.broker.storage._executor import Result, Storage
+from keyfailover.broker.storage._executor import SQLiteStore
+from keyfailover.broker.storage._store import Result, Store
 from keyfailover.broker.storage.sqlite import (
     DELIVERY_SETTINGS,
     LOG_FILE_NAME,
@@ -55,7 +58,10 @@ from keyfailover.broker.storage.sqlite import (
     dead_letter_topic,
 )
 from keyfailover.core.dispatcher import check_consume_mode
-from keyfailover.core.errors import ConfigError, KeyFailoverError
+from keyfailover.core.errors import ConfigError, KeyFailoverError, RangeMapError
+from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
+from keyfailover.core.partitions import partition_slots, partition_topic, split_partition_topic
+from keyfailover.core.ranges import RangeMap
 
 __all__ = ["Server", "ServerConfig"]
 
@@ -98,9 +104,10 @@ class Server:
         if not config.session_timeout > 0:
             raise KeyFailoverError(f"session_timeout must be > 0 seconds, not {config.session_timeout!r}")
         self.config = config
-        self._storage: Storage | None = None
+        self._storage: Store | None = None
         self._server: asyncio.base_events.Server | None = None
         self._subscriptions: dict[tuple[str, str], Subscription] = {}
+        self._partitions: dict[str, int] = {}  # topics created with partitions, and how many
         self._opening: dict[tuple[str, str], asyncio.Future[Subscription]] = {}
         self._connections: set[_Connection] = set()
         # Session ids are never reused, across restarts too (they start at the wall clock in µs):
@@ -121,11 +128,13 @@ class Server:
             "/history": self._history,
             "/dlq": self._dead_letters,
             "/subscription-settings": self._subscription_settings,
+            "/topics": self._list_topics,
         }
         self._post_routes: dict[str, Handler] = {
             "/dlq/replay": self._replay_dead_letters,
             "/consume-mode": self._set_consume_mode,
             "/subscription-settings": self._configure_subscription,
+            "/topics": self._create_topic,
         }
 
     def add_admin_route(self, path: str, handler: Handler) -> None:
@@ -165,13 +174,14 @@ class Server:
                 f"{data_dir} is in use by another keyfailover server; expected a free data dir"
             ) from None
         log = Log(data_dir / LOG_FILE_NAME, synchronous=self.config.synchronous)  # type: ignore[arg-type]
-        self._storage = Storage(log)
+        self._storage = SQLiteStore(log)
         await self._storage.start()
         self._storage.on_commit(self._committed)
+        self._partitions = await self._storage.partition_counts()
         # Every subscription with a saved cursor is live from the start, with no consumers, so
         # its backlog and its lack of consumers show in /metrics before anyone subscribes.
         for topic in self._storage.topics():
-            for name in await self._storage.call(log.subscriptions, topic):
+            for name in await self._storage.subscriptions(topic):
                 await self.subscription(topic, name)
         loop = asyncio.get_running_loop()
         host, port = self.config.host, self.config.port
@@ -229,7 +239,7 @@ class Server:
         return self._admin_address
 
     @property
-    def storage(self) -> Storage:
+    def storage(self) -> Store:
         if self._storage is None:
             raise KeyFailoverError("the server is not started")
         return self._storage
@@ -285,13 +295,22 @@ class Server:
         future: asyncio.Future[Subscription] = asyncio.get_running_loop().create_future()
         self._opening[key] = future
         try:
-            cursor = await self.storage.call(self.storage.log.load_cursor, topic, name)
-            saved = await self.storage.call(self.storage.log.load_consume_mode, topic, name)
+            base, index, count = self.partition_of(topic)
+            cursor = await self.storage.load_cursor(topic, name)
+            saved = await self.storage.load_consume_mode(base, name)
             mode = self.config.subscription.consume_mode if saved is None else check_consume_mode(saved)
             async with self._settings_lock:  # a change of its settings is saved before or applied after
-                own = await self._own_settings(topic, name)
+                own = await self._own_settings(base, name)
                 subscription = Subscription(
-                    topic, name, cursor, self.storage, self.config.subscription, consume_mode=mode, own_settings=own
+                    topic,
+                    name,
+                    cursor,
+                    self.storage,
+                    self.config.subscription,
+                    consume_mode=mode,
+                    own_settings=own,
+                    slots=partition_slots(index, count),
+                    settings_topic=base,
                 )
                 subscription.start()
                 self._subscriptions[key] = subscription
@@ -302,6 +321,64 @@ class Server:
             raise
         finally:
             del self._opening[key]
+
+    # -- partitions ------------------------------------------------------------------
+
+    def partitions(self) -> dict[str, int]:
+        """Every topic created with partitions, and how many it has."""
+        return dict(self._partitions)
+
+    def partition_of(self, served: str) -> tuple[str, int, int]:
+        """``(topic, partition, partitions)`` of a served topic name: ``(name, 0, 1)`` unless it is
+        ``T-partition-p`` of a topic T created with more than p partitions."""
+        split = split_partition_topic(served)
+        if split is not None:
+            topic, index = split
+            count = self._partitions.get(topic, 1)
+            if index < count:
+                return topic, index, count
+        return served, 0, 1
+
+    def partition_names(self, topic: str) -> list[str]:
+        """The names ``topic``'s partitions are served under (itself when it has one)."""
+        count = self._partitions.get(topic, 1)
+        return [partition_topic(topic, index, count) for index in range(count)]
+
+    async def create_topic(self, topic: str, partitions: int) -> bool:
+        """Create ``topic`` with ``partitions``; False when it exists with as many (refused with another count)."""
+        created = await self.storage.create_partitioned_topic(topic, partitions)
+        self._partitions[topic] = partitions
+        return created
+
+    async def route(self, topic: str) -> list[str | None]:
+        """The broker serving each partition of ``topic`` (``""``: this one)."""
+        return [""] * self._partitions.get(topic, 1)
+
+    def check_served(self, served: str, action: str) -> tuple[int, int] | None:
+        """The block of slots of the partition ``served`` names (None: the whole space), or the
+        :class:`ProtocolError` to answer a request to ``action`` it: a partitioned topic itself
+        (``wrong_partition``) or a topic this broker does not serve (``not_owner``)."""
+        count = self._partitions.get(served, 1)
+        if count > 1:
+            raise ProtocolError(
+                ErrorCode.WRONG_PARTITION,
+                f"topic {served!r} has {count} partitions; {action} its partitions {served}-partition-0 to "
+                f"{served}-partition-{count - 1} (a keyfailover client routes each key to its partition)",
+            )
+        split = split_partition_topic(served)
+        if split is not None and split[1] >= self._partitions.get(split[0], split[1] + 1) > 1:
+            raise ProtocolError(
+                ErrorCode.WRONG_PARTITION,
+                f"topic {split[0]!r} has {self._partitions[split[0]]} partitions, numbered from 0; "
+                f"it has no partition {split[1]}",
+            )
+        if not self.storage.serves(served):
+            raise ProtocolError(
+                ErrorCode.NOT_OWNER,
+                f"this broker does not serve {served!r} now; look the topic up again to find the broker that does",
+            )
+        _, index, partitions = self.partition_of(served)
+        return partition_slots(index, partitions) if partitions > 1 else None
 
     def next_session_id(self) -> int:
         return next(self._session_ids)
@@ -326,7 +403,7 @@ class Server:
         limit_text = query.get("limit", "1000")
         if not topic or not name or not limit_text.isdigit():
             return json_response({"error": "give topic and subscription (and a limit of digits, default 1000)"}, 400)
-        records = await self.storage.call(self.storage.log.dead_letters, topic, name, int(limit_text))
+        records = await self.storage.dead_letters(topic, name, int(limit_text))
         return json_response(
             {
                 "topic": topic,
@@ -354,30 +431,35 @@ class Server:
         if not topic or not name or mode not in ("ordered", "unordered"):
             return json_response({"error": "give topic, subscription and mode=ordered or mode=unordered"}, 400)
         try:
-            _, _, live = await self._settings_of(query)
+            topic, _, live = await self._settings_of(query)
         except _RefusedError as refused:
             return refused.response
-        if live is None:
-            await self.storage.call(self.storage.log.save_consume_mode, topic, name, mode)
-            before = None
-        else:
-            before = live.dispatcher.consume_mode
-            await live.set_consume_mode(mode)
+        before = live[0].dispatcher.consume_mode if live else None
+        await self.storage.save_consume_mode(topic, name, mode)
+        for subscription in live:
+            await subscription.set_consume_mode(mode)
         return json_response({"topic": topic, "subscription": name, "consume_mode": mode, "was": before})
 
     async def _own_settings(self, topic: str, name: str) -> DeliverySettings:
         """The delivery settings saved for the subscription (the log checked them as it saved them)."""
-        return cast(DeliverySettings, await self.storage.call(self.storage.log.load_delivery_settings, topic, name))
+        return cast(DeliverySettings, await self.storage.load_delivery_settings(topic, name))
 
-    async def _settings_of(self, query: dict[str, str]) -> tuple[str, str, Subscription | None]:
-        """The subscription ``query`` names, live or stored (None); raises :class:`_RefusedError` if none."""
+    async def _settings_of(self, query: dict[str, str]) -> tuple[str, str, list[Subscription]]:
+        """The subscription ``query`` names (of a topic, or of the topic of a partition named) and its
+        live partitions (none when it is only stored); raises :class:`_RefusedError` if there is none."""
         topic, name = query.get("topic"), query.get("subscription")
         if not topic or not name:
             raise _RefusedError(400, "give topic and subscription")
-        live = self._subscriptions.get((topic, name))
-        if live is None and name not in await self.storage.call(self.storage.log.subscriptions, topic):
+        topic = self.partition_of(topic)[0]
+        live = self._live(topic, name)
+        if not live and not any([name in await self.storage.subscriptions(p) for p in self.partition_names(topic)]):
             raise _RefusedError(404, f"no subscription {name!r} of topic {topic!r}")
         return topic, name, live
+
+    def _live(self, topic: str, name: str) -> list[Subscription]:
+        """The live subscriptions of the partitions of ``topic`` named ``name`` on this broker."""
+        found = (self._subscriptions.get((served, name)) for served in self.partition_names(topic))
+        return [subscription for subscription in found if subscription is not None]
 
     async def _subscription_settings(self, query: dict[str, str]) -> Response:
         """``/subscription-settings?topic=T&subscription=S``: the delivery settings in force, and which are its own."""
@@ -385,10 +467,10 @@ class Server:
             topic, name, live = await self._settings_of(query)
         except _RefusedError as refused:
             return refused.response
-        own = live.own_settings if live is not None else await self._own_settings(topic, name)
+        own = live[0].own_settings if live else await self._own_settings(topic, name)
         settings = self.config.subscription.delivery(own)
         return json_response(
-            {"topic": topic, "subscription": name, "settings": settings, "own": sorted(own), "live": live is not None}
+            {"topic": topic, "subscription": name, "settings": settings, "own": sorted(own), "live": bool(live)}
         )
 
     async def _configure_subscription(self, query: dict[str, str]) -> Response:
@@ -423,12 +505,12 @@ class Server:
             settings = self.config.subscription.delivery(cast(DeliverySettings, own))
         except ConfigError as exc:
             return json_response({"error": str(exc)}, 400)
-        await self.storage.call(self.storage.log.save_delivery_settings, topic, name, own)
-        live = self._subscriptions.get((topic, name))  # looked up after the save: it may have opened meanwhile
-        if live is not None:
-            live.configure(cast(DeliverySettings, own))
+        await self.storage.save_delivery_settings(topic, name, own)
+        live = self._live(topic, name)  # looked up after the save: a partition may have opened meanwhile
+        for subscription in live:
+            subscription.configure(cast(DeliverySettings, own))
         return json_response(
-            {"topic": topic, "subscription": name, "settings": settings, "own": sorted(own), "live": live is not None}
+            {"topic": topic, "subscription": name, "settings": settings, "own": sorted(own), "live": bool(live)}
         )
 
     async def _replay_dead_letters(self, query: dict[str, str]) -> Response:
@@ -441,6 +523,21 @@ class Server:
             {"topic": topic, "subscription": name, "replayed": len(stored), "positions": [m.position for m in stored]}
         )
 
+    async def _list_topics(self, _query: dict[str, str]) -> Response:
+        """``/topics``: every topic created with partitions, and those this broker serves that hold messages."""
+        return json_response({"partitioned": self.partitions(), "served": self.storage.topics()})
+
+    async def _create_topic(self, query: dict[str, str]) -> Response:
+        """``POST /topics?topic=T&partitions=P``: create T with P partitions (a topic's count is fixed)."""
+        topic, text = query.get("topic"), query.get("partitions", "1")
+        if not topic or not text.isdigit():
+            return json_response({"error": "give topic and partitions (a number from 1 to 65536, default 1)"}, 400)
+        try:
+            created = await self.create_topic(topic, int(text))
+        except KeyFailoverError as exc:
+            return json_response({"error": str(exc)}, 409 if "exists" in str(exc) or "holds" in str(exc) else 400)
+        return json_response({"topic": topic, "partitions": int(text), "created": created})
+
     async def _healthz(self, _query: dict[str, str]) -> Response:
         return json_response({"status": "shutting down" if self.closing else "ok"}, 503 if self.closing else 200)
 
@@ -448,22 +545,25 @@ class Server:
         """``/ranges``: every subscription's range map; with topic and subscription, that snapshot alone."""
         topic, name = query.get("topic"), query.get("subscription")
         if topic is None and name is None:
+            named = sorted({(s.settings_topic, s.name) for s in self._subscriptions.values()})
             listing = [
                 {
                     "topic": t,
                     "subscription": n,
-                    "consume_mode": s.dispatcher.consume_mode,
-                    "ranges": s.dispatcher.snapshot(),
+                    "consume_mode": live[0].dispatcher.consume_mode,
+                    "partitions": self._partitions.get(t, 1),
+                    "ranges": _union_snapshot(live),
                 }
-                for (t, n), s in sorted(self._subscriptions.items())
+                for t, n in named
+                if (live := self._live(t, n))
             ]
             return json_response({"subscriptions": listing})
         if topic is None or name is None:
             return json_response({"error": "give both topic and subscription, or neither"}, 400)
-        found = self._subscriptions.get((topic, name))
-        if found is None:
+        live = self._live(self.partition_of(topic)[0], name)
+        if not live:
             return json_response({"error": f"no live subscription {name!r} of topic {topic!r}"}, 404)
-        return json_response(found.dispatcher.snapshot())
+        return json_response(_union_snapshot(live))
 
     async def _stats(self, _query: dict[str, str]) -> Response:
         """``/stats``: per subscription, the dispatcher's per-consumer stats, cursor and backlog."""
@@ -634,6 +734,8 @@ class _Connection(asyncio.Protocol):
             self._produce(frame)
         elif isinstance(frame, Subscribe):
             asyncio.get_running_loop().create_task(self._subscribe(frame))
+        elif isinstance(frame, Lookup):
+            asyncio.get_running_loop().create_task(self._lookup(frame))
         elif isinstance(frame, Ping):
             self.send(Pong(nonce=frame.nonce))
         elif isinstance(frame, CloseConsumer):
@@ -670,6 +772,9 @@ class _Connection(asyncio.Protocol):
     def _produce(self, frame: Produce) -> None:
         if self._server.closing:
             raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the server is shutting down; nothing was stored")
+        block = self._server.check_served(frame.topic, "produce to")
+        if block is not None:
+            _check_keys(frame, *block)
         future = self._server.storage.append(frame.topic, frame.producer, frame.messages)
         req = frame.req
 
@@ -688,6 +793,7 @@ class _Connection(asyncio.Protocol):
         try:
             if self._server.closing:
                 raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
+            self._server.check_served(frame.topic, "subscribe to")
             dlq = dead_letter_topic(frame.topic, frame.subscription)
             if self._server.config.subscription.max_redeliveries is not None and len(dlq) > MAX_NAME_LENGTH:
                 raise ProtocolError(
@@ -717,9 +823,22 @@ class _Connection(asyncio.Protocol):
         except KeyFailoverError as exc:
             self.send(Error(code=ErrorCode.INVALID_MESSAGE, message=str(exc), req=frame.req))
 
+    async def _lookup(self, frame: Lookup) -> None:
+        try:
+            brokers = await self._server.route(frame.topic)
+            self.send(Route(req=frame.req, topic=frame.topic, brokers=brokers))
+        except ProtocolError as exc:
+            self.send(Error(code=exc.code, message=exc.message, req=frame.req))
+        except KeyFailoverError as exc:
+            self.send(Error(code=ErrorCode.INVALID_MESSAGE, message=str(exc), req=frame.req))
+
     def _session_for(self, topic: str, name: str, session_id: int) -> Session:
         subscription = self._server.subscriptions().get((topic, name))
         if subscription is None:
+            if not self._server.storage.serves(topic):
+                raise ProtocolError(
+                    ErrorCode.NOT_OWNER, f"this broker does not serve {topic!r} now; look the topic up again"
+                )
             known = self._server.storage.last_position(topic) or any(
                 t == topic for t, _ in self._server.subscriptions()
             )
@@ -768,6 +887,33 @@ class _Connection(asyncio.Protocol):
             )
         if frame.req is not None:
             self.send(Settled(req=frame.req))
+
+
+def _union_snapshot(live: list[Subscription]) -> dict[str, Any]:
+    """One range map snapshot of a subscription over all its partitions (their maps side by side).
+
+    When every partition has consumers their ranges tile the slot space; a partition without
+    any leaves its block out (the map does not tile then).
+    """
+    ranges = sorted(r for subscription in live for r in subscription.dispatcher.ranges())
+    epoch = sum(subscription.dispatcher.epoch for subscription in live)
+    try:
+        return RangeMap.from_ranges(ranges, HASH_RANGE_SIZE, epoch).snapshot()
+    except RangeMapError:
+        snapshot = RangeMap(HASH_RANGE_SIZE, epoch).snapshot()
+        snapshot["ranges"] = [{"start": start, "end": end, "consumer": consumer} for start, end, consumer in ranges]
+        return snapshot
+
+
+def _check_keys(frame: Produce, first: int, last: int) -> None:
+    """Refuse a produce to a partition (slots ``first`` to ``last``) that holds a key of another."""
+    for index, (_, key, _) in enumerate(frame.messages):
+        if key is not None and not first <= key_hash(key) <= last:
+            raise ProtocolError(
+                ErrorCode.WRONG_PARTITION,
+                f"message {index}'s key {key!r:.60} hashes to slot {key_hash(key)}, outside {frame.topic!r}'s "
+                f"slots {first} to {last}; nothing was stored (route each key to the partition of its slot)",
+            )
 
 
 def _setting_value(setting: str, text: str) -> float | int | None:

@@ -21,7 +21,7 @@ from typing import Any, TypedDict
 
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.protocol import ConsumerClosed, Frame, Key, Messages, RangesChanged
-from keyfailover.broker.storage._executor import Storage
+from keyfailover.broker.storage._store import Store
 from keyfailover.broker.storage.sqlite import StoredMessage, dead_letter_topic
 from keyfailover.core.dispatcher import (
     DEFAULT_ACK_TIMEOUT,
@@ -34,7 +34,7 @@ from keyfailover.core.dispatcher import (
     check_delivery_settings,
 )
 from keyfailover.core.errors import ErrorCode, NotInFlightError, ProtocolError
-from keyfailover.core.hashing import key_hash
+from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
 from keyfailover.core.rebalance import DEFAULT_MAX_RANGES, check_policy_choice
 
 __all__ = ["DeliverySettings", "Session", "Subscription", "SubscriptionConfig"]
@@ -140,14 +140,18 @@ class Subscription:
         topic: str,
         name: str,
         cursor: Cursor,
-        storage: Storage,
+        storage: Store,
         config: SubscriptionConfig,
         *,
         consume_mode: ConsumeMode = "ordered",
         own_settings: DeliverySettings | None = None,
+        slots: tuple[int, int] = (0, HASH_RANGE_SIZE - 1),
+        settings_topic: str | None = None,
     ) -> None:
         self.topic = topic
         self.name = name
+        self.settings_topic = topic if settings_topic is None else settings_topic
+        """The topic its consume mode and delivery settings are saved under: a partition's are its topic's."""
         self.cursor = cursor
         self.own_settings: DeliverySettings = {} if own_settings is None else own_settings.copy()
         delivery = config.delivery(self.own_settings)
@@ -163,6 +167,7 @@ class Subscription:
             consume_mode=consume_mode,
             max_unacked_per_consumer=config.max_unacked_per_consumer,
             spill=True,  # the log is here: what a blocked consumer cannot take is re-read from it, not held
+            slots=slots,
         )
         self.sessions: dict[str, Session] = {}
         self._storage = storage
@@ -279,7 +284,7 @@ class Subscription:
     async def set_consume_mode(self, mode: str) -> None:
         """Switch the consume mode live (nothing waiting or in flight is lost) and save it."""
         checked = check_consume_mode(mode)
-        await self._storage.call(self._storage.log.save_consume_mode, self.topic, self.name, checked)
+        await self._storage.save_consume_mode(self.settings_topic, self.name, checked)
         self.dispatcher.set_consume_mode(checked)
         self.wake()
 
@@ -376,9 +381,7 @@ class Subscription:
                 return
             batch = self._take_tail(min(wanted, _READ_BATCH))
             if batch is None:
-                batch = await self._storage.call(
-                    self._storage.log.read, self.topic, self._read_position, min(wanted, _READ_BATCH)
-                )
+                batch = await self._storage.read(self.topic, self._read_position, min(wanted, _READ_BATCH))
                 if not batch:
                     return
             else:
@@ -437,7 +440,7 @@ class Subscription:
 
     async def _read_into_cache(self, positions: list[int]) -> None:
         """Read the messages at ``positions`` (not cached) from the log into the payload cache."""
-        found = await self._storage.call(self._storage.log.read_positions, self.topic, positions)
+        found = await self._storage.read_positions(self.topic, positions)
         self._cache.update(found)
 
     async def _reread(self, slots: dict[int, int]) -> None:
@@ -452,7 +455,7 @@ class Subscription:
         cache = self._cache
         while after < end and through == end:
             # Positions have no gaps: the batch ends at or before ``end``.
-            batch = await self._storage.call(self._storage.log.read, self.topic, after, min(_READ_BATCH, end - after))
+            batch = await self._storage.read(self.topic, after, min(_READ_BATCH, end - after))
             if not batch:
                 break
             for message in batch:
@@ -571,10 +574,10 @@ class Subscription:
             return
         self._cursor_dirty = False
         snapshot = self.cursor.copy()
-        await self._storage.call(self._storage.log.save_cursors, [(self.topic, self.name, snapshot)])
+        await self._storage.save_cursors([(self.topic, self.name, snapshot)])
 
-    async def close(self) -> None:
-        """Stop the pump, tell every session, and persist the cursor."""
+    async def close(self, reason: str = "shutdown") -> None:
+        """Stop the pump, tell every session (``consumer_closed`` with ``reason``), and persist the cursor."""
         self._closed = True
         self._wake.set()
         for task in (self._task, self._flusher):
@@ -583,7 +586,7 @@ class Subscription:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         for session in list(self.sessions.values()):
-            session.send(ConsumerClosed(session=session.id, reason="shutdown", req=None))
+            session.send(ConsumerClosed(session=session.id, reason=reason, req=None))
         self.sessions.clear()
         self._cursor_dirty = True
         await self.flush_cursor()

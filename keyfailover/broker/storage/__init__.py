@@ -1,6 +1,8 @@
-"""Storage backends behind one interface: the embedded SQLite log, run on a worker thread."""
+"""Storage backends behind one interface (:class:`Store`): the embedded SQLite log, and a
+cluster's shared log in PostgreSQL (:mod:`keyfailover.broker.storage.postgresql`)."""
 
-from keyfailover.broker.storage._executor import Storage
+from keyfailover.broker.storage._executor import SQLiteStore
+from keyfailover.broker.storage._store import Store
 from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, Log, LogSnapshot, StoredMessage
 
-__all__ = ["LOG_FILE_NAME", "Log", "LogSnapshot", "Storage", "StoredMessage"]
+__all__ = ["LOG_FILE_NAME", "Log", "LogSnapshot", "SQLiteStore", "Store", "StoredMessage"]

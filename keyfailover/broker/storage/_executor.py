@@ -1,164 +1,102 @@
-"""The log behind one worker thread, with group commit of produce requests.
+"""The embedded SQLite log behind one worker thread: the default :class:`Store` of one server.
 
-SQLite wants one writer; the event loop must never wait on a commit. Every log call runs
-on a single worker thread, and produce requests that arrive while a commit is running are
-stored together in the next transaction (group commit), so a producer is answered only
-after the transaction holding its messages committed.
+SQLite wants one writer; the event loop must never wait on a commit. Every log call runs on a
+single worker thread, and the group commit of :class:`Store` writes the produce requests
+that arrived during a commit together in the next transaction.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
-from keyfailover.broker.storage.sqlite import Key, Log, StoredMessage, dead_letter_topic
+from keyfailover.broker.cursor import Cursor
+from keyfailover.broker.storage._store import Batch, Letter, Result, Store
+from keyfailover.broker.storage.sqlite import DeadLetterRecord, Log, StoredMessage
 from keyfailover.core.errors import KeyFailoverError
-from keyfailover.core.histogram import Histogram
 
-__all__ = ["Storage"]
+__all__ = ["SQLiteStore"]
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
-_log = logging.getLogger("keyfailover.server")
-
-Batch = tuple[str, str | None, Sequence[tuple[int | None, Key, bytes]]]
-Result = list[tuple[int, bool]]
 
 
-class Storage:
-    """Asynchronous access to a :class:`Log`: calls on one thread, appends group-committed."""
+class SQLiteStore(Store):
+    """A :class:`Log` as a :class:`Store`: calls on one thread, appends group-committed."""
 
     def __init__(self, log: Log) -> None:
+        super().__init__()
         self._log = log
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="keyfailover-log")
-        self._queue: list[tuple[Batch, asyncio.Future[Result]]] = []
-        self._wake = asyncio.Event()
-        self._closing = False
-        self._last: dict[str, int] = {}
-        self._listeners: list[Callable[[str, list[StoredMessage]], None]] = []
-        self._task: asyncio.Task[None] | None = None
-        self.appended = 0  # messages stored (duplicates not counted)
-        self.commit_seconds = Histogram()
 
-    async def start(self) -> None:
-        """Load what the log holds and start the committer."""
-        topics = await self.call(self._log.topics)
-        for topic in topics:
-            self._last[topic] = await self.call(self._log.last_position, topic)
-        self._task = asyncio.get_running_loop().create_task(self._commit_loop(), name="keyfailover-commit")
-
-    @property
-    def log(self) -> Log:
-        return self._log
-
-    def last_position(self, topic: str) -> int:
-        """The last committed position of ``topic`` (0 when it has none)."""
-        return self._last.get(topic, 0)
-
-    def topics(self) -> list[str]:
-        return sorted(self._last)
-
-    def on_commit(self, listener: Callable[[str, list[StoredMessage]], None]) -> None:
-        """Call ``listener(topic, stored)`` after each commit that stored messages in ``topic`` (ascending)."""
-        self._listeners.append(listener)
-
-    async def call(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    async def _call(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """Run one log call on the log's thread."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
 
-    def append(
-        self, topic: str, producer: str | None, messages: Sequence[tuple[int | None, Key, bytes]]
-    ) -> asyncio.Future[Result]:
-        """Queue messages for the next group commit; the future gives (position, duplicate) each."""
-        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-        if self._closing:
-            future.set_exception(KeyFailoverError("the server is shutting down; nothing was stored"))
-            return future
-        self._queue.append(((topic, producer, messages), future))
-        self._wake.set()
-        return future
+    def serves(self, topic: str) -> bool:
+        """Always: the embedded log is one server's, and it serves every topic."""
+        return True
 
-    async def dead_letter(
-        self, topic: str, subscription: str, letters: Sequence[tuple[int, Key, bytes, int, str]]
-    ) -> list[int]:
-        """Store dead letters in the subscription's dead-letter topic (:meth:`Log.dead_letter`); their positions."""
-        positions = await self.call(self._log.dead_letter, topic, subscription, letters)
-        stored = [StoredMessage(p, key, payload) for p, (_, key, payload, _, _) in zip(positions, letters, strict=True)]
-        self._stored(dead_letter_topic(topic, subscription), stored)
-        return positions
+    async def _open(self) -> dict[str, int]:
+        return {topic: await self._call(self._log.last_position, topic) for topic in await self._call(self._log.topics)}
 
-    async def replay_dead_letters(self, topic: str, subscription: str) -> list[StoredMessage]:
-        """Re-publish the subscription's dead letters not replayed yet (:meth:`Log.replay_dead_letters`)."""
-        stored = await self.call(self._log.replay_dead_letters, topic, subscription)
-        self._stored(topic, stored)
-        return stored
+    async def _write(self, batches: list[Batch]) -> list[Result | BaseException]:
+        try:
+            return list(await self._call(self._log.append, batches))
+        except KeyFailoverError as exc:
+            if len(batches) == 1:
+                return [exc]
+        # One bad request must not fail the others: the log rolled back, so store them one by one.
+        results: list[Result | BaseException] = []
+        for batch in batches:
+            results += await self._write([batch])
+        return results
 
-    async def close(self) -> None:
-        """Commit what is queued, stop the committer and close the log."""
-        self._closing = True
-        self._wake.set()
-        if self._task is not None:
-            await self._task
-        await self.call(self._log.close)
+    async def _shut(self) -> None:
+        await self._call(self._log.close)
         self._executor.shutdown(wait=True)
 
-    async def _commit_loop(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            queued, self._queue = self._queue, []
-            if queued:
-                await self._commit(queued)
-            if self._closing and not self._queue:
-                return
+    async def read(self, topic: str, after: int, limit: int) -> list[StoredMessage]:
+        return await self._call(self._log.read, topic, after, limit)
 
-    async def _commit(self, queued: list[tuple[Batch, asyncio.Future[Result]]]) -> None:
-        started = time.perf_counter()
-        try:
-            results = await self.call(self._log.append, [batch for batch, _ in queued])
-        except Exception as exc:
-            if isinstance(exc, KeyFailoverError) and len(queued) > 1:
-                # One bad request must not fail the others: the log rolled back, so store them one by one.
-                for one in queued:
-                    await self._commit([one])
-                return
-            if not isinstance(exc, KeyFailoverError):
-                _log.exception("log append failed; %d produce requests rejected", len(queued))
-            for _, future in queued:
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        self.commit_seconds.observe(time.perf_counter() - started)
-        touched: dict[str, list[StoredMessage]] = {}
-        for (batch, future), result in zip(queued, results, strict=True):
-            topic = batch[0]
-            stored = touched.setdefault(topic, [])
-            before = len(stored)
-            stored += [
-                StoredMessage(position, key, payload)
-                for (_, key, payload), (position, duplicate) in zip(batch[2], result, strict=True)
-                if not duplicate
-            ]
-            self.appended += len(stored) - before
-            if result:
-                self._last[topic] = max(self._last.get(topic, 0), *(position for position, _ in result))
-            if not future.done():
-                future.set_result(result)
-        for topic, stored in sorted(touched.items()):
-            if stored:
-                for listener in self._listeners:
-                    listener(topic, stored)
+    async def read_positions(self, topic: str, positions: Iterable[int]) -> dict[int, StoredMessage]:
+        return await self._call(self._log.read_positions, topic, positions)
 
-    def _stored(self, topic: str, stored: list[StoredMessage]) -> None:
-        """Account messages stored outside a group commit, and tell the listeners."""
-        if not stored:
-            return
-        self.appended += len(stored)
-        self._last[topic] = max(self._last.get(topic, 0), stored[-1].position)
-        for listener in self._listeners:
-            listener(topic, stored)
+    async def subscriptions(self, topic: str) -> list[str]:
+        return await self._call(self._log.subscriptions, topic)
+
+    async def load_cursor(self, topic: str, subscription: str) -> Cursor:
+        return await self._call(self._log.load_cursor, topic, subscription)
+
+    async def save_cursors(self, cursors: Sequence[tuple[str, str, Cursor]]) -> None:
+        await self._call(self._log.save_cursors, cursors)
+
+    async def load_consume_mode(self, topic: str, subscription: str) -> str | None:
+        return await self._call(self._log.load_consume_mode, topic, subscription)
+
+    async def save_consume_mode(self, topic: str, subscription: str, mode: str) -> None:
+        await self._call(self._log.save_consume_mode, topic, subscription, mode)
+
+    async def load_delivery_settings(self, topic: str, subscription: str) -> dict[str, float | int | None]:
+        return await self._call(self._log.load_delivery_settings, topic, subscription)
+
+    async def save_delivery_settings(self, topic: str, subscription: str, settings: Mapping[str, object]) -> None:
+        await self._call(self._log.save_delivery_settings, topic, subscription, settings)
+
+    async def _dead_letter(self, topic: str, subscription: str, letters: Sequence[Letter]) -> list[int]:
+        return await self._call(self._log.dead_letter, topic, subscription, letters)
+
+    async def dead_letters(self, topic: str, subscription: str, limit: int) -> list[DeadLetterRecord]:
+        return await self._call(self._log.dead_letters, topic, subscription, limit)
+
+    async def _replay_dead_letters(self, topic: str, subscription: str) -> list[StoredMessage]:
+        return await self._call(self._log.replay_dead_letters, topic, subscription)
+
+    async def partition_counts(self) -> dict[str, int]:
+        return await self._call(self._log.partition_counts)
+
+    async def create_partitioned_topic(self, topic: str, partitions: int) -> bool:
+        return await self._call(self._log.create_partitioned_topic, topic, partitions)

@@ -29,6 +29,7 @@ from urllib.parse import quote
 
 from keyfailover.broker.cursor import Cursor
 from keyfailover.core.errors import CursorError, InvalidKeyError, LogError, LogFileError, SequenceError
+from keyfailover.core.partitions import MAX_PARTITIONS, split_partition_topic
 
 __all__ = [
     "DEAD_LETTER_SUFFIX",
@@ -61,9 +62,9 @@ LOG_FILE_NAME = "keyfailover.db"
 ExportRow = tuple[int, Key, bytes, str | None, int | None]
 """``(position, key, payload, producer name or None, sequence id or None)``: one stored message."""
 
-SCHEMA_VERSION = 3
-"""``PRAGMA user_version`` of a log this module writes; versions 1 (no dead letters) and 2 (no
-per-subscription delivery settings) are migrated."""
+SCHEMA_VERSION = 4
+"""``PRAGMA user_version`` of a log this module writes; versions 1 (no dead letters), 2 (no
+per-subscription delivery settings) and 3 (no partitioned topics) are migrated."""
 
 DELIVERY_SETTINGS = ("ack_timeout", "max_redeliveries", "nack_backoff", "nack_backoff_max")
 """The settings a subscription may have of its own (the rest come from the server's)."""
@@ -127,6 +128,12 @@ _VERSION_3 = (
         subscription TEXT NOT NULL,
         settings TEXT NOT NULL,  -- JSON: each of DELIVERY_SETTINGS the subscription sets itself
         PRIMARY KEY (topic, subscription)
+    ) WITHOUT ROWID""",
+)
+_VERSION_4 = (
+    """CREATE TABLE partitioned_topics (
+        name TEXT PRIMARY KEY,
+        partitions INTEGER NOT NULL  -- fixed at creation; partition p is the topic <name>-partition-<p>
     ) WITHOUT ROWID""",
 )
 
@@ -440,6 +447,40 @@ class Log:
             db.execute("DELETE FROM delivery_settings WHERE topic = ? AND subscription = ?", key)
             return db.execute("DELETE FROM cursors WHERE topic = ? AND subscription = ?", key).rowcount > 0
 
+    # -- partitioned topics ----------------------------------------------------------
+
+    def partition_counts(self) -> dict[str, int]:
+        """Every topic created with partitions, and how many it has."""
+        rows = self._connection().execute("SELECT name, partitions FROM partitioned_topics ORDER BY name")
+        return {name: int(count) for name, count in rows}
+
+    def create_partitioned_topic(self, topic: str, partitions: int) -> bool:
+        """Record that ``topic`` has ``partitions``; False when it was created with as many already.
+
+        Refused (:class:`LogError`) when it was created with another count, when it holds
+        messages as a topic of one partition, or when its name is a partition's.
+        """
+        topic = _name(topic, "topic")
+        if type(partitions) is not int or not 1 <= partitions <= MAX_PARTITIONS:
+            raise LogError(f"a topic's partition count must be an int from 1 to {MAX_PARTITIONS}, not {partitions!r}")
+        if split_partition_topic(topic) is not None:
+            raise LogError(f"{topic!r} names a partition (<topic>-partition-<p>); expected a topic name without it")
+        with self._transaction() as db:
+            row = db.execute("SELECT partitions FROM partitioned_topics WHERE name = ?", (topic,)).fetchone()
+            if row is not None:
+                if int(row[0]) != partitions:
+                    raise LogError(
+                        f"topic {topic!r} exists with {row[0]} partitions; a topic's partition count is fixed at "
+                        f"creation, so it cannot be created again with {partitions}"
+                    )
+                return False
+            if partitions > 1 and self._topic_id(topic) is not None:
+                raise LogError(
+                    f"topic {topic!r} already holds messages as a topic of one partition; it cannot get {partitions}"
+                )
+            db.execute("INSERT INTO partitioned_topics (name, partitions) VALUES (?, ?)", (topic, partitions))
+        return True
+
     # -- the file --------------------------------------------------------------------
 
     def stats(self) -> LogStats:
@@ -500,7 +541,10 @@ class Log:
             if version < 2:  # version 1 had no dead letters and no subscription settings
                 for statement in _VERSION_2:
                     db.execute(statement)
-            for statement in _VERSION_3:  # version 2 had no per-subscription delivery settings
+            if version < 3:  # version 2 had no per-subscription delivery settings
+                for statement in _VERSION_3:
+                    db.execute(statement)
+            for statement in _VERSION_4:  # version 3 had no partitioned topics
                 db.execute(statement)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 

@@ -1,0 +1,228 @@
+"""The storage interface the server talks to, with the group commit both backends share.
+
+A server keeps nothing that matters outside its :class:`Store`: messages, producer sequence
+ids, cursors, consume modes, delivery settings, dead letters and partition counts. Two
+backends implement it: :class:`~keyfailover.broker.storage.SQLiteStore`, the embedded log of
+one server (the default), and :class:`~keyfailover.broker.storage.postgresql.PostgresStore`,
+the shared log of a cluster. Names are the topics a server serves: partition p of a topic
+with P > 1 partitions is the topic ``<topic>-partition-<p>``.
+
+Produce requests that arrive while a write is running are written together in the next one
+(group commit), so a producer is answered only after the transaction holding its messages
+committed, and the event loop never waits on the disk or the network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from keyfailover.broker.cursor import Cursor
+from keyfailover.broker.storage.sqlite import DeadLetterRecord, Key, StoredMessage, dead_letter_topic
+from keyfailover.core.errors import KeyFailoverError
+from keyfailover.core.histogram import Histogram
+
+__all__ = ["Batch", "Letter", "Result", "Store"]
+
+_log = logging.getLogger("keyfailover.server")
+
+Batch = tuple[str, str | None, Sequence[tuple[int | None, Key, bytes]]]
+"""``(topic, producer or None, [(seq, key, payload), ...])``: one produce request."""
+Result = list[tuple[int, bool]]
+"""``(position, duplicate)`` per message of a batch."""
+Letter = tuple[int, Key, bytes, int, str]
+"""``(position, key, payload, redelivery_count, reason)``: a message going to a dead-letter topic."""
+
+
+class Store(ABC):
+    """Asynchronous storage for one server: every call runs off the event loop."""
+
+    def __init__(self) -> None:
+        self._queue: list[tuple[Batch, asyncio.Future[Result]]] = []
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._last: dict[str, int] = {}
+        self._listeners: list[Callable[[str, list[StoredMessage]], None]] = []
+        self._task: asyncio.Task[None] | None = None
+        self.appended = 0  # messages stored (duplicates not counted)
+        self.commit_seconds = Histogram()
+
+    # -- what each backend provides ----------------------------------------------------
+
+    @abstractmethod
+    async def _open(self) -> dict[str, int]:
+        """Open the backend; the last position of every topic this server serves from the start."""
+
+    @abstractmethod
+    async def _write(self, batches: list[Batch]) -> list[Result | BaseException]:
+        """Store the batches; per batch its result, or the error that stored none of it."""
+
+    @abstractmethod
+    async def _shut(self) -> None:
+        """Close the backend (everything queued was written)."""
+
+    @abstractmethod
+    async def read(self, topic: str, after: int, limit: int) -> list[StoredMessage]:
+        """Up to ``limit`` messages of ``topic`` above position ``after``, ascending."""
+
+    @abstractmethod
+    async def read_positions(self, topic: str, positions: Iterable[int]) -> dict[int, StoredMessage]:
+        """The messages of ``topic`` at ``positions`` (those that exist)."""
+
+    @abstractmethod
+    async def subscriptions(self, topic: str) -> list[str]:
+        """The subscriptions of ``topic`` with a saved cursor, sorted."""
+
+    @abstractmethod
+    async def load_cursor(self, topic: str, subscription: str) -> Cursor:
+        """The subscription's saved cursor; a new subscription's is at 0."""
+
+    @abstractmethod
+    async def save_cursors(self, cursors: Sequence[tuple[str, str, Cursor]]) -> None:
+        """Save ``(topic, subscription, cursor)`` triples."""
+
+    @abstractmethod
+    async def load_consume_mode(self, topic: str, subscription: str) -> str | None:
+        """The subscription's saved consume mode, or None."""
+
+    @abstractmethod
+    async def save_consume_mode(self, topic: str, subscription: str, mode: str) -> None:
+        """Save the subscription's consume mode."""
+
+    @abstractmethod
+    async def load_delivery_settings(self, topic: str, subscription: str) -> dict[str, float | int | None]:
+        """The delivery settings the subscription has of its own."""
+
+    @abstractmethod
+    async def save_delivery_settings(self, topic: str, subscription: str, settings: Mapping[str, object]) -> None:
+        """Replace the subscription's own delivery settings (empty: none)."""
+
+    @abstractmethod
+    async def _dead_letter(self, topic: str, subscription: str, letters: Sequence[Letter]) -> list[int]:
+        """Store the letters in the subscription's dead-letter topic; their positions there."""
+
+    @abstractmethod
+    async def dead_letters(self, topic: str, subscription: str, limit: int) -> list[DeadLetterRecord]:
+        """The subscription's dead letters, oldest first."""
+
+    @abstractmethod
+    async def _replay_dead_letters(self, topic: str, subscription: str) -> list[StoredMessage]:
+        """Re-publish the dead letters not replayed yet to ``topic``; the messages as stored there."""
+
+    @abstractmethod
+    async def partition_counts(self) -> dict[str, int]:
+        """Every topic created with partitions, and how many it has."""
+
+    @abstractmethod
+    async def create_partitioned_topic(self, topic: str, partitions: int) -> bool:
+        """Create ``topic`` with ``partitions``; False if it exists with as many (refused with others)."""
+
+    @abstractmethod
+    def serves(self, topic: str) -> bool:
+        """Whether this server may write ``topic`` now."""
+
+    # -- the shared part ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the backend and start the committer."""
+        self._last.update(await self._open())
+        self._task = asyncio.get_running_loop().create_task(self._commit_loop(), name="keyfailover-commit")
+
+    def last_position(self, topic: str) -> int:
+        """The last committed position of ``topic`` (0 when it has none)."""
+        return self._last.get(topic, 0)
+
+    def topics(self) -> list[str]:
+        """The topics this server serves that hold messages."""
+        return sorted(self._last)
+
+    def on_commit(self, listener: Callable[[str, list[StoredMessage]], None]) -> None:
+        """Call ``listener(topic, stored)`` after each commit that stored messages in ``topic`` (ascending)."""
+        self._listeners.append(listener)
+
+    def append(
+        self, topic: str, producer: str | None, messages: Sequence[tuple[int | None, Key, bytes]]
+    ) -> asyncio.Future[Result]:
+        """Queue messages for the next group commit; the future gives (position, duplicate) each."""
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        if self._closing:
+            future.set_exception(KeyFailoverError("the server is shutting down; nothing was stored"))
+            return future
+        self._queue.append(((topic, producer, messages), future))
+        self._wake.set()
+        return future
+
+    async def dead_letter(self, topic: str, subscription: str, letters: Sequence[Letter]) -> list[int]:
+        """Store dead letters in the subscription's dead-letter topic; their positions there."""
+        positions = await self._dead_letter(topic, subscription, letters)
+        stored = [StoredMessage(p, key, payload) for p, (_, key, payload, _, _) in zip(positions, letters, strict=True)]
+        self._stored(dead_letter_topic(topic, subscription), stored)
+        return positions
+
+    async def replay_dead_letters(self, topic: str, subscription: str) -> list[StoredMessage]:
+        """Re-publish the subscription's dead letters not replayed yet."""
+        stored = await self._replay_dead_letters(topic, subscription)
+        self._stored(topic, stored)
+        return stored
+
+    async def close(self) -> None:
+        """Commit what is queued, stop the committer and close the backend."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+        await self._shut()
+
+    async def _commit_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            queued, self._queue = self._queue, []
+            if queued:
+                await self._commit(queued)
+            if self._closing and not self._queue:
+                return
+
+    async def _commit(self, queued: list[tuple[Batch, asyncio.Future[Result]]]) -> None:
+        started = time.perf_counter()
+        try:
+            results = await self._write([batch for batch, _ in queued])
+        except Exception as exc:  # the backend failed as a whole: every request fails with it
+            _log.exception("log append failed; %d produce requests rejected", len(queued))
+            results = [exc] * len(queued)
+        self.commit_seconds.observe(time.perf_counter() - started)
+        touched: dict[str, list[StoredMessage]] = {}
+        for (batch, future), result in zip(queued, results, strict=True):
+            if isinstance(result, BaseException):
+                if not future.done():
+                    future.set_exception(result)
+                continue
+            topic = batch[0]
+            stored = touched.setdefault(topic, [])
+            before = len(stored)
+            stored += [
+                StoredMessage(position, key, payload)
+                for (_, key, payload), (position, duplicate) in zip(batch[2], result, strict=True)
+                if not duplicate
+            ]
+            self.appended += len(stored) - before
+            if result:
+                self._last[topic] = max(self._last.get(topic, 0), *(position for position, _ in result))
+            if not future.done():
+                future.set_result(result)
+        for topic, stored in sorted(touched.items()):
+            if stored:
+                for listener in self._listeners:
+                    listener(topic, stored)
+
+    def _stored(self, topic: str, stored: list[StoredMessage]) -> None:
+        """Account messages stored outside a group commit, and tell the listeners."""
+        if not stored:
+            return
+        self.appended += len(stored)
+        self._last[topic] = max(self._last.get(topic, 0), stored[-1].position)
+        for listener in self._listeners:
+            listener(topic, stored)

@@ -53,9 +53,11 @@ def test_a_reconnect_resends_unconfirmed_batches_before_newer_ones(
             producer = await client.create_producer("t", "p")
             await producer.send(b"warm-up", "k")
             assert server.stop() == 0
-            await async_wait_until(lambda: not client._link.ready.is_set(), "the client saw the server go")
+            await async_wait_until(
+                lambda: not next(iter(client._links.values())).ready.is_set(), "the client saw the server go"
+            )
             producer.send_async(b"A", "k", record("A"))
-            await async_wait_until(lambda: bool(producer._unconfirmed), "batch A flushed while disconnected")
+            await async_wait_until(lambda: bool(producer._parts[0]._unconfirmed), "batch A flushed while disconnected")
             original = _Link._dispatch
 
             def dispatch(link: _Link, frame: Frame) -> None:
@@ -94,7 +96,7 @@ def test_a_nack_of_a_message_from_an_ended_session_drops_nothing_of_the_new_one(
             port = server.port
             assert server.stop() == 0
             server = ServerProcess(data, port=port).start()
-            inbox = consumer._consumer._inbox
+            inbox = consumer._consumer.inbox.messages
             wait_until(lambda: len(inbox) == 3 and inbox[0].session != old.session, "the new session's messages")
             consumer.negative_acknowledge(old)  # its session ended with the server: nothing to restart
             again = [consumer.receive(timeout=WAIT) for _ in range(3)]
@@ -129,8 +131,8 @@ def test_a_resubscribe_after_a_reconnect_presents_the_sessions_secret(
 
     with ServerProcess(tmp_path / "data") as server, Client(server.url) as client:
         consumer = client.subscribe("t", "s", consumer_name="c1")
-        link = client._async._link
-        secret = consumer._consumer._secret
+        link = next(iter(client._async._links.values()))
+        secret = consumer._consumer.parts[0]._secret
         assert secret is not None
         sent: list[Subscribe] = []
         original = link.send
@@ -144,7 +146,7 @@ def test_a_resubscribe_after_a_reconnect_presents_the_sessions_secret(
         transport = link._transport
         assert transport is not None
         client._loop.call_soon_threadsafe(transport.abort)
-        wait_until(lambda: consumer._consumer._secret not in (None, secret), "subscribed again")
+        wait_until(lambda: consumer._consumer.parts[0]._secret not in (None, secret), "subscribed again")
         assert [frame.secret for frame in sent] == [secret]
         producer = client.create_producer("t")
         producer.send(b"x", key="k")

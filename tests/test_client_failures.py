@@ -28,8 +28,10 @@ from keyfailover.broker.protocol import (
     ConsumerClosed,
     Decoder,
     Frame,
+    Lookup,
     Ping,
     Pong,
+    Route,
     Subscribe,
     Subscribed,
     encode,
@@ -97,7 +99,7 @@ def test_a_server_that_refuses_for_good_fails_everything_once_and_is_not_retried
         with ServerProcess(tmp_path / "data", "--token", "new", "--metrics-port", "0", port=port) as second:
             with pytest.raises(ServerError, match="unauthorized"):
                 consumer.receive(timeout=60)
-            link = client._async._link
+            link = next(iter(client._async._links.values()))
             wait_until(lambda: link._maintainer is not None and link._maintainer.done(), "the link to stop")
             with pytest.raises(ServerError, match="unauthorized"):
                 producer.send(b"after", key="k")
@@ -163,6 +165,8 @@ class BadRangesServer:
             return Subscribed(req=frame.req, session=number, consumer=frame.consumer, ranges=ranges, secret="s")
         if isinstance(frame, CloseConsumer):
             return ConsumerClosed(session=frame.session, reason="closed", req=frame.req)
+        if isinstance(frame, Lookup):
+            return Route(req=frame.req, topic=frame.topic, brokers=[""])
         assert isinstance(frame, Ping), frame
         return Pong(nonce=frame.nonce)
 

@@ -32,6 +32,7 @@ from keyfailover.client.aio import (
     Key,
     LeaseExpiredError,
     Message,
+    NoBrokerError,
     NotInFlight,
     RangesCallback,
     SendCallback,
@@ -47,6 +48,7 @@ __all__ = [
     "ConsumerClosedError",
     "LeaseExpiredError",
     "Message",
+    "NoBrokerError",
     "NotInFlight",
     "Producer",
     "ServerError",
@@ -67,7 +69,8 @@ class Client:
         connect_timeout: float = 10.0,
         tls_ca: str | os.PathLike[str] | None = None,
     ) -> None:
-        """Connect to ``url`` (``kf://`` or, with TLS, ``kf+ssl://``; ``tls_ca``: the CA file to trust)."""
+        """Connect to ``url`` (``kf://HOST:PORT[,HOST:PORT...]`` or, with TLS, ``kf+ssl://...``: any broker of a
+        cluster; ``tls_ca``: the CA file to trust)."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="keyfailover-client", daemon=True)
         self._thread.start()

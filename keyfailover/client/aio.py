@@ -1,10 +1,15 @@
-"""The asyncio client: producers and consumers over one reconnecting connection.
+"""The asyncio client: producers and consumers over reconnecting connections to the brokers.
 
 Names mirror the Apache Pulsar Python client. Everything here runs on one event loop;
-:mod:`keyfailover.client` wraps it for threads. When the connection drops, the client
-reconnects with backoff, resubscribes its consumers (dropping what they had prefetched:
-the server returned it to pending) and resends every produce batch not yet confirmed,
-with the same producer name and sequence ids, so the server stores each message once.
+:mod:`keyfailover.client` wraps it for threads. The client bootstraps from any broker of its
+URL (``kf://h1:6651,h2:6652``), looks up each topic's partitions and the broker serving each,
+produces each key to the partition of its slot (keyless messages round robin) and subscribes
+to every partition of a topic, with one receive and ack API (as Pulsar's partitioned
+consumer). When a connection drops, the client reconnects with backoff; when a partition
+moves to another broker (a failover, or ``not_owner``), it looks the topic up again and
+follows it. Either way it resubscribes its consumers (dropping what they had prefetched: the
+server returned it to pending) and resends every produce batch not yet confirmed, with the
+same producer name and sequence ids, so each message is stored once.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from keyfailover.broker.protocol import (
     Flow,
     Frame,
     Key,
+    Lookup,
     Messages,
     Nack,
     Ping,
@@ -46,6 +52,7 @@ from keyfailover.broker.protocol import (
     Produce,
     RangesChanged,
     Receipt,
+    Route,
     Settled,
     Subscribe,
     Subscribed,
@@ -55,6 +62,7 @@ from keyfailover.broker.protocol import (
 )
 from keyfailover.core.errors import FATAL_CODES, ErrorCode, KeyFailoverError, NotInFlightError
 from keyfailover.core.errors import LeaseExpiredError as CoreLeaseExpiredError
+from keyfailover.core.partitions import partition_of_key, partition_topic
 
 __all__ = [
     "AsyncClient",
@@ -66,11 +74,15 @@ __all__ = [
     "Key",
     "LeaseExpiredError",
     "Message",
+    "NoBrokerError",
     "NotInFlight",
     "ServerError",
     "Timeout",
     "parse_url",
 ]
+
+Address = str
+"""A broker's ``HOST:PORT``."""
 
 RangesCallback = Callable[[list[tuple[int, int]]], None]
 """``on_ranges_changed(ranges)``: the consumer's new inclusive ``(start, end)`` hash ranges, sorted; empty: standby."""
@@ -102,6 +114,17 @@ class ClientClosed(KeyFailoverError, RuntimeError):  # noqa: N818  (reads as a s
 
 class ConsumerClosedError(ClientClosed):
     """The server ended the consumer for good (another consumer of the same name superseded it)."""
+
+
+class NoBrokerError(ClientClosed, ConnectionError):
+    """None of the brokers the client was given answers."""
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a connection failed, in words."""
+    if isinstance(exc, OSError) and exc.errno:
+        return os.strerror(exc.errno).lower()
+    return str(exc)
 
 
 class ServerError(KeyFailoverError, RuntimeError):
@@ -140,6 +163,7 @@ def _settle_error(reply: Error) -> ServerError:
 class Message(NamedTuple):
     """A received message; acknowledge or negatively acknowledge it on its consumer.
 
+    ``position`` counts within its ``partition`` (0 for a topic of one partition).
     Immutable, and a named tuple because a consumer creates one per message: that is a third
     of the cost of a frozen dataclass.
     """
@@ -149,6 +173,7 @@ class Message(NamedTuple):
     position: int
     redelivery_count: int
     session: int = 0
+    partition: int = 0
 
     def __repr__(self) -> str:
         return (
@@ -157,17 +182,34 @@ class Message(NamedTuple):
         )
 
 
-def parse_url(url: str) -> tuple[str, int, bool]:
-    """``kf://host:port`` -> (host, port, False); ``kf+ssl://host:port`` -> (host, port, True): TLS."""
-    expected = f"server URL {url!r} is not of the form kf://HOST:PORT or kf+ssl://HOST:PORT"
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise KeyFailoverError(f"{expected} ({exc})") from None
-    if parts.scheme not in ("kf", "kf+ssl") or not parts.hostname or port is None:
+def parse_url(url: str) -> tuple[list[Address], bool]:
+    """``kf://h1:p1[,h2:p2...]`` -> (["h1:p1", ...], False); ``kf+ssl://...`` -> (..., True): TLS."""
+    expected = f"server URL {url!r} is not of the form kf://HOST:PORT[,HOST:PORT...] or kf+ssl://HOST:PORT[,...]"
+    scheme, separator, rest = url.partition("://") if isinstance(url, str) else ("", "", "")
+    if not separator or scheme not in ("kf", "kf+ssl") or not rest:
         raise KeyFailoverError(expected)
-    return parts.hostname, port, parts.scheme == "kf+ssl"
+    addresses = []
+    for item in rest.rstrip("/").split(","):
+        try:
+            parts = urlsplit(f"kf://{item}")
+            port = parts.port
+        except ValueError as exc:
+            raise KeyFailoverError(f"{expected} ({exc})") from None
+        if not parts.hostname or port is None or parts.path or parts.query:
+            raise KeyFailoverError(expected)
+        addresses.append(_address(parts.hostname, port))
+    return addresses, scheme == "kf+ssl"
+
+
+def _address(host: str, port: int) -> Address:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _host_port(address: Address) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise KeyFailoverError(f"broker address {address!r} is not of the form HOST:PORT")
+    return host.strip("[]"), int(port)
 
 
 def client_tls(ca_file: str | os.PathLike[str] | None) -> ssl.SSLContext:
@@ -179,19 +221,19 @@ def client_tls(ca_file: str | os.PathLike[str] | None) -> ssl.SSLContext:
 
 
 class _Link(asyncio.Protocol):
-    """The client's one connection, re-established with backoff whenever it drops."""
+    """The client's connection to one broker, re-established with backoff whenever it drops."""
 
-    def __init__(self, host: str, port: int, token: str | None, tls: ssl.SSLContext | None) -> None:
-        self._host = host
-        self._port = port
+    def __init__(self, address: Address, token: str | None, tls: ssl.SSLContext | None) -> None:
+        self.address = address
+        self._host, self._port = _host_port(address)
         self._token = token
         self._tls = tls
         self._transport: asyncio.Transport | None = None
         self._decoder = Decoder(accept="client")
         self._req = itertools.count(1)
         self.pending: dict[int, Callable[[Frame | None], None]] = {}
-        self.sessions: dict[int, AsyncConsumer] = {}
-        self.parties: list[AsyncProducer | AsyncConsumer] = []
+        self.sessions: dict[int, _PartConsumer] = {}
+        self.parties: list[_PartProducer | _PartConsumer] = []
         self.ready = asyncio.Event()
         self.errors: Counter[str] = Counter()  # server errors not tied to a request, by code
         self.session_timeout = 10.0
@@ -319,7 +361,7 @@ class _Link(asyncio.Protocol):
                 if frame.req is not None and (callback := self.pending.pop(frame.req, None)) is not None:
                     callback(frame)
             return
-        if isinstance(frame, Receipt | Subscribed | Settled):
+        if isinstance(frame, Receipt | Subscribed | Settled | Route):
             callback = self.pending.pop(frame.req, None)
             if callback is not None:
                 callback(frame)
@@ -382,7 +424,7 @@ def _client_name() -> str:
 
 
 class AsyncClient:
-    """A connection to one keyfailover server."""
+    """A client of a keyfailover server or cluster: producers and consumers of its topics."""
 
     def __init__(
         self,
@@ -392,18 +434,25 @@ class AsyncClient:
         connect_timeout: float = 10.0,
         tls_ca: str | os.PathLike[str] | None = None,
     ) -> None:
-        self._host, self._port, tls = parse_url(url)
+        self._bootstrap, tls = parse_url(url)
         if tls_ca is not None and not tls:
             raise KeyFailoverError(f"tls_ca is given but {url!r} is plain TCP; expected a kf+ssl:// URL")
-        self._link = _Link(self._host, self._port, token, client_tls(tls_ca) if tls else None)
+        self._url = url
+        self._token = token
+        self._tls = client_tls(tls_ca) if tls else None
+        self._links: dict[Address, _Link] = {}
+        self._connecting: dict[Address, asyncio.Task[_Link]] = {}
         self._connect_timeout = connect_timeout
         self._started = False
+        self._closed = False
+        self._failure: ServerError | None = None
+        self._relocating: dict[_PartProducer | _PartConsumer, asyncio.Task[None]] = {}
 
     async def connect(self) -> AsyncClient:
-        """Connect (done by the first create_producer/subscribe if not called)."""
+        """Connect to the first broker of the URL that answers (done by the first create_producer/subscribe)."""
         if not self._started:
             self._started = True
-            await self._link.start(self._connect_timeout)
+            await self._any_link()
         return self
 
     async def __aenter__(self) -> AsyncClient:
@@ -419,9 +468,15 @@ class AsyncClient:
             check_name("producer_name", producer_name)
         await self.connect()
         self._check_usable()
-        producer = AsyncProducer(self._link, topic, producer_name)
-        self._link.parties.append(producer)
-        return producer
+        brokers = await self._served(topic)
+        name = producer_name or f"producer-{uuid.uuid4().hex}"
+        parts = []
+        for index, address in enumerate(brokers):
+            link = await self._link(address)
+            part = _PartProducer(link, topic, index, len(brokers), name=name, on_lost=self._lost)
+            link.parties.append(part)
+            parts.append(part)
+        return AsyncProducer(topic, name, parts)
 
     async def subscribe(
         self,
@@ -431,11 +486,11 @@ class AsyncClient:
         receiver_queue_size: int = 1000,
         on_ranges_changed: RangesCallback | None = None,
     ) -> AsyncConsumer:
-        """Join ``subscription_name`` of ``topic``; returns once the server confirmed it.
+        """Join ``subscription_name`` of ``topic`` (every partition of it); returns once the brokers confirmed it.
 
         ``on_ranges_changed(ranges)`` runs on the event loop with the consumer's new hash
-        ranges (inclusive ``(start, end)`` pairs, sorted; empty for a standby) each time a
-        rebalance changes them, and after a resubscribe that gets different ones.
+        ranges (inclusive ``(start, end)`` pairs, sorted, over all partitions; empty for a
+        standby) each time a rebalance changes them, and after a resubscribe that gets different ones.
         """
         if type(receiver_queue_size) is not int or receiver_queue_size < 1:
             raise KeyFailoverError(f"receiver_queue_size must be a positive int, not {receiver_queue_size!r}")
@@ -445,34 +500,194 @@ class AsyncClient:
             check_name("consumer_name", consumer_name)
         await self.connect()
         self._check_usable()
+        brokers = await self._served(topic)
         name = consumer_name or f"consumer-{uuid.uuid4().hex[:12]}"
-        consumer = AsyncConsumer(
-            self._link,
-            topic,
-            subscription_name,
-            name,
-            receiver_queue_size=receiver_queue_size,
-            on_ranges_changed=on_ranges_changed,
-        )
-        self._link.parties.append(consumer)
-        await consumer.subscribed()
+        consumer = AsyncConsumer(topic, subscription_name, name, on_ranges_changed)
+        for index, address in enumerate(brokers):
+            link = await self._link(address)
+            part = _PartConsumer(
+                link,
+                topic,
+                index,
+                len(brokers),
+                subscription=subscription_name,
+                name=name,
+                receiver_queue_size=receiver_queue_size,
+                inbox=consumer.inbox,
+                on_ranges=consumer.ranges_changed,
+                on_lost=self._lost,
+            )
+            link.parties.append(part)
+            consumer.parts.append(part)
+        try:
+            await consumer.subscribed()
+        except BaseException:
+            await consumer.close()
+            raise
         return consumer
 
     def server_errors(self) -> dict[str, int]:
-        """Errors the server sent that answered no request (e.g. rejected acks), by code."""
-        return dict(self._link.errors)
+        """Errors the servers sent that answered no request (e.g. rejected acks), by code."""
+        total: Counter[str] = Counter()
+        for link in self._links.values():
+            total.update(link.errors)
+        return dict(total)
 
     def _check_usable(self) -> None:
-        if self._link.failure is not None:
-            raise self._link.failure
-        if self._link.closed:
+        if self._failure is not None:
+            raise self._failure
+        for link in self._links.values():
+            if link.failure is not None:
+                raise link.failure
+        if self._closed:
             raise ClientClosed("the client is closed")
 
     async def close(self) -> None:
-        """Flush producers, close consumers and the connection."""
-        for party in list(self._link.parties):
-            await party.close()
-        await self._link.close()
+        """Flush producers, close consumers and the connections."""
+        for link in list(self._links.values()):
+            for party in list(link.parties):
+                await party.close()
+        self._closed = True
+        for task in list(self._relocating.values()):
+            task.cancel()
+        for link in list(self._links.values()):
+            await link.close()
+        self._links.clear()
+
+    # -- brokers and partitions ------------------------------------------------------
+
+    async def _link(self, address: Address) -> _Link:
+        """The connection to the broker at ``address``, connected first if new."""
+        link = self._links.get(address)
+        if link is not None and not link.closed:
+            return link
+        connecting = self._connecting.get(address)
+        if connecting is None:
+            connecting = asyncio.get_running_loop().create_task(self._open_link(address))
+            self._connecting[address] = connecting
+        try:
+            return await asyncio.shield(connecting)
+        finally:
+            if connecting.done():
+                self._connecting.pop(address, None)
+
+    async def _open_link(self, address: Address) -> _Link:
+        link = _Link(address, self._token, self._tls)
+        try:
+            await link.start(self._connect_timeout)
+        except ServerError as exc:
+            if exc.code in _PERMANENT:
+                self._failure = exc
+            raise
+        self._links[address] = link
+        return link
+
+    async def _any_link(self) -> _Link:
+        """A connected link: one already up, else the first bootstrap broker that answers."""
+        for link in self._links.values():
+            if link.ready.is_set():
+                return link
+        errors = []
+        for address in self._bootstrap:
+            known = self._links.get(address)
+            if known is not None and not known.closed:
+                errors.append(f"{address}: connection down, reconnecting")
+                continue
+            try:
+                return await self._link(address)
+            except ServerError:
+                raise
+            except (OSError, KeyFailoverError) as exc:
+                if len(self._bootstrap) == 1:
+                    raise
+                errors.append(f"{address}: {_reason(exc)}")
+        raise NoBrokerError(f"no broker of {self._url} could be reached ({'; '.join(errors)})")
+
+    async def _lookup(self, topic: str) -> list[Address | None]:
+        """The broker address of each partition of ``topic`` (None: not served right now)."""
+        link = await self._any_link()
+        answer: asyncio.Future[Frame | None] = asyncio.get_running_loop().create_future()
+        req = link.next_req()
+
+        def answered(reply: Frame | None) -> None:
+            if not answer.done():
+                answer.set_result(reply)
+
+        link.pending[req] = answered
+        if not link.send(Lookup(req=req, topic=topic)):
+            link.pending.pop(req, None)
+            raise ClientClosed(f"the connection to {link.address} dropped before the lookup of {topic!r}")
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                reply = await answer
+        except TimeoutError:
+            link.pending.pop(req, None)
+            raise Timeout(
+                f"no answer to the lookup of {topic!r} from {link.address} within {self._connect_timeout} s"
+            ) from None
+        if isinstance(reply, Error):
+            raise ServerError(reply.code, reply.message)
+        if not isinstance(reply, Route):
+            raise ClientClosed(f"the connection to {link.address} dropped before the lookup of {topic!r} was answered")
+        return [link.address if broker == "" else broker for broker in reply.brokers]
+
+    async def _served(self, topic: str) -> list[Address]:
+        """The broker of every partition of ``topic``, waiting (up to the connect timeout) while
+        a failover leaves some partition without one."""
+        deadline = time.monotonic() + self._connect_timeout
+        delay = _MIN_BACKOFF
+        while True:
+            brokers = await self._lookup(topic)
+            served = [broker for broker in brokers if broker is not None]
+            if len(served) == len(brokers):
+                return served
+            if time.monotonic() + delay > deadline:
+                missing = [index for index, broker in enumerate(brokers) if broker is None]
+                raise Timeout(
+                    f"partitions {missing[:10]} of {topic!r} had no broker for {self._connect_timeout} s; "
+                    "is the cluster short of live brokers?"
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _MAX_BACKOFF)
+
+    def _lost(self, part: _PartProducer | _PartConsumer) -> None:
+        """``part`` lost its broker (a dropped connection, ``not_owner``, a moved partition): find it again."""
+        if self._closed or part in self._relocating:
+            return
+        task = asyncio.get_running_loop().create_task(self._relocate(part), name=f"keyfailover-relocate {part.topic}")
+        self._relocating[part] = task
+
+    async def _relocate(self, part: _PartProducer | _PartConsumer) -> None:
+        """Look ``part``'s topic up until its partition has a live broker, and move it there.
+
+        Its own broker coming back (the connection re-established) ends the search too: the
+        link then resubscribes and resends by itself.
+        """
+        delay = _MIN_BACKOFF
+        try:
+            while not self._closed and not part.closed:
+                address = None
+                with contextlib.suppress(OSError, KeyFailoverError):
+                    brokers = await self._lookup(part.base_topic)
+                    if part.partition < len(brokers):
+                        address = brokers[part.partition]
+                if address is not None:
+                    with contextlib.suppress(OSError, KeyFailoverError):
+                        link = await self._link(address)
+                        if link is not part.link:
+                            old = part.link
+                            part.move(link)
+                            if not old.parties and old.address not in self._bootstrap:
+                                self._links.pop(old.address, None)
+                                await old.close()
+                            return
+                        if link.ready.is_set():
+                            part.resume()
+                            return
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, _MAX_BACKOFF)
+        finally:
+            self._relocating.pop(part, None)
 
 
 def _message_size(key: Key, payload: bytes) -> int:
@@ -517,13 +732,21 @@ class _PendingBatch:
         return parts
 
 
-class AsyncProducer:
-    """Sends keyed messages to one topic, in order, batched; retries are deduplicated."""
+LostCallback = Callable[["_PartProducer | _PartConsumer"], None]
 
-    def __init__(self, link: _Link, topic: str, name: str | None) -> None:
-        self._link = link
-        self.topic = topic
-        self.producer_name = name or f"producer-{uuid.uuid4().hex}"
+
+class _PartProducer:
+    """Sends keyed messages to one partition, in order, batched; retries are deduplicated."""
+
+    def __init__(
+        self, link: _Link, base_topic: str, partition: int, partitions: int, *, name: str, on_lost: LostCallback
+    ) -> None:
+        self.link = link
+        self.base_topic = base_topic
+        self.partition = partition
+        self.topic = partition_topic(base_topic, partition, partitions)
+        self.producer_name = name
+        self._on_lost = on_lost
         # Sequence ids start from the wall clock in microseconds, so a restarted producer of
         # the same name continues above what it stored before (unless it sent over a million
         # messages a second for the whole downtime).
@@ -551,7 +774,7 @@ class AsyncProducer:
             raise KeyFailoverError(f"key must be str, bytes or None, not {type(key).__name__}")
         data = bytes(payload)
         size = _message_size(key, data)
-        limit = self._link.max_batch_bytes - 1024
+        limit = self.link.max_batch_bytes - 1024
         if size > limit:
             raise KeyFailoverError(
                 f"a message of {size} bytes (payload, key and framing) is over the {limit} bytes a message "
@@ -559,7 +782,7 @@ class AsyncProducer:
             )
         with self._lock:
             batch = self._batch
-            if batch.messages and (len(batch.messages) >= _MAX_BATCH or batch.size + size > self._link.max_batch_bytes):
+            if batch.messages and (len(batch.messages) >= _MAX_BATCH or batch.size + size > self.link.max_batch_bytes):
                 # Full: it goes out with the next flush as it is; a new batch starts.
                 self._full.append(batch)
                 batch = self._batch = _PendingBatch()
@@ -573,21 +796,6 @@ class AsyncProducer:
                 self._loop.call_soon(self._flush_now)
             else:
                 self._loop.call_soon_threadsafe(self._flush_now)
-
-    async def send(self, payload: bytes, key: Key = None) -> int:
-        """Send and wait until the message is stored; returns its position."""
-        future: asyncio.Future[int] = self._loop.create_future()
-
-        def done(position: int | None, error: BaseException | None) -> None:
-            if future.done():
-                return
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(position or 0)
-
-        self.send_async(payload, key, done)
-        return await future
 
     async def flush(self) -> None:
         """Wait until every message sent so far is stored."""
@@ -604,19 +812,22 @@ class AsyncProducer:
                 self._batch = _PendingBatch()
             self._flush_scheduled = False
         for batch in batches:
-            req = self._link.next_req()
+            req = self.link.next_req()
             self._unconfirmed[req] = batch
             self._transmit(req, batch)
 
     def _transmit(self, req: int, batch: _PendingBatch) -> None:
         frame = Produce(req=req, topic=self.topic, producer=self.producer_name, messages=batch.messages)
-        self._link.pending[req] = lambda reply: self._answered(req, reply)
-        if not self._link.send(frame):
-            self._link.pending.pop(req, None)  # resent by reconnected()
+        self.link.pending[req] = lambda reply: self._answered(req, reply)
+        if not self.link.send(frame):
+            self.link.pending.pop(req, None)  # resent by reconnected()
 
     def _answered(self, req: int, reply: Frame | None) -> None:
         if reply is None:
             return  # connection lost: kept in _unconfirmed and resent after reconnecting
+        if isinstance(reply, Error) and reply.code == ErrorCode.NOT_OWNER:
+            self._on_lost(self)  # kept in _unconfirmed, and resent to the partition's broker once found
+            return
         batch = self._unconfirmed.pop(req, None)
         if batch is None:
             return
@@ -640,8 +851,27 @@ class AsyncProducer:
         if not self._unconfirmed:
             self._idle.set()
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def disconnected(self) -> None:
-        """Nothing to do: unconfirmed batches stay queued for resending."""
+        """Unconfirmed batches stay queued for resending; the partition may have moved: look."""
+        self._on_lost(self)
+
+    def move(self, link: _Link) -> None:
+        """The partition is served by the broker of ``link`` now: resend there what is unconfirmed."""
+        with contextlib.suppress(ValueError):
+            self.link.parties.remove(self)
+        self.link = link
+        link.parties.append(self)
+        if link.ready.is_set():
+            self.reconnected()
+
+    def resume(self) -> None:
+        """Resend what is unconfirmed, unless some of it is still awaiting the broker's answer."""
+        if not any(req in self.link.pending for req in self._unconfirmed):
+            self.reconnected()
 
     def failed(self, error: ServerError) -> None:
         """The link failed for good: every message not yet confirmed fails with ``error``."""
@@ -659,8 +889,8 @@ class AsyncProducer:
         """Resend every unconfirmed batch, in order; split where the new server takes smaller frames."""
         old, self._unconfirmed = self._unconfirmed, {}
         for batch in old.values():
-            for part in batch.split(self._link.max_batch_bytes):
-                req = self._link.next_req()
+            for part in batch.split(self.link.max_batch_bytes):
+                req = self.link.next_req()
                 self._unconfirmed[req] = part
                 self._transmit(req, part)
 
@@ -671,38 +901,113 @@ class AsyncProducer:
         await self.flush()
         self._closed = True
         with contextlib.suppress(ValueError):
-            self._link.parties.remove(self)
+            self.link.parties.remove(self)
 
 
-class AsyncConsumer:
-    """Receives the messages of the keys its hash ranges hold, in per-key order.
+class AsyncProducer:
+    """Sends keyed messages to one topic, in order per key, batched; retries are deduplicated.
 
-    A consumer may own several ranges of the hash space, or none (a standby, which gets
-    keyless messages only until a rebalance gives it some): :attr:`ranges` says which, and
-    ``on_ranges_changed(ranges)`` is called with the new list whenever it changes.
+    Each key goes to the partition holding its slot (keyless messages round robin over the
+    partitions); positions count within a partition.
     """
+
+    def __init__(self, topic: str, name: str, parts: list[_PartProducer]) -> None:
+        self.topic = topic
+        self.producer_name = name
+        self._parts = parts
+        self._next = itertools.count()
+
+    def send_async(self, payload: bytes, key: Key = None, callback: SendCallback | None = None) -> None:
+        """Queue a message; ``callback(position, None)`` or ``callback(None, error)`` follows."""
+        parts = self._parts
+        if len(parts) == 1:
+            part = parts[0]
+        elif key is None:
+            part = parts[next(self._next) % len(parts)]
+        else:
+            if not isinstance(key, str | bytes):
+                raise KeyFailoverError(f"key must be str, bytes or None, not {type(key).__name__}")
+            _message_size(key, b"")  # a str key must encode to UTF-8 before it can be hashed
+            part = parts[partition_of_key(key, len(parts))]
+        part.send_async(payload, key, callback)
+
+    async def send(self, payload: bytes, key: Key = None) -> int:
+        """Send and wait until the message is stored; returns its position (within its partition)."""
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def done(position: int | None, error: BaseException | None) -> None:
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(position or 0)
+
+        self.send_async(payload, key, done)
+        return await future
+
+    async def flush(self) -> None:
+        """Wait until every message sent so far is stored."""
+        for part in self._parts:
+            await part.flush()
+
+    async def close(self) -> None:
+        """Flush, then refuse further sends."""
+        for part in self._parts:
+            await part.close()
+
+
+class _Inbox:
+    """What a consumer's partitions received, for the application to take (from any thread)."""
+
+    __slots__ = ("arrived", "cond", "messages")
+
+    def __init__(self) -> None:
+        self.messages: deque[Message] = deque()
+        self.cond = threading.Condition()  # guards messages for threads; arrived wakes coroutines
+        self.arrived = asyncio.Event()
+
+    def drop(self, keep: Callable[[Message], bool]) -> int:
+        """Keep only the messages ``keep`` accepts (holding ``cond``); how many were dropped."""
+        kept = [message for message in self.messages if keep(message)]
+        dropped = len(self.messages) - len(kept)
+        if dropped:
+            self.messages.clear()
+            self.messages.extend(kept)
+        return dropped
+
+
+class _PartConsumer:
+    """One consumer's session on one partition: what it receives goes to the consumer's shared inbox."""
 
     def __init__(
         self,
         link: _Link,
-        topic: str,
+        base_topic: str,
+        partition: int,
+        partitions: int,
+        *,
         subscription: str,
         name: str,
-        *,
         receiver_queue_size: int,
-        on_ranges_changed: RangesCallback | None,
+        inbox: _Inbox,
+        on_ranges: Callable[[], None],
+        on_lost: LostCallback,
     ) -> None:
-        self._link = link
-        self.topic = topic
+        self.link = link
+        self.base_topic = base_topic
+        self.partition = partition
+        self.topic = partition_topic(base_topic, partition, partitions)
         self.subscription = subscription
         self.consumer_name = name
         self._queue_size = receiver_queue_size
-        self._on_ranges_changed = on_ranges_changed
+        self._on_ranges = on_ranges
+        self._on_lost = on_lost
         self._loop = asyncio.get_running_loop()
-        self._inbox: deque[Message] = deque()
-        self._cond = threading.Condition()  # guards _inbox for threads; _arrived wakes coroutines
-        self._arrived = asyncio.Event()
+        self._inbox = inbox
+        self._cond = inbox.cond
         self._session = 0
+        self._subscribing = False
         self._secret: str | None = None  # from the last subscribed: proves a resubscribe is this consumer
         self._consumed = 0  # received since the last flow (guarded by _cond)
         self._flow_scheduled = False
@@ -714,20 +1019,19 @@ class AsyncConsumer:
         self._ack_session = 0
         self._ack_scheduled = False
         self._closed = False
-        self._ended: BaseException | None = None
+        self.ended: BaseException | None = None
         self._subscribed: asyncio.Future[None] = self._loop.create_future()
-        self._ranges: list[tuple[int, int]] = []
+        self.ranges: list[tuple[int, int]] = []
         self._subscribe()
 
     @property
-    def ranges(self) -> list[tuple[int, int]]:
-        """The hash ranges this consumer owns now: inclusive ``(start, end)`` pairs, sorted; empty for a standby."""
-        return list(self._ranges)
+    def closed(self) -> bool:
+        return self._closed
 
     # -- subscription ----------------------------------------------------------------
 
     def _subscribe(self) -> None:
-        req = self._link.next_req()
+        req = self.link.next_req()
         frame = Subscribe(
             req=req,
             topic=self.topic,
@@ -736,11 +1040,14 @@ class AsyncConsumer:
             receiver_queue=self._queue_size,
             secret=self._secret,
         )
-        self._link.pending[req] = self._on_subscribe_reply
-        if not self._link.send(frame):
-            self._link.pending.pop(req, None)  # retried by reconnected()
+        self.link.pending[req] = self._on_subscribe_reply
+        self._subscribing = True
+        if not self.link.send(frame):
+            self._subscribing = False
+            self.link.pending.pop(req, None)  # retried by reconnected()
 
     def _on_subscribe_reply(self, reply: Frame | None) -> None:
+        self._subscribing = False
         if reply is None:
             return  # connection lost: reconnected() subscribes again
         if isinstance(reply, Subscribed):
@@ -748,11 +1055,14 @@ class AsyncConsumer:
             self._secret = reply.secret
             with self._cond:
                 self._consumed = 0
-            self._link.sessions[reply.session] = self
+            self.link.sessions[reply.session] = self
             self._set_ranges(reply.ranges)
             if not self._subscribed.done():
                 self._subscribed.set_result(None)
         elif isinstance(reply, Error):
+            if reply.code == ErrorCode.NOT_OWNER:
+                self._on_lost(self)  # the partition moved: subscribe where it is now
+                return
             error_class = ConsumerBusyError if reply.code == ErrorCode.CONSUMER_BUSY else ServerError
             self._end(error_class(reply.code, reply.message))
 
@@ -761,6 +1071,7 @@ class AsyncConsumer:
 
     def disconnected(self) -> None:
         self._drop_session()
+        self._on_lost(self)
 
     def failed(self, error: ServerError) -> None:
         self._drop_session()
@@ -770,18 +1081,33 @@ class AsyncConsumer:
         if not self._closed:
             self._subscribe()
 
+    def move(self, link: _Link) -> None:
+        """The partition is served by the broker of ``link`` now: subscribe there."""
+        self._drop_session()
+        with contextlib.suppress(ValueError):
+            self.link.parties.remove(self)
+        self.link = link
+        link.parties.append(self)
+        if link.ready.is_set() and not self._closed:
+            self._subscribe()
+
+    def resume(self) -> None:
+        """Subscribe again unless a session is live or a subscribe is on its way."""
+        if not self._closed and not self._session and not self._subscribing:
+            self._subscribe()
+
     def on_frame(self, frame: Frame) -> None:
         if isinstance(frame, Messages):
             if frame.session != self._session:
                 return
-            session = frame.session
+            session, partition = frame.session, self.partition
             with self._cond:
-                self._inbox.extend(
-                    Message(key, payload, position, redelivery, session)
+                self._inbox.messages.extend(
+                    Message(key, payload, position, redelivery, session, partition)
                     for position, key, payload, redelivery in frame.messages
                 )
                 self._cond.notify_all()
-            self._arrived.set()
+            self._inbox.arrived.set()
         elif isinstance(frame, RangesChanged):
             if frame.session == self._session:
                 self._set_ranges(frame.ranges)
@@ -792,50 +1118,37 @@ class AsyncConsumer:
                 self._subscribe()
             elif frame.reason == "superseded":
                 self._end(ConsumerClosedError(f"consumer {self.consumer_name!r} was superseded by another of its name"))
+            elif frame.reason == "moved":
+                self._on_lost(self)
             # "shutdown": the server is stopping; reconnected() subscribes again once it is back.
 
     def _drop_session(self) -> None:
         """Forget the session: the server already returned its messages to pending."""
-        self._link.sessions.pop(self._session, None)
+        self.link.sessions.pop(self._session, None)
         self._session = 0
+        partition = self.partition
         with self._cond:
-            self._inbox.clear()
+            self._inbox.drop(lambda message: message.partition != partition)
             self._acks.clear()
 
     def _end(self, error: BaseException) -> None:
-        self._ended = error
+        self.ended = error
         if not self._subscribed.done():
             self._subscribed.set_exception(error)
         with self._cond:
             self._cond.notify_all()
-        self._arrived.set()
+        self._inbox.arrived.set()
 
     def _set_ranges(self, ranges: list[tuple[int, int]]) -> None:
-        """Remember the ranges the server announced; tell ``on_ranges_changed`` only when they differ."""
+        """Remember the ranges the server announced; tell the consumer when they differ."""
         if not ranges:
             with self._cond:
                 self._show_progress = True
-        if ranges != self._ranges:
-            self._ranges = ranges
-            if self._on_ranges_changed is not None:
-                try:
-                    self._on_ranges_changed(list(ranges))
-                except Exception:
-                    _log.exception("on_ranges_changed callback failed")
+        if ranges != self.ranges:
+            self.ranges = ranges
+            self._on_ranges()
 
     # -- receiving -------------------------------------------------------------------
-
-    def take(self) -> Message | None:
-        """Pop the next message if one is here (thread-safe); accounts permits."""
-        with self._cond:
-            if not self._inbox:
-                self._check_open()
-                return None
-            message = self._inbox.popleft()
-            flow = self._consumed_one()
-        if flow:
-            self._call(self._send_flow)
-        return message
 
     def _progress(self) -> bool:
         """Whether to send a flow now to show the server progress (holding ``_cond``)."""
@@ -845,42 +1158,7 @@ class AsyncConsumer:
         self._flow_scheduled = True
         return True
 
-    def wait_take(self, timeout: float | None) -> Message:
-        """Blocking take for threads (the sync client)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while not self._inbox:
-                self._check_open()
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise Timeout(f"no message within {timeout} s")
-                self._cond.wait(remaining)
-            message = self._inbox.popleft()
-            flow = self._consumed_one()
-        if flow:
-            self._call(self._send_flow)
-        return message
-
-    async def receive(self, timeout: float | None = None) -> Message:
-        """The next message; raises :class:`Timeout` when none arrives in time."""
-        try:
-            async with asyncio.timeout(timeout):
-                while True:
-                    message = self.take()
-                    if message is not None:
-                        return message
-                    self._arrived.clear()
-                    await self._arrived.wait()
-        except TimeoutError:
-            raise Timeout(f"no message within {timeout} s") from None
-
-    def _check_open(self) -> None:
-        if self._ended is not None:
-            raise self._ended
-        if self._closed:
-            raise ClientClosed(f"consumer {self.consumer_name!r} is closed")
-
-    def _consumed_one(self, count: int = 1) -> bool:
+    def consumed_one(self, count: int = 1) -> bool:
         """Count messages taken (holding ``_cond``); whether a flow is now to be scheduled."""
         self._consumed += count
         if self._flow_scheduled:
@@ -890,13 +1168,13 @@ class AsyncConsumer:
         self._flow_scheduled = True
         return True
 
-    def _send_flow(self) -> None:
+    def send_flow(self) -> None:
         """Send the permits taken since the last flow: none at all when only showing progress."""
         with self._cond:
             permits, self._consumed = self._consumed, 0
             self._flow_scheduled = False
         if self._session:
-            self._link.send(
+            self.link.send(
                 Flow(topic=self.topic, subscription=self.subscription, session=self._session, permits=permits)
             )
 
@@ -918,7 +1196,7 @@ class AsyncConsumer:
         if schedule:
             self._call(self._flush_acks)
         if flow:
-            self._call(self._send_flow)
+            self._call(self.send_flow)
 
     def _flush_acks(self) -> None:
         with self._cond:
@@ -929,34 +1207,15 @@ class AsyncConsumer:
 
     def _send_acks(self, session: int, positions: list[int]) -> None:
         if positions and session:
-            self._link.send(Ack(topic=self.topic, subscription=self.subscription, session=session, positions=positions))
+            self.link.send(Ack(topic=self.topic, subscription=self.subscription, session=session, positions=positions))
 
-    async def acknowledge_confirmed(self, message: Message, timeout: float | None = 10.0) -> None:
-        """Acknowledge ``message`` and wait until the server accepted it.
-
-        Raises :class:`LeaseExpiredError` when the ack came after the message's ack deadline
-        (it was taken back and is delivered again), :class:`NotInFlight` when the message is
-        not in flight on this consumer (acked already, or its session ended), and
-        :class:`Timeout` when no answer came within ``timeout`` seconds.
-        """
-        await self._settle(Ack, message, timeout)
-
-    async def extend(self, message: Message, timeout: float | None = 10.0) -> None:
-        """Renew ``message``'s lease: its ack deadline becomes now plus the server's ack timeout.
-
-        For work that takes longer than the ack timeout (as SQS ChangeMessageVisibility):
-        call it before the deadline, as often as needed. Raises as :meth:`acknowledge_confirmed`.
-        """
-        await self._settle(Extend, message, timeout)
-
-    async def _settle(self, kind: type[Ack | Extend], message: Message, timeout: float | None) -> None:
+    async def settle(self, kind: type[Ack | Extend], message: Message, timeout: float | None) -> None:
         """Send one ``kind`` frame for ``message`` with a request id and wait for its answer."""
-        self._check_open()
         self._flush_acks()
         with self._cond:
             flow = self._progress()
         if flow:
-            self._send_flow()
+            self.send_flow()
         if not message.session or message.session != self._session:
             raise NotInFlight(
                 ErrorCode.NOT_IN_FLIGHT,
@@ -964,13 +1223,13 @@ class AsyncConsumer:
                 "which ended (its messages were given back)",
             )
         answer: asyncio.Future[Frame | None] = self._loop.create_future()
-        req = self._link.next_req()
+        req = self.link.next_req()
 
         def answered(reply: Frame | None) -> None:
             if not answer.done():
                 answer.set_result(reply)
 
-        self._link.pending[req] = answered
+        self.link.pending[req] = answered
         frame = kind(
             topic=self.topic,
             subscription=self.subscription,
@@ -978,14 +1237,14 @@ class AsyncConsumer:
             positions=[message.position],
             req=req,
         )
-        if not self._link.send(frame):
-            self._link.pending.pop(req, None)
+        if not self.link.send(frame):
+            self.link.pending.pop(req, None)
             raise ClientClosed(f"not connected: the {frame.type} of position {message.position} was not sent")
         try:
             async with asyncio.timeout(timeout):
                 reply = await answer
         except TimeoutError:
-            self._link.pending.pop(req, None)
+            self.link.pending.pop(req, None)
             raise Timeout(f"no answer to the {frame.type} of position {message.position} within {timeout} s") from None
         if isinstance(reply, Error):
             raise _settle_error(reply)
@@ -997,29 +1256,22 @@ class AsyncConsumer:
     def negative_acknowledge(self, message: Message) -> None:
         """Redeliver ``message``; prefetched later messages of its key are dropped, so the key restarts in order."""
         kb = message.key.encode() if isinstance(message.key, str) else message.key
+
+        def keep(queued: Message) -> bool:
+            # Only the nacked message's session restarts the key; a nack of a message from an
+            # ended session changes nothing (the server already took that session's messages back).
+            if kb is None or queued.session != message.session or queued.position <= message.position:
+                return True
+            return (queued.key.encode() if isinstance(queued.key, str) else queued.key) != kb
+
         with self._cond:
-            kept: deque[Message] = deque()
-            dropped = 0
-            for queued in self._inbox:
-                queued_kb = queued.key.encode() if isinstance(queued.key, str) else queued.key
-                # Only the nacked message's session restarts the key; a nack of a message from an
-                # ended session changes nothing (the server already took that session's messages back).
-                if (
-                    kb is not None
-                    and queued.session == message.session
-                    and queued_kb == kb
-                    and queued.position > message.position
-                ):
-                    dropped += 1
-                else:
-                    kept.append(queued)
-            self._inbox = kept
+            dropped = self._inbox.drop(keep)
         self._call(lambda: self._send_nack(message, dropped))
 
     def _send_nack(self, message: Message, dropped: int) -> None:
         self._flush_acks()
         if message.session and message.session == self._session:
-            self._link.send(
+            self.link.send(
                 Nack(
                     topic=self.topic,
                     subscription=self.subscription,
@@ -1028,9 +1280,9 @@ class AsyncConsumer:
                 )
             )
             with self._cond:
-                flow = self._consumed_one(dropped)
+                flow = self.consumed_one(dropped)
             if flow:
-                self._send_flow()
+                self.send_flow()
 
     def _call(self, fn: Callable[[], None]) -> None:
         if _on_loop(self._loop):
@@ -1045,25 +1297,171 @@ class AsyncConsumer:
         self._flush_acks()
         self._closed = True
         with contextlib.suppress(ValueError):
-            self._link.parties.remove(self)
+            self.link.parties.remove(self)
         session = self._session
-        if session and self._link.ready.is_set():
+        if session and self.link.ready.is_set():
             done: asyncio.Future[None] = self._loop.create_future()
-            req = self._link.next_req()
+            req = self.link.next_req()
 
             def closed(_reply: Frame | None) -> None:
                 if not done.done():
                     done.set_result(None)
 
-            self._link.pending[req] = closed
-            self._link.send(CloseConsumer(req=req, topic=self.topic, subscription=self.subscription, session=session))
+            self.link.pending[req] = closed
+            self.link.send(CloseConsumer(req=req, topic=self.topic, subscription=self.subscription, session=session))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5.0):
                     await done
         self._drop_session()
+        if not self._subscribed.done():
+            self._subscribed.set_exception(ClientClosed(f"consumer {self.consumer_name!r} is closed"))
+            self._subscribed.exception()  # retrieved: nobody need await it
         with self._cond:
             self._cond.notify_all()
-        self._arrived.set()
+        self._inbox.arrived.set()
+
+
+class AsyncConsumer:
+    """Receives the messages of the keys its hash ranges hold, in per-key order, from every
+    partition of its topic.
+
+    A consumer may own several ranges of the hash space, or none (a standby, which gets
+    keyless messages only until a rebalance gives it some): :attr:`ranges` says which (over
+    all partitions), and ``on_ranges_changed(ranges)`` is called with the new list whenever it changes.
+    """
+
+    def __init__(self, topic: str, subscription: str, name: str, on_ranges_changed: RangesCallback | None) -> None:
+        self.topic = topic
+        self.subscription = subscription
+        self.consumer_name = name
+        self.inbox = _Inbox()
+        self.parts: list[_PartConsumer] = []
+        self._on_ranges_changed = on_ranges_changed
+        self._ranges: list[tuple[int, int]] = []
+        self._closed = False
+        self._loop = asyncio.get_running_loop()
+
+    @property
+    def ranges(self) -> list[tuple[int, int]]:
+        """The hash ranges this consumer owns now: inclusive ``(start, end)`` pairs, sorted; empty for a standby."""
+        return list(self._ranges)
+
+    def ranges_changed(self) -> None:
+        """A partition's ranges changed: tell ``on_ranges_changed`` when the consumer's differ."""
+        ranges = sorted(r for part in self.parts for r in part.ranges)
+        if ranges != self._ranges:
+            self._ranges = ranges
+            if self._on_ranges_changed is not None:
+                try:
+                    self._on_ranges_changed(list(ranges))
+                except Exception:
+                    _log.exception("on_ranges_changed callback failed")
+
+    async def subscribed(self) -> None:
+        """Wait until every partition confirmed the subscription."""
+        for part in self.parts:
+            await part.subscribed()
+
+    # -- receiving -------------------------------------------------------------------
+
+    def _part(self, message: Message) -> _PartConsumer:
+        if not 0 <= message.partition < len(self.parts):
+            raise KeyFailoverError(f"{message!r} was not received by this consumer (no partition {message.partition})")
+        return self.parts[message.partition]
+
+    def _taken(self) -> tuple[Message, _PartConsumer | None]:
+        """Pop the next message (holding the inbox's lock): it and its partition if a flow is due."""
+        message = self.inbox.messages.popleft()
+        part = self.parts[message.partition]
+        return message, part if part.consumed_one() else None
+
+    def take(self) -> Message | None:
+        """Pop the next message if one is here (thread-safe); accounts permits."""
+        with self.inbox.cond:
+            if not self.inbox.messages:
+                self._check_open()
+                return None
+            message, flow = self._taken()
+        if flow is not None:
+            self._call(flow.send_flow)
+        return message
+
+    def wait_take(self, timeout: float | None) -> Message:
+        """Blocking take for threads (the sync client)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.inbox.cond:
+            while not self.inbox.messages:
+                self._check_open()
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise Timeout(f"no message within {timeout} s")
+                self.inbox.cond.wait(remaining)
+            message, flow = self._taken()
+        if flow is not None:
+            self._call(flow.send_flow)
+        return message
+
+    async def receive(self, timeout: float | None = None) -> Message:
+        """The next message; raises :class:`Timeout` when none arrives in time."""
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    message = self.take()
+                    if message is not None:
+                        return message
+                    self.inbox.arrived.clear()
+                    await self.inbox.arrived.wait()
+        except TimeoutError:
+            raise Timeout(f"no message within {timeout} s") from None
+
+    def _check_open(self) -> None:
+        for part in self.parts:
+            if part.ended is not None:
+                raise part.ended
+        if self._closed:
+            raise ClientClosed(f"consumer {self.consumer_name!r} is closed")
+
+    # -- acknowledging ---------------------------------------------------------------
+
+    def acknowledge(self, message: Message) -> None:
+        """Acknowledge ``message`` (batched; sent within a loop iteration)."""
+        self._part(message).acknowledge(message)
+
+    async def acknowledge_confirmed(self, message: Message, timeout: float | None = 10.0) -> None:
+        """Acknowledge ``message`` and wait until the server accepted it.
+
+        Raises :class:`LeaseExpiredError` when the ack came after the message's ack deadline
+        (it was taken back and is delivered again), :class:`NotInFlight` when the message is
+        not in flight on this consumer (acked already, or its session ended), and
+        :class:`Timeout` when no answer came within ``timeout`` seconds.
+        """
+        self._check_open()
+        await self._part(message).settle(Ack, message, timeout)
+
+    async def extend(self, message: Message, timeout: float | None = 10.0) -> None:
+        """Renew ``message``'s lease: its ack deadline becomes now plus the server's ack timeout.
+
+        For work that takes longer than the ack timeout (as SQS ChangeMessageVisibility):
+        call it before the deadline, as often as needed. Raises as :meth:`acknowledge_confirmed`.
+        """
+        self._check_open()
+        await self._part(message).settle(Extend, message, timeout)
+
+    def negative_acknowledge(self, message: Message) -> None:
+        """Redeliver ``message``; prefetched later messages of its key are dropped, so the key restarts in order."""
+        self._part(message).negative_acknowledge(message)
+
+    def _call(self, fn: Callable[[], None]) -> None:
+        if _on_loop(self._loop):
+            self._loop.call_soon(fn)
+        else:
+            self._loop.call_soon_threadsafe(fn)
+
+    async def close(self) -> None:
+        """Send pending acks and leave the subscription on every partition; unacked messages go to others."""
+        self._closed = True
+        for part in self.parts:
+            await part.close()
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:

@@ -319,6 +319,19 @@ def _serve(args: argparse.Namespace) -> int:
             f"--nack-backoff {args.nack_backoff:g} is longer than --nack-backoff-max {args.nack_backoff_max:g}; "
             "expected a first backoff no longer than the longest"
         )
+    clustered = args.cluster is not None or args.store is not None
+    if clustered and (args.cluster is None or args.store is None):
+        raise _UsageError("a broker of a cluster needs both --cluster zk://... and --store postgresql://...")
+    if clustered and args.data_dir is not None:
+        raise _UsageError("give --data-dir for a single server, or --cluster and --store for a broker, not both")
+    if not clustered and args.data_dir is None:
+        raise _UsageError("give --data-dir DIR (a single server) or --cluster and --store (a broker of a cluster)")
+    if not clustered and (args.advertise or args.broker_id):
+        raise _UsageError("--advertise and --broker-id are for a broker of a cluster (with --cluster and --store)")
+    if args.store is not None and not args.store.startswith(("postgresql://", "postgres://")):
+        raise _UsageError(f"--store {args.store!r} is not of the form postgresql://USER[:PASSWORD]@HOST:PORT/DATABASE")
+    if args.advertise is not None:
+        _advertised(args.advertise)
     token = _token(args)
     if token is None and not _loopback(args.host):
         print(
@@ -327,7 +340,13 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     config = ServerConfig(
-        data_dir=Path(args.data_dir),
+        data_dir=None if args.data_dir is None else Path(args.data_dir),
+        cluster=None if args.cluster is None else "zk://{}{}".format(*args.cluster),
+        store=args.store,
+        advertise=args.advertise,
+        broker_id=args.broker_id,
+        cluster_session_timeout=args.cluster_session_timeout,
+        min_rebalance_interval=args.min_rebalance_interval,
         host=args.host,
         port=args.port,
         token=token,
@@ -355,6 +374,13 @@ def _serve(args: argparse.Namespace) -> int:
         ),
     )
     return asyncio.run(run_server(config))
+
+
+def _advertised(text: str) -> None:
+    """Refuse an --advertise that is not HOST:PORT."""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise _UsageError(f"--advertise {text!r} is not of the form HOST:PORT")
 
 
 def _loopback(host: str) -> bool:
@@ -469,6 +495,11 @@ def _configure(args: argparse.Namespace) -> int:
 def _create_topic(args: argparse.Namespace) -> int:
     from keyfailover.broker.cluster import connect, create_topic
 
+    if args.cluster is None:
+        answer = _admin_call(args, "/topics", {"topic": args.topic, "partitions": str(args.partitions)}, "POST")
+        state = "created" if answer["created"] else "exists already"
+        print(f"topic {args.topic!r} {state} with {args.partitions} partition(s) on {args.admin_url}")
+        return 0
     hosts, root = args.cluster
     zk = connect(hosts)
     try:
@@ -849,8 +880,40 @@ def _parser() -> argparse.ArgumentParser:
     )
     evaluate.set_defaults(run=_evaluate)
 
-    serve = commands.add_parser("serve", help="run a server with an embedded durable log")
-    serve.add_argument("--data-dir", required=True, help="directory of the SQLite log (created if missing)")
+    serve = commands.add_parser(
+        "serve",
+        help="run a server with an embedded durable log, or a broker of a cluster",
+        description="With --data-dir: one server and its embedded SQLite log. With --cluster and --store: a "
+        "broker of a cluster, serving the partitions ZooKeeper assigns it from the shared PostgreSQL log.",
+    )
+    serve.add_argument("--data-dir", default=None, help="directory of the SQLite log (created if missing)")
+    serve.add_argument(
+        "--cluster",
+        type=_cluster_url,
+        default=None,
+        help="join the cluster of this ZooKeeper ensemble and root path: zk://HOST:PORT[,HOST:PORT...]/PATH",
+    )
+    serve.add_argument(
+        "--store", default=None, help="the cluster's shared log: postgresql://USER[:PASSWORD]@HOST:PORT/DATABASE"
+    )
+    serve.add_argument(
+        "--advertise",
+        default=None,
+        help="HOST:PORT clients reach this broker at (default: the address it listens on)",
+    )
+    serve.add_argument("--broker-id", default=None, help="this broker's id in the cluster (default: --advertise)")
+    serve.add_argument(
+        "--cluster-session-timeout",
+        type=_session_seconds,
+        default=10.0,
+        help="seconds of silence after which ZooKeeper gives this broker's partitions to others (default 10)",
+    )
+    serve.add_argument(
+        "--min-rebalance-interval",
+        type=float,
+        default=0.0,
+        help="seconds a coordinator waits between two partition assignments (default 0)",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=_port, default=6650, help="TCP port (default 6650; 0 picks a free one)")
     token_args(serve, "require clients (and admin requests other than /healthz) to present a token")
@@ -1123,27 +1186,32 @@ def _parser() -> argparse.ArgumentParser:
     dlq.add_argument("--limit", type=_positive_int, default=1000, help="with list: show at most this many (1000)")
     dlq.set_defaults(run=_dlq)
 
-    def cluster_arg(sub: argparse.ArgumentParser) -> None:
+    def cluster_arg(sub: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup, required: bool = True) -> None:
         sub.add_argument(
             "--cluster",
             type=_cluster_url,
-            required=True,
+            required=required,
             help="the cluster's ZooKeeper ensemble and root path: zk://HOST:PORT[,HOST:PORT...]/PATH",
         )
 
-    topics = commands.add_parser("topics", help="create a cluster's topics with their partition counts")
+    topics = commands.add_parser("topics", help="create topics with their partition counts")
     topics_commands = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION", help="create")
     create = topics_commands.add_parser(
         "create",
         help="create a topic with P partitions (fixed at creation; again with the same count is a no-op)",
         description="Partition p of P holds the keys whose hash slot lies in [p*65536//P, (p+1)*65536//P). "
-        "Creating a topic that exists with another partition count is refused.",
+        "Creating a topic that exists with another partition count is refused. Give --cluster for a cluster "
+        "(the topic is recorded in ZooKeeper) or --admin-url for a single server.",
     )
     create.add_argument("topic", type=_name, help="the topic")
     create.add_argument(
         "--partitions", type=_int_between(1, 65536, "a number of partitions"), default=1, help="P (default 1)"
     )
-    cluster_arg(create)
+    where = create.add_mutually_exclusive_group(required=True)
+    cluster_arg(where, required=False)
+    where.add_argument("--admin-url", type=_admin_url, help="a single server's --metrics-port endpoint")
+    token_args(create, "the server's token, if it requires one (with --admin-url)")
+    tls_ca_arg(create, "https://")
     create.set_defaults(run=_create_topic)
 
     cluster = commands.add_parser("cluster", help="show a cluster's brokers, coordinator and partition assignment")

@@ -173,6 +173,10 @@ class ClusterState:
     assignment: Assignment
     owned: frozenset[PartitionId]
     """The partitions whose barrier it holds: those it serves."""
+    topics: dict[str, int]
+    """Every topic and its partition count, as of the assignment it applied last."""
+    addresses: dict[str, str]
+    """Every broker's address by id, as of the assignment it applied last."""
 
 
 class ClusterMember:
@@ -215,6 +219,8 @@ class ClusterMember:
         self._applied = (0, 0)
         self._assignment = Assignment(0)
         self._owned: set[PartitionId] = set()
+        self._topics: dict[str, int] = {}
+        self._addresses: dict[str, str] = {}
         self._waiting: set[PartitionId] = set()  # assigned to us, barrier still held by another
         self._worker: threading.Thread | None = None
         self._wake = {kind: self._waker(kind) for kind in ("elect", "rebalance", "assignment", "barrier")}
@@ -261,7 +267,17 @@ class ClusterMember:
                 self._applied,
                 self._assignment,
                 frozenset(self._owned),
+                dict(self._topics),
+                dict(self._addresses),
             )
+
+    def topics(self) -> dict[str, int]:
+        """Every topic of the cluster and its partition count, read from ZooKeeper now."""
+        return _topics(self._zk, self.root)
+
+    def create_topic(self, topic: str, partitions: int) -> bool:
+        """:func:`create_topic` in this member's cluster."""
+        return create_topic(self._zk, self.root, topic, partitions)
 
     # -- the worker ------------------------------------------------------------------
 
@@ -415,9 +431,13 @@ class ClusterMember:
             return  # stale or the same: never go back to an older assignment
         mine = set(assignment.partitions_of(self.broker_id))
         self._release(self._owned - mine)
+        topics = _topics(self._zk, self.root)
+        addresses = {broker["id"]: broker["address"] for broker in _brokers(self._zk, self.root)}
         with self._lock:
             self._applied = (epoch, assignment.generation)
             self._assignment = assignment
+            self._topics = topics
+            self._addresses = addresses
         self._waiting = mine - self._owned
         self._acquire_waiting()
 

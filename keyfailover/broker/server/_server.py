@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO, cast
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from keyfailover.broker.protocol import (
     DEFAULT_MAX_FRAME,
@@ -49,7 +49,7 @@ from keyfailover.broker.protocol import (
 from keyfailover.broker.server._http import AdminServer, Handler, Response, json_response
 from keyfailover.broker.server._subscription import DeliverySettings, Session, Subscription, SubscriptionConfig
 from keyfailover.broker.storage._executor import SQLiteStore
-from keyfailover.broker.storage._store import Result, Store
+from keyfailover.broker.storage._store import NotServedError, Result, Store, TopicDirectory
 from keyfailover.broker.storage.sqlite import (
     DELIVERY_SETTINGS,
     LOG_FILE_NAME,
@@ -63,6 +63,9 @@ from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
 from keyfailover.core.partitions import partition_slots, partition_topic, split_partition_topic
 from keyfailover.core.ranges import RangeMap
 
+if TYPE_CHECKING:
+    from keyfailover.broker.server._cluster import BrokerRole
+
 __all__ = ["Server", "ServerConfig"]
 
 _log = logging.getLogger("keyfailover.server")
@@ -72,7 +75,8 @@ _log = logging.getLogger("keyfailover.server")
 class ServerConfig:
     """Everything ``keyfailover serve`` can set."""
 
-    data_dir: Path
+    data_dir: Path | None = None
+    """The embedded log's folder (a single server); None for a broker of a cluster."""
     host: str = "127.0.0.1"
     port: int = 0
     token: str | None = None
@@ -95,6 +99,18 @@ class ServerConfig:
     """PEM certificate (chain) to serve the broker and admin ports over TLS; with ``tls_key``."""
     tls_key: Path | None = None
     subscription: SubscriptionConfig = field(default_factory=SubscriptionConfig)
+    cluster: str | None = None
+    """``zk://HOST:PORT[,...]/PATH``: serve as a broker of this cluster (with ``store`` and ``advertise``)."""
+    store: str | None = None
+    """``postgresql://...``: the cluster's shared log."""
+    advertise: str | None = None
+    """``HOST:PORT`` clients reach this broker at (what lookups answer)."""
+    broker_id: str | None = None
+    """This broker's id in the cluster (default: its advertised address)."""
+    min_rebalance_interval: float = 0.0
+    """Seconds the coordinator waits between two partition assignments."""
+    cluster_session_timeout: float = 10.0
+    """Seconds of silence after which ZooKeeper ends this broker's session (its partitions go to others)."""
 
 
 class Server:
@@ -105,6 +121,8 @@ class Server:
             raise KeyFailoverError(f"session_timeout must be > 0 seconds, not {config.session_timeout!r}")
         self.config = config
         self._storage: Store | None = None
+        self._directory: TopicDirectory | None = None
+        self._broker: BrokerRole | None = None
         self._server: asyncio.base_events.Server | None = None
         self._subscriptions: dict[tuple[str, str], Subscription] = {}
         self._partitions: dict[str, int] = {}  # topics created with partitions, and how many
@@ -156,33 +174,14 @@ class Server:
             raise
 
     async def _open(self) -> None:
-        data_dir = self.config.data_dir
-        if data_dir.exists() and not data_dir.is_dir():
-            raise KeyFailoverError(f"data dir {data_dir} is not a directory; expected a directory (created if missing)")
-        try:
-            data_dir.mkdir(parents=True, exist_ok=True)
-            self._lock_file = (data_dir / "LOCK").open("a")
-        except OSError as exc:
-            raise KeyFailoverError(
-                f"cannot use data dir {data_dir} ({exc.strerror}); expected a directory this process can write"
-            ) from None
-        try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock_file.close()
-            raise KeyFailoverError(
-                f"{data_dir} is in use by another keyfailover server; expected a free data dir"
-            ) from None
-        log = Log(data_dir / LOG_FILE_NAME, synchronous=self.config.synchronous)  # type: ignore[arg-type]
-        self._storage = SQLiteStore(log)
-        await self._storage.start()
-        self._storage.on_commit(self._committed)
-        self._partitions = await self._storage.partition_counts()
-        # Every subscription with a saved cursor is live from the start, with no consumers, so
-        # its backlog and its lack of consumers show in /metrics before anyone subscribes.
-        for topic in self._storage.topics():
-            for name in await self._storage.subscriptions(topic):
-                await self.subscription(topic, name)
+        if self.config.cluster is None:
+            await self._open_log()
+            # Every subscription with a saved cursor is live from the start, with no consumers, so
+            # its backlog and its lack of consumers show in /metrics before anyone subscribes.
+            for topic in self.storage.topics():
+                await self.open_served(topic)
+        else:
+            await self._open_store()
         loop = asyncio.get_running_loop()
         host, port = self.config.host, self.config.port
         tls = self._tls()
@@ -208,6 +207,60 @@ class Server:
                 raise KeyFailoverError(
                     f"cannot serve the admin endpoint on {admin_host}:{admin_port} ({_reason(exc)})"
                 ) from None
+        if self._broker is not None:  # listening first: brokers that route clients here find it up
+            address = self.config.advertise or "{}:{}".format(*self.address)
+            await self._broker.join(address)
+            self._directory = self._broker
+            self._partitions.update(await self._broker.partition_counts())
+
+    async def _open_log(self) -> None:
+        """Open the embedded log in the data dir, which this server locks for itself."""
+        data_dir = self.config.data_dir
+        if data_dir is None:
+            raise KeyFailoverError("a single server needs a data dir (or a cluster and store to join)")
+        if data_dir.exists() and not data_dir.is_dir():
+            raise KeyFailoverError(f"data dir {data_dir} is not a directory; expected a directory (created if missing)")
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            self._lock_file = (data_dir / "LOCK").open("a")
+        except OSError as exc:
+            raise KeyFailoverError(
+                f"cannot use data dir {data_dir} ({exc.strerror}); expected a directory this process can write"
+            ) from None
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.close()
+            raise KeyFailoverError(
+                f"{data_dir} is in use by another keyfailover server; expected a free data dir"
+            ) from None
+        log = Log(data_dir / LOG_FILE_NAME, synchronous=self.config.synchronous)  # type: ignore[arg-type]
+        store = SQLiteStore(log)
+        self._storage = self._directory = store
+        await store.start()
+        store.on_commit(self._committed)
+        self._partitions = await store.partition_counts()
+
+    async def _open_store(self) -> None:
+        """Open the cluster's shared store; the broker joins the cluster once it listens."""
+        from keyfailover.broker.server._cluster import BrokerRole
+
+        config = self.config
+        if config.store is None or config.cluster is None:
+            raise ConfigError("a broker of a cluster needs its cluster (--cluster) and its store (--store)")
+        broker = BrokerRole(
+            self,
+            config.cluster,
+            config.store,
+            broker_id=config.broker_id,
+            session_timeout=config.cluster_session_timeout,
+            min_rebalance_interval=config.min_rebalance_interval,
+        )
+        self._broker = broker
+        self._storage = broker.store
+        broker.store.on_commit(self._committed)
+        broker.store.on_fenced = self._fenced
+        await broker.store.start()
 
     def _tls(self) -> ssl.SSLContext | None:
         """The server's TLS context, or None without a certificate."""
@@ -269,6 +322,8 @@ class Server:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
+        if self._broker is not None:  # its partitions are closed (cursors saved) before it leaves
+            await self._broker.stop()
         for subscription in list(self._subscriptions.values()):
             await subscription.close()
         if self._storage is not None:
@@ -344,15 +399,38 @@ class Server:
         count = self._partitions.get(topic, 1)
         return [partition_topic(topic, index, count) for index in range(count)]
 
+    def learn_partitions(self, topic: str, partitions: int) -> None:
+        """Record ``topic``'s partition count (fixed at creation), as the cluster tells it."""
+        self._partitions[topic] = partitions
+
     async def create_topic(self, topic: str, partitions: int) -> bool:
         """Create ``topic`` with ``partitions``; False when it exists with as many (refused with another count)."""
-        created = await self.storage.create_partitioned_topic(topic, partitions)
+        if self._directory is None:
+            raise KeyFailoverError("the server is not started")
+        created = await self._directory.create_partitioned_topic(topic, partitions)
         self._partitions[topic] = partitions
         return created
 
     async def route(self, topic: str) -> list[str | None]:
-        """The broker serving each partition of ``topic`` (``""``: this one)."""
+        """The broker serving each partition of ``topic`` (``""``: this one, a single server)."""
+        if self._broker is not None:
+            return await self._broker.route(topic)
         return [""] * self._partitions.get(topic, 1)
+
+    async def open_served(self, served: str) -> None:
+        """Serve ``served`` (a topic or partition): its subscriptions with saved cursors go live."""
+        for name in await self.storage.subscriptions(served):
+            await self.subscription(served, name)
+
+    async def close_served(self, served: str, reason: str) -> None:
+        """Stop serving ``served``: its subscriptions save their cursors and tell their consumers ``reason``."""
+        for key in [key for key in self._subscriptions if key[0] == served]:
+            subscription = self._subscriptions.pop(key)
+            await subscription.close(reason)
+
+    def _fenced(self, served: str) -> None:
+        """Another broker took ``served`` (its writes here were refused): stop serving it now."""
+        asyncio.get_running_loop().create_task(self.close_served(served, "moved"))
 
     def check_served(self, served: str, action: str) -> tuple[int, int] | None:
         """The block of slots of the partition ``served`` names (None: the whole space), or the
@@ -781,7 +859,10 @@ class _Connection(asyncio.Protocol):
         def answer(done: asyncio.Future[Result]) -> None:
             exc = done.exception()
             if exc is not None:
-                code = ErrorCode.INVALID_MESSAGE if isinstance(exc, KeyFailoverError) else ErrorCode.INTERNAL
+                if isinstance(exc, NotServedError):
+                    code = ErrorCode.NOT_OWNER
+                else:
+                    code = ErrorCode.INVALID_MESSAGE if isinstance(exc, KeyFailoverError) else ErrorCode.INTERNAL
                 self.send(Error(code=code, message=str(exc), req=req))
                 return
             result = done.result()

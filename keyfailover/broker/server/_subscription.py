@@ -21,7 +21,7 @@ from typing import Any, TypedDict
 
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.protocol import ConsumerClosed, Frame, Key, Messages, RangesChanged
-from keyfailover.broker.storage._store import Store
+from keyfailover.broker.storage._store import NotServedError, Store
 from keyfailover.broker.storage.sqlite import StoredMessage, dead_letter_topic
 from keyfailover.core.dispatcher import (
     DEFAULT_ACK_TIMEOUT,
@@ -565,7 +565,10 @@ class Subscription:
         while not self._closed:
             await asyncio.sleep(wait)
             started = time.monotonic()
-            await self.flush_cursor()
+            try:
+                await self.flush_cursor()
+            except NotServedError:
+                return  # another broker took the partition: the server closes this subscription
             took = time.monotonic() - started
             wait = max(self._config.cursor_flush_seconds, took * (1.0 - _FLUSH_SHARE) / _FLUSH_SHARE)
 
@@ -589,4 +592,5 @@ class Subscription:
             session.send(ConsumerClosed(session=session.id, reason=reason, req=None))
         self.sessions.clear()
         self._cursor_dirty = True
-        await self.flush_cursor()
+        with contextlib.suppress(NotServedError):  # fenced out: acks since the last flush are redelivered
+            await self.flush_cursor()

@@ -19,13 +19,14 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol
 
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.storage.sqlite import DeadLetterRecord, Key, StoredMessage, dead_letter_topic
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.histogram import Histogram
 
-__all__ = ["Batch", "Letter", "Result", "Store"]
+__all__ = ["Batch", "Letter", "NotServedError", "Result", "Store", "TopicDirectory"]
 
 _log = logging.getLogger("keyfailover.server")
 
@@ -35,6 +36,22 @@ Result = list[tuple[int, bool]]
 """``(position, duplicate)`` per message of a batch."""
 Letter = tuple[int, Key, bytes, int, str]
 """``(position, key, payload, redelivery_count, reason)``: a message going to a dead-letter topic."""
+
+
+class TopicDirectory(Protocol):
+    """Where a server's partitioned topics are recorded: its embedded log, or a cluster's ZooKeeper."""
+
+    async def partition_counts(self) -> dict[str, int]:
+        """Every topic created with partitions, and how many it has."""
+        ...
+
+    async def create_partitioned_topic(self, topic: str, partitions: int) -> bool:
+        """Create ``topic`` with ``partitions``; False if it exists with as many (refused with another count)."""
+        ...
+
+
+class NotServedError(KeyFailoverError, RuntimeError):
+    """A write for a topic (partition) this server does not serve: another broker does, or none."""
 
 
 class Store(ABC):
@@ -111,14 +128,6 @@ class Store(ABC):
     @abstractmethod
     async def _replay_dead_letters(self, topic: str, subscription: str) -> list[StoredMessage]:
         """Re-publish the dead letters not replayed yet to ``topic``; the messages as stored there."""
-
-    @abstractmethod
-    async def partition_counts(self) -> dict[str, int]:
-        """Every topic created with partitions, and how many it has."""
-
-    @abstractmethod
-    async def create_partitioned_topic(self, topic: str, partitions: int) -> bool:
-        """Create ``topic`` with ``partitions``; False if it exists with as many (refused with others)."""
 
     @abstractmethod
     def serves(self, topic: str) -> bool:

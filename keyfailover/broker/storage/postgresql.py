@@ -16,17 +16,25 @@ carry sequence ids; one at or below the highest stored for (partition, producer)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import json
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
 from keyfailover.broker.cursor import Cursor
-from keyfailover.broker.storage.sqlite import Key, Message, StoredMessage
-from keyfailover.core.errors import KeyFailoverError, LogError
+from keyfailover.broker.storage._store import Batch, Letter, NotServedError, Result, Store
+from keyfailover.broker.storage.sqlite import DELIVERY_SETTINGS, DeadLetterRecord, Key, Message, StoredMessage
+from keyfailover.core.errors import CursorError, LogError, LogFileError
 
-__all__ = ["FencedError", "Lease", "PostgresLog"]
+__all__ = ["FencedError", "Lease", "PostgresLog", "PostgresStore"]
+
+_log = logging.getLogger("keyfailover.server")
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS kf_partitions (
@@ -64,10 +72,32 @@ _SCHEMA = (
         state BYTEA NOT NULL,                 -- Cursor.to_bytes()
         PRIMARY KEY (topic, partition, subscription)
     )""",
+    """CREATE TABLE IF NOT EXISTS kf_subscription_settings (
+        topic TEXT NOT NULL,                  -- a topic, not a partition: settings hold for all of them
+        subscription TEXT NOT NULL,
+        consume_mode TEXT,                    -- ordered | unordered, NULL: the server's
+        settings TEXT NOT NULL DEFAULT '{}',  -- JSON: the delivery settings the subscription sets itself
+        PRIMARY KEY (topic, subscription)
+    )""",
+    """CREATE TABLE IF NOT EXISTS kf_dead_letters (
+        topic TEXT NOT NULL,
+        partition INTEGER NOT NULL,
+        subscription TEXT NOT NULL,
+        dlq_position BIGINT NOT NULL,         -- 1, 2, 3, ... per (topic, partition, subscription)
+        position BIGINT NOT NULL,             -- where it was in its partition
+        key BYTEA,
+        key_is_text BOOLEAN NOT NULL,
+        payload BYTEA NOT NULL,
+        redelivery_count INTEGER NOT NULL,
+        reason TEXT NOT NULL,
+        time DOUBLE PRECISION NOT NULL,       -- unix seconds it was dead-lettered
+        replayed_at BIGINT,                   -- its position in the partition once re-published
+        PRIMARY KEY (topic, partition, subscription, dlq_position)
+    )""",
 )
 
 
-class FencedError(KeyFailoverError, RuntimeError):
+class FencedError(NotServedError):
     """A write under an owner epoch that is no longer the partition's: another broker opened it."""
 
 
@@ -102,6 +132,11 @@ class PostgresLog:
                 await connection.execute(statement)
         return cls(pool)
 
+    @property
+    def pool(self) -> Any:
+        """The asyncpg connection pool."""
+        return self._pool
+
     async def close(self) -> None:
         await self._pool.close()
 
@@ -126,64 +161,78 @@ class PostgresLog:
         answered with the position it was stored at (0 if the producer skipped that seq).
         Raises :class:`FencedError`, storing nothing, when the lease is no longer the partition's.
         """
-        rows = [_message(producer, message) for message in messages]
+        return (await self.append_batches(lease, [(producer, messages)]))[0]
+
+    async def append_batches(
+        self, lease: Lease, batches: Sequence[tuple[str | None, Sequence[Message]]]
+    ) -> list[list[tuple[int, bool]]]:
+        """Store several produce requests ``(producer, messages)`` in the leased partition in one
+        transaction (one COPY): as :meth:`append` each, in order; all or nothing."""
+        checked = [(producer, [_message(producer, message) for message in messages]) for producer, messages in batches]
         async with self._pool.acquire() as connection, connection.transaction():
-            last = await self._check_lease(connection, lease)
-            highest = -1
-            if producer is not None:
-                found = await connection.fetchval(
-                    "SELECT last_seq FROM kf_producers WHERE topic = $1 AND partition = $2 AND producer = $3",
-                    lease.topic,
-                    lease.partition,
-                    producer,
-                )
-                highest = -1 if found is None else int(found)
-            results: list[tuple[int, bool]] = []
-            records = []
-            duplicates: list[tuple[int, int]] = []  # (index in results, seq)
+            return await self.append_in(connection, lease, checked)
+
+    async def append_in(
+        self, connection: Any, lease: Lease, checked: Sequence[tuple[str | None, Sequence[Row]]]
+    ) -> list[list[tuple[int, bool]]]:
+        """:meth:`append_batches` of checked rows inside the caller's transaction on ``connection``."""
+        last = await self.check_lease(connection, lease)
+        named = sorted({producer for producer, _ in checked if producer is not None})
+        found = await connection.fetch(
+            """SELECT producer, last_seq FROM kf_producers
+               WHERE topic = $1 AND partition = $2 AND producer = ANY($3::text[])""",
+            lease.topic,
+            lease.partition,
+            named,
+        )
+        highest = {str(row["producer"]): int(row["last_seq"]) for row in found}
+        before = dict(highest)
+        results: list[list[tuple[int, bool]]] = []
+        records = []
+        duplicates: dict[str, list[tuple[int, int, int]]] = defaultdict(list)  # producer -> (batch, index, seq)
+        for producer, rows in checked:
+            result: list[tuple[int, bool]] = []
             for seq, key, is_text, payload in rows:
-                if seq is not None and seq <= highest:
-                    duplicates.append((len(results), seq))
-                    results.append((0, True))
+                if producer is not None and seq is not None and seq <= highest.get(producer, -1):
+                    duplicates[producer].append((len(results), len(result), seq))
+                    result.append((0, True))
                     continue
-                if seq is not None:
-                    highest = seq
+                if producer is not None and seq is not None:
+                    highest[producer] = seq
                 last += 1
                 records.append((lease.topic, lease.partition, last, key, is_text, payload, producer, seq))
-                results.append((last, False))
-            if records:
-                await connection.copy_records_to_table(
-                    "kf_messages",
-                    records=records,
-                    columns=["topic", "partition", "position", "key", "key_is_text", "payload", "producer", "seq"],
-                )
-                await connection.execute(
-                    "UPDATE kf_partitions SET last_position = $3 WHERE topic = $1 AND partition = $2",
-                    lease.topic,
-                    lease.partition,
-                    last,
-                )
-                if producer is not None:
-                    await connection.execute(
-                        """INSERT INTO kf_producers (topic, partition, producer, last_seq) VALUES ($1, $2, $3, $4)
-                           ON CONFLICT (topic, partition, producer) DO UPDATE SET last_seq = excluded.last_seq""",
-                        lease.topic,
-                        lease.partition,
-                        producer,
-                        highest,
-                    )
-            if duplicates:
-                stored = await connection.fetch(
-                    """SELECT seq, position FROM kf_messages
-                       WHERE topic = $1 AND partition = $2 AND producer = $3 AND seq = ANY($4::bigint[])""",
-                    lease.topic,
-                    lease.partition,
-                    producer,
-                    [seq for _, seq in duplicates],
-                )
-                at = {int(row["seq"]): int(row["position"]) for row in stored}
-                for index, seq in duplicates:
-                    results[index] = (at.get(seq, 0), True)
+                result.append((last, False))
+            results.append(result)
+        if records:
+            await connection.copy_records_to_table(
+                "kf_messages",
+                records=records,
+                columns=["topic", "partition", "position", "key", "key_is_text", "payload", "producer", "seq"],
+            )
+            await connection.execute(
+                "UPDATE kf_partitions SET last_position = $3 WHERE topic = $1 AND partition = $2",
+                lease.topic,
+                lease.partition,
+                last,
+            )
+            moved = [(producer, seq) for producer, seq in highest.items() if before.get(producer) != seq]
+            await connection.executemany(
+                """INSERT INTO kf_producers (topic, partition, producer, last_seq) VALUES ($1, $2, $3, $4)
+                   ON CONFLICT (topic, partition, producer) DO UPDATE SET last_seq = excluded.last_seq""",
+                [(lease.topic, lease.partition, producer, seq) for producer, seq in moved],
+            )
+        for producer, wanted in duplicates.items():
+            stored = await connection.fetch(
+                """SELECT seq, position FROM kf_messages
+                   WHERE topic = $1 AND partition = $2 AND producer = $3 AND seq = ANY($4::bigint[])""",
+                lease.topic,
+                lease.partition,
+                producer,
+                [seq for _, _, seq in wanted],
+            )
+            at = {int(row["seq"]): int(row["position"]) for row in stored}
+            for batch, index, seq in wanted:
+                results[batch][index] = (at.get(seq, 0), True)
         return results
 
     async def read(self, topic: str, partition: int, after: int, limit: int) -> list[StoredMessage]:
@@ -205,7 +254,7 @@ class PostgresLog:
     async def save_cursor(self, lease: Lease, subscription: str, cursor: Cursor) -> None:
         """Save a subscription's cursor of the leased partition; :class:`FencedError` if the lease is stale."""
         async with self._pool.acquire() as connection, connection.transaction():
-            await self._check_lease(connection, lease)
+            await self.check_lease(connection, lease)
             await connection.execute(
                 """INSERT INTO kf_cursors (topic, partition, subscription, state) VALUES ($1, $2, $3, $4)
                    ON CONFLICT (topic, partition, subscription) DO UPDATE SET state = excluded.state""",
@@ -233,7 +282,7 @@ class PostgresLog:
         return None if row is None else (str(row["owner"]), int(row["owner_epoch"]))
 
     @staticmethod
-    async def _check_lease(connection: Any, lease: Lease) -> int:
+    async def check_lease(connection: Any, lease: Lease) -> int:
         """Lock the partition's row for this transaction and check the lease; its last position."""
         row = await connection.fetchrow(
             """SELECT owner, owner_epoch, last_position FROM kf_partitions
@@ -250,6 +299,290 @@ class PostgresLog:
         return int(row["last_position"])
 
 
+Locate = Callable[[str], tuple[str, int]]
+"""A served topic name -> ``(topic, partition)`` as the log keys it (``T-partition-p`` -> ``(T, p)``)."""
+
+
+class PostgresStore(Store):
+    """A cluster broker's :class:`Store`: the shared log in PostgreSQL, written only under leases.
+
+    The broker serves a topic (a partition) from :meth:`acquire`, which bumps its owner epoch,
+    to :meth:`release`; every write checks the lease in its transaction. A write refused
+    because another broker took the partition meanwhile drops the lease and calls
+    ``on_fenced(topic)``: the server stops serving it.
+    """
+
+    def __init__(self, dsn: str, locate: Locate) -> None:
+        super().__init__()
+        self._dsn = dsn
+        self.owner = ""
+        """Who opens partitions (the broker id PostgreSQL records); set before the first :meth:`acquire`."""
+        self._locate = locate
+        self._log: PostgresLog | None = None
+        self._leases: dict[str, Lease] = {}
+        self.on_fenced: Callable[[str], None] = lambda topic: None
+
+    @property
+    def log(self) -> PostgresLog:
+        if self._log is None:
+            raise LogError("the PostgreSQL store is not open")
+        return self._log
+
+    def serves(self, topic: str) -> bool:
+        return topic in self._leases
+
+    def served(self) -> dict[str, Lease]:
+        """The topics this broker serves now, with their leases."""
+        return dict(self._leases)
+
+    async def acquire(self, topic: str) -> Lease:
+        """Serve ``topic``: bump its owner epoch (fencing whoever had it) and learn its last position."""
+        name, partition = self._locate(topic)
+        lease = await self.log.open_partition(name, partition, self.owner)
+        self._leases[topic] = lease
+        self._last[topic] = lease.last_position
+        return lease
+
+    def release(self, topic: str) -> None:
+        """Stop serving ``topic``: nothing more is written for it by this broker."""
+        self._leases.pop(topic, None)
+        self._last.pop(topic, None)
+
+    def _lease(self, topic: str) -> Lease:
+        lease = self._leases.get(topic)
+        if lease is None:
+            raise NotServedError(f"this broker does not serve {topic!r} now; nothing was written")
+        return lease
+
+    def _fenced(self, topic: str, lease: Lease) -> None:
+        if self._leases.get(topic) is lease:
+            _log.warning("%s: fenced out of %r (another broker opened it); it stops serving it", self.owner, topic)
+            self.release(topic)
+            self.on_fenced(topic)
+
+    async def _open(self) -> dict[str, int]:
+        self._log = await PostgresLog.connect(self._dsn, max_size=8)
+        return {}
+
+    async def _shut(self) -> None:
+        if self._log is not None:
+            await self._log.close()
+
+    async def _write(self, batches: list[Batch]) -> list[Result | BaseException]:
+        by_topic: dict[str, list[int]] = defaultdict(list)
+        for index, (topic, _, _) in enumerate(batches):
+            by_topic[topic].append(index)
+        results: list[Result | BaseException] = [LogError("not written")] * len(batches)
+
+        async def write(topic: str, indexes: list[int]) -> None:
+            try:
+                lease = self._lease(topic)
+                try:
+                    stored = await self.log.append_batches(lease, [batches[i][1:] for i in indexes])
+                except FencedError:
+                    self._fenced(topic, lease)
+                    raise
+            except LogError as exc:
+                if len(indexes) > 1 and not isinstance(exc, NotServedError):  # one bad request: the others alone
+                    for i in indexes:
+                        await write(topic, [i])
+                    return
+                for i in indexes:
+                    results[i] = exc
+                return
+            for i, result in zip(indexes, stored, strict=True):
+                results[i] = result
+
+        await asyncio.gather(*(write(topic, indexes) for topic, indexes in by_topic.items()))
+        return results
+
+    async def read(self, topic: str, after: int, limit: int) -> list[StoredMessage]:
+        name, partition = self._locate(topic)
+        return await self.log.read(name, partition, after, limit)
+
+    async def read_positions(self, topic: str, positions: Iterable[int]) -> dict[int, StoredMessage]:
+        name, partition = self._locate(topic)
+        rows = await self.log.pool.fetch(
+            """SELECT position, key, key_is_text, payload FROM kf_messages
+               WHERE topic = $1 AND partition = $2 AND position = ANY($3::bigint[])""",
+            name,
+            partition,
+            list(positions),
+        )
+        return {
+            int(r["position"]): StoredMessage(
+                int(r["position"]), _stored_key(r["key"], r["key_is_text"]), bytes(r["payload"])
+            )
+            for r in rows
+        }
+
+    async def subscriptions(self, topic: str) -> list[str]:
+        name, partition = self._locate(topic)
+        rows = await self.log.pool.fetch(
+            "SELECT subscription FROM kf_cursors WHERE topic = $1 AND partition = $2 ORDER BY subscription",
+            name,
+            partition,
+        )
+        return [str(row["subscription"]) for row in rows]
+
+    async def load_cursor(self, topic: str, subscription: str) -> Cursor:
+        name, partition = self._locate(topic)
+        try:
+            return await self.log.load_cursor(name, partition, subscription)
+        except CursorError as exc:
+            raise LogFileError(f"the cursor of {subscription!r} on {topic!r} is unreadable: {exc}") from exc
+
+    async def save_cursors(self, cursors: Sequence[tuple[str, str, Cursor]]) -> None:
+        for topic, subscription, cursor in cursors:
+            lease = self._lease(topic)
+            try:
+                await self.log.save_cursor(lease, subscription, cursor)
+            except FencedError:
+                self._fenced(topic, lease)
+                raise
+
+    async def _setting(self, topic: str, subscription: str, column: str) -> Any:
+        return await self.log.pool.fetchval(
+            f"SELECT {column} FROM kf_subscription_settings WHERE topic = $1 AND subscription = $2",
+            topic,
+            subscription,
+        )
+
+    async def load_consume_mode(self, topic: str, subscription: str) -> str | None:
+        found = await self._setting(topic, subscription, "consume_mode")
+        return None if found is None else str(found)
+
+    async def save_consume_mode(self, topic: str, subscription: str, mode: str) -> None:
+        if mode not in ("ordered", "unordered"):
+            raise LogError(f"consume mode must be 'ordered' or 'unordered', not {mode!r}")
+        await self.log.pool.execute(
+            """INSERT INTO kf_subscription_settings (topic, subscription, consume_mode) VALUES ($1, $2, $3)
+               ON CONFLICT (topic, subscription) DO UPDATE SET consume_mode = excluded.consume_mode""",
+            topic,
+            subscription,
+            mode,
+        )
+
+    async def load_delivery_settings(self, topic: str, subscription: str) -> dict[str, float | int | None]:
+        found = await self._setting(topic, subscription, "settings")
+        settings = {} if found is None else json.loads(found)
+        return {name: settings[name] for name in DELIVERY_SETTINGS if name in settings}
+
+    async def save_delivery_settings(self, topic: str, subscription: str, settings: Mapping[str, object]) -> None:
+        unknown = sorted(set(settings) - set(DELIVERY_SETTINGS))
+        if unknown:
+            raise LogError(f"unknown delivery settings {unknown}; expected some of {DELIVERY_SETTINGS}")
+        await self.log.pool.execute(
+            """INSERT INTO kf_subscription_settings (topic, subscription, settings) VALUES ($1, $2, $3)
+               ON CONFLICT (topic, subscription) DO UPDATE SET settings = excluded.settings""",
+            topic,
+            subscription,
+            json.dumps(dict(settings), sort_keys=True),
+        )
+
+    async def _dead_letter(self, topic: str, subscription: str, letters: Sequence[Letter]) -> list[int]:
+        lease = self._lease(topic)
+        rows = [
+            (position, *_message(None, (None, key, payload))[1:], count, reason)
+            for position, key, payload, count, reason in letters
+        ]
+        now = time.time()
+        try:
+            async with self.log.pool.acquire() as connection, connection.transaction():
+                await PostgresLog.check_lease(connection, lease)
+                last = await connection.fetchval(
+                    """SELECT coalesce(max(dlq_position), 0) FROM kf_dead_letters
+                       WHERE topic = $1 AND partition = $2 AND subscription = $3""",
+                    lease.topic,
+                    lease.partition,
+                    subscription,
+                )
+                positions = list(range(int(last) + 1, int(last) + 1 + len(rows)))
+                await connection.copy_records_to_table(
+                    "kf_dead_letters",
+                    records=[
+                        (
+                            lease.topic,
+                            lease.partition,
+                            subscription,
+                            at,
+                            position,
+                            key,
+                            is_text,
+                            payload,
+                            count,
+                            reason,
+                            now,
+                        )
+                        for at, (position, key, is_text, payload, count, reason) in zip(positions, rows, strict=True)
+                    ],
+                    columns=[
+                        "topic",
+                        "partition",
+                        "subscription",
+                        "dlq_position",
+                        "position",
+                        "key",
+                        "key_is_text",
+                        "payload",
+                        "redelivery_count",
+                        "reason",
+                        "time",
+                    ],
+                )
+        except FencedError:
+            self._fenced(topic, lease)
+            raise
+        return positions
+
+    async def dead_letters(self, topic: str, subscription: str, limit: int) -> list[DeadLetterRecord]:
+        name, partition = self._locate(topic)
+        rows = await self.log.pool.fetch(
+            """SELECT dlq_position, position, key, key_is_text, payload, redelivery_count, reason, time, replayed_at
+               FROM kf_dead_letters WHERE topic = $1 AND partition = $2 AND subscription = $3
+               ORDER BY dlq_position LIMIT $4""",
+            name,
+            partition,
+            subscription,
+            limit,
+        )
+        return [
+            DeadLetterRecord(
+                int(r["dlq_position"]),
+                int(r["position"]),
+                _stored_key(r["key"], r["key_is_text"]),
+                bytes(r["payload"]),
+                int(r["redelivery_count"]),
+                str(r["reason"]),
+                float(r["time"]),
+                None if r["replayed_at"] is None else int(r["replayed_at"]),
+            )
+            for r in rows
+        ]
+
+    async def _replay_dead_letters(self, topic: str, subscription: str) -> list[StoredMessage]:
+        lease = self._lease(topic)
+        waiting = [r for r in await self.dead_letters(topic, subscription, 2**62) if r.replayed_at is None]
+        if not waiting:
+            return []
+        rows = [_message(None, (None, r.key, r.payload)) for r in waiting]
+        try:
+            async with self.log.pool.acquire() as connection, connection.transaction():
+                [stored] = await self.log.append_in(connection, lease, [(None, rows)])
+                await connection.executemany(
+                    """UPDATE kf_dead_letters SET replayed_at = $5
+                       WHERE topic = $1 AND partition = $2 AND subscription = $3 AND dlq_position = $4""",
+                    [
+                        (lease.topic, lease.partition, subscription, r.dlq_position, position)
+                        for r, (position, _) in zip(waiting, stored, strict=True)
+                    ],
+                )
+        except FencedError:
+            self._fenced(topic, lease)
+            raise
+        return [StoredMessage(position, r.key, r.payload) for r, (position, _) in zip(waiting, stored, strict=True)]
+
+
 def _check_partition(topic: object, partition: object) -> None:
     if not isinstance(topic, str) or not topic:
         raise LogError(f"topic must be a non-empty str, not {topic!r}")
@@ -257,7 +590,11 @@ def _check_partition(topic: object, partition: object) -> None:
         raise LogError(f"partition must be an int >= 0, not {partition!r}")
 
 
-def _message(producer: str | None, message: Message) -> tuple[int | None, bytes | None, bool, bytes]:
+Row = tuple[int | None, bytes | None, bool, bytes]
+"""``(seq, key bytes, key was a str, payload)``: a message as :func:`_message` checked it."""
+
+
+def _message(producer: str | None, message: Message) -> Row:
     """``(seq, key bytes, key was a str, payload)`` of one message to append, checked."""
     seq, key, payload = message
     if producer is not None and (type(seq) is not int or seq < 0):

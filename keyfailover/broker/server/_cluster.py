@@ -1,0 +1,168 @@
+"""A server as one broker of a cluster: level 1 (ZooKeeper) decides which partitions it serves,
+the shared log in PostgreSQL holds everything, and owner epochs fence a broker that lost one.
+
+The cluster member's worker thread tells this broker when it holds a partition's barrier
+(:meth:`BrokerRole._acquired`) and before it lets one go (:meth:`BrokerRole._released`); each
+call waits until the server's event loop has taken the partition's lease, or stopped serving it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from keyfailover.broker.cluster import ClusterMember, parse_cluster_url
+from keyfailover.broker.storage.postgresql import PostgresStore
+from keyfailover.core.errors import ConfigError
+from keyfailover.core.histogram import Histogram
+from keyfailover.core.partitions import PartitionId, partition_topic
+
+__all__ = ["BrokerRole"]
+
+_log = logging.getLogger("keyfailover.cluster")
+_HANDOVER_TIMEOUT = 60.0  # seconds the member's thread waits for the loop to open or close a partition
+
+
+class _Served(Protocol):
+    """What the broker role needs of its server."""
+
+    def partition_of(self, served: str) -> tuple[str, int, int]: ...
+
+    def learn_partitions(self, topic: str, partitions: int) -> None: ...
+
+    async def open_served(self, served: str) -> None: ...
+
+    async def close_served(self, served: str, reason: str) -> None: ...
+
+
+class BrokerRole:
+    """This server's membership in the cluster at ``cluster_url``, with its PostgreSQL store."""
+
+    def __init__(
+        self,
+        server: _Served,
+        cluster_url: str,
+        store_dsn: str,
+        *,
+        broker_id: str | None = None,
+        session_timeout: float = 10.0,
+        min_rebalance_interval: float = 0.0,
+    ) -> None:
+        self._server = server
+        self._hosts, self._root = parse_cluster_url(cluster_url)
+        self._broker_id = broker_id
+        self.store = PostgresStore(store_dsn, self._locate)
+        self._session_timeout = session_timeout
+        self._min_rebalance_interval = min_rebalance_interval
+        self._member: ClusterMember | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.acquired = 0  # partitions taken over (a failover or a rebalance each)
+        self.released = 0
+        self.acquire_seconds = Histogram()
+        """Seconds from the assignment that gave this broker a partition to its lease: barrier and open."""
+
+    @property
+    def member(self) -> ClusterMember:
+        if self._member is None:
+            raise ConfigError("the broker has not joined its cluster yet")
+        return self._member
+
+    async def join(self, advertise: str) -> None:
+        """Join the cluster as the broker clients reach at ``advertise`` (``HOST:PORT``); its store is open."""
+        self._loop = asyncio.get_running_loop()
+        self.store.owner = self._broker_id or advertise
+        member = ClusterMember(
+            self._hosts,
+            self._root,
+            self.store.owner,
+            advertise,
+            session_timeout=self._session_timeout,
+            min_rebalance_interval=self._min_rebalance_interval,
+            on_acquired=self._acquired,
+            on_released=self._released,
+        )
+        await self._loop.run_in_executor(None, member.start)
+        self._member = member
+
+    async def stop(self) -> None:
+        """Stop serving every partition, leave the cluster (the store is closed by the server after)."""
+        member, self._member = self._member, None
+        if member is not None and self._loop is not None:
+            await self._loop.run_in_executor(None, member.stop)
+
+    # -- level 1 -> this broker --------------------------------------------------------
+
+    def _served_name(self, partition: PartitionId) -> str:
+        topic, index = partition
+        count = self.member.state.topics.get(topic) or self.member.topics().get(topic, index + 1)
+        return partition_topic(topic, index, max(count, index + 1))
+
+    def _acquired(self, partition: PartitionId) -> None:
+        """The member holds the barrier: take the lease and serve (on the member's thread)."""
+        started = time.monotonic()
+        served = self._served_name(partition)
+        self._server.learn_partitions(partition[0], self.member.state.topics.get(partition[0], 1))
+        self._handover(self._open(served), f"open {served!r}")
+        self.acquired += 1
+        self.acquire_seconds.observe(time.monotonic() - started)
+
+    async def _open(self, served: str) -> None:
+        await self.store.acquire(served)
+        await self._server.open_served(served)
+
+    def _released(self, partition: PartitionId) -> None:
+        """Stop serving before the member lets the barrier go (on the member's thread)."""
+        served = self._served_name(partition)
+        self._handover(self._close(served), f"close {served!r}")
+        self.released += 1
+
+    async def _close(self, served: str) -> None:
+        await self._server.close_served(served, "moved")
+        self.store.release(served)
+
+    def _handover(self, work: Awaitable[None], what: str) -> None:
+        if self._loop is None or self._loop.is_closed():
+            return
+        future = asyncio.run_coroutine_threadsafe(_run(work), self._loop)
+        try:
+            future.result(timeout=_HANDOVER_TIMEOUT)
+        except Exception:
+            _log.exception("broker %s could not %s", self.member.broker_id, what)
+
+    # -- what the server asks ------------------------------------------------------------
+
+    def _locate(self, served: str) -> tuple[str, int]:
+        topic, index, _ = self._server.partition_of(served)
+        return topic, index
+
+    async def partition_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = await self._in_executor(self.member.topics)
+        return counts
+
+    async def create_partitioned_topic(self, topic: str, partitions: int) -> bool:
+        created: bool = await self._in_executor(lambda: self.member.create_topic(topic, partitions))
+        self._server.learn_partitions(topic, partitions)
+        return created
+
+    async def route(self, topic: str) -> list[str | None]:
+        """The address of the broker serving each partition of ``topic`` (created with one if new)."""
+        state = self.member.state
+        count = state.topics.get(topic)
+        if count is None:
+            count = (await self.partition_counts()).get(topic)
+        if count is None:
+            await self.create_partitioned_topic(topic, 1)
+            count = 1
+        self._server.learn_partitions(topic, count)
+        owners = state.assignment.owners
+        return [state.addresses.get(owners.get((topic, index), "")) for index in range(count)]
+
+    async def _in_executor(self, call: Callable[[], Any]) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(None, call)
+
+
+async def _run(work: Awaitable[None]) -> None:
+    await work

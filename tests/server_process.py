@@ -49,9 +49,12 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) 
 
 
 class ServerProcess:
-    """``keyfailover serve`` in a child process, on a free loopback port."""
+    """``keyfailover serve`` in a child process, on a free loopback port.
 
-    def __init__(self, data_dir: Path, *extra: str, port: int = 0) -> None:
+    ``data_dir`` None: a broker of a cluster (``extra`` then gives ``--cluster`` and ``--store``).
+    """
+
+    def __init__(self, data_dir: Path | None, *extra: str, port: int = 0) -> None:
         self.data_dir = data_dir
         self.extra = extra
         self.port = port
@@ -65,8 +68,7 @@ class ServerProcess:
             "-m",
             "keyfailover",
             "serve",
-            "--data-dir",
-            str(self.data_dir),
+            *([] if self.data_dir is None else ["--data-dir", str(self.data_dir)]),
             "--host",
             "127.0.0.1",
             "--port",
@@ -99,6 +101,16 @@ class ServerProcess:
         assert self.process is not None
         self.process.kill()
         self.process.wait(timeout=10)
+
+    def suspend(self) -> None:
+        """SIGSTOP: the process is alive but does nothing (a long GC pause, a frozen VM)."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`suspend`."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
 
     def stop(self) -> int:
         """SIGTERM and wait for a clean exit; returns the exit code."""

@@ -447,6 +447,7 @@ class AsyncClient:
         self._closed = False
         self._failure: ServerError | None = None
         self._relocating: dict[_PartProducer | _PartConsumer, asyncio.Task[None]] = {}
+        self._again: set[_PartProducer | _PartConsumer] = set()
 
     async def connect(self) -> AsyncClient:
         """Connect to the first broker of the URL that answers (done by the first create_producer/subscribe)."""
@@ -551,14 +552,15 @@ class AsyncClient:
         for task in list(self._relocating.values()):
             task.cancel()
         for link in list(self._links.values()):
-            await link.close()
-        self._links.clear()
+            await link.close()  # kept: server_errors() still counts what they were sent
 
     # -- brokers and partitions ------------------------------------------------------
 
     async def _link(self, address: Address) -> _Link:
         """The connection to the broker at ``address``, connected first if new."""
         link = self._links.get(address)
+        if link is not None and link.failure is not None:
+            raise link.failure  # refused for good (e.g. a wrong token): no retry cures it
         if link is not None and not link.closed:
             return link
         connecting = self._connecting.get(address)
@@ -652,42 +654,50 @@ class AsyncClient:
 
     def _lost(self, part: _PartProducer | _PartConsumer) -> None:
         """``part`` lost its broker (a dropped connection, ``not_owner``, a moved partition): find it again."""
-        if self._closed or part in self._relocating:
+        if self._closed:
+            return
+        if part in self._relocating:
+            self._again.add(part)  # the search under way looks once more before it ends
             return
         task = asyncio.get_running_loop().create_task(self._relocate(part), name=f"keyfailover-relocate {part.topic}")
         self._relocating[part] = task
 
     async def _relocate(self, part: _PartProducer | _PartConsumer) -> None:
-        """Look ``part``'s topic up until its partition has a live broker, and move it there.
+        """Look ``part``'s topic up until its partition's broker takes it, and move it there.
 
-        Its own broker coming back (the connection re-established) ends the search too: the
-        link then resubscribes and resends by itself.
+        After each move or retry the search waits (backoff with jitter, doubling): when the
+        part is lost again meanwhile (the new broker has not opened the partition yet: it
+        answers ``not_owner``), it looks again; else it is done. Its own broker coming back
+        (the connection re-established) ends the search too: the link resubscribes and resends.
         """
         delay = _MIN_BACKOFF
         try:
             while not self._closed and not part.closed:
+                self._again.discard(part)
                 address = None
                 with contextlib.suppress(OSError, KeyFailoverError):
                     brokers = await self._lookup(part.base_topic)
                     if part.partition < len(brokers):
                         address = brokers[part.partition]
+                link = None
                 if address is not None:
                     with contextlib.suppress(OSError, KeyFailoverError):
                         link = await self._link(address)
-                        if link is not part.link:
-                            old = part.link
-                            part.move(link)
-                            if not old.parties and old.address not in self._bootstrap:
-                                self._links.pop(old.address, None)
-                                await old.close()
-                            return
-                        if link.ready.is_set():
-                            part.resume()
-                            return
+                if link is not None and link is not part.link:
+                    old = part.link
+                    part.move(link)
+                    if not old.parties and old.address not in self._bootstrap:
+                        self._links.pop(old.address, None)
+                        await old.close()
+                elif link is not None and link.ready.is_set():
+                    part.resume()
                 await asyncio.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, _MAX_BACKOFF)
+                if link is not None and link.ready.is_set() and part not in self._again:
+                    return
         finally:
             self._relocating.pop(part, None)
+            self._again.discard(part)
 
 
 def _message_size(key: Key, payload: bytes) -> int:
@@ -754,6 +764,7 @@ class _PartProducer:
         self._batch = _PendingBatch()
         self._full: list[_PendingBatch] = []  # batches at their limit, not yet sent
         self._flush_scheduled = False
+        self._held = False  # a batch was refused (not_owner): newer ones wait to be resent after it
         self._unconfirmed: dict[int, _PendingBatch] = {}  # req -> batch, in send order
         self._idle = asyncio.Event()
         self._idle.set()
@@ -814,7 +825,8 @@ class _PartProducer:
         for batch in batches:
             req = self.link.next_req()
             self._unconfirmed[req] = batch
-            self._transmit(req, batch)
+            if not self._held:  # held: sent, in order, with the refused ones
+                self._transmit(req, batch)
 
     def _transmit(self, req: int, batch: _PendingBatch) -> None:
         frame = Produce(req=req, topic=self.topic, producer=self.producer_name, messages=batch.messages)
@@ -826,7 +838,10 @@ class _PartProducer:
         if reply is None:
             return  # connection lost: kept in _unconfirmed and resent after reconnecting
         if isinstance(reply, Error) and reply.code == ErrorCode.NOT_OWNER:
-            self._on_lost(self)  # kept in _unconfirmed, and resent to the partition's broker once found
+            # Kept in _unconfirmed, with everything after it (the broker refuses those too), and resent
+            # in order to the partition's broker once found; newer batches wait for that.
+            self._held = True
+            self._on_lost(self)
             return
         batch = self._unconfirmed.pop(req, None)
         if batch is None:
@@ -853,7 +868,8 @@ class _PartProducer:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        """Closed, or failed for good."""
+        return self._closed or self._failure is not None
 
     def disconnected(self) -> None:
         """Unconfirmed batches stay queued for resending; the partition may have moved: look."""
@@ -869,9 +885,8 @@ class _PartProducer:
             self.reconnected()
 
     def resume(self) -> None:
-        """Resend what is unconfirmed, unless some of it is still awaiting the broker's answer."""
-        if not any(req in self.link.pending for req in self._unconfirmed):
-            self.reconnected()
+        """Resend everything unconfirmed, in order: what was refused, and what was sent after it."""
+        self.reconnected()
 
     def failed(self, error: ServerError) -> None:
         """The link failed for good: every message not yet confirmed fails with ``error``."""
@@ -887,6 +902,7 @@ class _PartProducer:
 
     def reconnected(self) -> None:
         """Resend every unconfirmed batch, in order; split where the new server takes smaller frames."""
+        self._held = False
         old, self._unconfirmed = self._unconfirmed, {}
         for batch in old.values():
             for part in batch.split(self.link.max_batch_bytes):
@@ -1026,7 +1042,8 @@ class _PartConsumer:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        """Closed, or ended for good."""
+        return self._closed or self.ended is not None
 
     # -- subscription ----------------------------------------------------------------
 

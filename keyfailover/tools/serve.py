@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import sys
 
@@ -13,7 +14,16 @@ __all__ = ["run_server"]
 
 
 async def run_server(config: ServerConfig) -> int:
-    """Serve until a stop signal; prints ``listening on HOST:PORT`` once accepting."""
+    """Serve until a stop signal; prints ``listening on HOST:PORT`` once accepting.
+
+    A broker of a cluster also prints each partition it starts or stops serving, with its owner epoch.
+    """
+    if config.cluster is not None:
+        events = logging.StreamHandler(sys.stderr)
+        events.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        ownership = logging.getLogger("keyfailover.ownership")
+        ownership.addHandler(events)
+        ownership.setLevel(logging.INFO)
     server = Server(config)
     serve_metrics(server)
     await server.start()

@@ -701,6 +701,7 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self.authenticated = False
         self._sessions: dict[int, Session] = {}
+        self._refused: dict[tuple[str, str], int] = {}  # (topic, producer) -> first seq refused with not_owner
         self._closed = False
         self.opened = self.last_seen = time.monotonic()
         self.partial_since: float | None = None  # when the frame still incomplete began to arrive
@@ -850,7 +851,13 @@ class _Connection(asyncio.Protocol):
     def _produce(self, frame: Produce) -> None:
         if self._server.closing:
             raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the server is shutting down; nothing was stored")
-        block = self._server.check_served(frame.topic, "produce to")
+        self._check_resend(frame)
+        try:
+            block = self._server.check_served(frame.topic, "produce to")
+        except ProtocolError as exc:
+            if exc.code == ErrorCode.NOT_OWNER:
+                self._refuse_after(frame)
+            raise
         if block is not None:
             _check_keys(frame, *block)
         future = self._server.storage.append(frame.topic, frame.producer, frame.messages)
@@ -861,6 +868,7 @@ class _Connection(asyncio.Protocol):
             if exc is not None:
                 if isinstance(exc, NotServedError):
                     code = ErrorCode.NOT_OWNER
+                    self._refuse_after(frame)
                 else:
                     code = ErrorCode.INVALID_MESSAGE if isinstance(exc, KeyFailoverError) else ErrorCode.INTERNAL
                 self.send(Error(code=code, message=str(exc), req=req))
@@ -869,6 +877,32 @@ class _Connection(asyncio.Protocol):
             self.send(Receipt(req=req, positions=[p for p, _ in result], duplicates=[dup for _, dup in result]))
 
         future.add_done_callback(answer)
+
+    def _refuse_after(self, frame: Produce) -> None:
+        """A named producer's produce was refused with ``not_owner``: refuse its later ones on this
+        connection too, until it resends from the refused one. A later batch stored while an earlier
+        one waits for its resend would take its sequence ids out of order (and the resend would then
+        be dropped as a duplicate of ids never stored)."""
+        if frame.producer is not None and frame.messages and frame.messages[0][0] is not None:
+            self._refused.setdefault((frame.topic, frame.producer), frame.messages[0][0])
+
+    def _check_resend(self, frame: Produce) -> None:
+        """Refuse a produce that skips over a refused one of its producer (see :meth:`_refuse_after`)."""
+        if frame.producer is None or not self._refused:
+            return
+        key = (frame.topic, frame.producer)
+        refused = self._refused.get(key)
+        if refused is None:
+            return
+        first = frame.messages[0][0] if frame.messages else None
+        if first is not None and first <= refused:
+            del self._refused[key]  # the resend: from here on in order again
+            return
+        raise ProtocolError(
+            ErrorCode.NOT_OWNER,
+            f"an earlier produce of {frame.producer!r} to {frame.topic!r} (sequence id {refused}) was refused; "
+            "nothing was stored: resend from that one, in order, to the partition's broker",
+        )
 
     async def _subscribe(self, frame: Subscribe) -> None:
         try:

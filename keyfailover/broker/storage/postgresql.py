@@ -35,6 +35,7 @@ from keyfailover.core.errors import CursorError, LogError, LogFileError
 __all__ = ["FencedError", "Lease", "PostgresLog", "PostgresStore"]
 
 _log = logging.getLogger("keyfailover.server")
+_ownership = logging.getLogger("keyfailover.ownership")  # every partition a broker starts or stops serving
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS kf_partitions (
@@ -54,6 +55,7 @@ _SCHEMA = (
         payload BYTEA NOT NULL,
         producer TEXT,
         seq BIGINT,
+        epoch BIGINT NOT NULL,                -- the owner epoch it was written under (audits fencing)
         PRIMARY KEY (topic, partition, position)
     )""",
     """CREATE INDEX IF NOT EXISTS kf_messages_by_producer_seq
@@ -200,14 +202,14 @@ class PostgresLog:
                 if producer is not None and seq is not None:
                     highest[producer] = seq
                 last += 1
-                records.append((lease.topic, lease.partition, last, key, is_text, payload, producer, seq))
+                records.append((lease.topic, lease.partition, last, key, is_text, payload, producer, seq, lease.epoch))
                 result.append((last, False))
             results.append(result)
         if records:
             await connection.copy_records_to_table(
                 "kf_messages",
                 records=records,
-                columns=["topic", "partition", "position", "key", "key_is_text", "payload", "producer", "seq"],
+                columns=["topic", "partition", "position", "key", "key_is_text", "payload", "producer", "seq", "epoch"],
             )
             await connection.execute(
                 "UPDATE kf_partitions SET last_position = $3 WHERE topic = $1 AND partition = $2",
@@ -341,12 +343,15 @@ class PostgresStore(Store):
         lease = await self.log.open_partition(name, partition, self.owner)
         self._leases[topic] = lease
         self._last[topic] = lease.last_position
+        _ownership.info("broker %s serves %r at owner epoch %d", self.owner, topic, lease.epoch)
         return lease
 
     def release(self, topic: str) -> None:
         """Stop serving ``topic``: nothing more is written for it by this broker."""
-        self._leases.pop(topic, None)
+        lease = self._leases.pop(topic, None)
         self._last.pop(topic, None)
+        if lease is not None:
+            _ownership.info("broker %s stops serving %r (owner epoch %d)", self.owner, topic, lease.epoch)
 
     def _lease(self, topic: str) -> Lease:
         lease = self._leases.get(topic)
@@ -382,7 +387,7 @@ class PostgresStore(Store):
                 except FencedError:
                     self._fenced(topic, lease)
                     raise
-            except LogError as exc:
+            except (LogError, NotServedError) as exc:
                 if len(indexes) > 1 and not isinstance(exc, NotServedError):  # one bad request: the others alone
                     for i in indexes:
                         await write(topic, [i])

@@ -1,0 +1,287 @@
+"""Brokers of a cluster failing: real ``keyfailover serve --cluster`` processes over the test
+session's ZooKeeper and PostgreSQL, killed (SIGKILL) and suspended (SIGSTOP) under traffic.
+
+Every test checks the invariants: no acknowledged produce lost, each key's produced order a
+subsequence of its consumed order, and never two brokers serving one partition: each owner
+epoch belongs to one broker (from the brokers' own ownership events), and a partition's
+messages were written under non-decreasing epochs (from the ``epoch`` PostgreSQL records with
+every row), so a broker that lost a partition never wrote after its successor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from keyfailover.client import Client, NoBrokerError
+from keyfailover.core.partitions import partition_of_key, partition_topic
+from keyfailover.tools.services import PostgreSQL, ZooKeeper, free_port
+from tests.server_process import ServerProcess, run_cli, wait_until
+
+SESSION = 1.0  # the brokers' ZooKeeper session timeout in these tests
+WAIT = 60.0
+_SERVES = re.compile(r"broker (\S+) serves '([^']+)' at owner epoch (\d+)")
+
+
+@pytest.fixture
+def cluster(zookeeper: ZooKeeper) -> Iterator[str]:
+    """A fresh cluster root in the shared ZooKeeper."""
+    yield f"zk://{zookeeper.hosts}/kf-failover-{uuid.uuid4().hex[:8]}"
+
+
+def broker(cluster: str, postgres: PostgreSQL) -> ServerProcess:
+    port = free_port()
+    return ServerProcess(
+        None,
+        "--cluster",
+        cluster,
+        "--store",
+        postgres.dsn,
+        "--cluster-session-timeout",
+        str(SESSION),
+        "--advertise",
+        f"127.0.0.1:{port}",
+        port=port,
+    ).start()
+
+
+def status(cluster: str) -> dict[str, Any]:
+    done = run_cli("cluster", "status", "--cluster", cluster, "--json")
+    assert done.returncode == 0, done.stderr
+    found: dict[str, Any] = json.loads(done.stdout)
+    return found
+
+
+def served_by(cluster: str) -> dict[tuple[str, int], str]:
+    return {(p["topic"], p["partition"]): p["broker"] for p in status(cluster)["assignment"]["partitions"]}
+
+
+def epochs_of_events(brokers: list[ServerProcess]) -> dict[tuple[str, int], str]:
+    """(served topic, owner epoch) -> the broker that opened the partition at that epoch, from its stderr;
+    fails when two brokers claim one epoch."""
+    owners: dict[tuple[str, int], str] = {}
+    for process in brokers:
+        for broker_id, served, epoch in _SERVES.findall(process.errors()):
+            key = (served, int(epoch))
+            assert owners.setdefault(key, broker_id) == broker_id, f"two brokers opened {served} at epoch {epoch}"
+    return owners
+
+
+def written_epochs(postgres: PostgreSQL, topic: str) -> dict[int, list[int]]:
+    """Partition -> the owner epoch of each of its messages, in position order."""
+
+    async def fetch() -> list[Any]:
+        connection = await asyncpg.connect(postgres.dsn)
+        try:
+            return list(
+                await connection.fetch(
+                    "SELECT partition, epoch FROM kf_messages WHERE topic = $1 ORDER BY partition, position", topic
+                )
+            )
+        finally:
+            await connection.close()
+
+    found: dict[int, list[int]] = defaultdict(list)
+    for row in asyncio.run(fetch()):
+        found[int(row["partition"])].append(int(row["epoch"]))
+    return found
+
+
+def check_one_writer(postgres: PostgreSQL, topic: str, partitions: int, brokers: list[ServerProcess]) -> None:
+    owners = epochs_of_events(brokers)
+    for partition, epochs in written_epochs(postgres, topic).items():
+        assert epochs == sorted(epochs), f"partition {partition}: a fenced broker wrote after its successor"
+        served = partition_topic(topic, partition, partitions)
+        assert {(served, e) for e in epochs} <= owners.keys(), f"partition {partition}: an epoch no broker opened"
+
+
+class Traffic:
+    """A producer thread sending numbered messages per key until stopped, recording what was acknowledged."""
+
+    def __init__(self, client: Client, topic: str, keys: list[str]) -> None:
+        self._producer = client.create_producer(topic, "traffic")
+        self._keys = keys
+        self.acked: dict[str, list[int]] = defaultdict(list)
+        self.failed: list[BaseException] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Traffic:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        number = 0
+        while not self._stop.is_set():
+            for key in self._keys:
+                payload = f"{key}:{number}".encode()
+
+                def done(position: int | None, error: BaseException | None, key: str = key, n: int = number) -> None:
+                    with self._lock:
+                        if error is None:
+                            self.acked[key].append(n)
+                        else:
+                            self.failed.append(error)
+
+                self._producer.send_async(payload, key, done)
+            number += 1
+            self._stop.wait(0.01)
+
+    def sent(self) -> int:
+        with self._lock:
+            return sum(map(len, self.acked.values()))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=WAIT)
+        self._producer.flush(timeout=WAIT)
+
+
+def consume_all(client: Client, topic: str, acked: dict[str, list[int]]) -> dict[str, list[int]]:
+    """Receive until every acknowledged message arrived; each key's consumed numbers in order (with duplicates)."""
+    consumer = client.subscribe(topic, "audit", "auditor", receiver_queue_size=500)
+    wanted = {(key, n) for key, numbers in acked.items() for n in numbers}
+    seen: dict[str, list[int]] = defaultdict(list)
+    deadline = time.monotonic() + WAIT
+    while wanted and time.monotonic() < deadline:
+        message = consumer.receive(timeout=WAIT)
+        consumer.acknowledge(message)
+        key, number = message.payload.decode().rsplit(":", 1)
+        seen[key].append(int(number))
+        wanted.discard((key, int(number)))
+    assert not wanted, f"{len(wanted)} acknowledged messages never consumed, e.g. {sorted(wanted)[:5]}"
+    consumer.close()
+    return seen
+
+
+def check_order(acked: dict[str, list[int]], consumed: dict[str, list[int]]) -> None:
+    """Per key, the acknowledged numbers are a subsequence of the consumed order (OrderChecker)."""
+    for key, numbers in acked.items():
+        stream = iter(consumed[key])
+        assert all(any(n == got for got in stream) for n in sorted(numbers)), f"key {key}: order broken"
+
+
+def test_a_killed_broker_s_partitions_are_served_again_and_nothing_acknowledged_is_lost(
+    cluster: str, postgres: PostgreSQL
+) -> None:
+    topic = f"orders-{uuid.uuid4().hex[:6]}"
+    brokers = [broker(cluster, postgres) for _ in range(3)]
+    try:
+        assert run_cli("topics", "create", topic, "--partitions", "6", "--cluster", cluster).returncode == 0
+        wait_until(lambda: len(set(served_by(cluster).values())) == 3, "every broker serving partitions")
+        url = "kf://" + ",".join(f"127.0.0.1:{b.port}" for b in brokers)
+        keys = [f"key-{i}" for i in range(24)]
+        assert {partition_of_key(k, 6) for k in keys} == set(range(6))
+        with Client(url) as client:
+            traffic = Traffic(client, topic, keys).start()
+            wait_until(lambda: traffic.sent() > 500, "traffic through every partition")
+            victim_id = served_by(cluster)[(topic, 0)]
+            victim = next(b for b in brokers if f"127.0.0.1:{b.port}" == victim_id)
+            before = traffic.sent()
+            victim.kill()
+            killed = time.monotonic()
+            wait_until(lambda: victim_id not in served_by(cluster).values(), "its partitions reassigned", timeout=WAIT)
+            wait_until(lambda: traffic.sent() > before + 500, "traffic flowing again", timeout=WAIT)
+            print(f"partitions served again and traffic flowing {time.monotonic() - killed:.2f} s after the kill")
+            traffic.stop()
+            assert traffic.failed == []
+            consumed = consume_all(client, topic, traffic.acked)
+        check_order(traffic.acked, consumed)
+        check_one_writer(postgres, topic, 6, brokers)
+        survivors = {b["id"] for b in status(cluster)["brokers"]}
+        assert victim_id not in survivors and len(survivors) == 2
+    finally:
+        for process in brokers:
+            if process.process is not None and process.process.poll() is None:
+                process.stop()
+
+
+def test_a_suspended_broker_cannot_write_after_its_session_and_rejoins_as_a_follower(
+    cluster: str, postgres: PostgreSQL
+) -> None:
+    topic = f"orders-{uuid.uuid4().hex[:6]}"
+    brokers = [broker(cluster, postgres) for _ in range(2)]
+    try:
+        assert run_cli("topics", "create", topic, "--partitions", "4", "--cluster", cluster).returncode == 0
+        wait_until(lambda: len(set(served_by(cluster).values())) == 2, "both brokers serving partitions")
+        coordinator = status(cluster)["coordinator"]
+        frozen = next(b for b in brokers if f"127.0.0.1:{b.port}" == coordinator)
+        frozen_id = coordinator
+        url = "kf://" + ",".join(f"127.0.0.1:{b.port}" for b in brokers)
+        keys = [f"key-{i}" for i in range(16)]
+        with Client(url) as client:
+            traffic = Traffic(client, topic, keys).start()
+            wait_until(lambda: traffic.sent() > 300, "traffic through every partition")
+            frozen.suspend()  # its clients' produce requests wait in its socket buffers
+            wait_until(lambda: frozen_id not in served_by(cluster).values(), "its partitions given to the other")
+            frozen.resume()
+            # It comes back with a new session, as a follower: the other broker coordinates now.
+            wait_until(
+                lambda: (
+                    (found := status(cluster))["coordinator"] != frozen_id
+                    and frozen_id in {b["id"] for b in found["brokers"]}
+                ),
+                "the suspended broker back as a follower",
+            )
+            before = traffic.sent()
+            wait_until(lambda: traffic.sent() > before + 300, "traffic flowing again", timeout=WAIT)
+            traffic.stop()
+            assert traffic.failed == []
+            consumed = consume_all(client, topic, traffic.acked)
+        check_order(traffic.acked, consumed)
+        check_one_writer(postgres, topic, 4, brokers)
+        # Whatever it still had to write after the takeover was refused: by its stale lease
+        # (fenced) or because it had stopped serving (not_owner); never stored under its old epoch.
+        events = frozen.errors()
+        assert "stops serving" in events
+    finally:
+        for process in brokers:
+            if process.process is not None and process.process.poll() is None:
+                process.stop()
+
+
+def test_a_broker_says_which_service_it_cannot_reach_and_exits(zookeeper: ZooKeeper, postgres: PostgreSQL) -> None:
+    closed = free_port()
+    no_zk = run_cli(
+        "serve",
+        "--cluster",
+        f"zk://127.0.0.1:{closed}/x",
+        "--store",
+        postgres.dsn,
+        "--port",
+        "0",
+        "--cluster-session-timeout",
+        "1",
+    )
+    assert no_zk.returncode == 1 and "Traceback" not in no_zk.stderr
+    assert f"cannot reach ZooKeeper at 127.0.0.1:{closed}" in no_zk.stderr
+    no_pg = run_cli(
+        "serve",
+        "--cluster",
+        f"zk://{zookeeper.hosts}/x",
+        "--store",
+        f"postgresql://kf@127.0.0.1:{closed}/kf",
+        "--port",
+        "0",
+    )
+    assert no_pg.returncode == 1 and "Traceback" not in no_pg.stderr
+    assert f"cannot reach PostgreSQL at postgresql://kf@127.0.0.1:{closed}/kf" in no_pg.stderr
+    half = run_cli("serve", "--cluster", f"zk://{zookeeper.hosts}/x", "--port", "0")
+    assert half.returncode == 2 and "needs both --cluster" in half.stderr
+
+
+def test_a_client_given_no_live_broker_says_so() -> None:
+    first, second = free_port(), free_port()
+    with pytest.raises(NoBrokerError, match=rf"no broker of kf://127.0.0.1:{first},127.0.0.1:{second} could be"):
+        Client(f"kf://127.0.0.1:{first},127.0.0.1:{second}", connect_timeout=2)

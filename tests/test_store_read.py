@@ -41,7 +41,7 @@ def write_topic(postgres: PostgreSQL, keys: Sequence[Key] = KEYS) -> tuple[str, 
     """A new topic of PARTITIONS partitions, each but the last with messages of a named producer (with sequence
     ids, and a resent duplicate that is not stored again) and of an unnamed one; what was stored, in
     (partition, position) order."""
-    topic = f"orders-{uuid.uuid4().hex[:8]}"
+    topic = f"o'rders\\{uuid.uuid4().hex[:8]}"  # a quote and a backslash: the topic is quoted right in SQL
     written: list[Row] = []
 
     def messages(partition: int, seqs: range, named: bool) -> list[Message]:

@@ -62,9 +62,13 @@ class StoreURL:
         password = None if parts.password is None else unquote(parts.password)
         return cls(unquote(str(parts.username)), password, str(parts.hostname), port or DEFAULT_PORT, unquote(database))
 
+    @property
+    def address(self) -> str:
+        """``host:port``, an IPv6 host in brackets."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
     def __str__(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"postgresql://{self.user}@{host}:{self.port}/{self.database}"
+        return f"postgresql://{self.user}@{self.address}/{self.database}"
 
 
 def check_topic(topic: object) -> str:

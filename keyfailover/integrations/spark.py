@@ -522,9 +522,7 @@ def read_log(spark: SparkSession, store_url: str, topic: str, *, binary_keys: bo
     """
     store = StoreURL.parse(store_url)
     name = _sql_text(check_topic(topic))
-    url = "jdbc:postgresql://{}:{}/{}".format(
-        f"[{store.host}]" if ":" in store.host else store.host, store.port, quote(store.database, safe="")
-    )
+    url = f"jdbc:postgresql://{store.address}/{quote(store.database, safe='')}"
     properties = {"driver": _JDBC_DRIVER, "user": store.user, "connectTimeout": "10", "fetchsize": str(_FETCH_ROWS)}
     if store.password is not None:
         properties["password"] = store.password

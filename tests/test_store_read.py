@@ -22,6 +22,7 @@ from keyfailover.broker.storage.postgresql import PostgresLog
 from keyfailover.broker.storage.sqlite import Key, Message
 from keyfailover.core.errors import LogError
 from keyfailover.integrations import export
+from keyfailover.integrations._store import StoreURL
 from keyfailover.spark import read_log
 from keyfailover.tools.services import PostgreSQL, free_port
 from tests.server_process import run_cli
@@ -93,6 +94,45 @@ def plain(values: Sequence[Any]) -> tuple[Any, ...]:
 
 def by_partition(rows: list[Row]) -> list[list[Row]]:
     return [[row for row in rows if row[0] == partition] for partition in range(PARTITIONS)]
+
+
+# -- store URLs ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "parsed", "shown"),
+    [
+        ("postgresql://kf@127.0.0.1:5433/keyfailover", ("kf", None, "127.0.0.1", 5433, "keyfailover"), None),
+        ("postgres://kf:p%40ss@db.example/log", ("kf", "p@ss", "db.example", 5432, "log"), "kf@db.example:5432/log"),
+        ("postgresql://k%20f:pw@[::1]:7/a%2Bb", ("k f", "pw", "::1", 7, "a+b"), "k f@[::1]:7/a+b"),
+    ],
+)
+def test_a_store_url_gives_its_parts_and_is_shown_without_its_password(
+    url: str, parsed: tuple[Any, ...], shown: str | None
+) -> None:
+    store = StoreURL.parse(url)
+    assert (store.user, store.password, store.host, store.port, store.database) == parsed
+    assert str(store) == (url if shown is None else f"postgresql://{shown}")
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("mysql://kf@h/db", "'mysql://kf@h/db' is not a PostgreSQL URL"),
+        ("postgresql://kf:pw@h/db?sslmode=require", "'postgresql://kf:***@h/db?sslmode=require' has ?options"),
+        ("postgresql://h:5432/db", "names no user"),
+        ("postgresql://kf@:5432/db", "names no host"),
+        ("postgresql://kf:pw@h:99999/db", "'postgresql://kf:***@h:99999/db' is malformed or has a port that is not"),
+        ("postgresql://kf@h:0/db", "has port 0"),
+        ("postgresql://kf@h:5432/", "does not name one database"),
+        ("postgresql://kf@h/db/more", "does not name one database"),
+    ],
+)
+def test_a_store_url_not_of_the_form_says_what_is_wrong(url: str, problem: str) -> None:
+    with pytest.raises(LogError) as info:
+        StoreURL.parse(url)
+    assert problem in str(info.value)
+    assert str(info.value).endswith("; expected postgresql://user[:password]@host[:port]/database")
 
 
 # -- read_log -------------------------------------------------------------------------------------

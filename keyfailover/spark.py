@@ -1,6 +1,7 @@
 """Short import path for the Spark integration (it lives in :mod:`keyfailover.integrations.spark`)."""
 
 from keyfailover.integrations.spark import (
+    POSTGRESQL_JDBC_JAR,
     KeyFunction,
     RangeMapSource,
     load_range_map,
@@ -9,11 +10,13 @@ from keyfailover.integrations.spark import (
     partition_by_consumer,
     partition_by_ranges,
     process_in_key_order,
+    read_log,
     with_key_hash,
     with_range_id,
 )
 
 __all__ = [
+    "POSTGRESQL_JDBC_JAR",
     "KeyFunction",
     "RangeMapSource",
     "load_range_map",
@@ -22,6 +25,7 @@ __all__ = [
     "partition_by_consumer",
     "partition_by_ranges",
     "process_in_key_order",
+    "read_log",
     "with_key_hash",
     "with_range_id",
 ]

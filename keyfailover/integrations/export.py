@@ -1,32 +1,52 @@
-"""Export one topic of a server's embedded log to Parquet or JSON lines, for batch jobs (Spark).
+"""Export one topic of a server's embedded log, or of a cluster's log, to Parquet or JSON lines, for batch jobs (Spark).
 
-The export reads the data directory's log through a :class:`~keyfailover.broker.storage.LogSnapshot`:
+:func:`export_topic` reads the data directory's log through a :class:`~keyfailover.broker.storage.LogSnapshot`:
 a consistent snapshot of the topic as of the last commit before it started, safe while
 ``keyfailover serve`` runs on the same directory (the server's LOCK file is left alone).
+:func:`export_store_topic` reads a cluster's PostgreSQL log with asyncpg, in one read-only
+repeatable-read transaction (a snapshot as of its start), through a cursor, a chunk at a time.
 
 Every message becomes one row: ``position`` (int64), ``key`` (UTF-8 text, or binary with
 ``binary_keys=True``; null for a keyless message), ``payload`` (binary), ``producer`` (the
-producer name, null when it had none) and ``seq`` (its sequence id). The log stores no
-publish time. Parquet files hold those types; a JSON line holds the payload, and a binary
-key, in base64.
+producer name, null when it had none) and ``seq`` (its sequence id); a cluster's export
+starts each row with its ``partition`` (int32), in (partition, position) order. The log
+stores no publish time. Parquet files hold those types; a JSON line holds the payload, and
+a binary key, in base64.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from types import TracebackType
+from typing import Any, Literal, TypeVar
 
 from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, ExportRow, Key, LogSnapshot
 from keyfailover.core.errors import InvalidKeyError, LogError, LogFileError
+from keyfailover.integrations._store import (
+    StoreURL,
+    check_topic,
+    no_log_error,
+    unknown_topic_error,
+    unreadable_error,
+)
 
-__all__ = ["ExportResult", "export_topic"]
+__all__ = ["ExportResult", "StoreExportResult", "export_store_topic", "export_topic"]
 
 Format = Literal["parquet", "jsonl"]
 
+StoreRow = tuple[int, int, Key, bytes, str | None, int | None]
+"""``(partition, position, key, payload, producer name or None, sequence id or None)``: one row of a cluster's log."""
+
+_T = TypeVar("_T")
+_Row = tuple[Any, ...]
+
+_LOG_COLUMNS = ("position", "key", "payload", "producer", "seq")
+_STORE_COLUMNS = ("partition", *_LOG_COLUMNS)
 _CHUNK_ROWS = 65_536
 _ROWS_PER_FILE = 1_000_000
 
@@ -40,6 +60,17 @@ class ExportResult:
     first_position: int | None
     """None when the topic held no message."""
     last_position: int | None
+    files: list[Path]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreExportResult:
+    """What :func:`export_store_topic` wrote."""
+
+    topic: str
+    messages: int
+    partitions: int
+    """The topic's partitions in the log (some may hold no message)."""
     files: list[Path]
 
 
@@ -59,6 +90,49 @@ def export_topic(
     are text unless ``binary_keys``; a key that is not UTF-8 text then raises
     :class:`InvalidKeyError`. On any error the files written so far are removed.
     """
+    out = _output_folder(out_dir, format, rows_per_file)
+    snapshot = LogSnapshot(Path(data_dir) / LOG_FILE_NAME)
+    try:
+        chunks = _chunks(snapshot.messages(topic, _CHUNK_ROWS), binary_keys)
+        parts = _write(
+            out, chunks, format=format, rows_per_file=rows_per_file, columns=_LOG_COLUMNS, binary_keys=binary_keys
+        )
+    finally:
+        snapshot.close()
+    first, last = (None, None) if parts.first is None or parts.last is None else (parts.first[0], parts.last[0])
+    return ExportResult(topic, parts.messages, first, last, parts.files)
+
+
+def export_store_topic(
+    store_url: str,
+    topic: str,
+    out_dir: str | Path,
+    format: Format = "parquet",
+    *,
+    binary_keys: bool = False,
+    rows_per_file: int = _ROWS_PER_FILE,
+) -> StoreExportResult:
+    """Write every message of ``topic`` in a cluster's log to ``out_dir``, in (partition, position) order.
+
+    ``store_url`` is the cluster's PostgreSQL, ``postgresql://user[:password]@host[:port]/database``
+    (without a password, asyncpg reads ``PGPASSWORD`` or ``~/.pgpass``). The files are
+    :func:`export_topic`'s with a ``partition`` column first; :class:`LogError` says when the
+    store cannot be read, holds no log or has no such topic.
+    """
+    store = StoreURL.parse(store_url)
+    check_topic(topic)
+    out = _output_folder(out_dir, format, rows_per_file)
+    with _StoreReader(store) as reader:
+        partitions = reader.partitions(topic)
+        chunks = reader.chunks(topic, binary_keys)
+        parts = _write(
+            out, chunks, format=format, rows_per_file=rows_per_file, columns=_STORE_COLUMNS, binary_keys=binary_keys
+        )
+    return StoreExportResult(topic, parts.messages, partitions, parts.files)
+
+
+def _output_folder(out_dir: str | Path, format: Format, rows_per_file: int) -> Path:
+    """``out_dir``, checked to be new or empty, after the options are checked."""
     if format not in ("parquet", "jsonl"):
         raise LogError(f"format must be 'parquet' or 'jsonl', not {format!r}")
     if type(rows_per_file) is not int or rows_per_file < 1:
@@ -66,26 +140,34 @@ def export_topic(
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise LogFileError(f"the output folder {str(out)!r} is not empty; expected a new or empty folder")
-    snapshot = LogSnapshot(Path(data_dir) / LOG_FILE_NAME)
-    files: list[Path] = []
-    parts = _Parts(out, format, rows_per_file, files)
+    return out
+
+
+def _write(
+    out: Path,
+    chunks: Iterable[Sequence[_Row]],
+    *,
+    format: Format,
+    rows_per_file: int,
+    columns: tuple[str, ...],
+    binary_keys: bool,
+) -> _Parts:
+    """Write ``chunks`` of rows of ``columns`` as part files in ``out``; on any error remove what was written."""
+    parts = _Parts(out, format, rows_per_file)
     created = not out.exists()
     try:
-        chunks = _chunks(snapshot.messages(topic, _CHUNK_ROWS), binary_keys)
         out.mkdir(parents=True, exist_ok=True)
         if format == "parquet":
-            _write_parquet(chunks, parts, binary_keys)
+            _write_parquet(chunks, parts, columns, binary_keys)
         else:
-            _write_jsonl(chunks, parts)
+            _write_jsonl(chunks, parts, columns)
     except BaseException:
-        for path in files:
+        for path in parts.files:
             path.unlink(missing_ok=True)
         if created and out.is_dir():
             out.rmdir()
         raise
-    finally:
-        snapshot.close()
-    return ExportResult(topic, parts.messages, parts.first, parts.last, files)
+    return parts
 
 
 def _chunks(rows: Iterator[ExportRow], binary_keys: bool) -> Iterator[list[ExportRow]]:
@@ -100,7 +182,7 @@ def _chunks(rows: Iterator[ExportRow], binary_keys: bool) -> Iterator[list[Expor
         yield chunk
 
 
-def _key(key: Key, position: int, binary_keys: bool) -> Key:
+def _key(key: Key, position: int, binary_keys: bool, partition: int | None = None) -> Key:
     if key is None:
         return None
     if binary_keys:
@@ -110,27 +192,111 @@ def _key(key: Key, position: int, binary_keys: bool) -> Key:
     try:
         return key.decode()
     except UnicodeDecodeError:
+        where = f"position {position}" if partition is None else f"position {position} of partition {partition}"
         raise InvalidKeyError(
-            f"the key {key!r} at position {position} is not UTF-8 text; export with binary keys "
+            f"the key {key!r} at {where} is not UTF-8 text; export with binary keys "
             "(--binary-keys) to keep keys as bytes"
         ) from None
+
+
+class _StoreReader:
+    """One read-only, repeatable-read transaction on a cluster's log, driven from synchronous code on its own loop."""
+
+    def __init__(self, store: StoreURL) -> None:
+        self._store = store
+        self._runner = asyncio.Runner()
+        self._connection: Any = None
+
+    def __enter__(self) -> _StoreReader:
+        import asyncpg
+
+        store = self._store
+        try:
+            self._connection = self._run(
+                asyncpg.connect(
+                    host=store.host,
+                    port=store.port,
+                    user=store.user,
+                    password=store.password,
+                    database=store.database,
+                    timeout=10,
+                )
+            )
+            self._run(self._connection.transaction(isolation="repeatable_read", readonly=True).start())
+        except BaseException:
+            self._close()
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self._close()
+
+    def partitions(self, topic: str) -> int:
+        """How many partitions ``topic`` has in the log; :class:`LogError` lists the topics there when none."""
+        found = self._run(self._connection.fetch("SELECT partition FROM kf_partitions WHERE topic = $1", topic))
+        if not found:
+            topics = self._run(self._connection.fetch("SELECT DISTINCT topic FROM kf_partitions ORDER BY topic"))
+            raise unknown_topic_error(self._store, topic, [str(row[0]) for row in topics])
+        return len(found)
+
+    def chunks(self, topic: str, binary_keys: bool) -> Iterator[list[StoreRow]]:
+        """Every message of ``topic`` in (partition, position) order, ``_CHUNK_ROWS`` at a time from a cursor."""
+        cursor = self._run(
+            self._connection.cursor(
+                """SELECT partition, position, key, payload, producer, seq FROM kf_messages
+                   WHERE topic = $1 ORDER BY partition, position""",
+                topic,
+            )
+        )
+        while records := self._run(cursor.fetch(_CHUNK_ROWS)):
+            yield [
+                (partition, position, _key(key, position, binary_keys, partition), payload, producer, seq)
+                for partition, position, key, payload, producer, seq in records
+            ]
+
+    def _run(self, step: Awaitable[_T]) -> _T:
+        """Run one step of the conversation; a failure of the store becomes a :class:`LogError` saying so."""
+        import asyncpg
+
+        async def awaited() -> _T:
+            return await step
+
+        try:
+            return self._runner.run(awaited())
+        except asyncpg.UndefinedTableError:
+            raise no_log_error(self._store) from None
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise unreadable_error(self._store, str(exc) or type(exc).__name__) from None
+
+    def _close(self) -> None:
+        """Close the connection (its transaction read, so ending it any way loses nothing) and the loop."""
+        import asyncpg
+
+        try:
+            if self._connection is not None:
+                self._runner.run(self._connection.close(timeout=10))
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            self._connection.terminate()
+        finally:
+            self._runner.close()
 
 
 class _Parts:
     """Numbered part files in ``out``, each of up to ``rows_per_file`` rows; counts what goes into them."""
 
-    def __init__(self, out: Path, suffix: str, rows_per_file: int, files: list[Path]) -> None:
-        self.out, self.suffix, self.rows_per_file, self.files = out, suffix, rows_per_file, files
+    def __init__(self, out: Path, suffix: str, rows_per_file: int) -> None:
+        self.out, self.suffix, self.rows_per_file = out, suffix, rows_per_file
+        self.files: list[Path] = []
         self.room = 0  # rows the current file still takes; the first row opens the first file
         self.messages = 0
-        self.first: int | None = None
-        self.last: int | None = None
+        self.first: _Row | None = None
+        self.last: _Row | None = None
 
     def write(
         self,
-        chunks: Iterable[list[ExportRow]],
+        chunks: Iterable[Sequence[_Row]],
         open_file: Callable[[Path], Any],
-        write: Callable[[Any, list[ExportRow]], None],
+        write: Callable[[Any, Sequence[_Row]], None],
     ) -> None:
         """Write every chunk with ``write(file, rows)``, opening each part with ``open_file(path)`` and closing it."""
         current: Any = None
@@ -146,10 +312,10 @@ class _Parts:
             if current is not None:
                 current.close()
 
-    def _split(self, chunk: list[ExportRow]) -> Iterator[tuple[Path | None, list[ExportRow]]]:
+    def _split(self, chunk: Sequence[_Row]) -> Iterator[tuple[Path | None, Sequence[_Row]]]:
         """Pieces of ``chunk`` for one file each, with the path of the file to open first (None: keep writing)."""
-        self.first = chunk[0][0] if self.first is None else self.first
-        self.last = chunk[-1][0]
+        self.first = chunk[0] if self.first is None else self.first
+        self.last = chunk[-1]
         self.messages += len(chunk)
         while chunk:
             opened = None
@@ -162,42 +328,42 @@ class _Parts:
             yield opened, piece
 
 
-def _write_parquet(chunks: Iterable[list[ExportRow]], parts: _Parts, binary_keys: bool) -> None:
+def _write_parquet(
+    chunks: Iterable[Sequence[_Row]], parts: _Parts, columns: tuple[str, ...], binary_keys: bool
+) -> None:
     import pyarrow as pa  # type: ignore[import-untyped]
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-    schema = pa.schema(
-        [
-            pa.field("position", pa.int64(), nullable=False),
-            pa.field("key", pa.binary() if binary_keys else pa.string()),
-            pa.field("payload", pa.binary(), nullable=False),
-            pa.field("producer", pa.string()),
-            pa.field("seq", pa.int64()),
-        ]
-    )
+    types = {
+        "partition": (pa.int32(), False),
+        "position": (pa.int64(), False),
+        "key": (pa.binary() if binary_keys else pa.string(), True),
+        "payload": (pa.binary(), False),
+        "producer": (pa.string(), True),
+        "seq": (pa.int64(), True),
+    }
+    schema = pa.schema([pa.field(name, *types[name]) for name in columns])
 
-    def write(writer: Any, piece: list[ExportRow]) -> None:
-        columns = zip(*piece, strict=True)
-        arrays = [pa.array(column, type=field.type) for column, field in zip(columns, schema, strict=True)]
+    def write(writer: Any, piece: Sequence[_Row]) -> None:
+        values = zip(*piece, strict=True)
+        arrays = [pa.array(column, type=field.type) for column, field in zip(values, schema, strict=True)]
         writer.write_table(pa.Table.from_arrays(arrays, schema=schema))
 
     parts.write(chunks, lambda path: pq.ParquetWriter(path, schema), write)
 
 
-def _write_jsonl(chunks: Iterable[list[ExportRow]], parts: _Parts) -> None:
+def _write_jsonl(chunks: Iterable[Sequence[_Row]], parts: _Parts, columns: tuple[str, ...]) -> None:
     parts.write(
         chunks,
         lambda path: path.open("w", encoding="utf-8"),
-        lambda sink, piece: sink.writelines(_json_line(*row) for row in piece),
+        lambda sink, piece: sink.writelines(_json_line(columns, row) for row in piece),
     )
 
 
-def _json_line(position: int, key: Key, payload: bytes, producer: str | None, seq: int | None) -> str:
+def _json_line(columns: tuple[str, ...], row: _Row) -> str:
+    """One row as a JSON object of ``columns``, its bytes (payload, a binary key) in base64."""
     record = {
-        "position": position,
-        "key": base64.b64encode(key).decode() if isinstance(key, bytes) else key,
-        "payload": base64.b64encode(payload).decode(),
-        "producer": producer,
-        "seq": seq,
+        name: base64.b64encode(value).decode() if isinstance(value, bytes) else value
+        for name, value in zip(columns, row, strict=True)
     }
     return json.dumps(record, ensure_ascii=False) + "\n"

@@ -18,6 +18,10 @@ Null keys form their own group: their ``key_hash``, range id and owner are null,
 ranges (empty when there are none), where :func:`process_in_key_order` calls the function
 once with the key ``None``.
 
+:func:`read_log` reads a topic of a cluster's log (PostgreSQL) through Spark's JDBC source,
+one Spark partition per topic partition, with PostgreSQL's JDBC driver at
+:data:`POSTGRESQL_JDBC_JAR` (which :func:`local_session` puts on the session).
+
 Needs the ``[spark]`` extra (pyspark >= 4.1, pyarrow) and Java. Every expression is
 correct with ANSI mode on (the default in Spark 4): the 32-bit arithmetic runs in bigint
 with masking, and no product can overflow.
@@ -29,21 +33,32 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeAlias
 from urllib.error import HTTPError, URLError
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 from urllib.request import urlopen
 
+from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
+from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.types import BinaryType, IntegralType, StringType, StructType
 
-from keyfailover.core.errors import InvalidKeyError, RangeMapError, SnapshotError
+from keyfailover.core.errors import InvalidKeyError, LogError, RangeMapError, SnapshotError
 from keyfailover.core.hashing import HASH_RANGE_SIZE
 from keyfailover.core.ranges import RangeMap
+from keyfailover.integrations._store import (
+    StoreURL,
+    check_topic,
+    no_log_error,
+    unknown_topic_error,
+    unreadable_error,
+)
 
 __all__ = [
+    "POSTGRESQL_JDBC_JAR",
     "KeyFunction",
     "RangeMapSource",
     "load_range_map",
@@ -52,6 +67,7 @@ __all__ = [
     "partition_by_consumer",
     "partition_by_ranges",
     "process_in_key_order",
+    "read_log",
     "with_key_hash",
     "with_range_id",
 ]
@@ -458,7 +474,9 @@ def local_session(app_name: str, *, cores: int = 2, config: Mapping[str, str] | 
     """A ``local[cores]`` SparkSession on loopback, without the web UI and progress bars (or the one running).
 
     Python workers run this interpreter unless ``PYSPARK_PYTHON`` names another (it is set
-    when missing). ``config`` adds or overrides Spark settings.
+    when missing). ``config`` adds or overrides Spark settings. When :data:`POSTGRESQL_JDBC_JAR`
+    exists it goes first in ``spark.jars`` (before any jar ``config`` names), so
+    :func:`read_log` can use it: a JVM takes its jars when it starts, not later.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
@@ -469,11 +487,108 @@ def local_session(app_name: str, *, cores: int = 2, config: Mapping[str, str] | 
         "spark.ui.showConsoleProgress": "false",
         **(config or {}),
     }
+    if POSTGRESQL_JDBC_JAR.exists():
+        settings["spark.jars"] = ",".join(filter(None, [str(POSTGRESQL_JDBC_JAR), settings.get("spark.jars")]))
     for name, value in settings.items():
         builder = builder.config(name, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+# -- a cluster's log, through JDBC -------------------------------------------------------
+
+POSTGRESQL_JDBC_JAR = Path("/usr/share/java/postgresql.jar")
+"""PostgreSQL's JDBC driver where Debian's ``libpostgresql-jdbc-java`` installs it (``scripts/setup-system``)."""
+
+_JDBC_DRIVER = "org.postgresql.Driver"
+_UNDEFINED_TABLE = "42P01"  # PostgreSQL's SQLSTATE for a table that does not exist
+_FETCH_ROWS = 10_000  # rows per round trip: the driver streams a partition instead of holding it whole
+
+
+def read_log(spark: SparkSession, store_url: str, topic: str, *, binary_keys: bool = False) -> DataFrame:
+    """The messages of ``topic`` in a cluster's log, read through Spark's JDBC source.
+
+    ``store_url`` is the cluster's PostgreSQL, ``postgresql://user[:password]@host[:port]/database``.
+    The columns are ``keyfailover export``'s with the partition first: ``partition`` (int),
+    ``position`` (long), ``key`` (string, or binary with ``binary_keys``; null when keyless),
+    ``payload`` (binary), ``producer`` (string, null without a name) and ``seq`` (long, null).
+    Spark partition i holds the topic's i-th partition (partition i of a topic created with
+    P partitions), sorted by position, each read by its own query when the DataFrame is computed.
+
+    The store, the topic and the JDBC driver are checked now: :class:`LogError` says which is
+    wrong. Without ``binary_keys``, a key that is not UTF-8 text fails the computation,
+    naming its partition and position.
+    """
+    store = StoreURL.parse(store_url)
+    name = _sql_text(check_topic(topic))
+    url = f"jdbc:postgresql://{store.address}/{quote(store.database, safe='')}"
+    properties = {"driver": _JDBC_DRIVER, "user": store.user, "connectTimeout": "10", "fetchsize": str(_FETCH_ROWS)}
+    if store.password is not None:
+        properties["password"] = store.password
+
+    def query(sql: str) -> list[Any]:
+        return spark.read.format("jdbc").options(url=url, query=sql, **properties).load().collect()
+
+    with _jdbc_errors(store):
+        partitions = sorted(int(row[0]) for row in query(f"SELECT partition FROM kf_partitions WHERE topic = {name}"))
+        if not partitions:
+            topics = sorted(str(row[0]) for row in query("SELECT DISTINCT topic FROM kf_partitions"))
+            raise unknown_topic_error(store, topic, topics)
+        predicates = [f"topic = {name} AND partition = {partition}" for partition in partitions]
+        messages = spark.read.jdbc(url, "kf_messages", predicates=predicates, properties=properties)
+    key = sf.col("key")
+    if not binary_keys:
+        text = key.cast("string")
+        not_text = sf.concat(
+            sf.lit("the key 0x"),
+            sf.hex(key),
+            sf.lit(" at position "),
+            sf.col("position").cast("string"),
+            sf.lit(" of partition "),
+            sf.col("partition").cast("string"),
+            sf.lit(" is not UTF-8 text; read_log with binary_keys=True keeps keys as bytes"),
+        )
+        key = sf.when(key.isNull() | sf.is_valid_utf8(text), text).otherwise(sf.raise_error(not_text))
+    columns: list[Column | str] = ["partition", "position", key.alias("key"), "payload", "producer", "seq"]
+    return messages.select(*columns).sortWithinPartitions("position")
+
+
+def _sql_text(text: str) -> str:
+    """``text`` as a PostgreSQL escape-string literal, which reads the same whatever the server's settings."""
+    return "E'" + text.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+@contextmanager
+def _jdbc_errors(store: StoreURL) -> Iterator[None]:
+    """Turn a failed JDBC read into a :class:`LogError` saying what was missing, without a Java stack trace."""
+    try:
+        yield
+    except (PySparkException, Py4JJavaError) as exc:
+        cause = _java_cause(exc)
+        if cause is None:
+            raise unreadable_error(store, str(exc).partition("\n")[0]) from None
+        kind, reason = str(cause.getClass().getName()), str(cause.getMessage())
+        if kind == "java.lang.ClassNotFoundException" and _JDBC_DRIVER in reason:
+            raise LogError(
+                f"this SparkSession cannot load PostgreSQL's JDBC driver ({_JDBC_DRIVER}); expected "
+                f"{POSTGRESQL_JDBC_JAR} in its spark.jars from its start (local_session puts it there when the "
+                "file exists; scripts/setup-system installs it from Debian's libpostgresql-jdbc-java)"
+            ) from None
+        if kind == "org.postgresql.util.PSQLException" and cause.getSQLState() == _UNDEFINED_TABLE:
+            raise no_log_error(store) from None
+        raise unreadable_error(store, reason) from None
+
+
+def _java_cause(exc: Exception) -> Any:
+    """The innermost Java exception behind ``exc``, None when it carries none (as under Spark Connect)."""
+    # py4j keeps it as java_exception; PySpark's captured exceptions (AnalysisException...) as _origin.
+    throwable = getattr(exc, "java_exception", None)
+    if throwable is None:
+        throwable = getattr(exc, "_origin", None)
+    while throwable is not None and throwable.getCause() is not None:
+        throwable = throwable.getCause()
+    return throwable
 
 
 # -- checks ------------------------------------------------------------------------------

@@ -832,11 +832,17 @@ def _shown(message: Any, as_json: bool) -> str:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from keyfailover.integrations.export import export_topic
+    from keyfailover.integrations.export import export_store_topic, export_topic
 
-    result = export_topic(args.data_dir, args.topic, args.out, args.format, binary_keys=args.binary_keys)
-    span = "" if result.first_position is None else f" (positions {result.first_position}..{result.last_position})"
-    print(f"exported {result.messages} messages of {args.topic!r}{span}: {len(result.files)} file(s) in {args.out}")
+    if args.store is not None:
+        stored = export_store_topic(args.store, args.topic, args.out, args.format, binary_keys=args.binary_keys)
+        span = f" ({stored.partitions} partition{'s' * (stored.partitions != 1)})"
+        messages, files = stored.messages, stored.files
+    else:
+        result = export_topic(args.data_dir, args.topic, args.out, args.format, binary_keys=args.binary_keys)
+        span = "" if result.first_position is None else f" (positions {result.first_position}..{result.last_position})"
+        messages, files = result.messages, result.files
+    print(f"exported {messages} messages of {args.topic!r}{span}: {len(files)} file(s) in {args.out}")
     return 0
 
 
@@ -1079,8 +1085,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     consume.set_defaults(run=_consume)
 
-    export = commands.add_parser("export", help="write a topic from a data dir's log to Parquet or JSON lines")
-    export.add_argument("--data-dir", required=True, help="the server's data directory (the server may be running)")
+    export = commands.add_parser(
+        "export", help="write a topic from a data dir's or a cluster's log to Parquet or JSON lines"
+    )
+    source = export.add_mutually_exclusive_group(required=True)
+    source.add_argument("--data-dir", help="the server's data directory (the server may be running)")
+    source.add_argument(
+        "--store",
+        help="a cluster's log: postgresql://user[:password]@host[:port]/database (a password here shows in `ps`; "
+        "without one, PGPASSWORD or ~/.pgpass is read); rows gain a partition column, in (partition, position) order",
+    )
     export.add_argument("--topic", required=True, help="the topic to export")
     export.add_argument("--format", choices=("parquet", "jsonl"), default="parquet", help="default parquet")
     export.add_argument("--binary-keys", action="store_true", help="keys as binary (default: UTF-8 text)")

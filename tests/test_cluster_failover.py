@@ -39,7 +39,7 @@ def cluster(zookeeper: ZooKeeper) -> Iterator[str]:
     yield f"zk://{zookeeper.hosts}/kf-failover-{uuid.uuid4().hex[:8]}"
 
 
-def broker(cluster: str, postgres: PostgreSQL) -> ServerProcess:
+def broker(cluster: str, postgres: PostgreSQL, *extra: str) -> ServerProcess:
     port = free_port()
     return ServerProcess(
         None,
@@ -51,6 +51,7 @@ def broker(cluster: str, postgres: PostgreSQL) -> ServerProcess:
         str(SESSION),
         "--advertise",
         f"127.0.0.1:{port}",
+        *extra,
         port=port,
     ).start()
 
@@ -245,6 +246,37 @@ def test_a_suspended_broker_cannot_write_after_its_session_and_rejoins_as_a_foll
         # (fenced) or because it had stopped serving (not_owner); never stored under its old epoch.
         events = frozen.errors()
         assert "stops serving" in events
+    finally:
+        for process in brokers:
+            if process.process is not None and process.process.poll() is None:
+                process.stop()
+
+
+def test_killing_the_coordinator_elects_another_under_a_new_epoch_and_status_shows_consumers(
+    cluster: str, postgres: PostgreSQL
+) -> None:
+    topic = f"orders-{uuid.uuid4().hex[:6]}"
+    brokers = [broker(cluster, postgres, "--metrics-port", "0") for _ in range(2)]
+    try:
+        assert run_cli("topics", "create", topic, "--partitions", "2", "--cluster", cluster).returncode == 0
+        wait_until(lambda: len(set(served_by(cluster).values())) == 2, "both brokers serving a partition")
+        with Client("kf://" + ",".join(f"127.0.0.1:{b.port}" for b in brokers)) as client:
+            consumer = client.subscribe(topic, "s", "c1")
+            shown = status(cluster)
+            ranges = {(e["topic"], e["partition"]): e["consumers"] for e in shown["subscriptions"]}
+            assert ranges == {(topic, 0): {"c1": [[0, 32767]]}, (topic, 1): {"c1": [[32768, 65535]]}}
+            assert shown["unreachable"] == {}
+            text = run_cli("cluster", "status", "--cluster", cluster)
+            assert "s: c1 [0, 32767]" in text.stdout and "s: c1 [32768, 65535]" in text.stdout
+            first, epoch = shown["coordinator"], shown["epoch"]
+            old = next(b for b in brokers if f"127.0.0.1:{b.port}" == first)
+            old.kill()
+            wait_until(lambda: status(cluster)["coordinator"] not in (None, first), "another coordinator")
+            after = status(cluster)
+            assert after["epoch"] == epoch + 1
+            assert after["assignment"]["epoch"] == epoch + 1  # the new coordinator's assignment
+            wait_until(lambda: set(served_by(cluster).values()) == {after["coordinator"]}, "both partitions moved")
+            consumer.close()
     finally:
         for process in brokers:
             if process.process is not None and process.process.poll() is None:

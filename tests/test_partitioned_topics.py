@@ -178,3 +178,26 @@ def test_settings_of_a_partitioned_subscription_apply_to_every_partition(tmp_pat
         assert sorted(s["topic"] for s in stats) == [partition_topic("orders", p, 3) for p in range(3)]
         assert {(s["consume_mode"], s["ack_timeout"]) for s in stats} == {("unordered", 7.0)}
         consumer.close()
+
+
+def test_dead_letters_of_a_partitioned_subscription_are_listed_and_replayed_per_partition(tmp_path: Path) -> None:
+    with (
+        ServerProcess(tmp_path / "data", "--metrics-port", "0", "--max-redeliveries", "0") as server,
+        Client(server.url) as client,
+    ):
+        admin(server, "/topics?topic=orders&partitions=4", "POST")
+        consumer = client.subscribe("orders", "s", "c")
+        producer = client.create_producer("orders", "p")
+        for key in ("a", "k"):  # partitions 1 and 2
+            producer.send(key.encode(), key)
+        for _ in range(2):
+            consumer.negative_acknowledge(consumer.receive(timeout=WAIT))
+        listed = admin(server, "/dlq?topic=orders&subscription=s")
+        letters = listed["dead_letters"]
+        assert isinstance(letters, list) and listed["dlq_topic"] is None
+        assert sorted((e["partition"], e["key"], e["position"]) for e in letters) == [(1, "a", 1), (2, "k", 1)]
+        replayed = admin(server, "/dlq/replay?topic=orders&subscription=s", "POST")
+        assert replayed["replayed"] == 2 and replayed["not_served_here"] == []
+        assert replayed["by_partition"] == {f"orders-partition-{p}": [2] if p in (1, 2) else [] for p in range(4)}
+        again = sorted((m.key, m.partition, m.position) for m in [consumer.receive(timeout=WAIT) for _ in range(2)])
+        assert again == [("a", 1, 2), ("k", 2, 2)]

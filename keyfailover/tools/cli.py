@@ -522,6 +522,7 @@ def _cluster_status(args: argparse.Namespace) -> int:
     finally:
         zk.stop()
         zk.close()
+    status["subscriptions"], status["unreachable"] = _partition_consumers(args, status)
     if args.json:
         print(json.dumps(status, indent=2, sort_keys=True))
         return 0
@@ -539,10 +540,59 @@ def _cluster_status(args: argparse.Namespace) -> int:
         print(f"  {topic:<28}{count} partition(s)")
     print("partitions:")
     live = {broker["id"] for broker in status["brokers"]}
+    consumers: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for entry in status["subscriptions"]:
+        consumers.setdefault((entry["topic"], entry["partition"]), []).append(entry)
     for entry in assignment["partitions"]:
         gone = "" if entry["broker"] in live else "  (broker gone: unserved until the coordinator reassigns it)"
         print(f"  {entry['topic']}-{entry['partition']:<8}{entry['broker']}{gone}")
+        for found in consumers.get((entry["topic"], entry["partition"]), []):
+            held = "; ".join(
+                f"{name} " + ", ".join(f"[{start}, {end}]" for start, end in ranges) if ranges else f"{name} (standby)"
+                for name, ranges in sorted(found["consumers"].items())
+            )
+            print(f"      {found['subscription']}: {held or 'no consumers'}")
+    for broker_id, reason in sorted(status["unreachable"].items()):
+        print(f"  (no consumer ranges from {broker_id}: {reason})")
     return 0
+
+
+def _partition_consumers(args: argparse.Namespace, status: dict[str, Any]) -> tuple[list[Any], dict[str, str]]:
+    """Each served partition's subscriptions and their consumers' ranges, from every broker's admin
+    endpoint (brokers started with --metrics-port); and why a broker could not be asked."""
+    from keyfailover.core.partitions import split_partition_topic
+
+    token = _token(args)
+    tls = None if args.tls_ca is None else _ca_context(args)
+    found: list[Any] = []
+    unreachable: dict[str, str] = {}
+    for broker in status["brokers"]:
+        admin = broker.get("admin")
+        if admin is None:
+            unreachable[broker["id"]] = "it has no admin endpoint (--metrics-port)"
+            continue
+        request = Request(admin + "/stats", headers={} if token is None else {"Authorization": f"Bearer {token}"})
+        try:
+            with urlopen(request, timeout=10, context=tls) as response:
+                stats = json.load(response)
+        except (OSError, HTTPException, ValueError) as exc:
+            unreachable[broker["id"]] = f"{admin}/stats: {exc}"
+            continue
+        for subscription in stats["subscriptions"]:
+            served = subscription["topic"]
+            split = split_partition_topic(served)
+            topic, partition = split if split is not None and split[0] in status["topics"] else (served, 0)
+            consumers = subscription["dispatcher"]["consumers"]
+            found.append(
+                {
+                    "topic": topic,
+                    "partition": partition,
+                    "subscription": subscription["subscription"],
+                    "broker": broker["id"],
+                    "consumers": {name: state["ranges"] for name, state in consumers.items()},
+                }
+            )
+    return found, unreachable
 
 
 def _dlq(args: argparse.Namespace) -> int:
@@ -1235,6 +1285,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     cluster_arg(status)
     status.add_argument("--json", action="store_true", help="print the raw JSON")
+    token_args(status, "the brokers' token, to read their consumers' ranges, if they require one")
+    tls_ca_arg(status, "https://")
     status.set_defaults(run=_cluster_status)
 
     stats = commands.add_parser("stats", help="show per-consumer stats (from a running server)")

@@ -198,12 +198,14 @@ class ClusterMember:
         min_rebalance_interval: float = 0.0,
         on_acquired: Callable[[PartitionId], None] | None = None,
         on_released: Callable[[PartitionId], None] | None = None,
+        admin: str | None = None,
     ) -> None:
         if not root.startswith("/") or root.endswith("/"):
             raise ConfigError(f"the cluster root must be a ZooKeeper path like /keyfailover, not {root!r}")
         if not isinstance(broker_id, str) or not broker_id:
             raise ConfigError(f"a broker id must be a non-empty str, not {broker_id!r}")
         self.hosts, self.root, self.broker_id, self.address = hosts, root, broker_id, address
+        self.admin = admin  # the broker's admin endpoint URL, for cluster status
         self.session_timeout = session_timeout
         self.min_rebalance_interval = min_rebalance_interval
         self._on_acquired = on_acquired or (lambda partition: None)
@@ -330,7 +332,10 @@ class ClusterMember:
             self._owned.clear()
 
     def _register(self) -> None:
-        data = json.dumps({"id": self.broker_id, "address": self.address}).encode()
+        record = {"id": self.broker_id, "address": self.address}
+        if self.admin is not None:
+            record["admin"] = self.admin
+        data = json.dumps(record).encode()
         path = self._zk.create(f"{self.root}/brokers/b-", data, ephemeral=True, sequence=True)
         self._node = path.rsplit("/", 1)[1]
 

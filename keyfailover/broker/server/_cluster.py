@@ -70,8 +70,9 @@ class BrokerRole:
             raise ConfigError("the broker has not joined its cluster yet")
         return self._member
 
-    async def join(self, advertise: str) -> None:
-        """Join the cluster as the broker clients reach at ``advertise`` (``HOST:PORT``); its store is open."""
+    async def join(self, advertise: str, admin: str | None = None) -> None:
+        """Join the cluster as the broker clients reach at ``advertise`` (``HOST:PORT``), its admin
+        endpoint at ``admin`` (a URL, for ``cluster status``); its store is open."""
         self._loop = asyncio.get_running_loop()
         self.store.owner = self._broker_id or advertise
         member = ClusterMember(
@@ -83,6 +84,7 @@ class BrokerRole:
             min_rebalance_interval=self._min_rebalance_interval,
             on_acquired=self._acquired,
             on_released=self._released,
+            admin=admin,
         )
         await self._loop.run_in_executor(None, member.start)
         self._member = member

@@ -53,6 +53,7 @@ from keyfailover.broker.storage._store import NotServedError, Result, Store, Top
 from keyfailover.broker.storage.sqlite import (
     DELIVERY_SETTINGS,
     LOG_FILE_NAME,
+    DeadLetterRecord,
     Log,
     StoredMessage,
     dead_letter_topic,
@@ -209,7 +210,11 @@ class Server:
                 ) from None
         if self._broker is not None:  # listening first: brokers that route clients here find it up
             address = self.config.advertise or "{}:{}".format(*self.address)
-            await self._broker.join(address)
+            admin = None
+            if self._admin_address is not None:
+                scheme = "https" if self.config.tls_cert is not None else "http"
+                admin = "{}://{}:{}".format(scheme, *self._admin_address)
+            await self._broker.join(address, admin)
             self._directory = self._broker
             self._partitions.update(await self._broker.partition_counts())
 
@@ -481,14 +486,20 @@ class Server:
         limit_text = query.get("limit", "1000")
         if not topic or not name or not limit_text.isdigit():
             return json_response({"error": "give topic and subscription (and a limit of digits, default 1000)"}, 400)
-        records = await self.storage.dead_letters(topic, name, int(limit_text))
+        limit = int(limit_text)
+        records: list[tuple[int, DeadLetterRecord]] = []
+        partitions = self.partition_names(topic)  # a partitioned topic's partitions, else the topic itself
+        for served in partitions:
+            found = await self.storage.dead_letters(served, name, limit - len(records))
+            records += [(self.partition_of(served)[1], r) for r in found]
         return json_response(
             {
                 "topic": topic,
                 "subscription": name,
-                "dlq_topic": dead_letter_topic(topic, name),
+                "dlq_topic": dead_letter_topic(topic, name) if len(partitions) == 1 else None,
                 "dead_letters": [
                     {
+                        "partition": index,
                         "dlq_position": r.dlq_position,
                         "position": r.position,
                         "key": r.key if not isinstance(r.key, bytes) else {"bytes": r.key.hex()},
@@ -498,7 +509,7 @@ class Server:
                         "time": r.time,
                         "replayed_at": r.replayed_at,
                     }
-                    for r in records
+                    for index, r in records
                 ],
             }
         )
@@ -596,9 +607,21 @@ class Server:
         topic, name = query.get("topic"), query.get("subscription")
         if not topic or not name:
             return json_response({"error": "give topic and subscription"}, 400)
-        stored = await self.storage.replay_dead_letters(topic, name)
+        served = self.partition_names(topic)
+        positions: dict[str, list[int]] = {}
+        for partition in served:
+            if self.storage.serves(partition):
+                positions[partition] = [m.position for m in await self.storage.replay_dead_letters(partition, name)]
+        replayed = sum(map(len, positions.values()))
         return json_response(
-            {"topic": topic, "subscription": name, "replayed": len(stored), "positions": [m.position for m in stored]}
+            {
+                "topic": topic,
+                "subscription": name,
+                "replayed": replayed,
+                "positions": positions.get(topic, []) if len(served) == 1 else [],
+                "by_partition": positions,
+                "not_served_here": [p for p in served if p not in positions],
+            }
         )
 
     async def _list_topics(self, _query: dict[str, str]) -> Response:

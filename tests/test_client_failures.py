@@ -124,6 +124,27 @@ def test_a_server_that_drops_every_connection_is_retried_with_backoff(tmp_path: 
             assert again.port == port
 
 
+def test_a_server_that_stops_answering_is_dropped_and_reconnected_to(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stopped (SIGSTOP) server keeps its TCP connections open: the client notices the missing
+    pongs after twice the session timeout, drops the connection and reconnects (in a cluster it
+    then looks its partitions up again)."""
+    with (
+        caplog.at_level(logging.WARNING, logger="keyfailover.client"),
+        ServerProcess(tmp_path / "data", "--session-timeout", "0.5") as server,
+        Client(server.url) as client,
+    ):
+        producer = client.create_producer("t")
+        assert producer.send(b"one", key="k") == 1
+        server.suspend()
+        try:
+            wait_until(lambda: "no answer from 127.0.0.1" in caplog.text, "the client to give up on the server")
+        finally:
+            server.resume()
+        assert producer.send(b"two", key="k", timeout=60) == 2
+
+
 class BadRangesServer:
     """A stand-in server on loopback whose first ``subscribed`` lists its ranges out of order.
 

@@ -241,6 +241,7 @@ class _Link(asyncio.Protocol):
         self.closed = False
         self.failure: ServerError | None = None  # a fatal refusal: the link is done for good
         self._ready_since = 0.0
+        self._heard = 0.0  # when the server last sent anything
         self._connected_waiter: asyncio.Future[None] | None = None
         self._maintainer: asyncio.Task[None] | None = None
         self._lost = asyncio.Event()
@@ -287,6 +288,13 @@ class _Link(asyncio.Protocol):
             if self.closed:
                 return
             if self.ready.is_set():
+                silent = time.monotonic() - self._heard
+                if silent > max(2 * self.session_timeout, 1.0) and self._transport is not None:
+                    # Pings unanswered: the broker is stopped or cut off. Drop the connection, so
+                    # its partitions are looked up again (another broker may serve them now).
+                    _log.warning("no answer from %s for %.1f s; reconnecting", self.address, silent)
+                    self._transport.abort()
+                    continue
                 self.send(Ping(nonce=next(nonce)))
                 continue
             if time.monotonic() - self._ready_since >= _STABLE:
@@ -310,6 +318,7 @@ class _Link(asyncio.Protocol):
         stream.write(encode(Connect(version=PROTOCOL_VERSION, token=self._token, client=_client_name())))
 
     def data_received(self, data: bytes) -> None:
+        self._heard = time.monotonic()
         try:
             frames = self._decoder.feed(data)
         except KeyFailoverError as exc:

@@ -372,6 +372,10 @@ class Server:
                     slots=partition_slots(index, count),
                     settings_topic=base,
                 )
+                if not self.storage.serves(topic):  # its partition moved away while it was loading
+                    raise ProtocolError(
+                        ErrorCode.NOT_OWNER, f"this broker stopped serving {topic!r}; look the topic up again"
+                    )
                 subscription.start()
                 self._subscriptions[key] = subscription
             future.set_result(subscription)

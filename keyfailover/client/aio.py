@@ -25,6 +25,7 @@ import ssl
 import threading
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections import Counter, deque
 from collections.abc import Callable
 from typing import NamedTuple
@@ -233,7 +234,7 @@ class _Link(asyncio.Protocol):
         self._req = itertools.count(1)
         self.pending: dict[int, Callable[[Frame | None], None]] = {}
         self.sessions: dict[int, _PartConsumer] = {}
-        self.parties: list[_PartProducer | _PartConsumer] = []
+        self.parties: list[_Part] = []
         self.ready = asyncio.Event()
         self.errors: Counter[str] = Counter()  # server errors not tied to a request, by code
         self.session_timeout = 10.0
@@ -455,8 +456,8 @@ class AsyncClient:
         self._started = False
         self._closed = False
         self._failure: ServerError | None = None
-        self._relocating: dict[_PartProducer | _PartConsumer, asyncio.Task[None]] = {}
-        self._again: set[_PartProducer | _PartConsumer] = set()
+        self._relocating: dict[_Part, asyncio.Task[None]] = {}
+        self._again: set[_Part] = set()
 
     async def connect(self) -> AsyncClient:
         """Connect to the first broker of the URL that answers (done by the first create_producer/subscribe)."""
@@ -661,7 +662,7 @@ class AsyncClient:
             await asyncio.sleep(delay)
             delay = min(delay * 2, _MAX_BACKOFF)
 
-    def _lost(self, part: _PartProducer | _PartConsumer) -> None:
+    def _lost(self, part: _Part) -> None:
         """``part`` lost its broker (a dropped connection, ``not_owner``, a moved partition): find it again."""
         if self._closed:
             return
@@ -671,7 +672,7 @@ class AsyncClient:
         task = asyncio.get_running_loop().create_task(self._relocate(part), name=f"keyfailover-relocate {part.topic}")
         self._relocating[part] = task
 
-    async def _relocate(self, part: _PartProducer | _PartConsumer) -> None:
+    async def _relocate(self, part: _Part) -> None:
         """Look ``part``'s topic up until its partition's broker takes it, and move it there.
 
         After each move or retry the search waits (backoff with jitter, doubling): when the
@@ -751,21 +752,64 @@ class _PendingBatch:
         return parts
 
 
-LostCallback = Callable[["_PartProducer | _PartConsumer"], None]
+LostCallback = Callable[["_Part"], None]
 
 
-class _PartProducer:
+class _Part(ABC):
+    """A producer's or consumer's part for one partition of its topic, on its broker's link."""
+
+    def __init__(self, link: _Link, base_topic: str, partition: int, partitions: int, on_lost: LostCallback) -> None:
+        self.link = link
+        self.base_topic = base_topic
+        self.partition = partition
+        self.topic = partition_topic(base_topic, partition, partitions)
+        self._on_lost = on_lost
+
+    def _relink(self, link: _Link) -> None:
+        """Leave this part's link for ``link`` (the partition's broker now)."""
+        with contextlib.suppress(ValueError):
+            self.link.parties.remove(self)
+        self.link = link
+        link.parties.append(self)
+
+    @property
+    @abstractmethod
+    def closed(self) -> bool:
+        """Closed, or failed for good: nothing more to relocate."""
+
+    @abstractmethod
+    def disconnected(self) -> None:
+        """The link dropped."""
+
+    @abstractmethod
+    def reconnected(self) -> None:
+        """The link is back: subscribe or resend again."""
+
+    @abstractmethod
+    def failed(self, error: ServerError) -> None:
+        """The link was refused for good."""
+
+    @abstractmethod
+    def move(self, link: _Link) -> None:
+        """The partition is served by the broker of ``link`` now."""
+
+    @abstractmethod
+    def resume(self) -> None:
+        """The partition's broker is this link's again: subscribe or resend what was refused."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Leave: flush or unsubscribe."""
+
+
+class _PartProducer(_Part):
     """Sends keyed messages to one partition, in order, batched; retries are deduplicated."""
 
     def __init__(
         self, link: _Link, base_topic: str, partition: int, partitions: int, *, name: str, on_lost: LostCallback
     ) -> None:
-        self.link = link
-        self.base_topic = base_topic
-        self.partition = partition
-        self.topic = partition_topic(base_topic, partition, partitions)
+        super().__init__(link, base_topic, partition, partitions, on_lost)
         self.producer_name = name
-        self._on_lost = on_lost
         # Sequence ids start from the wall clock in microseconds, so a restarted producer of
         # the same name continues above what it stored before (unless it sent over a million
         # messages a second for the whole downtime).
@@ -886,10 +930,7 @@ class _PartProducer:
 
     def move(self, link: _Link) -> None:
         """The partition is served by the broker of ``link`` now: resend there what is unconfirmed."""
-        with contextlib.suppress(ValueError):
-            self.link.parties.remove(self)
-        self.link = link
-        link.parties.append(self)
+        self._relink(link)
         if link.ready.is_set():
             self.reconnected()
 
@@ -1002,7 +1043,7 @@ class _Inbox:
         return dropped
 
 
-class _PartConsumer:
+class _PartConsumer(_Part):
     """One consumer's session on one partition: what it receives goes to the consumer's shared inbox."""
 
     def __init__(
@@ -1019,15 +1060,11 @@ class _PartConsumer:
         on_ranges: Callable[[], None],
         on_lost: LostCallback,
     ) -> None:
-        self.link = link
-        self.base_topic = base_topic
-        self.partition = partition
-        self.topic = partition_topic(base_topic, partition, partitions)
+        super().__init__(link, base_topic, partition, partitions, on_lost)
         self.subscription = subscription
         self.consumer_name = name
         self._queue_size = receiver_queue_size
         self._on_ranges = on_ranges
-        self._on_lost = on_lost
         self._loop = asyncio.get_running_loop()
         self._inbox = inbox
         self._cond = inbox.cond
@@ -1110,10 +1147,7 @@ class _PartConsumer:
     def move(self, link: _Link) -> None:
         """The partition is served by the broker of ``link`` now: subscribe there."""
         self._drop_session()
-        with contextlib.suppress(ValueError):
-            self.link.parties.remove(self)
-        self.link = link
-        link.parties.append(self)
+        self._relink(link)
         if link.ready.is_set() and not self._closed:
             self._subscribe()
 

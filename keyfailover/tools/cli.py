@@ -966,7 +966,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--min-rebalance-interval",
-        type=float,
+        type=_ack_seconds,
         default=0.0,
         help="seconds a coordinator waits between two partition assignments (default 0)",
     )

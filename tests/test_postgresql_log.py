@@ -9,9 +9,11 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from keyfailover.broker.cursor import Cursor
-from keyfailover.broker.storage.postgresql import FencedError, PostgresLog
+from keyfailover.broker.storage import NotServedError
+from keyfailover.broker.storage.postgresql import FencedError, PostgresLog, PostgresStore
 from keyfailover.broker.storage.sqlite import StoredMessage
 from keyfailover.core.errors import LogError
+from keyfailover.core.partitions import partition_topic, split_partition_topic
 from keyfailover.tools.services import PostgreSQL, free_port
 
 
@@ -117,3 +119,102 @@ def test_an_unreachable_postgresql_is_named_without_its_password() -> None:
     ) as info:
         asyncio.run(PostgresLog.connect(dsn))
     assert "secret" not in str(info.value)
+
+
+def run_store(postgres: PostgreSQL, body: Callable[[PostgresStore, PostgresStore, str], Awaitable[None]]) -> None:
+    """Run ``body`` with two brokers' stores (b1, b2) over the shared log and a fresh topic of 2 partitions."""
+    topic = f"orders-{uuid.uuid4().hex[:8]}"
+
+    def locate(served: str) -> tuple[str, int]:
+        found = split_partition_topic(served)
+        return found if found is not None else (served, 0)
+
+    async def main() -> None:
+        stores = [PostgresStore(postgres.dsn, locate), PostgresStore(postgres.dsn, locate)]
+        for owner, store in zip(("b1", "b2"), stores, strict=True):
+            store.owner = owner
+            await store.start()
+        try:
+            await body(stores[0], stores[1], topic)
+        finally:
+            for store in stores:
+                await store.close()
+
+    asyncio.run(main())
+
+
+def test_a_store_groups_requests_of_several_producers_and_serves_only_what_it_leased(postgres: PostgreSQL) -> None:
+    async def body(b1: PostgresStore, _: PostgresStore, topic: str) -> None:
+        served = partition_topic(topic, 1, 2)
+        assert not b1.serves(served)
+        refused = b1.append(served, "p1", [(0, "k", b"x")])
+        with pytest.raises(NotServedError, match="does not serve"):
+            await refused
+        await b1.acquire(served)
+        assert b1.serves(served) and b1.last_position(served) == 0
+        # Queued together: one group commit, one transaction, in order; a resend is answered as stored.
+        first, second, third = (
+            b1.append(served, "p1", [(0, "a", b"1"), (1, "a", b"2")]),
+            b1.append(served, "p2", [(5, "b", b"3")]),
+            b1.append(served, "p1", [(1, "a", b"2"), (2, "a", b"4")]),
+        )
+        assert [await first, await second, await third] == [
+            [(1, False), (2, False)],
+            [(3, False)],
+            [(2, True), (4, False)],
+        ]
+        assert [m.payload for m in await b1.read(served, 0, 10)] == [b"1", b"2", b"3", b"4"]
+        assert set(await b1.read_positions(served, [2, 4, 9])) == {2, 4}
+        await b1.save_cursors([(served, "s", Cursor(2, []))])
+        assert await b1.subscriptions(served) == ["s"]
+        assert await b1.load_cursor(served, "s") == Cursor(2, [])
+        b1.release(served)
+        with pytest.raises(NotServedError):
+            await b1.save_cursors([(served, "s", Cursor(3, []))])
+        assert await b1.load_cursor(served, "s") == Cursor(2, [])
+
+    run_store(postgres, body)
+
+
+def test_a_store_fenced_out_by_another_broker_stops_serving_and_writes_nothing(postgres: PostgreSQL) -> None:
+    async def body(b1: PostgresStore, b2: PostgresStore, topic: str) -> None:
+        served = partition_topic(topic, 0, 2)
+        fenced: list[str] = []
+        b1.on_fenced = fenced.append
+        await b1.acquire(served)
+        assert await b1.append(served, None, [(None, "k", b"old")]) == [(1, False)]
+        await b2.acquire(served)  # the partition moved; b1 has not heard yet
+        with pytest.raises(FencedError, match="lease at epoch 1 is stale"):
+            await b1.append(served, None, [(None, "k", b"zombie")])
+        assert fenced == [served] and not b1.serves(served)
+        with pytest.raises(NotServedError):
+            await b1.dead_letter(served, "s", [(1, "k", b"old", 3, "nack")])
+        assert await b2.append(served, None, [(None, "k", b"new")]) == [(2, False)]
+        assert [m.payload for m in await b2.read(served, 0, 10)] == [b"old", b"new"]
+
+    run_store(postgres, body)
+
+
+def test_settings_and_dead_letters_live_in_the_shared_log(postgres: PostgreSQL) -> None:
+    async def body(b1: PostgresStore, b2: PostgresStore, topic: str) -> None:
+        served = partition_topic(topic, 1, 2)
+        await b1.save_consume_mode(topic, "s", "unordered")
+        await b1.save_delivery_settings(topic, "s", {"ack_timeout": 5.0, "max_redeliveries": None})
+        assert await b2.load_consume_mode(topic, "s") == "unordered"
+        assert await b2.load_delivery_settings(topic, "s") == {"ack_timeout": 5.0, "max_redeliveries": None}
+        with pytest.raises(LogError, match="unknown delivery settings"):
+            await b1.save_delivery_settings(topic, "s", {"speed": 1})
+        await b1.acquire(served)
+        await b1.append(served, None, [(None, "k", b"poison")])
+        assert await b1.dead_letter(served, "s", [(1, "k", b"poison", 3, "nack")]) == [1]
+        await b2.acquire(served)  # the dead letters move with the partition
+        (letter,) = await b2.dead_letters(served, "s", 10)
+        assert (letter.position, letter.key, letter.payload, letter.reason, letter.replayed_at) == (
+            1, "k", b"poison", "nack", None,
+        )  # fmt: skip
+        replayed = await b2.replay_dead_letters(served, "s")
+        assert replayed == [StoredMessage(2, "k", b"poison")]
+        assert (await b2.dead_letters(served, "s", 10))[0].replayed_at == 2
+        assert await b2.replay_dead_letters(served, "s") == []
+
+    run_store(postgres, body)

@@ -2,7 +2,7 @@
 cluster's shared log in PostgreSQL (:mod:`keyfailover.broker.storage.postgresql`)."""
 
 from keyfailover.broker.storage._executor import SQLiteStore
-from keyfailover.broker.storage._store import Store
+from keyfailover.broker.storage._store import NotServedError, Store
 from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, Log, LogSnapshot, StoredMessage
 
-__all__ = ["LOG_FILE_NAME", "Log", "LogSnapshot", "SQLiteStore", "Store", "StoredMessage"]
+__all__ = ["LOG_FILE_NAME", "Log", "LogSnapshot", "NotServedError", "SQLiteStore", "Store", "StoredMessage"]

@@ -201,3 +201,24 @@ def test_dead_letters_of_a_partitioned_subscription_are_listed_and_replayed_per_
         assert replayed["by_partition"] == {f"orders-partition-{p}": [2] if p in (1, 2) else [] for p in range(4)}
         again = sorted((m.key, m.partition, m.position) for m in [consumer.receive(timeout=WAIT) for _ in range(2)])
         assert again == [("a", 1, 2), ("k", 2, 2)]
+
+
+def test_the_command_line_produces_and_consumes_a_partitioned_topic(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server:
+        admin(server, "/topics?topic=orders&partitions=4", "POST")
+        url = ("--url", server.url)
+        produced = run_cli("produce", "--topic", "orders", "--key-field", ",", *url, stdin="a,1\nk,2\na,3\n")
+        assert produced.returncode == 0, produced.stderr
+        assert "stored 3 messages in 'orders' over 4 partitions (positions count within each)" in produced.stderr + (
+            produced.stdout
+        )
+        text = run_cli("consume", "--topic", "orders", "--subscription", "t", "--idle-timeout", "1", *url).stdout
+        assert sorted(text.splitlines()) == ["1:1\ta\t1", "1:2\ta\t3", "2:1\tk\t2"]
+        lines = run_cli(
+            "consume", "--topic", "orders", "--subscription", "j", "--idle-timeout", "1", "--json", *url
+        ).stdout.splitlines()
+        assert sorted((r["partition"], r["position"], r["key"]) for r in map(json.loads, lines)) == [
+            (1, 1, "a"),
+            (1, 2, "a"),
+            (2, 1, "k"),
+        ]

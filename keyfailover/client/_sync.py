@@ -157,6 +157,11 @@ class Producer:
     def producer_name(self) -> str:
         return self._producer.producer_name
 
+    @property
+    def partitions(self) -> int:
+        """How many partitions the topic has (positions count within each)."""
+        return self._producer.partitions
+
     def send(self, payload: bytes, key: Key = None, timeout: float | None = 30.0) -> int:
         """Send and block until stored; returns the message's position."""
         done = threading.Event()
@@ -202,6 +207,11 @@ class Consumer:
     def ranges(self) -> list[tuple[int, int]]:
         """The hash ranges this consumer owns now: inclusive ``(start, end)`` pairs, sorted; empty for a standby."""
         return self._consumer.ranges
+
+    @property
+    def partitions(self) -> int:
+        """How many partitions the topic has (a message's position counts within its partition)."""
+        return self._consumer.partitions
 
     def receive(self, timeout: float | None = None) -> Message:
         """The next message; raises :class:`Timeout` when none arrives within ``timeout`` seconds."""

@@ -983,6 +983,11 @@ class AsyncProducer:
         self._parts = parts
         self._next = itertools.count()
 
+    @property
+    def partitions(self) -> int:
+        """How many partitions the topic has (positions count within each)."""
+        return len(self._parts)
+
     def send_async(self, payload: bytes, key: Key = None, callback: SendCallback | None = None) -> None:
         """Queue a message; ``callback(position, None)`` or ``callback(None, error)`` follows."""
         parts = self._parts
@@ -1405,6 +1410,11 @@ class AsyncConsumer:
     def ranges(self) -> list[tuple[int, int]]:
         """The hash ranges this consumer owns now: inclusive ``(start, end)`` pairs, sorted; empty for a standby."""
         return list(self._ranges)
+
+    @property
+    def partitions(self) -> int:
+        """How many partitions the topic has (a message's position counts within its partition)."""
+        return len(self.parts)
 
     def ranges_changed(self) -> None:
         """A partition's ranges changed: tell ``on_ranges_changed`` when the consumer's differ."""

@@ -699,6 +699,7 @@ class _Stored:
 
     def __init__(self) -> None:
         self.count = 0
+        self.partitions = 1
         self.first: int | None = None
         self.last: int | None = None
         self.errors: list[BaseException] = []
@@ -713,6 +714,8 @@ class _Stored:
 
     def summary(self, topic: str) -> str:
         span = "" if self.first is None else f", positions {self.first}..{self.last}"
+        if self.partitions > 1:
+            span = f" over {self.partitions} partitions (positions count within each)"
         return f"stored {self.count:,} message{'' if self.count == 1 else 's'} in {topic!r}{span}"
 
 
@@ -743,6 +746,7 @@ def _produce(args: argparse.Namespace) -> int:
     stop: BaseException | None = None
     with _connected(args) as client, source:
         producer = client.create_producer(args.topic, args.producer_name)
+        stored.partitions = producer.partitions
         try:
             for line_number, raw in enumerate(source, 1):
                 done += len(raw)
@@ -856,7 +860,7 @@ def _consume(args: argparse.Namespace) -> int:
                     flush_and_ack()
                     continue
                 received += 1
-                sys.stdout.write(_shown(message, args.json))
+                sys.stdout.write(_shown(message, args.json, consumer.partitions > 1))
                 printed.append(message)
                 if len(printed) >= 1000:
                     flush_and_ack()
@@ -867,12 +871,16 @@ def _consume(args: argparse.Namespace) -> int:
     return 0
 
 
-def _shown(message: Any, as_json: bool) -> str:
+def _shown(message: Any, as_json: bool, partitioned: bool) -> str:
+    """A consumed message as a line: ``position<TAB>key<TAB>payload`` (``partition:position`` on a
+    partitioned topic), or a JSON object (with ``partition`` on a partitioned topic)."""
     payload = message.payload.decode("utf-8", "backslashreplace")
     if not as_json:
-        return f"{message.position}\t{message.key!s}\t{payload}\n"
+        where = f"{message.partition}:{message.position}" if partitioned else str(message.position)
+        return f"{where}\t{message.key!s}\t{payload}\n"
     key = message.key.decode("utf-8", "backslashreplace") if isinstance(message.key, bytes) else message.key
     record = {
+        **({"partition": message.partition} if partitioned else {}),
         "position": message.position,
         "key": key,
         "payload": payload,

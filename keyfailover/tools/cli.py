@@ -1279,9 +1279,14 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument(
         "--partitions", type=_int_between(1, 65536, "a number of partitions"), default=1, help="P (default 1)"
     )
-    where = create.add_mutually_exclusive_group(required=True)
+    where = create.add_mutually_exclusive_group()
     cluster_arg(where, required=False)
-    where.add_argument("--admin-url", type=_admin_url, help="a single server's --metrics-port endpoint")
+    where.add_argument(
+        "--admin-url",
+        type=_admin_url,
+        default="http://127.0.0.1:9650",
+        help="without --cluster: a single server's --metrics-port endpoint (default http://127.0.0.1:9650)",
+    )
     token_args(create, "the server's token, if it requires one (with --admin-url)")
     tls_ca_arg(create, "https://")
     create.set_defaults(run=_create_topic)

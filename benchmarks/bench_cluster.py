@@ -25,12 +25,13 @@ all share.
 
 Part 2, failover. Three brokers with a session timeout of ``SESSION_TIMEOUT`` s serve a topic under
 light traffic (a producer sending one message to each partition every 20 ms). ``--kills`` times, a
-broker is killed with SIGKILL, the coordinator and a follower in turn; the time from the kill until
-every partition is served again is measured: ZooKeeper's assignment (polled every 20 ms) has every
-partition on a live broker, and then a probe produce to each partition (a new client, which looks
-the partitions up) is stored. The broker is then restarted on the same address, and the next kill
-waits until the three share the partitions again. The light traffic's producer should never see a
-message refused (its client resends until stored): how many were is reported beside the goal.
+broker is killed with SIGKILL, the coordinator and the oldest follower in turn; the time from the
+kill until every partition is served again is measured: ZooKeeper's assignment (polled every 20 ms)
+has every partition on a live broker, and then a probe produce to each partition (a new client,
+which looks the partitions up) is stored. The broker is then restarted on the same address, and the
+next kill waits until the three share the partitions again. The light traffic's producer should
+never see a message refused (its client resends until stored): how many were is reported beside the
+goal.
 
 ZooKeeper (Debian's ``zookeeper``), PostgreSQL 15 and ``redis-server`` come from
 ``scripts/setup-system``; without Redis the Redis row says it was skipped. Timing is printed, never
@@ -42,7 +43,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import os
 import shutil
 import signal
@@ -465,11 +465,11 @@ class Kill:
 def partition_keys(partitions: int) -> list[str]:
     """A key of each partition, in partition order."""
     keys: dict[int, str] = {}
-    for i in itertools.count():
-        keys.setdefault(partition_of_key(f"probe-{i}", partitions), f"probe-{i}")
-        if len(keys) == partitions:
-            return [keys[p] for p in range(partitions)]
-    raise AssertionError("unreachable")
+    tried = 0
+    while len(keys) < partitions:
+        keys.setdefault(partition_of_key(f"key-{tried}", partitions), f"key-{tried}")
+        tried += 1
+    return [keys[p] for p in range(partitions)]
 
 
 def probe(address: str, topic: str, keys: Sequence[str]) -> None:
@@ -498,11 +498,11 @@ def failovers(services: Services, kills: int) -> tuple[list[Kill], LightTraffic]
 
 
 def failover(cluster: Cluster, coordinator: bool, keys: Sequence[str]) -> Kill:
-    """Kill the coordinator (or the newest follower), measure until every partition is served again,
-    restart it on its address, and return once the brokers share the partitions again."""
+    """Kill the coordinator (or the oldest follower, next in line), measure until every partition is served
+    again, restart it on its address, and return once the brokers share the partitions again."""
     services = cluster.services
     status = cluster_status(services.zk, cluster.root)
-    victim = status["brokers"][0 if coordinator else -1]["id"]
+    victim = status["brokers"][0 if coordinator else 1]["id"]
     port = int(victim.rsplit(":", 1)[1])
     ids = {f"127.0.0.1:{p}" for p in cluster.ports}
     survivors = ids - {victim}

@@ -1,7 +1,7 @@
 """Smoke-run every benchmark script with ``--quick``: it must finish and print its table.
 
 Timing is never asserted; only that each script runs to the end (its own correctness
-checks included) and prints the header of its table.
+checks included) and prints the header of its table, and the lines ALSO_PRINTS names.
 """
 
 from __future__ import annotations
@@ -24,6 +24,14 @@ HEADERS = {
     "bench_stuck.py": ("Dispatcher", "messages", "healthy got", "never read", "parked slots", "dispatcher MiB"),
     "bench_stuck_server.py": ("consumers", "healthy got / their keys'", "longest gap s", "server peak MiB half-way"),
     "bench_e2e.py": ("system", "mode", "messages", "msgs/s", "p50 ms", "p99 ms", "vs redis same durability"),
+    "bench_cluster.py": ("setup", "durability", "msgs/s produce+consume", "vs single-node SQLite", "order violations"),
+}
+ALSO_PRINTS = {
+    "bench_cluster.py": (
+        "brokers  PostgreSQL  ZooKeeper",  # the CPU table
+        "every partition served s",  # the failover table
+        "per-key order held in every keyfailover run",
+    ),
 }
 
 
@@ -48,3 +56,5 @@ def test_benchmark_quick_run_prints_its_table(script: str) -> None:
     assert any(all(column in line for column in columns) for line in stdout.splitlines()), (
         f"{script} printed no table header with columns {columns}:\n{stdout}"
     )
+    for expected in ALSO_PRINTS.get(script, ()):
+        assert expected in stdout, f"{script} did not print {expected!r}:\n{stdout}"

@@ -151,3 +151,19 @@ def test_a_resubscribe_after_a_reconnect_presents_the_sessions_secret(
         producer = client.create_producer("t")
         producer.send(b"x", key="k")
         assert consumer.receive(timeout=10).payload == b"x"
+
+
+def test_request_ids_are_unique_across_a_clients_links(tmp_path: Path) -> None:
+    """A producer keeps its unconfirmed batches by request id and moves them to another broker's link
+    in a failover; ids handed out by two links of one client must never collide, or a new batch
+    would take an old one's place (and the old one be lost)."""
+
+    async def scenario(first: ServerProcess, second: ServerProcess) -> list[int]:
+        async with AsyncClient(f"kf://127.0.0.1:{first.port},127.0.0.1:{second.port}") as client:
+            a = await client._link(f"127.0.0.1:{first.port}")
+            b = await client._link(f"127.0.0.1:{second.port}")
+            return [a.next_req(), b.next_req(), a.next_req(), b.next_req()]
+
+    with ServerProcess(tmp_path / "a") as first, ServerProcess(tmp_path / "b") as second:
+        ids = asyncio.run(scenario(first, second))
+    assert len(set(ids)) == len(ids)

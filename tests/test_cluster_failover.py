@@ -11,6 +11,7 @@ every row), so a broker that lost a partition never wrote after its successor.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 import threading
@@ -202,6 +203,70 @@ def test_a_killed_broker_s_partitions_are_served_again_and_nothing_acknowledged_
         check_one_writer(postgres, topic, 6, brokers)
         survivors = {b["id"] for b in status(cluster)["brokers"]}
         assert victim_id not in survivors and len(survivors) == 2
+    finally:
+        for process in brokers:
+            if process.process is not None and process.process.poll() is None:
+                process.stop()
+
+
+def stored_sequence_ids(postgres: PostgreSQL, topic: str) -> dict[int, list[int]]:
+    """Partition -> the sequence ids of the traffic producer's messages, in position order."""
+
+    async def fetch() -> list[Any]:
+        connection = await asyncpg.connect(postgres.dsn)
+        try:
+            return list(
+                await connection.fetch(
+                    "SELECT partition, seq FROM kf_messages WHERE topic = $1 AND producer = 'traffic'"
+                    " ORDER BY partition, position",
+                    topic,
+                )
+            )
+        finally:
+            await connection.close()
+
+    found: dict[int, list[int]] = defaultdict(list)
+    for row in asyncio.run(fetch()):
+        found[int(row["partition"])].append(int(row["seq"]))
+    return found
+
+
+def kill_and_restart(cluster: str, brokers: list[ServerProcess], traffic: Traffic) -> None:
+    """SIGKILL the last broker, wait until the first serves everything, restart it on its address (appended
+    to ``brokers``: every incarnation's events stay readable) and wait until it serves again under traffic."""
+    victim = brokers[-1]
+    victim_id = f"127.0.0.1:{victim.port}"
+    before = traffic.sent()
+    victim.kill()
+    wait_until(lambda: set(served_by(cluster).values()) == {f"127.0.0.1:{brokers[0].port}"}, "its partitions moved")
+    brokers.append(ServerProcess(None, *victim.extra, port=victim.port).start())
+    wait_until(lambda: victim_id in served_by(cluster).values(), "some partitions back on it")
+    wait_until(lambda: traffic.sent() > before + 200, "traffic flowing again", timeout=WAIT)
+
+
+def test_partitions_that_move_away_and_back_keep_every_batch_in_order(cluster: str, postgres: PostgreSQL) -> None:
+    """A broker killed and restarted on its address, twice: its partitions move to the other broker and
+    back. The producer's batches follow them over three connections; each partition must hold its
+    sequence ids without a gap (a gap is a batch stored ahead of an earlier one, which is then
+    refused as a duplicate of ids never stored)."""
+    topic = f"orders-{uuid.uuid4().hex[:6]}"
+    brokers = [broker(cluster, postgres) for _ in range(2)]
+    try:
+        assert run_cli("topics", "create", topic, "--partitions", "4", "--cluster", cluster).returncode == 0
+        wait_until(lambda: len(set(served_by(cluster).values())) == 2, "both brokers serving partitions")
+        url = "kf://" + ",".join(f"127.0.0.1:{b.port}" for b in brokers)
+        with Client(url) as client:
+            traffic = Traffic(client, topic, [f"key-{i}" for i in range(16)]).start()
+            for _ in range(2):
+                kill_and_restart(cluster, brokers, traffic)
+            traffic.stop()
+            assert traffic.failed == []
+            consumed = consume_all(client, topic, traffic.acked)
+        check_order(traffic.acked, consumed)
+        for partition, seqs in stored_sequence_ids(postgres, topic).items():
+            gaps = [(a, b) for a, b in itertools.pairwise(seqs) if b != a + 1]
+            assert gaps == [], f"partition {partition}: sequence ids skipped, e.g. {gaps[:3]}"
+        check_one_writer(postgres, topic, 4, brokers)
     finally:
         for process in brokers:
             if process.process is not None and process.process.poll() is None:

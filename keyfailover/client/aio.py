@@ -27,7 +27,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
@@ -224,14 +224,16 @@ def client_tls(ca_file: str | os.PathLike[str] | None) -> ssl.SSLContext:
 class _Link(asyncio.Protocol):
     """The client's connection to one broker, re-established with backoff whenever it drops."""
 
-    def __init__(self, address: Address, token: str | None, tls: ssl.SSLContext | None) -> None:
+    def __init__(self, address: Address, token: str | None, tls: ssl.SSLContext | None, reqs: Iterator[int]) -> None:
         self.address = address
         self._host, self._port = _host_port(address)
         self._token = token
         self._tls = tls
         self._transport: asyncio.Transport | None = None
         self._decoder = Decoder(accept="client")
-        self._req = itertools.count(1)
+        # Request ids come from the client's one counter, unique across its links: a producer's
+        # unconfirmed batches, keyed by request id, move between links in a failover.
+        self._req = reqs
         self.pending: dict[int, Callable[[Frame | None], None]] = {}
         self.sessions: dict[int, _PartConsumer] = {}
         self.parties: list[_Part] = []
@@ -451,6 +453,7 @@ class AsyncClient:
         self._token = token
         self._tls = client_tls(tls_ca) if tls else None
         self._links: dict[Address, _Link] = {}
+        self._reqs = itertools.count(1)
         self._connecting: dict[Address, asyncio.Task[_Link]] = {}
         self._connect_timeout = connect_timeout
         self._started = False
@@ -584,7 +587,7 @@ class AsyncClient:
                 self._connecting.pop(address, None)
 
     async def _open_link(self, address: Address) -> _Link:
-        link = _Link(address, self._token, self._tls)
+        link = _Link(address, self._token, self._tls, self._reqs)
         try:
             await link.start(self._connect_timeout)
         except ServerError as exc:

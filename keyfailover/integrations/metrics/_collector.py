@@ -11,6 +11,12 @@ rather than the first slot keeps the series count bounded by consumers x ``max_r
 the life of a subscription: a boundary shift changes the values, not the label set, so it
 creates no series. The per-consumer families (shares, counters, ``keyfailover_consumer_ranges``)
 have one series per consumer, and ``keyfailover_rebalance_policy_info`` one per subscription.
+
+Every subscription series carries ``topic``, ``partition`` and ``subscription``. Partition p of a
+topic T with P > 1 partitions (served as ``T-partition-p``) is labelled ``topic="T"``,
+``partition="p"``, its dispatcher holding only that partition's block of slots; a topic of one
+partition has ``partition=""``. Prometheus stores a label with an empty value as no label, so the
+series of a single server's topics are the same series they were before partitions existed.
 """
 
 from __future__ import annotations
@@ -39,12 +45,17 @@ REASONS = ("join", "leave", "shift", "timeout", "stuck", "recovered", "backlog")
 
 @dataclass(frozen=True)
 class SubscriptionView:
-    """One subscription to report: its dispatcher and, with a log behind it, its backlog."""
+    """One subscription to report: its dispatcher and, with a log behind it, its backlog.
+
+    ``partition`` is the partition's index for one of a topic's P > 1 partitions (``topic`` is then
+    the topic's own name, not ``T-partition-p``), None for a topic of one partition.
+    """
 
     topic: str
     subscription: str
     dispatcher: Dispatcher
     backlog: int | None = None
+    partition: int | None = None
 
 
 @dataclass(frozen=True)
@@ -57,8 +68,8 @@ class ServerView:
     protocol_errors: Mapping[str, int] = field(default_factory=dict)
 
 
-_SUB = ["topic", "subscription"]
-_CON = ["topic", "subscription", "consumer"]
+_SUB = ["topic", "partition", "subscription"]
+_CON = [*_SUB, "consumer"]
 _RANGE = [*_CON, "range"]
 
 # name -> (kind, help, labels); an info family's labels are those besides its value's.
@@ -229,7 +240,7 @@ class KeyFailoverCollector(Collector):
 
 def _subscription(families: _Families, view: SubscriptionView) -> None:
     dispatcher = view.dispatcher
-    sub = [view.topic, view.subscription]
+    sub = [view.topic, "" if view.partition is None else str(view.partition), view.subscription]
     stats = dispatcher.stats()
     traffic = np.asarray(dispatcher.traffic())  # entry i is slot first + i
     prefix = np.concatenate(([0.0], np.cumsum(traffic)))

@@ -18,10 +18,12 @@ def serve_metrics(server: Server) -> CollectorRegistry:
     """
 
     def subscriptions() -> list[SubscriptionView]:
-        return [
-            SubscriptionView(topic, name, s.dispatcher, s.backlog())
-            for (topic, name), s in sorted(server.subscriptions().items())
-        ]
+        views = []
+        for (served, name), subscription in sorted(server.subscriptions().items()):
+            topic, index, partitions = server.partition_of(served)
+            partition = index if partitions > 1 else None
+            views.append(SubscriptionView(topic, name, subscription.dispatcher, subscription.backlog(), partition))
+        return views
 
     def totals() -> ServerView:
         storage = server.storage

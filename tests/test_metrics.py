@@ -12,6 +12,7 @@ import shutil
 import subprocess
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from itertools import pairwise
 
 import numpy as np
@@ -23,7 +24,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from keyfailover.core.dispatcher import Delivery, Dispatcher
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
 from keyfailover.core.histogram import Histogram
-from keyfailover.integrations.metrics import METRIC_NAMES, KeyFailoverCollector, ServerView, SubscriptionView
+from keyfailover.integrations.metrics import (
+    METRIC_NAMES,
+    ClusterView,
+    KeyFailoverCollector,
+    ServedPartition,
+    ServerView,
+    SubscriptionView,
+)
 
 SUB = {"topic": "orders", "partition": "", "subscription": "billing"}  # one partition: partition is empty
 
@@ -65,6 +73,19 @@ SERVER_SPEC: dict[str, tuple[str, tuple[str, ...]]] = {
     "keyfailover_log_commit_seconds": ("histogram", ()),
     "keyfailover_connections": ("gauge", ()),
     "keyfailover_protocol_errors": ("counter", ("code",)),
+}
+# A broker of a cluster (issue 14): family name -> (type, labels).
+CLUSTER_SPEC: dict[str, tuple[str, tuple[str, ...]]] = {
+    "keyfailover_cluster_partition_served": ("gauge", ("topic", "partition")),
+    "keyfailover_cluster_partition_owner_epoch": ("gauge", ("topic", "partition")),
+    "keyfailover_cluster_coordinator": ("gauge", ()),
+    "keyfailover_cluster_epoch": ("gauge", ()),
+    "keyfailover_cluster_generation": ("gauge", ()),
+    "keyfailover_cluster_assigned_partitions": ("gauge", ()),
+    "keyfailover_cluster_brokers": ("gauge", ()),
+    "keyfailover_cluster_partitions_acquired": ("counter", ()),
+    "keyfailover_cluster_partitions_released": ("counter", ()),
+    "keyfailover_cluster_partition_acquire_seconds": ("histogram", ()),
 }
 
 
@@ -451,6 +472,65 @@ def test_server_metrics_come_from_the_server_view() -> None:
     assert all(not bare[name].samples for name in SERVER_SPEC)
 
 
+# -- a broker of a cluster -------------------------------------------------------------
+
+
+def coordinator() -> ClusterView:
+    """The coordinator of a two-broker cluster serving two of orders' four partitions and audit (one partition)."""
+    waits = Histogram()
+    for seconds in (0.004, 0.3, 1.2):
+        waits.observe(seconds)
+    return ClusterView(
+        coordinator=True,
+        epoch=3,
+        generation=7,
+        assigned=5,
+        brokers=2,
+        served=[ServedPartition("orders", 0, 4), ServedPartition("orders", 2, 2), ServedPartition("audit", None, 1)],
+        acquired=3,
+        released=1,
+        acquire_seconds=waits,
+    )
+
+
+def test_a_broker_reports_what_it_serves_and_its_part_in_the_cluster() -> None:
+    families = scrape(list, lambda: ServerView(cluster=coordinator()))
+    served = {
+        (s.labels["topic"], s.labels["partition"]): s.value
+        for s in families["keyfailover_cluster_partition_served"].samples
+    }
+    assert served == {("orders", "0"): 1, ("orders", "2"): 1, ("audit", ""): 1}
+    epochs = families["keyfailover_cluster_partition_owner_epoch"].samples
+    assert {(s.labels["topic"], s.labels["partition"]): s.value for s in epochs} == {
+        ("orders", "0"): 4,
+        ("orders", "2"): 2,
+        ("audit", ""): 1,
+    }
+    assert value(families, "keyfailover_cluster_coordinator") == 1
+    assert value(families, "keyfailover_cluster_epoch") == 3
+    assert value(families, "keyfailover_cluster_generation") == 7
+    assert value(families, "keyfailover_cluster_assigned_partitions") == 5
+    assert value(families, "keyfailover_cluster_brokers") == 2
+    assert value(families, "keyfailover_cluster_partitions_acquired_total") == 3
+    assert value(families, "keyfailover_cluster_partitions_released_total") == 1
+    assert value(families, "keyfailover_cluster_partition_acquire_seconds_count") == 3
+    assert value(families, "keyfailover_cluster_partition_acquire_seconds_sum") == pytest.approx(1.504)
+    cumulative = buckets(families, "keyfailover_cluster_partition_acquire_seconds")
+    assert (cumulative[0.005], cumulative[0.25], cumulative[0.5], cumulative[2.5]) == (1, 1, 2, 3)
+
+
+def test_only_the_coordinator_reports_the_assigned_partitions_and_a_single_server_no_cluster_series() -> None:
+    follower = replace(coordinator(), coordinator=False, served=[])
+    families = scrape(list, lambda: ServerView(cluster=follower))
+    assert value(families, "keyfailover_cluster_coordinator") == 0
+    assert families["keyfailover_cluster_assigned_partitions"].samples == []
+    assert families["keyfailover_cluster_partition_served"].samples == []
+    assert value(families, "keyfailover_cluster_brokers") == 2
+    single = scrape(list, lambda: ServerView(appended=1))
+    assert all(not single[name].samples for name in CLUSTER_SPEC)
+    assert value(single, "keyfailover_log_appended_total") == 1
+
+
 # -- names, types, help ----------------------------------------------------------------
 
 
@@ -458,15 +538,15 @@ def test_every_family_is_named_typed_and_documented_as_the_issue_asks() -> None:
     r = churned()
     families = scrape(
         lambda: [SubscriptionView("orders", "billing", r.dispatcher)],
-        lambda: ServerView(appended=1, connections=1, protocol_errors={"bad_frame": 1}),
+        lambda: ServerView(appended=1, connections=1, protocol_errors={"bad_frame": 1}, cluster=coordinator()),
     )
-    expected = SPEC | SERVER_SPEC
+    expected = SPEC | SERVER_SPEC | CLUSTER_SPEC
     assert {name: family.type for name, family in families.items()} == {n: t for n, (t, _) in expected.items()}
     sample_names: set[str] = set()
     for name, family in families.items():
         assert family.documentation.strip(), f"{name} has no help text"
         kind, extra = expected[name]
-        scope = () if name in SERVER_SPEC else ("topic", "partition", "subscription")
+        scope = () if name in SERVER_SPEC | CLUSTER_SPEC else ("topic", "partition", "subscription")
         assert family.samples, f"{name} has no samples in a state that should give it some"
         for sample in family.samples:
             sample_names.add(sample.name)
@@ -485,7 +565,7 @@ def test_promtool_finds_no_convention_problem() -> None:
         pytest.skip("promtool is not installed (Debian package prometheus; scripts/setup-system installs it)")
     r = churned()
     registry = CollectorRegistry()
-    view = ServerView(appended=1, connections=1, protocol_errors={"bad_frame": 1})
+    view = ServerView(appended=1, connections=1, protocol_errors={"bad_frame": 1}, cluster=coordinator())
     registry.register(KeyFailoverCollector(lambda: [SubscriptionView("orders", "billing", r.dispatcher)], lambda: view))
     done = subprocess.run(
         [promtool, "check", "metrics"], input=generate_latest(registry), capture_output=True, timeout=60, check=False

@@ -66,6 +66,11 @@ class BrokerRole:
         previous owner's barrier, the lease and the open."""
 
     @property
+    def joined(self) -> bool:
+        """Whether the broker is in its cluster now: joined and not stopped (``member`` is there)."""
+        return self._member is not None
+
+    @property
     def member(self) -> ClusterMember:
         if self._member is None:
             raise ConfigError("the broker has not joined its cluster yet")

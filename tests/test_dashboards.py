@@ -374,6 +374,11 @@ def test_alert_rules_name_only_exported_metrics() -> None:
         ("a subscription with no consumers", {"keyfailover_consumers"}),
         ("a stuck consumer", {"keyfailover_consumer_stuck"}),
         ("dead-letter growth", {"keyfailover_dead_lettered_total"}),
+        (
+            "assigned partitions that no broker serves",
+            {"keyfailover_cluster_assigned_partitions", "keyfailover_cluster_partition_served"},
+        ),
+        ("a cluster without a coordinator", {"keyfailover_cluster_coordinator"}),
     ],
 )
 def test_alert_rules_cover_what_the_issue_lists(what: str, metrics: set[str]) -> None:

@@ -2,10 +2,20 @@
 
 from keyfailover.integrations.metrics import (
     METRIC_NAMES,
+    ClusterView,
     KeyFailoverCollector,
+    ServedPartition,
     ServerView,
     SubscriptionView,
     serve_metrics,
 )
 
-__all__ = ["METRIC_NAMES", "KeyFailoverCollector", "ServerView", "SubscriptionView", "serve_metrics"]
+__all__ = [
+    "METRIC_NAMES",
+    "ClusterView",
+    "KeyFailoverCollector",
+    "ServedPartition",
+    "ServerView",
+    "SubscriptionView",
+    "serve_metrics",
+]

@@ -126,6 +126,44 @@ def test_a_zombie_coordinators_write_is_refused_and_it_steps_down(zookeeper: Zoo
     ledger.never_two_at_once()
 
 
+def test_a_new_owner_counts_its_wait_from_the_assignment_not_from_the_barrier(
+    zookeeper: ZooKeeper, zk: Any, root: str
+) -> None:
+    """The previous owner holds on to a moved partition; the new owner, assigned it meanwhile, waits for the
+    barrier, and ``assigned_at`` is the time it applied the assignment: before the barrier went."""
+    create_topic(zk, root, "orders", 2)
+    letting_go = threading.Event()
+    seen: dict[PartitionId, float | None] = {}
+
+    def hold(partition: PartitionId) -> None:
+        letting_go.wait(timeout=30)
+
+    def note(partition: PartitionId) -> None:
+        seen[partition] = second.assigned_at(partition)
+
+    first = ClusterMember(zookeeper.hosts, root, "b1", "127.0.0.1:1", session_timeout=2.0, on_released=hold)
+    second = ClusterMember(zookeeper.hosts, root, "b2", "127.0.0.1:2", session_timeout=2.0, on_acquired=note)
+    first.start()
+    try:
+        wait_until(lambda: len(first.state.owned) == 2, "b1 serves both partitions")
+        second.start()
+        wait_until(lambda: second.state.assignment.partitions_of("b2") != [], "b2 is assigned a partition")
+        (moved,) = second.state.assignment.partitions_of("b2")
+        waiting_since = second.assigned_at(moved)
+        assert waiting_since is not None and moved not in second.state.owned, "b2 waits for b1's barrier"
+        released_at = time.monotonic()
+        letting_go.set()
+        wait_until(lambda: moved in second.state.owned, "b2 serves the partition once b1 let it go")
+        wait_until(lambda: moved in seen, "b2's on_acquired ran")
+        assert seen == {moved: waiting_since}
+        assert waiting_since < released_at
+        assert second.assigned_at(moved) is None, "only while waiting and during on_acquired"
+    finally:
+        letting_go.set()
+        second.stop()
+        first.stop()
+
+
 def test_a_topic_keeps_its_partition_count(zookeeper: ZooKeeper, zk: Any, root: str) -> None:
     assert create_topic(zk, root, "orders", 4) is True
     assert create_topic(zk, root, "orders", 4) is False

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 from collections import defaultdict
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from keyfailover.core.dispatcher import Dispatcher
 from keyfailover.core.hashing import HASH_RANGE_SIZE
-from keyfailover.integrations.metrics import METRIC_NAMES, KeyFailoverCollector, SubscriptionView
+from keyfailover.integrations.metrics import (
+    METRIC_NAMES,
+    ClusterView,
+    KeyFailoverCollector,
+    ServedPartition,
+    ServerView,
+    SubscriptionView,
+)
 
 METRICS_DIR = Path(__file__).resolve().parent.parent / "metrics"
 DASHBOARD = METRICS_DIR / "grafana-dashboard.json"
@@ -232,12 +240,15 @@ def test_range_ownership_is_a_stacked_chart_of_range_share() -> None:
     assert (defaults["min"], defaults["max"]) == (0, 1), "the axis must show the whole hash space, 0 to 1"
 
 
-def exposition_series(text: str) -> list[dict[str, str]]:
-    """Every sample of a Prometheus text exposition as a promtool input series holding its value for 5 minutes."""
+def exposition_series(text: str, **target: str) -> list[dict[str, str]]:
+    """Every sample of a Prometheus text exposition as a promtool input series holding its value for 5 minutes;
+    ``target`` labels (job, instance) added as Prometheus adds them to what it scrapes."""
     found = []
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            labels = ", ".join(f"{name}={json.dumps(value)}" for name, value in sorted(sample.labels.items()))
+            labels = ", ".join(
+                f"{name}={json.dumps(value)}" for name, value in sorted((sample.labels | target).items())
+            )
             found.append({"series": f"{sample.name}{{{labels}}}", "values": f"{sample.value!r}x5"})
     return found
 
@@ -306,6 +317,16 @@ def test_range_panels_evaluate_to_the_range_map_with_a_consumer_owning_several_r
             }
         },
     }
+    evaluate_panels(tmp_path, exposition_series(text), expected)
+
+
+Expected = dict[str, dict[str, dict[tuple[tuple[str, str], ...], float]]]
+"""Panel title -> target refId -> the labels -> value its expression must evaluate to."""
+
+
+def evaluate_panels(tmp_path: Path, series: list[dict[str, str]], expected: Expected) -> None:
+    """promtool evaluates every target of the panels ``expected`` names on ``series`` ($topic: orders,
+    $subscription: billing) and finds what ``expected`` says."""
     checks = []
     for panel in panels(dashboard()):
         for target in panel.get("targets", []) if panel.get("title") in expected else []:
@@ -316,11 +337,107 @@ def test_range_panels_evaluate_to_the_range_map_with_a_consumer_owning_several_r
     tests = {
         "rule_files": [],
         "evaluation_interval": "1m",
-        "tests": [{"interval": "1m", "input_series": exposition_series(text), "promql_expr_test": checks}],
+        "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": checks}],
     }
-    unit_tests = tmp_path / "range_panels_test.yml"
+    unit_tests = tmp_path / "panels_test.yml"
     unit_tests.write_text(yaml.safe_dump(tests), encoding="utf-8")
     assert "SUCCESS" in run_promtool("test", "rules", str(unit_tests))
+
+
+def test_cluster_panels_evaluate_to_what_the_brokers_of_a_cluster_report(tmp_path: Path) -> None:
+    """Partitions per broker, Coordinator and Partitions now, evaluated by promtool on the scrapes of two brokers
+    of one cluster: the coordinator b1 serves 2 of orders' 3 partitions, b2 the third and audit (one partition)."""
+    views = {
+        "b1": ClusterView(
+            coordinator=True,
+            epoch=2,
+            generation=5,
+            assigned=4,
+            brokers=2,
+            served=[ServedPartition("orders", 0, 3), ServedPartition("orders", 1, 1)],
+        ),
+        "b2": ClusterView(
+            coordinator=False,
+            epoch=2,
+            generation=5,
+            assigned=4,
+            brokers=2,
+            served=[ServedPartition("orders", 2, 2), ServedPartition("audit", None, 1)],
+        ),
+    }
+    series = []
+    for instance, view in views.items():
+        registry = CollectorRegistry()
+        registry.register(KeyFailoverCollector(list, partial(ServerView, cluster=view)))
+        series += exposition_series(generate_latest(registry).decode(), job="kf", instance=instance)
+    epoch = "keyfailover_cluster_partition_owner_epoch"
+    expected: Expected = {
+        "Partitions per broker": {
+            "A": {(("instance", "b1"),): 2, (("instance", "b2"),): 2},
+            "B": {(("job", "kf"),): 4},
+        },
+        "Coordinator": {
+            "A": {
+                (("__name__", "keyfailover_cluster_coordinator"), ("instance", b), ("job", "kf")): float(b == "b1")
+                for b in views
+            }
+        },
+        "Partitions now": {
+            "A": {
+                (("__name__", epoch), ("instance", "b1"), ("job", "kf"), ("partition", "0"), ("topic", "orders")): 3,
+                (("__name__", epoch), ("instance", "b1"), ("job", "kf"), ("partition", "1"), ("topic", "orders")): 1,
+                (("__name__", epoch), ("instance", "b2"), ("job", "kf"), ("partition", "2"), ("topic", "orders")): 2,
+                (("__name__", epoch), ("instance", "b2"), ("job", "kf"), ("topic", "audit")): 1,
+            }
+        },
+    }
+    evaluate_panels(tmp_path, series, expected)
+
+
+def cluster_row() -> list[dict[str, Any]]:
+    """The panels of the Cluster row: below its row panel, above the next row."""
+    top = dashboard()["panels"]
+    (row,) = [p for p in top if p["type"] == "row" and p["title"].startswith("Cluster")]
+    below = [p for p in top if p["gridPos"]["y"] > row["gridPos"]["y"]]
+    end = min((p["gridPos"]["y"] for p in below if p["type"] == "row"), default=float("inf"))
+    return [p for p in below if p["gridPos"]["y"] < end]
+
+
+@pytest.mark.parametrize(
+    ("what", "metrics"),
+    [
+        ("partitions per broker", {"keyfailover_cluster_partition_served", "keyfailover_cluster_assigned_partitions"}),
+        ("the coordinator", {"keyfailover_cluster_coordinator"}),
+        ("epoch and generation", {"keyfailover_cluster_epoch", "keyfailover_cluster_generation"}),
+        (
+            "acquisitions and releases over time",
+            {"keyfailover_cluster_partitions_acquired_total", "keyfailover_cluster_partitions_released_total"},
+        ),
+        ("acquire-time quantiles", {"keyfailover_cluster_partition_acquire_seconds_bucket"}),
+    ],
+)
+def test_the_cluster_row_has_the_panels_issue_14_lists(what: str, metrics: set[str]) -> None:
+    graphs = [
+        panel
+        for panel in cluster_row()
+        if panel["type"] == "timeseries"
+        and metrics <= set().union(*(metric_names(target["expr"]) for target in panel["targets"]))
+    ]
+    assert graphs, f"no time-series panel of the Cluster row shows {what} ({sorted(metrics)})"
+
+
+def test_the_cluster_row_draws_acquire_time_quantiles_and_each_broker_on_its_own() -> None:
+    (acquire,) = [p for p in cluster_row() if p["title"] == "Partition acquire time"]
+    exprs = [target["expr"] for target in acquire["targets"]]
+    assert [e.split(",")[0] for e in exprs if e.startswith("histogram_quantile")] == [
+        "histogram_quantile(0.5",
+        "histogram_quantile(0.9",
+        "histogram_quantile(0.99",
+    ]
+    for panel in cluster_row():
+        if panel["type"] == "timeseries" and panel["title"] != acquire["title"]:
+            legends = [target["legendFormat"] for target in panel["targets"]]
+            assert any("{{instance}}" in legend for legend in legends), f"{panel['title']} is not drawn per broker"
 
 
 def test_dashboard_panels_are_unique_and_use_the_data_source_variable() -> None:
@@ -374,6 +491,11 @@ def test_alert_rules_name_only_exported_metrics() -> None:
         ("a subscription with no consumers", {"keyfailover_consumers"}),
         ("a stuck consumer", {"keyfailover_consumer_stuck"}),
         ("dead-letter growth", {"keyfailover_dead_lettered_total"}),
+        (
+            "assigned partitions that no broker serves",
+            {"keyfailover_cluster_assigned_partitions", "keyfailover_cluster_partition_served"},
+        ),
+        ("a cluster without a coordinator", {"keyfailover_cluster_coordinator"}),
     ],
 )
 def test_alert_rules_cover_what_the_issue_lists(what: str, metrics: set[str]) -> None:

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from itertools import pairwise
 
 import numpy as np
@@ -23,11 +24,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from keyfailover.core.dispatcher import Delivery, Dispatcher
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
 from keyfailover.core.histogram import Histogram
-from keyfailover.integrations.metrics import METRIC_NAMES, KeyFailoverCollector, ServerView, SubscriptionView
+from keyfailover.integrations.metrics import (
+    METRIC_NAMES,
+    ClusterView,
+    KeyFailoverCollector,
+    ServedPartition,
+    ServerView,
+    SubscriptionView,
+)
 
-SUB = {"topic": "orders", "subscription": "billing"}
+SUB = {"topic": "orders", "partition": "", "subscription": "billing"}  # one partition: partition is empty
 
-# The metrics issues 4 and 12 ask for: family name -> (type, labels besides topic and subscription).
+# The metrics issues 4 and 12 ask for: family name -> (type, labels besides topic, partition and subscription).
 CONSUMER = ("consumer",)
 SPEC: dict[str, tuple[str, tuple[str, ...]]] = {
     "keyfailover_range_start": ("gauge", ("consumer", "range")),
@@ -65,6 +73,19 @@ SERVER_SPEC: dict[str, tuple[str, tuple[str, ...]]] = {
     "keyfailover_log_commit_seconds": ("histogram", ()),
     "keyfailover_connections": ("gauge", ()),
     "keyfailover_protocol_errors": ("counter", ("code",)),
+}
+# A broker of a cluster (issue 14): family name -> (type, labels).
+CLUSTER_SPEC: dict[str, tuple[str, tuple[str, ...]]] = {
+    "keyfailover_cluster_partition_served": ("gauge", ("topic", "partition")),
+    "keyfailover_cluster_partition_owner_epoch": ("gauge", ("topic", "partition")),
+    "keyfailover_cluster_coordinator": ("gauge", ()),
+    "keyfailover_cluster_epoch": ("gauge", ()),
+    "keyfailover_cluster_generation": ("gauge", ()),
+    "keyfailover_cluster_assigned_partitions": ("gauge", ()),
+    "keyfailover_cluster_brokers": ("gauge", ()),
+    "keyfailover_cluster_partitions_acquired": ("counter", ()),
+    "keyfailover_cluster_partitions_released": ("counter", ()),
+    "keyfailover_cluster_partition_acquire_seconds": ("histogram", ()),
 }
 
 
@@ -303,7 +324,7 @@ def test_the_policy_bounds_the_range_series_and_is_reported() -> None:
         ("capped", capped, "multi", 2),
         ("contiguous", contiguous, "contiguous", 1),
     ):
-        labels = {"topic": "orders", "subscription": subscription}
+        labels = {"topic": "orders", "partition": "", "subscription": subscription}
         info = [
             s for s in families["keyfailover_rebalance_policy_info"].samples if s.labels["subscription"] == subscription
         ]
@@ -337,7 +358,7 @@ def test_each_subscription_sums_to_one_and_one_without_consumers_reports_zero() 
         shares = values(families, "keyfailover_range_share", "consumer", **labels)
         assert set(shares) == set(dispatcher.consumers())
         assert sum(shares.values()) == pytest.approx(1.0, abs=1e-12)
-    gone = {"topic": "payments", "subscription": "billing"}
+    gone = {"topic": "payments", "partition": "", "subscription": "billing"}
     assert value(families, "keyfailover_consumers", **gone) == 0
     assert values(families, "keyfailover_range_share", "consumer", **gone) == {}
     assert value(families, "keyfailover_backlog_messages", **gone) == 12  # the log's backlog, when given
@@ -351,7 +372,7 @@ def test_each_subscription_sums_to_one_and_one_without_consumers_reports_zero() 
         "backlog": 0,
     }
     # No traffic: the pair is even, and nothing moved any traffic.
-    assert value(families, "keyfailover_load_imbalance", topic="orders", subscription="audit") == 1.0
+    assert value(families, "keyfailover_load_imbalance", topic="orders", partition="", subscription="audit") == 1.0
     assert values(families, "keyfailover_traffic_share", "consumer", topic="orders", subscription="audit") == {
         "a": 0.0,
         "b": 0.0,
@@ -451,6 +472,65 @@ def test_server_metrics_come_from_the_server_view() -> None:
     assert all(not bare[name].samples for name in SERVER_SPEC)
 
 
+# -- a broker of a cluster -------------------------------------------------------------
+
+
+def coordinator() -> ClusterView:
+    """The coordinator of a two-broker cluster serving two of orders' four partitions and audit (one partition)."""
+    waits = Histogram()
+    for seconds in (0.004, 0.3, 1.2):
+        waits.observe(seconds)
+    return ClusterView(
+        coordinator=True,
+        epoch=3,
+        generation=7,
+        assigned=5,
+        brokers=2,
+        served=[ServedPartition("orders", 0, 4), ServedPartition("orders", 2, 2), ServedPartition("audit", None, 1)],
+        acquired=3,
+        released=1,
+        acquire_seconds=waits,
+    )
+
+
+def test_a_broker_reports_what_it_serves_and_its_part_in_the_cluster() -> None:
+    families = scrape(list, lambda: ServerView(cluster=coordinator()))
+    served = {
+        (s.labels["topic"], s.labels["partition"]): s.value
+        for s in families["keyfailover_cluster_partition_served"].samples
+    }
+    assert served == {("orders", "0"): 1, ("orders", "2"): 1, ("audit", ""): 1}
+    epochs = families["keyfailover_cluster_partition_owner_epoch"].samples
+    assert {(s.labels["topic"], s.labels["partition"]): s.value for s in epochs} == {
+        ("orders", "0"): 4,
+        ("orders", "2"): 2,
+        ("audit", ""): 1,
+    }
+    assert value(families, "keyfailover_cluster_coordinator") == 1
+    assert value(families, "keyfailover_cluster_epoch") == 3
+    assert value(families, "keyfailover_cluster_generation") == 7
+    assert value(families, "keyfailover_cluster_assigned_partitions") == 5
+    assert value(families, "keyfailover_cluster_brokers") == 2
+    assert value(families, "keyfailover_cluster_partitions_acquired_total") == 3
+    assert value(families, "keyfailover_cluster_partitions_released_total") == 1
+    assert value(families, "keyfailover_cluster_partition_acquire_seconds_count") == 3
+    assert value(families, "keyfailover_cluster_partition_acquire_seconds_sum") == pytest.approx(1.504)
+    cumulative = buckets(families, "keyfailover_cluster_partition_acquire_seconds")
+    assert (cumulative[0.005], cumulative[0.25], cumulative[0.5], cumulative[2.5]) == (1, 1, 2, 3)
+
+
+def test_only_the_coordinator_reports_the_assigned_partitions_and_a_single_server_no_cluster_series() -> None:
+    follower = replace(coordinator(), coordinator=False, served=[])
+    families = scrape(list, lambda: ServerView(cluster=follower))
+    assert value(families, "keyfailover_cluster_coordinator") == 0
+    assert families["keyfailover_cluster_assigned_partitions"].samples == []
+    assert families["keyfailover_cluster_partition_served"].samples == []
+    assert value(families, "keyfailover_cluster_brokers") == 2
+    single = scrape(list, lambda: ServerView(appended=1))
+    assert all(not single[name].samples for name in CLUSTER_SPEC)
+    assert value(single, "keyfailover_log_appended_total") == 1
+
+
 # -- names, types, help ----------------------------------------------------------------
 
 
@@ -458,15 +538,15 @@ def test_every_family_is_named_typed_and_documented_as_the_issue_asks() -> None:
     r = churned()
     families = scrape(
         lambda: [SubscriptionView("orders", "billing", r.dispatcher)],
-        lambda: ServerView(appended=1, connections=1, protocol_errors={"bad_frame": 1}),
+        lambda: ServerView(appended=1, connections=1, protocol_errors={"bad_frame": 1}, cluster=coordinator()),
     )
-    expected = SPEC | SERVER_SPEC
+    expected = SPEC | SERVER_SPEC | CLUSTER_SPEC
     assert {name: family.type for name, family in families.items()} == {n: t for n, (t, _) in expected.items()}
     sample_names: set[str] = set()
     for name, family in families.items():
         assert family.documentation.strip(), f"{name} has no help text"
         kind, extra = expected[name]
-        scope = () if name in SERVER_SPEC else ("topic", "subscription")
+        scope = () if name in SERVER_SPEC | CLUSTER_SPEC else ("topic", "partition", "subscription")
         assert family.samples, f"{name} has no samples in a state that should give it some"
         for sample in family.samples:
             sample_names.add(sample.name)
@@ -485,7 +565,7 @@ def test_promtool_finds_no_convention_problem() -> None:
         pytest.skip("promtool is not installed (Debian package prometheus; scripts/setup-system installs it)")
     r = churned()
     registry = CollectorRegistry()
-    view = ServerView(appended=1, connections=1, protocol_errors={"bad_frame": 1})
+    view = ServerView(appended=1, connections=1, protocol_errors={"bad_frame": 1}, cluster=coordinator())
     registry.register(KeyFailoverCollector(lambda: [SubscriptionView("orders", "billing", r.dispatcher)], lambda: view))
     done = subprocess.run(
         [promtool, "check", "metrics"], input=generate_latest(registry), capture_output=True, timeout=60, check=False
@@ -536,15 +616,14 @@ def test_stuck_consumers_expired_leases_and_dead_letters_are_reported() -> None:
     clock["now"] = 5.0
     dispatcher.poll()  # both leases expire: a is stuck, and with max_redeliveries 0 both are dead letters
     families = scrape_dispatcher(dispatcher)
-    sub = {"topic": "orders", "subscription": "billing"}
-    assert values(families, "keyfailover_consumer_stuck", "consumer", **sub) == {"a": 1.0, "b": 0.0}
-    assert values(families, "keyfailover_leases_expired_total", "consumer", **sub) == {"a": 2.0, "b": 0.0}
-    assert value(families, "keyfailover_dead_lettered_total", **sub) == 2
-    assert value(families, "keyfailover_dead_letters_unconfirmed", **sub) == 2
-    assert value(families, "keyfailover_ack_timeout_seconds", **sub) == 5.0
-    assert values(families, "keyfailover_rebalances_total", "reason", **sub)["stuck"] == 1
+    assert values(families, "keyfailover_consumer_stuck", "consumer", **SUB) == {"a": 1.0, "b": 0.0}
+    assert values(families, "keyfailover_leases_expired_total", "consumer", **SUB) == {"a": 2.0, "b": 0.0}
+    assert value(families, "keyfailover_dead_lettered_total", **SUB) == 2
+    assert value(families, "keyfailover_dead_letters_unconfirmed", **SUB) == 2
+    assert value(families, "keyfailover_ack_timeout_seconds", **SUB) == 5.0
+    assert values(families, "keyfailover_rebalances_total", "reason", **SUB)["stuck"] == 1
     dispatcher.dead_lettered([letter.position for letter in dispatcher.dead_letters()])
-    assert value(scrape_dispatcher(dispatcher), "keyfailover_dead_letters_unconfirmed", **sub) == 0
+    assert value(scrape_dispatcher(dispatcher), "keyfailover_dead_letters_unconfirmed", **SUB) == 0
 
 
 def test_messages_in_nack_backoff_are_reported() -> None:
@@ -557,15 +636,14 @@ def test_messages_in_nack_backoff_are_reported() -> None:
     dispatcher.poll()
     dispatcher.nack("a", 1)  # k waits with both its messages
     dispatcher.nack("a", 4)  # the keyless one waits alone
-    sub = {"topic": "orders", "subscription": "billing"}
     families = scrape_dispatcher(dispatcher)
-    assert value(families, "keyfailover_backoff_messages", **sub) == 3
-    assert value(families, "keyfailover_backoff_keys", **sub) == 1
+    assert value(families, "keyfailover_backoff_messages", **SUB) == 3
+    assert value(families, "keyfailover_backoff_keys", **SUB) == 1
     clock["now"] = 2.0
     assert sorted(d.position for d in dispatcher.poll()) == [1, 2, 4]
     families = scrape_dispatcher(dispatcher)
-    assert value(families, "keyfailover_backoff_messages", **sub) == 0
-    assert value(families, "keyfailover_backoff_keys", **sub) == 0
+    assert value(families, "keyfailover_backoff_messages", **SUB) == 0
+    assert value(families, "keyfailover_backoff_keys", **SUB) == 0
 
 
 def test_a_partition_dispatchers_traffic_shares_are_read_at_its_own_slots() -> None:
@@ -588,3 +666,26 @@ def test_a_partition_dispatchers_traffic_shares_are_read_at_its_own_slots() -> N
     shares = values(scrape_dispatcher(dispatcher), "keyfailover_traffic_share", "consumer", **SUB)
     assert sum(shares.values()) == pytest.approx(1.0)
     assert all(share > 0.2 for share in shares.values()), shares
+
+
+def test_the_partitions_of_a_topic_are_labelled_by_topic_and_partition() -> None:
+    """Each partition's dispatcher holds its block of slots; its series say the topic and the partition, so
+    the consumers' range shares add up to 1 over the partitions, and one consumer's ranges do not collide."""
+    from keyfailover.core.partitions import partition_slots
+
+    dispatchers = [Dispatcher(slots=partition_slots(index, 2)) for index in range(2)]
+    for dispatcher in dispatchers:
+        dispatcher.add_consumer("a")
+        dispatcher.add_consumer("b")
+    families = scrape(
+        lambda: [SubscriptionView("orders", "billing", d, partition=index) for index, d in enumerate(dispatchers)]
+    )
+    for index, dispatcher in enumerate(dispatchers):
+        labels = {"topic": "orders", "partition": str(index), "subscription": "billing"}
+        assert value(families, "keyfailover_consumers", **labels) == 2
+        assert per_range(families, "keyfailover_range_start", **labels) == {
+            key: start for key, (start, _) in numbered(dispatcher.ranges()).items()
+        }
+    shares = [s.value for s in families["keyfailover_range_share"].samples if s.labels["topic"] == "orders"]
+    assert len(shares) == 4 and sum(shares) == pytest.approx(1.0, abs=1e-12)
+    assert {s.labels["partition"] for s in families["keyfailover_range_start"].samples} == {"0", "1"}

@@ -499,4 +499,4 @@ def test_stored_subscriptions_are_live_after_a_restart_before_anyone_subscribes(
         (sub,) = json.loads(urlopen(f"{server.admin_url}/stats").read())["subscriptions"]
         assert sub["last_position"] == 30 and sub["dispatcher"]["consumers"] == {}
         metrics = urlopen(f"{server.admin_url}/metrics").read().decode()
-        assert 'keyfailover_consumers{subscription="billing",topic="orders"} 0.0' in metrics
+        assert 'keyfailover_consumers{partition="",subscription="billing",topic="orders"} 0.0' in metrics

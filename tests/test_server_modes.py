@@ -96,7 +96,8 @@ def test_ordered_unordered_ordered_under_traffic_loses_nothing_and_keeps_key_ord
         assert stats["subscriptions"][0]["consume_mode"] == "ordered"
         switch(server, "unordered")
         metrics = urlopen(f"{server.admin_url}/metrics", timeout=10).read().decode()
-        assert 'keyfailover_consume_mode_info{mode="unordered",subscription="billing",topic="orders"} 1.0' in metrics
+        info = 'keyfailover_consume_mode_info{mode="unordered",partition="",subscription="billing",topic="orders"} 1.0'
+        assert info in metrics
         listed = run_cli("ranges", "--admin-url", str(server.admin_url)).stdout
         assert "orders/billing (epoch" in listed and ", unordered)" in listed
     assert "Traceback" not in server.errors(), server.errors()

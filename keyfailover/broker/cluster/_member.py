@@ -224,6 +224,7 @@ class ClusterMember:
         self._topics: dict[str, int] = {}
         self._addresses: dict[str, str] = {}
         self._waiting: set[PartitionId] = set()  # assigned to us, barrier still held by another
+        self._assigned_at: dict[PartitionId, float] = {}  # time.monotonic() an assignment gave us one we wait for
         self._worker: threading.Thread | None = None
         self._wake = {kind: self._waker(kind) for kind in ("elect", "rebalance", "assignment", "barrier")}
 
@@ -273,6 +274,11 @@ class ClusterMember:
                 dict(self._addresses),
             )
 
+    def assigned_at(self, partition: PartitionId) -> float | None:
+        """``time.monotonic()`` when this member applied the assignment that gave it ``partition``, while it
+        waits for the partition's barrier and during ``on_acquired``; None otherwise."""
+        return self._assigned_at.get(partition)
+
     def topics(self) -> dict[str, int]:
         """Every topic of the cluster and its partition count, read from ZooKeeper now."""
         return _topics(self._zk, self.root)
@@ -321,6 +327,7 @@ class ClusterMember:
             self._coordinating = False
         self._on_release_all()
         self._waiting.clear()
+        self._assigned_at.clear()
         self._zk.retry(self._register)
         self._events.put("elect")
         self._events.put("assignment")
@@ -444,6 +451,8 @@ class ClusterMember:
             self._topics = topics
             self._addresses = addresses
         self._waiting = mine - self._owned
+        now = time.monotonic()
+        self._assigned_at = {partition: self._assigned_at.get(partition, now) for partition in self._waiting}
         self._acquire_waiting()
 
     def _release(self, partitions: set[PartitionId]) -> None:
@@ -474,6 +483,7 @@ class ClusterMember:
             with self._lock:
                 self._owned.add(partition)
             self._on_acquired(partition)
+            self._assigned_at.pop(partition, None)
 
     def _barrier(self, partition: PartitionId) -> str:
         topic, index = partition

@@ -62,7 +62,13 @@ class BrokerRole:
         self.acquired = 0  # partitions taken over (a failover or a rebalance each)
         self.released = 0
         self.acquire_seconds = Histogram()
-        """Seconds from the assignment that gave this broker a partition to its lease: barrier and open."""
+        """Seconds from the assignment that gave this broker a partition to serving it: the wait for the
+        previous owner's barrier, the lease and the open."""
+
+    @property
+    def joined(self) -> bool:
+        """Whether the broker is in its cluster now: joined and not stopped (``member`` is there)."""
+        return self._member is not None
 
     @property
     def member(self) -> ClusterMember:
@@ -104,7 +110,8 @@ class BrokerRole:
 
     def _acquired(self, partition: PartitionId) -> None:
         """The member holds the barrier: take the lease and serve (on the member's thread)."""
-        started = time.monotonic()
+        assigned = self.member.assigned_at(partition)
+        started = time.monotonic() if assigned is None else assigned
         served = self._served_name(partition)
         self._server.learn_partitions(partition[0], self.member.state.topics.get(partition[0], 1))
         self._handover(self._open(served), f"open {served!r}")

@@ -306,6 +306,11 @@ class Server:
         return dict(self._subscriptions)
 
     @property
+    def broker(self) -> BrokerRole | None:
+        """This server's part in its cluster (``--cluster``); None for a single server."""
+        return self._broker
+
+    @property
     def connection_count(self) -> int:
         """Open client connections."""
         return len(self._connections)

@@ -9,10 +9,20 @@ text = prometheus_client.generate_latest(registry)
 
 from keyfailover.integrations.metrics._collector import (
     METRIC_NAMES,
+    ClusterView,
     KeyFailoverCollector,
+    ServedPartition,
     ServerView,
     SubscriptionView,
 )
 from keyfailover.integrations.metrics._server import serve_metrics
 
-__all__ = ["METRIC_NAMES", "KeyFailoverCollector", "ServerView", "SubscriptionView", "serve_metrics"]
+__all__ = [
+    "METRIC_NAMES",
+    "ClusterView",
+    "KeyFailoverCollector",
+    "ServedPartition",
+    "ServerView",
+    "SubscriptionView",
+    "serve_metrics",
+]

@@ -11,11 +11,24 @@ rather than the first slot keeps the series count bounded by consumers x ``max_r
 the life of a subscription: a boundary shift changes the values, not the label set, so it
 creates no series. The per-consumer families (shares, counters, ``keyfailover_consumer_ranges``)
 have one series per consumer, and ``keyfailover_rebalance_policy_info`` one per subscription.
+
+Every subscription series carries ``topic``, ``partition`` and ``subscription``. Partition p of a
+topic T with P > 1 partitions (served as ``T-partition-p``) is labelled ``topic="T"``,
+``partition="p"``, its dispatcher holding only that partition's block of slots; a topic of one
+partition has ``partition=""``. Prometheus stores a label with an empty value as no label, so the
+series of a single server's topics are the same series they were before partitions existed.
+
+A broker of a cluster adds the ``keyfailover_cluster_*`` families (a single server has none): what
+it serves, with each partition's owner epoch in PostgreSQL (labelled by ``topic`` and ``partition``
+as above), whether it is the coordinator, the epoch and generation of the assignment it applied,
+the brokers it knows, and the partitions it took over and gave up. Only the coordinator exports
+``keyfailover_cluster_assigned_partitions``, so an alert can compare it with the partitions served
+over all brokers without counting it once per broker.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,34 +45,71 @@ from keyfailover.core.dispatcher import Dispatcher
 from keyfailover.core.hashing import HASH_RANGE_SIZE
 from keyfailover.core.histogram import Histogram
 
-__all__ = ["METRIC_NAMES", "KeyFailoverCollector", "ServerView", "SubscriptionView"]
+__all__ = ["METRIC_NAMES", "ClusterView", "KeyFailoverCollector", "ServedPartition", "ServerView", "SubscriptionView"]
 
 REASONS = ("join", "leave", "shift", "timeout", "stuck", "recovered", "backlog")
 
 
 @dataclass(frozen=True)
 class SubscriptionView:
-    """One subscription to report: its dispatcher and, with a log behind it, its backlog."""
+    """One subscription to report: its dispatcher and, with a log behind it, its backlog.
+
+    ``partition`` is the partition's index for one of a topic's P > 1 partitions (``topic`` is then
+    the topic's own name, not ``T-partition-p``), None for a topic of one partition.
+    """
 
     topic: str
     subscription: str
     dispatcher: Dispatcher
     backlog: int | None = None
+    partition: int | None = None
+
+
+@dataclass(frozen=True)
+class ServedPartition:
+    """A partition a broker serves: ``partition`` as in :class:`SubscriptionView`, and its owner epoch."""
+
+    topic: str
+    partition: int | None
+    owner_epoch: int
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """One broker's part in its cluster (level 1), as the broker knows it now."""
+
+    coordinator: bool
+    epoch: int
+    """The coordinator epoch of the assignment the broker applied last."""
+    generation: int
+    """The generation of that assignment."""
+    assigned: int
+    """Partitions in that assignment (exported by the coordinator only)."""
+    brokers: int
+    """Brokers known, as of that assignment."""
+    served: Sequence[ServedPartition] = ()
+    acquired: int = 0
+    released: int = 0
+    acquire_seconds: Histogram = field(default_factory=Histogram)
+    """From the assignment that gave the broker a partition to serving it."""
 
 
 @dataclass(frozen=True)
 class ServerView:
-    """Server-wide counters: the log's appends and commit times, connections, protocol errors."""
+    """Server-wide counters: the log's appends and commit times, connections, protocol errors; and for a
+    broker of a cluster, its part in it."""
 
     appended: int = 0
     commit_seconds: Histogram = field(default_factory=Histogram)
     connections: int = 0
     protocol_errors: Mapping[str, int] = field(default_factory=dict)
+    cluster: ClusterView | None = None
 
 
-_SUB = ["topic", "subscription"]
-_CON = ["topic", "subscription", "consumer"]
+_SUB = ["topic", "partition", "subscription"]
+_CON = [*_SUB, "consumer"]
 _RANGE = [*_CON, "range"]
+_PARTITION = ["topic", "partition"]
 
 # name -> (kind, help, labels); an info family's labels are those besides its value's.
 _SPECS: dict[str, tuple[str, str, list[str]]] = {
@@ -156,6 +206,40 @@ _SPECS: dict[str, tuple[str, str, list[str]]] = {
     "keyfailover_log_commit_seconds": ("histogram", "Time of one group commit to the log.", []),
     "keyfailover_connections": ("gauge", "Open client connections.", []),
     "keyfailover_protocol_errors": ("counter", "Error frames sent to clients, by code.", ["code"]),
+    "keyfailover_cluster_partition_served": ("gauge", "1 for each partition this broker serves.", _PARTITION),
+    "keyfailover_cluster_partition_owner_epoch": (
+        "gauge",
+        "Owner epoch of a partition this broker serves (PostgreSQL: +1 at every opening, every write checks it).",
+        _PARTITION,
+    ),
+    "keyfailover_cluster_coordinator": ("gauge", "1 while this broker is the cluster's coordinator, else 0.", []),
+    "keyfailover_cluster_epoch": ("gauge", "Coordinator epoch of the assignment this broker applied last.", []),
+    "keyfailover_cluster_generation": ("gauge", "Generation of the assignment this broker applied last.", []),
+    "keyfailover_cluster_assigned_partitions": (
+        "gauge",
+        "Partitions in the cluster's assignment; exported by the coordinator only.",
+        [],
+    ),
+    "keyfailover_cluster_brokers": (
+        "gauge",
+        "Brokers in the cluster, as of the assignment this broker applied last.",
+        [],
+    ),
+    "keyfailover_cluster_partitions_acquired": (
+        "counter",
+        "Partitions this broker started serving: assigned to it when it joined, at a rebalance or a failover.",
+        [],
+    ),
+    "keyfailover_cluster_partitions_released": (
+        "counter",
+        "Partitions this broker stopped serving: moved to another, its session lost, or it stopped.",
+        [],
+    ),
+    "keyfailover_cluster_partition_acquire_seconds": (
+        "histogram",
+        "Time from the assignment that gave this broker a partition to serving it (the wait for the old owner too).",
+        [],
+    ),
 }
 
 _SUFFIXES = {"counter": ("_total",), "gauge": ("",), "info": ("_info",), "histogram": ("_bucket", "_sum", "_count")}
@@ -224,12 +308,35 @@ class KeyFailoverCollector(Collector):
             families.add("keyfailover_connections", [], server.connections)
             for code, count in sorted(server.protocol_errors.items()):
                 families.add("keyfailover_protocol_errors", [code], count)
+            if server.cluster is not None:
+                _cluster(families, server.cluster)
         return iter(families.by_name.values())
+
+
+def _cluster(families: _Families, view: ClusterView) -> None:
+    for served in view.served:
+        labels = [served.topic, _partition_label(served.partition)]
+        families.add("keyfailover_cluster_partition_served", labels, 1)
+        families.add("keyfailover_cluster_partition_owner_epoch", labels, served.owner_epoch)
+    families.add("keyfailover_cluster_coordinator", [], 1 if view.coordinator else 0)
+    families.add("keyfailover_cluster_epoch", [], view.epoch)
+    families.add("keyfailover_cluster_generation", [], view.generation)
+    if view.coordinator:
+        families.add("keyfailover_cluster_assigned_partitions", [], view.assigned)
+    families.add("keyfailover_cluster_brokers", [], view.brokers)
+    families.add("keyfailover_cluster_partitions_acquired", [], view.acquired)
+    families.add("keyfailover_cluster_partitions_released", [], view.released)
+    families.histogram("keyfailover_cluster_partition_acquire_seconds", [], view.acquire_seconds)
+
+
+def _partition_label(partition: int | None) -> str:
+    """A partition's index, or "" for a topic of one partition (no label, as Prometheus stores it)."""
+    return "" if partition is None else str(partition)
 
 
 def _subscription(families: _Families, view: SubscriptionView) -> None:
     dispatcher = view.dispatcher
-    sub = [view.topic, view.subscription]
+    sub = [view.topic, _partition_label(view.partition), view.subscription]
     stats = dispatcher.stats()
     traffic = np.asarray(dispatcher.traffic())  # entry i is slot first + i
     prefix = np.concatenate(([0.0], np.cumsum(traffic)))

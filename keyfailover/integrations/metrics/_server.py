@@ -5,7 +5,13 @@ from __future__ import annotations
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from keyfailover.broker.server import Response, Server
-from keyfailover.integrations.metrics._collector import KeyFailoverCollector, ServerView, SubscriptionView
+from keyfailover.integrations.metrics._collector import (
+    ClusterView,
+    KeyFailoverCollector,
+    ServedPartition,
+    ServerView,
+    SubscriptionView,
+)
 
 __all__ = ["serve_metrics"]
 
@@ -18,10 +24,11 @@ def serve_metrics(server: Server) -> CollectorRegistry:
     """
 
     def subscriptions() -> list[SubscriptionView]:
-        return [
-            SubscriptionView(topic, name, s.dispatcher, s.backlog())
-            for (topic, name), s in sorted(server.subscriptions().items())
-        ]
+        views = []
+        for (served, name), subscription in sorted(server.subscriptions().items()):
+            topic, partition = _partition(server, served)
+            views.append(SubscriptionView(topic, name, subscription.dispatcher, subscription.backlog(), partition))
+        return views
 
     def totals() -> ServerView:
         storage = server.storage
@@ -30,6 +37,7 @@ def serve_metrics(server: Server) -> CollectorRegistry:
             commit_seconds=storage.commit_seconds,
             connections=server.connection_count,
             protocol_errors=dict(server.protocol_errors),
+            cluster=_cluster(server),
         )
 
     registry = CollectorRegistry()
@@ -40,3 +48,31 @@ def serve_metrics(server: Server) -> CollectorRegistry:
 
     server.add_admin_route("/metrics", metrics)
     return registry
+
+
+def _partition(server: Server, served: str) -> tuple[str, int | None]:
+    """``(topic, partition)`` of a served topic name: the partition None for a topic of one partition."""
+    topic, index, partitions = server.partition_of(served)
+    return topic, index if partitions > 1 else None
+
+
+def _cluster(server: Server) -> ClusterView | None:
+    """The broker's part in its cluster; None for a single server, or a broker not in its cluster now."""
+    broker = server.broker
+    if broker is None or not broker.joined:
+        return None
+    state = broker.member.state
+    served = [
+        ServedPartition(*_partition(server, name), lease.epoch) for name, lease in sorted(broker.store.served().items())
+    ]
+    return ClusterView(
+        coordinator=state.coordinator,
+        epoch=state.applied[0],
+        generation=state.applied[1],
+        assigned=len(state.assignment.owners),
+        brokers=len(state.addresses),
+        served=served,
+        acquired=broker.acquired,
+        released=broker.released,
+        acquire_seconds=broker.acquire_seconds,
+    )

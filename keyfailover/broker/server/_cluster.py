@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from keyfailover.broker.cluster import ClusterMember, parse_cluster_url
@@ -55,6 +55,7 @@ class BrokerRole:
         self._hosts, self._root = parse_cluster_url(cluster_url)
         self._broker_id = broker_id
         self.store = PostgresStore(store_dsn, self._locate)
+        self.store.on_fenced = self._fenced_out
         self._session_timeout = session_timeout
         self._min_rebalance_interval = min_rebalance_interval
         self._member: ClusterMember | None = None
@@ -92,54 +93,71 @@ class BrokerRole:
             on_released=self._released,
             admin=admin,
         )
-        await self._loop.run_in_executor(None, member.start)
-        self._member = member
+        self._member = member  # before it starts: its worker may hand partitions over at once
+        try:
+            await self._loop.run_in_executor(None, member.start)
+        except BaseException:
+            self._member = None
+            raise
 
     async def stop(self) -> None:
         """Stop serving every partition, leave the cluster (the store is closed by the server after)."""
-        member, self._member = self._member, None
+        member = self._member
         if member is not None and self._loop is not None:
-            await self._loop.run_in_executor(None, member.stop)
+            await self._loop.run_in_executor(None, member.stop)  # hands every partition back first
+        self._member = None
 
     # -- level 1 -> this broker --------------------------------------------------------
 
-    def _served_name(self, partition: PartitionId) -> str:
-        topic, index = partition
-        count = self.member.state.topics.get(topic) or self.member.topics().get(topic, index + 1)
-        return partition_topic(topic, index, max(count, index + 1))
+    def _partition_count(self, topic: str) -> int:
+        """``topic``'s partition count, as of the assignment applied last (else read from ZooKeeper)."""
+        count = self.member.state.topics.get(topic)
+        return count if count is not None else self.member.topics()[topic]
 
     def _acquired(self, partition: PartitionId) -> None:
         """The member holds the barrier: take the lease and serve (on the member's thread)."""
         assigned = self.member.assigned_at(partition)
         started = time.monotonic() if assigned is None else assigned
-        served = self._served_name(partition)
-        self._server.learn_partitions(partition[0], self.member.state.topics.get(partition[0], 1))
-        self._handover(self._open(served), f"open {served!r}")
-        self.acquired += 1
-        self.acquire_seconds.observe(time.monotonic() - started)
+        topic, index = partition
+        count = self._partition_count(topic)
+        served = partition_topic(topic, index, count)
+        if self._handover(self._open(topic, count, served), f"open {served!r}"):
+            self.acquired += 1
+            self.acquire_seconds.observe(time.monotonic() - started)
 
-    async def _open(self, served: str) -> None:
+    async def _open(self, topic: str, count: int, served: str) -> None:
+        self._server.learn_partitions(topic, count)
         await self.store.acquire(served)
         await self._server.open_served(served)
 
     def _released(self, partition: PartitionId) -> None:
         """Stop serving before the member lets the barrier go (on the member's thread)."""
-        served = self._served_name(partition)
-        self._handover(self._close(served), f"close {served!r}")
-        self.released += 1
+        topic, index = partition
+        served = partition_topic(topic, index, self._partition_count(topic))
+        if self._handover(self._close(served), f"close {served!r}"):
+            self.released += 1
+
+    def _fenced_out(self, served: str) -> None:
+        """Another broker took ``served`` (a write here was refused on its epoch): stop serving it now,
+        before ZooKeeper tells this broker (on the loop; the release is counted when it does)."""
+        asyncio.get_running_loop().create_task(self._server.close_served(served, "moved"))
 
     async def _close(self, served: str) -> None:
         await self._server.close_served(served, "moved")
         self.store.release(served)
 
-    def _handover(self, work: Awaitable[None], what: str) -> None:
+    def _handover(self, work: Coroutine[Any, Any, None], what: str) -> bool:
+        """Run ``work`` on the server's loop and wait for it; whether it succeeded (a failure is logged)."""
         if self._loop is None or self._loop.is_closed():
-            return
-        future = asyncio.run_coroutine_threadsafe(_run(work), self._loop)
+            work.close()
+            return False
+        future = asyncio.run_coroutine_threadsafe(work, self._loop)
         try:
             future.result(timeout=_HANDOVER_TIMEOUT)
         except Exception:
-            _log.exception("broker %s could not %s", self.member.broker_id, what)
+            _log.exception("broker %s could not %s", self.store.owner, what)
+            return False
+        return True
 
     # -- what the server asks ------------------------------------------------------------
 
@@ -171,7 +189,3 @@ class BrokerRole:
 
     async def _in_executor(self, call: Callable[[], Any]) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, call)
-
-
-async def _run(work: Awaitable[None]) -> None:
-    await work

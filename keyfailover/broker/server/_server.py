@@ -264,7 +264,6 @@ class Server:
         self._broker = broker
         self._storage = broker.store
         broker.store.on_commit(self._committed)
-        broker.store.on_fenced = self._fenced
         await broker.store.start()
 
     def _tls(self) -> ssl.SSLContext | None:
@@ -441,10 +440,6 @@ class Server:
         for key in [key for key in self._subscriptions if key[0] == served]:
             subscription = self._subscriptions.pop(key)
             await subscription.close(reason)
-
-    def _fenced(self, served: str) -> None:
-        """Another broker took ``served`` (its writes here were refused): stop serving it now."""
-        asyncio.get_running_loop().create_task(self.close_served(served, "moved"))
 
     def check_served(self, served: str, action: str) -> tuple[int, int] | None:
         """The block of slots of the partition ``served`` names (None: the whole space), or the

@@ -1,0 +1,150 @@
+"""``keyfailover demo``: a real server, with consumers that join, leave and stall."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import TextIO
+
+from keyfailover.client import Client
+from keyfailover.core.errors import KeyFailoverError
+from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
+from keyfailover.tools.demo._report import (
+    RANGES_HEADER,
+    TAIL_HEADER,
+    DemoReport,
+    describe_ranges,
+    final_table,
+    in_hash_order,
+    verdict,
+    zipf_ids,
+)
+from keyfailover.tools.demo._traffic import Observed, Worker, wait_for
+
+__all__ = ["run_server_demo"]
+
+
+def _print_server_ranges(out: TextIO, title: str, workers: dict[str, Worker], observed: Observed) -> None:
+    owned = {name: worker.consumer.ranges for name, worker in workers.items()}
+
+    def tiled() -> bool:  # the consumers heard of their new ranges (ranges_changed frames)
+        owned.update((name, worker.consumer.ranges) for name, worker in workers.items())
+        return sum(end - start + 1 for ranges in owned.values() for start, end in ranges) == HASH_RANGE_SIZE
+
+    wait_for(tiled, 10.0)
+    out.write(f"\n{title}\n")
+    out.write(f"  {'consumer':<10}{RANGES_HEADER}{'received':>10}{TAIL_HEADER}\n")
+    with observed.lock:
+        received = dict(observed.deliveries)
+    for name, ranges in in_hash_order(owned):
+        status = "stalled" if workers[name].stalled.is_set() else "active"
+        summary, listed = describe_ranges(ranges)
+        out.write(f"  {name:<10}{summary:<28}{received.get(name, 0):>10}  {status:<9}{listed}\n")
+
+
+def run_server_demo(events: int = 30_000, accounts: int = 2_000, seed: int = 7, out: TextIO = sys.stdout) -> DemoReport:
+    """Run the scripted scenario against a real server process; returns what was observed."""
+    if events < 1000 or accounts < 1:
+        raise KeyFailoverError(f"demo needs events >= 1000 and accounts >= 1, got {events} and {accounts}")
+    account_ids = zipf_ids(events, accounts, seed)
+    report = DemoReport()
+    observed = Observed()
+    stored: dict[int, str] = {}
+    with tempfile.TemporaryDirectory(prefix="keyfailover-demo-") as data_dir:
+        out.write(f"keyfailover demo: starting keyfailover serve with data in {data_dir} ...\n")
+        out.flush()
+        server = subprocess.Popen(
+            [sys.executable, "-m", "keyfailover", "serve", "--data-dir", str(Path(data_dir)), "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert server.stdout is not None
+            line = server.stdout.readline()
+            if not line.startswith("listening on "):
+                raise KeyFailoverError(f"the demo server did not start: {line!r}")
+            url = "kf://" + line.split("listening on ", 1)[1].strip()
+            out.write(f"server listening at {url}; producing {events} events over {accounts} Zipf(1.1) accounts\n")
+            _scenario(url, account_ids, observed=observed, stored=stored, report=report, out=out)
+        finally:
+            server.terminate()
+            _, errors = server.communicate(timeout=30)
+            if server.returncode != 0:
+                report.problems.append(f"the server exited with {server.returncode}: {errors.strip()[-2000:]}")
+    report.published = len(stored)
+    report.acked = len(observed.first)
+    report.deliveries = dict(observed.deliveries)
+    report.redeliveries = observed.redeliveries
+    missing = set(stored) - set(observed.first)
+    if missing:
+        report.problems.append(f"{len(missing)} stored events were never consumed")
+    for key, positions in observed.first_by_key.items():
+        if positions != sorted(positions):
+            report.problems.append(f"account {key}: first deliveries out of order")
+    final_table(out, report)
+    out.write(f"\nstored {report.published}, consumed {report.acked}, redelivered {report.redeliveries}\n")
+    verdict(out, report, "every event consumed; each account's events first delivered in stored order")
+    return report
+
+
+def _scenario(
+    url: str, account_ids: list[int], *, observed: Observed, stored: dict[int, str], report: DemoReport, out: TextIO
+) -> None:
+    events = len(account_ids)
+    with Client(url) as client:
+        workers = {name: Worker(client, name, observed, 200) for name in ("c1", "c2")}
+        producer = client.create_producer("accounts", "demo-producer")
+        lock = threading.Lock()
+
+        def remember(key: str) -> object:
+            def done(position: int | None, error: BaseException | None) -> None:
+                if error is None and position is not None:
+                    with lock:
+                        stored[position] = key
+                else:
+                    report.problems.append(f"an event was not stored: {error}")
+
+            return done
+
+        _print_server_ranges(out, "c1 and c2 share the hash space", workers, observed)
+        steps = {
+            events // 4: "c3 joins: it takes a third of the traffic, from the busiest first",
+            events // 2: "c4 joins, then stalls: its keys wait, nobody else's do",
+            3 * events // 4: "c1 leaves: its ranges go to the least busy, its neighbours first",
+        }
+        for i, account in enumerate(account_ids):
+            if i in steps:
+                producer.flush()
+                if i == events // 4:
+                    workers["c3"] = Worker(client, "c3", observed, 200)
+                elif i == events // 2:
+                    workers["c4"] = Worker(client, "c4", observed, 100, stalled=True)
+                else:
+                    workers.pop("c1").leave()
+                    report.status["c1"] = "left"
+                _print_server_ranges(out, steps[i], workers, observed)
+            key = f"account-{account}"
+            producer.send_async(f"{key}:{i}:{(i * 37) % 1000 - 500}".encode(), key, remember(key))  # type: ignore[arg-type]
+        producer.flush()
+        stalled = workers["c4"].consumer.ranges
+
+        def others_done() -> bool:  # every event outside the stalled consumer's ranges was consumed
+            with lock, observed.lock:
+                return all(
+                    position in observed.first
+                    for position, key in stored.items()
+                    if not any(start <= key_hash(key) <= end for start, end in stalled)
+                )
+
+        wait_for(others_done, 60.0)
+        out.write(f"\nwhile c4 stalled, every event outside its ranges was consumed: {others_done()}\n")
+        workers.pop("c4").leave()
+        report.status["c4"] = "stalled, then removed"
+        _print_server_ranges(out, "stalled c4 is removed: its unacked events go to the new owners", workers, observed)
+        wait_for(lambda: len(observed.first) >= len(stored), 60.0)
+        for worker in workers.values():
+            worker.leave()

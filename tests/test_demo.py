@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 import re
 
-from keyfailover.tools.demo import run_core_demo, run_server_demo
+from keyfailover.client import Message
+from keyfailover.tools.demo import DemoReport, run_core_demo, run_server_demo
+from keyfailover.tools.demo._traffic import Observed, Produced, check_events
 from tests.server_process import run_cli
 
 
@@ -64,3 +66,31 @@ def test_server_demo_command_line_exits_zero() -> None:
     done = run_cli("demo", "--messages", "3000", "--keys", "200", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "every event consumed" in done.stdout
+
+
+def test_the_event_checks_name_each_broken_guarantee() -> None:
+    """An event confirmed but never consumed, one stored twice, and an account out of produced order."""
+    produced, observed = Produced(partitions=2), Observed()
+    received = [  # (account, event number, partition, position)
+        ("account-1", 0, 0, 0),
+        ("account-1", 1, 0, 1),
+        ("account-2", 2, 1, 0),
+        ("account-2", 2, 1, 1),  # the same event again at the next position: stored twice
+        ("account-3", 5, 0, 2),
+        ("account-3", 4, 0, 3),  # event 4 was produced before event 5
+    ]
+    with produced.lock:
+        produced.stored = {(partition, position): (key, n) for key, n, partition, position in received}
+        produced.stored[(1, 2)] = ("account-4", 6)  # confirmed, never received
+    for key, number, partition, position in received:
+        observed.record("c1", Message(key, f"{key}:{number}:0".encode(), position, 0, 1, partition))
+    observed.record("c2", Message("account-1", b"account-1:1:0", 1, 1, 2, 0))  # a redelivery is no problem
+    report = DemoReport()
+    check_events(report, produced, observed)
+    assert report.problems == [
+        "1 stored events were never consumed, the first: event 6 of account-4 (partition 1, position 2)",
+        "event 2 of account-2 was stored twice (at two positions)",
+        "account-3: event 4 was first delivered after event 5, which was produced after it",
+    ]
+    assert (report.published, report.acked, report.redeliveries) == (7, 6, 1)
+    assert report.deliveries == {"c1": 6, "c2": 1}

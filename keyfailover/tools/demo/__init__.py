@@ -4,8 +4,9 @@
 loopback port with a temporary data directory, produces keyed account events and runs
 consumers on threads: two at first, a third that joins, a fourth that joins and stalls
 (keeps its deliveries unacked), the first leaving, and the stalled one removed at last,
-whose unacked events then go to the new owners. It checks that every event was consumed
-and each account's events were first delivered in the order they were stored.
+whose unacked events then go to the new owners. It checks that every event the server
+confirmed was consumed, none was stored twice, and each account's events were first
+delivered in the order they were produced.
 
 :func:`run_core_demo` (``keyfailover demo --core``) runs the same story on the dispatcher
 core alone, on a simulated clock, and checks each delivery as it happens: in per-key
@@ -15,7 +16,7 @@ Both print who owns what after every change, one line per consumer (it may own s
 ranges of the hash space: how many, its share of the slots, the first few), and a final table.
 
 One module per demo (``_core``, ``_server``); ``_report`` holds what they report and print,
-``_traffic`` the consumers on threads the demos with real processes run.
+``_traffic`` the events and consumers of the demos with real processes, and their checks.
 """
 
 from keyfailover.tools.demo._core import run_core_demo

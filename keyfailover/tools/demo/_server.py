@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from typing import TextIO
 
@@ -22,7 +21,7 @@ from keyfailover.tools.demo._report import (
     verdict,
     zipf_ids,
 )
-from keyfailover.tools.demo._traffic import Observed, Worker, wait_for
+from keyfailover.tools.demo._traffic import Observed, Produced, Worker, check_events, wait_for
 
 __all__ = ["run_server_demo"]
 
@@ -52,7 +51,7 @@ def run_server_demo(events: int = 30_000, accounts: int = 2_000, seed: int = 7, 
     account_ids = zipf_ids(events, accounts, seed)
     report = DemoReport()
     observed = Observed()
-    stored: dict[int, str] = {}
+    produced = Produced(partitions=1)
     with tempfile.TemporaryDirectory(prefix="keyfailover-demo-") as data_dir:
         out.write(f"keyfailover demo: starting keyfailover serve with data in {data_dir} ...\n")
         out.flush()
@@ -69,46 +68,26 @@ def run_server_demo(events: int = 30_000, accounts: int = 2_000, seed: int = 7, 
                 raise KeyFailoverError(f"the demo server did not start: {line!r}")
             url = "kf://" + line.split("listening on ", 1)[1].strip()
             out.write(f"server listening at {url}; producing {events} events over {accounts} Zipf(1.1) accounts\n")
-            _scenario(url, account_ids, observed=observed, stored=stored, report=report, out=out)
+            _scenario(url, account_ids, observed=observed, produced=produced, report=report, out=out)
         finally:
             server.terminate()
             _, errors = server.communicate(timeout=30)
             if server.returncode != 0:
                 report.problems.append(f"the server exited with {server.returncode}: {errors.strip()[-2000:]}")
-    report.published = len(stored)
-    report.acked = len(observed.first)
-    report.deliveries = dict(observed.deliveries)
-    report.redeliveries = observed.redeliveries
-    missing = set(stored) - set(observed.first)
-    if missing:
-        report.problems.append(f"{len(missing)} stored events were never consumed")
-    for key, positions in observed.first_by_key.items():
-        if positions != sorted(positions):
-            report.problems.append(f"account {key}: first deliveries out of order")
+    check_events(report, produced, observed)
     final_table(out, report)
     out.write(f"\nstored {report.published}, consumed {report.acked}, redelivered {report.redeliveries}\n")
-    verdict(out, report, "every event consumed; each account's events first delivered in stored order")
+    verdict(out, report, "every event consumed; each account's events first delivered in produced order")
     return report
 
 
 def _scenario(
-    url: str, account_ids: list[int], *, observed: Observed, stored: dict[int, str], report: DemoReport, out: TextIO
+    url: str, account_ids: list[int], *, observed: Observed, produced: Produced, report: DemoReport, out: TextIO
 ) -> None:
     events = len(account_ids)
     with Client(url) as client:
         workers = {name: Worker(client, name, observed, 200) for name in ("c1", "c2")}
         producer = client.create_producer("accounts", "demo-producer")
-        lock = threading.Lock()
-
-        def remember(key: str) -> object:
-            def done(position: int | None, error: BaseException | None) -> None:
-                if error is None and position is not None:
-                    with lock:
-                        stored[position] = key
-                else:
-                    report.problems.append(f"an event was not stored: {error}")
-
-            return done
 
         _print_server_ranges(out, "c1 and c2 share the hash space", workers, observed)
         steps = {
@@ -127,16 +106,15 @@ def _scenario(
                     workers.pop("c1").leave()
                     report.status["c1"] = "left"
                 _print_server_ranges(out, steps[i], workers, observed)
-            key = f"account-{account}"
-            producer.send_async(f"{key}:{i}:{(i * 37) % 1000 - 500}".encode(), key, remember(key))  # type: ignore[arg-type]
+            produced.send(producer, f"account-{account}", i)
         producer.flush()
         stalled = workers["c4"].consumer.ranges
 
         def others_done() -> bool:  # every event outside the stalled consumer's ranges was consumed
-            with lock, observed.lock:
+            with produced.lock, observed.lock:
                 return all(
-                    position in observed.first
-                    for position, key in stored.items()
+                    event in observed.first
+                    for event, (key, _) in produced.stored.items()
                     if not any(start <= key_hash(key) <= end for start, end in stalled)
                 )
 
@@ -145,6 +123,6 @@ def _scenario(
         workers.pop("c4").leave()
         report.status["c4"] = "stalled, then removed"
         _print_server_ranges(out, "stalled c4 is removed: its unacked events go to the new owners", workers, observed)
-        wait_for(lambda: len(observed.first) >= len(stored), 60.0)
+        wait_for(lambda: len(observed.first) >= len(produced.stored), 60.0)
         for worker in workers.values():
             worker.leave()

@@ -58,3 +58,24 @@ def test_free_port_is_free() -> None:
     port = free_port()
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", port))
+
+
+def test_a_service_not_installed_says_what_is_missing_and_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from keyfailover.tools import services
+
+    monkeypatch.setattr(services, "ZOOKEEPER_JAR", tmp_path / "zookeeper.jar")
+    monkeypatch.setattr(services, "POSTGRESQL_BIN", tmp_path / "bin")
+    with pytest.raises(
+        ServiceError, match=r"^ZooKeeper is not installed \(no .*zookeeper\.jar\): run scripts/setup-system$"
+    ):
+        ZooKeeper(tmp_path / "zookeeper").start()
+    with pytest.raises(
+        ServiceError, match=r"^PostgreSQL is not installed \(no .*/bin/initdb\): run scripts/setup-system$"
+    ):
+        PostgreSQL(tmp_path / "postgresql").start()
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ServiceError, match=r"^Java is not installed \(no java on PATH\); ZooKeeper needs it"):
+        ZooKeeper.check_installed()
+    assert not (tmp_path / "zookeeper").exists() and not (tmp_path / "postgresql").exists()

@@ -70,12 +70,18 @@ class ZooKeeper:
     def hosts(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self) -> ZooKeeper:
+    @staticmethod
+    def check_installed() -> str:
+        """The ``java`` to run ZooKeeper with; :class:`ServiceError` saying what is missing when it is not installed."""
         java = shutil.which("java")
-        if java is None or not ZOOKEEPER_JAR.exists():
-            raise ServiceError(
-                f"ZooKeeper needs java and {ZOOKEEPER_JAR} (Debian's zookeeper package); run scripts/setup-system"
-            )
+        if java is None:
+            raise ServiceError("Java is not installed (no java on PATH); ZooKeeper needs it: run scripts/setup-system")
+        if not ZOOKEEPER_JAR.exists():
+            raise ServiceError(f"ZooKeeper is not installed (no {ZOOKEEPER_JAR}): run scripts/setup-system")
+        return java
+
+    def start(self) -> ZooKeeper:
+        java = self.check_installed()
         if self._answers() or not self._port_free():
             raise ServiceError(f"ZooKeeper cannot start on {self.hosts}: something else listens there")
         data = self.folder / "data"
@@ -159,10 +165,16 @@ class PostgreSQL:
             [*prefix, *command], capture_output=True, text=True, check=False, timeout=START_TIMEOUT, cwd="/"
         )
 
-    def start(self) -> PostgreSQL:
-        initdb, pg_ctl = POSTGRESQL_BIN / "initdb", POSTGRESQL_BIN / "pg_ctl"
+    @staticmethod
+    def check_installed() -> None:
+        """:class:`ServiceError` saying what is missing when PostgreSQL 15 is not installed."""
+        initdb = POSTGRESQL_BIN / "initdb"
         if not initdb.exists():
-            raise ServiceError(f"PostgreSQL needs {initdb} (Debian's postgresql package); run scripts/setup-system")
+            raise ServiceError(f"PostgreSQL is not installed (no {initdb}): run scripts/setup-system")
+
+    def start(self) -> PostgreSQL:
+        self.check_installed()
+        initdb, pg_ctl = POSTGRESQL_BIN / "initdb", POSTGRESQL_BIN / "pg_ctl"
         self.folder.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             shutil.chown(self.folder, "postgres", "postgres")

@@ -73,9 +73,9 @@ class Client:
         cluster; ``tls_ca``: the CA file to trust)."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="keyfailover-client", daemon=True)
-        self._thread.start()
         self._closed = False
-        try:
+        try:  # Ctrl-C may come while the thread starts, or while connecting
+            self._thread.start()
             self._async = self._run(self._make(url, token, connect_timeout, tls_ca))
         except BaseException:
             self._stop_loop()
@@ -130,10 +130,19 @@ class Client:
             self._stop_loop()
 
     def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10.0)
-        if not self._thread.is_alive():
-            self._loop.close()
+        """Stop the loop's thread, then cancel what still runs on the loop (a connect or close that was
+        interrupted) and close it, so that no task is left to be destroyed pending at exit."""
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10.0)
+        if self._thread.is_alive():
+            return
+        pending = asyncio.all_tasks(self._loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            self._loop.run_until_complete(asyncio.wait(pending, timeout=5.0))
+        self._loop.close()
 
     def __enter__(self) -> Client:
         return self

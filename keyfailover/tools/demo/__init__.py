@@ -19,8 +19,9 @@ One module per demo (``_core``, ``_server``); ``_report`` holds what they report
 ``_traffic`` the events and consumers of the demos with real processes, and their checks.
 """
 
+from keyfailover.tools.demo._cluster import run_cluster_demo
 from keyfailover.tools.demo._core import run_core_demo
 from keyfailover.tools.demo._report import DemoReport
 from keyfailover.tools.demo._server import run_server_demo
 
-__all__ = ["DemoReport", "run_core_demo", "run_server_demo"]
+__all__ = ["DemoReport", "run_cluster_demo", "run_core_demo", "run_server_demo"]

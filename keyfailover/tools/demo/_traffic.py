@@ -82,11 +82,13 @@ class Observed:
     def record(self, consumer: str, message: Message) -> None:
         key = message.key.decode() if isinstance(message.key, bytes) else str(message.key)
         number = int(message.payload.split(b":")[1])
+        event = (message.partition, message.position)
         with self.lock:
             self.deliveries[consumer] += 1
-            self.redeliveries += message.redelivery_count > 0
+            # A redelivery; or, after a failover, the new broker delivering again what the old one had
+            # delivered and not seen acked: its redelivery_count starts at 0.
+            self.redeliveries += message.redelivery_count > 0 or event in self.first
             self.received_at.add(message.partition, time.time())
-            event = (message.partition, message.position)
             if event not in self.first:
                 self.first[event] = consumer
                 self.numbers_by_key[key].append(number)

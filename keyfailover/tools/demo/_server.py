@@ -16,12 +16,10 @@ from keyfailover.tools.demo._report import (
     TAIL_HEADER,
     DemoReport,
     describe_ranges,
-    final_table,
     in_hash_order,
-    verdict,
     zipf_ids,
 )
-from keyfailover.tools.demo._traffic import Observed, Produced, Worker, check_events, wait_for
+from keyfailover.tools.demo._traffic import Observed, Produced, Worker, conclude, wait_for
 
 __all__ = ["run_server_demo"]
 
@@ -74,10 +72,7 @@ def run_server_demo(events: int = 30_000, accounts: int = 2_000, seed: int = 7, 
             _, errors = server.communicate(timeout=30)
             if server.returncode != 0:
                 report.problems.append(f"the server exited with {server.returncode}: {errors.strip()[-2000:]}")
-    check_events(report, produced, observed)
-    final_table(out, report)
-    out.write(f"\nstored {report.published}, consumed {report.acked}, redelivered {report.redeliveries}\n")
-    verdict(out, report, "every event consumed; each account's events first delivered in produced order")
+    conclude(out, report, produced, observed)
     return report
 
 

@@ -14,12 +14,13 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from itertools import pairwise
+from typing import TextIO
 
 from keyfailover.client import Client, ClientClosed, Consumer, Message, Producer, Timeout
 from keyfailover.core.partitions import partition_of_key
-from keyfailover.tools.demo._report import DemoReport
+from keyfailover.tools.demo._report import DemoReport, final_table, verdict
 
-__all__ = ["Arrivals", "Observed", "Produced", "Worker", "check_events", "wait_for"]
+__all__ = ["Arrivals", "Observed", "Produced", "Worker", "check_events", "conclude", "wait_for"]
 
 EventId = tuple[int, int]
 """(partition, position) of a stored event."""
@@ -122,6 +123,15 @@ def check_events(report: DemoReport, produced: Produced, observed: Observed) -> 
                 report.problems.append(
                     f"{key}: event {late[1]} was first delivered after event {late[0]}, which was produced after it"
                 )
+
+
+def conclude(out: TextIO, report: DemoReport, produced: Produced, observed: Observed) -> None:
+    """Check the events (:func:`check_events`) and print the final table, the counts and the verdict."""
+    check_events(report, produced, observed)
+    final_table(out, report)
+    out.write(f"\nstored {report.published}, consumed {report.acked}, redelivered {report.redeliveries}\n")
+    held = "every event stored was consumed, none twice; each account's events first delivered in produced order"
+    verdict(out, report, held)
 
 
 class Worker:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -197,3 +198,33 @@ def test_a_client_interrupted_while_it_connects_cancels_its_tasks_and_closes_its
         Client("kf://127.0.0.1:1")
     assert loops[0].is_closed()
     assert running[0].cancelled()
+
+
+def test_a_client_interrupted_while_its_thread_starts_lets_the_thread_stop_and_close_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C inside ``Thread.start``: the thread may begin to run only after ``Client()`` gave up.
+    It stops at once and closes the loop itself, with no 'Event loop is closed' error in the thread."""
+    threads: list[threading.Thread] = []
+    failures: list[BaseException | None] = []
+    start = threading.Thread.start
+    interrupted = threading.Event()
+
+    def start_after_the_interrupt() -> None:
+        if interrupted.wait(10):
+            time.sleep(0.2)
+            start(threads[0])
+
+    threading.Thread(target=start_after_the_interrupt, daemon=True).start()
+
+    def start_late_and_interrupt(thread: threading.Thread) -> None:
+        threads.append(thread)
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(threading, "excepthook", lambda hook: failures.append(hook.exc_value))
+    with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(threading.Thread, "start", start_late_and_interrupt)
+        Client("kf://127.0.0.1:1")
+    wait_until(lambda: threads[0].ident is not None and not threads[0].is_alive(), "the late thread ran and ended")
+    assert failures == []

@@ -7,7 +7,9 @@ into the client's internals to make the interleaving happen every time.
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -167,3 +169,62 @@ def test_request_ids_are_unique_across_a_clients_links(tmp_path: Path) -> None:
     with ServerProcess(tmp_path / "a") as first, ServerProcess(tmp_path / "b") as second:
         ids = asyncio.run(scenario(first, second))
     assert len(set(ids)) == len(ids)
+
+
+def test_a_client_interrupted_while_it_connects_cancels_its_tasks_and_closes_its_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C while ``Client()`` waits: nothing is left running on the loop to be destroyed pending at exit."""
+    running: list[asyncio.Task[None]] = []
+    loops: list[asyncio.AbstractEventLoop] = []
+    connecting = threading.Event()
+
+    async def connect_forever(*args: object) -> AsyncClient:
+        loops.append(asyncio.get_running_loop())
+        running.append(asyncio.get_running_loop().create_task(asyncio.sleep(3600)))  # e.g. a link's task
+        connecting.set()
+        await asyncio.sleep(3600)
+        raise AssertionError("not reached")
+
+    monkeypatch.setattr(Client, "_make", staticmethod(connect_forever))
+
+    def ctrl_c() -> None:
+        main = threading.main_thread().ident
+        if connecting.wait(10) and main is not None:
+            signal.pthread_kill(main, signal.SIGINT)
+
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        Client("kf://127.0.0.1:1")
+    assert loops[0].is_closed()
+    assert running[0].cancelled()
+
+
+def test_a_client_interrupted_while_its_thread_starts_lets_the_thread_stop_and_close_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C inside ``Thread.start``: the thread may begin to run only after ``Client()`` gave up.
+    It stops at once and closes the loop itself, with no 'Event loop is closed' error in the thread."""
+    threads: list[threading.Thread] = []
+    failures: list[BaseException | None] = []
+    start = threading.Thread.start
+    interrupted = threading.Event()
+
+    def start_after_the_interrupt() -> None:
+        if interrupted.wait(10):
+            time.sleep(0.2)
+            start(threads[0])
+
+    threading.Thread(target=start_after_the_interrupt, daemon=True).start()
+
+    def start_late_and_interrupt(thread: threading.Thread) -> None:
+        threads.append(thread)
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(threading, "excepthook", lambda hook: failures.append(hook.exc_value))
+    with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(threading.Thread, "start", start_late_and_interrupt)
+        Client("kf://127.0.0.1:1")
+    wait_until(lambda: threads[0].ident is not None and not threads[0].is_alive(), "the late thread ran and ended")
+    assert failures == []

@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import io
+import os
 import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
-from keyfailover.tools.demo import run_core_demo, run_server_demo
-from tests.server_process import run_cli
+import pytest
+
+from keyfailover.client import Message
+from keyfailover.tools import services
+from keyfailover.tools.cli import main
+from keyfailover.tools.demo import DemoReport, run_core_demo, run_server_demo
+from keyfailover.tools.demo._traffic import Observed, Produced, check_events
+from tests.server_process import run_cli, wait_until
 
 
 def test_demo_keeps_every_guarantee() -> None:
@@ -63,4 +74,159 @@ def test_server_demo_consumes_everything_in_key_order() -> None:
 def test_server_demo_command_line_exits_zero() -> None:
     done = run_cli("demo", "--messages", "3000", "--keys", "200", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "every event consumed" in done.stdout
+    assert "every event stored was consumed, none twice" in done.stdout
+
+
+def test_the_event_checks_name_each_broken_guarantee() -> None:
+    """An event confirmed but never consumed, one stored twice, and an account out of produced order."""
+    produced, observed = Produced(partitions=2), Observed()
+    received = [  # (account, event number, partition, position)
+        ("account-1", 0, 0, 0),
+        ("account-1", 1, 0, 1),
+        ("account-2", 2, 1, 0),
+        ("account-2", 2, 1, 1),  # the same event again at the next position: stored twice
+        ("account-3", 5, 0, 2),
+        ("account-3", 4, 0, 3),  # event 4 was produced before event 5
+    ]
+    with produced.lock:
+        produced.stored = {(partition, position): (key, n) for key, n, partition, position in received}
+        produced.stored[(1, 2)] = ("account-4", 6)  # confirmed, never received
+    for key, number, partition, position in received:
+        observed.record("c1", Message(key, f"{key}:{number}:0".encode(), position, 0, 1, partition))
+    observed.record("c2", Message("account-1", b"account-1:1:0", 1, 1, 2, 0))  # a redelivery is no problem
+    report = DemoReport()
+    check_events(report, produced, observed)
+    assert report.problems == [
+        "1 stored events were never consumed, the first: event 6 of account-4 (partition 1, position 2)",
+        "event 2 of account-2 was stored twice (at two positions)",
+        "account-3: event 4 was first delivered after event 5, which was produced after it",
+    ]
+    assert (report.published, report.acked, report.redeliveries) == (7, 6, 1)
+    assert report.deliveries == {"c1": 6, "c2": 1}
+
+
+def processes_mentioning(*needles: str) -> list[str]:
+    """The command lines of live processes that contain any of ``needles``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # not a process, or one that just ended
+            continue
+        if any(needle in command for needle in needles):
+            found.append(f"{entry.name}: {command}")
+    return found
+
+
+def started(output: str) -> tuple[Path, str]:
+    """The demo's temporary folder and its ZooKeeper address, from what it printed."""
+    folder = re.search(r"data in (/\S+)", output)
+    zookeeper = re.search(r"ZooKeeper at (127\.0\.0\.1:\d+)", output)
+    assert folder is not None and zookeeper is not None, output
+    return Path(folder.group(1)), zookeeper.group(1)
+
+
+def assert_nothing_left(folder: Path, zookeeper: str) -> None:
+    """No folder, and no process of the demo's (ZooKeeper, PostgreSQL, brokers: they name the folder or ZooKeeper)."""
+    assert not folder.exists()
+    wait_until(lambda: not processes_mentioning(str(folder), zookeeper), "every process of the demo gone", timeout=10)
+
+
+def test_cluster_demo_kills_a_broker_and_shows_its_partitions_move_with_nothing_lost() -> None:
+    done = run_cli("demo", "--cluster", "--messages", "2000", "--keys", "200", timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stderr == ""
+    text = done.stdout
+    killed = re.search(r"^killed (b\d) \(the coordinator; it served partitions (\d), (\d)\) with SIGKILL", text, re.M)
+    assert killed is not None, text
+    victim, moved = killed.group(1), {int(killed.group(2)), int(killed.group(3))}
+    # The timeline: the new coordinator reassigns the victim's partitions, the survivors serve them.
+    assert re.search(r"^ +\d+\.\d\d s  b\d is the coordinator \(epoch 2\)$", text, re.M), text
+    assert re.search(r"^ +\d+\.\d\d s  assignment generation \d+: partition \d to b\d, \d to b\d$", text, re.M), text
+    served = re.findall(r"^ +\d+\.\d\d s  (b\d) serves partition (\d) \(owner epoch 2\)$", text, re.M)
+    assert {int(p) for _, p in served} == moved and victim not in {b for b, _ in served}, text
+    again = re.search(
+        r"^every partition served again ([\d.]+) s after the kill; .* again ([\d.]+) s after it$", text, re.M
+    )
+    assert again is not None and 0 < float(again.group(1)) <= float(again.group(2)) < 60, text
+    # The assignment before and after, from the cluster's status: the victim's partitions moved to the others.
+    after = text[text.index("partitions after the kill") : text.index("* moved from the killed broker")]
+    assert re.search(rf"^  {victim} +127\.0\.0\.1:\d+ +none +killed$", after, re.M), after
+    assert sorted(int(p) for p in re.findall(r"(\d)\*", after)) == sorted(moved)
+    assert "stored 2000, consumed 2000" in text
+    assert "every event stored was consumed, none twice; each account's events first delivered in produced" in text
+    assert_nothing_left(*started(text))
+
+
+def test_cluster_demo_interrupted_stops_everything_it_started() -> None:
+    """Ctrl-C in a terminal: SIGINT to the demo and every process it started (one process group)."""
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "keyfailover", "demo", "--cluster", "--messages", "2000", "--keys", "200"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert demo.stdout is not None and demo.stderr is not None
+    output = ""
+    try:
+        while "partitions before the kill" not in output:  # the brokers serve, traffic is about to start
+            line = demo.stdout.readline()
+            assert line, output + demo.stderr.read()
+            output += line
+        os.killpg(demo.pid, signal.SIGINT)
+        rest, errors = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+            demo.wait()
+    assert demo.returncode == 130, output + rest + errors
+    assert errors == "keyfailover demo: interrupted\n"
+    assert_nothing_left(*started(output))
+
+
+def test_cluster_demo_stopped_by_sigterm_while_starting_stops_what_it_started() -> None:
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "keyfailover", "demo", "--cluster"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert demo.stdout is not None
+    output = demo.stdout.readline() + demo.stdout.readline()  # ZooKeeper and PostgreSQL run; the brokers start
+    assert "PostgreSQL at" in output, output
+    demo.terminate()
+    rest, errors = demo.communicate(timeout=60)
+    assert demo.returncode == 130, output + rest + errors
+    assert errors == "keyfailover demo: interrupted\n"
+    assert_nothing_left(*started(output))
+
+
+@pytest.mark.parametrize(
+    ("missing", "said"),
+    [
+        ("ZOOKEEPER_JAR", r"ZooKeeper is not installed \(no /nonexistent\S*\): run scripts/setup-system"),
+        ("POSTGRESQL_BIN", r"PostgreSQL is not installed \(no /nonexistent\S*\): run scripts/setup-system"),
+        ("asyncpg", r"asyncpg is not installed in \S+: run scripts/setup dev,cluster"),
+    ],
+)
+def test_cluster_demo_says_what_is_not_installed_and_starts_nothing(
+    missing: str, said: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if missing == "asyncpg":
+        monkeypatch.setitem(sys.modules, "asyncpg", None)  # its import fails
+    else:
+        monkeypatch.setattr(services, missing, Path("/nonexistent") / missing.lower())
+    before = set(Path("/tmp").glob("keyfailover-demo-cluster-*"))
+    assert main(["demo", "--cluster"]) == 1
+    captured = capsys.readouterr()
+    assert re.fullmatch(rf"keyfailover demo: {said}\n", captured.err), captured.err
+    assert captured.out == ""
+    assert set(Path("/tmp").glob("keyfailover-demo-cluster-*")) == before
+
+
+def test_the_demo_is_of_one_kind(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["demo", "--core", "--cluster"])
+    assert exited.value.code == 2
+    assert "argument --cluster: not allowed with argument --core" in capsys.readouterr().err

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
 import pytest
 
+from keyfailover.tools import services
 from keyfailover.tools.services import PostgreSQL, ServiceError, ZooKeeper, free_port
 
 
@@ -58,3 +60,65 @@ def test_free_port_is_free() -> None:
     port = free_port()
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", port))
+
+
+def test_a_service_not_installed_says_what_is_missing_and_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(services, "ZOOKEEPER_JAR", tmp_path / "zookeeper.jar")
+    monkeypatch.setattr(services, "POSTGRESQL_BIN", tmp_path / "bin")
+    with pytest.raises(
+        ServiceError, match=r"^ZooKeeper is not installed \(no .*zookeeper\.jar\): run scripts/setup-system$"
+    ):
+        ZooKeeper(tmp_path / "zookeeper").start()
+    with pytest.raises(
+        ServiceError, match=r"^PostgreSQL is not installed \(no .*/bin/initdb\): run scripts/setup-system$"
+    ):
+        PostgreSQL(tmp_path / "postgresql").start()
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ServiceError, match=r"^Java is not installed \(no java on PATH\); ZooKeeper needs it"):
+        ZooKeeper.check_installed()
+    assert not (tmp_path / "zookeeper").exists() and not (tmp_path / "postgresql").exists()
+
+
+def test_a_start_interrupted_by_ctrl_c_stops_the_server_it_launched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """KeyboardInterrupt while ZooKeeper comes up, or once PostgreSQL is up (creating the database):
+    neither server is left running, though the caller never got an object to stop."""
+    import subprocess
+    import tempfile
+
+    launched: list[subprocess.Popen[bytes]] = []
+
+    def ctrl_c_once_launched(self: ZooKeeper) -> bool:
+        if self._process is None:
+            return False
+        launched.append(self._process)
+        raise KeyboardInterrupt
+
+    folder = Path(tempfile.mkdtemp(prefix="keyfailover-services-"))
+    folder.chmod(0o711)  # the postgres user must get through to its folder inside
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(ZooKeeper, "_answers", ctrl_c_once_launched)
+            with pytest.raises(KeyboardInterrupt):
+                ZooKeeper(folder / "zookeeper").start()
+        assert launched and launched[0].poll() is not None
+
+        run = PostgreSQL._run
+
+        def ctrl_c_at_psql(self: PostgreSQL, *command: str) -> subprocess.CompletedProcess[str]:
+            if command[0].endswith("/psql"):
+                raise KeyboardInterrupt
+            return run(self, *command)
+
+        server = PostgreSQL(folder / "postgresql")
+        with monkeypatch.context() as patch:
+            patch.setattr(PostgreSQL, "_run", ctrl_c_at_psql)
+            with pytest.raises(KeyboardInterrupt):
+                server.start()
+        status = server._run(
+            str(services.POSTGRESQL_BIN / "pg_ctl"), "-D", str(folder / "postgresql" / "data"), "status"
+        )
+        assert status.returncode == 3, status.stdout  # "no server running"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

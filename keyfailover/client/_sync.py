@@ -72,14 +72,28 @@ class Client:
         """Connect to ``url`` (``kf://HOST:PORT[,HOST:PORT...]`` or, with TLS, ``kf+ssl://...``: any broker of a
         cluster; ``tls_ca``: the CA file to trust)."""
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="keyfailover-client", daemon=True)
-        self._thread.start()
+        self._thread = threading.Thread(target=self._serve, name="keyfailover-client", daemon=True)
         self._closed = False
-        try:
+        try:  # Ctrl-C may come while the thread starts, or while connecting
+            self._thread.start()
             self._async = self._run(self._make(url, token, connect_timeout, tls_ca))
         except BaseException:
             self._stop_loop()
             raise
+
+    def _serve(self) -> None:
+        """The loop's thread: run the loop until it is stopped, then cancel what still runs on it (a connect
+        or close that was interrupted) and close it, so that no task is left to be destroyed pending at exit.
+        The thread closes the loop itself: after a Ctrl-C during ``Thread.start`` it may start only then."""
+        try:
+            self._loop.run_forever()
+        finally:
+            pending = asyncio.all_tasks(self._loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                self._loop.run_until_complete(asyncio.wait(pending, timeout=5.0))
+            self._loop.close()
 
     @staticmethod
     async def _make(
@@ -130,10 +144,10 @@ class Client:
             self._stop_loop()
 
     def _stop_loop(self) -> None:
+        """Stop the loop (also one whose thread is only starting: it stops at once) and wait for its thread."""
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10.0)
-        if not self._thread.is_alive():
-            self._loop.close()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10.0)
 
     def __enter__(self) -> Client:
         return self

@@ -243,6 +243,10 @@ def _demo(args: argparse.Namespace) -> int:
         from keyfailover.tools.demo import run_core_demo
 
         report = run_core_demo(messages=args.messages, keys=args.keys, seed=args.seed)
+    elif args.cluster:
+        from keyfailover.tools.demo import run_cluster_demo
+
+        report = run_cluster_demo(events=args.messages, accounts=args.keys, seed=args.seed)
     else:
         from keyfailover.tools.demo import run_server_demo
 
@@ -922,7 +926,14 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", help="a server with consumers that join, leave and stall; per-key order checked")
-    demo.add_argument("--core", action="store_true", help="run the in-process dispatcher alone, on a simulated clock")
+    kind = demo.add_mutually_exclusive_group()
+    kind.add_argument("--core", action="store_true", help="run the in-process dispatcher alone, on a simulated clock")
+    kind.add_argument(
+        "--cluster",
+        action="store_true",
+        help="start ZooKeeper, PostgreSQL and three brokers on loopback and kill one under traffic "
+        "(scripts/setup-system installs ZooKeeper and PostgreSQL)",
+    )
     demo.add_argument(
         "--messages", type=_int_at_least(1000), default=30_000, help="events to produce, >= 1000 (default 30000)"
     )

@@ -70,12 +70,18 @@ class ZooKeeper:
     def hosts(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self) -> ZooKeeper:
+    @staticmethod
+    def check_installed() -> str:
+        """The ``java`` to run ZooKeeper with; :class:`ServiceError` saying what is missing when it is not installed."""
         java = shutil.which("java")
-        if java is None or not ZOOKEEPER_JAR.exists():
-            raise ServiceError(
-                f"ZooKeeper needs java and {ZOOKEEPER_JAR} (Debian's zookeeper package); run scripts/setup-system"
-            )
+        if java is None:
+            raise ServiceError("Java is not installed (no java on PATH); ZooKeeper needs it: run scripts/setup-system")
+        if not ZOOKEEPER_JAR.exists():
+            raise ServiceError(f"ZooKeeper is not installed (no {ZOOKEEPER_JAR}): run scripts/setup-system")
+        return java
+
+    def start(self) -> ZooKeeper:
+        java = self.check_installed()
         if self._answers() or not self._port_free():
             raise ServiceError(f"ZooKeeper cannot start on {self.hosts}: something else listens there")
         data = self.folder / "data"
@@ -94,14 +100,22 @@ class ZooKeeper:
         log = (self.folder / "zookeeper.log").open("ab")
         classpath = f"{ZOOKEEPER_CONF}:{ZOOKEEPER_JAR}"
         command = [java, "-Xmx256m", "-cp", classpath, "org.apache.zookeeper.server.ZooKeeperServerMain", str(config)]
-        self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # A session of its own, as pg_ctl gives PostgreSQL: Ctrl-C in a terminal interrupts the caller, which
+        # stops the server after what uses it, not the server under its clients.
+        self._process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
         log.close()
-        deadline = time.monotonic() + START_TIMEOUT
-        while not (self._answers() and self._process.poll() is None):
-            if self._process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise ServiceError(f"ZooKeeper did not start on {self.hosts}; its log: {self.folder / 'zookeeper.log'}")
-            time.sleep(0.05)
+        try:  # stopped again when it does not start, or the wait is interrupted (Ctrl-C)
+            deadline = time.monotonic() + START_TIMEOUT
+            while not (self._answers() and self._process.poll() is None):
+                if self._process.poll() is not None or time.monotonic() > deadline:
+                    log_path = self.folder / "zookeeper.log"
+                    raise ServiceError(f"ZooKeeper did not start on {self.hosts}; its log: {log_path}")
+                time.sleep(0.05)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def _port_free(self) -> bool:
@@ -159,10 +173,16 @@ class PostgreSQL:
             [*prefix, *command], capture_output=True, text=True, check=False, timeout=START_TIMEOUT, cwd="/"
         )
 
-    def start(self) -> PostgreSQL:
-        initdb, pg_ctl = POSTGRESQL_BIN / "initdb", POSTGRESQL_BIN / "pg_ctl"
+    @staticmethod
+    def check_installed() -> None:
+        """:class:`ServiceError` saying what is missing when PostgreSQL 15 is not installed."""
+        initdb = POSTGRESQL_BIN / "initdb"
         if not initdb.exists():
-            raise ServiceError(f"PostgreSQL needs {initdb} (Debian's postgresql package); run scripts/setup-system")
+            raise ServiceError(f"PostgreSQL is not installed (no {initdb}): run scripts/setup-system")
+
+    def start(self) -> PostgreSQL:
+        self.check_installed()
+        initdb, pg_ctl = POSTGRESQL_BIN / "initdb", POSTGRESQL_BIN / "pg_ctl"
         self.folder.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             shutil.chown(self.folder, "postgres", "postgres")
@@ -178,18 +198,23 @@ class PostgreSQL:
                 raise ServiceError(f"initdb failed in {data}: {done.stderr.strip() or done.stdout.strip()}")
         options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1"
         log = self.folder / "postgresql.log"
-        done = self._run(str(pg_ctl), "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "60", "start")
-        if done.returncode:
-            raise ServiceError(f"PostgreSQL did not start on port {self.port}: {done.stderr.strip()}; its log: {log}")
-        self._started = True
-        psql = POSTGRESQL_BIN / "psql"
-        created = self._run(
-            str(psql), "-h", "127.0.0.1", "-p", str(self.port), "-U", "kf", "-d", "postgres", "-v", "ON_ERROR_STOP=1",
-            "-c", f'CREATE DATABASE "{self.database}"',
-        )  # fmt: skip
-        if created.returncode and "already exists" not in created.stderr:
+        self._started = True  # from here on: stopped again when it does not start, or start is interrupted (Ctrl-C)
+        try:
+            done = self._run(str(pg_ctl), "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "60", "start")
+            if done.returncode:
+                raise ServiceError(
+                    f"PostgreSQL did not start on port {self.port}: {done.stderr.strip()}; its log: {log}"
+                )
+            psql = POSTGRESQL_BIN / "psql"
+            created = self._run(
+                str(psql), "-h", "127.0.0.1", "-p", str(self.port), "-U", "kf", "-d", "postgres",
+                "-v", "ON_ERROR_STOP=1", "-c", f'CREATE DATABASE "{self.database}"',
+            )  # fmt: skip
+            if created.returncode and "already exists" not in created.stderr:
+                raise ServiceError(f"cannot create database {self.database!r}: {created.stderr.strip()}")
+        except BaseException:
             self.stop()
-            raise ServiceError(f"cannot create database {self.database!r}: {created.stderr.strip()}")
+            raise
         return self
 
     def stop(self) -> None:

@@ -1,0 +1,123 @@
+"""``keyfailover demo``: a real server, with consumers that join, leave and stall."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import TextIO
+
+from keyfailover.client import Client
+from keyfailover.core.errors import KeyFailoverError
+from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
+from keyfailover.tools.demo._report import (
+    RANGES_HEADER,
+    TAIL_HEADER,
+    DemoReport,
+    describe_ranges,
+    in_hash_order,
+    zipf_ids,
+)
+from keyfailover.tools.demo._traffic import Observed, Produced, Worker, conclude, wait_for
+
+__all__ = ["run_server_demo"]
+
+
+def _print_server_ranges(out: TextIO, title: str, workers: dict[str, Worker], observed: Observed) -> None:
+    owned = {name: worker.consumer.ranges for name, worker in workers.items()}
+
+    def tiled() -> bool:  # the consumers heard of their new ranges (ranges_changed frames)
+        owned.update((name, worker.consumer.ranges) for name, worker in workers.items())
+        return sum(end - start + 1 for ranges in owned.values() for start, end in ranges) == HASH_RANGE_SIZE
+
+    wait_for(tiled, 10.0)
+    out.write(f"\n{title}\n")
+    out.write(f"  {'consumer':<10}{RANGES_HEADER}{'received':>10}{TAIL_HEADER}\n")
+    with observed.lock:
+        received = dict(observed.deliveries)
+    for name, ranges in in_hash_order(owned):
+        status = "stalled" if workers[name].stalled.is_set() else "active"
+        summary, listed = describe_ranges(ranges)
+        out.write(f"  {name:<10}{summary:<28}{received.get(name, 0):>10}  {status:<9}{listed}\n")
+
+
+def run_server_demo(events: int = 30_000, accounts: int = 2_000, seed: int = 7, out: TextIO = sys.stdout) -> DemoReport:
+    """Run the scripted scenario against a real server process; returns what was observed."""
+    if events < 1000 or accounts < 1:
+        raise KeyFailoverError(f"demo needs events >= 1000 and accounts >= 1, got {events} and {accounts}")
+    account_ids = zipf_ids(events, accounts, seed)
+    report = DemoReport()
+    observed = Observed()
+    produced = Produced(partitions=1)
+    with tempfile.TemporaryDirectory(prefix="keyfailover-demo-") as data_dir:
+        out.write(f"keyfailover demo: starting keyfailover serve with data in {data_dir} ...\n")
+        out.flush()
+        server = subprocess.Popen(
+            [sys.executable, "-m", "keyfailover", "serve", "--data-dir", str(Path(data_dir)), "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert server.stdout is not None
+            line = server.stdout.readline()
+            if not line.startswith("listening on "):
+                raise KeyFailoverError(f"the demo server did not start: {line!r}")
+            url = "kf://" + line.split("listening on ", 1)[1].strip()
+            out.write(f"server listening at {url}; producing {events} events over {accounts} Zipf(1.1) accounts\n")
+            _scenario(url, account_ids, observed=observed, produced=produced, report=report, out=out)
+        finally:
+            server.terminate()
+            _, errors = server.communicate(timeout=30)
+            if server.returncode != 0:
+                report.problems.append(f"the server exited with {server.returncode}: {errors.strip()[-2000:]}")
+    conclude(out, report, produced, observed)
+    return report
+
+
+def _scenario(
+    url: str, account_ids: list[int], *, observed: Observed, produced: Produced, report: DemoReport, out: TextIO
+) -> None:
+    events = len(account_ids)
+    with Client(url) as client:
+        workers = {name: Worker(client, name, observed, 200) for name in ("c1", "c2")}
+        producer = client.create_producer("accounts", "demo-producer")
+
+        _print_server_ranges(out, "c1 and c2 share the hash space", workers, observed)
+        steps = {
+            events // 4: "c3 joins: it takes a third of the traffic, from the busiest first",
+            events // 2: "c4 joins, then stalls: its keys wait, nobody else's do",
+            3 * events // 4: "c1 leaves: its ranges go to the least busy, its neighbours first",
+        }
+        for i, account in enumerate(account_ids):
+            if i in steps:
+                producer.flush()
+                if i == events // 4:
+                    workers["c3"] = Worker(client, "c3", observed, 200)
+                elif i == events // 2:
+                    workers["c4"] = Worker(client, "c4", observed, 100, stalled=True)
+                else:
+                    workers.pop("c1").leave()
+                    report.status["c1"] = "left"
+                _print_server_ranges(out, steps[i], workers, observed)
+            produced.send(producer, f"account-{account}", i)
+        producer.flush()
+        stalled = workers["c4"].consumer.ranges
+
+        def others_done() -> bool:  # every event outside the stalled consumer's ranges was consumed
+            with produced.lock, observed.lock:
+                return all(
+                    event in observed.first
+                    for event, (key, _) in produced.stored.items()
+                    if not any(start <= key_hash(key) <= end for start, end in stalled)
+                )
+
+        wait_for(others_done, 60.0)
+        out.write(f"\nwhile c4 stalled, every event outside its ranges was consumed: {others_done()}\n")
+        workers.pop("c4").leave()
+        report.status["c4"] = "stalled, then removed"
+        _print_server_ranges(out, "stalled c4 is removed: its unacked events go to the new owners", workers, observed)
+        wait_for(lambda: len(observed.first) >= len(produced.stored), 60.0)
+        for worker in workers.values():
+            worker.leave()

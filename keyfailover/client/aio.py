@@ -859,10 +859,7 @@ class _PartProducer(_Part):
             schedule = not self._flush_scheduled
             self._flush_scheduled = True
         if schedule:  # one flush per burst: it sends every full batch and the current one
-            if _on_loop(self._loop):
-                self._loop.call_soon(self._flush_now)
-            else:
-                self._loop.call_soon_threadsafe(self._flush_now)
+            _call_soon(self._loop, self._flush_now)
 
     async def flush(self) -> None:
         """Wait until every message sent so far is stored."""
@@ -1353,10 +1350,7 @@ class _PartConsumer(_Part):
                 self.send_flow()
 
     def _call(self, fn: Callable[[], None]) -> None:
-        if _on_loop(self._loop):
-            self._loop.call_soon(fn)
-        else:
-            self._loop.call_soon_threadsafe(fn)
+        _call_soon(self._loop, fn)
 
     async def close(self) -> None:
         """Send pending acks and leave the subscription; its unacked messages go to others."""
@@ -1525,16 +1519,21 @@ class AsyncConsumer:
         self._part(message).negative_acknowledge(message)
 
     def _call(self, fn: Callable[[], None]) -> None:
-        if _on_loop(self._loop):
-            self._loop.call_soon(fn)
-        else:
-            self._loop.call_soon_threadsafe(fn)
+        _call_soon(self._loop, fn)
 
     async def close(self) -> None:
         """Send pending acks and leave the subscription on every partition; unacked messages go to others."""
         self._closed = True
         for part in self.parts:
             await part.close()
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
+    """Run ``fn`` on ``loop`` soon, called from the loop or from another thread (the sync client's)."""
+    if _on_loop(loop):
+        loop.call_soon(fn)
+    else:
+        loop.call_soon_threadsafe(fn)
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:

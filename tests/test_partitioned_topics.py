@@ -222,3 +222,27 @@ def test_the_command_line_produces_and_consumes_a_partitioned_topic(tmp_path: Pa
             (1, 2, "a"),
             (2, 1, "k"),
         ]
+
+
+def test_the_history_of_a_partitioned_subscription_is_one_map_and_plots(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server, Client(server.url) as client:
+        admin(server, "/topics?topic=orders&partitions=2", "POST")
+        first = client.subscribe("orders", "s", "c1")
+        client.subscribe("orders", "s", "c2")
+        history = admin(server, "/history?topic=orders&subscription=s")["history"]
+        assert isinstance(history, list)
+        maps = [entry["snapshot"]["ranges"] for entry in history]
+        # Each map tiles the whole space; the first is c1 alone (its two partitions merged), the last
+        # has c2 in both blocks; one map per change of a partition once both had consumers.
+        assert maps[0] == [{"start": 0, "end": 65535, "consumer": "c1"}]
+        assert {e["consumer"] for e in maps[-1] if e["end"] <= 32767} == {"c1", "c2"}
+        assert {e["consumer"] for e in maps[-1] if e["start"] >= 32768} == {"c1", "c2"}
+        assert len(maps) == 3
+        shown = {slot for e in maps[-1] if e["consumer"] == "c1" for slot in range(e["start"], e["end"] + 1)}
+        assert shown == {slot for start, end in first.ranges for slot in range(start, end + 1)}
+        out = tmp_path / "ownership.png"
+        plotted = run_cli(
+            "plot", "--admin-url", str(server.admin_url), "--topic", "orders", "--subscription", "s", "--out", str(out)
+        )
+        assert plotted.returncode == 0, plotted.stderr
+        assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -62,7 +62,7 @@ from keyfailover.core.dispatcher import check_consume_mode
 from keyfailover.core.errors import ConfigError, KeyFailoverError, RangeMapError
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
 from keyfailover.core.partitions import partition_slots, partition_topic, split_partition_topic
-from keyfailover.core.ranges import RangeMap
+from keyfailover.core.ranges import Range, RangeMap
 
 if TYPE_CHECKING:
     from keyfailover.broker.server._cluster import BrokerRole
@@ -478,11 +478,32 @@ class Server:
     # -- admin endpoint ---------------------------------------------------------------
 
     async def _history(self, query: dict[str, str]) -> Response:
-        """``/history?topic=T&subscription=S``: the recent range maps with their wall-clock times."""
-        found = self._subscriptions.get((query.get("topic", ""), query.get("subscription", "")))
-        if found is None:
+        """``/history?topic=T&subscription=S``: the recent range maps with their wall-clock times.
+
+        A partitioned subscription's maps are the union of its partitions' at each change of one
+        (only the ones that tile the slot space: every partition had consumers).
+        """
+        topic, name = query.get("topic", ""), query.get("subscription", "")
+        live = self._live(self.partition_of(topic)[0], name) if topic and name else []
+        if not live:
             return json_response({"error": "give the topic and subscription of a live subscription"}, 404)
-        return json_response({"topic": found.topic, "subscription": found.name, "history": found.history()})
+        changes = sorted(
+            (at, index, epoch, ranges)
+            for index, subscription in enumerate(live)
+            for at, epoch, ranges in subscription.history()
+        )
+        now: dict[int, tuple[int, list[Range]]] = {}
+        history = []
+        for at, index, epoch, ranges in changes:
+            now[index] = (epoch, ranges)
+            if len(now) == len(live):
+                union = sorted(r for _, held in now.values() for r in held)
+                with contextlib.suppress(RangeMapError):  # a partition without consumers: no whole map
+                    total = sum(e for e, _ in now.values())
+                    history.append(
+                        {"time": at, "snapshot": RangeMap.from_ranges(union, HASH_RANGE_SIZE, total).snapshot()}
+                    )
+        return json_response({"topic": topic, "subscription": name, "history": history})
 
     async def _dead_letters(self, query: dict[str, str]) -> Response:
         """``/dlq?topic=T&subscription=S[&limit=N]``: the subscription's dead letters, oldest first."""

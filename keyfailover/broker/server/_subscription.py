@@ -35,6 +35,7 @@ from keyfailover.core.dispatcher import (
 )
 from keyfailover.core.errors import ErrorCode, NotInFlightError, ProtocolError
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
+from keyfailover.core.ranges import Range
 from keyfailover.core.rebalance import DEFAULT_MAX_RANGES, check_policy_choice
 
 __all__ = ["DeliverySettings", "Session", "Subscription", "SubscriptionConfig"]
@@ -177,7 +178,7 @@ class Subscription:
         self._wake = asyncio.Event()
         self._tail: deque[StoredMessage] = deque()  # committed, not yet read: spares re-reading the log
         self._cursor_dirty = False
-        self._history: deque[tuple[float, dict[str, Any]]] = deque(maxlen=config.history)
+        self._history: deque[tuple[float, int, list[Range]]] = deque(maxlen=config.history)
         self._closed = False
         self._task: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
@@ -270,8 +271,8 @@ class Subscription:
         telling n sessions costs O(r + n), not O(n * r).
         """
         epoch = self.dispatcher.epoch
-        if not self._history or self._history[-1][1]["epoch"] != epoch:
-            self._history.append((time.time(), self.dispatcher.snapshot()))
+        if not self._history or self._history[-1][1] != epoch:
+            self._history.append((time.time(), epoch, self.dispatcher.ranges()))
         for session in self.sessions.values():
             now = self.dispatcher.ranges_of(session.consumer)
             if now != session.ranges:
@@ -522,9 +523,10 @@ class Subscription:
         acked_above = sum(end - start + 1 for start, end in self.cursor.acked_ranges)
         return max(self._storage.last_position(self.topic) - self.cursor.mark_delete - acked_above, 0)
 
-    def history(self) -> list[dict[str, Any]]:
-        """The recent range maps, oldest first: ``{"time": unix seconds, "snapshot": ...}``."""
-        return [{"time": at, "snapshot": snapshot} for at, snapshot in self._history]
+    def history(self) -> list[tuple[float, int, list[Range]]]:
+        """The recent range maps, oldest first: ``(unix seconds, epoch, its ranges)`` (in slots of the whole
+        space: a partition's tile its block only)."""
+        return list(self._history)
 
     def describe(self) -> dict[str, Any]:
         """JSON-safe state for the admin endpoint: rebalance policy, dispatcher stats, cursor and backlog.

@@ -24,7 +24,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from keyfailover.client import Client, NoBrokerError
+from keyfailover.client import Client, Message, NoBrokerError
+from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.partitions import partition_of_key, partition_topic
 from keyfailover.tools.services import PostgreSQL, ZooKeeper, free_port
 from tests.server_process import ServerProcess, run_cli, wait_until
@@ -267,6 +268,98 @@ def test_partitions_that_move_away_and_back_keep_every_batch_in_order(cluster: s
             gaps = [(a, b) for a, b in itertools.pairwise(seqs) if b != a + 1]
             assert gaps == [], f"partition {partition}: sequence ids skipped, e.g. {gaps[:3]}"
         check_one_writer(postgres, topic, 4, brokers)
+    finally:
+        for process in brokers:
+            if process.process is not None and process.process.poll() is None:
+                process.stop()
+
+
+def held_twice(holdings: list[tuple[str, float, float, str]]) -> list[str]:
+    """Each time a consumer received a key's message while another still held one of that key:
+    ``holdings`` are (key, received, ack sent, consumer), with only acks the broker confirmed."""
+    found = []
+    latest: dict[tuple[str, str], float] = {}  # (key, consumer) -> its latest ack sent so far
+    for key, received, sent, name in sorted(holdings):
+        for (other_key, other), acked in latest.items():
+            if other_key == key and other != name and acked > received:
+                found.append(f"key {key}: {name} received at {received:.3f} while {other} held it until {acked:.3f}")
+        latest[(key, name)] = max(latest.get((key, name), 0.0), sent)
+    return found
+
+
+def test_the_holding_checker_catches_two_consumers_holding_one_key() -> None:
+    fine = [("k", 1.0, 2.0, "a"), ("k", 2.5, 3.0, "b"), ("j", 2.1, 2.2, "b"), ("k", 3.5, 4.0, "a")]
+    assert held_twice(fine) == []
+    planted = [*fine, ("k", 1.5, 1.6, "b")]  # b got k while a held it from 1.0 to 2.0
+    assert held_twice(planted) == ["key k: b received at 1.500 while a held it until 2.000"]
+
+
+class Holder:
+    """A consumer on its own thread that acks each message with ``acknowledge_confirmed`` and records
+    every holding the broker confirmed: (key, received, ack sent). A message received after a key's
+    range moved is delivered only once its former holder's ack was processed (G1), so the holding of
+    another consumer starts after the ack was sent; an ack the broker did not confirm (its session
+    ended with a killed broker) holds nothing any more and is not recorded."""
+
+    def __init__(self, client: Client, topic: str, name: str) -> None:
+        self.name = name
+        self._consumer = client.subscribe(topic, "holders", name, receiver_queue_size=20)
+        self.held: list[tuple[str, float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            batch: list[tuple[Message, float]] = []
+            try:  # up to 10 held at once: one waited for, the others already prefetched
+                while len(batch) < 10:
+                    batch.append((self._consumer.receive(timeout=0.2 if not batch else 0), time.monotonic()))
+            except TimeoutError:
+                pass
+            for message, received in batch:
+                sent = time.monotonic()
+                try:
+                    self._consumer.acknowledge_confirmed(message, timeout=WAIT)
+                except (KeyFailoverError, TimeoutError):
+                    continue  # its session ended (a broker died): the broker took it back
+                assert isinstance(message.key, str)
+                self.held.append((message.key, received, sent))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=WAIT)
+        self._consumer.close()
+
+
+def test_no_two_consumers_hold_one_keys_messages_at_once_across_a_broker_kill(
+    cluster: str, postgres: PostgreSQL
+) -> None:
+    topic = f"orders-{uuid.uuid4().hex[:6]}"
+    brokers = [broker(cluster, postgres) for _ in range(2)]
+    try:
+        assert run_cli("topics", "create", topic, "--partitions", "4", "--cluster", cluster).returncode == 0
+        wait_until(lambda: len(set(served_by(cluster).values())) == 2, "both brokers serving partitions")
+        url = "kf://" + ",".join(f"127.0.0.1:{b.port}" for b in brokers)
+        with Client(url) as producing, Client(url) as first, Client(url) as second:
+            traffic = Traffic(producing, topic, [f"key-{i}" for i in range(16)]).start()
+            holders = [Holder(first, topic, "h1")]
+            wait_until(lambda: len(holders[0].held) > 100, "the first consumer holding and acking")
+            holders.append(Holder(second, topic, "h2"))  # ranges move to it while keys are held
+            wait_until(lambda: len(holders[1].held) > 100, "the second consumer holding and acking")
+            before = [len(h.held) for h in holders]
+            brokers[1].kill()
+            wait_until(
+                lambda: all(len(h.held) > n + 100 for h, n in zip(holders, before, strict=True)),
+                "both consumers holding and acking after the kill",
+                timeout=WAIT,
+            )
+            traffic.stop()
+            for holder in holders:
+                holder.stop()
+        holdings = [(key, received, sent, h.name) for h in holders for key, received, sent in h.held]
+        assert {name for *_, name in holdings} == {"h1", "h2"}
+        assert held_twice(holdings) == []
     finally:
         for process in brokers:
             if process.process is not None and process.process.poll() is None:

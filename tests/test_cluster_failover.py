@@ -11,6 +11,7 @@ every row), so a broker that lost a partition never wrote after its successor.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import re
@@ -56,6 +57,31 @@ def broker(cluster: str, postgres: PostgreSQL, *extra: str) -> ServerProcess:
         *extra,
         port=port,
     ).start()
+
+
+@contextlib.contextmanager
+def running(
+    cluster: str, postgres: PostgreSQL, count: int, partitions: int, *extra: str
+) -> Iterator[tuple[str, list[ServerProcess]]]:
+    """``count`` brokers (``extra`` their options) serving a new topic of ``partitions`` partitions, each
+    broker some: the topic and the brokers (a test may add restarted ones); every one still running is
+    stopped afterwards."""
+    topic = f"orders-{uuid.uuid4().hex[:6]}"
+    brokers: list[ServerProcess] = []
+    try:
+        brokers += [broker(cluster, postgres, *extra) for _ in range(count)]
+        assert run_cli("topics", "create", topic, "--partitions", str(partitions), "--cluster", cluster).returncode == 0
+        wait_until(lambda: len(set(served_by(cluster).values())) == count, f"all {count} brokers serving partitions")
+        yield topic, brokers
+    finally:
+        for process in brokers:
+            if process.process is not None and process.process.poll() is None:
+                process.stop()
+
+
+def url_of(brokers: list[ServerProcess]) -> str:
+    """The client URL naming every broker."""
+    return "kf://" + ",".join(f"127.0.0.1:{b.port}" for b in brokers)
 
 
 def status(cluster: str) -> dict[str, Any]:
@@ -178,12 +204,8 @@ def check_order(acked: dict[str, list[int]], consumed: dict[str, list[int]]) -> 
 def test_a_killed_broker_s_partitions_are_served_again_and_nothing_acknowledged_is_lost(
     cluster: str, postgres: PostgreSQL
 ) -> None:
-    topic = f"orders-{uuid.uuid4().hex[:6]}"
-    brokers = [broker(cluster, postgres) for _ in range(3)]
-    try:
-        assert run_cli("topics", "create", topic, "--partitions", "6", "--cluster", cluster).returncode == 0
-        wait_until(lambda: len(set(served_by(cluster).values())) == 3, "every broker serving partitions")
-        url = "kf://" + ",".join(f"127.0.0.1:{b.port}" for b in brokers)
+    with running(cluster, postgres, 3, 6) as (topic, brokers):
+        url = url_of(brokers)
         keys = [f"key-{i}" for i in range(24)]
         assert {partition_of_key(k, 6) for k in keys} == set(range(6))
         with Client(url) as client:
@@ -204,10 +226,6 @@ def test_a_killed_broker_s_partitions_are_served_again_and_nothing_acknowledged_
         check_one_writer(postgres, topic, 6, brokers)
         survivors = {b["id"] for b in status(cluster)["brokers"]}
         assert victim_id not in survivors and len(survivors) == 2
-    finally:
-        for process in brokers:
-            if process.process is not None and process.process.poll() is None:
-                process.stop()
 
 
 def stored_sequence_ids(postgres: PostgreSQL, topic: str) -> dict[int, list[int]]:
@@ -250,12 +268,8 @@ def test_partitions_that_move_away_and_back_keep_every_batch_in_order(cluster: s
     back. The producer's batches follow them over three connections; each partition must hold its
     sequence ids without a gap (a gap is a batch stored ahead of an earlier one, which is then
     refused as a duplicate of ids never stored)."""
-    topic = f"orders-{uuid.uuid4().hex[:6]}"
-    brokers = [broker(cluster, postgres) for _ in range(2)]
-    try:
-        assert run_cli("topics", "create", topic, "--partitions", "4", "--cluster", cluster).returncode == 0
-        wait_until(lambda: len(set(served_by(cluster).values())) == 2, "both brokers serving partitions")
-        url = "kf://" + ",".join(f"127.0.0.1:{b.port}" for b in brokers)
+    with running(cluster, postgres, 2, 4) as (topic, brokers):
+        url = url_of(brokers)
         with Client(url) as client:
             traffic = Traffic(client, topic, [f"key-{i}" for i in range(16)]).start()
             for _ in range(2):
@@ -268,10 +282,6 @@ def test_partitions_that_move_away_and_back_keep_every_batch_in_order(cluster: s
             gaps = [(a, b) for a, b in itertools.pairwise(seqs) if b != a + 1]
             assert gaps == [], f"partition {partition}: sequence ids skipped, e.g. {gaps[:3]}"
         check_one_writer(postgres, topic, 4, brokers)
-    finally:
-        for process in brokers:
-            if process.process is not None and process.process.poll() is None:
-                process.stop()
 
 
 def held_twice(holdings: list[tuple[str, float, float, str]]) -> list[str]:
@@ -335,12 +345,8 @@ class Holder:
 def test_no_two_consumers_hold_one_keys_messages_at_once_across_a_broker_kill(
     cluster: str, postgres: PostgreSQL
 ) -> None:
-    topic = f"orders-{uuid.uuid4().hex[:6]}"
-    brokers = [broker(cluster, postgres) for _ in range(2)]
-    try:
-        assert run_cli("topics", "create", topic, "--partitions", "4", "--cluster", cluster).returncode == 0
-        wait_until(lambda: len(set(served_by(cluster).values())) == 2, "both brokers serving partitions")
-        url = "kf://" + ",".join(f"127.0.0.1:{b.port}" for b in brokers)
+    with running(cluster, postgres, 2, 4) as (topic, brokers):
+        url = url_of(brokers)
         with Client(url) as producing, Client(url) as first, Client(url) as second:
             traffic = Traffic(producing, topic, [f"key-{i}" for i in range(16)]).start()
             holders = [Holder(first, topic, "h1")]
@@ -360,24 +366,16 @@ def test_no_two_consumers_hold_one_keys_messages_at_once_across_a_broker_kill(
         holdings = [(key, received, sent, h.name) for h in holders for key, received, sent in h.held]
         assert {name for *_, name in holdings} == {"h1", "h2"}
         assert held_twice(holdings) == []
-    finally:
-        for process in brokers:
-            if process.process is not None and process.process.poll() is None:
-                process.stop()
 
 
 def test_a_suspended_broker_cannot_write_after_its_session_and_rejoins_as_a_follower(
     cluster: str, postgres: PostgreSQL
 ) -> None:
-    topic = f"orders-{uuid.uuid4().hex[:6]}"
-    brokers = [broker(cluster, postgres) for _ in range(2)]
-    try:
-        assert run_cli("topics", "create", topic, "--partitions", "4", "--cluster", cluster).returncode == 0
-        wait_until(lambda: len(set(served_by(cluster).values())) == 2, "both brokers serving partitions")
+    with running(cluster, postgres, 2, 4) as (topic, brokers):
         coordinator = status(cluster)["coordinator"]
         frozen = next(b for b in brokers if f"127.0.0.1:{b.port}" == coordinator)
         frozen_id = coordinator
-        url = "kf://" + ",".join(f"127.0.0.1:{b.port}" for b in brokers)
+        url = url_of(brokers)
         keys = [f"key-{i}" for i in range(16)]
         with Client(url) as client:
             traffic = Traffic(client, topic, keys).start()
@@ -404,41 +402,28 @@ def test_a_suspended_broker_cannot_write_after_its_session_and_rejoins_as_a_foll
         # (fenced) or because it had stopped serving (not_owner); never stored under its old epoch.
         events = frozen.errors()
         assert "stops serving" in events
-    finally:
-        for process in brokers:
-            if process.process is not None and process.process.poll() is None:
-                process.stop()
 
 
 def test_killing_the_coordinator_elects_another_under_a_new_epoch_and_status_shows_consumers(
     cluster: str, postgres: PostgreSQL
 ) -> None:
-    topic = f"orders-{uuid.uuid4().hex[:6]}"
-    brokers = [broker(cluster, postgres, "--metrics-port", "0") for _ in range(2)]
-    try:
-        assert run_cli("topics", "create", topic, "--partitions", "2", "--cluster", cluster).returncode == 0
-        wait_until(lambda: len(set(served_by(cluster).values())) == 2, "both brokers serving a partition")
-        with Client("kf://" + ",".join(f"127.0.0.1:{b.port}" for b in brokers)) as client:
-            consumer = client.subscribe(topic, "s", "c1")
-            shown = status(cluster)
-            ranges = {(e["topic"], e["partition"]): e["consumers"] for e in shown["subscriptions"]}
-            assert ranges == {(topic, 0): {"c1": [[0, 32767]]}, (topic, 1): {"c1": [[32768, 65535]]}}
-            assert shown["unreachable"] == {}
-            text = run_cli("cluster", "status", "--cluster", cluster)
-            assert "s: c1 [0, 32767]" in text.stdout and "s: c1 [32768, 65535]" in text.stdout
-            first, epoch = shown["coordinator"], shown["epoch"]
-            old = next(b for b in brokers if f"127.0.0.1:{b.port}" == first)
-            old.kill()
-            wait_until(lambda: status(cluster)["coordinator"] not in (None, first), "another coordinator")
-            after = status(cluster)
-            assert after["epoch"] == epoch + 1
-            assert after["assignment"]["epoch"] == epoch + 1  # the new coordinator's assignment
-            wait_until(lambda: set(served_by(cluster).values()) == {after["coordinator"]}, "both partitions moved")
-            consumer.close()
-    finally:
-        for process in brokers:
-            if process.process is not None and process.process.poll() is None:
-                process.stop()
+    with running(cluster, postgres, 2, 2, "--metrics-port", "0") as (topic, brokers), Client(url_of(brokers)) as client:
+        consumer = client.subscribe(topic, "s", "c1")
+        shown = status(cluster)
+        ranges = {(e["topic"], e["partition"]): e["consumers"] for e in shown["subscriptions"]}
+        assert ranges == {(topic, 0): {"c1": [[0, 32767]]}, (topic, 1): {"c1": [[32768, 65535]]}}
+        assert shown["unreachable"] == {}
+        text = run_cli("cluster", "status", "--cluster", cluster)
+        assert "s: c1 [0, 32767]" in text.stdout and "s: c1 [32768, 65535]" in text.stdout
+        first, epoch = shown["coordinator"], shown["epoch"]
+        old = next(b for b in brokers if f"127.0.0.1:{b.port}" == first)
+        old.kill()
+        wait_until(lambda: status(cluster)["coordinator"] not in (None, first), "another coordinator")
+        after = status(cluster)
+        assert after["epoch"] == epoch + 1
+        assert after["assignment"]["epoch"] == epoch + 1  # the new coordinator's assignment
+        wait_until(lambda: set(served_by(cluster).values()) == {after["coordinator"]}, "both partitions moved")
+        consumer.close()
 
 
 def test_a_broker_says_which_service_it_cannot_reach_and_exits(zookeeper: ZooKeeper, postgres: PostgreSQL) -> None:

@@ -496,13 +496,9 @@ class Server:
         history = []
         for at, index, epoch, ranges in changes:
             now[index] = (epoch, ranges)
-            if len(now) == len(live):
-                union = sorted(r for _, held in now.values() for r in held)
-                with contextlib.suppress(RangeMapError):  # a partition without consumers: no whole map
-                    total = sum(e for e, _ in now.values())
-                    history.append(
-                        {"time": at, "snapshot": RangeMap.from_ranges(union, HASH_RANGE_SIZE, total).snapshot()}
-                    )
+            union = _union_map(list(now.values())) if len(now) == len(live) else None
+            if union is not None:  # None: a partition without consumers, no whole map
+                history.append({"time": at, "snapshot": union})
         return json_response({"topic": topic, "subscription": name, "history": history})
 
     async def _dead_letters(self, query: dict[str, str]) -> Response:
@@ -1058,14 +1054,24 @@ def _union_snapshot(live: list[Subscription]) -> dict[str, Any]:
     When every partition has consumers their ranges tile the slot space; a partition without
     any leaves its block out (the map does not tile then).
     """
-    ranges = sorted(r for subscription in live for r in subscription.dispatcher.ranges())
-    epoch = sum(subscription.dispatcher.epoch for subscription in live)
+    parts = [(subscription.dispatcher.epoch, subscription.dispatcher.ranges()) for subscription in live]
+    union = _union_map(parts)
+    if union is not None:
+        return union
+    snapshot = RangeMap(HASH_RANGE_SIZE, sum(epoch for epoch, _ in parts)).snapshot()
+    ranges = sorted(r for _, held in parts for r in held)
+    snapshot["ranges"] = [{"start": start, "end": end, "consumer": consumer} for start, end, consumer in ranges]
+    return snapshot
+
+
+def _union_map(parts: list[tuple[int, list[Range]]]) -> dict[str, Any] | None:
+    """The snapshot of the map that partitions' ``(epoch, ranges)`` make side by side (its epoch their
+    sum), or None when they do not tile the slot space."""
+    ranges = sorted(r for _, held in parts for r in held)
     try:
-        return RangeMap.from_ranges(ranges, HASH_RANGE_SIZE, epoch).snapshot()
+        return RangeMap.from_ranges(ranges, HASH_RANGE_SIZE, sum(epoch for epoch, _ in parts)).snapshot()
     except RangeMapError:
-        snapshot = RangeMap(HASH_RANGE_SIZE, epoch).snapshot()
-        snapshot["ranges"] = [{"start": start, "end": end, "consumer": consumer} for start, end, consumer in ranges]
-        return snapshot
+        return None
 
 
 def _check_keys(frame: Produce, first: int, last: int) -> None:

@@ -28,6 +28,7 @@ import pytest
 from keyfailover.client import Client, Message, NoBrokerError
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.partitions import partition_of_key, partition_topic
+from keyfailover.tools.chaos import Acked, Delivered, Record, held_twice
 from keyfailover.tools.services import PostgreSQL, ZooKeeper, free_port
 from tests.server_process import ServerProcess, run_cli, wait_until
 
@@ -284,26 +285,6 @@ def test_partitions_that_move_away_and_back_keep_every_batch_in_order(cluster: s
         check_one_writer(postgres, topic, 4, brokers)
 
 
-def held_twice(holdings: list[tuple[str, float, float, str]]) -> list[str]:
-    """Each time a consumer received a key's message while another still held one of that key:
-    ``holdings`` are (key, received, ack sent, consumer), with only acks the broker confirmed."""
-    found = []
-    latest: dict[tuple[str, str], float] = {}  # (key, consumer) -> its latest ack sent so far
-    for key, received, sent, name in sorted(holdings):
-        for (other_key, other), acked in latest.items():
-            if other_key == key and other != name and acked > received:
-                found.append(f"key {key}: {name} received at {received:.3f} while {other} held it until {acked:.3f}")
-        latest[(key, name)] = max(latest.get((key, name), 0.0), sent)
-    return found
-
-
-def test_the_holding_checker_catches_two_consumers_holding_one_key() -> None:
-    fine = [("k", 1.0, 2.0, "a"), ("k", 2.5, 3.0, "b"), ("j", 2.1, 2.2, "b"), ("k", 3.5, 4.0, "a")]
-    assert held_twice(fine) == []
-    planted = [*fine, ("k", 1.5, 1.6, "b")]  # b got k while a held it from 1.0 to 2.0
-    assert held_twice(planted) == ["key k: b received at 1.500 while a held it until 2.000"]
-
-
 class Holder:
     """A consumer on its own thread that acks each message with ``acknowledge_confirmed`` and records
     every holding the broker confirmed: (key, received, ack sent). A message received after a key's
@@ -363,9 +344,16 @@ def test_no_two_consumers_hold_one_keys_messages_at_once_across_a_broker_kill(
             traffic.stop()
             for holder in holders:
                 holder.stop()
-        holdings = [(key, received, sent, h.name) for h in holders for key, received, sent in h.held]
-        assert {name for *_, name in holdings} == {"h1", "h2"}
-        assert held_twice(holdings) == []
+        records: list[Record] = []
+        for holder in holders:
+            for value, (key, received, sent) in enumerate(holder.held):
+                records += [
+                    Delivered(received, holder.name, key, value, 0, value),
+                    Acked(sent, holder.name, key, value, 0, value, True),
+                ]
+        assert all(holder.held for holder in holders)
+        verdict = held_twice(records)
+        assert verdict.passed, verdict.examples
 
 
 def test_a_suspended_broker_cannot_write_after_its_session_and_rejoins_as_a_follower(

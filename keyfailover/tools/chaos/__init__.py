@@ -1,0 +1,71 @@
+"""Chaos testing: faults on a real cluster, every run recorded, every invariant checked.
+
+Built in steps for ``keyfailover chaos`` (issue 15). Here so far:
+
+- :mod:`._records`: what a run records, as JSON lines (sends and receipts, deliveries,
+  acks, dead letters, brokers serving partitions, consumers' ranges, faults).
+- :mod:`._checkers`: pure functions from the records to verdicts (lost, duplicated, order,
+  two owners, held twice, unowned partitions and ranges, dead-letter accounting).
+- :mod:`._schedule`: the seeded fault schedule (kill, suspend, loss on brokers, consumers,
+  the coordinator, ZooKeeper).
+"""
+
+from keyfailover.tools.chaos._checkers import (
+    Verdict,
+    check_all,
+    dead_letter_accounting,
+    duplicated,
+    held_twice,
+    lost,
+    order,
+    two_owners,
+    unowned_partitions,
+    unowned_ranges,
+)
+from keyfailover.tools.chaos._records import (
+    Acked,
+    DeadLettered,
+    Delivered,
+    Fault,
+    Produced,
+    RangeMap,
+    Record,
+    RecordError,
+    RecordWriter,
+    Served,
+    from_json,
+    read_records,
+    to_json,
+)
+from keyfailover.tools.chaos._schedule import FAULTS, TARGETS, PlannedFault, ScheduleError, plan_faults
+
+__all__ = [
+    "FAULTS",
+    "TARGETS",
+    "Acked",
+    "DeadLettered",
+    "Delivered",
+    "Fault",
+    "PlannedFault",
+    "Produced",
+    "RangeMap",
+    "Record",
+    "RecordError",
+    "RecordWriter",
+    "ScheduleError",
+    "Served",
+    "Verdict",
+    "check_all",
+    "dead_letter_accounting",
+    "duplicated",
+    "from_json",
+    "held_twice",
+    "lost",
+    "order",
+    "plan_faults",
+    "read_records",
+    "to_json",
+    "two_owners",
+    "unowned_partitions",
+    "unowned_ranges",
+]

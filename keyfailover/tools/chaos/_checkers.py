@@ -1,0 +1,348 @@
+"""The checkers of a chaos run: pure functions from its records to a verdict.
+
+Each takes the run's records (any order; see :mod:`._records`) and returns a :class:`Verdict`:
+whether the invariant held, how many violations, a few examples as sentences, and measures.
+Nothing here reads a clock or a file, so each checker is tested on hand-made histories that
+pass and that fail (tests/test_chaos_checkers.py).
+
+- :func:`lost`: a send the broker confirmed that no consumer was ever handed and no
+  dead-letter topic holds.
+- :func:`duplicated`: deliveries beyond the first of a message, and messages stored twice
+  (counted, never failed: keyfailover delivers at least once).
+- :func:`order`: OpenMessaging-Chaos's OrderChecker: per key, the confirmed sends, in send
+  order, are a subsequence of what consumers were handed, in the order they were handed it
+  (redeliveries may repeat a message; none may come before an earlier one of its key was
+  handed first).
+- :func:`two_owners`: two brokers serving one partition at once.
+- :func:`held_twice`: a consumer handed a key's message while another still held one of
+  that key unacknowledged. A holding runs from the delivery to the ack that the broker
+  confirmed; an ack it refused or never answered (the lease expired, the session or the
+  broker ended) means the broker had taken the message back, so that holding is not counted.
+- :func:`unowned_partitions`, :func:`unowned_ranges`: the longest time a partition had no
+  broker, or a slot of a served partition no consumer, once it first had one; failed over ``limit``.
+- :func:`dead_letter_accounting`: every confirmed send was acknowledged (confirmed) or
+  dead-lettered by the end of the run.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import numpy as np
+
+from keyfailover.core.partitions import partition_slots
+from keyfailover.tools.chaos._records import (
+    Acked,
+    DeadLettered,
+    Delivered,
+    Produced,
+    RangeMap,
+    Record,
+    Served,
+)
+
+__all__ = [
+    "Verdict",
+    "check_all",
+    "dead_letter_accounting",
+    "duplicated",
+    "held_twice",
+    "lost",
+    "order",
+    "two_owners",
+    "unowned_partitions",
+    "unowned_ranges",
+]
+
+EXAMPLES = 5
+"""Violations named in a verdict; the count has them all."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One checker's result: ``passed`` is False exactly when it found a violation."""
+
+    checker: str
+    passed: bool
+    violations: int
+    examples: tuple[str, ...] = ()
+    measures: Mapping[str, float] = field(default_factory=dict)
+
+    def line(self) -> str:
+        """One line for a terminal or report: verdict, checker, violations, measures."""
+        state = "PASS" if self.passed else "FAIL"
+        measured = ", ".join(f"{name} {_number(value)}" for name, value in self.measures.items())
+        return f"[{state}] {self.checker}: {self.violations} violation(s)" + (f"; {measured}" if measured else "")
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.3f}"
+
+
+def _verdict(checker: str, problems: Sequence[str], measures: Mapping[str, float], fails: bool = True) -> Verdict:
+    return Verdict(checker, not (fails and problems), len(problems), tuple(problems[:EXAMPLES]), dict(measures))
+
+
+R = TypeVar("R", bound=Record)
+
+
+def _of(records: Iterable[Record], kind: type[R]) -> list[R]:
+    return [record for record in records if isinstance(record, kind)]
+
+
+def _confirmed_sends(records: Sequence[Record]) -> set[tuple[str, int]]:
+    return {(p.key, p.value) for p in _of(records, Produced) if p.ok}
+
+
+def lost(records: Sequence[Record]) -> Verdict:
+    """Confirmed sends that were never delivered and are in no dead-letter topic."""
+    sent = _confirmed_sends(records)
+    reached = {(d.key, d.value) for d in _of(records, Delivered)}
+    reached |= {(d.key, d.value) for d in _of(records, DeadLettered)}
+    missing = sorted(sent - reached)
+    problems = [f"key {key}: value {value} was confirmed to its producer and never delivered" for key, value in missing]
+    return _verdict("lost", problems, {"confirmed sends": len(sent), "lost": len(missing)})
+
+
+def duplicated(records: Sequence[Record]) -> Verdict:
+    """Deliveries of a message after its first (redelivered or not), and messages stored at two positions."""
+    deliveries: dict[tuple[str, int], list[Delivered]] = defaultdict(list)
+    for delivered in _of(records, Delivered):
+        deliveries[(delivered.key, delivered.value)].append(delivered)
+    again = counted = 0
+    problems = []
+    stored_twice = 0
+    for (key, value), each in sorted(deliveries.items()):
+        later = sorted(each, key=lambda d: d.t)[1:]
+        again += len(later)
+        counted += sum(1 for d in later if d.redelivery > 0)
+        positions = {(d.partition, d.position) for d in each}
+        if len(positions) > 1:
+            stored_twice += 1
+            problems.append(f"key {key}: value {value} stored at {len(positions)} positions {sorted(positions)}")
+    problems += [f"{again - counted} deliveries after the first carried redelivery count 0"] if again > counted else []
+    measures = {"delivered again": again, "with a redelivery count": counted, "stored twice": stored_twice}
+    return _verdict("duplicated", problems, measures, fails=False)
+
+
+def order(records: Sequence[Record]) -> Verdict:
+    """Per key, the confirmed sends in send order must be a subsequence of the delivery order."""
+    sent: dict[str, list[int]] = defaultdict(list)
+    for produced in _of(records, Produced):
+        if produced.ok:
+            sent[produced.key].append(produced.value)
+    handed: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for delivered in _of(records, Delivered):
+        handed[delivered.key].append((delivered.t, delivered.value))
+    problems = []
+    for key in sorted(sent):
+        seen = [value for _, value in sorted(handed.get(key, []))]
+        present = set(seen)
+        expected = [value for value in sorted(sent[key]) if value in present]  # the lost are lost's to report
+        at = 0
+        for value in seen:
+            if at < len(expected) and value == expected[at]:
+                at += 1
+        if at < len(expected):
+            before = expected[at - 1] if at else None
+            problems.append(
+                f"key {key}: value {expected[at]} was not delivered after "
+                + (f"value {before}" if before is not None else "the key's first delivery")
+                + f" (deliveries in order: {_short(seen)})"
+            )
+    return _verdict("order", problems, {"keys": len(sent), "keys out of order": len(problems)})
+
+
+def _short(values: Sequence[int], most: int = 12) -> str:
+    shown = ", ".join(map(str, values[:most]))
+    return shown + (f", ... ({len(values)} in all)" if len(values) > most else "")
+
+
+def _end_of(records: Sequence[Record], end: float | None) -> float:
+    return end if end is not None else max((record.t for record in records), default=0.0)
+
+
+def two_owners(records: Sequence[Record], end: float | None = None) -> Verdict:
+    """Intervals in which two brokers served one partition; ``end`` closes open intervals (default: the last record)."""
+    stop = _end_of(records, end)
+    by_partition: dict[int, list[tuple[float, float, str, int]]] = defaultdict(list)
+    for served in _of(records, Served):
+        until = stop if served.until is None else served.until
+        if until > served.t:
+            by_partition[served.partition].append((served.t, until, served.broker, served.epoch))
+    problems = []
+    longest = 0.0
+    for partition, intervals in sorted(by_partition.items()):
+        intervals.sort()
+        for i, (_, until, broker, epoch) in enumerate(intervals):
+            for other_start, other_until, other, other_epoch in intervals[i + 1 :]:
+                if other_start >= until:
+                    break
+                if other != broker:
+                    overlap = min(until, other_until) - other_start
+                    longest = max(longest, overlap)
+                    problems.append(
+                        f"partition {partition}: {broker} (epoch {epoch}) and {other} (epoch {other_epoch}) "
+                        f"both served it for {overlap:.3f} s from t={other_start:.3f}"
+                    )
+    return _verdict("two owners", problems, {"partitions": len(by_partition), "longest overlap s": longest})
+
+
+def held_twice(records: Sequence[Record]) -> Verdict:
+    """A consumer handed a key's message while another held one of that key, by confirmed acks."""
+    delivered_at: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    for delivered in _of(records, Delivered):
+        delivered_at[(delivered.consumer, delivered.key, delivered.value)].append(delivered.t)
+    holdings: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+    for acked in _of(records, Acked):
+        times = sorted(delivered_at.get((acked.consumer, acked.key, acked.value), []))
+        at = bisect.bisect_right(times, acked.t)
+        if acked.confirmed and at:
+            holdings[acked.key].append((times[at - 1], acked.t, acked.consumer))
+    problems = []
+    for key, held in sorted(holdings.items()):
+        until: dict[str, float] = {}  # each consumer's latest confirmed ack of the key so far
+        for start, stop, consumer in sorted(held):
+            for other, other_until in sorted(until.items()):
+                if other != consumer and other_until > start:
+                    problems.append(
+                        f"key {key}: {consumer} was handed it at t={start:.3f}"
+                        f" while {other} held it until t={other_until:.3f}"
+                    )
+            until[consumer] = max(until.get(consumer, -math.inf), stop)
+    measures = {"holdings": sum(map(len, holdings.values())), "keys": len(holdings)}
+    return _verdict("held twice", problems, measures)
+
+
+def unowned_partitions(records: Sequence[Record], limit: float, end: float | None = None) -> Verdict:
+    """The longest time each partition had no broker after it first had one; failed over ``limit`` seconds."""
+    stop = _end_of(records, end)
+    by_partition: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for served in _of(records, Served):
+        by_partition[served.partition].append((served.t, stop if served.until is None else served.until))
+    problems = []
+    longest = 0.0
+    for partition, intervals in sorted(by_partition.items()):
+        gap, at = _longest_gap(intervals, stop)
+        longest = max(longest, gap)
+        if gap > limit:
+            problems.append(f"partition {partition} had no broker for {gap:.3f} s from t={at:.3f} (limit {limit} s)")
+    return _verdict("unowned partitions", problems, {"longest s": longest, "limit s": limit})
+
+
+def _longest_gap(intervals: list[tuple[float, float]], stop: float) -> tuple[float, float]:
+    """The longest stretch after the first start, up to ``stop``, that no interval covers, and where it began."""
+    intervals = sorted(intervals)
+    covered = intervals[0][1]
+    longest, at = 0.0, intervals[0][0]
+    for start, until in intervals[1:]:
+        if start > covered and start - covered > longest:
+            longest, at = start - covered, covered
+        covered = max(covered, until)
+    if stop > covered and stop - covered > longest:
+        longest, at = stop - covered, covered
+    return longest, at
+
+
+def unowned_ranges(records: Sequence[Record], partitions: int, limit: float, end: float | None = None) -> Verdict:
+    """The longest time a slot had no consumer after it first had one; failed over ``limit`` seconds.
+
+    A slot is owned while its partition has a broker and the partition's latest range map
+    gives it to a consumer. Only the slots of a partition's block count (partition p of
+    ``partitions`` holds the slots :func:`~keyfailover.core.partitions.partition_slots` says).
+    """
+    stop = _end_of(records, end)
+    served: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for record in _of(records, Served):
+        served[record.partition].append((record.t, stop if record.until is None else record.until))
+    maps: dict[int, list[RangeMap]] = defaultdict(list)
+    for snapshot in _of(records, RangeMap):
+        maps[snapshot.partition].append(snapshot)
+    problems = []
+    longest = 0.0
+    for partition in range(partitions):
+        first, last = partition_slots(partition, partitions)
+        gap, slot, at = _longest_unowned(first, last, served.get(partition, []), maps.get(partition, []), stop)
+        longest = max(longest, gap)
+        if gap > limit:
+            problems.append(
+                f"partition {partition}: slot {slot} had no consumer for {gap:.3f} s from t={at:.3f} (limit {limit} s)"
+            )
+    return _verdict("unowned ranges", problems, {"longest s": longest, "limit s": limit})
+
+
+def _longest_unowned(
+    first: int, last: int, served: list[tuple[float, float]], maps: list[RangeMap], stop: float
+) -> tuple[float, int, float]:
+    """Over the block ``[first, last]``: the longest unowned stretch of any slot, the slot, and its start."""
+    width = last - first + 1
+    changes: list[tuple[float, int, RangeMap | bool]] = []
+    for start, until in served:
+        changes += [(start, 1, True), (until, 0, False)]  # at one instant, an end before a start
+    changes += [(snapshot.t, 2, snapshot) for snapshot in maps]
+    changes.sort(key=lambda change: (change[0], change[1]))
+    serving = 0
+    covered = np.zeros(width, dtype=bool)
+    since = np.full(width, np.nan)  # when each slot last lost its owner; NaN while owned or never owned
+    ever = np.zeros(width, dtype=bool)
+    best = (0.0, first, 0.0)
+
+    def settle(now: float, owned: np.ndarray) -> None:
+        nonlocal best
+        ending = owned & ~np.isnan(since)
+        if ending.any():
+            spans = now - since[ending]
+            top = int(np.argmax(spans))
+            if spans[top] > best[0]:
+                index = int(np.flatnonzero(ending)[top])
+                best = (float(spans[top]), first + index, float(since[index]))
+            since[ending] = np.nan
+        starting = ~owned & ever & np.isnan(since)
+        since[starting] = now
+        ever[owned] = True
+
+    for now, _, change in changes:
+        if change is True:
+            serving += 1
+        elif change is False:
+            serving -= 1
+        elif isinstance(change, RangeMap):
+            covered = np.zeros(width, dtype=bool)
+            for start, stop_slot, _consumer in change.ranges:
+                low, high = max(start, first), min(stop_slot, last)
+                if low <= high:
+                    covered[low - first : high - first + 1] = True
+        settle(now, covered & (serving > 0))
+    settle(stop, np.ones(width, dtype=bool))
+    return best
+
+
+def dead_letter_accounting(records: Sequence[Record]) -> Verdict:
+    """Every confirmed send ends acknowledged (an ack the broker confirmed) or in a dead-letter topic."""
+    sent = _confirmed_sends(records)
+    acked = {(a.key, a.value) for a in _of(records, Acked) if a.confirmed}
+    buried = {(d.key, d.value) for d in _of(records, DeadLettered)}
+    open_ = sorted(sent - acked - buried)
+    problems = [f"key {key}: value {value} was neither acknowledged nor dead-lettered" for key, value in open_]
+    measures = {"acknowledged": len(sent & acked), "dead-lettered": len(sent & buried), "both": len(acked & buried)}
+    return _verdict("dead-letter accounting", problems, measures)
+
+
+def check_all(records: Sequence[Record], partitions: int, unowned_limit: float) -> list[Verdict]:
+    """Every checker over one run's records, in report order."""
+    end = _end_of(records, None)
+    return [
+        lost(records),
+        duplicated(records),
+        order(records),
+        two_owners(records, end),
+        held_twice(records),
+        unowned_partitions(records, unowned_limit, end),
+        unowned_ranges(records, partitions, unowned_limit, end),
+        dead_letter_accounting(records),
+    ]

@@ -1,0 +1,211 @@
+"""What a chaos run records, one JSON object per line, and how it is read back.
+
+Every record has a ``type`` and ``t``, seconds on the machine's monotonic clock
+(``time.monotonic()``; CLOCK_MONOTONIC is one clock for every process on Linux, so the
+records of a run's processes interleave truly). A message is named by its ``key`` and its
+``value``: the producer numbers each key's sends 0, 1, 2, ... in send order, so a value
+names one send and the produced order of a key is the order of its values.
+
+- :class:`Produced`: a send and its receipt (``ok`` with the stored ``partition`` and
+  ``position``, or the error the producer got; an unconfirmed send may still be stored).
+- :class:`Delivered`: a message handed to a consumer's application, with its redelivery count.
+- :class:`Acked`: a consumer's ack of a delivery, sent at ``t``; ``confirmed`` when the
+  broker said it settled the message (an ack the broker refused or never answered is not).
+- :class:`DeadLettered`: a message found in a dead-letter topic after the run.
+- :class:`Served`: a broker serving a partition under an owner epoch from ``t`` until
+  ``until`` (None: to the end of the run); the harness ends an interval at the broker's
+  release, its kill, or the moment it was fenced.
+- :class:`RangeMap`: the consumers' ranges of one partition's slots from ``t`` on (a whole
+  map; an empty one while nobody consumes it).
+- :class:`Fault`: a fault injected (``start``) or healed (``end``) on a target.
+
+Everything is a frozen dataclass; :func:`to_json` and :func:`from_json` round-trip them, and
+:class:`RecordWriter` appends them to a file from many threads.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from types import TracebackType
+from typing import Any, ClassVar, Literal, TextIO
+
+__all__ = [
+    "Acked",
+    "DeadLettered",
+    "Delivered",
+    "Fault",
+    "Produced",
+    "RangeMap",
+    "Record",
+    "RecordError",
+    "RecordWriter",
+    "Served",
+    "from_json",
+    "read_records",
+    "to_json",
+]
+
+
+class RecordError(ValueError):
+    """A line of a record file is not a record this module writes."""
+
+
+@dataclass(frozen=True)
+class Produced:
+    type: ClassVar[str] = "produced"
+    t: float
+    producer: str
+    key: str
+    value: int
+    ok: bool
+    partition: int | None = None
+    position: int | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Delivered:
+    type: ClassVar[str] = "delivered"
+    t: float
+    consumer: str
+    key: str
+    value: int
+    partition: int
+    position: int
+    redelivery: int = 0
+
+
+@dataclass(frozen=True)
+class Acked:
+    type: ClassVar[str] = "acked"
+    t: float
+    consumer: str
+    key: str
+    value: int
+    partition: int
+    position: int
+    confirmed: bool
+
+
+@dataclass(frozen=True)
+class DeadLettered:
+    type: ClassVar[str] = "dead_lettered"
+    t: float
+    key: str
+    value: int
+    partition: int
+    position: int
+
+
+@dataclass(frozen=True)
+class Served:
+    type: ClassVar[str] = "served"
+    t: float
+    broker: str
+    partition: int
+    epoch: int
+    until: float | None = None
+
+
+@dataclass(frozen=True)
+class RangeMap:
+    type: ClassVar[str] = "ranges"
+    t: float
+    partition: int
+    ranges: tuple[tuple[int, int, str], ...]
+    """``(first slot, last slot, consumer)``, slots of the whole 0..65535 space."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    type: ClassVar[str] = "fault"
+    t: float
+    kind: str
+    target: str
+    action: Literal["start", "end"]
+    detail: str = ""
+
+
+Record = Produced | Delivered | Acked | DeadLettered | Served | RangeMap | Fault
+
+_TYPES: dict[str, type[Record]] = {
+    kind.type: kind for kind in (Produced, Delivered, Acked, DeadLettered, Served, RangeMap, Fault)
+}
+
+
+def to_json(record: Record) -> str:
+    """One line of JSON (no newline): the record's fields and its ``type``."""
+    return json.dumps({"type": record.type, **asdict(record)}, separators=(",", ":"))
+
+
+def from_json(line: str) -> Record:
+    """The record a line of :func:`to_json` holds, or RecordError saying what is wrong with it."""
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise RecordError(f"not JSON ({error.msg}): {line[:80]!r}") from None
+    if not isinstance(data, dict):
+        raise RecordError(f"expected a JSON object, not {type(data).__name__}: {line[:80]!r}")
+    kind = _TYPES.get(data.pop("type", None))
+    if kind is None:
+        raise RecordError(f"unknown record type in {line[:80]!r}; expected one of {', '.join(_TYPES)}")
+    names = {field.name for field in fields(kind)}
+    if unknown := set(data) - names:
+        raise RecordError(f"{kind.type} record has unknown fields {sorted(unknown)}: {line[:80]!r}")
+    if kind is RangeMap and isinstance(data.get("ranges"), list):
+        data["ranges"] = tuple(_range(item, line) for item in data["ranges"])
+    try:
+        return kind(**data)
+    except TypeError as error:
+        raise RecordError(f"{kind.type} record: {error}: {line[:80]!r}") from None
+
+
+def _range(item: Any, line: str) -> tuple[int, int, str]:
+    if not (isinstance(item, list) and len(item) == 3):
+        raise RecordError(f"a range must be [first, last, consumer], not {item!r}: {line[:80]!r}")
+    return int(item[0]), int(item[1]), str(item[2])
+
+
+def read_records(path: Path) -> Iterator[Record]:
+    """The records of a JSON-lines file, in file order (blank lines skipped)."""
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if line.strip():
+                try:
+                    yield from_json(line)
+                except RecordError as error:
+                    raise RecordError(f"{path}:{number}: {error}") from None
+
+
+class RecordWriter:
+    """Appends records to a JSON-lines file; safe to call from several threads."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: TextIO = path.open("a", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def write(self, record: Record) -> None:
+        self.write_all((record,))
+
+    def write_all(self, records: Iterable[Record]) -> None:
+        text = "".join(to_json(record) + "\n" for record in records)
+        with self._lock:
+            self._file.write(text)
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._file.closed:
+                self._file.close()
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()

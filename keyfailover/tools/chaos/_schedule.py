@@ -1,0 +1,99 @@
+"""A seeded fault schedule: which fault, on which target, when and for how long.
+
+The nemesis of OpenMessaging-Chaos and Jepsen, planned ahead so the same seed gives the
+same schedule (and the report can print it before the run): faults come one at a time,
+each followed by a quiet spell, so every fault's effect and recovery can be told apart.
+
+- ``kill``: SIGKILL, then a restart after the fault's length.
+- ``suspend``: SIGSTOP, then SIGCONT after the fault's length (longer than a session
+  timeout half the time, so the cluster must fence the suspended broker and take over).
+- ``loss``: the target's links lose and delay traffic for the fault's length.
+
+Targets name roles, not processes: ``brokers`` and ``consumers`` pick one by index (the
+harness takes it modulo how many run), ``coordinator`` is whichever broker coordinates when
+the fault starts, ``zookeeper`` is the ZooKeeper server.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["FAULTS", "TARGETS", "PlannedFault", "ScheduleError", "plan_faults"]
+
+FAULTS = ("kill", "suspend", "loss")
+TARGETS = ("brokers", "consumers", "coordinator", "zookeeper")
+
+
+class ScheduleError(ValueError):
+    """The schedule's settings are not usable; the message says what was expected."""
+
+
+@dataclass(frozen=True)
+class PlannedFault:
+    """One fault: ``kind`` on ``target`` (instance ``index`` of it) from ``at`` for ``length`` seconds."""
+
+    at: float
+    length: float
+    kind: str
+    target: str
+    index: int
+
+    def describe(self) -> str:
+        who = f"{self.target}[{self.index}]" if self.target in ("brokers", "consumers") else self.target
+        return f"t+{self.at:.1f}s {self.kind} {who} for {self.length:.1f}s"
+
+
+def _choices(given: Sequence[str], known: tuple[str, ...], what: str) -> tuple[str, ...]:
+    chosen = tuple(dict.fromkeys(given))
+    if not chosen:
+        raise ScheduleError(f"no {what} given; expected some of {', '.join(known)}")
+    if unknown := [name for name in chosen if name not in known]:
+        raise ScheduleError(f"unknown {what} {', '.join(unknown)}; expected some of {', '.join(known)}")
+    return chosen
+
+
+def plan_faults(
+    seed: int,
+    duration: float,
+    faults: Sequence[str] = FAULTS,
+    targets: Sequence[str] = ("brokers", "consumers"),
+    *,
+    session_timeout: float = 2.0,
+    warmup: float = 5.0,
+    quiet: float = 5.0,
+    longest: float = 10.0,
+) -> list[PlannedFault]:
+    """The faults of a run of ``duration`` seconds, the same for the same arguments.
+
+    Nothing happens in the first ``warmup`` seconds (traffic starts) nor the last ``quiet``
+    (the cluster recovers before the run ends); after each fault heals, a quiet spell of
+    ``quiet`` to twice that. A fault lasts from 1 s to ``longest``; a suspension from half
+    to twice ``session_timeout``.
+    """
+    kinds = _choices(faults, FAULTS, "faults")
+    whom = _choices(targets, TARGETS, "targets")
+    for name, value in (("duration", duration), ("session_timeout", session_timeout), ("longest", longest)):
+        if not value > 0:
+            raise ScheduleError(f"{name} must be a positive number of seconds, not {value!r}")
+    for name, value in (("warmup", warmup), ("quiet", quiet)):
+        if not value >= 0:
+            raise ScheduleError(f"{name} must be a number of seconds >= 0, not {value!r}")
+    if longest < 1.0:
+        raise ScheduleError(f"longest must be at least 1 s, not {longest!r}")
+    rng = random.Random(seed)
+    planned: list[PlannedFault] = []
+    at = warmup
+    while True:
+        kind = rng.choice(kinds)
+        target = rng.choice(whom)
+        index = rng.randrange(1 << 16)
+        if kind == "suspend":
+            length = rng.uniform(session_timeout / 2.0, session_timeout * 2.0)
+        else:
+            length = rng.uniform(1.0, longest)
+        if at + length + quiet > duration:
+            return planned
+        planned.append(PlannedFault(round(at, 3), round(length, 3), kind, target, index))
+        at += length + rng.uniform(quiet, 2.0 * quiet) if quiet else length

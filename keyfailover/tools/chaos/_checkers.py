@@ -20,8 +20,9 @@ pass and that fail (tests/test_chaos_checkers.py).
   broker ended) means the broker had taken the message back, so that holding is not counted.
 - :func:`unowned_partitions`, :func:`unowned_ranges`: the longest time a partition had no
   broker, or a slot of a served partition no consumer, once it first had one; failed over ``limit``.
-- :func:`dead_letter_accounting`: every confirmed send was acknowledged (confirmed) or
-  dead-lettered by the end of the run.
+- :func:`dead_letter_accounting`: every confirmed send was acknowledged or dead-lettered by
+  the end of the run (an ack whose outcome its consumer never learned, killed while waiting,
+  counts as acknowledged: had the broker not settled it, it would have come again).
 """
 
 from __future__ import annotations
@@ -202,7 +203,7 @@ def held_twice(records: Sequence[Record]) -> Verdict:
     for acked in _of(records, Acked):
         times = sorted(delivered_at.get((acked.consumer, acked.key, acked.value), []))
         at = bisect.bisect_right(times, acked.t)
-        if acked.confirmed and at:
+        if acked.confirmed is True and at:
             holdings[acked.key].append((times[at - 1], acked.t, acked.consumer))
     problems = []
     for key, held in sorted(holdings.items()):
@@ -325,11 +326,22 @@ def _longest_unowned(
 def dead_letter_accounting(records: Sequence[Record]) -> Verdict:
     """Every confirmed send ends acknowledged (an ack the broker confirmed) or in a dead-letter topic."""
     sent = _confirmed_sends(records)
-    acked = {(a.key, a.value) for a in _of(records, Acked) if a.confirmed}
+    outcomes: dict[tuple[str, str, int, float], bool | None] = {}
+    for ack in _of(records, Acked):
+        attempt = (ack.consumer, ack.key, ack.value, ack.t)
+        if ack.confirmed is not None or attempt not in outcomes:
+            outcomes[attempt] = ack.confirmed
+    acked = {(key, value) for (_, key, value, _), outcome in outcomes.items() if outcome is True}
+    unknown = {(key, value) for (_, key, value, _), outcome in outcomes.items() if outcome is None} - acked
     buried = {(d.key, d.value) for d in _of(records, DeadLettered)}
-    open_ = sorted(sent - acked - buried)
+    open_ = sorted(sent - acked - unknown - buried)
     problems = [f"key {key}: value {value} was neither acknowledged nor dead-lettered" for key, value in open_]
-    measures = {"acknowledged": len(sent & acked), "dead-lettered": len(sent & buried), "both": len(acked & buried)}
+    measures = {
+        "acknowledged": len(sent & acked),
+        "ack outcome unknown": len(sent & unknown),
+        "dead-lettered": len(sent & buried),
+        "both": len(acked & buried),
+    }
     return _verdict("dead-letter accounting", problems, measures)
 
 

@@ -9,8 +9,10 @@ names one send and the produced order of a key is the order of its values.
 - :class:`Produced`: a send and its receipt (``ok`` with the stored ``partition`` and
   ``position``, or the error the producer got; an unconfirmed send may still be stored).
 - :class:`Delivered`: a message handed to a consumer's application, with its redelivery count.
-- :class:`Acked`: a consumer's ack of a delivery, sent at ``t``; ``confirmed`` when the
-  broker said it settled the message (an ack the broker refused or never answered is not).
+- :class:`Acked`: a consumer's ack of a delivery, sent at ``t``; ``confirmed`` True when the
+  broker said it settled the message, False when it refused or never answered, None while
+  the outcome is not known (written as the ack goes out, so an ack whose consumer was killed
+  before the answer stays on record as sent; the outcome follows in a second record).
 - :class:`DeadLettered`: a message found in a dead-letter topic after the run.
 - :class:`Served`: a broker serving a partition under an owner epoch from ``t`` until
   ``until`` (None: to the end of the run); the harness ends an interval at the broker's
@@ -88,7 +90,7 @@ class Acked:
     value: int
     partition: int
     position: int
-    confirmed: bool
+    confirmed: bool | None
 
 
 @dataclass(frozen=True)
@@ -186,7 +188,7 @@ class RecordWriter:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._file: TextIO = path.open("a", encoding="utf-8")
+        self._file: TextIO = path.open("a", encoding="utf-8", buffering=1)  # each line through to the kernel
         self._lock = threading.Lock()
 
     def write(self, record: Record) -> None:

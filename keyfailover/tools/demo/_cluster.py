@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -27,7 +26,6 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
@@ -35,7 +33,7 @@ from typing import Any, TextIO
 from keyfailover.broker.cluster import cluster_status, connect, create_topic
 from keyfailover.client import Client, ClientClosed, Producer
 from keyfailover.core.errors import KeyFailoverError
-from keyfailover.core.partitions import split_partition_topic
+from keyfailover.tools._ownership import Ownership, ownership_events
 from keyfailover.tools.demo._report import DemoReport, zipf_ids
 from keyfailover.tools.demo._traffic import Observed, Produced, Worker, conclude, wait_for
 from keyfailover.tools.services import PostgreSQL, ServiceError, ZooKeeper, free_port, stop_process
@@ -53,10 +51,6 @@ CONSUMERS = 3
 WAIT = 60.0
 """Seconds the demo waits for any one step before it gives up and says which."""
 _ROOT = "/keyfailover-demo"
-_OWNERSHIP = re.compile(
-    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) broker (\S+) (serves|stops serving) '([^']+)'.*owner epoch (\d+)",
-    re.MULTILINE,
-)
 
 
 @dataclass
@@ -70,17 +64,6 @@ class _Broker:
 
     def tail(self, lines: int = 5) -> str:
         return " | ".join(self.log.read_text(errors="replace").strip().splitlines()[-lines:])
-
-
-@dataclass(frozen=True)
-class _Served:
-    """A broker's line: it started (or stopped) serving ``partition`` at owner epoch ``epoch``."""
-
-    at: float
-    broker: str
-    partition: int
-    epoch: int
-    serves: bool
 
 
 def run_cluster_demo(
@@ -202,15 +185,9 @@ def _stop(process: subprocess.Popen[str]) -> None:
         process.stdout.close()
 
 
-def _served(brokers: list[_Broker]) -> list[_Served]:
+def _served(brokers: list[_Broker]) -> list[Ownership]:
     """Every partition of the topic the brokers started or stopped serving so far, by time."""
-    found = []
-    for broker in brokers:
-        for at, name, what, served, epoch in _OWNERSHIP.findall(broker.log.read_text(errors="replace")):
-            parts = split_partition_topic(served)
-            if parts is not None and parts[0] == TOPIC:
-                when = datetime.strptime(at, "%Y-%m-%d %H:%M:%S,%f").timestamp()
-                found.append(_Served(when, name, parts[1], int(epoch), what == "serves"))
+    found = [event for broker in brokers for event in ownership_events(broker.log.read_text(errors="replace"), TOPIC)]
     return sorted(found, key=lambda event: event.at)
 
 
@@ -358,7 +335,7 @@ def _watch_failover(
     again and has events stored in it and consumed from it since; returns the cluster status then."""
     lines: list[tuple[float, str]] = [(killed, f"{victim.name} killed")]
     epoch, reassigned = _status(zk)["epoch"], False
-    back: dict[int, _Served] = {}  # the first time each moved partition was served again
+    back: dict[int, Ownership] = {}  # the first time each moved partition was served again
     stored: dict[int, float] = {}
     consumed: dict[int, float] = {}
     deadline = time.monotonic() + WAIT

@@ -1,0 +1,550 @@
+"""The chaos harness: a real cluster on loopback, traffic through it, a seeded fault schedule, every record kept.
+
+:func:`run_chaos` starts ZooKeeper and PostgreSQL (or uses the ones given), ``brokers``
+``keyfailover serve --cluster`` processes, a topic of ``partitions``, one producer process and
+``consumers`` consumer processes (:mod:`._worker`); applies the faults of
+:func:`~._schedule.plan_faults` one at a time; then heals everything, stops the producer, waits
+until the consumers acknowledged every confirmed send (or ``drain_timeout`` passed), stops them
+and the brokers, and writes every record of the run, sorted by time, to ``records.jsonl`` in its
+folder:
+
+- the workers' own records (sends and receipts, deliveries, acks);
+- :class:`~._records.Fault` records for every fault, as it starts and ends;
+- :class:`~._records.Served` intervals from the brokers' own log lines (``serves`` / ``stops
+  serving``); an interval ends at its broker's kill, and a suspension cuts it in two (a
+  stopped process does nothing; after SIGCONT it may, until it says it stopped serving);
+- :class:`~._records.RangeMap` snapshots of each partition's consumer ranges, polled from the
+  brokers' admin ``/stats`` every ``POLL`` seconds.
+
+Every process it started is stopped and (unless ``keep``) its folder removed, after an error or
+Ctrl-C too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from keyfailover.broker.cluster import cluster_status, connect, create_topic
+from keyfailover.core.errors import KeyFailoverError
+from keyfailover.core.partitions import split_partition_topic
+from keyfailover.tools._ownership import ownership_events
+from keyfailover.tools.chaos._records import (
+    Acked,
+    Fault,
+    Produced,
+    RangeMap,
+    Record,
+    RecordWriter,
+    Served,
+    read_records,
+)
+from keyfailover.tools.chaos._schedule import FAULTS, PlannedFault, plan_faults
+from keyfailover.tools.services import PostgreSQL, ZooKeeper, free_port, stop_process
+
+__all__ = ["ChaosError", "ChaosRun", "ChaosSettings", "run_chaos"]
+
+POLL = 0.25
+"""Seconds between polls of the brokers' consumer ranges."""
+TOPIC = "chaos"
+SUBSCRIPTION = "checked"
+START_TIMEOUT = 60.0
+
+
+class ChaosError(KeyFailoverError, RuntimeError):
+    """The chaos run could not be set up or carried out; the message says what and why."""
+
+
+@dataclass(frozen=True)
+class ChaosSettings:
+    """What to run and which faults to apply; :meth:`check` says what is wrong with bad values."""
+
+    duration: float = 60.0
+    seed: int = 1
+    faults: tuple[str, ...] = FAULTS
+    targets: tuple[str, ...] = ("brokers", "consumers", "coordinator")
+    brokers: int = 3
+    partitions: int = 6
+    consumers: int = 3
+    rate: float = 200.0
+    keys: int = 1000
+    distribution: str = "zipf"
+    session_timeout: float = 2.0
+    rebalance_interval: float = 1.0
+    ack_timeout: float = 5.0
+    drain_timeout: float = 60.0
+
+    @property
+    def unowned_limit(self) -> float:
+        """The longest a partition or key range may go without an owner: session + rebalance interval + 2 s."""
+        return self.session_timeout + self.rebalance_interval + 2.0
+
+    def check(self) -> None:
+        positive = {
+            "duration": self.duration,
+            "rate": self.rate,
+            "session_timeout": self.session_timeout,
+            "ack_timeout": self.ack_timeout,
+            "drain_timeout": self.drain_timeout,
+        }
+        for name, value in positive.items():
+            if not (isinstance(value, int | float) and 0 < value < float("inf")):
+                raise ChaosError(f"{name} must be a positive number, not {value!r}")
+        if not (isinstance(self.rebalance_interval, int | float) and self.rebalance_interval >= 0):
+            raise ChaosError(f"rebalance_interval must be a number >= 0, not {self.rebalance_interval!r}")
+        for name, value, least in (
+            ("brokers", self.brokers, 1),
+            ("partitions", self.partitions, 1),
+            ("consumers", self.consumers, 1),
+            ("keys", self.keys, 1),
+        ):
+            if type(value) is not int or value < least:
+                raise ChaosError(f"{name} must be an int >= {least}, not {value!r}")
+        if self.distribution not in ("zipf", "uniform"):
+            raise ChaosError(f"distribution must be zipf or uniform, not {self.distribution!r}")
+        if "loss" in self.faults:
+            raise ChaosError("the loss fault is not available yet; choose from kill, suspend")
+        plan_faults(self.seed, self.duration, self.faults, self.targets, session_timeout=self.session_timeout)
+
+
+@dataclass
+class ChaosRun:
+    """What a run left: its folder, the records (sorted by time) and the schedule it applied."""
+
+    folder: Path
+    records: list[Record]
+    schedule: list[PlannedFault]
+    applied: list[str] = field(default_factory=list)
+    """One line per fault as applied (the target resolved), or why it was skipped."""
+    started: float = 0.0
+    """The monotonic time the schedule's clock started (t+0 of :meth:`PlannedFault.describe`)."""
+
+
+@dataclass
+class _Process:
+    """A process of the run that faults may kill, suspend and restart; output appended to ``log``."""
+
+    name: str
+    command: list[str]
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+    suspended: bool = False
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                start_new_session=True,  # Ctrl-C interrupts the harness, which stops it
+            )
+        self.suspended = False
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, signum: int) -> None:
+        if self.alive:
+            assert self.process is not None
+            self.process.send_signal(signum)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        if self.process is not None:
+            self.process.wait()
+        self.suspended = False
+
+    def suspend(self) -> None:
+        self.signal(signal.SIGSTOP)
+        self.suspended = True
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+        self.suspended = False
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.process is not None:
+            self.resume()
+            stop_process(self.process, timeout)
+
+    def tail(self, lines: int = 5) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return " | ".join(text.strip().splitlines()[-lines:])
+
+
+@dataclass
+class _Broker(_Process):
+    port: int = 0
+    admin: int = 0
+
+
+class _ZooKeeperProcess:
+    """The run's own ZooKeeper as a fault target: killed and restarted on its port and data."""
+
+    def __init__(self, zookeeper: ZooKeeper) -> None:
+        self.name = "zookeeper"
+        self.zookeeper = zookeeper
+
+    def kill(self) -> None:
+        if self.zookeeper.pid is not None:
+            os.kill(self.zookeeper.pid, signal.SIGKILL)
+        self.zookeeper.stop()
+
+    def start(self) -> None:
+        self.zookeeper.start()
+
+    def suspend(self) -> None:
+        if self.zookeeper.pid is not None:
+            os.kill(self.zookeeper.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.zookeeper.pid is not None:
+            os.kill(self.zookeeper.pid, signal.SIGCONT)
+
+
+Target = _Process | _ZooKeeperProcess
+
+
+def run_chaos(
+    settings: ChaosSettings,
+    out: TextIO = sys.stdout,
+    *,
+    zookeeper: ZooKeeper | None = None,
+    postgres: PostgreSQL | None = None,
+    keep: Path | None = None,
+) -> ChaosRun:
+    """Run the cluster through ``settings``' fault schedule; returns the run's records.
+
+    With ``zookeeper`` and ``postgres`` given (a test session's), the run uses them under a
+    root and topic of its own and may not target ZooKeeper; otherwise it starts its own.
+    ``keep``: the folder for the run's data and records, kept; by default a temporary one,
+    removed at the end (the records are returned).
+    """
+    settings.check()
+    if zookeeper is not None and "zookeeper" in settings.targets:
+        raise ChaosError("a shared ZooKeeper cannot be a fault target; let the run start its own")
+    schedule = plan_faults(
+        settings.seed, settings.duration, settings.faults, settings.targets, session_timeout=settings.session_timeout
+    )
+    with contextlib.ExitStack() as stack:
+        if keep is None:
+            folder = Path(tempfile.mkdtemp(prefix="keyfailover-chaos-"))
+            stack.callback(shutil.rmtree, folder, ignore_errors=True)
+        else:
+            folder = keep
+            folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o711)  # the postgres user must get through to its own folder inside
+        if zookeeper is None:
+            zookeeper = stack.enter_context(ZooKeeper(folder / "zookeeper"))
+        if postgres is None:
+            postgres = stack.enter_context(PostgreSQL(folder / "postgresql"))
+        run = _Run(settings, folder=folder, zookeeper=zookeeper, postgres=postgres, schedule=schedule, out=out)
+        return run.carry_out(stack)
+    raise AssertionError("unreachable")  # pragma: no cover  (mypy: the with block returns)
+
+
+class _Run:
+    def __init__(
+        self,
+        settings: ChaosSettings,
+        *,
+        folder: Path,
+        zookeeper: ZooKeeper,
+        postgres: PostgreSQL,
+        schedule: list[PlannedFault],
+        out: TextIO,
+    ) -> None:
+        self.settings = settings
+        self.folder = folder
+        self.zookeeper = zookeeper
+        self.postgres = postgres
+        self.schedule = schedule
+        self.out = out
+        self.root = f"/keyfailover-chaos-{uuid.uuid4().hex[:8]}"
+        self.topic = f"{TOPIC}-{uuid.uuid4().hex[:8]}"
+        self.cluster = f"zk://{zookeeper.hosts}{self.root}"
+        self.faults = RecordWriter(folder / "faults.jsonl")
+        self.maps = RecordWriter(folder / "ranges.jsonl")
+        self.brokers: list[_Broker] = []
+        self.consumers: list[_Process] = []
+        self.applied: list[str] = []
+        self.clock_offset = time.time() - time.monotonic()
+        self._polling = threading.Event()
+
+    def say(self, text: str) -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def carry_out(self, stack: contextlib.ExitStack) -> ChaosRun:
+        stack.callback(self.faults.close)
+        stack.callback(self.maps.close)
+        settings = self.settings
+        self.say(
+            f"keyfailover chaos: {settings.brokers} brokers, {settings.partitions} partitions, "
+            f"{settings.consumers} consumers, {settings.rate:g} msgs/s over {settings.keys} {settings.distribution} "
+            "keys, "
+            f"{settings.duration:g} s, seed {settings.seed}, data in {self.folder}"
+        )
+        for fault in self.schedule:
+            self.say(f"  planned: {fault.describe()}")
+        self._start_brokers(stack)
+        zk = connect(self.zookeeper.hosts)
+        try:
+            create_topic(zk, self.root, self.topic, settings.partitions)
+        finally:
+            zk.stop()
+            zk.close()
+        url = "kf://" + ",".join(
+            f"127.0.0.1:{broker.command[broker.command.index('--port') + 1]}" for broker in self.brokers
+        )
+        for number in range(1, settings.consumers + 1):
+            name = f"c{number}"
+            consumer = self._worker(
+                name,
+                [
+                    *("consume", "--url", url, "--topic", self.topic, "--name", name),
+                    *("--subscription", SUBSCRIPTION, "--ack-timeout", f"{settings.ack_timeout:g}"),
+                ],
+            )
+            stack.callback(consumer.stop)
+            self.consumers.append(consumer)
+        producer = self._worker(
+            "p1",
+            [
+                *("produce", "--url", url, "--topic", self.topic, "--name", "p1", "--rate", f"{settings.rate:g}"),
+                *("--keys", str(settings.keys), "--distribution", settings.distribution, "--seed", str(settings.seed)),
+            ],
+        )
+        stack.callback(producer.stop)
+        poller = threading.Thread(target=self._poll, name="chaos-ranges", daemon=True)
+        poller.start()
+        stack.callback(poller.join, 5.0)
+        stack.callback(self._polling.set)
+        started = time.monotonic()
+        self._apply_schedule(started)
+        self.say("faults over: stopping the producer, then draining")
+        producer.stop(timeout=90.0)
+        self._drain(producer)
+        for consumer in self.consumers:
+            consumer.stop()
+        self._polling.set()
+        poller.join(5.0)
+        for broker in self.brokers:
+            broker.stop()
+        records = self._collect()
+        return ChaosRun(self.folder, records, self.schedule, self.applied, started)
+
+    # -- processes ----------------------------------------------------------------------
+
+    def _worker(self, name: str, arguments: list[str]) -> _Process:
+        records = self.folder / f"{name}.jsonl"
+        command = [sys.executable, "-m", "keyfailover.tools.chaos._worker", *arguments, "--records", str(records)]
+        worker = _Process(name, command, self.folder / f"{name}.log")
+        worker.start()
+        return worker
+
+    def _start_brokers(self, stack: contextlib.ExitStack) -> None:
+        settings = self.settings
+        for number in range(1, settings.brokers + 1):
+            name, port, admin = f"b{number}", free_port(), free_port()
+            command = [
+                sys.executable, "-m", "keyfailover", "serve", "--cluster", self.cluster, "--store", self.postgres.dsn,
+                "--port", str(port), "--advertise", f"127.0.0.1:{port}", "--broker-id", name,
+                "--metrics-port", str(admin), "--cluster-session-timeout", f"{settings.session_timeout:g}",
+                "--min-rebalance-interval", f"{settings.rebalance_interval:g}",
+                "--ack-timeout", f"{settings.ack_timeout:g}",
+            ]  # fmt: skip
+            broker = _Broker(name, command, self.folder / f"{name}.log", port=port, admin=admin)
+            broker.start()
+            stack.callback(broker.stop)
+            self.brokers.append(broker)
+        deadline = time.monotonic() + START_TIMEOUT
+        for broker in self.brokers:
+            while "listening on" not in (broker.log.read_text(errors="replace") if broker.log.exists() else ""):
+                if not broker.alive or time.monotonic() > deadline:
+                    raise ChaosError(f"broker {broker.name} did not start: {broker.tail()}")
+                time.sleep(0.05)
+
+    def _coordinator(self) -> _Broker | None:
+        try:
+            zk = connect(self.zookeeper.hosts, timeout=2.0)
+        except KeyFailoverError:
+            return None
+        try:
+            name = cluster_status(zk, self.root)["coordinator"]
+        finally:
+            zk.stop()
+            zk.close()
+        return next((broker for broker in self.brokers if broker.name == name), None)
+
+    def _target(self, fault: PlannedFault) -> Target | None:
+        if fault.target == "brokers":
+            return self.brokers[fault.index % len(self.brokers)]
+        if fault.target == "consumers":
+            return self.consumers[fault.index % len(self.consumers)]
+        if fault.target == "coordinator":
+            return self._coordinator()
+        return _ZooKeeperProcess(self.zookeeper)
+
+    # -- faults -------------------------------------------------------------------------
+
+    def _apply_schedule(self, started: float) -> None:
+        wake = threading.Event()  # never set: waits below are the schedule's clock, not synchronisation
+        for fault in self.schedule:
+            wake.wait(max(started + fault.at - time.monotonic(), 0.0))
+            target = self._target(fault)
+            if target is None:
+                self.applied.append(f"{fault.describe()}: skipped (no coordinator could be read from ZooKeeper)")
+                self.say(self.applied[-1])
+                continue
+            self._fault(fault, target, "start")
+            wake.wait(fault.length)
+            self._fault(fault, target, "end")
+        wake.wait(max(started + self.settings.duration - time.monotonic(), 0.0))
+
+    def _fault(self, fault: PlannedFault, target: Target, action: str) -> None:
+        actions: dict[tuple[str, str], tuple[Callable[[], None], str]] = {
+            ("kill", "start"): (target.kill, "SIGKILL"),
+            ("kill", "end"): (target.start, "restarted"),
+            ("suspend", "start"): (target.suspend, "SIGSTOP"),
+            ("suspend", "end"): (target.resume, "SIGCONT"),
+        }
+        act, detail = actions[(fault.kind, action)]
+        act()
+        now = time.monotonic()
+        self.faults.write(Fault(now, fault.kind, target.name, "start" if action == "start" else "end", detail))
+        if action == "start":
+            self.applied.append(f"{fault.describe()}: {target.name}")
+            self.say(f"  fault: {fault.kind} {target.name} ({detail})")
+        else:
+            self.say(f"  healed: {target.name} ({detail})")
+
+    # -- recording ----------------------------------------------------------------------
+
+    def _poll(self) -> None:
+        last: dict[int, tuple[tuple[int, int, str], ...]] = {}
+        while not self._polling.wait(POLL):
+            for broker in self.brokers:
+                if not broker.alive or broker.suspended:
+                    continue
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{broker.admin}/stats", timeout=0.5) as response:
+                        stats = json.load(response)
+                except (OSError, ValueError):
+                    continue  # starting, dying or stopped: the next poll or another broker tells
+                now = time.monotonic()
+                for partition, ranges in _partition_maps(stats, self.topic).items():
+                    if last.get(partition) != ranges:
+                        last[partition] = ranges
+                        self.maps.write(RangeMap(now, partition, ranges))
+
+    def _drain(self, producer: _Process) -> None:
+        """Wait until every send the producer had confirmed was acknowledged, or the drain timeout passed."""
+        sent = {
+            (p.key, p.value) for p in _read(self.folder / f"{producer.name}.jsonl") if isinstance(p, Produced) and p.ok
+        }
+        deadline = time.monotonic() + self.settings.drain_timeout
+        wake = threading.Event()
+        while True:
+            acked = {
+                (a.key, a.value)
+                for consumer in self.consumers
+                for a in _read(self.folder / f"{consumer.name}.jsonl")
+                if isinstance(a, Acked) and a.confirmed is not False
+            }
+            waiting = len(sent - acked)
+            if not waiting:
+                self.say(f"drained: all {len(sent)} confirmed sends acknowledged")
+                return
+            if time.monotonic() > deadline:
+                self.say(f"drain timed out: {waiting} of {len(sent)} confirmed sends not acknowledged")
+                return
+            wake.wait(0.5)  # polling files other processes write
+
+    def _collect(self) -> list[Record]:
+        records: list[Record] = []
+        for path in sorted(self.folder.glob("*.jsonl")):
+            if path.name != "records.jsonl":
+                records += _read(path)
+        faults = [record for record in records if isinstance(record, Fault)]
+        for broker in self.brokers:
+            records += _served(broker, self.topic, self.clock_offset, faults)
+        records.sort(key=lambda record: record.t)
+        with RecordWriter(self.folder / "records.jsonl") as writer:
+            writer.write_all(records)
+        return records
+
+
+def _read(path: Path) -> list[Record]:
+    return list(read_records(path)) if path.exists() else []
+
+
+def _partition_maps(stats: dict[str, Any], topic: str) -> dict[int, tuple[tuple[int, int, str], ...]]:
+    """Each partition's consumer ranges from one broker's ``/stats``."""
+    found = {}
+    for subscription in stats.get("subscriptions", []):
+        parts = split_partition_topic(subscription.get("topic", ""))
+        if parts is None or parts[0] != topic or subscription.get("subscription") != SUBSCRIPTION:
+            continue
+        consumers = subscription.get("dispatcher", {}).get("consumers", {})
+        found[parts[1]] = tuple(
+            sorted((int(start), int(end), name) for name, state in consumers.items() for start, end in state["ranges"])
+        )
+    return found
+
+
+def _served(broker: _Process, topic: str, offset: float, faults: list[Fault]) -> list[Served]:
+    """The broker's serving intervals by its own lines, ended at its kills and cut by its suspensions."""
+    text = broker.log.read_text(errors="replace") if broker.log.exists() else ""
+    mine = [fault for fault in faults if fault.target == broker.name]
+    kills = sorted(f.t for f in mine if f.kind == "kill" and f.action == "start")
+    stops = sorted(f.t for f in mine if f.kind == "suspend" and f.action == "start")
+    conts = sorted(f.t for f in mine if f.kind == "suspend" and f.action == "end")
+    suspended = list(zip(stops, conts + [float("inf")] * (len(stops) - len(conts)), strict=True))
+    opened: dict[tuple[int, int], float] = {}
+    intervals: list[tuple[int, int, float, float | None]] = []
+    for event in ownership_events(text, topic):
+        at = event.at - offset
+        if event.serves:
+            opened[(event.partition, event.epoch)] = at
+        elif (event.partition, event.epoch) in opened:
+            intervals.append((event.partition, event.epoch, opened.pop((event.partition, event.epoch)), at))
+    intervals += [(partition, epoch, start, None) for (partition, epoch), start in opened.items()]
+    served = []
+    for partition, epoch, start, until in intervals:
+        killed = next((kill for kill in kills if kill >= start), None)
+        end = until if killed is None or (until is not None and until < killed) else killed
+        pieces: list[tuple[float, float | None]] = [(start, end)]
+        for stop, cont in suspended:
+            pieces = [piece for low, high in pieces for piece in _cut(low, high, stop, cont)]
+        served += [Served(low, broker.name, partition, epoch, high) for low, high in pieces]
+    return served
+
+
+def _cut(low: float, high: float | None, stop: float, cont: float) -> Iterator[tuple[float, float | None]]:
+    """``[low, high)`` without ``[stop, cont)`` (``high`` None: open-ended)."""
+    top = float("inf") if high is None else high
+    if cont <= low or stop >= top:
+        yield low, high
+        return
+    if stop > low:
+        yield low, stop
+    if cont < top:
+        yield cont, high

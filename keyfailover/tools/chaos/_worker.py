@@ -1,0 +1,175 @@
+"""The producer and consumer processes of a chaos run: each records what it saw as JSON lines.
+
+Run by the harness as ``python -m keyfailover.tools.chaos._worker produce|consume ...``, one
+OS process each, so a fault can kill or suspend it. Every record is written through to the
+kernel at once (a killed worker's records up to its last instant survive it), with times
+from ``time.monotonic()``, the clock every process of the machine shares.
+
+- ``produce``: sends keyed messages at a steady rate until SIGTERM; each key's sends are
+  numbered 0, 1, 2, ... (the payload is ``key:value``); each receipt is a ``produced`` record.
+- ``consume``: receives until SIGTERM; each message is a ``delivered`` record, then it is
+  acknowledged with the broker's confirmation, recorded as ``acked`` with the time the ack was
+  sent: first with ``confirmed`` None (sent, outcome not known yet), then with the outcome, so
+  an ack whose worker was killed before the answer stays on record as sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import FrameType
+
+import numpy as np
+
+from keyfailover.client import Client
+from keyfailover.core.errors import KeyFailoverError
+from keyfailover.core.partitions import partition_of_key
+from keyfailover.tools.chaos._records import Acked, Delivered, Produced, RecordWriter
+
+__all__ = ["consume", "key_draws", "main", "produce"]
+
+TICK = 0.01
+"""Seconds between the producer's bursts: a rate of R sends R * TICK messages per burst."""
+
+
+def key_draws(keys: int, distribution: str, seed: int, count: int) -> list[int]:
+    """``count`` key numbers in ``[0, keys)``: Zipf(1.1) (key 0 the hottest) or uniform."""
+    rng = np.random.default_rng(seed)
+    if distribution == "uniform":
+        uniform: list[int] = rng.integers(0, keys, count).tolist()
+        return uniform
+    drawn: list[int] = []
+    while len(drawn) < count:
+        batch = rng.zipf(1.1, count * 2)
+        drawn += (batch[batch <= keys] - 1)[: count - len(drawn)].tolist()
+    return drawn
+
+
+def _stop_on_sigterm() -> threading.Event:
+    stop = threading.Event()
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    return stop
+
+
+def produce(
+    url: str, topic: str, name: str, records: Path, *, rate: float, keys: int, distribution: str, seed: int
+) -> None:
+    """Send at ``rate`` messages a second until SIGTERM, then wait for the receipts of what was sent."""
+    stop = _stop_on_sigterm()
+    with RecordWriter(records) as writer, Client(url) as client:
+        producer = client.create_producer(topic, name)
+        partitions = producer.partitions
+        values: dict[str, int] = {}
+        draws: Iterator[int] = iter(())
+        per_tick = max(rate * TICK, 1e-9)
+        owed = 0.0
+        start = time.monotonic()
+        ticks = 0
+        while not stop.is_set():
+            owed += per_tick
+            while owed >= 1.0:
+                owed -= 1.0
+                number = next(draws, None)
+                if number is None:
+                    draws = iter(key_draws(keys, distribution, seed + ticks, 10_000))
+                    number = next(draws)
+                key = f"key-{number}"
+                value = values.get(key, 0)
+                values[key] = value + 1
+
+                def done(position: int | None, error: BaseException | None, key: str = key, value: int = value) -> None:
+                    if error is None:
+                        partition = partition_of_key(key, partitions)
+                        writer.write(Produced(time.monotonic(), name, key, value, True, partition, position))
+                    else:
+                        writer.write(Produced(time.monotonic(), name, key, value, False, error=_said(error)))
+
+                producer.send_async(f"{key}:{value}".encode(), key, done)
+            ticks += 1
+            stop.wait(max(start + ticks * TICK - time.monotonic(), 0.0))  # pacing, not synchronisation
+        try:
+            producer.flush(timeout=60.0)
+        except (KeyFailoverError, TimeoutError) as error:
+            print(f"producer {name}: not every send was answered: {_said(error)}", file=sys.stderr)
+
+
+def _said(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"[:300]
+
+
+def consume(url: str, topic: str, name: str, records: Path, *, subscription: str, ack_timeout: float) -> None:
+    """Receive and acknowledge (with the broker's confirmation) every message until SIGTERM."""
+    stop = _stop_on_sigterm()
+    with RecordWriter(records) as writer, Client(url) as client:
+        consumer = client.subscribe(topic, subscription, name, receiver_queue_size=50)
+        while not stop.is_set():
+            try:
+                message = consumer.receive(timeout=0.2)
+            except TimeoutError:
+                continue
+            except KeyFailoverError as error:
+                print(f"consumer {name}: receive failed: {_said(error)}", file=sys.stderr)
+                continue
+            key = message.key if isinstance(message.key, str) else str(message.key)
+            value = int(message.payload.rsplit(b":", 1)[1])
+            seen = Delivered(
+                time.monotonic(), name, key, value, message.partition, message.position, message.redelivery_count
+            )
+            writer.write(seen)
+            sent = time.monotonic()
+            writer.write(Acked(sent, name, key, value, message.partition, message.position, None))
+            try:
+                consumer.acknowledge_confirmed(message, timeout=ack_timeout)
+                confirmed = True
+            except (KeyFailoverError, TimeoutError):
+                confirmed = False  # the lease ended or the session with it: the broker took it back
+            writer.write(Acked(sent, name, key, value, message.partition, message.position, confirmed))
+        consumer.close()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m keyfailover.tools.chaos._worker")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for command in ("produce", "consume"):
+        sub = commands.add_parser(command)
+        sub.add_argument("--url", required=True)
+        sub.add_argument("--topic", required=True)
+        sub.add_argument("--name", required=True)
+        sub.add_argument("--records", type=Path, required=True)
+    producing = commands.choices["produce"]
+    producing.add_argument("--rate", type=float, required=True)
+    producing.add_argument("--keys", type=int, required=True)
+    producing.add_argument("--distribution", choices=("zipf", "uniform"), required=True)
+    producing.add_argument("--seed", type=int, required=True)
+    consuming = commands.choices["consume"]
+    consuming.add_argument("--subscription", required=True)
+    consuming.add_argument("--ack-timeout", type=float, required=True)
+    args = parser.parse_args(argv)
+    if args.command == "produce":
+        produce(
+            args.url,
+            args.topic,
+            args.name,
+            args.records,
+            rate=args.rate,
+            keys=args.keys,
+            distribution=args.distribution,
+            seed=args.seed,
+        )
+    else:
+        consume(
+            args.url, args.topic, args.name, args.records, subscription=args.subscription, ack_timeout=args.ack_timeout
+        )
+
+
+if __name__ == "__main__":
+    main()

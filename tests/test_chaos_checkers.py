@@ -265,11 +265,24 @@ def test_unowned_ranges_counts_a_partition_without_a_broker() -> None:
 def test_dead_letter_accounting_wants_every_confirmed_send_acked_or_dead_lettered() -> None:
     good = [*sent("k", 0, 1), *handed("a", "k", (0, 1.0)), *acked("a", "k", (0, 1.5)), DeadLettered(3.0, "k", 1, 0, 1)]
     verdict = dead_letter_accounting(good)
-    assert verdict.passed and verdict.measures == {"acknowledged": 1, "dead-lettered": 1, "both": 0}
+    assert verdict.passed
+    assert verdict.measures == {"acknowledged": 1, "ack outcome unknown": 0, "dead-lettered": 1, "both": 0}
     refused = [*good[:-1], *handed("a", "k", (1, 2.0)), *acked("a", "k", (1, 2.5), confirmed=False)]
     verdict = dead_letter_accounting(refused)
     assert not verdict.passed
     assert verdict.examples == ("key k: value 1 was neither acknowledged nor dead-lettered",)
+
+
+def test_an_ack_whose_consumer_died_waiting_for_the_answer_counts_as_acknowledged() -> None:
+    history = [*sent("k", 0, 1), *handed("a", "k", (0, 1.0), (1, 1.1))]
+    history += acked("a", "k", (0, 1.2))
+    history.append(Acked(1.3, "a", "k", 1, 0, 1, None))  # sent; a was killed before the answer
+    verdict = dead_letter_accounting(history)
+    assert verdict.passed and verdict.measures["ack outcome unknown"] == 1
+    answered = [*history, Acked(1.3, "a", "k", 1, 0, 1, False)]  # the answer came: refused
+    assert not dead_letter_accounting(answered).passed
+    # an unknown outcome is no holding: b may take the key
+    assert held_twice([*answered, *handed("b", "k", (1, 1.4)), *acked("b", "k", (1, 1.5))]).passed
 
 
 def test_check_all_runs_every_checker_and_fails_only_where_a_violation_is() -> None:

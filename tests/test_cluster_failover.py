@@ -296,6 +296,8 @@ class Holder:
         self.name = name
         self._consumer = client.subscribe(topic, "holders", name, receiver_queue_size=20)
         self.held: list[tuple[str, float, float]] = []
+        self._values: set[tuple[str, int]] = set()
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -316,6 +318,14 @@ class Holder:
                     continue  # its session ended (a broker died): the broker took it back
                 assert isinstance(message.key, str)
                 self.held.append((message.key, received, sent))
+                key, number = message.payload.decode().rsplit(":", 1)
+                with self._lock:
+                    self._values.add((key, int(number)))
+
+    def values(self) -> set[tuple[str, int]]:
+        """``(key, number)`` of every message received and acked with the broker's confirmation."""
+        with self._lock:
+            return set(self._values)
 
     def stop(self) -> None:
         self._stop.set()
@@ -448,3 +458,24 @@ def test_a_client_given_no_live_broker_says_so() -> None:
     first, second = free_port(), free_port()
     with pytest.raises(NoBrokerError, match=rf"no broker of kf://127.0.0.1:{first},127.0.0.1:{second} could be"):
         Client(f"kf://127.0.0.1:{first},127.0.0.1:{second}", connect_timeout=2)
+
+
+def test_a_consumer_subscribed_while_partitions_move_away_and_back_gets_every_message(
+    cluster: str, postgres: PostgreSQL
+) -> None:
+    """The consumer stays subscribed while a broker is killed (its partitions move to the other) and
+    restarted (some come back): each partition's part of the consumer follows, and every message the
+    producer had confirmed reaches it, also those stored after the partitions came back."""
+    with running(cluster, postgres, 2, 4) as (topic, brokers):
+        url = url_of(brokers)
+        with Client(url) as producing, Client(url) as consuming:
+            traffic = Traffic(producing, topic, [f"key-{i}" for i in range(16)]).start()
+            holder = Holder(consuming, topic, "stays")
+            wait_until(lambda: len(holder.held) > 100, "the consumer receiving")
+            kill_and_restart(cluster, brokers, traffic)
+            after = traffic.sent()
+            wait_until(lambda: traffic.sent() > after + 500, "traffic stored after the partitions came back")
+            traffic.stop()
+            wanted = {(key, n) for key, numbers in traffic.acked.items() for n in numbers}
+            wait_until(lambda: wanted <= holder.values(), "every confirmed message received", timeout=WAIT)
+            holder.stop()

@@ -254,6 +254,61 @@ def _demo(args: argparse.Namespace) -> int:
     return 1 if report.problems else 0
 
 
+def _chaos_names(what: str) -> Callable[[str], tuple[str, ...]]:
+    """A parser of a comma-separated list of some of the chaos ``faults`` or ``targets`` (imported when used)."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        from keyfailover.tools.chaos import FAULTS, TARGETS
+
+        known = FAULTS if what == "faults" else TARGETS
+        names = tuple(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+        unknown = [name for name in names if name not in known]
+        if not names or unknown:
+            raise argparse.ArgumentTypeError(
+                f"{what} {text!r}: expected a comma-separated list of {', '.join(known)}"
+                + (f" ({', '.join(unknown)} unknown)" if unknown else "")
+            )
+        return names
+
+    parse.__name__ = what
+    return parse
+
+
+def _non_negative_float(text: str) -> float:
+    """A finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def _chaos(args: argparse.Namespace) -> int:
+    from keyfailover.tools.chaos import ChaosSettings, chaos
+
+    settings = ChaosSettings(
+        duration=args.duration,
+        seed=args.seed,
+        faults=args.faults,
+        targets=args.targets,
+        brokers=args.brokers,
+        partitions=args.partitions,
+        consumers=args.consumers,
+        rate=args.rate,
+        keys=args.keys,
+        distribution=args.distribution,
+        session_timeout=args.session_timeout,
+        rebalance_interval=args.rebalance_interval,
+        ack_timeout=args.ack_timeout,
+        drain_timeout=args.drain_timeout,
+    )
+    command = "keyfailover chaos " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["chaos"] else "keyfailover chaos"
+    outcome = chaos(settings, report=args.report, keep=args.keep, command=command.strip())
+    return 0 if outcome.passed else 1
+
+
 def _scenario(text: str) -> str:
     from keyfailover.tools.evaluate import SCENARIOS
 
@@ -954,6 +1009,55 @@ def _parser() -> argparse.ArgumentParser:
         help="exit 1 when any goal fails (the goals are printed, or checked with --json)",
     )
     evaluate.set_defaults(run=_evaluate)
+
+    chaos = commands.add_parser(
+        "chaos",
+        help="kill, suspend and cut off processes of a real cluster on loopback; check every invariant",
+        description="Start ZooKeeper, PostgreSQL, brokers, a producer and consumers on 127.0.0.1, apply a seeded "
+        "schedule of faults under traffic, record every send, delivery, ack, fault and ownership change, and "
+        "check: nothing lost, per-key order, never two brokers on a partition, never two consumers holding a "
+        "key, unowned time bounded. Exit 1 when a checker fails. See docs/chaos.md.",
+    )
+    chaos.add_argument("--duration", type=_positive_float, default=60.0, help="seconds of faults and traffic (60)")
+    chaos.add_argument("--seed", type=int, default=1, help="the schedule's seed: the same seed, the same faults (1)")
+    chaos.add_argument(
+        "--faults",
+        type=_chaos_names("faults"),
+        default=("kill", "suspend"),
+        help="comma-separated, of kill, suspend, loss (default kill,suspend)",
+    )
+    chaos.add_argument(
+        "--targets",
+        type=_chaos_names("targets"),
+        default=("brokers", "consumers", "coordinator"),
+        help="comma-separated, of brokers, consumers, coordinator, zookeeper (default brokers,consumers,coordinator)",
+    )
+    chaos.add_argument("--brokers", type=_positive_int, default=3, help="brokers in the cluster (3)")
+    chaos.add_argument("--partitions", type=_positive_int, default=6, help="partitions of the topic (6)")
+    chaos.add_argument("--consumers", type=_positive_int, default=3, help="consumer processes (3)")
+    chaos.add_argument("--rate", type=_positive_float, default=200.0, help="messages produced per second (200)")
+    chaos.add_argument("--keys", type=_positive_int, default=1000, help="distinct keys (1000)")
+    chaos.add_argument("--distribution", choices=("zipf", "uniform"), default="zipf", help="key traffic (zipf)")
+    chaos.add_argument(
+        "--session-timeout", type=_positive_float, default=2.0, help="brokers' ZooKeeper session, seconds (2)"
+    )
+    chaos.add_argument(
+        "--rebalance-interval",
+        type=_non_negative_float,
+        default=1.0,
+        help="brokers' least seconds between rebalances (1)",
+    )
+    chaos.add_argument("--ack-timeout", type=_positive_float, default=5.0, help="consumers' lease, seconds (5)")
+    chaos.add_argument(
+        "--drain-timeout", type=_positive_float, default=60.0, help="seconds to wait for the last acks (60)"
+    )
+    chaos.add_argument(
+        "--report", type=Path, default=None, metavar="DIR", help="write report.md, charts and records here"
+    )
+    chaos.add_argument(
+        "--keep", type=Path, default=None, metavar="DIR", help="keep the run's data and logs here (default: removed)"
+    )
+    chaos.set_defaults(run=_chaos)
 
     serve = commands.add_parser(
         "serve",

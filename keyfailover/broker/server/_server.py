@@ -128,6 +128,10 @@ class Server:
         self._subscriptions: dict[tuple[str, str], Subscription] = {}
         self._partitions: dict[str, int] = {}  # topics created with partitions, and how many
         self._opening: dict[tuple[str, str], asyncio.Future[Subscription]] = {}
+        # Topics (partitions) whose serving is ending: nothing new opens on them until served again,
+        # or a consumer told "moved" that subscribes here again at once would stay on a subscription
+        # no new message reaches once the broker has let the partition go.
+        self._closing: set[str] = set()
         self._connections: set[_Connection] = set()
         # Session ids are never reused, across restarts too (they start at the wall clock in µs):
         # an ack of a session from before a restart must not land on a new one.
@@ -376,7 +380,7 @@ class Server:
                     slots=partition_slots(index, count),
                     settings_topic=base,
                 )
-                if not self.storage.serves(topic):  # its partition moved away while it was loading
+                if not self.storage.serves(topic) or topic in self._closing:  # it moved away while loading
                     raise ProtocolError(
                         ErrorCode.NOT_OWNER, f"this broker stopped serving {topic!r}; look the topic up again"
                     )
@@ -386,6 +390,7 @@ class Server:
             return subscription
         except BaseException as exc:
             future.set_exception(exc)
+            future.exception()  # retrieved: raised here, and to any other waiter (else logged when collected)
             raise
         finally:
             del self._opening[key]
@@ -432,11 +437,17 @@ class Server:
 
     async def open_served(self, served: str) -> None:
         """Serve ``served`` (a topic or partition): its subscriptions with saved cursors go live."""
+        self._closing.discard(served)
         for name in await self.storage.subscriptions(served):
             await self.subscription(served, name)
 
     async def close_served(self, served: str, reason: str) -> None:
-        """Stop serving ``served``: its subscriptions save their cursors and tell their consumers ``reason``."""
+        """Stop serving ``served``: its subscriptions save their cursors and tell their consumers ``reason``.
+
+        From the start no subscription opens on it and no produce or subscribe is taken
+        (``not_owner``) until :meth:`open_served` serves it again.
+        """
+        self._closing.add(served)
         for key in [key for key in self._subscriptions if key[0] == served]:
             subscription = self._subscriptions.pop(key)
             await subscription.close(reason)
@@ -459,7 +470,7 @@ class Server:
                 f"topic {split[0]!r} has {self._partitions[split[0]]} partitions, numbered from 0; "
                 f"it has no partition {split[1]}",
             )
-        if not self.storage.serves(served):
+        if not self.storage.serves(served) or served in self._closing:
             raise ProtocolError(
                 ErrorCode.NOT_OWNER,
                 f"this broker does not serve {served!r} now; look the topic up again to find the broker that does",

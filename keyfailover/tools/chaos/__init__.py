@@ -8,8 +8,12 @@ Built in steps for ``keyfailover chaos`` (issue 15). Here so far:
   two owners, held twice, unowned partitions and ranges, dead-letter accounting).
 - :mod:`._schedule`: the seeded fault schedule (kill, suspend, loss on brokers, consumers,
   the coordinator, ZooKeeper).
+- :mod:`._harness`: the cluster, the traffic and the faults (:func:`run_chaos`).
+- :mod:`._measures`, :mod:`._report`: what a run measured, strategies under its faults, report.md.
+- :func:`chaos`: all of it, for ``keyfailover chaos``.
 """
 
+from keyfailover.tools.chaos._chaos import ChaosOutcome, chaos
 from keyfailover.tools.chaos._checkers import (
     Verdict,
     check_all,
@@ -22,6 +26,7 @@ from keyfailover.tools.chaos._checkers import (
     unowned_partitions,
     unowned_ranges,
 )
+from keyfailover.tools.chaos._harness import ChaosError, ChaosRun, ChaosSettings, run_chaos
 from keyfailover.tools.chaos._records import (
     Acked,
     DeadLettered,
@@ -43,6 +48,10 @@ __all__ = [
     "FAULTS",
     "TARGETS",
     "Acked",
+    "ChaosError",
+    "ChaosOutcome",
+    "ChaosRun",
+    "ChaosSettings",
     "DeadLettered",
     "Delivered",
     "Fault",
@@ -55,6 +64,7 @@ __all__ = [
     "ScheduleError",
     "Served",
     "Verdict",
+    "chaos",
     "check_all",
     "dead_letter_accounting",
     "duplicated",
@@ -64,6 +74,7 @@ __all__ = [
     "order",
     "plan_faults",
     "read_records",
+    "run_chaos",
     "to_json",
     "two_owners",
     "unowned_partitions",

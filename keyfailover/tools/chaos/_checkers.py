@@ -86,7 +86,9 @@ def _number(value: float) -> str:
 
 
 def _verdict(checker: str, problems: Sequence[str], measures: Mapping[str, float], fails: bool = True) -> Verdict:
-    return Verdict(checker, not (fails and problems), len(problems), tuple(problems[:EXAMPLES]), dict(measures))
+    """A checker that ``fails`` counts its problems as violations; one that only counts shows them as notes."""
+    violations = len(problems) if fails else 0
+    return Verdict(checker, not violations, violations, tuple(problems[:EXAMPLES]), dict(measures))
 
 
 R = TypeVar("R", bound=Record)
@@ -345,9 +347,11 @@ def dead_letter_accounting(records: Sequence[Record]) -> Verdict:
     return _verdict("dead-letter accounting", problems, measures)
 
 
-def check_all(records: Sequence[Record], partitions: int, unowned_limit: float) -> list[Verdict]:
-    """Every checker over one run's records, in report order."""
-    end = _end_of(records, None)
+def check_all(
+    records: Sequence[Record], partitions: int, unowned_limit: float, end: float | None = None
+) -> list[Verdict]:
+    """Every checker over one run's records, in report order; ``end``: the run's end (default: the last record)."""
+    end = _end_of(records, end)
     return [
         lost(records),
         duplicated(records),

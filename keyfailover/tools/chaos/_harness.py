@@ -54,6 +54,7 @@ from keyfailover.tools.chaos._records import (
     read_records,
 )
 from keyfailover.tools.chaos._schedule import FAULTS, PlannedFault, plan_faults
+from keyfailover.tools.chaos._worker import MUTATIONS
 from keyfailover.tools.services import PostgreSQL, ZooKeeper, free_port, stop_process
 
 __all__ = ["ChaosError", "ChaosRun", "ChaosSettings", "run_chaos"]
@@ -87,6 +88,8 @@ class ChaosSettings:
     rebalance_interval: float = 1.0
     ack_timeout: float = 5.0
     drain_timeout: float = 60.0
+    mutate: str | None = None
+    """For the harness's own tests: the first consumer breaks a guarantee on purpose (``_worker.MUTATIONS``)."""
 
     @property
     def unowned_limit(self) -> float:
@@ -116,6 +119,8 @@ class ChaosSettings:
                 raise ChaosError(f"{name} must be an int >= {least}, not {value!r}")
         if self.distribution not in ("zipf", "uniform"):
             raise ChaosError(f"distribution must be zipf or uniform, not {self.distribution!r}")
+        if self.mutate is not None and self.mutate not in MUTATIONS:
+            raise ChaosError(f"mutate must be one of {', '.join(MUTATIONS)}, not {self.mutate!r}")
         if "loss" in self.faults:
             raise ChaosError("the loss fault is not available yet; choose from kill, suspend")
         plan_faults(self.seed, self.duration, self.faults, self.targets, session_timeout=self.session_timeout)
@@ -132,6 +137,8 @@ class ChaosRun:
     """One line per fault as applied (the target resolved), or why it was skipped."""
     started: float = 0.0
     """The monotonic time the schedule's clock started (t+0 of :meth:`PlannedFault.describe`)."""
+    ended: float = 0.0
+    """The monotonic time the run ended: every consumer stopped, the brokers not yet."""
 
 
 @dataclass
@@ -321,6 +328,7 @@ class _Run:
                 [
                     *("consume", "--url", url, "--topic", self.topic, "--name", name),
                     *("--subscription", SUBSCRIPTION, "--ack-timeout", f"{settings.ack_timeout:g}"),
+                    *(("--mutate", settings.mutate) if settings.mutate and number == 1 else ()),
                 ],
             )
             stack.callback(consumer.stop)
@@ -346,16 +354,18 @@ class _Run:
             consumer.stop()
         self._polling.set()
         poller.join(5.0)
+        ended = time.monotonic()
         for broker in self.brokers:
+            self._save_stats(broker)
             broker.stop()
-        records = self._collect()
-        return ChaosRun(self.folder, records, self.schedule, self.applied, started)
+        records = self._collect(ended)
+        return ChaosRun(self.folder, records, self.schedule, self.applied, started, ended)
 
     # -- processes ----------------------------------------------------------------------
 
     def _worker(self, name: str, arguments: list[str]) -> _Process:
         records = self.folder / f"{name}.jsonl"
-        command = [sys.executable, "-m", "keyfailover.tools.chaos._worker", *arguments, "--records", str(records)]
+        command = [sys.executable, "-m", "keyfailover.tools.chaos", *arguments, "--records", str(records)]
         worker = _Process(name, command, self.folder / f"{name}.log")
         worker.start()
         return worker
@@ -455,6 +465,14 @@ class _Run:
                         last[partition] = ranges
                         self.maps.write(RangeMap(now, partition, ranges))
 
+    def _save_stats(self, broker: _Broker) -> None:
+        """Keep the broker's last ``/stats`` in the run's folder (``b1.stats.json``), for diagnosing a failed run."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{broker.admin}/stats", timeout=2.0) as response:
+                (self.folder / f"{broker.name}.stats.json").write_bytes(response.read())
+        except OSError as error:
+            (self.folder / f"{broker.name}.stats.json").write_text(json.dumps({"error": str(error)}))
+
     def _drain(self, producer: _Process) -> None:
         """Wait until every send the producer had confirmed was acknowledged, or the drain timeout passed."""
         sent = {
@@ -478,14 +496,19 @@ class _Run:
                 return
             wake.wait(0.5)  # polling files other processes write
 
-    def _collect(self) -> list[Record]:
+    def _collect(self, ended: float) -> list[Record]:
+        """Every record of the run, sorted by time; serving intervals end where the run did (``ended``,
+        before the brokers were stopped: their handovers as they shut down are not part of the run)."""
         records: list[Record] = []
         for path in sorted(self.folder.glob("*.jsonl")):
             if path.name != "records.jsonl":
                 records += _read(path)
         faults = [record for record in records if isinstance(record, Fault)]
         for broker in self.brokers:
-            records += _served(broker, self.topic, self.clock_offset, faults)
+            for served in _served(broker, self.topic, self.clock_offset, faults):
+                if served.t < ended:
+                    until = ended if served.until is None else min(served.until, ended)
+                    records.append(Served(served.t, served.broker, served.partition, served.epoch, until))
         records.sort(key=lambda record: record.t)
         with RecordWriter(self.folder / "records.jsonl") as writer:
             writer.write_all(records)

@@ -1,6 +1,6 @@
 """The producer and consumer processes of a chaos run: each records what it saw as JSON lines.
 
-Run by the harness as ``python -m keyfailover.tools.chaos._worker produce|consume ...``, one
+Run by the harness as ``python -m keyfailover.tools.chaos produce|consume ...``, one
 OS process each, so a fault can kill or suspend it. Every record is written through to the
 kernel at once (a killed worker's records up to its last instant survive it), with times
 from ``time.monotonic()``, the clock every process of the machine shares.
@@ -11,6 +11,11 @@ from ``time.monotonic()``, the clock every process of the machine shares.
   acknowledged with the broker's confirmation, recorded as ``acked`` with the time the ack was
   sent: first with ``confirmed`` None (sent, outcome not known yet), then with the outcome, so
   an ack whose worker was killed before the answer stays on record as sent.
+
+``consume --mutate`` breaks a guarantee on purpose, so tests can show the checkers catch it:
+``drop`` acknowledges the 20th message without handing it to the application (a loss),
+``reorder`` hands the first ``key-0`` message after the 20th delivery only after the next one
+of ``key-0`` (out of order).
 """
 
 from __future__ import annotations
@@ -26,12 +31,12 @@ from types import FrameType
 
 import numpy as np
 
-from keyfailover.client import Client
+from keyfailover.client import Client, Message
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.partitions import partition_of_key
 from keyfailover.tools.chaos._records import Acked, Delivered, Produced, RecordWriter
 
-__all__ = ["consume", "key_draws", "main", "produce"]
+__all__ = ["MUTATIONS", "consume", "key_draws", "main", "produce"]
 
 TICK = 0.01
 """Seconds between the producer's bursts: a rate of R sends R * TICK messages per burst."""
@@ -106,11 +111,44 @@ def _said(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"[:300]
 
 
-def consume(url: str, topic: str, name: str, records: Path, *, subscription: str, ack_timeout: float) -> None:
+MUTATIONS = ("drop", "reorder")
+_MUTATE_AFTER = 20
+
+
+def consume(
+    url: str,
+    topic: str,
+    name: str,
+    records: Path,
+    *,
+    subscription: str,
+    ack_timeout: float,
+    mutate: str | None = None,
+) -> None:
     """Receive and acknowledge (with the broker's confirmation) every message until SIGTERM."""
     stop = _stop_on_sigterm()
     with RecordWriter(records) as writer, Client(url) as client:
         consumer = client.subscribe(topic, subscription, name, receiver_queue_size=50)
+
+        def handle(message: Message, handed: bool = True) -> None:
+            key = message.key if isinstance(message.key, str) else str(message.key)
+            value = int(message.payload.rsplit(b":", 1)[1])
+            partition, position = message.partition, message.position
+            if handed:
+                writer.write(
+                    Delivered(time.monotonic(), name, key, value, partition, position, message.redelivery_count)
+                )
+            sent = time.monotonic()
+            writer.write(Acked(sent, name, key, value, partition, position, None))
+            try:
+                consumer.acknowledge_confirmed(message, timeout=ack_timeout)
+                confirmed = True
+            except (KeyFailoverError, TimeoutError):
+                confirmed = False  # the lease ended or the session with it: the broker took it back
+            writer.write(Acked(sent, name, key, value, partition, position, confirmed))
+
+        received = 0
+        held: Message | None = None
         while not stop.is_set():
             try:
                 message = consumer.receive(timeout=0.2)
@@ -119,25 +157,21 @@ def consume(url: str, topic: str, name: str, records: Path, *, subscription: str
             except KeyFailoverError as error:
                 print(f"consumer {name}: receive failed: {_said(error)}", file=sys.stderr)
                 continue
-            key = message.key if isinstance(message.key, str) else str(message.key)
-            value = int(message.payload.rsplit(b":", 1)[1])
-            seen = Delivered(
-                time.monotonic(), name, key, value, message.partition, message.position, message.redelivery_count
-            )
-            writer.write(seen)
-            sent = time.monotonic()
-            writer.write(Acked(sent, name, key, value, message.partition, message.position, None))
-            try:
-                consumer.acknowledge_confirmed(message, timeout=ack_timeout)
-                confirmed = True
-            except (KeyFailoverError, TimeoutError):
-                confirmed = False  # the lease ended or the session with it: the broker took it back
-            writer.write(Acked(sent, name, key, value, message.partition, message.position, confirmed))
+            received += 1
+            if mutate == "drop" and received == _MUTATE_AFTER:
+                handle(message, handed=False)
+            elif mutate == "reorder" and held is None and received >= _MUTATE_AFTER and message.key == "key-0":
+                held, mutate = message, None  # handed after the next key-0 message
+            else:
+                handle(message)
+                if held is not None and message.key == "key-0":
+                    handle(held)
+                    held = None
         consumer.close()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m keyfailover.tools.chaos._worker")
+    parser = argparse.ArgumentParser(prog="python -m keyfailover.tools.chaos")
     commands = parser.add_subparsers(dest="command", required=True)
     for command in ("produce", "consume"):
         sub = commands.add_parser(command)
@@ -153,6 +187,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     consuming = commands.choices["consume"]
     consuming.add_argument("--subscription", required=True)
     consuming.add_argument("--ack-timeout", type=float, required=True)
+    consuming.add_argument("--mutate", choices=MUTATIONS, default=None)
     args = parser.parse_args(argv)
     if args.command == "produce":
         produce(
@@ -167,9 +202,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     else:
         consume(
-            args.url, args.topic, args.name, args.records, subscription=args.subscription, ack_timeout=args.ack_timeout
+            args.url,
+            args.topic,
+            args.name,
+            args.records,
+            subscription=args.subscription,
+            ack_timeout=args.ack_timeout,
+            mutate=args.mutate,
         )
-
-
-if __name__ == "__main__":
-    main()

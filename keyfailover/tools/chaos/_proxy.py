@@ -54,7 +54,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, replace
 from types import TracebackType
 from typing import Literal
@@ -224,7 +224,7 @@ class FaultProxy:
     ``port`` 0 takes a free port (:attr:`port` tells which once started). ``seed`` seeds the
     jitter and loss decisions. ``name`` is the ``target`` of its events (by default the
     upstream address). ``on_event`` is called with each :class:`FaultEvent`, in order, on the
-    thread that switched the fault, under the proxy's lock.
+    thread that switched the fault, under the proxy's lock: it must not switch faults itself.
     """
 
     def __init__(
@@ -254,6 +254,7 @@ class FaultProxy:
         self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # every task of the proxy still running
         self._changed: asyncio.Event | None = None
         self._loop_thread = 0  # threading.get_ident() of the loop's thread
         self._closed = False
@@ -340,6 +341,8 @@ class FaultProxy:
         assert self._server is not None
         self._server.close()
         await self._reset_all(counted=False)
+        while self._tasks:  # cancelled by the resets: let them finish
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._server.wait_closed()
 
     @staticmethod
@@ -497,14 +500,12 @@ class FaultProxy:
             self._counts["connections"] += 1
             connection = _Connection(number, self._seed, writer)
             self._connections.add(connection)
-        connection.task = asyncio.get_running_loop().create_task(
-            self._serve(connection, reader), name=f"fault proxy {self.name} #{number}"
-        )
+        connection.task = self._spawn(self._serve(connection, reader))
 
     async def _serve(self, connection: _Connection, client: asyncio.StreamReader) -> None:
         """Forward both ways until both ends closed, or reset both on an error."""
         up, down = connection.pipes["up"], connection.pipes["down"]
-        tasks = [asyncio.create_task(self._read(up, client))]
+        tasks = [self._spawn(self._read(up, client))]
         try:
             await self._flowing("up")  # a partition holds the connection's opening too
             if connection.client.transport.is_closing():
@@ -515,24 +516,32 @@ class FaultProxy:
                 self._count("upstream_failures")
                 connection.reset()
                 return
-            tasks.append(asyncio.create_task(self._read(down, reader)))
+            tasks.append(self._spawn(self._read(down, reader)))
             forwards = [
-                asyncio.create_task(self._forward(connection, up, connection.upstream)),
-                asyncio.create_task(self._forward(connection, down, connection.client)),
+                self._spawn(self._forward(connection, up, connection.upstream)),
+                self._spawn(self._forward(connection, down, connection.client)),
             ]
             tasks.extend(forwards)
             await asyncio.gather(*forwards)
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            for writer in (connection.client, connection.upstream):
-                if writer is not None:
-                    writer.close()
-                    with contextlib.suppress(OSError):
-                        await writer.wait_closed()
-            with self._lock:
-                self._connections.discard(connection)
+            try:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                for writer in (connection.client, connection.upstream):
+                    if writer is not None:
+                        writer.close()  # after both ends were passed on: waits to flush what is written
+                        with contextlib.suppress(OSError):
+                            await writer.wait_closed()
+            finally:  # also when a reset cancels the wait above (it aborted both sockets)
+                with self._lock:
+                    self._connections.discard(connection)
+
+    def _spawn(self, coroutine: Coroutine[None, None, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coroutine, name=f"fault proxy {self.name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _read(self, pipe: _Pipe, reader: asyncio.StreamReader) -> None:
         """Queue what ``reader`` gives, each chunk stamped with its release time, then its end."""

@@ -14,7 +14,10 @@ import logging
 import os
 import queue
 import random
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +27,7 @@ import pytest
 
 from keyfailover.client import Client
 from keyfailover.core.errors import KeyFailoverError
+from keyfailover.tools.chaos._netns import Namespace, NamespaceError, support
 from keyfailover.tools.chaos._proxy import FaultEvent, FaultProxy, LinkFaults, Stall
 from tests.server_process import ServerProcess, wait_until
 
@@ -493,3 +497,77 @@ def test_a_keyfailover_client_works_through_a_delay_and_gives_up_on_a_blackholed
         assert message.payload == b"after"
         consumer.acknowledge(message)
         assert proxy.stats().connections >= 2
+
+
+ECHO_INSIDE = """
+import socket, sys
+with socket.create_server((sys.argv[1], 0)) as listener:
+    print(listener.getsockname()[1], flush=True)
+    connection, _ = listener.accept()
+    with connection:
+        while data := connection.recv(65536):
+            connection.sendall(data)
+"""
+
+
+@pytest.fixture
+def namespace() -> Iterator[Namespace]:
+    found = support()
+    if not found.available:
+        pytest.skip(f"no network namespaces here: {found.reason}")
+    with Namespace() as made:
+        yield made
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert made.name not in listed.split()
+
+
+def echo_inside(namespace: Namespace) -> tuple[subprocess.Popen[str], int]:
+    """An echo server run inside ``namespace`` on its address, and its port."""
+    server = namespace.popen([sys.executable, "-c", ECHO_INSIDE, namespace.address], stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None
+    return server, int(server.stdout.readline())
+
+
+def test_a_namespace_drops_everything_until_healed_and_tcp_carries_on(namespace: Namespace) -> None:
+    server, port = echo_inside(namespace)
+    with socket.create_connection((namespace.address, port), timeout=30) as sock:
+        assert round_trip(sock, b"before") == b"before"
+        namespace.drop_all(direction="in")
+        sock.sendall(b"lost, then sent again")
+        assert nothing_arrives(sock)
+        namespace.heal()
+        back = b""
+        while len(back) < len(b"lost, then sent again"):
+            back += sock.recv(65536)
+        assert back == b"lost, then sent again"
+        namespace.slow(20_000, direction="out")
+        start = time.monotonic()
+        assert round_trip(sock, PAYLOAD[:40_000]) == PAYLOAD[:40_000]
+        assert time.monotonic() - start >= (40_000 - 20_000) / 20_000  # all but a burst's worth at the rate
+    namespace.close()
+    assert server.wait(timeout=30) == -signal.SIGKILL  # killed with the namespace
+    assert server.stdout is not None
+    server.stdout.close()
+
+
+def test_netem_works_where_the_kernel_has_it(namespace: Namespace) -> None:
+    if support().netem:
+        namespace.netem(0.01, 0.1)
+        namespace.heal()
+    else:
+        with pytest.raises(NamespaceError, match="netem"):
+            namespace.netem(0.01, 0.1)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda ns: ns.slow(0), "bytes_per_second must be an int of at least 1, got 0"),
+        (lambda ns: ns.netem(-1), "delay must be a number of seconds from 0 to 3600, got -1"),
+        (lambda ns: ns.netem(0.1, 2), "loss must be a probability from 0 to 1, got 2"),
+        (lambda ns: ns.drop_all(direction="up"), "direction must be 'in', 'out' or 'both', got 'up'"),
+    ],
+)
+def test_bad_namespace_arguments_are_refused(call: Callable[[Namespace], None], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        call(Namespace())  # checked before any command runs: nothing is made

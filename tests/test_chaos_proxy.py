@@ -364,6 +364,14 @@ def test_close_ends_every_connection_and_the_thread_and_leaves_nothing_listening
         proxy.start()
 
 
+def test_a_port_in_use_fails_the_start_and_leaves_no_thread_and_a_proxy_starts_once(echo: EchoServer) -> None:
+    with pytest.raises(OSError, match="address already in use"):
+        FaultProxy(echo.address, port=echo.address[1]).start()
+    assert not [thread for thread in threading.enumerate() if thread.name.startswith("fault proxy")]
+    with FaultProxy(echo.address) as proxy, pytest.raises(RuntimeError, match="is already started"):
+        proxy.start()
+
+
 BAD_CALLS: list[tuple[Callable[[FaultProxy], object], str]] = [
     (lambda proxy: proxy.delay(-0.1), r"delay seconds must be at least 0, got -0\.1"),
     (lambda proxy: proxy.delay(0.1, jitter=-1), "delay jitter must be at least 0, got -1"),

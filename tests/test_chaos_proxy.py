@@ -511,10 +511,11 @@ ECHO_INSIDE = """
 import socket, sys
 with socket.create_server((sys.argv[1], 0)) as listener:
     print(listener.getsockname()[1], flush=True)
-    connection, _ = listener.accept()
-    with connection:
-        while data := connection.recv(65536):
-            connection.sendall(data)
+    while True:
+        connection, _ = listener.accept()
+        with connection:
+            while data := connection.recv(65536):
+                connection.sendall(data)
 """
 
 
@@ -527,6 +528,8 @@ def namespace() -> Iterator[Namespace]:
         yield made
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     assert made.name not in listed.split()
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
+    assert f" {made.host_interface}@" not in links
 
 
 def echo_inside(namespace: Namespace) -> tuple[subprocess.Popen[str], int]:
@@ -578,4 +581,4 @@ def test_netem_works_where_the_kernel_has_it(namespace: Namespace) -> None:
 )
 def test_bad_namespace_arguments_are_refused(call: Callable[[Namespace], None], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        call(Namespace())  # checked before any command runs: nothing is made
+        call(Namespace(index=0))  # checked before any command runs: nothing is made

@@ -20,6 +20,7 @@ import functools
 import ipaddress
 import itertools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -77,17 +78,31 @@ def support() -> NetnsSupport:
         return NetnsSupport(False, False, str(exc))
 
 
+def _unused_subnet(subnets: int) -> int:
+    """The index of a /30 of the network no address of the host lies in."""
+    listed = _run("ip", "-o", "-4", "addr", "show")
+    addresses = (ipaddress.ip_address(found) for found in re.findall(r"inet ([0-9.]+)/", listed))
+    used = {(int(address) - int(_NETWORK.network_address)) // 4 for address in addresses if address in _NETWORK}
+    start = os.getpid() * 16 + next(_numbers)
+    for index in range(start, start + subnets):
+        if index % subnets not in used:
+            return index % subnets
+    raise NamespaceError(f"every /30 of {_NETWORK} is in use")
+
+
 class Namespace:
     """A network namespace joined to the host by a veth pair on a /30 of 10.213.0.0/16.
 
     Made on :meth:`open` (or entering the context), with loopback up inside; :meth:`close`
     kills whatever still runs inside and deletes the namespace, which deletes the pair too.
-    ``index`` picks the /30 (by default a new one per namespace of this process).
+    ``index`` picks the /30; by default the first one no interface of the host has an address
+    in, from a place that depends on the process id (so that test runs side by side do not race
+    for the same one).
     """
 
     def __init__(self, index: int | None = None) -> None:
-        number = next(_numbers) if index is None else index
         subnets = 2 ** (30 - _NETWORK.prefixlen)
+        number = _unused_subnet(subnets) if index is None else index
         if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number < subnets:
             raise ConfigError(f"index must be an int from 0 to {subnets - 1}, got {number!r}")
         base = _NETWORK.network_address + 4 * number
@@ -97,7 +112,8 @@ class Namespace:
         """The namespace's end: where a process inside can be reached from the host."""
         tag = f"{os.getpid() % 100000}x{number}"
         self.name = f"kf{tag}"
-        self._host_link = f"kfh{tag}"[:15]
+        self.host_interface = f"kfh{tag}"[:15]
+        """The host's end of the veth pair."""
         self._inside_link = f"kfn{tag}"[:15]
         self._open = False
 
@@ -105,10 +121,10 @@ class Namespace:
         _run("ip", "netns", "add", self.name)
         self._open = True
         try:
-            _run("ip", "link", "add", self._host_link, "type", "veth", "peer", "name", self._inside_link)
+            _run("ip", "link", "add", self.host_interface, "type", "veth", "peer", "name", self._inside_link)
             _run("ip", "link", "set", self._inside_link, "netns", self.name)
-            _run("ip", "addr", "add", f"{self.host_address}/30", "dev", self._host_link)
-            _run("ip", "link", "set", self._host_link, "up")
+            _run("ip", "addr", "add", f"{self.host_address}/30", "dev", self.host_interface)
+            _run("ip", "link", "set", self.host_interface, "up")
             self._inside("ip", "addr", "add", f"{self.address}/30", "dev", self._inside_link)
             self._inside("ip", "link", "set", self._inside_link, "up")
             self._inside("ip", "link", "set", "lo", "up")
@@ -167,7 +183,7 @@ class Namespace:
 
     def _link(self, side: Side) -> str:
         # A queue shapes what leaves its interface: the process's packets leave the inside end.
-        return self._inside_link if side == "out" else self._host_link
+        return self._inside_link if side == "out" else self.host_interface
 
     def _inside(self, *command: str) -> str:
         return _run(*self.command(command))
@@ -184,10 +200,9 @@ class Namespace:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
         _run("ip", "netns", "del", self.name)
-        # The pair goes with the namespace once the last process inside is gone; do not wait for that.
-        left = subprocess.run(["ip", "link", "show", "dev", self._host_link], capture_output=True, check=False)
-        if left.returncode == 0:
-            _run("ip", "link", "del", self._host_link)
+        # The pair goes with the namespace once the last process inside is gone; do not wait for
+        # that. Deleting the host's end deletes both, unless they went meanwhile.
+        subprocess.run(["ip", "link", "del", self.host_interface], capture_output=True, check=False)
 
     def __enter__(self) -> Namespace:
         return self.open()

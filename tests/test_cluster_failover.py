@@ -28,6 +28,7 @@ import pytest
 from keyfailover.client import Client, Message, NoBrokerError
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.partitions import partition_of_key, partition_topic
+from keyfailover.tools._ownership import lease_events, ownership_events
 from keyfailover.tools.chaos import Acked, Delivered, Record, held_twice
 from keyfailover.tools.services import PostgreSQL, ZooKeeper, free_port
 from tests.server_process import ServerProcess, run_cli, wait_until
@@ -400,6 +401,19 @@ def test_a_suspended_broker_cannot_write_after_its_session_and_rejoins_as_a_foll
         # (fenced) or because it had stopped serving (not_owner); never stored under its old epoch.
         events = frozen.errors()
         assert "stops serving" in events
+        # It paused every partition when it woke, its lease lapsed before the other broker took them over:
+        # from the lapse on it delivered nothing and settled no ack (two owners never acted at once).
+        lapses = [change for change in lease_events(events) if change.lapsed]
+        assert lapses, events
+        takeovers = [
+            event.at
+            for other in brokers
+            if other is not frozen
+            for event in ownership_events(other.errors(), topic)
+            if event.serves and event.epoch > 1  # epoch 1: the first owner; later ones took over
+        ]
+        assert takeovers
+        assert lapses[0].at < min(takeovers)
 
 
 def test_killing_the_coordinator_elects_another_under_a_new_epoch_and_status_shows_consumers(

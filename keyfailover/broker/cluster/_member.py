@@ -40,6 +40,10 @@ __all__ = ["ClusterMember", "ClusterState", "cluster_status", "connect", "create
 
 _log = logging.getLogger("keyfailover.cluster")
 
+LEASE_SHARE = 0.8
+"""A member acts on its partitions only within this share of the session timeout after ZooKeeper last
+answered it (see :meth:`ClusterMember.lease_valid`)."""
+
 
 def parse_cluster_url(url: str) -> tuple[str, str]:
     """``zk://HOST:PORT[,HOST:PORT...]/PATH`` -> ``(kazoo hosts, root path)``; :class:`ConfigError` otherwise."""
@@ -185,6 +189,15 @@ class ClusterMember:
     ``on_acquired(partition)`` is called once the broker holds the partition's barrier (it may
     serve it now); ``on_released(partition)`` before it lets the barrier go (it must stop
     serving it first). Both run on the member's worker thread.
+
+    The lease: ZooKeeper ends the member's session (and another broker may take its partitions)
+    no sooner than a session timeout after it last heard from the member. A request that ZooKeeper
+    answered proves the session was alive when it was sent, so the member may act on its
+    partitions until :data:`LEASE_SHARE` of a session timeout after sending it (:meth:`lease_valid`);
+    a thread renews it every quarter of a session timeout. A process that was stopped (SIGSTOP, a
+    long pause) finds its lease lapsed when it wakes, before it has heard of any new owner.
+    ``on_lease(valid, at)`` is called when the lease lapses (``at``: the monotonic time it did) and
+    when it is renewed after a lapse.
     """
 
     def __init__(
@@ -199,6 +212,7 @@ class ClusterMember:
         on_acquired: Callable[[PartitionId], None] | None = None,
         on_released: Callable[[PartitionId], None] | None = None,
         admin: str | None = None,
+        on_lease: Callable[[bool, float], None] | None = None,
     ) -> None:
         if not root.startswith("/") or root.endswith("/"):
             raise ConfigError(f"the cluster root must be a ZooKeeper path like /keyfailover, not {root!r}")
@@ -227,16 +241,29 @@ class ClusterMember:
         self._assigned_at: dict[PartitionId, float] = {}  # time.monotonic() an assignment gave us one we wait for
         self._worker: threading.Thread | None = None
         self._wake = {kind: self._waker(kind) for kind in ("elect", "rebalance", "assignment", "barrier")}
+        self._on_lease = on_lease or (lambda valid, at: None)
+        self._lease = LEASE_SHARE * session_timeout
+        self._confirmed = 0.0  # time.monotonic() a request was sent that ZooKeeper answered in our session
+        self._lapsed = False
+        self._session: Any = None  # kazoo's client_id of the session our znodes live in
+        self._renewer: threading.Thread | None = None
+        self._stopping = threading.Event()
 
     # -- life cycle ------------------------------------------------------------------
 
     def start(self) -> ClusterMember:
         """Connect, register and take part; raises :class:`ConfigError` when ZooKeeper cannot be reached."""
+        began = time.monotonic()
         self._zk = connect(self.hosts, self.session_timeout)
         self._zk.add_listener(self._session_changed)
         for path in ("brokers", "topics", "barriers", "epoch", "assignment"):  # empty epoch: 0
             self._zk.ensure_path(f"{self.root}/{path}")
         self._register()
+        with self._lock:
+            self._confirmed = began
+        self._stopping.clear()
+        self._renewer = threading.Thread(target=self._renew, name=f"lease {self.broker_id}", daemon=True)
+        self._renewer.start()
         self._worker = threading.Thread(target=self._work, name=f"cluster {self.broker_id}", daemon=True)
         self._worker.start()
         self._events.put("elect")
@@ -249,6 +276,10 @@ class ClusterMember:
             self._events.put("stop")
             self._worker.join(timeout=30)
             self._worker = None
+        self._stopping.set()
+        if self._renewer is not None:
+            self._renewer.join(timeout=30)
+            self._renewer = None
         if self._zk is not None:
             self._zk.stop()
             self._zk.close()
@@ -286,6 +317,41 @@ class ClusterMember:
     def create_topic(self, topic: str, partitions: int) -> bool:
         """:func:`create_topic` in this member's cluster."""
         return create_topic(self._zk, self.root, topic, partitions)
+
+    # -- the lease -------------------------------------------------------------------
+
+    def lease_valid(self) -> bool:
+        """Whether the member may act on its partitions now: ZooKeeper answered a request of its session
+        sent less than the lease ago (a lapse is reported through ``on_lease`` once)."""
+        now = time.monotonic()
+        with self._lock:
+            end = self._confirmed + self._lease
+            if now < end:
+                return True
+            reported, self._lapsed = self._lapsed, True
+        if not reported:
+            self._on_lease(False, end)
+        return False
+
+    def _renew(self) -> None:
+        """Renew the lease with a round trip to ZooKeeper every quarter of a session timeout."""
+        while not self._stopping.wait(self.session_timeout / 4):
+            zk = self._zk
+            if zk is None:
+                return
+            session, began = zk.client_id, time.monotonic()
+            try:
+                zk.exists_async(self.root).get(timeout=self.session_timeout)
+            except Exception:
+                self.lease_valid()  # no answer: report a lapse as soon as there is one
+                continue
+            with self._lock:
+                if session != self._session or zk.client_id != session:
+                    continue  # an answer in another session than our znodes': not ours (released on LOST)
+                self._confirmed = max(self._confirmed, began)
+                renewed, self._lapsed = self._lapsed, False
+            if renewed:
+                self._on_lease(True, began)
 
     # -- the worker ------------------------------------------------------------------
 
@@ -345,6 +411,8 @@ class ClusterMember:
         data = json.dumps(record).encode()
         path = self._zk.create(f"{self.root}/brokers/b-", data, ephemeral=True, sequence=True)
         self._node = path.rsplit("/", 1)[1]
+        with self._lock:
+            self._session = self._zk.client_id
 
     # -- election --------------------------------------------------------------------
 

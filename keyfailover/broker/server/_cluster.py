@@ -4,11 +4,17 @@ the shared log in PostgreSQL holds everything, and owner epochs fence a broker t
 The cluster member's worker thread tells this broker when it holds a partition's barrier
 (:meth:`BrokerRole._acquired`) and before it lets one go (:meth:`BrokerRole._released`); each
 call waits until the server's event loop has taken the partition's lease, or stopped serving it.
+
+Owner epochs fence a zombie's writes; the member's lease (:meth:`ClusterMember.lease_valid`) fences
+what it would do without writing: while the lease is lapsed the broker's subscriptions deliver
+nothing and settle no ack, and it says so on the ``keyfailover.ownership`` logger ("pauses every
+partition: its lease lapsed at ...", "resumes its partitions"), with the time the lease lapsed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -23,6 +29,7 @@ from keyfailover.core.partitions import PartitionId, partition_topic
 __all__ = ["BrokerRole"]
 
 _log = logging.getLogger("keyfailover.cluster")
+_ownership = logging.getLogger("keyfailover.ownership")
 _HANDOVER_TIMEOUT = 60.0  # seconds the member's thread waits for the loop to open or close a partition
 
 
@@ -36,6 +43,8 @@ class _Served(Protocol):
     async def open_served(self, served: str) -> None: ...
 
     async def close_served(self, served: str, reason: str) -> None: ...
+
+    def wake_all(self) -> None: ...
 
 
 class BrokerRole:
@@ -92,6 +101,7 @@ class BrokerRole:
             on_acquired=self._acquired,
             on_released=self._released,
             admin=admin,
+            on_lease=self._lease_changed,
         )
         self._member = member  # before it starts: its worker may hand partitions over at once
         try:
@@ -106,6 +116,28 @@ class BrokerRole:
         if member is not None and self._loop is not None:
             await self._loop.run_in_executor(None, member.stop)  # hands every partition back first
         self._member = None
+
+    def lease_valid(self) -> bool:
+        """Whether this broker may act on its partitions now (the member's lease; True before it joined)."""
+        member = self._member
+        return member is None or member.lease_valid()
+
+    def _lease_changed(self, valid: bool, at: float) -> None:
+        """The member's lease lapsed at ``at`` (monotonic), or was renewed: say so; on renewal wake the pumps."""
+        if valid:
+            _ownership.info(
+                "broker %s resumes its partitions: ZooKeeper answered, its lease is renewed", self.store.owner
+            )
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(self._server.wake_all)
+            return
+        lapsed = datetime.datetime.fromtimestamp(time.time() - (time.monotonic() - at))
+        _ownership.info(
+            "broker %s pauses every partition: its lease lapsed at %s,%03d (no answer from ZooKeeper)",
+            self.store.owner,
+            lapsed.strftime("%Y-%m-%d %H:%M:%S"),
+            lapsed.microsecond // 1000,
+        )
 
     # -- level 1 -> this broker --------------------------------------------------------
 

@@ -379,6 +379,7 @@ class Server:
                     own_settings=own,
                     slots=partition_slots(index, count),
                     settings_topic=base,
+                    may_act=None if self._broker is None else self._broker.lease_valid,
                 )
                 if not self.storage.serves(topic) or topic in self._closing:  # it moved away while loading
                     raise ProtocolError(
@@ -440,6 +441,11 @@ class Server:
         self._closing.discard(served)
         for name in await self.storage.subscriptions(served):
             await self.subscription(served, name)
+
+    def wake_all(self) -> None:
+        """Wake every subscription's pump (a broker's lease was renewed: what waited may go out)."""
+        for subscription in self._subscriptions.values():
+            subscription.wake()
 
     async def close_served(self, served: str, reason: str) -> None:
         """Stop serving ``served``: its subscriptions save their cursors and tell their consumers ``reason``.

@@ -148,8 +148,12 @@ class Subscription:
         own_settings: DeliverySettings | None = None,
         slots: tuple[int, int] = (0, HASH_RANGE_SIZE - 1),
         settings_topic: str | None = None,
+        may_act: Callable[[], bool] | None = None,
     ) -> None:
         self.topic = topic
+        self._may_act = may_act
+        """A cluster broker's lease: while it returns False nothing is delivered and no ack, nack or
+        extension is taken (None: always may)."""
         self.name = name
         self.settings_topic = topic if settings_topic is None else settings_topic
         """The topic its consume mode and delivery settings are saved under: a partition's are its topic's."""
@@ -312,8 +316,13 @@ class Subscription:
         self.dispatcher.flow(session.consumer, permits)
         self.wake()
 
+    def _paused(self) -> bool:
+        return self._may_act is not None and not self._may_act()
+
     def ack(self, session: Session, positions: list[int]) -> list[int]:
-        """Ack each position; returns those that were not in flight on the session."""
+        """Ack each position; returns those that were not in flight on the session (all while paused)."""
+        if self._paused():
+            return list(positions)
         acked, rejected = self.dispatcher.ack_many(session.consumer, positions)
         cursor_ack, uncache = self.cursor.ack, self._cache.pop
         for position in acked:
@@ -326,9 +335,13 @@ class Subscription:
 
     def extend(self, session: Session, positions: list[int]) -> list[int]:
         """Renew the leases of ``positions``; returns those that were not in flight on the session."""
+        if self._paused():
+            return list(positions)
         return self.dispatcher.extend(session.consumer, positions)[1]
 
     def nack(self, session: Session, positions: list[int]) -> list[int]:
+        if self._paused():
+            return list(positions)
         rejected = []
         for position in positions:
             try:
@@ -367,7 +380,7 @@ class Subscription:
 
     async def _pump(self) -> None:
         dispatcher = self.dispatcher
-        while True:
+        while not self._paused():
             await self._send(dispatcher.poll())
             letters = dispatcher.dead_letters()
             if letters or self._unburied:

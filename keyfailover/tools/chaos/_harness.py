@@ -42,7 +42,7 @@ from typing import Any, TextIO
 from keyfailover.broker.cluster import cluster_status, connect, create_topic
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.partitions import split_partition_topic
-from keyfailover.tools._ownership import ownership_events
+from keyfailover.tools._ownership import lease_events, ownership_events
 from keyfailover.tools.chaos._records import (
     Acked,
     Fault,
@@ -534,13 +534,23 @@ def _partition_maps(stats: dict[str, Any], topic: str) -> dict[int, tuple[tuple[
 
 
 def _served(broker: _Process, topic: str, offset: float, faults: list[Fault]) -> list[Served]:
-    """The broker's serving intervals by its own lines, ended at its kills and cut by its suspensions."""
+    """The broker's serving intervals by its own lines, ended at its kills and cut by its suspensions and
+    by the times its lease was lapsed (from the lapse it names until it said it resumed)."""
     text = broker.log.read_text(errors="replace") if broker.log.exists() else ""
     mine = [fault for fault in faults if fault.target == broker.name]
     kills = sorted(f.t for f in mine if f.kind == "kill" and f.action == "start")
     stops = sorted(f.t for f in mine if f.kind == "suspend" and f.action == "start")
     conts = sorted(f.t for f in mine if f.kind == "suspend" and f.action == "end")
     suspended = list(zip(stops, conts + [float("inf")] * (len(stops) - len(conts)), strict=True))
+    lapsed_at: float | None = None
+    for change in lease_events(text):
+        if change.lapsed and lapsed_at is None:
+            lapsed_at = change.at - offset
+        elif not change.lapsed and lapsed_at is not None:
+            suspended.append((lapsed_at, change.at - offset))
+            lapsed_at = None
+    if lapsed_at is not None:
+        suspended.append((lapsed_at, float("inf")))
     opened: dict[tuple[int, int], float] = {}
     intervals: list[tuple[int, int, float, float | None]] = []
     for event in ownership_events(text, topic):

@@ -15,7 +15,11 @@ whole batch pipelined with the next read).
 
 Every payload carries its message index and its send time from ``time.monotonic_ns()``
 (CLOCK_MONOTONIC, one clock for every process on Linux), so each consumer measures send →
-receive latency per message. Throughput is messages over the time from the first send to
+receive latency per message. A second table shows publish → receive latency from the time the
+broker stamped on each message as it stored it: keyfailover's ``Message.publish_time`` (the
+server's wall clock at the group commit, in µs), and Redis's entry id (its server's wall clock
+at ``XADD``, in ms, so its figures are up to 1 ms high), each against the consumer's
+``time.time_ns()`` at receive (one machine, one clock). Throughput is messages over the time from the first send to
 the last receive. Every message must arrive (the script fails otherwise). Per-key order is
 checked on first deliveries twice: inside each consumer (the indices it sees of a key
 increase) and across consumers (ordered by the time each consumer took the message, the
@@ -119,6 +123,10 @@ TRIALS = [
 ]
 DURABLE, NO_LEASES, UNORDERED, REDIS_ALWAYS, REDIS_EVERYSEC = TRIALS[0], TRIALS[1], TRIALS[2], TRIALS[4], TRIALS[5]
 LEASE_COST_GOAL = 0.10
+PUBLISH_TIMES: dict[System, str] = {
+    "keyfailover": "Message.publish_time (µs, group commit)",
+    "redis": "entry id (ms at XADD: up to 1 ms high)",
+}
 
 DURABILITY_NOTES = """\
 Durability of each row (what a message survives once its producer was told it is stored):
@@ -148,6 +156,19 @@ class Server:
 
 
 @dataclass(frozen=True)
+class Latency:
+    """Percentiles of one latency, in milliseconds."""
+
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+
+    @classmethod
+    def of(cls, ms: npt.NDArray[np.float64]) -> Latency:
+        return cls(float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), float(ms.max()))
+
+
+@dataclass(frozen=True)
 class Delivery:
     """What the consumers of one run got, checked: every message arrived once, per-key order, latency."""
 
@@ -155,6 +176,7 @@ class Delivery:
     rate: float  # messages over the time from the first send to the last receive
     p50_ms: float
     p99_ms: float
+    published: Latency  # from the broker's publish time to the consumer's receive (wall clock)
     in_consumer_violations: int
     across_violations: int
     split_keys: int
@@ -373,13 +395,16 @@ class ConsumerReport:
     indices: bytes
     sent: bytes
     received: bytes
+    published: bytes  # the broker's publish time, µs since the epoch
+    received_wall: bytes  # the wall clock at receive, µs since the epoch
     violations: int
     redelivered: int
     cpu_seconds: float
 
 
 class Tally:
-    """One consumer's record of first deliveries: index, send and receive times, in-consumer order."""
+    """One consumer's record of first deliveries: index, send and receive times, publish time and the wall clock
+    at receive, in-consumer order."""
 
     def __init__(self, slot: int, progress: Any) -> None:
         self.slot = slot
@@ -387,12 +412,15 @@ class Tally:
         self.indices = array("q")
         self.sent = array("q")
         self.received = array("q")
+        self.published = array("q")
+        self.received_wall = array("q")
         self.last_of_key: dict[bytes | str | None, int] = {}
         self.violations = 0
         self.redelivered = 0
         self.cpu_start = time.process_time()
 
-    def take(self, key: bytes | str | None, payload: bytes, now: int) -> None:
+    def take(self, key: bytes | str | None, payload: bytes, now: int, published: int, wall: int) -> None:
+        """A first delivery: ``now`` monotonic ns, ``published`` and ``wall`` (the clock now) µs since the epoch."""
         index, sent = HEADER.unpack_from(payload)
         if self.last_of_key.get(key, -1) > index:
             self.violations += 1
@@ -401,6 +429,8 @@ class Tally:
         self.indices.append(index)
         self.sent.append(sent)
         self.received.append(now)
+        self.published.append(published)
+        self.received_wall.append(wall)
         if not len(self.indices) & 255:
             self.progress[self.slot] = len(self.indices)
 
@@ -413,6 +443,8 @@ class Tally:
             self.indices.tobytes(),
             self.sent.tobytes(),
             self.received.tobytes(),
+            self.published.tobytes(),
+            self.received_wall.tobytes(),
             self.violations,
             self.redelivered,
             time.process_time() - self.cpu_start,
@@ -423,7 +455,7 @@ def consume_keyfailover(address: str, tally: Tally, stop: Event, ready: Callable
     """``receive`` and ``acknowledge`` one message at a time until ``stop`` and idle."""
     from keyfailover.client import Client, Timeout
 
-    now = time.monotonic_ns
+    now, wall = time.monotonic_ns, time.time_ns
     with Client(address) as client:
         consumer = client.subscribe(
             TOPIC, SUBSCRIPTION, consumer_name=f"c{tally.slot}", receiver_queue_size=RECEIVER_QUEUE
@@ -440,8 +472,10 @@ def consume_keyfailover(address: str, tally: Tally, stop: Event, ready: Callable
                 continue
             if message.redelivery_count:
                 tally.redelivered += 1
+            elif message.publish_time is None:
+                raise RuntimeError(f"message {message.position} came without a publish time")
             else:
-                take(message.key, message.payload, now())
+                take(message.key, message.payload, now(), message.publish_time, wall() // 1000)
             acknowledge(message)
         consumer.close()
 
@@ -451,7 +485,7 @@ def consume_redis(address: str, tally: Tally, stop: Event, ready: Callable[[], N
     import redis
 
     host, port = address.rsplit(":", 1)
-    now = time.monotonic_ns
+    now, wall = time.monotonic_ns, time.time_ns
     name = f"c{tally.slot}"
     client = redis.Redis(host=host, port=int(port))
     try:
@@ -471,7 +505,8 @@ def consume_redis(address: str, tally: Tally, stop: Event, ready: Callable[[], N
                     break
                 continue
             for entry_id, fields in reply[0][1]:
-                take(fields[b"k"], fields[b"p"], now())
+                # An entry id is "<ms of the Redis server's clock at XADD>-<sequence>".
+                take(fields[b"k"], fields[b"p"], now(), int(entry_id.split(b"-", 1)[0]) * 1000, wall() // 1000)
                 unacked.append(entry_id)
     finally:
         client.close()
@@ -690,11 +725,14 @@ def delivery(run: Run, count: int, what: str) -> Delivery:
     keys = key_ids(count)[indices]
     keys_with_owner = np.unique(keys * CONSUMERS + owner) // CONSUMERS
     latency_ms = (received - sent) / 1e6
+    published = np.concatenate([np.frombuffer(r.published, dtype=np.int64) for r in reports])
+    received_wall = np.concatenate([np.frombuffer(r.received_wall, dtype=np.int64) for r in reports])
     return Delivery(
         messages=count,
         rate=count / ((int(received.max()) - run.first_send) / 1e9),
         p50_ms=float(np.percentile(latency_ms, 50)),
         p99_ms=float(np.percentile(latency_ms, 99)),
+        published=Latency.of((received_wall - published) / 1e3),
         in_consumer_violations=sum(r.violations for r in reports),
         across_violations=order_violations(keys, indices, received),
         split_keys=int(np.count_nonzero(np.bincount(keys_with_owner) > 1)),
@@ -789,6 +827,22 @@ def print_results(count: int, repeats: int, measured: Sequence[Measured], skippe
         rows,
     )
     print(DURABILITY_NOTES)
+    print_table(
+        "Publish → receive latency from the broker's publish time: the server's wall clock as it stored the message, "
+        "against the consumer's at receive (first deliveries, same machine)",
+        ["system", "mode", "publish time", "p50 ms", "p99 ms", "max ms"],
+        [
+            [
+                m.trial.system,
+                m.trial.mode,
+                PUBLISH_TIMES[m.trial.system],
+                f"{m.delivery.published.p50_ms:.2f}",
+                f"{m.delivery.published.p99_ms:.2f}",
+                f"{m.delivery.published.max_ms:.2f}",
+            ]
+            for m in measured
+        ],
+    )
     print(
         "Order violations: first deliveries of a key taken (by receive time, across consumers) after a later\n"
         "message of that key. keys on >1 consumer: keys whose messages were processed by more than one consumer.\n"

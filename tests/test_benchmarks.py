@@ -27,6 +27,7 @@ HEADERS = {
     "bench_cluster.py": ("setup", "durability", "msgs/s produce+consume", "vs single-node SQLite", "order violations"),
 }
 ALSO_PRINTS = {
+    "bench_e2e.py": ("Publish → receive latency from the broker's publish time",),
     "bench_cluster.py": (
         "brokers  PostgreSQL  ZooKeeper",  # the CPU table
         "every partition served s",  # the failover table

@@ -10,6 +10,7 @@ from functools import partial
 from pathlib import Path
 from urllib.request import urlopen
 
+from keyfailover.broker.storage.sqlite import publish_clock
 from keyfailover.client import Client, Timeout
 from keyfailover.core.clock import ManualClock
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
@@ -24,6 +25,7 @@ def test_produce_a_file_then_consume_every_line_in_key_order(tmp_path: Path) -> 
     lines = [f"acct-{i % KEYS},{i}" for i in range(MESSAGES)]
     source = tmp_path / "events.csv"
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    started = publish_clock()
     with ServerProcess(tmp_path / "data") as server:
         url = ["--url", server.url, "--topic", "orders"]
         produced = run_cli("produce", *url, "--file", str(source), "--key-field", ",", "--progress")
@@ -38,7 +40,9 @@ def test_produce_a_file_then_consume_every_line_in_key_order(tmp_path: Path) -> 
 
         consumed = run_cli("consume", *url, "--subscription", "audit", "--json", "--idle-timeout", "2")
         assert consumed.returncode == 0, consumed.stderr
+        ended = publish_clock()
     records = [json.loads(line) for line in consumed.stdout.splitlines()]
+    assert all(started <= r["publish_time"] <= ended for r in records)
     assert [r["position"] for r in records] == sorted(r["position"] for r in records)
     assert len(records) == MESSAGES + 2
     by_key: dict[str | None, list[str]] = defaultdict(list)

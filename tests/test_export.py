@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 
-from keyfailover.broker.storage.sqlite import Log, LogSnapshot
+from keyfailover.broker.storage.sqlite import Log, LogSnapshot, publish_clock
 from keyfailover.client import Client
 from keyfailover.core.errors import InvalidKeyError, LogError, LogFileError
 from keyfailover.integrations.export import export_topic
@@ -19,10 +20,24 @@ from tests.server_process import ServerProcess
 
 Sent = dict[int, tuple[str | bytes | None, bytes, str]]
 """position -> (key, payload, producer name)."""
+Windows = dict[int, tuple[int, int]]
+"""position -> the broker clock (µs since the epoch) just before its send and just after its receipt."""
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
-def produce(url: str) -> Sent:
-    """Messages with text, binary (UTF-8 and not) and no keys, from two named producers, on topic ``orders``."""
+def micros(moment: dt.datetime) -> int:
+    return (moment - EPOCH) // dt.timedelta(microseconds=1)
+
+
+def in_window(windows: Windows, position: int, publish_time: int | None) -> bool:
+    """Whether a message's publish time lies between its send and its receipt (the same machine's clock)."""
+    before, after = windows[position]
+    return publish_time is not None and before <= publish_time <= after
+
+
+def produce(url: str, windows: Windows) -> Sent:
+    """Messages with text, binary (UTF-8 and not) and no keys, from two named producers, on topic ``orders``;
+    each one's send window goes in ``windows``."""
     sent: Sent = {}
     with Client(url) as client:
         other = client.create_producer("other-topic", "p-other")
@@ -33,7 +48,10 @@ def produce(url: str) -> Sent:
             producer = producers[index % 2]
             key = keys[index % len(keys)]
             payload = f"payload {index}".encode() + bytes([index, 0, 255])
-            sent[producer.send(payload, key=key)] = (key, payload, producer.producer_name)
+            before = publish_clock()
+            position = producer.send(payload, key=key)
+            windows[position] = (before, publish_clock())
+            sent[position] = (key, payload, producer.producer_name)
     return sent
 
 
@@ -42,25 +60,30 @@ def text(key: str | bytes | None) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def server_data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Sent, ServerProcess]]:
+def server_data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Sent, ServerProcess, Windows]]:
     """A running server with messages on ``orders``; the tests below run in order and the last one stops it."""
     data = tmp_path_factory.mktemp("export") / "data"
     server = ServerProcess(data).start()
+    windows: Windows = {}
     try:
-        yield data, produce(server.url), server
+        yield data, produce(server.url, windows), server, windows
     finally:
         server.stop()
 
 
-def test_parquet_export_while_the_server_runs(server_data: tuple[Path, Sent, ServerProcess], tmp_path: Path) -> None:
-    data, sent, server = server_data
+def test_parquet_export_while_the_server_runs(
+    server_data: tuple[Path, Sent, ServerProcess, Windows], tmp_path: Path
+) -> None:
+    data, sent, server, windows = server_data
     assert server.process is not None and server.process.poll() is None
     result = export_topic(data, "orders", tmp_path / "out", "parquet")
     assert result.files == [tmp_path / "out" / "part-00000.parquet"]
     assert (result.messages, result.first_position, result.last_position) == (60, min(sent), max(sent))
     table = pq.read_table(tmp_path / "out")
-    assert table.schema.names == ["position", "key", "payload", "producer", "seq"]
+    assert table.schema.names == ["position", "key", "payload", "producer", "seq", "publish_time"]
+    assert str(table.schema.field("publish_time").type) == "timestamp[us, tz=UTC]"
     rows = table.to_pylist()
+    assert all(in_window(windows, row["position"], micros(row["publish_time"])) for row in rows)
     assert [row["position"] for row in rows] == sorted(sent)
     assert {row["position"]: (row["key"], row["payload"], row["producer"]) for row in rows} == {
         position: (text(key), payload, producer) for position, (key, payload, producer) in sent.items()
@@ -71,9 +94,9 @@ def test_parquet_export_while_the_server_runs(server_data: tuple[Path, Sent, Ser
 
 
 def test_jsonl_export_with_binary_keys_in_files_of_a_given_size(
-    server_data: tuple[Path, Sent, ServerProcess], tmp_path: Path
+    server_data: tuple[Path, Sent, ServerProcess, Windows], tmp_path: Path
 ) -> None:
-    data, sent, _ = server_data
+    data, sent, _, windows = server_data
     result = export_topic(data, "orders", tmp_path / "out", "jsonl", binary_keys=True, rows_per_file=25)
     assert [path.name for path in result.files] == ["part-00000.jsonl", "part-00001.jsonl", "part-00002.jsonl"]
     lines = [json.loads(line) for path in result.files for line in path.read_text(encoding="utf-8").splitlines()]
@@ -90,12 +113,16 @@ def test_jsonl_export_with_binary_keys_in_files_of_a_given_size(
         position: (key.encode() if isinstance(key, str) else key, payload, producer)
         for position, (key, payload, producer) in sent.items()
     }
+    # ISO 8601 UTC to the microsecond: the same instant as the Parquet column
+    assert all(line["publish_time"].endswith("Z") for line in lines)
+    stamps = {line["position"]: micros(dt.datetime.fromisoformat(line["publish_time"])) for line in lines}
+    assert all(in_window(windows, position, at) for position, at in stamps.items())
 
 
 def test_cli_export_after_the_server_stopped(
-    server_data: tuple[Path, Sent, ServerProcess], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    server_data: tuple[Path, Sent, ServerProcess, Windows], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    data, sent, server = server_data
+    data, sent, server, _ = server_data
     assert server.stop() == 0
     assert not (data / "keyfailover.db-wal").exists()  # closed cleanly: a reader must cope without the WAL files
     log_bytes = (data / "keyfailover.db").read_bytes()
@@ -139,7 +166,7 @@ def test_a_snapshot_reads_what_was_committed_when_it_was_made(tmp_path: Path) ->
     """Later appends stay out, however the reads are cut into chunks and transactions."""
     path = tmp_path / "log.db"
     with Log(path) as log:
-        log.append([("t", "p", [(seq, f"k{seq % 3}", b"x%d" % seq) for seq in range(10)])])
+        log.append([("t", "p", [(seq, f"k{seq % 3}", b"x%d" % seq) for seq in range(10)])], publish_time=42)
         with LogSnapshot(path) as snapshot:
             late = [(seq, "late", b"late") for seq in range(10, 15)]
             log.append([("t", "p", late), ("u", None, [(None, None, b"")])])
@@ -147,4 +174,4 @@ def test_a_snapshot_reads_what_was_committed_when_it_was_made(tmp_path: Path) ->
             rows = list(snapshot.messages("t", chunk=3))
             with pytest.raises(LogError, match=r"topic 'u' is not in the log; expected one of \['t'\]"):
                 list(snapshot.messages("u"))
-    assert rows == [(seq + 1, f"k{seq % 3}", b"x%d" % seq, "p", seq) for seq in range(10)]
+    assert rows == [(seq + 1, f"k{seq % 3}", b"x%d" % seq, "p", seq, 42) for seq in range(10)]

@@ -17,7 +17,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keyfailover.broker.cursor import Cursor
-from keyfailover.broker.storage.sqlite import MAX_POSITION, SCHEMA_VERSION, Key, Log, StoredMessage
+from keyfailover.broker.storage.sqlite import (
+    MAX_POSITION,
+    SCHEMA_VERSION,
+    Key,
+    Log,
+    LogSnapshot,
+    StoredMessage,
+    publish_clock,
+)
 from keyfailover.core.errors import InvalidKeyError, KeyFailoverError, LogError, LogFileError, SequenceError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,9 +94,10 @@ def shared_log(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Log]:
 def test_any_keys_and_payloads_round_trip(shared_log: Log, topic: str, messages: list[tuple[Key, bytes]]) -> None:
     last = shared_log.last_position(topic)
     positions = range(last + 1, last + len(messages) + 1)
-    assert shared_log.append([(topic, None, [(None, k, p) for k, p in messages])]) == [[(p, False) for p in positions]]
+    appended = shared_log.append([(topic, None, [(None, k, p) for k, p in messages])], publish_time=last)
+    assert appended == [[(p, False) for p in positions]]
     stored = shared_log.read(topic, last, 100)
-    assert stored == [StoredMessage(p, k, v) for p, (k, v) in zip(positions, messages, strict=True)]
+    assert stored == [StoredMessage(p, k, v, last) for p, (k, v) in zip(positions, messages, strict=True)]
     assert [type(m.key) for m in stored] == [type(k) for k, _ in messages]
 
 
@@ -120,6 +129,27 @@ def test_group_commit_stores_several_batches_in_one_call(log: Log) -> None:
     assert results == [[(1, False), (2, False)], [(1, False)], [(3, False)], [], [(4, False)]]
     assert _payloads(log, "orders") == [b"o1", b"o2", b"o3", b"o4"]
     assert _payloads(log, "payments") == [b"y1"]
+
+
+def test_every_message_of_an_append_has_the_broker_clock_of_its_commit(log: Log) -> None:
+    before = publish_clock()
+    log.append([("a", "p", [(0, "k", b"1"), (1, "k", b"2")]), ("b", None, [(None, None, b"3")])])
+    after = publish_clock()
+    (first,) = {m.publish_time for topic in ("a", "b") for m in log.read(topic, 0, 10)}
+    assert first is not None and before <= first <= after
+    assert {m.publish_time for m in log.read_positions("a", [1, 2]).values()} == {first}
+    log.append([("a", "p", [(1, "k", b"2"), (2, "k", b"4")])])  # a retry of seq 1, and a new message
+    later = publish_clock()
+    retried, new = log.read("a", 1, 10)
+    assert retried.publish_time == first  # not stored again
+    assert new.publish_time is not None and after <= new.publish_time <= later
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "1", True])
+def test_a_publish_time_must_be_microseconds_since_the_epoch(log: Log, bad: Any) -> None:
+    with pytest.raises(LogError, match="a publish time must be an int of microseconds since the Unix epoch"):
+        log.append([("t", None, [(None, "k", b"v")])], publish_time=bad)
+    assert log.topics() == []
 
 
 def test_an_empty_append_or_empty_batch_creates_nothing(log: Log) -> None:
@@ -308,7 +338,7 @@ def test_log_errors_are_of_the_hierarchy_and_the_expected_builtin() -> None:
 
 
 def test_read_returns_positions_after_up_to_limit(log: Log) -> None:
-    log.append([("t", None, [(None, f"k{i}", b"%d" % i) for i in range(1, 11)])])
+    log.append([("t", None, [(None, f"k{i}", b"%d" % i) for i in range(1, 11)])], publish_time=7)
     assert [m.position for m in log.read("t", 0, 3)] == [1, 2, 3]
     assert [m.position for m in log.read("t", 3, 3)] == [4, 5, 6]
     assert [m.position for m in log.read("t", 8, 100)] == [9, 10]
@@ -316,19 +346,22 @@ def test_read_returns_positions_after_up_to_limit(log: Log) -> None:
     assert log.read("t", 5, 0) == []
     assert log.read("t", MAX_POSITION, 10) == []
     assert log.read("t", 2**70, 10) == []
-    assert log.read("t", 4, 1) == [StoredMessage(5, "k5", b"5")]
+    assert log.read("t", 4, 1) == [StoredMessage(5, "k5", b"5", 7)]
 
 
 def test_topics_never_see_each_others_messages(log: Log) -> None:
-    log.append([("a", None, [(None, None, b"a")]), ("b", None, [(None, None, b"b1"), (None, None, b"b2")])])
+    log.append(
+        [("a", None, [(None, None, b"a")]), ("b", None, [(None, None, b"b1"), (None, None, b"b2")])], publish_time=3
+    )
     assert _payloads(log, "a") == [b"a"]
-    assert log.read_positions("a", [1, 2]) == {1: StoredMessage(1, None, b"a")}
+    assert log.read_positions("a", [1, 2]) == {1: StoredMessage(1, None, b"a", 3)}
 
 
 def test_read_positions_returns_the_stored_ones(log: Log) -> None:
-    log.append([("t", None, [(None, b"k%d" % i, b"%d" % i) for i in range(1, 1201)])])
+    log.append([("t", None, [(None, b"k%d" % i, b"%d" % i) for i in range(1, 1201)])], publish_time=0)
     wanted = [1200, 3, 3, 700, 1, 0, -5, 5000, MAX_POSITION + 1]
-    assert log.read_positions("t", wanted) == {p: StoredMessage(p, b"k%d" % p, b"%d" % p) for p in (1, 3, 700, 1200)}
+    expected = {p: StoredMessage(p, b"k%d" % p, b"%d" % p, 0) for p in (1, 3, 700, 1200)}
+    assert log.read_positions("t", wanted) == expected
     every = log.read_positions("t", range(1, 1300))  # more than one query's worth
     assert sorted(every) == list(range(1, 1201))
     assert every[999].payload == b"999"
@@ -561,39 +594,45 @@ def test_every_acknowledged_append_survives_sigkill(tmp_path: Path, synchronous:
 
 
 def test_dead_letters_are_stored_with_where_they_came_from_and_replayed_once(log: Log) -> None:
-    log.append([("t", None, [(None, "a", b"1"), (None, b"b", b"2"), (None, None, b"3")])])
+    log.append([("t", None, [(None, "a", b"1"), (None, b"b", b"2"), (None, None, b"3")])], publish_time=100)
     assert log.dead_letters("t", "s") == []
-    assert log.dead_letter("t", "s", [(1, "a", b"1", 2, "nack"), (3, None, b"3", 0, "ack timeout")]) == [1, 2]
-    assert log.read("t-s-DLQ", 0, 10) == [StoredMessage(1, "a", b"1"), StoredMessage(2, None, b"3")]
+    letters = [(1, "a", b"1", 2, "nack", 100), (3, None, b"3", 0, "ack timeout", None)]
+    assert log.dead_letter("t", "s", letters) == [1, 2]
+    # each keeps the publish time of the message it was (None: unknown, as for a message of an old log)
+    assert log.read("t-s-DLQ", 0, 10) == [StoredMessage(1, "a", b"1", 100), StoredMessage(2, None, b"3", None)]
     records = log.dead_letters("t", "s")
     found = [
-        (r.dlq_position, r.position, r.key, r.payload, r.redelivery_count, r.reason, r.replayed_at) for r in records
+        (r.dlq_position, r.position, r.key, r.payload, r.redelivery_count, r.reason, r.replayed_at, r.publish_time)
+        for r in records
     ]
-    assert found == [(1, 1, "a", b"1", 2, "nack", None), (2, 3, None, b"3", 0, "ack timeout", None)]
+    assert found == [(1, 1, "a", b"1", 2, "nack", None, 100), (2, 3, None, b"3", 0, "ack timeout", None, None)]
     assert log.dead_letters("t", "s", limit=1) == records[:1]
     assert log.dead_letters("t", "other") == []
-    assert log.replay_dead_letters("t", "s") == [StoredMessage(4, "a", b"1"), StoredMessage(5, None, b"3")]
+    replayed = [StoredMessage(4, "a", b"1", 100), StoredMessage(5, None, b"3", None)]
+    assert log.replay_dead_letters("t", "s") == replayed
+    assert log.read("t", 3, 10) == replayed
     assert [r.replayed_at for r in log.dead_letters("t", "s")] == [4, 5]
     assert log.replay_dead_letters("t", "s") == []
-    log.dead_letter("t", "s", [(2, b"b", b"2", 1, "consumer removed")])
-    assert log.replay_dead_letters("t", "s") == [StoredMessage(6, b"b", b"2")]
+    log.dead_letter("t", "s", [(2, b"b", b"2", 1, "consumer removed", 100)])
+    assert log.replay_dead_letters("t", "s") == [StoredMessage(6, b"b", b"2", 100)]
 
 
 @pytest.mark.parametrize(
     ("letter", "message"),
     [
-        ((1, "a", b"1", 2), "must be a \\(position, key, payload, redelivery_count, reason\\) tuple"),
-        (("1", "a", b"1", 2, "nack"), "a position must be an int"),
-        ((1, 7, b"1", 2, "nack"), "a message key must be str, bytes or None"),
-        ((1, "a", "text", 2, "nack"), "payload"),
-        ((1, "a", b"1", -1, "nack"), "redelivery_count must be a non-negative int"),
-        ((1, "a", b"1", 2, ""), "reason must be a non-empty str"),
+        ((1, "a", b"1", 2, "nack"), "must be a \\(position, key, payload, redelivery_count, reason, publish_time\\)"),
+        (("1", "a", b"1", 2, "nack", None), "a position must be an int"),
+        ((1, 7, b"1", 2, "nack", None), "a message key must be str, bytes or None"),
+        ((1, "a", "text", 2, "nack", None), "payload"),
+        ((1, "a", b"1", -1, "nack", None), "redelivery_count must be a non-negative int"),
+        ((1, "a", b"1", 2, "", None), "reason must be a non-empty str"),
+        ((1, "a", b"1", 2, "nack", -5), "a publish time must be an int of microseconds"),
     ],
 )
 def test_a_bad_dead_letter_stores_nothing(log: Log, letter: object, message: str) -> None:
     log.append([("t", None, [(None, "a", b"1")])])
     with pytest.raises(KeyFailoverError, match=message):
-        log.dead_letter("t", "s", [(1, "a", b"1", 0, "nack"), letter])  # type: ignore[list-item]
+        log.dead_letter("t", "s", [(1, "a", b"1", 0, "nack", None), letter])  # type: ignore[list-item]
     assert log.dead_letters("t", "s") == [] and log.read("t-s-DLQ", 0, 10) == []
 
 
@@ -603,6 +642,7 @@ def test_a_version_1_log_gains_the_dead_letter_table_and_keeps_everything(tmp_pa
         log.append([("t", None, [(None, "a", b"1")])])
         log.save_cursors([("t", "s", Cursor(1, []))])
     with sqlite3.connect(path) as db:  # as version 1 left it: no dead letters, no subscription settings
+        db.execute("ALTER TABLE messages DROP COLUMN publish_time")
         db.execute("DROP TABLE dead_letters")
         db.execute("DROP TABLE subscription_settings")
         db.execute("DROP TABLE delivery_settings")
@@ -610,14 +650,14 @@ def test_a_version_1_log_gains_the_dead_letter_table_and_keeps_everything(tmp_pa
         db.execute("PRAGMA user_version = 1")
     db.close()
     with Log(path) as log:
-        assert log.read("t", 0, 10) == [StoredMessage(1, "a", b"1")]
+        assert log.read("t", 0, 10) == [StoredMessage(1, "a", b"1", None)]
         assert log.load_cursor("t", "s") == Cursor(1, [])
-        assert log.dead_letter("t", "s", [(1, "a", b"1", 0, "nack")]) == [1]
+        assert log.dead_letter("t", "s", [(1, "a", b"1", 0, "nack", None)]) == [1]
         assert log.load_consume_mode("t", "s") is None
         log.save_consume_mode("t", "s", "unordered")
         assert log.load_consume_mode("t", "s") == "unordered"
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     db.close()
 
 
@@ -626,6 +666,7 @@ def test_a_version_2_log_gains_the_delivery_settings_table_and_keeps_its_consume
     with Log(path) as log:
         log.save_consume_mode("t", "s", "unordered")
     with sqlite3.connect(path) as db:  # as version 2 left it: no per-subscription delivery settings
+        db.execute("ALTER TABLE messages DROP COLUMN publish_time")
         db.execute("DROP TABLE delivery_settings")
         db.execute("DROP TABLE partitioned_topics")
         db.execute("PRAGMA user_version = 2")
@@ -636,7 +677,7 @@ def test_a_version_2_log_gains_the_delivery_settings_table_and_keeps_its_consume
         log.save_delivery_settings("t", "s", {"ack_timeout": 5.0})
         assert log.load_delivery_settings("t", "s") == {"ack_timeout": 5.0}
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 5
     db.close()
 
 
@@ -645,6 +686,7 @@ def test_a_version_3_log_gains_partitioned_topics_and_keeps_its_settings(tmp_pat
     with Log(path) as log:
         log.save_delivery_settings("t", "s", {"ack_timeout": 5.0})
     with sqlite3.connect(path) as db:  # as version 3 left it: no partitioned topics
+        db.execute("ALTER TABLE messages DROP COLUMN publish_time")
         db.execute("DROP TABLE partitioned_topics")
         db.execute("PRAGMA user_version = 3")
     db.close()
@@ -654,7 +696,33 @@ def test_a_version_3_log_gains_partitioned_topics_and_keeps_its_settings(tmp_pat
         assert log.create_partitioned_topic("orders", 4)
         assert log.partition_counts() == {"orders": 4}
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 5
+    db.close()
+
+
+def test_a_version_4_log_gains_publish_times_and_keeps_its_messages_with_unknown_ones(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    with Log(path) as log:
+        log.append([("t", "p", [(0, "a", b"1"), (1, b"b", b"2")])])
+        log.create_partitioned_topic("orders", 2)
+    with sqlite3.connect(path) as db:  # as version 4 left it: messages without a publish time
+        db.execute("ALTER TABLE messages DROP COLUMN publish_time")
+        db.execute("PRAGMA user_version = 4")
+    db.close()
+    with LogSnapshot(path) as snapshot:  # an export reads it as it is, before any server migrated it
+        assert list(snapshot.messages("t")) == [(1, "a", b"1", "p", 0, None), (2, b"b", b"2", "p", 1, None)]
+    with Log(path) as log:
+        assert log.read("t", 0, 10) == [StoredMessage(1, "a", b"1", None), StoredMessage(2, b"b", b"2", None)]
+        assert log.append([("t", "p", [(1, b"b", b"2"), (2, None, b"3")])]) == [[(2, True), (3, False)]]
+        before = publish_clock()
+        log.append([("t", None, [(None, None, b"4")])])
+        (newest,) = log.read("t", 3, 10)
+        assert newest.publish_time is not None and before <= newest.publish_time <= publish_clock()
+        assert log.dead_letter("t", "s", [(1, "a", b"1", 0, "nack", None)]) == [1]
+        assert [r.publish_time for r in log.dead_letters("t", "s")] == [None]
+        assert log.partition_counts() == {"orders": 2}
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     db.close()
 
 

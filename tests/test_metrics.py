@@ -54,6 +54,7 @@ SPEC: dict[str, tuple[str, tuple[str, ...]]] = {
     "keyfailover_consumer_stuck": ("gauge", CONSUMER),
     "keyfailover_leases_expired": ("counter", CONSUMER),
     "keyfailover_backlog_messages": ("gauge", ()),
+    "keyfailover_delivery_latency_seconds": ("histogram", ()),
     "keyfailover_rebalances": ("counter", ("reason",)),
     "keyfailover_rebalance_duration_seconds": ("histogram", ()),
     "keyfailover_rebalance_stickiness": ("gauge", ()),
@@ -536,8 +537,10 @@ def test_only_the_coordinator_reports_the_assigned_partitions_and_a_single_serve
 
 def test_every_family_is_named_typed_and_documented_as_the_issue_asks() -> None:
     r = churned()
+    latency = Histogram()
+    latency.observe(0.003)
     families = scrape(
-        lambda: [SubscriptionView("orders", "billing", r.dispatcher)],
+        lambda: [SubscriptionView("orders", "billing", r.dispatcher, delivery_seconds=latency)],
         lambda: ServerView(appended=1, connections=1, protocol_errors={"bad_frame": 1}, cluster=coordinator()),
     )
     expected = SPEC | SERVER_SPEC | CLUSTER_SPEC
@@ -666,6 +669,32 @@ def test_a_partition_dispatchers_traffic_shares_are_read_at_its_own_slots() -> N
     shares = values(scrape_dispatcher(dispatcher), "keyfailover_traffic_share", "consumer", **SUB)
     assert sum(shares.values()) == pytest.approx(1.0)
     assert all(share > 0.2 for share in shares.values()), shares
+
+
+def test_delivery_latency_is_a_histogram_per_subscription_and_partition_when_a_log_gives_publish_times() -> None:
+    dispatchers = [Dispatcher(), Dispatcher()]
+    latencies = [Histogram(), Histogram()]
+    for seconds in (0.0004, 0.002, 0.7):
+        latencies[0].observe(seconds)
+    latencies[1].observe(42.0)
+    families = scrape(
+        lambda: (
+            [
+                SubscriptionView("orders", "billing", d, partition=index, delivery_seconds=latency)
+                for index, (d, latency) in enumerate(zip(dispatchers, latencies, strict=True))
+            ]
+            + [SubscriptionView("bare", "billing", Dispatcher())]
+        )  # a dispatcher without a log knows no publish times
+    )
+    first = {"topic": "orders", "partition": "0", "subscription": "billing"}
+    second = {**first, "partition": "1"}
+    assert value(families, "keyfailover_delivery_latency_seconds_count", **first) == 3
+    assert value(families, "keyfailover_delivery_latency_seconds_sum", **first) == pytest.approx(0.7024)
+    cumulative = buckets(families, "keyfailover_delivery_latency_seconds", **first)
+    assert (cumulative[0.001], cumulative[0.0025], cumulative[1.0], cumulative[float("inf")]) == (1, 2, 3, 3)
+    assert value(families, "keyfailover_delivery_latency_seconds_count", **second) == 1
+    topics = {s.labels["topic"] for s in families["keyfailover_delivery_latency_seconds"].samples}
+    assert topics == {"orders"}
 
 
 def test_the_partitions_of_a_topic_are_labelled_by_topic_and_partition() -> None:

@@ -6,12 +6,13 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
 
+import asyncpg
 import pytest
 
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.storage import NotServedError
 from keyfailover.broker.storage.postgresql import FencedError, PostgresLog, PostgresStore
-from keyfailover.broker.storage.sqlite import StoredMessage
+from keyfailover.broker.storage.sqlite import Key, StoredMessage, publish_clock
 from keyfailover.core.errors import LogError
 from keyfailover.core.partitions import partition_topic, split_partition_topic
 from keyfailover.tools.services import PostgreSQL, free_port
@@ -34,16 +35,21 @@ def test_messages_get_gapless_positions_per_partition_and_read_back_with_their_k
     async def body(log: PostgresLog, topic: str) -> None:
         lease = await log.open_partition(topic, 0, "b1")
         assert (lease.epoch, lease.last_position) == (1, 0)
-        stored = await log.append(lease, None, [(None, "acct-1", b"a"), (None, b"\x00k", b"b"), (None, None, b"c")])
+        messages: list[tuple[int | None, Key, bytes]] = [
+            (None, "acct-1", b"a"),
+            (None, b"\x00k", b"b"),
+            (None, None, b"c"),
+        ]
+        stored = await log.append(lease, None, messages, publish_time=5)
         assert stored == [(1, False), (2, False), (3, False)]
         other = await log.open_partition(topic, 1, "b1")
         assert await log.append(other, None, [(None, "acct-2", b"d")]) == [(1, False)]
         assert await log.read(topic, 0, 0, 10) == [
-            StoredMessage(1, "acct-1", b"a"),
-            StoredMessage(2, b"\x00k", b"b"),
-            StoredMessage(3, None, b"c"),
+            StoredMessage(1, "acct-1", b"a", 5),
+            StoredMessage(2, b"\x00k", b"b", 5),
+            StoredMessage(3, None, b"c", 5),
         ]
-        assert await log.read(topic, 0, 2, 10) == [StoredMessage(3, None, b"c")]
+        assert await log.read(topic, 0, 2, 10) == [StoredMessage(3, None, b"c", 5)]
         assert [m.position for m in await log.read(topic, 1, 0, 10)] == [1]
 
     run(postgres, body)
@@ -188,7 +194,7 @@ def test_a_store_fenced_out_by_another_broker_stops_serving_and_writes_nothing(p
             await b1.append(served, None, [(None, "k", b"zombie")])
         assert fenced == [served] and not b1.serves(served)
         with pytest.raises(NotServedError):
-            await b1.dead_letter(served, "s", [(1, "k", b"old", 3, "nack")])
+            await b1.dead_letter(served, "s", [(1, "k", b"old", 3, "nack", None)])
         assert await b2.append(served, None, [(None, "k", b"new")]) == [(2, False)]
         assert [m.payload for m in await b2.read(served, 0, 10)] == [b"old", b"new"]
 
@@ -206,15 +212,63 @@ def test_settings_and_dead_letters_live_in_the_shared_log(postgres: PostgreSQL) 
             await b1.save_delivery_settings(topic, "s", {"speed": 1})
         await b1.acquire(served)
         await b1.append(served, None, [(None, "k", b"poison")])
-        assert await b1.dead_letter(served, "s", [(1, "k", b"poison", 3, "nack")]) == [1]
+        (stored,) = await b1.read(served, 0, 10)
+        assert await b1.dead_letter(served, "s", [(1, "k", b"poison", 3, "nack", stored.publish_time)]) == [1]
         await b2.acquire(served)  # the dead letters move with the partition
         (letter,) = await b2.dead_letters(served, "s", 10)
         assert (letter.position, letter.key, letter.payload, letter.reason, letter.replayed_at) == (
             1, "k", b"poison", "nack", None,
         )  # fmt: skip
+        assert letter.publish_time == stored.publish_time is not None
         replayed = await b2.replay_dead_letters(served, "s")
-        assert replayed == [StoredMessage(2, "k", b"poison")]
+        assert replayed == [StoredMessage(2, "k", b"poison", stored.publish_time)]  # its original publish time
+        assert await b2.read(served, 1, 10) == replayed
         assert (await b2.dead_letters(served, "s", 10))[0].replayed_at == 2
         assert await b2.replay_dead_letters(served, "s") == []
 
     run_store(postgres, body)
+
+
+def test_a_store_stamps_each_group_commit_with_the_broker_clock(postgres: PostgreSQL) -> None:
+    async def body(b1: PostgresStore, _: PostgresStore, topic: str) -> None:
+        served = partition_topic(topic, 0, 2)
+        await b1.acquire(served)
+        before = publish_clock()
+        await asyncio.gather(b1.append(served, "p1", [(0, "a", b"1")]), b1.append(served, None, [(None, "b", b"2")]))
+        after = publish_clock()
+        (at,) = {m.publish_time for m in await b1.read(served, 0, 10)}  # one commit: one time
+        assert at is not None and before <= at <= after
+        assert {m.publish_time for m in (await b1.read_positions(served, [1, 2])).values()} == {at}
+
+    run_store(postgres, body)
+
+
+def test_a_log_from_before_publish_times_gains_the_column_and_keeps_its_messages(postgres: PostgreSQL) -> None:
+    """A log created before publish times (no column) in a database of its own: its messages are
+    kept with an unknown publish time, and new ones get the broker's clock."""
+    database = f"old_{uuid.uuid4().hex[:8]}"
+    dsn = postgres.dsn.rsplit("/", 1)[0] + f"/{database}"
+
+    async def main() -> None:
+        admin = await asyncpg.connect(postgres.dsn)
+        await admin.execute(f"CREATE DATABASE {database}")
+        try:
+            log = await PostgresLog.connect(dsn)
+            lease = await log.open_partition("t", 0, "b1")
+            await log.append(lease, "p", [(0, "k", b"old")])
+            await log.pool.execute("ALTER TABLE kf_messages DROP COLUMN publish_time")
+            await log.pool.execute("ALTER TABLE kf_dead_letters DROP COLUMN publish_time")
+            await log.close()
+            log = await PostgresLog.connect(dsn)
+            assert await log.read("t", 0, 0, 10) == [StoredMessage(1, "k", b"old", None)]
+            assert await log.append(lease, "p", [(0, "k", b"old"), (1, "k", b"new")], publish_time=9) == [
+                (1, True),
+                (2, False),
+            ]
+            assert await log.read("t", 0, 1, 10) == [StoredMessage(2, "k", b"new", 9)]
+            await log.close()
+        finally:
+            await admin.execute(f"DROP DATABASE {database} WITH (FORCE)")
+            await admin.close()
+
+    asyncio.run(main())

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from keyfailover.broker.protocol import (
     DEFAULT_MAX_FRAME,
     MAX_NAME_LENGTH,
+    OLDEST_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     Ack,
     ClientFrame,
@@ -32,6 +33,7 @@ from keyfailover.broker.protocol import (
     Connected,
     ConsumerClosed,
     Decoder,
+    Delivered,
     Error,
     Extend,
     Flow,
@@ -95,7 +97,7 @@ def slot_range_lists(draw: st.DrawFn) -> list[tuple[int, int]]:
 LAST_SLOT = HASH_RANGE_SIZE - 1
 slot_ranges = st.sampled_from([[], [(0, LAST_SLOT)], [(0, 0)], [(LAST_SLOT, LAST_SLOT)]]) | slot_range_lists()
 produced = st.lists(st.tuples(st.none() | uints, keys, payloads), max_size=30)
-delivered = st.lists(st.tuples(uints, keys, payloads, uints), max_size=30)
+delivered = st.lists(st.tuples(uints, keys, payloads, uints, st.none() | uints), max_size=30)
 
 
 @st.composite
@@ -201,18 +203,34 @@ def test_every_frame_round_trips_exactly(frame: Frame) -> None:
 
 
 def test_keys_keep_their_type_on_the_wire() -> None:
-    messages: list[tuple[int, Key, bytes, int]] = [
-        (1, "k", b"a", 0),
-        (2, b"k", b"b", 0),
-        (3, None, b"c", 0),
-        (4, "", b"", 1),
-        (5, b"", b"", 2),
+    messages: list[Delivered] = [
+        (1, "k", b"a", 0, 1_750_000_000_000_000),
+        (2, b"k", b"b", 0, None),
+        (3, None, b"c", 0, 0),
+        (4, "", b"", 1, 1),
+        (5, b"", b"", 2, INT64_MAX),
     ]
     frame = Messages(session=1, messages=messages)
     body = encode(frame)[4:]
     assert b"\xa1k" in body  # str travels as msgpack str
     assert b"\xc4\x01k" in body  # bytes travel as msgpack bin
     assert same(Decoder().feed(encode(frame)), [frame])
+
+
+def test_a_version_5_connection_gets_deliveries_without_their_publish_time() -> None:
+    frame = Messages(session=1, messages=[(1, "k", b"v", 0, 1_750_000_000_000_000), (2, None, b"w", 1, None)])
+    assert msgpack.unpackb(encode(frame, 5)[4:]) == {
+        "type": "messages",
+        "session": 1,
+        "messages": [[1, "k", b"v", 0], [2, None, b"w", 1]],
+    }
+    assert msgpack.unpackb(encode(frame)[4:])["messages"] == [
+        [1, "k", b"v", 0, 1_750_000_000_000_000],
+        [2, None, b"w", 1, None],
+    ]
+    assert encode(frame, PROTOCOL_VERSION) == encode(frame)
+    for other in (Pong(nonce=3), Receipt(req=1, positions=[1], duplicates=[False])):
+        assert encode(other, 5) == encode(other)  # only deliveries changed in version 6
 
 
 def test_wire_bytes_are_pinned() -> None:
@@ -243,7 +261,10 @@ def test_batches_round_trip_empty_to_large(count: int) -> None:
     batch: list[Frame] = [
         Produce(req=1, topic="t", producer="p", messages=[(i, key_cycle[i % 3], b"%d" % i) for i in range(count)]),
         Produce(req=2, topic="t", producer=None, messages=[(None, f"k{i}", b"") for i in range(count)]),
-        Messages(session=3, messages=[(INT64_MAX - i, key_cycle[i % 3], b"x" * (i % 7), i) for i in range(count)]),
+        Messages(
+            session=3,
+            messages=[(INT64_MAX - i, key_cycle[i % 3], b"x" * (i % 7), i, i or None) for i in range(count)],
+        ),
         Ack(topic="t", subscription="s", session=3, positions=list(range(count))),
         Nack(topic="t", subscription="s", session=3, positions=list(range(count))),
         Receipt(req=1, positions=list(range(count)), duplicates=[i % 2 == 0 for i in range(count)]),
@@ -339,7 +360,7 @@ def test_frame_of_exactly_max_frame_is_accepted() -> None:
 
 def test_default_limit() -> None:
     assert DEFAULT_MAX_FRAME == 5 * 1024 * 1024 == Decoder().max_frame
-    assert PROTOCOL_VERSION == 5
+    assert (OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION) == (5, 6)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2**32, True, 1.5, "5"])
@@ -371,7 +392,7 @@ SAMPLES: dict[str, Frame] = {
         Connected(version=1, server="keyfailover", max_frame=1024, session_timeout=10.0),
         Receipt(req=1, positions=[1, 2], duplicates=[False, True]),
         Subscribed(req=1, session=1, consumer="c", ranges=[(0, 99), (200, HASH_RANGE_SIZE - 1)], secret="f00d"),
-        Messages(session=1, messages=[(1, "k", b"v", 0), (2, None, b"w", 1)]),
+        Messages(session=1, messages=[(1, "k", b"v", 0, 7), (2, None, b"w", 1, None)]),
         RangesChanged(session=1, epoch=2, ranges=[(0, 99)]),
         ConsumerClosed(session=1, reason="timeout", req=None),
         Settled(req=4),
@@ -435,17 +456,21 @@ BAD_FIELDS: list[tuple[str, str, object]] = [
     ("produce", "messages", [None]),
     ("produce", "messages", [[1, "k", b"v"], 7]),
     ("produce", "messages", b"messages"),
-    # deliveries: [position, key, payload, redelivery_count]
-    ("messages", "messages", [[-1, "k", b"v", 0]]),
-    ("messages", "messages", [[None, "k", b"v", 0]]),
-    ("messages", "messages", [[1, "k", b"v", -1]]),
-    ("messages", "messages", [[1, "k", b"v", True]]),
-    ("messages", "messages", [[1, 2, b"v", 0]]),
-    ("messages", "messages", [[1, "k", "v", 0]]),
-    ("messages", "messages", [[1, "k", b"v"]]),
-    ("messages", "messages", ["abcd"]),
-    ("messages", "messages", [b"abcd"]),
-    ("messages", "messages", [[1, "k", b"v", 0], [2, "k", b"v", 0, 0]]),
+    # deliveries: [position, key, payload, redelivery_count, publish_time]
+    ("messages", "messages", [[-1, "k", b"v", 0, 1]]),
+    ("messages", "messages", [[None, "k", b"v", 0, 1]]),
+    ("messages", "messages", [[1, "k", b"v", -1, 1]]),
+    ("messages", "messages", [[1, "k", b"v", True, 1]]),
+    ("messages", "messages", [[1, 2, b"v", 0, 1]]),
+    ("messages", "messages", [[1, "k", "v", 0, 1]]),
+    ("messages", "messages", [[1, "k", b"v", 0, -1]]),
+    ("messages", "messages", [[1, "k", b"v", 0, 1.5]]),
+    ("messages", "messages", [[1, "k", b"v", 0, True]]),
+    ("messages", "messages", [[1, "k", b"v", 0, "now"]]),
+    ("messages", "messages", [[1, "k", b"v", 0]]),  # a version 5 delivery, without its publish time
+    ("messages", "messages", ["abcde"]),
+    ("messages", "messages", [b"abcde"]),
+    ("messages", "messages", [[1, "k", b"v", 0, None], [2, "k", b"v", 0, 0, 0]]),
     ("messages", "messages", None),
     # receipts, ranges, limits
     ("receipt", "duplicates", [0, 1]),
@@ -478,7 +503,7 @@ def test_bad_item_is_named_by_index() -> None:
     body["positions"] = [1, 1, 2, True, -5]
     assert "item 3 must be a non-negative int64, got True (bool)" in rejection(raw(body)).message
     body = body_of(SAMPLES["messages"])
-    body["messages"] = [[1, "k", b"v", 0]] * 3 + [[2, "k", b"x" * 10_000, -1]]
+    body["messages"] = [[1, "k", b"v", 0, None]] * 3 + [[2, "k", b"x" * 10_000, -1, None]]
     message = rejection(raw(body)).message
     assert "item 3 must be an array [position" in message
     assert len(message) < 400  # a 10 kB payload is cut short in the message

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import socket
+import struct
 import threading
 import time
 from collections import defaultdict
@@ -13,19 +15,26 @@ from pathlib import Path
 from urllib.error import HTTPError
 from urllib.request import urlopen
 
+import msgpack  # type: ignore[import-untyped]
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from keyfailover import RangeMap
 from keyfailover.broker.protocol import (
+    Ack,
     CloseConsumer,
+    Connect,
     ConsumerClosed,
     Frame,
     Ping,
     Pong,
+    Produce,
     RangesChanged,
     Subscribe,
     Subscribed,
+    encode,
 )
+from keyfailover.broker.storage.sqlite import publish_clock
 from keyfailover.client import Client, ClientClosed, Consumer, Message, Timeout
 from keyfailover.client.aio import AsyncClient
 from keyfailover.core.hashing import HASH_RANGE_SIZE
@@ -422,6 +431,7 @@ def test_negative_acknowledge_restarts_the_key_in_order(tmp_path: Path) -> None:
 def test_asyncio_client_round_trip(tmp_path: Path) -> None:
     async def run(url: str) -> list[tuple[str | bytes | None, bytes]]:
         async with AsyncClient(url) as client:
+            started = publish_clock()
             producer = await client.create_producer("async")
             positions = [await producer.send(f"m{i}".encode(), key=f"k{i % 3}") for i in range(9)]
             assert positions == list(range(1, 10))
@@ -430,6 +440,7 @@ def test_asyncio_client_round_trip(tmp_path: Path) -> None:
             received = []
             for _ in range(9):
                 message = await consumer.receive(timeout=5.0)
+                assert message.publish_time is not None and started <= message.publish_time <= publish_clock()
                 consumer.acknowledge(message)
                 received.append((message.key, message.payload))
             with pytest.raises(Timeout):
@@ -439,6 +450,86 @@ def test_asyncio_client_round_trip(tmp_path: Path) -> None:
     with ServerProcess(tmp_path / "data") as server:
         received = asyncio.run(run(server.url))
     assert sorted(received, key=lambda item: int(item[1][1:])) == [(f"k{i % 3}", f"m{i}".encode()) for i in range(9)]
+
+
+def test_publish_time_is_the_broker_clock_between_send_and_receive_and_survives_a_restart(tmp_path: Path) -> None:
+    """Each message carries the broker's wall clock at its commit: after its producer began to send it and
+    before its consumer got it (one machine, one clock), the same on every delivery and after a restart;
+    the delivery-latency histogram counts each first delivery."""
+    data = tmp_path / "data"
+    sent: dict[int, int] = {}  # position -> the clock just before its send
+    received: dict[int, tuple[int, int]] = {}  # position -> (publish time, the clock just after receive)
+    with ServerProcess(data, "--metrics-port", "0") as server, Client(server.url) as client:
+        consumer = client.subscribe("orders", "billing", consumer_name="c")
+        producer = client.create_producer("orders", "p")
+        for i in range(20):
+            before = publish_clock()
+            sent[producer.send(f"{i}".encode(), key=f"k{i % 3}")] = before
+        while len(received) < len(sent):
+            message = consumer.receive(timeout=10.0)
+            now = publish_clock()
+            assert message.publish_time is not None
+            received[message.position] = (message.publish_time, now)
+            consumer.acknowledge_confirmed(message)
+        assert server.admin_url is not None
+        metrics = urlopen(f"{server.admin_url}/metrics").read().decode()
+    assert all(sent[p] <= at <= got for p, (at, got) in received.items()), (sent, received)
+    families = {f.name: f for f in text_string_to_metric_families(metrics)}
+    latency = families["keyfailover_delivery_latency_seconds"]
+    counts = {(s.labels["topic"], s.labels["subscription"]): s.value for s in latency.samples if "_count" in s.name}
+    assert counts == {("orders", "billing"): len(sent)}
+    longest = max(got - sent[p] for p, (_, got) in received.items()) / 1e6
+    total = next(s.value for s in latency.samples if s.name.endswith("_sum"))
+    assert 0 <= total <= longest * len(sent)  # each observation lies within its message's send -> receive
+    with ServerProcess(data) as server, Client(server.url) as client:
+        audit = client.subscribe("orders", "audit", consumer_name="a", receiver_queue_size=100)
+        again: dict[int, int | None] = {}
+        while len(again) < len(sent):
+            message = audit.receive(timeout=10.0)
+            again[message.position] = message.publish_time
+            audit.acknowledge(message)
+    assert again == {p: at for p, (at, _) in received.items()}
+
+
+def frames_of(sock: socket.socket, buffer: bytearray) -> list[dict[str, object]]:
+    """The next whole frames a server sent on ``sock``, as plain msgpack maps (no decoder's rules)."""
+    while True:
+        frames = []
+        while len(buffer) >= 4 and len(buffer) >= 4 + struct.unpack(">I", buffer[:4])[0]:
+            length = struct.unpack(">I", buffer[:4])[0]
+            frames.append(msgpack.unpackb(bytes(buffer[4 : 4 + length]), raw=False))
+            del buffer[: 4 + length]
+        if frames:
+            return frames
+        data = sock.recv(65536)
+        assert data, "the server closed the connection"
+        buffer += data
+
+
+def test_a_version_5_client_is_served_deliveries_without_publish_times(tmp_path: Path) -> None:
+    """A client of the previous protocol version connects, produces, and gets 4-item deliveries it can ack."""
+    with ServerProcess(tmp_path / "data") as server:
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        buffer = bytearray()
+        with sock:
+            sock.sendall(encode(Connect(version=5, token=None, client="a version 5 client")))
+            (connected,) = frames_of(sock, buffer)
+            assert (connected["type"], connected["version"]) == ("connected", 5)
+            sock.sendall(encode(Subscribe(req=1, topic="t", subscription="s", consumer="old", receiver_queue=10)))
+            subscribed = frames_of(sock, buffer)[0]
+            assert subscribed["type"] == "subscribed"
+            sock.sendall(encode(Produce(req=2, topic="t", producer=None, messages=[(None, "k", b"v")])))
+            frames: list[dict[str, object]] = []
+            while not any(f["type"] == "messages" for f in frames):
+                frames += frames_of(sock, buffer)
+            deliveries = next(f for f in frames if f["type"] == "messages")["messages"]
+            assert deliveries == [[1, "k", b"v", 0]]
+            session = subscribed["session"]
+            assert isinstance(session, int)
+            sock.sendall(encode(Ack(topic="t", subscription="s", session=session, positions=[1], req=3)))
+            while not any(f["type"] == "settled" for f in frames):
+                frames += frames_of(sock, buffer)
+        assert "Traceback" not in server.errors(), server.errors()
 
 
 def test_consumer_resumes_after_a_server_restart(tmp_path: Path) -> None:

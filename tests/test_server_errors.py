@@ -198,14 +198,14 @@ FATAL = {
     "version_mismatch": Fatal(
         encode(Connect(version=PROTOCOL_VERSION + 1, token=TOKEN, client="x")),
         ErrorCode.VERSION_MISMATCH,
-        rf"version {PROTOCOL_VERSION + 1} is not supported; expected {PROTOCOL_VERSION}",
+        rf"version {PROTOCOL_VERSION + 1} is not supported; expected 5 to {PROTOCOL_VERSION}",
         after_connect=False,
     ),
-    # A version 3 client's ack lacks its req; a version 2 one could not read lists of ranges.
+    # A version 4 client cannot route keys to partitions; a version 3 one's ack lacks its req.
     "version_mismatch/v4_client": Fatal(
         encode(Connect(version=4, token=TOKEN, client="x")),
         ErrorCode.VERSION_MISMATCH,
-        r"version 4 is not supported; expected 5",
+        r"version 4 is not supported; expected 5 to 6",
         after_connect=False,
     ),
 }

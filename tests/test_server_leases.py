@@ -119,6 +119,8 @@ def test_a_poison_message_goes_to_the_dead_letter_topic_and_its_key_goes_on(tmp_
                 break
             # else: a copy of "fine" sent before its key was nacked (the nack took it back too)
         assert [m.redelivery_count for m in deliveries] == [0, 1, 2], "max_redeliveries + 1 deliveries"
+        published = deliveries[0].publish_time
+        assert published is not None and {m.publish_time for m in deliveries} == {published}
         admin = ("--admin-url", str(server.admin_url))
         listed = json.loads(run_cli("dlq", "list", *admin, "--topic", "orders", "--subscription", "billing",
                                     "--json").stdout)  # fmt: skip
@@ -130,14 +132,16 @@ def test_a_poison_message_goes_to_the_dead_letter_topic_and_its_key_goes_on(tmp_
             "nack",
         )
         assert listed["dlq_topic"] == "orders-billing-DLQ"
+        assert letter["publish_time"] == published
         reader = client.subscribe("orders-billing-DLQ", "triage", consumer_name="reader", receiver_queue_size=10)
         stored = reader.receive(timeout=10)
-        assert (stored.key, stored.payload) == ("acct-7", b"poison")
+        assert (stored.key, stored.payload, stored.publish_time) == ("acct-7", b"poison", published)
         reader.acknowledge(stored)
         replay = run_cli("dlq", "replay", *admin, "--topic", "orders", "--subscription", "billing")
         assert replay.returncode == 0 and "replayed 1 dead letter" in replay.stdout, replay
         again = consumer.receive(timeout=10)
         assert (again.key, again.payload, again.redelivery_count) == ("acct-7", b"poison", 0)
+        assert again.publish_time == published  # replayed, it keeps the time it was first published
         assert again.position > after
         consumer.acknowledge_confirmed(again)
         replay = run_cli("dlq", "replay", *admin, "--topic", "orders", "--subscription", "billing")

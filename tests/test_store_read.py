@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime as dt
 import json
 import subprocess
 import sys
@@ -16,7 +17,8 @@ from typing import Any
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 from pyspark.errors import PySparkException
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as sf
 
 from keyfailover.broker.storage.postgresql import PostgresLog
 from keyfailover.broker.storage.sqlite import Key, Message
@@ -28,10 +30,13 @@ from keyfailover.tools.services import PostgreSQL, free_port
 from tests.server_process import run_cli
 from tests.test_cli_errors import assert_clean_failure
 
-Row = tuple[int, int, Key, bytes, str | None, int | None]
-"""``(partition, position, key as written, payload, producer, seq)``: one stored message."""
+Row = tuple[int, int, Key, bytes, str | None, int | None, int | None]
+"""``(partition, position, key as written, payload, producer, seq, publish time in µs)``: one stored message."""
 
-COLUMNS = ["partition", "position", "key", "payload", "producer", "seq"]
+COLUMNS = ["partition", "position", "key", "payload", "producer", "seq", "publish_time"]
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+PUBLISHED = 1_750_000_000_123_456
+"""The publish time (µs since the epoch) of the first batch written; each later one a millisecond on."""
 PARTITIONS = 4
 """Partitions of a written topic; the last is opened by a broker but holds no message."""
 KEYS: list[Key] = ["acct-7", "ünïcode-键", None, b"raw-bytes", "", "acct-7"]
@@ -41,7 +46,7 @@ KEYS: list[Key] = ["acct-7", "ünïcode-键", None, b"raw-bytes", "", "acct-7"]
 def write_topic(postgres: PostgreSQL, keys: Sequence[Key] = KEYS) -> tuple[str, list[Row]]:
     """A new topic of PARTITIONS partitions, each but the last with messages of a named producer (with sequence
     ids, and a resent duplicate that is not stored again) and of an unnamed one; what was stored, in
-    (partition, position) order."""
+    (partition, position) order. The first message has no publish time, as in a log from before them."""
     topic = f"o'rders\\{uuid.uuid4().hex[:8]}"  # a quote and a backslash: the topic is quoted right in SQL
     written: list[Row] = []
 
@@ -64,10 +69,15 @@ def write_topic(postgres: PostgreSQL, keys: Sequence[Key] = KEYS) -> tuple[str, 
                     ("p-1", messages(partition, range(6, 10 + partition), True)),  # seq 6 again: a resend
                 ]
                 for producer, batch in batches:
-                    stored = await log.append(lease, producer, batch)
+                    at = PUBLISHED + 1000 * len(written)
+                    stored = await log.append(lease, producer, batch, publish_time=at)
                     for (position, duplicate), (seq, key, payload) in zip(stored, batch, strict=True):
                         if not duplicate:
-                            written.append((partition, position, key, payload, producer, seq))
+                            written.append((partition, position, key, payload, producer, seq, at))
+            await log.pool.execute(
+                "UPDATE kf_messages SET publish_time = NULL WHERE topic = $1 AND partition = 0 AND position = 1", topic
+            )
+            written[0] = (*written[0][:6], None)
         finally:
             await log.close()
 
@@ -88,8 +98,21 @@ def as_binary(row: Row) -> Row:
 
 
 def plain(values: Sequence[Any]) -> tuple[Any, ...]:
-    """A row read by Spark, its binary values (bytearray) as bytes."""
-    return tuple(bytes(value) if isinstance(value, bytearray) else value for value in values)
+    """A row read by Spark or from Parquet, its binary values (bytearray) as bytes and its timestamps as µs
+    since the epoch."""
+    return tuple(
+        bytes(value)
+        if isinstance(value, bytearray)
+        else (value - EPOCH) // dt.timedelta(microseconds=1)
+        if isinstance(value, dt.datetime)
+        else value
+        for value in values
+    )
+
+
+def in_micros(df: DataFrame) -> DataFrame:
+    """``df`` with its publish times as µs since the epoch (Spark collects a timestamp in its session's zone)."""
+    return df.withColumn("publish_time", sf.unix_micros("publish_time"))
 
 
 def by_partition(rows: list[Row]) -> list[list[Row]]:
@@ -151,10 +174,11 @@ def test_read_log_gives_each_partition_in_position_order_in_its_own_spark_partit
         "binary",
         "string",
         "bigint",
+        "timestamp",
     ]
     df.explain()
     assert f"Scan JDBCRelation(kf_messages) [numPartitions={PARTITIONS}]" in capsys.readouterr().out
-    read = [[plain(row) for row in rows] for rows in df.rdd.glom().collect()]
+    read = [[plain(row) for row in rows] for rows in in_micros(df).rdd.glom().collect()]
     assert read == [[as_text(row) for row in rows] for rows in by_partition(written)]
     assert read[-1] == []  # the partition without messages is an empty Spark partition
 
@@ -163,7 +187,7 @@ def test_read_log_with_binary_keys(spark: SparkSession, postgres: PostgreSQL) ->
     topic, written = write_topic(postgres)
     df = read_log(spark, postgres.dsn.replace("kf@", "kf:any-password@"), topic, binary_keys=True)
     assert df.schema["key"].dataType.simpleString() == "binary"
-    read = [[plain(row) for row in rows] for rows in df.rdd.glom().collect()]
+    read = [[plain(row) for row in rows] for rows in in_micros(df).rdd.glom().collect()]
     assert read == [[as_binary(row) for row in rows] for rows in by_partition(written)]
 
 
@@ -176,7 +200,7 @@ def test_a_key_that_is_not_utf8_text_stops_both_readers_unless_keys_are_binary(
         match=r"the key 0xFFFE at position \d+ of partition \d+ is not UTF-8 text; read_log with binary_keys=True",
     ):
         read_log(spark, postgres.dsn, topic).collect()
-    read = read_log(spark, postgres.dsn, topic, binary_keys=True).collect()
+    read = in_micros(read_log(spark, postgres.dsn, topic, binary_keys=True)).collect()
     assert [plain(row) for row in read] == [as_binary(row) for row in written]
 
     first = next(row for row in written if row[2] == b"\xff\xfe")
@@ -249,8 +273,16 @@ def test_cli_export_from_the_store_to_parquet(postgres: PostgreSQL, tmp_path: Pa
     assert f"exported {len(written)} messages of {topic!r} ({PARTITIONS} partitions): 1 file(s) in {out}" in done.stdout
     table = pq.read_table(out / "part-00000.parquet")
     assert table.schema.names == COLUMNS
-    assert [str(field.type) for field in table.schema] == ["int32", "int64", "string", "binary", "string", "int64"]
-    assert [tuple(row.values()) for row in table.to_pylist()] == [as_text(row) for row in written]
+    assert [str(field.type) for field in table.schema] == [
+        "int32",
+        "int64",
+        "string",
+        "binary",
+        "string",
+        "int64",
+        "timestamp[us, tz=UTC]",
+    ]
+    assert [plain(tuple(row.values())) for row in table.to_pylist()] == [as_text(row) for row in written]
 
 
 def test_cli_export_from_the_store_to_json_lines_with_binary_keys(postgres: PostgreSQL, tmp_path: Path) -> None:
@@ -268,6 +300,7 @@ def test_cli_export_from_the_store_to_json_lines_with_binary_keys(postgres: Post
             base64.b64decode(line["payload"]),
             line["producer"],
             line["seq"],
+            None if line["publish_time"] is None else plain([dt.datetime.fromisoformat(line["publish_time"])])[0],
         )
         for line in lines
     ] == [as_binary(row) for row in written]

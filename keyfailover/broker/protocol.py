@@ -29,6 +29,7 @@ __all__ = [
     "DEFAULT_MAX_FRAME",
     "FATAL_CODES",
     "MAX_NAME_LENGTH",
+    "OLDEST_PROTOCOL_VERSION",
     "PROTOCOL_VERSION",
     "Ack",
     "ClientFrame",
@@ -38,6 +39,7 @@ __all__ = [
     "Connected",
     "ConsumerClosed",
     "Decoder",
+    "Delivered",
     "Error",
     "ErrorCode",
     "Extend",
@@ -64,8 +66,12 @@ __all__ = [
     "valid_name",
 ]
 
-PROTOCOL_VERSION: Final = 5
-"""The version a client sends in ``connect``; the server answers ``version_mismatch`` to others."""
+PROTOCOL_VERSION: Final = 6
+"""The version this client sends in ``connect``, and the newest a server speaks."""
+
+OLDEST_PROTOCOL_VERSION: Final = 5
+"""The oldest version a server still speaks (its deliveries lack the publish time); it answers
+``version_mismatch`` to versions outside ``OLDEST_PROTOCOL_VERSION`` .. ``PROTOCOL_VERSION``."""
 
 DEFAULT_MAX_FRAME: Final = 5 * 1024 * 1024
 """Largest frame body (the ``N`` of the length prefix, in bytes) a decoder accepts by default."""
@@ -259,13 +265,19 @@ class Route:
     brokers: list[str | None]
 
 
+Delivered: TypeAlias = tuple[int, Key, bytes, int, int | None]
+"""``(position, key, payload, redelivery_count, publish_time)``: one delivery. ``publish_time`` is the
+broker's wall clock when the message was stored, in microseconds since the Unix epoch; None when
+unknown (stored before logs had publish times)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Messages:
-    """Deliveries to a session: ``(position, key, payload, redelivery_count)`` each."""
+    """Deliveries to a session: ``(position, key, payload, redelivery_count, publish_time)`` each."""
 
     type: ClassVar[str] = "messages"
     session: int
-    messages: list[tuple[int, Key, bytes, int]]
+    messages: list[Delivered]
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,11 +357,12 @@ def stream_transport(transport: asyncio.BaseTransport) -> asyncio.Transport:
     return transport
 
 
-def encode(frame: Frame) -> bytes:
+def encode(frame: Frame, version: int = PROTOCOL_VERSION) -> bytes:
     """Return ``frame`` as it goes on the wire: the 4-byte body length, then the msgpack body.
 
-    Nothing is validated beyond what msgpack needs; a value it cannot carry raises
-    :class:`FrameEncodeError`. Cost is one ``msgpack.packb`` call: batches of tuples are
+    ``version`` is the protocol version of the connection: for version 5, deliveries leave out
+    their publish time. Nothing is validated beyond what msgpack needs; a value it cannot carry
+    raises :class:`FrameEncodeError`. Cost is one ``msgpack.packb`` call: batches of tuples are
     packed by msgpack's C code.
     """
     names = _FIELDS.get(type(frame))
@@ -358,6 +371,8 @@ def encode(frame: Frame) -> bytes:
     body: dict[str, Any] = {"type": frame.type}
     for name in names:
         body[name] = getattr(frame, name)
+    if version < PROTOCOL_VERSION and type(frame) is Messages:
+        body["messages"] = [delivered[:4] for delivered in frame.messages]
     try:
         packed: bytes = msgpack.packb(body, use_bin_type=True)
         return _HEADER.pack(len(packed)) + packed
@@ -545,14 +560,17 @@ def _produced(value: object) -> list[tuple[int | None, Key, bytes]]:
     raise _bad_item(items, item, _PRODUCED)
 
 
-_DELIVERED: Final = f"an array [position: {_UINT}, key: str, bin or nil, payload: bin, redelivery_count: {_UINT}]"
+_DELIVERED: Final = (
+    f"an array [position: {_UINT}, key: str, bin or nil, payload: bin, redelivery_count: {_UINT}, "
+    f"publish_time: {_UINT} or nil]"
+)
 
 
-def _delivered(value: object) -> list[tuple[int, Key, bytes, int]]:
+def _delivered(value: object) -> list[Delivered]:
     items = _array(value, "messages")
     try:
         for item in items:
-            position, key, payload, count = item
+            position, key, payload, count, at = item
             if not (
                 type(position) is int
                 and type(payload) is bytes
@@ -560,11 +578,12 @@ def _delivered(value: object) -> list[tuple[int, Key, bytes, int]]:
                 and type(key) in _KEY_TYPES
                 and 0 <= position <= _INT64_MAX
                 and 0 <= count <= _INT64_MAX
+                and (at is None or (type(at) is int and 0 <= at <= _INT64_MAX))
             ):
                 break
         else:
             return list(items)
-    except (TypeError, ValueError):  # the item is not an array of 4
+    except (TypeError, ValueError):  # the item is not an array of 5
         pass
     raise _bad_item(items, item, _DELIVERED)
 

@@ -165,6 +165,10 @@ class Message(NamedTuple):
     """A received message; acknowledge or negatively acknowledge it on its consumer.
 
     ``position`` counts within its ``partition`` (0 for a topic of one partition).
+    ``publish_time`` is when the broker stored it, by the broker's wall clock, in integer
+    microseconds since the Unix epoch (``time.time_ns() // 1000`` on the broker); None when
+    unknown (stored before logs had publish times). A dead letter, and a dead letter replayed,
+    keeps the publish time of the message it was.
     Immutable, and a named tuple because a consumer creates one per message: that is a third
     of the cost of a frozen dataclass.
     """
@@ -175,11 +179,12 @@ class Message(NamedTuple):
     redelivery_count: int
     session: int = 0
     partition: int = 0
+    publish_time: int | None = None
 
     def __repr__(self) -> str:
         return (
             f"Message(key={self.key!r}, payload={self.payload!r}, position={self.position}, "
-            f"redelivery_count={self.redelivery_count})"
+            f"redelivery_count={self.redelivery_count}, publish_time={self.publish_time})"
         )
 
 
@@ -1168,8 +1173,8 @@ class _PartConsumer(_Part):
             session, partition = frame.session, self.partition
             with self._cond:
                 self._inbox.messages.extend(
-                    Message(key, payload, position, redelivery, session, partition)
-                    for position, key, payload, redelivery in frame.messages
+                    Message(key, payload, position, redelivery, session, partition, published)
+                    for position, key, payload, redelivery, published in frame.messages
                 )
                 self._cond.notify_all()
             self._inbox.arrived.set()

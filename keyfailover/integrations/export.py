@@ -8,16 +8,19 @@ repeatable-read transaction (a snapshot as of its start), through a cursor, a ch
 
 Every message becomes one row: ``position`` (int64), ``key`` (UTF-8 text, or binary with
 ``binary_keys=True``; null for a keyless message), ``payload`` (binary), ``producer`` (the
-producer name, null when it had none) and ``seq`` (its sequence id); a cluster's export
-starts each row with its ``partition`` (int32), in (partition, position) order. The log
-stores no publish time. Parquet files hold those types; a JSON line holds the payload, and
-a binary key, in base64.
+producer name, null when it had none), ``seq`` (its sequence id) and ``publish_time`` (when
+the broker stored it, by its wall clock, to the microsecond; null when unknown: stored before
+logs had publish times); a cluster's export starts each row with its ``partition`` (int32), in
+(partition, position) order. Parquet files hold those types (``publish_time`` a UTC timestamp
+in microseconds, Spark's ``timestamp``); a JSON line holds the payload, and a binary key, in
+base64, and the publish time in ISO 8601 UTC (``2025-06-01T12:34:56.789012Z``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import datetime as dt
 import json
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -39,16 +42,18 @@ __all__ = ["ExportResult", "StoreExportResult", "export_store_topic", "export_to
 
 Format = Literal["parquet", "jsonl"]
 
-StoreRow = tuple[int, int, Key, bytes, str | None, int | None]
-"""``(partition, position, key, payload, producer name or None, sequence id or None)``: one row of a cluster's log."""
+StoreRow = tuple[int, int, Key, bytes, str | None, int | None, int | None]
+"""``(partition, position, key, payload, producer name or None, sequence id or None, publish time or None)``: one
+row of a cluster's log (the publish time in microseconds since the Unix epoch)."""
 
 _T = TypeVar("_T")
 _Row = tuple[Any, ...]
 
-_LOG_COLUMNS = ("position", "key", "payload", "producer", "seq")
+_LOG_COLUMNS = ("position", "key", "payload", "producer", "seq", "publish_time")
 _STORE_COLUMNS = ("partition", *_LOG_COLUMNS)
 _CHUNK_ROWS = 65_536
 _ROWS_PER_FILE = 1_000_000
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,8 +178,8 @@ def _write(
 def _chunks(rows: Iterator[ExportRow], binary_keys: bool) -> Iterator[list[ExportRow]]:
     """Rows in lists of up to ``_CHUNK_ROWS``, keys converted to text or to bytes."""
     chunk: list[ExportRow] = []
-    for position, key, payload, producer, seq in rows:
-        chunk.append((position, _key(key, position, binary_keys), payload, producer, seq))
+    for position, key, payload, producer, seq, publish_time in rows:
+        chunk.append((position, _key(key, position, binary_keys), payload, producer, seq, publish_time))
         if len(chunk) == _CHUNK_ROWS:
             yield chunk
             chunk = []
@@ -243,15 +248,15 @@ class _StoreReader:
         """Every message of ``topic`` in (partition, position) order, ``_CHUNK_ROWS`` at a time from a cursor."""
         cursor = self._run(
             self._connection.cursor(
-                """SELECT partition, position, key, payload, producer, seq FROM kf_messages
+                """SELECT partition, position, key, payload, producer, seq, publish_time FROM kf_messages
                    WHERE topic = $1 ORDER BY partition, position""",
                 topic,
             )
         )
         while records := self._run(cursor.fetch(_CHUNK_ROWS)):
             yield [
-                (partition, position, _key(key, position, binary_keys, partition), payload, producer, seq)
-                for partition, position, key, payload, producer, seq in records
+                (partition, position, _key(key, position, binary_keys, partition), payload, producer, seq, at)
+                for partition, position, key, payload, producer, seq, at in records
             ]
 
     def _run(self, step: Awaitable[_T]) -> _T:
@@ -341,6 +346,7 @@ def _write_parquet(
         "payload": (pa.binary(), False),
         "producer": (pa.string(), True),
         "seq": (pa.int64(), True),
+        "publish_time": (pa.timestamp("us", tz="UTC"), True),  # built from the log's microseconds as they are
     }
     schema = pa.schema([pa.field(name, *types[name]) for name in columns])
 
@@ -361,9 +367,16 @@ def _write_jsonl(chunks: Iterable[Sequence[_Row]], parts: _Parts, columns: tuple
 
 
 def _json_line(columns: tuple[str, ...], row: _Row) -> str:
-    """One row as a JSON object of ``columns``, its bytes (payload, a binary key) in base64."""
-    record = {
-        name: base64.b64encode(value).decode() if isinstance(value, bytes) else value
-        for name, value in zip(columns, row, strict=True)
-    }
+    """One row as a JSON object of ``columns``, its bytes (payload, a binary key) in base64, its publish
+    time in ISO 8601 UTC."""
+    record = {name: _json_value(name, value) for name, value in zip(columns, row, strict=True)}
     return json.dumps(record, ensure_ascii=False) + "\n"
+
+
+def _json_value(column: str, value: Any) -> Any:
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if column == "publish_time" and value is not None:  # microseconds since the Unix epoch
+        moment = _EPOCH + dt.timedelta(microseconds=value)
+        return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return value

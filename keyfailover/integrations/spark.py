@@ -512,7 +512,9 @@ def read_log(spark: SparkSession, store_url: str, topic: str, *, binary_keys: bo
     ``store_url`` is the cluster's PostgreSQL, ``postgresql://user[:password]@host[:port]/database``.
     The columns are ``keyfailover export``'s with the partition first: ``partition`` (int),
     ``position`` (long), ``key`` (string, or binary with ``binary_keys``; null when keyless),
-    ``payload`` (binary), ``producer`` (string, null without a name) and ``seq`` (long, null).
+    ``payload`` (binary), ``producer`` (string, null without a name), ``seq`` (long, null) and
+    ``publish_time`` (timestamp, to the microsecond: when the broker stored the message, by its
+    wall clock; null when unknown, stored before logs had publish times).
     Spark partition i holds the topic's i-th partition (partition i of a topic created with
     P partitions), sorted by position, each read by its own query when the DataFrame is computed.
 
@@ -550,7 +552,16 @@ def read_log(spark: SparkSession, store_url: str, topic: str, *, binary_keys: bo
             sf.lit(" is not UTF-8 text; read_log with binary_keys=True keeps keys as bytes"),
         )
         key = sf.when(key.isNull() | sf.is_valid_utf8(text), text).otherwise(sf.raise_error(not_text))
-    columns: list[Column | str] = ["partition", "position", key.alias("key"), "payload", "producer", "seq"]
+    publish_time = sf.timestamp_micros("publish_time").alias("publish_time")  # the log's µs since the epoch
+    columns: list[Column | str] = [
+        "partition",
+        "position",
+        key.alias("key"),
+        "payload",
+        "producer",
+        "seq",
+        publish_time,
+    ]
     return messages.select(*columns).sortWithinPartitions("position")
 
 

@@ -932,7 +932,8 @@ def _consume(args: argparse.Namespace) -> int:
 
 def _shown(message: Any, as_json: bool, partitioned: bool) -> str:
     """A consumed message as a line: ``position<TAB>key<TAB>payload`` (``partition:position`` on a
-    partitioned topic), or a JSON object (with ``partition`` on a partitioned topic)."""
+    partitioned topic), or a JSON object (with ``partition`` on a partitioned topic, and the publish time
+    in µs since the epoch, null when unknown)."""
     payload = message.payload.decode("utf-8", "backslashreplace")
     if not as_json:
         where = f"{message.partition}:{message.position}" if partitioned else str(message.position)
@@ -944,6 +945,7 @@ def _shown(message: Any, as_json: bool, partitioned: bool) -> str:
         "key": key,
         "payload": payload,
         "redelivery_count": message.redelivery_count,
+        "publish_time": message.publish_time,
     }
     return json.dumps(record, ensure_ascii=False) + "\n"
 

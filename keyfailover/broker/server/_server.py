@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 from keyfailover.broker.protocol import (
     DEFAULT_MAX_FRAME,
     MAX_NAME_LENGTH,
+    OLDEST_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     Ack,
     Close,
@@ -546,6 +547,7 @@ class Server:
                         "reason": r.reason,
                         "time": r.time,
                         "replayed_at": r.replayed_at,
+                        "publish_time": r.publish_time,
                     }
                     for index, r in records
                 ],
@@ -761,6 +763,8 @@ class _Connection(asyncio.Protocol):
         self._decoder = Decoder(min(config.login_frame, config.max_frame), accept="server")
         self._transport: asyncio.Transport | None = None
         self.authenticated = False
+        self.version = PROTOCOL_VERSION
+        """The protocol version the client connected with (frames before ``connect`` are errors, the same in all)."""
         self._sessions: dict[int, Session] = {}
         self._refused: dict[tuple[str, str], int] = {}  # (topic, producer) -> first seq refused with not_owner
         self._closed = False
@@ -828,7 +832,7 @@ class _Connection(asyncio.Protocol):
             self._server.protocol_errors[frame.code] += 1
         transport = self._transport
         if not self._closed and transport is not None:
-            transport.write(encode(frame))
+            transport.write(encode(frame, self.version))
             # Deliveries are bounded by the consumer's permits and the subscription's max_replay;
             # everything else is an answer the client asked for, and those may not pile up.
             if type(frame) is not Messages and transport.get_write_buffer_size() > self._server.config.max_output:
@@ -890,19 +894,21 @@ class _Connection(asyncio.Protocol):
     def _connect(self, frame: Connect) -> None:
         if self.authenticated:
             raise ProtocolError(ErrorCode.BAD_FIELD, "this connection already sent connect")
-        if frame.version != PROTOCOL_VERSION:
+        if not OLDEST_PROTOCOL_VERSION <= frame.version <= PROTOCOL_VERSION:
             raise ProtocolError(
                 ErrorCode.VERSION_MISMATCH,
-                f"protocol version {frame.version} is not supported; expected {PROTOCOL_VERSION}",
+                f"protocol version {frame.version} is not supported; expected {OLDEST_PROTOCOL_VERSION} to "
+                f"{PROTOCOL_VERSION}",
             )
         token = self._server.config.token
         if token is not None and not hmac.compare_digest((frame.token or "").encode(), token.encode()):
             raise ProtocolError(ErrorCode.UNAUTHORIZED, "wrong or missing token")
         self.authenticated = True
+        self.version = frame.version
         self._decoder.max_frame = self._server.config.max_frame
         self.send(
             Connected(
-                version=PROTOCOL_VERSION,
+                version=frame.version,
                 server="keyfailover",
                 max_frame=self._server.config.max_frame,
                 session_timeout=self._server.config.session_timeout,

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from keyfailover.broker.cursor import Cursor
-from keyfailover.broker.protocol import ConsumerClosed, Frame, Key, Messages, RangesChanged
+from keyfailover.broker.protocol import ConsumerClosed, Delivered, Frame, Messages, RangesChanged
 from keyfailover.broker.storage._store import NotServedError, Store
-from keyfailover.broker.storage.sqlite import StoredMessage, dead_letter_topic
+from keyfailover.broker.storage.sqlite import StoredMessage, dead_letter_topic, publish_clock
 from keyfailover.core.dispatcher import (
     DEFAULT_ACK_TIMEOUT,
     DEFAULT_NACK_BACKOFF_MAX,
@@ -35,6 +35,7 @@ from keyfailover.core.dispatcher import (
 )
 from keyfailover.core.errors import ErrorCode, NotInFlightError, ProtocolError
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
+from keyfailover.core.histogram import DEFAULT_BUCKETS, Histogram
 from keyfailover.core.ranges import Range
 from keyfailover.core.rebalance import DEFAULT_MAX_RANGES, check_policy_choice
 
@@ -50,6 +51,8 @@ _FLUSH_SHARE = 0.1
 _READ_BATCH = 2000
 _SEND_BATCH = 1000
 _SEND_BYTES = 2 * 1024 * 1024  # well under the protocol's default 5 MiB frame limit
+_DELIVERY_BUCKETS = (0.0005, *DEFAULT_BUCKETS, 600.0, 1800.0, 3600.0)
+"""Publish to first delivery: from a consumer keeping up (below a millisecond) to one catching up on an hour."""
 
 
 class DeliverySettings(TypedDict, total=False):
@@ -188,6 +191,8 @@ class Subscription:
         self._flusher: asyncio.Task[None] | None = None
         self._unburied: list[DeadLetter] = []  # given up on by the dispatcher, not stored in the DLQ yet
         self.dead_lettered = 0  # messages stored in the dead-letter topic by this subscription
+        self.delivery_seconds = Histogram(_DELIVERY_BUCKETS)
+        """Seconds from each message's publish time to its first delivery (messages without one left out)."""
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -429,7 +434,16 @@ class Subscription:
             if stored is None:
                 _log.error("dead letter at position %d of %s is not in the log", letter.position, self.topic)
                 continue
-            entries.append((letter.position, stored.key, stored.payload, letter.redelivery_count, letter.reason))
+            entries.append(
+                (
+                    letter.position,
+                    stored.key,
+                    stored.payload,
+                    letter.redelivery_count,
+                    letter.reason,
+                    stored.publish_time,
+                )
+            )
         try:
             await self._storage.dead_letter(self.topic, self.name, entries)
         except Exception:
@@ -503,7 +517,9 @@ class Subscription:
             gone = {name for name, session in before.items() if session is None or sessions.get(name) is not session}
             if gone:
                 deliveries = [d for d in deliveries if d.consumer not in gone]
-        by_consumer: dict[str, list[tuple[int, Key, bytes, int]]] = {}
+        by_consumer: dict[str, list[Delivered]] = {}
+        now = publish_clock()
+        observe = self.delivery_seconds.observe
         for delivery in deliveries:
             cached = cache.get(delivery.position)
             if cached is None:
@@ -512,14 +528,17 @@ class Subscription:
             items = by_consumer.get(delivery.consumer)
             if items is None:
                 items = by_consumer[delivery.consumer] = []
-            items.append((delivery.position, cached.key, cached.payload, delivery.redelivery_count))
+            published = cached.publish_time
+            if published is not None and not delivery.redelivery_count:
+                observe(max(now - published, 0) / 1e6)
+            items.append((delivery.position, cached.key, cached.payload, delivery.redelivery_count, published))
         if missing:
             self._trim_cache()
         for name, items in by_consumer.items():
             session = sessions.get(name)
             if session is None:
                 continue
-            batch: list[tuple[int, Key, bytes, int]] = []
+            batch: list[Delivered] = []
             size = 0
             for item in items:
                 if batch and (len(batch) >= _SEND_BATCH or size + len(item[2]) > _SEND_BYTES):

@@ -43,16 +43,16 @@ class SQLiteStore(Store):
     async def _open(self) -> dict[str, int]:
         return {topic: await self._call(self._log.last_position, topic) for topic in await self._call(self._log.topics)}
 
-    async def _write(self, batches: list[Batch]) -> list[Result | BaseException]:
+    async def _write(self, batches: list[Batch], publish_time: int) -> list[Result | BaseException]:
         try:
-            return list(await self._call(self._log.append, batches))
+            return list(await self._call(self._log.append, batches, publish_time))
         except KeyFailoverError as exc:
             if len(batches) == 1:
                 return [exc]
         # One bad request must not fail the others: the log rolled back, so store them one by one.
         results: list[Result | BaseException] = []
         for batch in batches:
-            results += await self._write([batch])
+            results += await self._write([batch], publish_time)
         return results
 
     async def _shut(self) -> None:

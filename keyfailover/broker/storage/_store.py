@@ -9,7 +9,9 @@ with P > 1 partitions is the topic ``<topic>-partition-<p>``.
 
 Produce requests that arrive while a write is running are written together in the next one
 (group commit), so a producer is answered only after the transaction holding its messages
-committed, and the event loop never waits on the disk or the network.
+committed, and the event loop never waits on the disk or the network. Every message of one
+group commit gets the same publish time: the broker's wall clock as the commit began
+(:func:`~keyfailover.broker.storage.sqlite.publish_clock`, microseconds since the Unix epoch).
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from keyfailover.broker.cursor import Cursor
-from keyfailover.broker.storage.sqlite import DeadLetterRecord, Key, StoredMessage, dead_letter_topic
+from keyfailover.broker.storage.sqlite import (
+    DeadLetterEntry,
+    DeadLetterRecord,
+    Key,
+    StoredMessage,
+    dead_letter_topic,
+    publish_clock,
+)
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.histogram import Histogram
 
@@ -34,8 +43,8 @@ Batch = tuple[str, str | None, Sequence[tuple[int | None, Key, bytes]]]
 """``(topic, producer or None, [(seq, key, payload), ...])``: one produce request."""
 Result = list[tuple[int, bool]]
 """``(position, duplicate)`` per message of a batch."""
-Letter = tuple[int, Key, bytes, int, str]
-"""``(position, key, payload, redelivery_count, reason)``: a message going to a dead-letter topic."""
+Letter = DeadLetterEntry
+"""``(position, key, payload, redelivery_count, reason, publish_time)``: a message going to a dead-letter topic."""
 
 
 class TopicDirectory(Protocol):
@@ -74,8 +83,9 @@ class Store(ABC):
         """Open the backend; the last position of every topic this server serves from the start."""
 
     @abstractmethod
-    async def _write(self, batches: list[Batch]) -> list[Result | BaseException]:
-        """Store the batches; per batch its result, or the error that stored none of it."""
+    async def _write(self, batches: list[Batch], publish_time: int) -> list[Result | BaseException]:
+        """Store the batches, each message with ``publish_time``; per batch its result, or the error that
+        stored none of it."""
 
     @abstractmethod
     async def _shut(self) -> None:
@@ -167,7 +177,10 @@ class Store(ABC):
     async def dead_letter(self, topic: str, subscription: str, letters: Sequence[Letter]) -> list[int]:
         """Store dead letters in the subscription's dead-letter topic; their positions there."""
         positions = await self._dead_letter(topic, subscription, letters)
-        stored = [StoredMessage(p, key, payload) for p, (_, key, payload, _, _) in zip(positions, letters, strict=True)]
+        stored = [
+            StoredMessage(p, key, payload, publish_time)
+            for p, (_, key, payload, _, _, publish_time) in zip(positions, letters, strict=True)
+        ]
         self._stored(dead_letter_topic(topic, subscription), stored)
         return positions
 
@@ -197,8 +210,9 @@ class Store(ABC):
 
     async def _commit(self, queued: list[tuple[Batch, asyncio.Future[Result]]]) -> None:
         started = time.perf_counter()
+        now = publish_clock()
         try:
-            results = await self._write([batch for batch, _ in queued])
+            results = await self._write([batch for batch, _ in queued], now)
         except Exception as exc:  # the backend failed as a whole: every request fails with it
             _log.exception("log append failed; %d produce requests rejected", len(queued))
             results = [exc] * len(queued)
@@ -213,7 +227,7 @@ class Store(ABC):
             stored = touched.setdefault(topic, [])
             before = len(stored)
             stored += [
-                StoredMessage(position, key, payload)
+                StoredMessage(position, key, payload, now)
                 for (_, key, payload), (position, duplicate) in zip(batch[2], result, strict=True)
                 if not duplicate
             ]

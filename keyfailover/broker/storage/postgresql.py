@@ -12,6 +12,9 @@ transaction stores nothing.
 Messages of one partition get positions 1, 2, 3, ... without gaps. A named producer's messages
 carry sequence ids; one at or below the highest stored for (partition, producer) is a duplicate
 (a resend after a failover): answered with the position it was stored at, not stored again.
+Each message has a publish time, as in the embedded log: the broker's wall clock when its
+write began, in microseconds since the Unix epoch; NULL (unknown) for a message stored before
+the log had the column. A dead letter, and a dead letter replayed, keeps its message's.
 """
 
 from __future__ import annotations
@@ -29,7 +32,14 @@ import asyncpg
 
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.storage._store import Batch, Letter, NotServedError, Result, Store
-from keyfailover.broker.storage.sqlite import DELIVERY_SETTINGS, DeadLetterRecord, Key, Message, StoredMessage
+from keyfailover.broker.storage.sqlite import (
+    DELIVERY_SETTINGS,
+    DeadLetterRecord,
+    Key,
+    Message,
+    StoredMessage,
+    publish_clock,
+)
 from keyfailover.core.errors import CursorError, LogError, LogFileError
 
 __all__ = ["FencedError", "Lease", "PostgresLog", "PostgresStore"]
@@ -96,6 +106,10 @@ _SCHEMA = (
         replayed_at BIGINT,                   -- its position in the partition once re-published
         PRIMARY KEY (topic, partition, subscription, dlq_position)
     )""",
+    # Publish times (µs since the Unix epoch) came later: the tables of an older log gain the
+    # column, NULL (unknown) in the rows stored before, without a rewrite.
+    "ALTER TABLE kf_messages ADD COLUMN IF NOT EXISTS publish_time BIGINT",
+    "ALTER TABLE kf_dead_letters ADD COLUMN IF NOT EXISTS publish_time BIGINT",
 )
 
 
@@ -156,21 +170,30 @@ class PostgresLog:
         )
         return Lease(topic, partition, owner, int(row["owner_epoch"]), int(row["last_position"]))
 
-    async def append(self, lease: Lease, producer: str | None, messages: Sequence[Message]) -> list[tuple[int, bool]]:
+    async def append(
+        self, lease: Lease, producer: str | None, messages: Sequence[Message], publish_time: int | None = None
+    ) -> list[tuple[int, bool]]:
         """Store ``messages`` (``(seq, key, payload)``) in the leased partition, in one transaction.
 
         Returns ``(position, duplicate)`` per message, as the SQLite log does: a duplicate is
-        answered with the position it was stored at (0 if the producer skipped that seq).
+        answered with the position it was stored at (0 if the producer skipped that seq). Each
+        message stored gets ``publish_time`` (µs since the Unix epoch; by default the clock now).
         Raises :class:`FencedError`, storing nothing, when the lease is no longer the partition's.
         """
-        return (await self.append_batches(lease, [(producer, messages)]))[0]
+        return (await self.append_batches(lease, [(producer, messages)], publish_time))[0]
 
     async def append_batches(
-        self, lease: Lease, batches: Sequence[tuple[str | None, Sequence[Message]]]
+        self,
+        lease: Lease,
+        batches: Sequence[tuple[str | None, Sequence[Message]]],
+        publish_time: int | None = None,
     ) -> list[list[tuple[int, bool]]]:
         """Store several produce requests ``(producer, messages)`` in the leased partition in one
         transaction (one COPY): as :meth:`append` each, in order; all or nothing."""
-        checked = [(producer, [_message(producer, message) for message in messages]) for producer, messages in batches]
+        now = publish_clock() if publish_time is None else publish_time
+        checked = [
+            (producer, [_message(producer, message, now) for message in messages]) for producer, messages in batches
+        ]
         async with self._pool.acquire() as connection, connection.transaction():
             return await self.append_in(connection, lease, checked)
 
@@ -194,7 +217,7 @@ class PostgresLog:
         duplicates: dict[str, list[tuple[int, int, int]]] = defaultdict(list)  # producer -> (batch, index, seq)
         for producer, rows in checked:
             result: list[tuple[int, bool]] = []
-            for seq, key, is_text, payload in rows:
+            for seq, key, is_text, payload, published in rows:
                 if producer is not None and seq is not None and seq <= highest.get(producer, -1):
                     duplicates[producer].append((len(results), len(result), seq))
                     result.append((0, True))
@@ -202,14 +225,27 @@ class PostgresLog:
                 if producer is not None and seq is not None:
                     highest[producer] = seq
                 last += 1
-                records.append((lease.topic, lease.partition, last, key, is_text, payload, producer, seq, lease.epoch))
+                records.append(
+                    (lease.topic, lease.partition, last, key, is_text, payload, producer, seq, lease.epoch, published)
+                )
                 result.append((last, False))
             results.append(result)
         if records:
             await connection.copy_records_to_table(
                 "kf_messages",
                 records=records,
-                columns=["topic", "partition", "position", "key", "key_is_text", "payload", "producer", "seq", "epoch"],
+                columns=[
+                    "topic",
+                    "partition",
+                    "position",
+                    "key",
+                    "key_is_text",
+                    "payload",
+                    "producer",
+                    "seq",
+                    "epoch",
+                    "publish_time",
+                ],
             )
             await connection.execute(
                 "UPDATE kf_partitions SET last_position = $3 WHERE topic = $1 AND partition = $2",
@@ -241,17 +277,14 @@ class PostgresLog:
         """Up to ``limit`` messages of the partition after position ``after``, in position order."""
         _check_partition(topic, partition)
         rows = await self._pool.fetch(
-            """SELECT position, key, key_is_text, payload FROM kf_messages
+            """SELECT position, key, key_is_text, payload, publish_time FROM kf_messages
                WHERE topic = $1 AND partition = $2 AND position > $3 ORDER BY position LIMIT $4""",
             topic,
             partition,
             after,
             limit,
         )
-        return [
-            StoredMessage(int(r["position"]), _stored_key(r["key"], r["key_is_text"]), bytes(r["payload"]))
-            for r in rows
-        ]
+        return [_stored_message(r) for r in rows]
 
     async def save_cursor(self, lease: Lease, subscription: str, cursor: Cursor) -> None:
         """Save a subscription's cursor of the leased partition; :class:`FencedError` if the lease is stale."""
@@ -373,7 +406,7 @@ class PostgresStore(Store):
         if self._log is not None:
             await self._log.close()
 
-    async def _write(self, batches: list[Batch]) -> list[Result | BaseException]:
+    async def _write(self, batches: list[Batch], publish_time: int) -> list[Result | BaseException]:
         by_topic: dict[str, list[int]] = defaultdict(list)
         for index, (topic, _, _) in enumerate(batches):
             by_topic[topic].append(index)
@@ -383,7 +416,7 @@ class PostgresStore(Store):
             try:
                 lease = self._lease(topic)
                 try:
-                    stored = await self.log.append_batches(lease, [batches[i][1:] for i in indexes])
+                    stored = await self.log.append_batches(lease, [batches[i][1:] for i in indexes], publish_time)
                 except FencedError:
                     self._fenced(topic, lease)
                     raise
@@ -408,18 +441,13 @@ class PostgresStore(Store):
     async def read_positions(self, topic: str, positions: Iterable[int]) -> dict[int, StoredMessage]:
         name, partition = self._locate(topic)
         rows = await self.log.pool.fetch(
-            """SELECT position, key, key_is_text, payload FROM kf_messages
+            """SELECT position, key, key_is_text, payload, publish_time FROM kf_messages
                WHERE topic = $1 AND partition = $2 AND position = ANY($3::bigint[])""",
             name,
             partition,
             list(positions),
         )
-        return {
-            int(r["position"]): StoredMessage(
-                int(r["position"]), _stored_key(r["key"], r["key_is_text"]), bytes(r["payload"])
-            )
-            for r in rows
-        }
+        return {int(r["position"]): _stored_message(r) for r in rows}
 
     async def subscriptions(self, topic: str) -> list[str]:
         name, partition = self._locate(topic)
@@ -488,8 +516,8 @@ class PostgresStore(Store):
     async def _dead_letter(self, topic: str, subscription: str, letters: Sequence[Letter]) -> list[int]:
         lease = self._lease(topic)
         rows = [
-            (position, *_message(None, (None, key, payload))[1:], count, reason)
-            for position, key, payload, count, reason in letters
+            (position, *_message(None, (None, key, payload), publish_time)[1:], count, reason)
+            for position, key, payload, count, reason, publish_time in letters
         ]
         now = time.time()
         try:
@@ -518,8 +546,11 @@ class PostgresStore(Store):
                             count,
                             reason,
                             now,
+                            publish_time,
                         )
-                        for at, (position, key, is_text, payload, count, reason) in zip(positions, rows, strict=True)
+                        for at, (position, key, is_text, payload, publish_time, count, reason) in zip(
+                            positions, rows, strict=True
+                        )
                     ],
                     columns=[
                         "topic",
@@ -533,6 +564,7 @@ class PostgresStore(Store):
                         "redelivery_count",
                         "reason",
                         "time",
+                        "publish_time",
                     ],
                 )
         except FencedError:
@@ -543,7 +575,8 @@ class PostgresStore(Store):
     async def dead_letters(self, topic: str, subscription: str, limit: int) -> list[DeadLetterRecord]:
         name, partition = self._locate(topic)
         rows = await self.log.pool.fetch(
-            """SELECT dlq_position, position, key, key_is_text, payload, redelivery_count, reason, time, replayed_at
+            """SELECT dlq_position, position, key, key_is_text, payload, redelivery_count, reason, time, replayed_at,
+                      publish_time
                FROM kf_dead_letters WHERE topic = $1 AND partition = $2 AND subscription = $3
                ORDER BY dlq_position LIMIT $4""",
             name,
@@ -561,6 +594,7 @@ class PostgresStore(Store):
                 str(r["reason"]),
                 float(r["time"]),
                 None if r["replayed_at"] is None else int(r["replayed_at"]),
+                None if r["publish_time"] is None else int(r["publish_time"]),
             )
             for r in rows
         ]
@@ -570,7 +604,7 @@ class PostgresStore(Store):
         waiting = [r for r in await self.dead_letters(topic, subscription, 2**62) if r.replayed_at is None]
         if not waiting:
             return []
-        rows = [_message(None, (None, r.key, r.payload)) for r in waiting]
+        rows = [_message(None, (None, r.key, r.payload), r.publish_time) for r in waiting]
         try:
             async with self.log.pool.acquire() as connection, connection.transaction():
                 [stored] = await self.log.append_in(connection, lease, [(None, rows)])
@@ -585,7 +619,10 @@ class PostgresStore(Store):
         except FencedError:
             self._fenced(topic, lease)
             raise
-        return [StoredMessage(position, r.key, r.payload) for r, (position, _) in zip(waiting, stored, strict=True)]
+        return [
+            StoredMessage(position, r.key, r.payload, r.publish_time)
+            for r, (position, _) in zip(waiting, stored, strict=True)
+        ]
 
 
 def _check_partition(topic: object, partition: object) -> None:
@@ -595,24 +632,35 @@ def _check_partition(topic: object, partition: object) -> None:
         raise LogError(f"partition must be an int >= 0, not {partition!r}")
 
 
-Row = tuple[int | None, bytes | None, bool, bytes]
-"""``(seq, key bytes, key was a str, payload)``: a message as :func:`_message` checked it."""
+Row = tuple[int | None, bytes | None, bool, bytes, int | None]
+"""``(seq, key bytes, key was a str, payload, publish time)``: a message as :func:`_message` checked it."""
 
 
-def _message(producer: str | None, message: Message) -> Row:
-    """``(seq, key bytes, key was a str, payload)`` of one message to append, checked."""
+def _message(producer: str | None, message: Message, publish_time: int | None) -> Row:
+    """``(seq, key bytes, key was a str, payload, publish_time)`` of one message to append, checked."""
     seq, key, payload = message
     if producer is not None and (type(seq) is not int or seq < 0):
         raise LogError(f"a named producer's message needs a sequence id >= 0, not {seq!r}")
     if not isinstance(payload, bytes):
         raise LogError(f"a payload must be bytes, not {type(payload).__name__}")
     if key is None:
-        return seq, None, False, payload
+        return seq, None, False, payload, publish_time
     if isinstance(key, str):
-        return seq, key.encode(), True, payload
+        return seq, key.encode(), True, payload, publish_time
     if isinstance(key, bytes):
-        return seq, key, False, payload
+        return seq, key, False, payload, publish_time
     raise LogError(f"a key must be str, bytes or None, not {type(key).__name__}")
+
+
+def _stored_message(row: Any) -> StoredMessage:
+    """A ``kf_messages`` row (position, key, key_is_text, payload, publish_time) as the log's message."""
+    at = row["publish_time"]
+    return StoredMessage(
+        int(row["position"]),
+        _stored_key(row["key"], row["key_is_text"]),
+        bytes(row["payload"]),
+        None if at is None else int(at),
+    )
 
 
 def _stored_key(data: bytes | None, is_text: bool) -> Key:

@@ -11,6 +11,11 @@ is one range scan of the table's own b-tree, and large payloads go to overflow p
 without widening the tree (a ``WITHOUT ROWID`` table keyed by ``(topic, position)`` made
 the file twice as large for 2 KB payloads). Messages of a named producer also carry its
 sequence id, indexed so that a retried message finds the position it was stored at.
+
+Every message has a publish time: the broker's wall clock when its group commit began, in
+integer microseconds since the Unix epoch (the same for every message of one commit). A
+message stored before schema 5 has none (NULL: unknown). A dead letter, and a dead letter
+replayed, keeps the publish time of the message it was.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ __all__ = [
     "LOG_FILE_NAME",
     "MAX_POSITION",
     "SCHEMA_VERSION",
+    "DeadLetterEntry",
     "DeadLetterRecord",
     "ExportRow",
     "Key",
@@ -46,6 +52,7 @@ __all__ = [
     "StoredMessage",
     "TopicStats",
     "dead_letter_topic",
+    "publish_clock",
 ]
 
 _T = TypeVar("_T")
@@ -55,21 +62,30 @@ Message = tuple[int | None, Key, bytes]
 """``(sequence id or None, key, payload)``: one message to append."""
 Batch = tuple[str, str | None, Sequence[Message]]
 """``(topic, producer name or None, messages)``: one produce request."""
+DeadLetterEntry = tuple[int, Key, bytes, int, str, int | None]
+"""``(position, key, payload, redelivery_count, reason, publish_time or None)``: a message going to a
+dead-letter topic."""
 
 LOG_FILE_NAME = "keyfailover.db"
 """The log's file name inside a server's data directory."""
 
-ExportRow = tuple[int, Key, bytes, str | None, int | None]
-"""``(position, key, payload, producer name or None, sequence id or None)``: one stored message."""
+ExportRow = tuple[int, Key, bytes, str | None, int | None, int | None]
+"""``(position, key, payload, producer name or None, sequence id or None, publish time or None)``: one
+stored message."""
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """``PRAGMA user_version`` of a log this module writes; versions 1 (no dead letters), 2 (no
-per-subscription delivery settings) and 3 (no partitioned topics) are migrated."""
+per-subscription delivery settings), 3 (no partitioned topics) and 4 (no publish times) are migrated."""
 
 DELIVERY_SETTINGS = ("ack_timeout", "max_redeliveries", "nack_backoff", "nack_backoff_max")
 """The settings a subscription may have of its own (the rest come from the server's)."""
 
 DEAD_LETTER_SUFFIX = "-DLQ"
+
+
+def publish_clock() -> int:
+    """The broker's wall clock as a publish time: integer microseconds since the Unix epoch."""
+    return time.time_ns() // 1000
 
 
 def dead_letter_topic(topic: str, subscription: str) -> str:
@@ -136,14 +152,24 @@ _VERSION_4 = (
         partitions INTEGER NOT NULL  -- fixed at creation; partition p is the topic <name>-partition-<p>
     ) WITHOUT ROWID""",
 )
+_VERSION_5 = (
+    # publish_clock() of the append; NULL: stored before schema 5 (unknown). Adding a column with
+    # a NULL default rewrites nothing: the rows of a large log stay where they are.
+    "ALTER TABLE messages ADD COLUMN publish_time INTEGER",
+)
 
 
 class StoredMessage(NamedTuple):
-    """One message as the log holds it (a named tuple: the server makes one per message)."""
+    """One message as the log holds it (a named tuple: the server makes one per message).
+
+    ``publish_time`` is the broker's wall clock when it was stored, in microseconds since the
+    Unix epoch (:func:`publish_clock`); None when unknown (stored before the log had them).
+    """
 
     position: int
     key: Key
     payload: bytes
+    publish_time: int | None
 
 
 class DeadLetterRecord(NamedTuple):
@@ -157,6 +183,8 @@ class DeadLetterRecord(NamedTuple):
     reason: str
     time: float
     replayed_at: int | None
+    publish_time: int | None
+    """The publish time of the message it was (µs since the Unix epoch), None when unknown."""
 
 
 class TopicStats(TypedDict):
@@ -212,7 +240,7 @@ class Log:
 
     # -- messages --------------------------------------------------------------------
 
-    def append(self, batches: Sequence[Batch]) -> list[list[tuple[int, bool]]]:
+    def append(self, batches: Sequence[Batch], publish_time: int | None = None) -> list[list[tuple[int, bool]]]:
         """Store the messages of many produce requests in one transaction (group commit).
 
         ``batches`` holds ``(topic, producer, messages)`` with ``messages`` a sequence of
@@ -223,11 +251,14 @@ class Log:
         not stored again, answered with ``(position it was stored at, True)``, or with
         ``(0, True)`` if the producer skipped that ``seq``. Returns ``(position, duplicate)``
         per message per batch, after the commit. Raises, storing nothing, on a bad argument.
+        Every message stored gets ``publish_time`` (µs since the Unix epoch; by default
+        :func:`publish_clock` now).
         """
         if not isinstance(batches, Sequence):
             raise LogError(f"batches must be a sequence of (topic, producer, messages), not {type(batches).__name__}")
+        now = publish_clock() if publish_time is None else _publish_time(publish_time)
         with self._transaction() as db:
-            writer = _Append(db)
+            writer = _Append(db, now)
             results = [writer.add(*_batch(batch)) for batch in batches]
             writer.insert()
         return results
@@ -242,10 +273,10 @@ class Log:
             return []
         base = topic_id << _POSITION_BITS
         rows = self._connection().execute(
-            "SELECT id, key, payload FROM messages WHERE id > ? AND id <= ? ORDER BY id LIMIT ?",
+            "SELECT id, key, payload, publish_time FROM messages WHERE id > ? AND id <= ? ORDER BY id LIMIT ?",
             (base + after, base + MAX_POSITION, limit),
         )
-        return [StoredMessage(row_id - base, key, payload) for row_id, key, payload in rows]
+        return [StoredMessage(row_id - base, key, payload, at) for row_id, key, payload, at in rows]
 
     def read_positions(self, topic: str, positions: Iterable[int]) -> dict[int, StoredMessage]:
         """The messages of ``topic`` at ``positions`` (to re-read payloads for replays); absent ones are left out."""
@@ -261,10 +292,10 @@ class Log:
         for start in range(0, len(ids), _READ_CHUNK):
             chunk = ids[start : start + _READ_CHUNK]
             marks = ",".join("?" * len(chunk))
-            for row_id, key, payload in db.execute(
-                f"SELECT id, key, payload FROM messages WHERE id IN ({marks})", chunk
+            for row_id, key, payload, at in db.execute(
+                f"SELECT id, key, payload, publish_time FROM messages WHERE id IN ({marks})", chunk
             ):
-                found[row_id - base] = StoredMessage(row_id - base, key, payload)
+                found[row_id - base] = StoredMessage(row_id - base, key, payload, at)
         return found
 
     def last_position(self, topic: str) -> int:
@@ -283,26 +314,27 @@ class Log:
 
     # -- dead letters ----------------------------------------------------------------
 
-    def dead_letter(
-        self, topic: str, subscription: str, letters: Sequence[tuple[int, Key, bytes, int, str]]
-    ) -> list[int]:
-        """Store ``(position, key, payload, redelivery_count, reason)`` letters in the subscription's
-        dead-letter topic, with where each came from and why, in one transaction; their positions there.
+    def dead_letter(self, topic: str, subscription: str, letters: Sequence[DeadLetterEntry]) -> list[int]:
+        """Store ``(position, key, payload, redelivery_count, reason, publish_time)`` letters in the
+        subscription's dead-letter topic, with where each came from and why, in one transaction; their
+        positions there. Each keeps its ``publish_time`` (µs since the Unix epoch, None: unknown).
         """
         topic, subscription = _subscription_key(topic, subscription)
         dlq = dead_letter_topic(topic, subscription)
         rows = [_letter(letter, index) for index, letter in enumerate(_iterable(letters, "letters"))]
         now = time.time()
         with self._transaction() as db:
-            writer = _Append(db)
-            stored = writer.add(dlq, None, [(None, key, payload) for _, key, payload, _, _ in rows])
+            writer = _Append(db, publish_clock())
+            stored = writer.add(
+                dlq, None, [(None, key, payload) for _, key, payload, _, _, _ in rows], kept=[row[5] for row in rows]
+            )
             writer.insert()
             db.executemany(
                 "INSERT INTO dead_letters (dlq_topic, dlq_position, topic, subscription, position, redelivery_count,"
                 " reason, time) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (dlq, dlq_position, topic, subscription, position, count, reason, now)
-                    for (dlq_position, _), (position, _, _, count, reason) in zip(stored, rows, strict=True)
+                    for (dlq_position, _), (position, _, _, count, reason, _) in zip(stored, rows, strict=True)
                 ],
             )
         return [dlq_position for dlq_position, _ in stored]
@@ -316,8 +348,8 @@ class Log:
             return []
         base = topic_id << _POSITION_BITS
         rows = self._connection().execute(
-            "SELECT d.dlq_position, d.position, m.key, m.payload, d.redelivery_count, d.reason, d.time, d.replayed_at"
-            " FROM dead_letters d JOIN messages m ON m.id = ? + d.dlq_position"
+            "SELECT d.dlq_position, d.position, m.key, m.payload, d.redelivery_count, d.reason, d.time, d.replayed_at,"
+            " m.publish_time FROM dead_letters d JOIN messages m ON m.id = ? + d.dlq_position"
             " WHERE d.dlq_topic = ? ORDER BY d.dlq_position LIMIT ?",
             (base, dlq, limit),
         )
@@ -326,8 +358,9 @@ class Log:
     def replay_dead_letters(self, topic: str, subscription: str) -> list[StoredMessage]:
         """Re-publish to ``topic`` every dead letter of the subscription not replayed yet, in one transaction.
 
-        Each is marked with its new position, so a second call replays only newer ones.
-        Returns the messages as stored in ``topic`` (every subscription of it gets them).
+        Each is marked with its new position, so a second call replays only newer ones, and keeps
+        its original publish time. Returns the messages as stored in ``topic`` (every subscription
+        of it gets them).
         """
         waiting = [
             record for record in self.dead_letters(topic, subscription, MAX_POSITION) if record.replayed_at is None
@@ -336,15 +369,20 @@ class Log:
             return []
         dlq = dead_letter_topic(topic, subscription)
         with self._transaction() as db:
-            writer = _Append(db)
-            stored = writer.add(topic, None, [(None, record.key, record.payload) for record in waiting])
+            writer = _Append(db, publish_clock())
+            stored = writer.add(
+                topic,
+                None,
+                [(None, record.key, record.payload) for record in waiting],
+                kept=[record.publish_time for record in waiting],
+            )
             writer.insert()
             db.executemany(
                 "UPDATE dead_letters SET replayed_at = ? WHERE dlq_topic = ? AND dlq_position = ?",
                 [(position, dlq, record.dlq_position) for (position, _), record in zip(stored, waiting, strict=True)],
             )
         return [
-            StoredMessage(position, record.key, record.payload)
+            StoredMessage(position, record.key, record.payload, record.publish_time)
             for (position, _), record in zip(stored, waiting, strict=True)
         ]
 
@@ -544,7 +582,10 @@ class Log:
             if version < 3:  # version 2 had no per-subscription delivery settings
                 for statement in _VERSION_3:
                     db.execute(statement)
-            for statement in _VERSION_4:  # version 3 had no partitioned topics
+            if version < 4:  # version 3 had no partitioned topics
+                for statement in _VERSION_4:
+                    db.execute(statement)
+            for statement in _VERSION_5:  # version 4 had no publish times
                 db.execute(statement)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
@@ -560,16 +601,27 @@ class _Append:
     look up the position of a message stored earlier in the same call.
     """
 
-    __slots__ = ("_db", "_producers", "_rows", "_topics")
+    __slots__ = ("_db", "_now", "_producers", "_rows", "_topics")
 
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: sqlite3.Connection, now: int) -> None:
         self._db = db
-        self._rows: list[tuple[int, Key, bytes, int | None, int | None]] = []
+        self._now = now  # the publish time of the messages this call stores
+        self._rows: list[tuple[int, Key, bytes, int | None, int | None, int | None]] = []
         self._topics: dict[str, list[int]] = {}  # name -> [id, last position]
         self._producers: dict[tuple[int, str], list[int]] = {}  # (topic id, name) -> [id, last seq]
 
-    def add(self, topic: str, producer: str | None, messages: Sequence[Message]) -> list[tuple[int, bool]]:
-        """Queue the rows of one batch; ``(position, duplicate)`` for each of its messages."""
+    def add(
+        self,
+        topic: str,
+        producer: str | None,
+        messages: Sequence[Message],
+        kept: Sequence[int | None] | None = None,
+    ) -> list[tuple[int, bool]]:
+        """Queue the rows of one batch; ``(position, duplicate)`` for each of its messages.
+
+        Each message gets this call's publish time, or with ``kept`` the one it had where it
+        was stored before (a dead letter, a replay).
+        """
         if not messages:
             return []
         state = self._topic(topic)
@@ -578,6 +630,7 @@ class _Append:
         producer_state = None if producer is None else self._producer(topic_id, producer)
         producer_id, last_seq = (None, -1) if producer_state is None else producer_state
         previous = -1
+        now = self._now
         rows = self._rows
         out: list[tuple[int, bool]] = []
         for index, message in enumerate(messages):
@@ -609,7 +662,7 @@ class _Append:
                     continue
                 last_seq = seq
             last += 1
-            rows.append((base + last, key, payload, producer_id, seq))
+            rows.append((base + last, key, payload, producer_id, seq, now if kept is None else kept[index]))
             out.append((last, False))
         if last > MAX_POSITION:
             raise LogError(f"topic {reprlib.repr(topic)} would pass its last possible position {MAX_POSITION}")
@@ -624,10 +677,11 @@ class _Append:
             return
         try:
             self._db.executemany(
-                "INSERT INTO messages (id, key, payload, producer, seq) VALUES (?, ?, ?, ?, ?)", self._rows
+                "INSERT INTO messages (id, key, payload, producer, seq, publish_time) VALUES (?, ?, ?, ?, ?, ?)",
+                self._rows,
             )
         except UnicodeEncodeError:  # names were checked, payloads are bytes: a str key has no UTF-8 form
-            for _, key, _, _, _ in self._rows:
+            for _, key, _, _, _, _ in self._rows:
                 if type(key) is str:
                     _key(key)
             raise
@@ -678,7 +732,9 @@ class LogSnapshot:
     It has a connection of its own, writes nothing, and is safe while a server writes the
     same file. It notes each topic's last position when made, then reads up to there in
     short read transactions (messages are never changed or deleted), so a long export does
-    not pin the write-ahead log and stop the server's checkpoints. When no server runs,
+    not pin the write-ahead log and stop the server's checkpoints. It reads a log of any schema
+    version a server migrates (nothing is migrated: it writes nothing); a message stored before
+    schema 5 has no publish time. When no server runs,
     SQLite leaves the empty ``-wal`` and ``-shm`` files it keeps beside a WAL database, which
     the next server uses as usual.
     """
@@ -692,12 +748,14 @@ class LogSnapshot:
             version = db.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.Error as exc:
             raise LogFileError(f"cannot read the log {str(path)!r}: {exc}") from None
-        if version != SCHEMA_VERSION:
+        if not 1 <= version <= SCHEMA_VERSION:
             db.close()
             raise LogFileError(
-                f"the log {str(path)!r} has schema version {version}; this keyfailover reads version {SCHEMA_VERSION}"
+                f"the log {str(path)!r} has schema version {version}; this keyfailover reads versions 1 to "
+                f"{SCHEMA_VERSION}"
             )
         self._db = db
+        self._publish_time = "publish_time" if version >= 5 else "NULL"  # schema 5 added the column
         with self._read():
             self._topics = {
                 name: (topic_id, _edge(db, "max", topic_id, 0))
@@ -721,15 +779,16 @@ class LogSnapshot:
         while after < last:
             with self._read():
                 rows = db.execute(
-                    "SELECT id, key, payload, producer, seq FROM messages WHERE id > ? AND id <= ? ORDER BY id LIMIT ?",
+                    f"SELECT id, key, payload, producer, seq, {self._publish_time} FROM messages"
+                    " WHERE id > ? AND id <= ? ORDER BY id LIMIT ?",
                     (base + after, base + last, chunk),
                 ).fetchall()
-                if any(producer is not None and producer not in producers for *_, producer, _ in rows):
+                if any(producer is not None and producer not in producers for *_, producer, _, _ in rows):
                     producers = dict(db.execute("SELECT id, name FROM producers WHERE topic = ?", (topic_id,)))
             if not rows:
                 return
-            for row_id, key, payload, producer, seq in rows:
-                yield row_id - base, key, payload, producers.get(producer), seq
+            for row_id, key, payload, producer, seq, at in rows:
+                yield row_id - base, key, payload, producers.get(producer), seq, at
             after = rows[-1][0] - base
 
     @contextmanager
@@ -836,13 +895,19 @@ def _iterable(value: Iterable[_T], what: str) -> Iterable[_T]:
     return value
 
 
-def _letter(value: object, index: int) -> tuple[int, Key, bytes, int, str]:
-    if not isinstance(value, tuple) or len(value) != 5:
+def _publish_time(value: object) -> int:
+    if type(value) is not int or value < 0:
+        raise LogError(f"a publish time must be an int of microseconds since the Unix epoch, not {value!r}")
+    return value
+
+
+def _letter(value: object, index: int) -> DeadLetterEntry:
+    if not isinstance(value, tuple) or len(value) != 6:
         raise LogError(
-            f"dead letter {index} must be a (position, key, payload, redelivery_count, reason) tuple, "
+            f"dead letter {index} must be a (position, key, payload, redelivery_count, reason, publish_time) tuple, "
             f"not {reprlib.repr(value)}"
         )
-    position, key, payload, count, reason = value
+    position, key, payload, count, reason, publish_time = value
     if key is not None and type(key) is not str and type(key) is not bytes:
         key = _key(key)
     return (
@@ -851,6 +916,7 @@ def _letter(value: object, index: int) -> tuple[int, Key, bytes, int, str]:
         _payload(payload, index),
         _count(count, "redelivery_count"),
         _name(reason, "reason"),
+        None if publish_time is None else _publish_time(publish_time),
     )
 
 

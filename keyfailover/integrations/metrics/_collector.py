@@ -52,7 +52,8 @@ REASONS = ("join", "leave", "shift", "timeout", "stuck", "recovered", "backlog")
 
 @dataclass(frozen=True)
 class SubscriptionView:
-    """One subscription to report: its dispatcher and, with a log behind it, its backlog.
+    """One subscription to report: its dispatcher and, with a log behind it, its backlog and the
+    delivery latency of its messages.
 
     ``partition`` is the partition's index for one of a topic's P > 1 partitions (``topic`` is then
     the topic's own name, not ``T-partition-p``), None for a topic of one partition.
@@ -63,6 +64,9 @@ class SubscriptionView:
     dispatcher: Dispatcher
     backlog: int | None = None
     partition: int | None = None
+    delivery_seconds: Histogram | None = None
+    """Seconds from each message's publish time (the broker's clock as it was stored) to its first
+    delivery; None without a log (a bare dispatcher knows no publish times)."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,11 @@ _SPECS: dict[str, tuple[str, str, list[str]]] = {
     ),
     "keyfailover_backoff_keys": ("gauge", "Keys held back by a nack backoff (ordered mode).", _SUB),
     "keyfailover_backlog_messages": ("gauge", "Messages stored and not yet acknowledged by the subscription.", _SUB),
+    "keyfailover_delivery_latency_seconds": (
+        "histogram",
+        "Time from a message's publish time (the broker's wall clock as it was stored) to its first delivery.",
+        _SUB,
+    ),
     "keyfailover_rebalances": ("counter", "Range-map changes, by reason.", [*_SUB, "reason"]),
     "keyfailover_rebalance_duration_seconds": (
         "histogram",
@@ -369,6 +378,8 @@ def _subscription(families: _Families, view: SubscriptionView) -> None:
     # Without a log behind it, the backlog is what the dispatcher holds unacknowledged.
     backlog = view.backlog if view.backlog is not None else stats["held"]
     families.add("keyfailover_backlog_messages", sub, backlog)
+    if view.delivery_seconds is not None:
+        families.histogram("keyfailover_delivery_latency_seconds", sub, view.delivery_seconds)
     for reason in REASONS:
         families.add("keyfailover_rebalances", [*sub, reason], stats["rebalances"].get(reason, 0))
     families.histogram("keyfailover_rebalance_duration_seconds", sub, dispatcher.drain_histogram())

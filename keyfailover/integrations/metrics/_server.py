@@ -27,7 +27,16 @@ def serve_metrics(server: Server) -> CollectorRegistry:
         views = []
         for (served, name), subscription in sorted(server.subscriptions().items()):
             topic, partition = _partition(server, served)
-            views.append(SubscriptionView(topic, name, subscription.dispatcher, subscription.backlog(), partition))
+            views.append(
+                SubscriptionView(
+                    topic,
+                    name,
+                    subscription.dispatcher,
+                    subscription.backlog(),
+                    partition,
+                    subscription.delivery_seconds,
+                )
+            )
         return views
 
     def totals() -> ServerView:

@@ -184,6 +184,26 @@ def test_unowned_partitions_measures_the_longest_gap_after_a_partition_was_first
     assert unowned_partitions(history, limit=10.0, end=13.0).measures["longest s"] == pytest.approx(4.0)
 
 
+def test_time_zookeeper_was_faulted_does_not_count_as_unowned() -> None:
+    low, high = block(0, 1)
+    history: list[Record] = [
+        Served(0.0, "b1", 0, 1, until=2.0),
+        Served(10.0, "b2", 0, 2),  # 8 s without a broker, 6.5 of them with ZooKeeper killed
+        RangeMap(0.5, 0, ((low, high, "a"),)),
+        Fault(2.5, "kill", "zookeeper", "start"),
+        Fault(9.0, "kill", "zookeeper", "end"),
+    ]
+    partitions = unowned_partitions(history, limit=2.0, end=12.0)
+    assert partitions.passed
+    assert partitions.measures["longest s"] == pytest.approx(1.5)
+    assert partitions.measures["longest with ZooKeeper faulted s"] == pytest.approx(8.0)
+    ranges = unowned_ranges(history, partitions=1, limit=2.0, end=12.0)
+    assert ranges.passed and ranges.measures["longest s"] == pytest.approx(1.5)
+    without_the_fault = [record for record in history if not isinstance(record, Fault)]
+    assert not unowned_partitions(without_the_fault, limit=2.0, end=12.0).passed
+    assert not unowned_ranges(without_the_fault, partitions=1, limit=2.0, end=12.0).passed
+
+
 # -- consumers ----------------------------------------------------------------------------
 
 

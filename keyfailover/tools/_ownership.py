@@ -69,6 +69,5 @@ def _time(stamp: str) -> float:
 def lease_events(log: str) -> list[LeaseChange]:
     """The lapses and renewals of one broker's lease in its ``log``, in log order."""
     return [
-        LeaseChange(_time(lapsed or said), broker, not resumed)
-        for said, broker, lapsed, resumed in _LEASE.findall(log)
+        LeaseChange(_time(lapsed or said), broker, not resumed) for said, broker, lapsed, resumed in _LEASE.findall(log)
     ]

@@ -119,7 +119,10 @@ class ZooKeeper:
         return self
 
     def _port_free(self) -> bool:
+        """Whether nothing listens on the port (connections of an earlier server in TIME_WAIT do not count:
+        ZooKeeper binds with SO_REUSEADDR too, so a restart on its port works at once)."""
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind(("127.0.0.1", self.port))
             except OSError:

@@ -18,6 +18,7 @@ from keyfailover.tools.chaos._measures import (
     memberships,
     run_measures,
 )
+from keyfailover.tools.chaos._netns import support as netns_support
 from keyfailover.tools.chaos._records import Produced, RecordWriter
 from keyfailover.tools.chaos._report import settings_table, summary_lines, write_report
 from keyfailover.tools.services import PostgreSQL, ZooKeeper
@@ -38,6 +39,14 @@ class ChaosOutcome:
     @property
     def passed(self) -> bool:
         return all(verdict.passed for verdict in self.verdicts)
+
+
+def _netem() -> str:
+    """Whether this kernel has netem, for the report (the proxy is what the run used either way)."""
+    found = netns_support()
+    if found.netem:
+        return "this kernel has it; the run used the proxy all the same, so runs compare across machines"
+    return "this kernel has none" + (f" ({found.reason})" if found.reason else "") + ": the proxy was used"
 
 
 def chaos(
@@ -72,6 +81,7 @@ def chaos(
             strategies=strategies,
             records=records,
             started=run.started,
+            netem=_netem(),
         )
         if keep is None or keep.resolve() != report.resolve():
             (report / "records.jsonl").unlink(missing_ok=True)

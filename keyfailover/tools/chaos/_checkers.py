@@ -41,6 +41,7 @@ from keyfailover.tools.chaos._records import (
     Acked,
     DeadLettered,
     Delivered,
+    Fault,
     Produced,
     RangeMap,
     Record,
@@ -52,12 +53,14 @@ __all__ = [
     "check_all",
     "dead_letter_accounting",
     "duplicated",
+    "gaps",
     "held_twice",
     "lost",
     "order",
     "two_owners",
     "unowned_partitions",
     "unowned_ranges",
+    "zookeeper_outages",
 ]
 
 EXAMPLES = 5
@@ -222,38 +225,70 @@ def held_twice(records: Sequence[Record]) -> Verdict:
     return _verdict("held twice", problems, measures)
 
 
+def zookeeper_outages(records: Sequence[Record]) -> list[tuple[float, float]]:
+    """The windows in which a fault was on ZooKeeper (from each fault's start to its end)."""
+    faults = sorted((f for f in _of(records, Fault) if f.target == "zookeeper"), key=lambda f: f.t)
+    windows, began = [], None
+    for fault in faults:
+        if fault.action == "start":
+            began = fault.t
+        elif began is not None:
+            windows.append((began, fault.t))
+            began = None
+    if began is not None:
+        windows.append((began, math.inf))
+    return windows
+
+
+def _outside(start: float, stop: float, outages: Sequence[tuple[float, float]]) -> float:
+    """The length of ``[start, stop]`` outside every outage window."""
+    inside = sum(max(0.0, min(stop, high) - max(start, low)) for low, high in outages)
+    return max(stop - start - inside, 0.0)
+
+
+def gaps(intervals: Sequence[tuple[float, float]], stop: float) -> list[tuple[float, float]]:
+    """The stretches after the first interval's start, up to ``stop``, that no interval covers."""
+    if not intervals:
+        return []
+    ordered = sorted(intervals)
+    covered = ordered[0][1]
+    found = []
+    for start, until in ordered[1:]:
+        if start > covered:
+            found.append((covered, start))
+        covered = max(covered, until)
+    if stop > covered:
+        found.append((covered, stop))
+    return found
+
+
 def unowned_partitions(records: Sequence[Record], limit: float, end: float | None = None) -> Verdict:
-    """The longest time each partition had no broker after it first had one; failed over ``limit`` seconds."""
+    """The longest time each partition had no broker after it first had one, not counting the time a fault
+    was on ZooKeeper (no broker can take a partition over then); failed over ``limit`` seconds."""
     stop = _end_of(records, end)
+    outages = zookeeper_outages(records)
     by_partition: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for served in _of(records, Served):
         by_partition[served.partition].append((served.t, stop if served.until is None else served.until))
     problems = []
-    longest = 0.0
+    longest = raw = 0.0
     for partition, intervals in sorted(by_partition.items()):
-        gap, at = _longest_gap(intervals, stop)
-        longest = max(longest, gap)
-        if gap > limit:
-            problems.append(f"partition {partition} had no broker for {gap:.3f} s from t={at:.3f} (limit {limit} s)")
-    return _verdict("unowned partitions", problems, {"longest s": longest, "limit s": limit})
-
-
-def _longest_gap(intervals: list[tuple[float, float]], stop: float) -> tuple[float, float]:
-    """The longest stretch after the first start, up to ``stop``, that no interval covers, and where it began."""
-    intervals = sorted(intervals)
-    covered = intervals[0][1]
-    longest, at = 0.0, intervals[0][0]
-    for start, until in intervals[1:]:
-        if start > covered and start - covered > longest:
-            longest, at = start - covered, covered
-        covered = max(covered, until)
-    if stop > covered and stop - covered > longest:
-        longest, at = stop - covered, covered
-    return longest, at
+        for start, until in gaps(intervals, stop):
+            counted = _outside(start, until, outages)
+            longest, raw = max(longest, counted), max(raw, until - start)
+            if counted > limit:
+                problems.append(
+                    f"partition {partition} had no broker for {counted:.3f} s from t={start:.3f} (limit {limit} s)"
+                )
+    measures = {"longest s": longest, "limit s": limit}
+    if outages:
+        measures["longest with ZooKeeper faulted s"] = raw
+    return _verdict("unowned partitions", problems, measures)
 
 
 def unowned_ranges(records: Sequence[Record], partitions: int, limit: float, end: float | None = None) -> Verdict:
-    """The longest time a slot had no consumer after it first had one; failed over ``limit`` seconds.
+    """The longest time a slot had no consumer after it first had one, not counting the time a fault was on
+    ZooKeeper; failed over ``limit`` seconds.
 
     A slot is owned while its partition has a broker and the partition's latest range map
     gives it to a consumer. Only the slots of a partition's block count (partition p of
@@ -266,11 +301,13 @@ def unowned_ranges(records: Sequence[Record], partitions: int, limit: float, end
     maps: dict[int, list[RangeMap]] = defaultdict(list)
     for snapshot in _of(records, RangeMap):
         maps[snapshot.partition].append(snapshot)
+    outages = zookeeper_outages(records)
     problems = []
     longest = 0.0
     for partition in range(partitions):
         first, last = partition_slots(partition, partitions)
-        gap, slot, at = _longest_unowned(first, last, served.get(partition, []), maps.get(partition, []), stop)
+        found = _longest_unowned(first, last, served.get(partition, []), maps.get(partition, []), stop, outages=outages)
+        gap, slot, at = found
         longest = max(longest, gap)
         if gap > limit:
             problems.append(
@@ -280,9 +317,16 @@ def unowned_ranges(records: Sequence[Record], partitions: int, limit: float, end
 
 
 def _longest_unowned(
-    first: int, last: int, served: list[tuple[float, float]], maps: list[RangeMap], stop: float
+    first: int,
+    last: int,
+    served: list[tuple[float, float]],
+    maps: list[RangeMap],
+    stop: float,
+    *,
+    outages: Sequence[tuple[float, float]] = (),
 ) -> tuple[float, int, float]:
-    """Over the block ``[first, last]``: the longest unowned stretch of any slot, the slot, and its start."""
+    """Over the block ``[first, last]``: the longest unowned stretch of any slot (not counting ``outages``),
+    the slot, and its start."""
     width = last - first + 1
     changes: list[tuple[float, int, RangeMap | bool]] = []
     for start, until in served:
@@ -299,7 +343,10 @@ def _longest_unowned(
         nonlocal best
         ending = owned & ~np.isnan(since)
         if ending.any():
-            spans = now - since[ending]
+            began = since[ending]
+            spans = now - began
+            for low, high in outages:
+                spans -= np.clip(np.minimum(now, high) - np.maximum(began, low), 0.0, None)
             top = int(np.argmax(spans))
             if spans[top] > best[0]:
                 index = int(np.flatnonzero(ending)[top])

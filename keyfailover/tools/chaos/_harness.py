@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -43,6 +44,7 @@ from keyfailover.broker.cluster import cluster_status, connect, create_topic
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.partitions import split_partition_topic
 from keyfailover.tools._ownership import lease_events, ownership_events
+from keyfailover.tools.chaos._proxy import FaultProxy
 from keyfailover.tools.chaos._records import (
     Acked,
     Fault,
@@ -59,6 +61,10 @@ from keyfailover.tools.services import PostgreSQL, ZooKeeper, free_port, stop_pr
 
 __all__ = ["ChaosError", "ChaosRun", "ChaosSettings", "run_chaos"]
 
+LOSS = 0.3
+"""Share of TCP segments (proxy chunks) a loss fault loses on each of its links."""
+DELAY = 0.05
+"""Seconds a loss fault delays each chunk on its links, plus up to as much again of jitter."""
 POLL = 0.25
 """Seconds between polls of the brokers' consumer ranges."""
 TOPIC = "chaos"
@@ -121,8 +127,6 @@ class ChaosSettings:
             raise ChaosError(f"distribution must be zipf or uniform, not {self.distribution!r}")
         if self.mutate is not None and self.mutate not in MUTATIONS:
             raise ChaosError(f"mutate must be one of {', '.join(MUTATIONS)}, not {self.mutate!r}")
-        if "loss" in self.faults:
-            raise ChaosError("the loss fault is not available yet; choose from kill, suspend")
         plan_faults(self.seed, self.duration, self.faults, self.targets, session_timeout=self.session_timeout)
 
 
@@ -199,7 +203,11 @@ class _Process:
 @dataclass
 class _Broker(_Process):
     port: int = 0
+    """The port clients reach it at: its own, or its client proxy's when links may lose packets."""
     admin: int = 0
+    links: list[FaultProxy] = field(default_factory=list)
+    """Its client, ZooKeeper and PostgreSQL proxies (none unless the run has loss faults)."""
+    zookeeper_link: FaultProxy | None = None
 
 
 class _ZooKeeperProcess:
@@ -374,14 +382,34 @@ class _Run:
         settings = self.settings
         for number in range(1, settings.brokers + 1):
             name, port, admin = f"b{number}", free_port(), free_port()
+            cluster, store, advertised = self.cluster, self.postgres.dsn, port
+            links: list[FaultProxy] = []
+            if "loss" in settings.faults:  # every link of the broker through a proxy that can lose packets
+                for upstream in (port, self.zookeeper.port, self.postgres.port):
+                    proxy = FaultProxy(
+                        ("127.0.0.1", upstream), seed=settings.seed * 1000 + len(self.brokers) * 10 + len(links)
+                    )
+                    links.append(proxy.start())
+                    stack.callback(proxy.close)
+                advertised = links[0].port
+                cluster = f"zk://127.0.0.1:{links[1].port}{self.root}"
+                store = urllib.parse.urlsplit(store)._replace(netloc=f"kf@127.0.0.1:{links[2].port}").geturl()
             command = [
-                sys.executable, "-m", "keyfailover", "serve", "--cluster", self.cluster, "--store", self.postgres.dsn,
-                "--port", str(port), "--advertise", f"127.0.0.1:{port}", "--broker-id", name,
+                sys.executable, "-m", "keyfailover", "serve", "--cluster", cluster, "--store", store,
+                "--port", str(port), "--advertise", f"127.0.0.1:{advertised}", "--broker-id", name,
                 "--metrics-port", str(admin), "--cluster-session-timeout", f"{settings.session_timeout:g}",
                 "--min-rebalance-interval", f"{settings.rebalance_interval:g}",
                 "--ack-timeout", f"{settings.ack_timeout:g}",
             ]  # fmt: skip
-            broker = _Broker(name, command, self.folder / f"{name}.log", port=port, admin=admin)
+            broker = _Broker(
+                name,
+                command,
+                self.folder / f"{name}.log",
+                port=advertised,
+                admin=admin,
+                links=links,
+                zookeeper_link=links[1] if links else None,
+            )
             broker.start()
             stack.callback(broker.stop)
             self.brokers.append(broker)
@@ -420,8 +448,12 @@ class _Run:
         for fault in self.schedule:
             wake.wait(max(started + fault.at - time.monotonic(), 0.0))
             target = self._target(fault)
-            if target is None:
-                self.applied.append(f"{fault.describe()}: skipped (no coordinator could be read from ZooKeeper)")
+            if target is None or (fault.kind == "loss" and not self._links(target)):
+                why = "no coordinator could be read from ZooKeeper" if target is None else "loss acts on the links"
+                why += (
+                    "" if target is None else " of brokers and ZooKeeper; a consumer's would need a network namespace"
+                )
+                self.applied.append(f"{fault.describe()}: skipped ({why})")
                 self.say(self.applied[-1])
                 continue
             self._fault(fault, target, "start")
@@ -429,12 +461,37 @@ class _Run:
             self._fault(fault, target, "end")
         wake.wait(max(started + self.settings.duration - time.monotonic(), 0.0))
 
+    def _links(self, target: Target) -> list[FaultProxy]:
+        """The proxies a loss fault on ``target`` acts on: a broker's own links, or every link to ZooKeeper."""
+        if isinstance(target, _Broker):
+            return target.links
+        if isinstance(target, _ZooKeeperProcess):
+            return [broker.zookeeper_link for broker in self.brokers if broker.zookeeper_link is not None]
+        return []
+
+    def _lose(self, links: list[FaultProxy]) -> None:
+        for link in links:
+            link.drop(LOSS, rto=0.2)
+            link.delay(DELAY, jitter=DELAY)
+
+    @staticmethod
+    def _heal(links: list[FaultProxy]) -> None:
+        for link in links:
+            link.clear()
+
     def _fault(self, fault: PlannedFault, target: Target, action: str) -> None:
+        links = self._links(target)
         actions: dict[tuple[str, str], tuple[Callable[[], None], str]] = {
             ("kill", "start"): (target.kill, "SIGKILL"),
             ("kill", "end"): (target.start, "restarted"),
             ("suspend", "start"): (target.suspend, "SIGSTOP"),
             ("suspend", "end"): (target.resume, "SIGCONT"),
+            ("loss", "start"): (
+                lambda: self._lose(links),
+                f"{len(links)} links lose {LOSS:.0%} of segments (TCP resends after 200 ms, doubling) "
+                f"and delay {DELAY * 1000:.0f}+-{DELAY * 1000:.0f} ms",
+            ),
+            ("loss", "end"): (lambda: self._heal(links), "links healed"),
         }
         act, detail = actions[(fault.kind, action)]
         act()

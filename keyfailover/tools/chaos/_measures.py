@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from keyfailover.core.partitions import PartitionId, assign_partitions
+from keyfailover.tools.chaos._checkers import gaps
 from keyfailover.tools.chaos._records import Delivered, Fault, Produced, RangeMap, Record, Served
 from keyfailover.tools.evaluate import Join, Leave, Population, Scenario, run_strategy
 from keyfailover.tools.evaluate._strategies import KeyFailover, PulsarAutoSplit, PulsarConsistent
@@ -141,27 +142,11 @@ def _unserved_after_faults(records: Sequence[Record], partitions: int, end: floa
         heal = next((f.t for f in faults if f.target == fault.target and f.action == "end" and f.t >= fault.t), end)
         longest = 0.0
         for partition in range(partitions):
-            for gap_start, gap_end in _gaps(served.get(partition, []), end):
+            for gap_start, gap_end in gaps(served.get(partition, []), end):
                 if fault.t <= gap_start <= heal:
                     longest = max(longest, gap_end - gap_start)
         found.append((f"{fault.kind} {fault.target}", longest))
     return found
-
-
-def _gaps(intervals: list[tuple[float, float]], end: float) -> list[tuple[float, float]]:
-    """The stretches after the first interval's start, up to ``end``, that no interval covers."""
-    if not intervals:
-        return []
-    ordered = sorted(intervals)
-    covered = ordered[0][1]
-    gaps = []
-    for start, until in ordered[1:]:
-        if start > covered:
-            gaps.append((covered, start))
-        covered = max(covered, until)
-    if end > covered:
-        gaps.append((covered, end))
-    return gaps
 
 
 @dataclass(frozen=True)

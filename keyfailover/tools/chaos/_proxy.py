@@ -577,7 +577,10 @@ class FaultProxy:
                 connection.reset()
                 return
             if not item.data:
-                writer.write_eof()
+                try:
+                    writer.write_eof()
+                except OSError:  # the other side went away meanwhile: nothing to pass the FIN on to
+                    connection.reset()
                 return
             if not await self._survive_loss(connection, pipe):
                 self._count("resets")

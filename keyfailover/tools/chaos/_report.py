@@ -23,6 +23,10 @@ __all__ = ["FAULT_METHODS", "settings_table", "summary_lines", "write_report"]
 FAULT_METHODS = {
     "kill": "SIGKILL to the process, restarted with the same command after the fault's length",
     "suspend": "SIGSTOP to the process, SIGCONT after the fault's length",
+    "loss": "a fault-injecting TCP proxy on each link of the target (a broker: its clients', ZooKeeper and "
+    "PostgreSQL links; ZooKeeper: every broker's link to it) loses 30% of segments, which TCP resends after "
+    "200 ms doubling (everything behind waits), and delays each by 50 ms plus up to 50 ms; a consumer's own "
+    "links are not faulted (that would need a network namespace)",
 }
 
 
@@ -48,6 +52,7 @@ def write_report(
     strategies: Sequence[StrategyMeasures],
     records: Sequence[Record],
     started: float,
+    netem: str,
 ) -> Path:
     """Write ``report.md`` (and the charts, when matplotlib is there) into ``folder``; returns the report's path."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -71,6 +76,7 @@ def write_report(
         "How each fault was injected:",
         "",
         *(f"- `{kind}`: {how}" for kind, how in FAULT_METHODS.items()),
+        f"- netem: {netem}",
         "",
         "As applied (times from the start of the schedule):",
         "",

@@ -14,8 +14,8 @@ from ``time.monotonic()``, the clock every process of the machine shares.
 
 ``consume --mutate`` breaks a guarantee on purpose, so tests can show the checkers catch it:
 ``drop`` acknowledges the 20th message without handing it to the application (a loss),
-``reorder`` hands the first ``key-0`` message after the 20th delivery only after the next one
-of ``key-0`` (out of order).
+``reorder`` holds back the first message after the 20th delivery whose key it has received five
+times (a hot key) and hands it only after the next message of that key (out of order).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
@@ -32,6 +33,7 @@ from types import FrameType
 import numpy as np
 
 from keyfailover.client import Client, Message
+from keyfailover.client.aio import Key
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.partitions import partition_of_key
 from keyfailover.tools.chaos._records import Acked, Delivered, Produced, RecordWriter
@@ -113,6 +115,7 @@ def _said(error: BaseException) -> str:
 
 MUTATIONS = ("drop", "reorder")
 _MUTATE_AFTER = 20
+_HOT = 5
 
 
 def consume(
@@ -148,6 +151,7 @@ def consume(
             writer.write(Acked(sent, name, key, value, partition, position, confirmed))
 
         received = 0
+        seen: Counter[Key] = Counter()
         held: Message | None = None
         while not stop.is_set():
             try:
@@ -158,13 +162,14 @@ def consume(
                 print(f"consumer {name}: receive failed: {_said(error)}", file=sys.stderr)
                 continue
             received += 1
+            seen[message.key] += 1
             if mutate == "drop" and received == _MUTATE_AFTER:
                 handle(message, handed=False)
-            elif mutate == "reorder" and held is None and received >= _MUTATE_AFTER and message.key == "key-0":
-                held, mutate = message, None  # handed after the next key-0 message
+            elif mutate == "reorder" and received >= _MUTATE_AFTER and seen[message.key] >= _HOT:
+                held, mutate = message, None  # handed after the next message of its key
             else:
                 handle(message)
-                if held is not None and message.key == "key-0":
+                if held is not None and message.key == held.key:
                     handle(held)
                     held = None
         consumer.close()

@@ -1,0 +1,110 @@
+"""keyfailover chaos end to end: a seeded run on a real cluster passes every checker, a broken consumer
+is caught, and nothing the run started outlives it.
+
+The runs use the test session's ZooKeeper and PostgreSQL (each run under a root and topic of its
+own), so they do not target ZooKeeper; ``keyfailover chaos`` on the command line starts its own.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from keyfailover.tools.chaos import ChaosError, ChaosSettings, Fault, Served, chaos, plan_faults
+from keyfailover.tools.services import PostgreSQL, ZooKeeper
+from tests.server_process import run_cli
+
+
+def running_commands() -> list[str]:
+    """The command lines of every process of this machine (from /proc)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                continue  # it ended meanwhile
+    return found
+
+
+def test_a_seeded_chaos_run_passes_every_checker_and_leaves_nothing_behind(
+    tmp_path: Path, zookeeper: ZooKeeper, postgres: PostgreSQL
+) -> None:
+    # seed 6 in 45 s: a consumer killed, the coordinator suspended, a broker suspended past its
+    # session (fenced, its lease lapsed), a broker killed and restarted
+    settings = ChaosSettings(duration=45.0, seed=6, faults=("kill", "suspend"), rate=150.0)
+    kinds = {(fault.kind, fault.target) for fault in plan_faults(6, 45.0, settings.faults, settings.targets)}
+    assert {("kill", "consumers"), ("suspend", "coordinator"), ("suspend", "brokers"), ("kill", "brokers")} <= kinds
+    before = set(os.listdir("/tmp"))
+    report = tmp_path / "report"
+    out = io.StringIO()
+    outcome = chaos(settings, report=report, out=out, zookeeper=zookeeper, postgres=postgres)
+    failed = [verdict.line() + " " + "; ".join(verdict.examples) for verdict in outcome.verdicts if not verdict.passed]
+    assert failed == [], out.getvalue()
+    assert outcome.passed
+    records = outcome.run.records
+    assert len([r for r in records if isinstance(r, Fault) and r.action == "start"]) == 4
+    assert {r.broker for r in records if isinstance(r, Served)} == {"b1", "b2", "b3"}
+    assert outcome.measures.confirmed > 1000 and outcome.measures.delivered == outcome.measures.confirmed
+    text = (report / "report.md").read_text()
+    assert "Every checker passed." in text and "| held twice | pass | 0 |" in text
+    assert (report / "records.jsonl").stat().st_size > 0
+    assert {s.strategy for s in outcome.strategies} >= {"keyfailover sticky", "rocketmq-averagely"}
+    # nothing it started is left: no process with its folder in its command line, no folder
+    assert not outcome.run.folder.exists()
+    assert not [command for command in running_commands() if str(outcome.run.folder) in command]
+    assert {name for name in set(os.listdir("/tmp")) - before if name.startswith("keyfailover-chaos-")} == set()
+
+
+@pytest.mark.parametrize(
+    ("mutation", "caught"),
+    [("drop", {"lost"}), ("reorder", {"order"})],
+)
+def test_a_consumer_that_breaks_a_guarantee_on_purpose_is_caught(
+    mutation: str, caught: set[str], zookeeper: ZooKeeper, postgres: PostgreSQL
+) -> None:
+    settings = ChaosSettings(
+        duration=12.0, seed=2, faults=("suspend",), targets=("consumers",), brokers=1, partitions=2,
+        consumers=2, rate=100.0, mutate=mutation,
+    )  # fmt: skip
+    outcome = chaos(settings, out=io.StringIO(), zookeeper=zookeeper, postgres=postgres)
+    assert {verdict.checker for verdict in outcome.verdicts if not verdict.passed} == caught
+
+
+def test_bad_settings_say_what_was_expected(zookeeper: ZooKeeper, postgres: PostgreSQL) -> None:
+    for settings, says in (
+        (ChaosSettings(duration=0.0), "duration must be a positive number"),
+        (ChaosSettings(brokers=0), "brokers must be an int >= 1"),
+        (ChaosSettings(distribution="pareto"), "distribution must be zipf or uniform"),
+        (ChaosSettings(mutate="burn"), "mutate must be one of drop, reorder"),
+        (ChaosSettings(faults=("flood",)), "unknown faults flood"),
+    ):
+        with pytest.raises((ChaosError, ValueError), match=says):
+            chaos(settings, out=io.StringIO(), zookeeper=zookeeper, postgres=postgres)
+    with pytest.raises(ChaosError, match="a shared ZooKeeper cannot be a fault target"):
+        chaos(ChaosSettings(targets=("zookeeper",)), out=io.StringIO(), zookeeper=zookeeper, postgres=postgres)
+
+
+def test_the_command_line_refuses_bad_flags_with_one_line_each() -> None:
+    for arguments, says in (
+        (["--faults", "kill,flood"], "expected a comma-separated list of kill, suspend, loss (flood unknown)"),
+        (["--targets", ""], "expected a comma-separated list of brokers, consumers, coordinator, zookeeper"),
+        (["--duration", "0"], "expected a finite number > 0"),
+        (["--rebalance-interval", "-1"], "expected a finite number >= 0"),
+    ):
+        done = run_cli("chaos", *arguments)
+        assert done.returncode == 2, done.stderr
+        assert says in done.stderr and "Traceback" not in done.stderr
+
+
+def test_chaos_help_names_every_flag() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "keyfailover", "chaos", "--help"], capture_output=True, text=True, check=True
+    )
+    for flag in ("--duration", "--seed", "--faults", "--targets", "--report", "--keep", "--session-timeout"):
+        assert flag in done.stdout

@@ -11,6 +11,7 @@ import io
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -76,12 +77,29 @@ def test_a_consumer_that_breaks_a_guarantee_on_purpose_is_caught(
     assert {verdict.checker for verdict in outcome.verdicts if not verdict.passed} == caught
 
 
+def test_brokers_without_their_lease_are_caught_serving_beside_the_new_owner(
+    zookeeper: ZooKeeper, postgres: PostgreSQL
+) -> None:
+    """The same fault with the lease off (a test-only switch): a broker suspended past its session
+    serves, once woken, beside the broker that took its partitions, and the two-owner checker says so."""
+    settings = ChaosSettings(
+        duration=20.0, seed=3, faults=("suspend",), targets=("brokers",), brokers=2, partitions=2, consumers=1,
+        rate=100.0, session_timeout=1.0, rebalance_interval=0.0,
+    )  # fmt: skip
+    (suspension,) = plan_faults(3, 20.0, ("suspend",), ("brokers",), session_timeout=1.0)
+    assert suspension.length > 1.5  # past the session, with time for the other broker to take over
+    broken = chaos(replace(settings, mutate="no-lease"), out=io.StringIO(), zookeeper=zookeeper, postgres=postgres)
+    assert {verdict.checker for verdict in broken.verdicts if not verdict.passed} == {"two owners"}
+    kept = chaos(settings, out=io.StringIO(), zookeeper=zookeeper, postgres=postgres)
+    assert kept.passed, [verdict.line() for verdict in kept.verdicts]
+
+
 def test_bad_settings_say_what_was_expected(zookeeper: ZooKeeper, postgres: PostgreSQL) -> None:
     for settings, says in (
         (ChaosSettings(duration=0.0), "duration must be a positive number"),
         (ChaosSettings(brokers=0), "brokers must be an int >= 1"),
         (ChaosSettings(distribution="pareto"), "distribution must be zipf or uniform"),
-        (ChaosSettings(mutate="burn"), "mutate must be one of drop, reorder"),
+        (ChaosSettings(mutate="burn"), "mutate must be one of drop, reorder, no-lease"),
         (ChaosSettings(faults=("flood",)), "unknown faults flood"),
     ):
         with pytest.raises((ChaosError, ValueError), match=says):

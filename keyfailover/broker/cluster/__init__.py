@@ -5,6 +5,8 @@ See :class:`ClusterMember`; the assignment itself is :mod:`keyfailover.core.part
 """
 
 from keyfailover.broker.cluster._member import (
+    LEASE_SHARE,
+    UNSAFE_NO_LEASE,
     ClusterMember,
     ClusterState,
     cluster_status,
@@ -13,4 +15,13 @@ from keyfailover.broker.cluster._member import (
     parse_cluster_url,
 )
 
-__all__ = ["ClusterMember", "ClusterState", "cluster_status", "connect", "create_topic", "parse_cluster_url"]
+__all__ = [
+    "LEASE_SHARE",
+    "UNSAFE_NO_LEASE",
+    "ClusterMember",
+    "ClusterState",
+    "cluster_status",
+    "connect",
+    "create_topic",
+    "parse_cluster_url",
+]

@@ -25,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
+import os
 import queue
 import threading
 import time
@@ -43,6 +45,10 @@ _log = logging.getLogger("keyfailover.cluster")
 LEASE_SHARE = 0.8
 """A member acts on its partitions only within this share of the session timeout after ZooKeeper last
 answered it (see :meth:`ClusterMember.lease_valid`)."""
+
+UNSAFE_NO_LEASE = "KEYFAILOVER_UNSAFE_NO_LEASE"
+"""An environment variable for ``keyfailover chaos``'s own tests only: set to 1, a member's lease never
+lapses (as before brokers had one), so the tests can show the harness catching two owners at once."""
 
 
 def parse_cluster_url(url: str) -> tuple[str, str]:
@@ -242,7 +248,7 @@ class ClusterMember:
         self._worker: threading.Thread | None = None
         self._wake = {kind: self._waker(kind) for kind in ("elect", "rebalance", "assignment", "barrier")}
         self._on_lease = on_lease or (lambda valid, at: None)
-        self._lease = LEASE_SHARE * session_timeout
+        self._lease = math.inf if os.environ.get(UNSAFE_NO_LEASE) == "1" else LEASE_SHARE * session_timeout
         self._confirmed = 0.0  # time.monotonic() a request was sent that ZooKeeper answered in our session
         self._lapsed = False
         self._session: Any = None  # kazoo's client_id of the session our znodes live in

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from keyfailover.broker.cluster import cluster_status, connect, create_topic
+from keyfailover.broker.cluster import UNSAFE_NO_LEASE, cluster_status, connect, create_topic
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.partitions import split_partition_topic
 from keyfailover.tools._ownership import lease_events, ownership_events
@@ -65,6 +65,7 @@ LOSS = 0.3
 """Share of TCP segments (proxy chunks) a loss fault loses on each of its links."""
 DELAY = 0.05
 """Seconds a loss fault delays each chunk on its links, plus up to as much again of jitter."""
+NO_LEASE = "no-lease"
 POLL = 0.25
 """Seconds between polls of the brokers' consumer ranges."""
 TOPIC = "chaos"
@@ -95,7 +96,8 @@ class ChaosSettings:
     ack_timeout: float = 5.0
     drain_timeout: float = 60.0
     mutate: str | None = None
-    """For the harness's own tests: the first consumer breaks a guarantee on purpose (``_worker.MUTATIONS``)."""
+    """For the harness's own tests, a guarantee broken on purpose: the first consumer's (``_worker.MUTATIONS``),
+    or ``no-lease``: brokers without their lease (a woken broker serves beside its partitions' new owners)."""
 
     @property
     def unowned_limit(self) -> float:
@@ -125,8 +127,8 @@ class ChaosSettings:
                 raise ChaosError(f"{name} must be an int >= {least}, not {value!r}")
         if self.distribution not in ("zipf", "uniform"):
             raise ChaosError(f"distribution must be zipf or uniform, not {self.distribution!r}")
-        if self.mutate is not None and self.mutate not in MUTATIONS:
-            raise ChaosError(f"mutate must be one of {', '.join(MUTATIONS)}, not {self.mutate!r}")
+        if self.mutate is not None and self.mutate not in (*MUTATIONS, NO_LEASE):
+            raise ChaosError(f"mutate must be one of {', '.join((*MUTATIONS, NO_LEASE))}, not {self.mutate!r}")
         plan_faults(self.seed, self.duration, self.faults, self.targets, session_timeout=self.session_timeout)
 
 
@@ -154,6 +156,8 @@ class _Process:
     log: Path
     process: subprocess.Popen[bytes] | None = None
     suspended: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+    """Set in its environment, beside the harness's own."""
 
     def start(self) -> None:
         with self.log.open("ab") as log:
@@ -162,7 +166,7 @@ class _Process:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
                 start_new_session=True,  # Ctrl-C interrupts the harness, which stops it
             )
         self.suspended = False
@@ -336,7 +340,7 @@ class _Run:
                 [
                     *("consume", "--url", url, "--topic", self.topic, "--name", name),
                     *("--subscription", SUBSCRIPTION, "--ack-timeout", f"{settings.ack_timeout:g}"),
-                    *(("--mutate", settings.mutate) if settings.mutate and number == 1 else ()),
+                    *(("--mutate", settings.mutate) if settings.mutate in MUTATIONS and number == 1 else ()),
                 ],
             )
             stack.callback(consumer.stop)
@@ -356,6 +360,7 @@ class _Run:
         started = time.monotonic()
         self._apply_schedule(started)
         self.say("faults over: stopping the producer, then draining")
+        self._check_alive([producer, *self.consumers])
         producer.stop(timeout=90.0)
         self._drain(producer)
         for consumer in self.consumers:
@@ -409,6 +414,7 @@ class _Run:
                 admin=admin,
                 links=links,
                 zookeeper_link=links[1] if links else None,
+                env={UNSAFE_NO_LEASE: "1"} if settings.mutate == NO_LEASE else {},
             )
             broker.start()
             stack.callback(broker.stop)
@@ -521,6 +527,15 @@ class _Run:
                     if last.get(partition) != ranges:
                         last[partition] = ranges
                         self.maps.write(RangeMap(now, partition, ranges))
+
+    @staticmethod
+    def _check_alive(workers: list[_Process]) -> None:
+        """A worker that exited by itself (not killed by a fault) makes the run meaningless: say which and why."""
+        for worker in workers:
+            if worker.process is not None and worker.process.poll() is not None:
+                raise ChaosError(
+                    f"{worker.name} exited by itself with code {worker.process.returncode}: {worker.tail()}"
+                )
 
     def _save_stats(self, broker: _Broker) -> None:
         """Keep the broker's last ``/stats`` in the run's folder (``b1.stats.json``), for diagnosing a failed run."""

@@ -99,15 +99,26 @@ def _connected(args: argparse.Namespace) -> Iterator[Client]:
         yield client
 
 
-def _positive_float(text: str) -> float:
-    """A finite number > 0 (``inf`` and ``nan`` are refused)."""
+def _finite_float(text: str, zero: bool) -> float:
+    """A finite number > 0, or >= 0 with ``zero`` (``inf`` and ``nan`` are refused)."""
+    bound = ">= 0" if zero else "> 0"
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a number {bound}, got {text!r}") from None
+    if not (value >= 0 if zero else value > 0) or not value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number {bound}, got {text!r}")
     return value
+
+
+def _positive_float(text: str) -> float:
+    """A finite number > 0."""
+    return _finite_float(text, zero=False)
+
+
+def _non_negative_float(text: str) -> float:
+    """A finite number >= 0."""
+    return _finite_float(text, zero=True)
 
 
 def _int_at_least(low: int) -> Callable[[str], int]:
@@ -272,17 +283,6 @@ def _chaos_names(what: str) -> Callable[[str], tuple[str, ...]]:
 
     parse.__name__ = what
     return parse
-
-
-def _non_negative_float(text: str) -> float:
-    """A finite number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
 
 
 def _chaos(args: argparse.Namespace) -> int:

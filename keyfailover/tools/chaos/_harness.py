@@ -55,16 +55,12 @@ from keyfailover.tools.chaos._records import (
     Served,
     read_records,
 )
-from keyfailover.tools.chaos._schedule import FAULTS, PlannedFault, plan_faults
+from keyfailover.tools.chaos._schedule import DELAY, FAULTS, LOSS, PlannedFault, heal, lose, plan_faults
 from keyfailover.tools.chaos._worker import MUTATIONS
 from keyfailover.tools.services import PostgreSQL, ZooKeeper, free_port, stop_process
 
 __all__ = ["ChaosError", "ChaosRun", "ChaosSettings", "run_chaos"]
 
-LOSS = 0.3
-"""Share of TCP segments (proxy chunks) a loss fault loses on each of its links."""
-DELAY = 0.05
-"""Seconds a loss fault delays each chunk on its links, plus up to as much again of jitter."""
 NO_LEASE = "no-lease"
 POLL = 0.25
 """Seconds between polls of the brokers' consumer ranges."""
@@ -341,6 +337,7 @@ class _Run:
                     *("consume", "--url", url, "--topic", self.topic, "--name", name),
                     *("--subscription", SUBSCRIPTION, "--ack-timeout", f"{settings.ack_timeout:g}"),
                     *(("--mutate", settings.mutate) if settings.mutate in MUTATIONS and number == 1 else ()),
+                    *(("--lossy", str(settings.seed * 1000 + 500 + number)) if "loss" in settings.faults else ()),
                 ],
             )
             stack.callback(consumer.stop)
@@ -454,12 +451,8 @@ class _Run:
         for fault in self.schedule:
             wake.wait(max(started + fault.at - time.monotonic(), 0.0))
             target = self._target(fault)
-            if target is None or (fault.kind == "loss" and not self._links(target)):
-                why = "no coordinator could be read from ZooKeeper" if target is None else "loss acts on the links"
-                why += (
-                    "" if target is None else " of brokers and ZooKeeper; a consumer's would need a network namespace"
-                )
-                self.applied.append(f"{fault.describe()}: skipped ({why})")
+            if target is None:
+                self.applied.append(f"{fault.describe()}: skipped (no coordinator could be read from ZooKeeper)")
                 self.say(self.applied[-1])
                 continue
             self._fault(fault, target, "start")
@@ -475,29 +468,20 @@ class _Run:
             return [broker.zookeeper_link for broker in self.brokers if broker.zookeeper_link is not None]
         return []
 
-    def _lose(self, links: list[FaultProxy]) -> None:
-        for link in links:
-            link.drop(LOSS, rto=0.2)
-            link.delay(DELAY, jitter=DELAY)
-
-    @staticmethod
-    def _heal(links: list[FaultProxy]) -> None:
-        for link in links:
-            link.clear()
-
     def _fault(self, fault: PlannedFault, target: Target, action: str) -> None:
         links = self._links(target)
+        lossy = f"{len(links)} links" if links else "its links (its own proxies)"
         actions: dict[tuple[str, str], tuple[Callable[[], None], str]] = {
             ("kill", "start"): (target.kill, "SIGKILL"),
             ("kill", "end"): (target.start, "restarted"),
             ("suspend", "start"): (target.suspend, "SIGSTOP"),
             ("suspend", "end"): (target.resume, "SIGCONT"),
             ("loss", "start"): (
-                lambda: self._lose(links),
-                f"{len(links)} links lose {LOSS:.0%} of segments (TCP resends after 200 ms, doubling) "
+                (lambda: lose(links)) if links else (lambda: _signal(target, signal.SIGUSR1)),
+                f"{lossy} lose {LOSS:.0%} of segments (TCP resends after 200 ms, doubling) "
                 f"and delay {DELAY * 1000:.0f}+-{DELAY * 1000:.0f} ms",
             ),
-            ("loss", "end"): (lambda: self._heal(links), "links healed"),
+            ("loss", "end"): ((lambda: heal(links)) if links else (lambda: _signal(target, signal.SIGUSR2)), "healed"),
         }
         act, detail = actions[(fault.kind, action)]
         act()
@@ -585,6 +569,12 @@ class _Run:
         with RecordWriter(self.folder / "records.jsonl") as writer:
             writer.write_all(records)
         return records
+
+
+def _signal(target: Target, signum: int) -> None:
+    """Signal a worker: a consumer started with ``--lossy`` switches loss on its own links (USR1 on, USR2 off)."""
+    if isinstance(target, _Process):
+        target.signal(signum)
 
 
 def _read(path: Path) -> list[Record]:

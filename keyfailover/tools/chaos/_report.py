@@ -24,9 +24,9 @@ FAULT_METHODS = {
     "kill": "SIGKILL to the process, restarted with the same command after the fault's length",
     "suspend": "SIGSTOP to the process, SIGCONT after the fault's length",
     "loss": "a fault-injecting TCP proxy on each link of the target (a broker: its clients', ZooKeeper and "
-    "PostgreSQL links; ZooKeeper: every broker's link to it) loses 30% of segments, which TCP resends after "
-    "200 ms doubling (everything behind waits), and delays each by 50 ms plus up to 50 ms; a consumer's own "
-    "links are not faulted (that would need a network namespace)",
+    "PostgreSQL links; ZooKeeper: every broker's link to it; a consumer: its links to every broker, through "
+    "proxies of its own, switched by SIGUSR1/SIGUSR2) loses 30% of segments, which TCP resends after 200 ms "
+    "doubling (everything behind waits), and delays each by 50 ms plus up to 50 ms",
 }
 
 

@@ -17,13 +17,34 @@ the fault starts, ``zookeeper`` is the ZooKeeper server.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["FAULTS", "TARGETS", "PlannedFault", "ScheduleError", "plan_faults"]
+from keyfailover.tools.chaos._proxy import FaultProxy
+
+__all__ = ["DELAY", "FAULTS", "LOSS", "TARGETS", "PlannedFault", "ScheduleError", "heal", "lose", "plan_faults"]
 
 FAULTS = ("kill", "suspend", "loss")
 TARGETS = ("brokers", "consumers", "coordinator", "zookeeper")
+
+LOSS = 0.3
+"""Share of TCP segments (proxy chunks) a loss fault loses on each of its links."""
+DELAY = 0.05
+"""Seconds a loss fault delays each chunk on its links, plus up to as much again of jitter."""
+
+
+def lose(links: Iterable[FaultProxy]) -> None:
+    """Start a loss fault on ``links``: :data:`LOSS` of the segments lost (resent after 200 ms, doubling),
+    each delayed by :data:`DELAY` plus up to as much again."""
+    for link in links:
+        link.drop(LOSS, rto=0.2)
+        link.delay(DELAY, jitter=DELAY)
+
+
+def heal(links: Iterable[FaultProxy]) -> None:
+    """End every fault on ``links``."""
+    for link in links:
+        link.clear()
 
 
 class ScheduleError(ValueError):

@@ -12,6 +12,12 @@ from ``time.monotonic()``, the clock every process of the machine shares.
   sent: first with ``confirmed`` None (sent, outcome not known yet), then with the outcome, so
   an ack whose worker was killed before the answer stays on record as sent.
 
+``consume --lossy SEED`` makes the consumer reach every broker through a :class:`FaultProxy` of its
+own (its event loops connect through it: an asyncio event loop policy); SIGUSR1 starts a loss
+fault on those links, SIGUSR2 ends it. That is how ``keyfailover chaos`` loses a consumer's
+packets: brokers advertise one address to every client, so a consumer's own links can only be
+told apart inside it.
+
 ``consume --mutate`` breaks a guarantee on purpose, so tests can show the checkers catch it:
 ``drop`` acknowledges the 20th message without handing it to the application (a loss),
 ``reorder`` holds back the first message after the 20th delivery whose key it has received five
@@ -21,6 +27,8 @@ times (a hot key) and hands it only after the next message of that key (out of o
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import signal
 import sys
 import threading
@@ -29,14 +37,17 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import numpy as np
 
 from keyfailover.client import Client, Message
-from keyfailover.client.aio import Key
+from keyfailover.client.aio import Key, parse_url
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.partitions import partition_of_key
+from keyfailover.tools.chaos._proxy import FaultProxy
 from keyfailover.tools.chaos._records import Acked, Delivered, Produced, RecordWriter
+from keyfailover.tools.chaos._schedule import heal, lose
 
 __all__ = ["MUTATIONS", "consume", "key_draws", "main", "produce"]
 
@@ -55,6 +66,51 @@ def key_draws(keys: int, distribution: str, seed: int, count: int) -> list[int]:
         batch = rng.zipf(1.1, count * 2)
         drawn += (batch[batch <= keys] - 1)[: count - len(drawn)].tolist()
     return drawn
+
+
+class _LossyLinks:
+    """A proxy of this process's own for each broker address, and whether they lose packets now."""
+
+    def __init__(self, addresses: list[tuple[str, int]], seed: int) -> None:
+        self._lock = threading.Lock()
+        self._proxies = {
+            address: FaultProxy(address, seed=seed + index).start() for index, address in enumerate(addresses)
+        }
+
+    def through(self, host: str, port: int) -> tuple[str, int]:
+        """The proxy to connect to instead of ``host:port`` (itself when it is no broker's address)."""
+        proxy = self._proxies.get((host, port))
+        return (host, port) if proxy is None else proxy.address
+
+    def switch(self, losing: bool) -> None:
+        with self._lock:
+            (lose if losing else heal)(self._proxies.values())
+
+    def close(self) -> None:
+        for proxy in self._proxies.values():
+            proxy.close()
+
+
+def _through_proxies(links: _LossyLinks) -> None:
+    """Make every event loop this process creates from now on connect to brokers through ``links`` (the
+    proxies' own loops were made before, so they connect to the brokers themselves)."""
+
+    class Loop(asyncio.SelectorEventLoop):
+        async def create_connection(
+            self, protocol_factory: Any, host: str | None = None, port: int | None = None, **kwargs: Any
+        ) -> Any:
+            if host is None or port is None:
+                raise ValueError("a chaos worker connects to a host and port, not a socket or path")
+            proxy_host, proxy_port = links.through(host, port)
+            return await super().create_connection(protocol_factory, proxy_host, proxy_port, **kwargs)
+
+    class Policy(asyncio.DefaultEventLoopPolicy):
+        def new_event_loop(self) -> asyncio.AbstractEventLoop:
+            return Loop()
+
+    asyncio.set_event_loop_policy(Policy())
+    signal.signal(signal.SIGUSR1, lambda signum, frame: links.switch(True))
+    signal.signal(signal.SIGUSR2, lambda signum, frame: links.switch(False))
 
 
 def _stop_on_sigterm() -> threading.Event:
@@ -127,9 +183,33 @@ def consume(
     subscription: str,
     ack_timeout: float,
     mutate: str | None = None,
+    lossy: int | None = None,
 ) -> None:
     """Receive and acknowledge (with the broker's confirmation) every message until SIGTERM."""
     stop = _stop_on_sigterm()
+    brokers = [(host, int(port)) for host, _, port in (address.rpartition(":") for address in parse_url(url)[0])]
+    links = _LossyLinks(brokers, lossy) if lossy is not None else None
+    if links is not None:
+        _through_proxies(links)
+    with contextlib.ExitStack() as stack:
+        if links is not None:
+            stack.callback(links.close)
+        _consume(
+            url, topic, name, records, subscription=subscription, ack_timeout=ack_timeout, mutate=mutate, stop=stop
+        )
+
+
+def _consume(
+    url: str,
+    topic: str,
+    name: str,
+    records: Path,
+    *,
+    subscription: str,
+    ack_timeout: float,
+    mutate: str | None,
+    stop: threading.Event,
+) -> None:
     with RecordWriter(records) as writer, Client(url) as client:
         consumer = client.subscribe(topic, subscription, name, receiver_queue_size=50)
 
@@ -193,6 +273,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     consuming.add_argument("--subscription", required=True)
     consuming.add_argument("--ack-timeout", type=float, required=True)
     consuming.add_argument("--mutate", choices=MUTATIONS, default=None)
+    consuming.add_argument("--lossy", type=int, default=None, metavar="SEED")
     args = parser.parse_args(argv)
     if args.command == "produce":
         produce(
@@ -214,4 +295,5 @@ def main(argv: Sequence[str] | None = None) -> None:
             subscription=args.subscription,
             ack_timeout=args.ack_timeout,
             mutate=args.mutate,
+            lossy=args.lossy,
         )

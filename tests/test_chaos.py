@@ -18,7 +18,7 @@ import pytest
 
 from keyfailover.tools.chaos import ChaosError, ChaosSettings, Fault, Served, chaos, plan_faults
 from keyfailover.tools.services import PostgreSQL, ZooKeeper
-from tests.server_process import run_cli
+from tests.server_process import run_cli, wait_until
 
 
 def running_commands() -> list[str]:
@@ -126,3 +126,29 @@ def test_chaos_help_names_every_flag() -> None:
     )
     for flag in ("--duration", "--seed", "--faults", "--targets", "--report", "--keep", "--session-timeout"):
         assert flag in done.stdout
+
+
+def test_sigterm_stops_a_run_and_everything_it_started() -> None:
+    """The command line run starts its own ZooKeeper and PostgreSQL; SIGTERM halfway through stops
+    every process it started and removes its folder (exit 130, as after Ctrl-C)."""
+    command = [sys.executable, "-m", "keyfailover", "chaos", "--duration", "120", "--brokers", "1"]
+    command += ["--consumers", "1", "--partitions", "1"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()
+        folder = Path(first.rsplit("data in ", 1)[1].strip())
+        wait_until(lambda: "listening on" in _text(folder / "b1.log"), "the broker serving")
+        wait_until((folder / "c1.jsonl").exists, "the consumer recording")
+        process.terminate()
+        assert process.wait(timeout=120) == 130
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert not folder.exists()
+    assert not [line for line in running_commands() if str(folder) in line]
+
+
+def _text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""

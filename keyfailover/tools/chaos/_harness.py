@@ -16,8 +16,8 @@ folder:
 - :class:`~._records.RangeMap` snapshots of each partition's consumer ranges, polled from the
   brokers' admin ``/stats`` every ``POLL`` seconds.
 
-Every process it started is stopped and (unless ``keep``) its folder removed, after an error or
-Ctrl-C too.
+Every process it started is stopped and (unless ``keep``) its folder removed, after an error,
+Ctrl-C or SIGTERM too.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from keyfailover.broker.cluster import UNSAFE_NO_LEASE, cluster_status, connect,
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.partitions import split_partition_topic
 from keyfailover.tools._ownership import lease_events, ownership_events
+from keyfailover.tools._signals import sigterm_interrupts
 from keyfailover.tools.chaos._proxy import FaultProxy
 from keyfailover.tools.chaos._records import (
     Acked,
@@ -258,7 +259,7 @@ def run_chaos(
     schedule = plan_faults(
         settings.seed, settings.duration, settings.faults, settings.targets, session_timeout=settings.session_timeout
     )
-    with contextlib.ExitStack() as stack:
+    with sigterm_interrupts(), contextlib.ExitStack() as stack:
         if keep is None:
             folder = Path(tempfile.mkdtemp(prefix="keyfailover-chaos-"))
             stack.callback(shutil.rmtree, folder, ignore_errors=True)

@@ -27,13 +27,13 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any, TextIO
 
 from keyfailover.broker.cluster import cluster_status, connect, create_topic
 from keyfailover.client import Client, ClientClosed, Producer
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.tools._ownership import Ownership, ownership_events
+from keyfailover.tools._signals import sigterm_interrupts
 from keyfailover.tools.demo._report import DemoReport, zipf_ids
 from keyfailover.tools.demo._traffic import Observed, Produced, Worker, conclude, wait_for
 from keyfailover.tools.services import PostgreSQL, ServiceError, ZooKeeper, free_port, stop_process
@@ -80,7 +80,7 @@ def run_cluster_demo(
     account_ids = zipf_ids(events, accounts, seed)
     report = DemoReport()
     observed, produced = Observed(), Produced(PARTITIONS)
-    with _sigterm_interrupts(), contextlib.ExitStack() as stack:
+    with sigterm_interrupts(), contextlib.ExitStack() as stack:
         folder = Path(tempfile.mkdtemp(prefix="keyfailover-demo-cluster-"))
         stack.callback(shutil.rmtree, folder, ignore_errors=True)
         folder.chmod(0o711)  # the postgres user must get through to its own folder inside
@@ -119,23 +119,6 @@ def _check_installed() -> None:
             raise ServiceError(
                 f"{module} is not installed in {sys.executable}: run scripts/setup dev,cluster"
             ) from None
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM interrupts the demo as Ctrl-C does, so that it stops what it started (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager

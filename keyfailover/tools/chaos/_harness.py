@@ -315,8 +315,7 @@ class _Run:
         self.say(
             f"keyfailover chaos: {settings.brokers} brokers, {settings.partitions} partitions, "
             f"{settings.consumers} consumers, {settings.rate:g} msgs/s over {settings.keys} {settings.distribution} "
-            "keys, "
-            f"{settings.duration:g} s, seed {settings.seed}, data in {self.folder}"
+            f"keys, {settings.duration:g} s, seed {settings.seed}, data in {self.folder}"
         )
         for fault in self.schedule:
             self.say(f"  planned: {fault.describe()}")
@@ -327,9 +326,7 @@ class _Run:
         finally:
             zk.stop()
             zk.close()
-        url = "kf://" + ",".join(
-            f"127.0.0.1:{broker.command[broker.command.index('--port') + 1]}" for broker in self.brokers
-        )
+        url = "kf://" + ",".join(f"127.0.0.1:{broker.port}" for broker in self.brokers)  # as advertised
         for number in range(1, settings.consumers + 1):
             name = f"c{number}"
             consumer = self._worker(

@@ -32,6 +32,7 @@ from keyfailover.core.errors import (
     UnknownConsumerError,
 )
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
+from keyfailover.core.ranges import RangeMap
 from keyfailover.core.rebalance import ContiguousPolicy, MultiRangePolicy, moved_slots, range_traffic
 
 FULL = (0, HASH_RANGE_SIZE - 1)
@@ -468,6 +469,99 @@ def test_keys_sharing_a_slot_move_independently() -> None:
     assert [(x.consumer, x.position) for x in out] == [("c2", moved)]
     d.ack("c1", first[held])
     assert [(x.consumer, x.position) for x in d.poll()] == [("c2", blocked)]
+
+
+# -- a range change costs what moves -------------------------------------------------------
+
+
+class UnwalkableKeys(dict[bytes, Any]):
+    """The dispatcher's key table, made to fail the test if anything walks every held key."""
+
+    def __iter__(self) -> Any:
+        raise AssertionError("a range change walked every held key")
+
+    def values(self) -> Any:
+        raise AssertionError("a range change walked every held key")
+
+    def items(self) -> Any:
+        raise AssertionError("a range change walked every held key")
+
+
+def held_in_moved_slots(before: RangeMap, after: RangeMap, keys: list[str]) -> set[bytes]:
+    moved = moved_slots(before, after)
+    return {key.encode() for key in keys if any(first <= key_hash(key) <= last for first, last, _, _ in moved)}
+
+
+@pytest.mark.parametrize("policy", ["multi", "contiguous"])
+def test_a_range_change_visits_only_the_keys_of_the_moved_slots(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A join or a leave re-routes the keys of the moved slots, each once (a leaver's returned keys
+    once more), and never walks the other held keys."""
+    d = Dispatcher(clock=ManualClock(100.0), policy=policy, max_replay=10_000)
+    stream = Stream(d)
+    for name in ("c1", "c2", "c3"):
+        d.add_consumer(name)
+        d.flow(name, 500)
+    keys = [f"held-{i}" for i in range(1500)]
+    for key in keys + keys[:700]:  # in flight, and some pending behind them
+        stream.publish(key)
+    out = d.poll()
+    visited: Counter[bytes] = Counter()
+    reroute = d._reroute
+
+    def counting(state: Any) -> None:
+        visited[state.kb] += 1
+        reroute(state)
+
+    monkeypatch.setattr(d, "_reroute", counting)
+    monkeypatch.setattr(d, "_keys", UnwalkableKeys(d._keys))
+
+    before = d.range_map()
+    d.add_consumer("c4")
+    expected = held_in_moved_slots(before, d.range_map(), keys)
+    assert 0 < len(expected) < len(keys)
+    assert visited == Counter(expected)
+
+    visited.clear()
+    before = d.range_map()
+    d.remove_consumer("c2")
+    expected = held_in_moved_slots(before, d.range_map(), keys)
+    returned = {str(x.key).encode() for x in out if x.consumer == "c2"}
+    assert returned and 0 < len(expected) < len(keys)
+    assert visited == Counter(expected) + Counter(returned)
+    monkeypatch.undo()
+    d._audit()
+
+
+def test_keys_of_moved_slots_follow_their_new_owner_whatever_their_state() -> None:
+    """Keys of the moved slots, pending or in flight, end where G1 says; acked keys leave no trace."""
+    d = Dispatcher(clock=ManualClock(100.0), max_replay=10_000)
+    stream = Stream(d)
+    d.add_consumer("c1")
+    d.flow("c1", 300)
+    keys = [f"state-{i}" for i in range(400)]
+    for key in keys:
+        stream.publish(key)
+    out = d.poll()
+    assert [x.key for x in out] == keys[:300]
+    ack_all(d, out[:100])  # keys 0-99 acked to nothing, 100-299 in flight, 300-399 pending
+    d.add_consumer("c2")
+    d.flow("c2", 1000)
+    d._audit()
+    moved = [key for key in keys if d.owner_of(key) == "c2"]
+    draining = [key for key in moved if 100 <= keys.index(key) < 300]
+    assert draining and len(moved) < len(keys)
+    out = d.poll()
+    assert {x.consumer for x in out} == {"c2"}
+    assert sorted(str(x.key) for x in out) == sorted(key for key in moved if keys.index(key) >= 300)
+    assert d.stats()["consumers"]["c1"]["draining_hashes"] == len({key_hash(key) for key in draining})
+    ack_all(d, out)
+    d.remove_consumer("c1")
+    d._audit()
+    out = d.poll()
+    assert sorted(str(x.key) for x in out) == sorted(keys[100:300] + [key for key in keys[300:] if key not in moved])
+    ack_all(d, out)
+    assert d.stats()["held"] == 0
+    assert not d._keys and not any(d._slot_keys), "acked keys stay linked in their slots"
 
 
 # -- G3: removal ------------------------------------------------------------------------

@@ -19,6 +19,7 @@ HEADERS = {
     "bench_lookup.py": ("path", "consumers", "keys/s", "µs/key", "vs uhashring"),
     "bench_dispatch.py": ("dispatcher", "messages", "redelivered", "seconds", "messages/s", "µs/message"),
     "bench_rebalance.py": ("operation", "consumers", "median ms", "max ms", "median vs uhashring"),
+    "bench_held.py": ("Dispatcher", "held", "keys", "join ms", "leave ms", "uhashring add ms", "vs uhashring"),
     "bench_log.py": ("writer", "synchronous", "batch", "messages", "messages/s", "vs peer"),
     "bench_spark.py": ("job", "rows", "partitions", "seconds", "median s", "rows/s", "vs native"),
     "bench_stuck.py": ("Dispatcher", "messages", "healthy got", "never read", "parked slots", "dispatcher MiB"),
@@ -27,6 +28,7 @@ HEADERS = {
     "bench_cluster.py": ("setup", "durability", "msgs/s produce+consume", "vs single-node SQLite", "order violations"),
 }
 ALSO_PRINTS = {
+    "bench_held.py": ("holder  messages  MiB  bytes/message  vs baseline",),
     "bench_cluster.py": (
         "brokers  PostgreSQL  ZooKeeper",  # the CPU table
         "every partition served s",  # the failover table

@@ -235,23 +235,26 @@ class _Change:
         return replace(self.event, drain_seconds=seconds)
 
 
-class _Message:
-    """One held message. Its key is kept as bytes only (``text`` says whether it came as a str, so a
-    delivery hands back the same type), and once routed its ``kb`` and ``slot`` are its key state's
-    own objects: a message costs its object and its position, not copies of its key."""
+class _Returns:
+    """How often a message came back, and why: made at its first return, as most messages never come back."""
 
-    __slots__ = (
-        "came_back",
-        "deadline",
-        "failures",
-        "kb",
-        "loose",
-        "payload",
-        "position",
-        "redeliveries",
-        "slot",
-        "text",
-    )
+    __slots__ = ("count", "failures", "reason")
+
+    def __init__(self) -> None:
+        self.count = 0  # its redeliveries
+        self.failures = 0  # returns as the oldest of its key (see the module docstring)
+        self.reason = ""  # why its last delivery came back
+
+
+class _Message:
+    """One held message, in 8 slots (96 bytes with its GC header).
+
+    Its key is kept as bytes only (``text`` says whether it came as a str, so a delivery hands
+    back the same type), and once routed its ``kb`` and ``slot`` are its key state's own
+    objects: a message costs its object and its position, not copies of its key.
+    """
+
+    __slots__ = ("back", "deadline", "kb", "loose", "payload", "position", "slot", "text")
 
     def __init__(self, position: int, text: bool, kb: bytes | None, slot: int, payload: Any) -> None:
         self.position = position
@@ -259,11 +262,21 @@ class _Message:
         self.kb = kb
         self.slot = slot
         self.payload = payload
-        self.redeliveries = 0
-        self.failures = 0  # deliveries that came back as the oldest of their key (see the module docstring)
+        self.back: _Returns | None = None  # None until it first comes back
         self.deadline = 0.0  # of its lease while in flight (with an ack_timeout)
         self.loose = False  # in flight from a delivery in unordered mode
-        self.came_back = ""  # why its last delivery came back
+
+    def returns(self) -> _Returns:
+        """Its return record, made on first use."""
+        back = self.back
+        if back is None:
+            back = self.back = _Returns()
+        return back
+
+    def failures(self) -> int:
+        """Its failed deliveries so far."""
+        back = self.back
+        return 0 if back is None else back.failures
 
 
 class _Consumer:
@@ -1177,7 +1190,8 @@ class Dispatcher:
         consumer.permits -= 1
         consumer.delivered += 1
         consumer.inflight[message.position] = message
-        if message.redeliveries:
+        back = message.back
+        if back is not None:
             consumer.redelivered += 1
             if consumer.expired:
                 consumer.expired.pop(message.position, None)
@@ -1189,7 +1203,8 @@ class Dispatcher:
             consumer.unacked_blocked = True
             consumer.withheld += consumer.permits
             consumer.permits = 0
-        out.append(Delivery(consumer.cid, message.position, _key_of(message), message.payload, message.redeliveries))
+        count = 0 if back is None else back.count
+        out.append(Delivery(consumer.cid, message.position, _key_of(message), message.payload, count))
 
     def _serve_ready(self, out: list[Delivery]) -> None:
         keys = self._keys
@@ -1206,7 +1221,7 @@ class Dispatcher:
                 pending = state.pending
                 if not pending or pending[0].position != position:
                     continue
-                if limit is not None and pending[0].failures > limit:
+                if limit is not None and pending[0].failures() > limit:
                     self._dead_letter(pending.popleft())
                     if pending:
                         heappush(ready, (pending[0].position, kb))
@@ -1233,7 +1248,7 @@ class Dispatcher:
         keys = self._keys
         limit = self._max_redeliveries
         while waiting:
-            if limit is not None and waiting[0].failures > limit:
+            if limit is not None and waiting[0].failures() > limit:
                 self._dead_letter(waiting.popleft())
                 continue
             consumer = self._next_with_permits()
@@ -1411,10 +1426,11 @@ class Dispatcher:
         loose: list[tuple[bytes, _Message]] = []
         for message in messages:
             del consumer.inflight[message.position]
-            message.redeliveries += 1
-            message.came_back = reason
+            back = message.returns()
+            back.count += 1
+            back.reason = reason
             if message is failed or (each and (message.kb is None or unordered or message.loose)):
-                message.failures += 1
+                back.failures += 1
             if message.loose and message.kb is not None:  # only keyed deliveries go out loose
                 loose.append((message.kb, message))
             elif message.kb is None or unordered:
@@ -1431,7 +1447,7 @@ class Dispatcher:
             state = states[kb] = keys[kb]
             returned.sort(key=lambda m: m.position)
             if each:
-                returned[0].failures += 1
+                returned[0].returns().failures += 1
             state.queue().extendleft(reversed(returned))
             self._settle_inflight(state, len(returned))
         for kb, message in loose:
@@ -1485,8 +1501,9 @@ class Dispatcher:
 
     def _dead_letter(self, message: _Message) -> None:
         """Give up on ``message``: it waits in the dead-letter queue until the IO layer confirms it stored it."""
+        back = message.returns()
         self._dead_out.append(
-            DeadLetter(message.position, _key_of(message), message.payload, message.redeliveries - 1, message.came_back)
+            DeadLetter(message.position, _key_of(message), message.payload, back.count - 1, back.reason)
         )
         self._dead_total += 1
 
@@ -1494,7 +1511,7 @@ class Dispatcher:
 
     def _backoff_end(self, message: _Message) -> float:
         """When the backoff of ``message``, being nacked, ends: ``nack_backoff`` doubled per earlier failure."""
-        doublings = min(message.failures, _MAX_DOUBLINGS)
+        doublings = min(message.failures(), _MAX_DOUBLINGS)
         return self._clock() + min(self._backoff * 2.0**doublings, self._backoff_max)
 
     def _hold(self, state: _KeyState, until: float) -> None:

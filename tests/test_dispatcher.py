@@ -10,7 +10,9 @@ a manual clock; nothing sleeps.
 
 from __future__ import annotations
 
+import gc
 import time
+import tracemalloc
 from collections import Counter
 from collections.abc import Callable
 from itertools import pairwise
@@ -788,6 +790,54 @@ def test_bound_counts_pending_and_in_flight() -> None:
     assert d.wants() == 1
     d.publish(4, "c", None)  # the rejected position is still free
     assert d.wants() == 0
+
+
+# -- memory per held message ----------------------------------------------------------------
+
+
+def test_a_held_message_keeps_no_copy_of_its_key() -> None:
+    """Messages of one key share their key state's bytes and slot, hand back the type they came
+    with, and a key with nothing waiting has no pending queue of its own."""
+    d = Dispatcher(clock=ManualClock(100.0))
+    d.add_consumer("c1")
+    d.flow("c1", 3)
+    key = "shared-key"
+    for position in range(4):
+        d.publish(position, "".join(key) if position % 2 else key.encode())  # a new str or bytes object each time
+    out = d.poll()
+    assert [x.key for x in out] == [key.encode(), key, key.encode()]
+    state = d._keys[key.encode()]
+    inflight = list(d._consumers["c1"].inflight.values())
+    assert all(m.kb is state.kb and m.slot is state.slot for m in inflight)
+    (waiting,) = state.pending
+    assert waiting.kb is state.kb
+    d.ack("c1", 0)
+    d.flow("c1", 1)
+    assert [(x.position, x.key) for x in d.poll()] == [(3, key)]
+    assert not state.pending and state.pending.maxlen == 0, "an emptied queue is let go for the shared empty one"
+
+
+def test_core_memory_per_held_message_is_under_200_bytes() -> None:
+    """20,000 messages over 200 keys, in flight or waiting: what the core keeps per message beyond
+    its fixed tables, keys decoded afresh per message as a reader makes them (was about 350 bytes)."""
+    for permits in (20_000, 0):
+        d = Dispatcher(clock=ManualClock(100.0), max_replay=20_000)
+        for name in ("c1", "c2", "c3", "c4"):
+            d.add_consumer(name)
+            d.flow(name, permits)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for position in range(20_000):
+                d.publish(position, f"key-{position % 200}")
+            assert len(d.poll()) == (20_000 if permits else 0)
+            gc.collect()
+            per_message = (tracemalloc.get_traced_memory()[0] - before) / 20_000
+        finally:
+            tracemalloc.stop()
+        assert per_message <= 200, f"{per_message:.0f} bytes per held message with {permits} permits"
+        assert d.stats()["held"] == 20_000
 
 
 # -- rejected calls change nothing ------------------------------------------------------

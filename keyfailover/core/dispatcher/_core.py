@@ -361,7 +361,7 @@ class _KeyState:
     """One key's holder, in-flight count and pending queue; also a link in its slot's list (``prev``/``next``).
 
     The dispatcher keeps, per slot, a doubly linked list of the states of that slot's keys
-    (see :meth:`Dispatcher._link`), so a range change visits the keys of the moved slots
+    (see :meth:`Dispatcher._add_key`), so a range change visits the keys of the moved slots
     only: O(1) to link and unlink, 16 bytes per key, and no container per slot.
     """
 

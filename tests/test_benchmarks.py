@@ -19,6 +19,7 @@ HEADERS = {
     "bench_lookup.py": ("path", "consumers", "keys/s", "µs/key", "vs uhashring"),
     "bench_dispatch.py": ("dispatcher", "messages", "redelivered", "seconds", "messages/s", "µs/message"),
     "bench_rebalance.py": ("operation", "consumers", "median ms", "max ms", "median vs uhashring"),
+    "bench_held.py": ("Dispatcher", "held", "keys", "join ms", "leave ms", "uhashring add ms", "vs uhashring"),
     "bench_log.py": ("writer", "synchronous", "batch", "messages", "messages/s", "vs peer"),
     "bench_spark.py": ("job", "rows", "partitions", "seconds", "median s", "rows/s", "vs native"),
     "bench_stuck.py": ("Dispatcher", "messages", "healthy got", "never read", "parked slots", "dispatcher MiB"),
@@ -28,6 +29,7 @@ HEADERS = {
 }
 ALSO_PRINTS = {
     "bench_e2e.py": ("Publish → receive latency from the broker's publish time",),
+    "bench_held.py": ("bytes/message", "dict + list (baseline)"),
     "bench_cluster.py": (
         "brokers  PostgreSQL  ZooKeeper",  # the CPU table
         "every partition served s",  # the failover table

@@ -10,7 +10,9 @@ a manual clock; nothing sleeps.
 
 from __future__ import annotations
 
+import gc
 import time
+import tracemalloc
 from collections import Counter
 from collections.abc import Callable
 from itertools import pairwise
@@ -32,6 +34,7 @@ from keyfailover.core.errors import (
     UnknownConsumerError,
 )
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
+from keyfailover.core.ranges import RangeMap
 from keyfailover.core.rebalance import ContiguousPolicy, MultiRangePolicy, moved_slots, range_traffic
 
 FULL = (0, HASH_RANGE_SIZE - 1)
@@ -470,6 +473,99 @@ def test_keys_sharing_a_slot_move_independently() -> None:
     assert [(x.consumer, x.position) for x in d.poll()] == [("c2", blocked)]
 
 
+# -- a range change costs what moves -------------------------------------------------------
+
+
+class UnwalkableKeys(dict[bytes, Any]):
+    """The dispatcher's key table, made to fail the test if anything walks every held key."""
+
+    def __iter__(self) -> Any:
+        raise AssertionError("a range change walked every held key")
+
+    def values(self) -> Any:
+        raise AssertionError("a range change walked every held key")
+
+    def items(self) -> Any:
+        raise AssertionError("a range change walked every held key")
+
+
+def held_in_moved_slots(before: RangeMap, after: RangeMap, keys: list[str]) -> set[bytes]:
+    moved = moved_slots(before, after)
+    return {key.encode() for key in keys if any(first <= key_hash(key) <= last for first, last, _, _ in moved)}
+
+
+@pytest.mark.parametrize("policy", ["multi", "contiguous"])
+def test_a_range_change_visits_only_the_keys_of_the_moved_slots(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A join or a leave re-routes the keys of the moved slots, each once (a leaver's returned keys
+    once more), and never walks the other held keys."""
+    d = Dispatcher(clock=ManualClock(100.0), policy=policy, max_replay=10_000)
+    stream = Stream(d)
+    for name in ("c1", "c2", "c3"):
+        d.add_consumer(name)
+        d.flow(name, 500)
+    keys = [f"held-{i}" for i in range(1500)]
+    for key in keys + keys[:700]:  # in flight, and some pending behind them
+        stream.publish(key)
+    out = d.poll()
+    visited: Counter[bytes] = Counter()
+    reroute = d._reroute
+
+    def counting(state: Any) -> None:
+        visited[state.kb] += 1
+        reroute(state)
+
+    monkeypatch.setattr(d, "_reroute", counting)
+    monkeypatch.setattr(d, "_keys", UnwalkableKeys(d._keys))
+
+    before = d.range_map()
+    d.add_consumer("c4")
+    expected = held_in_moved_slots(before, d.range_map(), keys)
+    assert 0 < len(expected) < len(keys)
+    assert visited == Counter(expected)
+
+    visited.clear()
+    before = d.range_map()
+    d.remove_consumer("c2")
+    expected = held_in_moved_slots(before, d.range_map(), keys)
+    returned = {str(x.key).encode() for x in out if x.consumer == "c2"}
+    assert returned and 0 < len(expected) < len(keys)
+    assert visited == Counter(expected) + Counter(returned)
+    monkeypatch.undo()
+    d._audit()
+
+
+def test_keys_of_moved_slots_follow_their_new_owner_whatever_their_state() -> None:
+    """Keys of the moved slots, pending or in flight, end where G1 says; acked keys leave no trace."""
+    d = Dispatcher(clock=ManualClock(100.0), max_replay=10_000)
+    stream = Stream(d)
+    d.add_consumer("c1")
+    d.flow("c1", 300)
+    keys = [f"state-{i}" for i in range(400)]
+    for key in keys:
+        stream.publish(key)
+    out = d.poll()
+    assert [x.key for x in out] == keys[:300]
+    ack_all(d, out[:100])  # keys 0-99 acked to nothing, 100-299 in flight, 300-399 pending
+    d.add_consumer("c2")
+    d.flow("c2", 1000)
+    d._audit()
+    moved = [key for key in keys if d.owner_of(key) == "c2"]
+    draining = [key for key in moved if 100 <= keys.index(key) < 300]
+    assert draining and len(moved) < len(keys)
+    out = d.poll()
+    assert {x.consumer for x in out} == {"c2"}
+    assert sorted(str(x.key) for x in out) == sorted(key for key in moved if keys.index(key) >= 300)
+    assert d.stats()["consumers"]["c1"]["draining_hashes"] == len({key_hash(key) for key in draining})
+    ack_all(d, out)
+    d.remove_consumer("c1")
+    d._audit()
+    out = d.poll()
+    assert sorted(str(x.key) for x in out) == sorted(keys[100:300] + [key for key in keys[300:] if key not in moved])
+    ack_all(d, out)
+    assert d.stats()["held"] == 0
+    assert not d._keys and not any(d._slot_keys), "acked keys stay linked in their slots"
+
+
 # -- G3: removal ------------------------------------------------------------------------
 
 
@@ -694,6 +790,54 @@ def test_bound_counts_pending_and_in_flight() -> None:
     assert d.wants() == 1
     d.publish(4, "c", None)  # the rejected position is still free
     assert d.wants() == 0
+
+
+# -- memory per held message ----------------------------------------------------------------
+
+
+def test_a_held_message_keeps_no_copy_of_its_key() -> None:
+    """Messages of one key share their key state's bytes and slot, hand back the type they came
+    with, and a key with nothing waiting has no pending queue of its own."""
+    d = Dispatcher(clock=ManualClock(100.0))
+    d.add_consumer("c1")
+    d.flow("c1", 3)
+    key = "shared-key"
+    for position in range(4):
+        d.publish(position, "".join(key) if position % 2 else key.encode())  # a new str or bytes object each time
+    out = d.poll()
+    assert [x.key for x in out] == [key.encode(), key, key.encode()]
+    state = d._keys[key.encode()]
+    inflight = list(d._consumers["c1"].inflight.values())
+    assert all(m.kb is state.kb and m.slot is state.slot for m in inflight)
+    (waiting,) = state.pending
+    assert waiting.kb is state.kb
+    d.ack("c1", 0)
+    d.flow("c1", 1)
+    assert [(x.position, x.key) for x in d.poll()] == [(3, key)]
+    assert not state.pending and state.pending.maxlen == 0, "an emptied queue is let go for the shared empty one"
+
+
+def test_core_memory_per_held_message_is_under_200_bytes() -> None:
+    """20,000 messages over 200 keys, in flight or waiting: what the core keeps per message beyond
+    its fixed tables, keys decoded afresh per message as a reader makes them (was about 350 bytes)."""
+    for permits in (20_000, 0):
+        d = Dispatcher(clock=ManualClock(100.0), max_replay=20_000)
+        for name in ("c1", "c2", "c3", "c4"):
+            d.add_consumer(name)
+            d.flow(name, permits)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for position in range(20_000):
+                d.publish(position, f"key-{position % 200}")
+            assert len(d.poll()) == (20_000 if permits else 0)
+            gc.collect()
+            per_message = (tracemalloc.get_traced_memory()[0] - before) / 20_000
+        finally:
+            tracemalloc.stop()
+        assert per_message <= 200, f"{per_message:.0f} bytes per held message with {permits} permits"
+        assert d.stats()["held"] == 20_000
 
 
 # -- rejected calls change nothing ------------------------------------------------------

@@ -14,6 +14,11 @@ old owner's last ack (or its removal) releases it to the new owner (G1, PIP-379)
 Heap entries are invalidated lazily: an entry counts only while its key is still
 queued on that consumer and its position is still the key's head.
 
+A range change costs what moves, not what is held: the key states are also linked per slot,
+and a change re-routes only the keys of the slots ``moved_slots`` names. A held message
+keeps its key as bytes shared with its key state (no str, no copy per message), and a key
+has a pending queue only while something of it waits.
+
 With an ``ack_timeout`` every delivery is a lease (G7). A consumer's in-flight dict is in
 deadline order (a delivery or an extension puts a message last, with the latest
 deadline), so its earliest deadline is its first entry; a heap holds at most one entry per
@@ -230,31 +235,48 @@ class _Change:
         return replace(self.event, drain_seconds=seconds)
 
 
-class _Message:
-    __slots__ = (
-        "came_back",
-        "deadline",
-        "failures",
-        "kb",
-        "key",
-        "loose",
-        "payload",
-        "position",
-        "redeliveries",
-        "slot",
-    )
+class _Returns:
+    """How often a message came back, and why: made at its first return, as most messages never come back."""
 
-    def __init__(self, position: int, key: Key, kb: bytes | None, slot: int, payload: Any) -> None:
+    __slots__ = ("count", "failures", "reason")
+
+    def __init__(self) -> None:
+        self.count = 0  # its redeliveries
+        self.failures = 0  # returns as the oldest of its key (see the module docstring)
+        self.reason = ""  # why its last delivery came back
+
+
+class _Message:
+    """One held message, in 8 slots (96 bytes with its GC header).
+
+    Its key is kept as bytes only (``text`` says whether it came as a str, so a delivery hands
+    back the same type), and once routed its ``kb`` and ``slot`` are its key state's own
+    objects: a message costs its object and its position, not copies of its key.
+    """
+
+    __slots__ = ("back", "deadline", "kb", "loose", "payload", "position", "slot", "text")
+
+    def __init__(self, position: int, text: bool, kb: bytes | None, slot: int, payload: Any) -> None:
         self.position = position
-        self.key = key
+        self.text = text
         self.kb = kb
         self.slot = slot
         self.payload = payload
-        self.redeliveries = 0
-        self.failures = 0  # deliveries that came back as the oldest of their key (see the module docstring)
+        self.back: _Returns | None = None  # None until it first comes back
         self.deadline = 0.0  # of its lease while in flight (with an ack_timeout)
         self.loose = False  # in flight from a delivery in unordered mode
-        self.came_back = ""  # why its last delivery came back
+
+    def returns(self) -> _Returns:
+        """Its return record, made on first use."""
+        back = self.back
+        if back is None:
+            back = self.back = _Returns()
+        return back
+
+    def failures(self) -> int:
+        """Its failed deliveries so far."""
+        back = self.back
+        return 0 if back is None else back.failures
 
 
 class _Consumer:
@@ -294,7 +316,8 @@ def _make_message(position: int, key: Key, payload: Any, first: int = 0, size: i
     """A message with its key's bytes and slot, counted from ``first`` (raises :class:`InvalidKeyError`
     for a bad key, :class:`WrongPartitionError` for a key whose slot is not in ``[first, first + size)``)."""
     if key is None:
-        return _Message(position, None, None, -1, payload)
+        return _Message(position, False, None, -1, payload)
+    text = isinstance(key, str)
     if type(key) is str:
         try:
             kb = key.encode()
@@ -305,7 +328,13 @@ def _make_message(position: int, key: Key, payload: Any, first: int = 0, size: i
     slot = (mmh3.hash(kb, 0, False) & _SLOT_MASK) - first
     if not 0 <= slot < size:
         raise _wrong_partition(key, slot + first, first, size)
-    return _Message(position, key, kb, slot, payload)
+    return _Message(position, text, kb, slot, payload)
+
+
+def _key_of(message: _Message) -> Key:
+    """The key ``message`` was published with (a str decoded again from its bytes)."""
+    kb = message.kb
+    return kb.decode() if message.text and kb is not None else kb
 
 
 def _wrong_partition(key: Key, slot: int, first: int, size: int) -> WrongPartitionError:
@@ -324,7 +353,18 @@ def _insert_by_position(queue: deque[_Message], message: _Message) -> None:
     queue.append(message)
 
 
+_NO_PENDING: deque[_Message] = deque(maxlen=0)
+"""The pending queue of every key with none of its own: read it, never add to it (see ``_KeyState.queue``)."""
+
+
 class _KeyState:
+    """One key's holder, in-flight count and pending queue; also a link in its slot's list (``prev``/``next``).
+
+    The dispatcher keeps, per slot, a doubly linked list of the states of that slot's keys
+    (see :meth:`Dispatcher._add_key`), so a range change visits the keys of the moved slots
+    only: O(1) to link and unlink, 16 bytes per key, and no container per slot.
+    """
+
     __slots__ = (
         "backoff",
         "drain_seq",
@@ -333,7 +373,9 @@ class _KeyState:
         "inflight",
         "kb",
         "loose",
+        "next",
         "pending",
+        "prev",
         "queued_on",
         "slot",
     )
@@ -343,12 +385,21 @@ class _KeyState:
         self.slot = slot
         self.holder = holder
         self.inflight = inflight
-        self.pending: deque[_Message] = deque()
+        self.pending = _NO_PENDING  # replaced by a deque of its own by queue()
         self.queued_on: _Consumer | None = None
         self.draining = False
         self.drain_seq = 0  # the change that started the current draining
         self.loose = 0  # deliveries in flight made in unordered mode (on any consumers): the key is blocked
         self.backoff = 0.0  # the clock reading at which a nack's backoff ends (0: none): the key is blocked
+        self.prev: _KeyState | None = None  # the neighbours in its slot's list
+        self.next: _KeyState | None = None
+
+    def queue(self) -> deque[_Message]:
+        """The pending queue, to add to: made on first use, as most keys never wait (an empty deque is 760 bytes)."""
+        pending = self.pending
+        if pending is _NO_PENDING:
+            pending = self.pending = deque()
+        return pending
 
 
 class Dispatcher:
@@ -475,6 +526,9 @@ class Dispatcher:
         self._round_robin: list[_Consumer] = []  # join order, for keyless messages
         self._standby: list[str] = []
         self._keys: dict[bytes, _KeyState] = {}
+        # Per slot, the first state of its keys' linked list (None: no key of the slot is held),
+        # so a range change walks the moved slots' keys only, not every held key.
+        self._slot_keys: list[_KeyState | None] = [None] * self._size
         self._fresh: deque[_Message] = deque()  # published, not yet routed
         self._keyless: deque[_Message] = deque()  # keyless messages waiting for permits
         self._wake: dict[_Consumer, None] = {}  # consumers whose ready heap may be servable
@@ -648,12 +702,14 @@ class Dispatcher:
         if self._unordered:
             self._keyless.append(message)
             return
-        kb = message.kb
-        state = self._keys.get(kb)
+        state = self._keys.get(message.kb)
         if state is None:
-            state = self._keys[kb] = _KeyState(kb, message.slot, None, 0)
-        state.pending.append(message)
-        if len(state.pending) == 1:
+            state = self._add_key(message.kb, message.slot, None, 0)
+        else:
+            message.kb, message.slot = state.kb, state.slot
+        pending = state.queue()
+        pending.append(message)
+        if len(pending) == 1:
             self._reroute(state)
 
     def restored(self, slots: Iterable[int], through: int) -> None:
@@ -858,7 +914,7 @@ class Dispatcher:
         if was_draining and state.pending and not (state.loose or state.backoff):
             self._queue(state, self._owner_of_slot(state.slot))
         if not state.pending and not state.loose:
-            del self._keys[kb]
+            self._drop_key(state)
         return True
 
     def nack(self, cid: str, position: int) -> None:
@@ -941,12 +997,12 @@ class Dispatcher:
             waiting = [*self._keyless, *delayed, *(m for state in keys.values() for m in state.pending)]
             waiting.sort(key=lambda m: m.position)
             self._keyless = deque(waiting)
-            for kb, state in list(keys.items()):
-                state.pending.clear()
+            for state in list(keys.values()):
+                state.pending = _NO_PENDING
                 state.queued_on = None
                 state.backoff = 0.0
                 if not (state.inflight or state.loose):
-                    del keys[kb]
+                    self._drop_key(state)
             for consumer in self._consumers.values():
                 consumer.ready = []
             self._wake.clear()
@@ -961,8 +1017,8 @@ class Dispatcher:
                 continue
             found = keys.get(message.kb)
             if found is None:
-                found = keys[message.kb] = _KeyState(message.kb, message.slot, None, 0)
-            found.pending.append(message)
+                found = self._add_key(message.kb, message.slot, None, 0)
+            found.queue().append(message)
         for key_state in keys.values():
             self._reroute(key_state)
 
@@ -1134,7 +1190,8 @@ class Dispatcher:
         consumer.permits -= 1
         consumer.delivered += 1
         consumer.inflight[message.position] = message
-        if message.redeliveries:
+        back = message.back
+        if back is not None:
             consumer.redelivered += 1
             if consumer.expired:
                 consumer.expired.pop(message.position, None)
@@ -1146,7 +1203,8 @@ class Dispatcher:
             consumer.unacked_blocked = True
             consumer.withheld += consumer.permits
             consumer.permits = 0
-        out.append(Delivery(consumer.cid, message.position, message.key, message.payload, message.redeliveries))
+        count = 0 if back is None else back.count
+        out.append(Delivery(consumer.cid, message.position, _key_of(message), message.payload, count))
 
     def _serve_ready(self, out: list[Delivery]) -> None:
         keys = self._keys
@@ -1163,14 +1221,15 @@ class Dispatcher:
                 pending = state.pending
                 if not pending or pending[0].position != position:
                     continue
-                if limit is not None and pending[0].failures > limit:
+                if limit is not None and pending[0].failures() > limit:
                     self._dead_letter(pending.popleft())
                     if pending:
                         heappush(ready, (pending[0].position, kb))
                     else:
                         state.queued_on = None
+                        state.pending = _NO_PENDING
                         if not state.inflight:
-                            del keys[kb]
+                            self._drop_key(state)
                     continue
                 deliver(consumer, pending.popleft(), out)
                 state.holder = consumer
@@ -1179,6 +1238,7 @@ class Dispatcher:
                     heappush(ready, (pending[0].position, kb))
                 else:
                     state.queued_on = None
+                    state.pending = _NO_PENDING
         self._wake.clear()
 
     def _serve_keyless(self, out: list[Delivery]) -> None:
@@ -1188,7 +1248,7 @@ class Dispatcher:
         keys = self._keys
         limit = self._max_redeliveries
         while waiting:
-            if limit is not None and waiting[0].failures > limit:
+            if limit is not None and waiting[0].failures() > limit:
                 self._dead_letter(waiting.popleft())
                 continue
             consumer = self._next_with_permits()
@@ -1199,7 +1259,7 @@ class Dispatcher:
             if kb is not None:
                 state = keys.get(kb)
                 if state is None:
-                    state = keys[kb] = _KeyState(kb, message.slot, None, 0)
+                    state = self._add_key(kb, message.slot, None, 0)
                 state.loose += 1
                 message.loose = True
             self._deliver(consumer, message, out)
@@ -1255,27 +1315,29 @@ class Dispatcher:
             ):
                 self._park(message)
                 continue
-            if state is not None and state.pending:
-                state.pending.append(message)
-                continue
+            if state is not None:
+                message.kb, message.slot = state.kb, state.slot  # the key's objects, not copies per message
+                if state.pending:
+                    state.queue().append(message)
+                    continue
             owner = owners[bisect.bisect_left(ends, message.slot)] if owners else None
             if state is None:
                 if owner is not None and owner.permits and not owner.ready:
                     deliver(owner, message, out)
-                    keys[kb] = _KeyState(kb, message.slot, owner, 1)
+                    self._add_key(kb, message.slot, owner, 1)
                 else:
-                    state = keys[kb] = _KeyState(kb, message.slot, None, 0)
-                    state.pending.append(message)
+                    state = self._add_key(kb, message.slot, None, 0)
+                    state.queue().append(message)
                     self._queue(state, owner)
             elif state.holder is owner and not state.loose:
                 if owner is not None and owner.permits and not owner.ready:
                     deliver(owner, message, out)
                     state.inflight += 1
                 else:
-                    state.pending.append(message)
+                    state.queue().append(message)
                     self._queue(state, owner)
             else:  # draining: in flight on a consumer that no longer owns the key
-                state.pending.append(message)
+                state.queue().append(message)
 
     def _queue(self, state: _KeyState, owner: _Consumer | None) -> None:
         """Put ``state``'s head on ``owner``'s ready heap (None: no consumer, wait for one)."""
@@ -1303,6 +1365,38 @@ class Dispatcher:
                 live.append((position, kb))
         heapq.heapify(live)
         consumer.ready = live
+
+    def _add_key(self, kb: bytes, slot: int, holder: _Consumer | None, inflight: int) -> _KeyState:
+        """A new key state, in ``_keys`` and first in its slot's list."""
+        state = self._keys[kb] = _KeyState(kb, slot, holder, inflight)
+        heads = self._slot_keys
+        head = heads[slot]
+        if head is not None:
+            state.next = head
+            head.prev = state
+        heads[slot] = state
+        return state
+
+    def _drop_key(self, state: _KeyState) -> None:
+        """Forget ``state`` (nothing pending, in flight or loose): out of ``_keys`` and its slot's list."""
+        del self._keys[state.kb]
+        before, after = state.prev, state.next
+        if before is None:
+            self._slot_keys[state.slot] = after
+        else:
+            before.next = after
+        if after is not None:
+            after.prev = before
+
+    def _keys_in(self, first: int, last: int) -> list[_KeyState]:
+        """The states of the keys in slots ``first..last``: O(slots) in C plus O(keys found) in Python."""
+        found = []
+        for head in filter(None, self._slot_keys[first : last + 1]):
+            state: _KeyState | None = head
+            while state is not None:
+                found.append(state)
+                state = state.next
+        return found
 
     def _owner_of_slot(self, slot: int) -> _Consumer | None:
         owners = self._owners
@@ -1332,10 +1426,11 @@ class Dispatcher:
         loose: list[tuple[bytes, _Message]] = []
         for message in messages:
             del consumer.inflight[message.position]
-            message.redeliveries += 1
-            message.came_back = reason
+            back = message.returns()
+            back.count += 1
+            back.reason = reason
             if message is failed or (each and (message.kb is None or unordered or message.loose)):
-                message.failures += 1
+                back.failures += 1
             if message.loose and message.kb is not None:  # only keyed deliveries go out loose
                 loose.append((message.kb, message))
             elif message.kb is None or unordered:
@@ -1352,8 +1447,8 @@ class Dispatcher:
             state = states[kb] = keys[kb]
             returned.sort(key=lambda m: m.position)
             if each:
-                returned[0].failures += 1
-            state.pending.extendleft(reversed(returned))
+                returned[0].returns().failures += 1
+            state.queue().extendleft(reversed(returned))
             self._settle_inflight(state, len(returned))
         for kb, message in loose:
             message.loose = False
@@ -1362,7 +1457,7 @@ class Dispatcher:
             if unordered:
                 front.append(message)
             else:
-                _insert_by_position(state.pending, message)
+                _insert_by_position(state.queue(), message)
         if delay_until and failed is not None and failed in front:
             front.remove(failed)
             heapq.heappush(self._delayed, (delay_until, failed.position, failed))
@@ -1371,9 +1466,9 @@ class Dispatcher:
         if consumer.unacked_blocked and len(consumer.inflight) <= self._unacked_resume:
             self._resume(consumer)
         if unordered:
-            for kb, state in states.items():
+            for state in states.values():
                 if not (state.inflight or state.loose or state.pending):
-                    del keys[kb]
+                    self._drop_key(state)
             return []
         return list(states.values())
 
@@ -1400,14 +1495,15 @@ class Dispatcher:
     def _unblock(self, state: _KeyState) -> None:
         """``state``'s last loose delivery is settled: in ordered mode the key may go on, in order."""
         if not (state.inflight or state.pending):
-            del self._keys[state.kb]
+            self._drop_key(state)
         elif not self._unordered:
             self._reroute(state)
 
     def _dead_letter(self, message: _Message) -> None:
         """Give up on ``message``: it waits in the dead-letter queue until the IO layer confirms it stored it."""
+        back = message.returns()
         self._dead_out.append(
-            DeadLetter(message.position, message.key, message.payload, message.redeliveries - 1, message.came_back)
+            DeadLetter(message.position, _key_of(message), message.payload, back.count - 1, back.reason)
         )
         self._dead_total += 1
 
@@ -1415,7 +1511,7 @@ class Dispatcher:
 
     def _backoff_end(self, message: _Message) -> float:
         """When the backoff of ``message``, being nacked, ends: ``nack_backoff`` doubled per earlier failure."""
-        doublings = min(message.failures, _MAX_DOUBLINGS)
+        doublings = min(message.failures(), _MAX_DOUBLINGS)
         return self._clock() + min(self._backoff * 2.0**doublings, self._backoff_max)
 
     def _hold(self, state: _KeyState, until: float) -> None:
@@ -1536,7 +1632,11 @@ class Dispatcher:
     def _apply(
         self, planned: RangeMap, now: float, reason: str, consumer: str | None, returned: list[_KeyState]
     ) -> None:
-        """Install ``planned`` and re-route every key whose owner changed (G1)."""
+        """Install ``planned`` and re-route every key whose owner changed (G1).
+
+        Only the keys of the moved slots are visited (through the per-slot lists), so a change
+        costs in proportion to the keys that move, not to everything held.
+        """
         self._reread_due = True
         old = self._map
         moved = moved_slots(old, planned)
@@ -1546,13 +1646,9 @@ class Dispatcher:
         ends, owner_ids = planned.lookup_table()
         self._ends = ends
         self._owners = [self._consumers[cid] for cid in owner_ids]
-        if moved:
-            firsts = [first for first, _, _, _ in moved]
-            lasts = [last for _, last, _, _ in moved]
-            for state in self._keys.values():
-                i = bisect.bisect_left(lasts, state.slot)
-                if i < len(firsts) and firsts[i] <= state.slot:
-                    self._reroute(state)
+        for first, last, _, _ in moved:
+            for state in self._keys_in(first, last):
+                self._reroute(state)
         for state in returned:
             self._reroute(state)
         if planned.epoch != old.epoch:
@@ -1744,6 +1840,15 @@ class Dispatcher:
             assert state.queued_on is owner if queued else state.queued_on is None, f"{kb!r}: queued_on"
             if queued and owner is not None:
                 assert (positions[0], kb) in owner.ready, f"{kb!r}: missing from {owner.cid}'s ready heap"
+        linked = 0
+        for head in filter(None, self._slot_keys):
+            assert head.prev is None and self._slot_keys[head.slot] is head, f"{head.kb!r}: not first in its slot"
+            for linked_state in self._keys_in(head.slot, head.slot):
+                kb = linked_state.kb
+                assert linked_state.slot == head.slot and self._keys.get(kb) is linked_state, f"{kb!r}: stale link"
+                assert linked_state.next is None or linked_state.next.prev is linked_state, f"{kb!r}: broken link"
+                linked += 1
+        assert linked == len(self._keys), f"{linked} keys in the slot lists, {len(self._keys)} held"
         since = Counter(state.drain_seq for state in self._keys.values() if state.draining)
         assert since == Counter(self._draining_since), f"draining by change {since} != {self._draining_since}"
         assert held == self._held, f"held {self._held}, counted {held}"

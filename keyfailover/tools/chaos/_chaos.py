@@ -60,7 +60,8 @@ def chaos(
     postgres: PostgreSQL | None = None,
 ) -> ChaosOutcome:
     """Run :func:`run_chaos`, then every checker, the measures and (with ``report``) the report."""
-    run = run_chaos(settings, out, zookeeper=zookeeper, postgres=postgres, keep=keep)
+    logs = None if report is None else report / "logs"
+    run = run_chaos(settings, out, zookeeper=zookeeper, postgres=postgres, keep=keep, logs=logs)
     records = run.records
     verdicts = check_all(records, settings.partitions, settings.unowned_limit, end=run.ended)
     measures = run_measures(records, run.started, settings.partitions)

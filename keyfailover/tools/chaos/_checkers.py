@@ -50,6 +50,7 @@ from keyfailover.tools.chaos._records import (
 
 __all__ = [
     "Verdict",
+    "acknowledgements",
     "check_all",
     "dead_letter_accounting",
     "duplicated",
@@ -372,9 +373,13 @@ def _longest_unowned(
     return best
 
 
-def dead_letter_accounting(records: Sequence[Record]) -> Verdict:
-    """Every confirmed send ends acknowledged (an ack the broker confirmed) or in a dead-letter topic."""
-    sent = _confirmed_sends(records)
+def acknowledgements(records: Sequence[Record]) -> tuple[set[tuple[str, int]], set[tuple[str, int]]]:
+    """``(acked, unknown)``: the messages an ack of which the broker confirmed, and those not acked so whose
+    last ack went out and was never answered (its consumer was killed waiting, or it is still on its way).
+
+    Each ack attempt is recorded as sent (``confirmed`` None) and then with its answer, both at the
+    time it was sent: the answer wins.
+    """
     outcomes: dict[tuple[str, str, int, float], bool | None] = {}
     for ack in _of(records, Acked):
         attempt = (ack.consumer, ack.key, ack.value, ack.t)
@@ -382,6 +387,13 @@ def dead_letter_accounting(records: Sequence[Record]) -> Verdict:
             outcomes[attempt] = ack.confirmed
     acked = {(key, value) for (_, key, value, _), outcome in outcomes.items() if outcome is True}
     unknown = {(key, value) for (_, key, value, _), outcome in outcomes.items() if outcome is None} - acked
+    return acked, unknown
+
+
+def dead_letter_accounting(records: Sequence[Record]) -> Verdict:
+    """Every confirmed send ends acknowledged (an ack the broker confirmed) or in a dead-letter topic."""
+    sent = _confirmed_sends(records)
+    acked, unknown = acknowledgements(records)
     buried = {(d.key, d.value) for d in _of(records, DeadLettered)}
     open_ = sorted(sent - acked - unknown - buried)
     problems = [f"key {key}: value {value} was neither acknowledged nor dead-lettered" for key, value in open_]

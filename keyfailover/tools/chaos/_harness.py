@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -45,6 +46,7 @@ from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.partitions import split_partition_topic
 from keyfailover.tools._ownership import lease_events, ownership_events
 from keyfailover.tools._signals import sigterm_interrupts
+from keyfailover.tools.chaos._checkers import acknowledgements
 from keyfailover.tools.chaos._proxy import FaultProxy
 from keyfailover.tools.chaos._records import (
     Acked,
@@ -245,8 +247,12 @@ def run_chaos(
     zookeeper: ZooKeeper | None = None,
     postgres: PostgreSQL | None = None,
     keep: Path | None = None,
+    logs: Path | None = None,
 ) -> ChaosRun:
     """Run the cluster through ``settings``' fault schedule; returns the run's records.
+
+    ``logs``: a folder to copy every process's log and each broker's last ``/stats`` to before the
+    run's folder is removed (the report keeps them for diagnosis).
 
     With ``zookeeper`` and ``postgres`` given (a test session's), the run uses them under a
     root and topic of its own and may not target ZooKeeper; otherwise it starts its own.
@@ -272,7 +278,13 @@ def run_chaos(
         if postgres is None:
             postgres = stack.enter_context(PostgreSQL(folder / "postgresql"))
         run = _Run(settings, folder=folder, zookeeper=zookeeper, postgres=postgres, schedule=schedule, out=out)
-        return run.carry_out(stack)
+        try:
+            return run.carry_out(stack)
+        finally:
+            if logs is not None:
+                logs.mkdir(parents=True, exist_ok=True)
+                for path in [*folder.glob("*.log"), *folder.glob("*.stats.json")]:
+                    shutil.copy(path, logs / path.name)
     raise AssertionError("unreachable")  # pragma: no cover  (mypy: the with block returns)
 
 
@@ -528,20 +540,27 @@ class _Run:
             (self.folder / f"{broker.name}.stats.json").write_text(json.dumps({"error": str(error)}))
 
     def _drain(self, producer: _Process) -> None:
-        """Wait until every send the producer had confirmed was acknowledged, or the drain timeout passed."""
-        sent = {
-            (p.key, p.value) for p in _read(self.folder / f"{producer.name}.jsonl") if isinstance(p, Produced) and p.ok
-        }
+        """Wait until every send the producer had confirmed was acknowledged, or the drain timeout passed.
+
+        An ack the broker confirmed counts; so does one its consumer sent and was killed before the
+        answer came (the broker may have settled it, and then it never comes again).
+        """
+        receipts = _read(self.folder / f"{producer.name}.jsonl")
+        sent = {(p.key, p.value) for p in receipts if isinstance(p, Produced) and p.ok}
         deadline = time.monotonic() + self.settings.drain_timeout
         wake = threading.Event()
         while True:
-            acked = {
-                (a.key, a.value)
-                for consumer in self.consumers
-                for a in _read(self.folder / f"{consumer.name}.jsonl")
-                if isinstance(a, Acked) and a.confirmed is not False
+            acks = [record for consumer in self.consumers for record in _read(self.folder / f"{consumer.name}.jsonl")]
+            acked, unknown = acknowledgements(acks)
+            killed = {
+                f.target: f.t for f in _read(self.folder / "faults.jsonl") if isinstance(f, Fault) and f.kind == "kill"
             }
-            waiting = len(sent - acked)
+            cut_off = {
+                (a.key, a.value)
+                for a in acks
+                if isinstance(a, Acked) and a.confirmed is None and a.t < killed.get(a.consumer, -math.inf)
+            }
+            waiting = len(sent - acked - (unknown & cut_off))
             if not waiting:
                 self.say(f"drained: all {len(sent)} confirmed sends acknowledged")
                 return

@@ -3,7 +3,8 @@
 ``report.md`` has the command's settings, how faults were injected, the schedule as applied,
 the checkers' verdicts, the run's measures (counts, latency percentiles, the longest a
 partition went unserved after each fault) and the strategies' measures under the run's
-faults (:mod:`._measures`). The charts (``timeline.png``: throughput with the faults shaded,
+faults (:mod:`._measures`); ``logs/`` beside it has every process's log and each broker's last
+``/stats``. The charts (``timeline.png``: throughput with the faults shaded,
 partitions per broker and ranges per consumer over time; ``latency.png``) need matplotlib
 (``keyfailover[plot]``); without it the report says so and has everything else.
 """

@@ -16,12 +16,12 @@ pass and that fail (tests/test_chaos_checkers.py).
 - :func:`two_owners`: two brokers serving one partition at once.
 - :func:`held_twice`: a consumer handed a key's message while another still held one of
   that key unacknowledged. A holding runs from the delivery to the ack that the broker
-  confirmed; an ack it refused or never answered (the lease expired, the session or the
-  broker ended) means the broker had taken the message back, so that holding is not counted.
+  confirmed; one it refused (the lease expired) or never answered is not counted (the broker
+  had taken the message back, or nobody can tell when the holding ended).
 - :func:`unowned_partitions`, :func:`unowned_ranges`: the longest time a partition had no
   broker, or a slot of a served partition no consumer, once it first had one; failed over ``limit``.
 - :func:`dead_letter_accounting`: every confirmed send was acknowledged or dead-lettered by
-  the end of the run (an ack whose outcome its consumer never learned, killed while waiting,
+  the end of the run (an ack that got no answer, a timeout or its consumer killed waiting,
   counts as acknowledged: had the broker not settled it, it would have come again).
 """
 

@@ -542,8 +542,9 @@ class _Run:
     def _drain(self, producer: _Process) -> None:
         """Wait until every send the producer had confirmed was acknowledged, or the drain timeout passed.
 
-        An ack the broker confirmed counts; so does one its consumer sent and was killed before the
-        answer came (the broker may have settled it, and then it never comes again).
+        An ack the broker confirmed counts; so does one that never got an answer once its consumer was
+        killed or a lease's time has passed since it was sent (had the broker not settled it, the
+        message would have come again by then, and its next ack would be waited for).
         """
         receipts = _read(self.folder / f"{producer.name}.jsonl")
         sent = {(p.key, p.value) for p in receipts if isinstance(p, Produced) and p.ok}
@@ -555,10 +556,13 @@ class _Run:
             killed = {
                 f.target: f.t for f in _read(self.folder / "faults.jsonl") if isinstance(f, Fault) and f.kind == "kill"
             }
+            settled_by_now = time.monotonic() - self.settings.ack_timeout - 1.0
             cut_off = {
                 (a.key, a.value)
                 for a in acks
-                if isinstance(a, Acked) and a.confirmed is None and a.t < killed.get(a.consumer, -math.inf)
+                if isinstance(a, Acked)
+                and a.confirmed is None
+                and (a.t < killed.get(a.consumer, -math.inf) or a.t < settled_by_now)
             }
             waiting = len(sent - acked - (unknown & cut_off))
             if not waiting:

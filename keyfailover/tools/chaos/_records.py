@@ -10,9 +10,9 @@ names one send and the produced order of a key is the order of its values.
   ``position``, or the error the producer got; an unconfirmed send may still be stored).
 - :class:`Delivered`: a message handed to a consumer's application, with its redelivery count.
 - :class:`Acked`: a consumer's ack of a delivery, sent at ``t``; ``confirmed`` True when the
-  broker said it settled the message, False when it refused or never answered, None while
-  the outcome is not known (written as the ack goes out, so an ack whose consumer was killed
-  before the answer stays on record as sent; the outcome follows in a second record).
+  broker said it settled the message, False when it refused it (the lease had ended), None while
+  the outcome is not known (written as the ack goes out; the answer, if one comes, follows in a
+  second record, so an ack that got none, a timeout or its consumer killed, stays unknown).
 - :class:`DeadLettered`: a message found in a dead-letter topic after the run.
 - :class:`Served`: a broker serving a partition under an owner epoch from ``t`` until
   ``until`` (None: to the end of the run); the harness ends an interval at the broker's

@@ -9,8 +9,10 @@ from ``time.monotonic()``, the clock every process of the machine shares.
   numbered 0, 1, 2, ... (the payload is ``key:value``); each receipt is a ``produced`` record.
 - ``consume``: receives until SIGTERM; each message is a ``delivered`` record, then it is
   acknowledged with the broker's confirmation, recorded as ``acked`` with the time the ack was
-  sent: first with ``confirmed`` None (sent, outcome not known yet), then with the outcome, so
-  an ack whose worker was killed before the answer stays on record as sent.
+  sent: first with ``confirmed`` None (sent, outcome not known yet), then with the answer: True
+  (settled) or False (refused: the lease had ended). An ack without an answer (a timeout, the
+  session or the worker gone) stays on record as sent, its outcome unknown, as Jepsen records an
+  indeterminate operation: the broker may have settled it, or it comes again.
 
 ``consume --lossy SEED`` makes the consumer reach every broker through a :class:`FaultProxy` of its
 own (its event loops connect through it: an asyncio event loop policy); SIGUSR1 starts a loss
@@ -41,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from keyfailover.client import Client, Message
+from keyfailover.client import Client, Message, NotInFlight
 from keyfailover.client.aio import Key, parse_url
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.partitions import partition_of_key
@@ -225,10 +227,12 @@ def _consume(
             writer.write(Acked(sent, name, key, value, partition, position, None))
             try:
                 consumer.acknowledge_confirmed(message, timeout=ack_timeout)
-                confirmed = True
+            except NotInFlight:  # refused: its lease had ended, the broker took the message back
+                writer.write(Acked(sent, name, key, value, partition, position, False))
             except (KeyFailoverError, TimeoutError):
-                confirmed = False  # the lease ended or the session with it: the broker took it back
-            writer.write(Acked(sent, name, key, value, partition, position, confirmed))
+                pass  # no answer (a timeout, the session gone): settled or not, nobody can tell; it stays unknown
+            else:
+                writer.write(Acked(sent, name, key, value, partition, position, True))
 
         received = 0
         seen: Counter[Key] = Counter()

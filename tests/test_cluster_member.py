@@ -317,3 +317,57 @@ def test_a_member_paused_past_its_session_loses_its_partitions_and_rejoins_as_a_
             paused.stdin.close()  # type: ignore[union-attr]
             paused.wait(timeout=30)
         live.stop()
+
+
+def test_a_member_back_before_any_rebalance_serves_its_partitions_again(
+    zookeeper: ZooKeeper, zk: Any, root: str
+) -> None:
+    """A member paused past its session that is back before the coordinator could rebalance (here held
+    off by a long minimum interval) finds the assignment unchanged: it still names it, under the same
+    generation. It must serve its partitions again; found by keyfailover chaos, where such a broker
+    left its partitions unserved for 54 s, until the coordinator changed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    ledger = Ledger()
+    live = ledger.member(zookeeper, root, "b0").start()
+    script = os.path.join(os.path.dirname(__file__), "cluster_member_process.py")
+    paused = subprocess.Popen(
+        [sys.executable, script, zookeeper.hosts, root, "b1", "1.0"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    events: list[dict[str, Any]] = []
+    assert paused.stdout is not None
+
+    def read() -> None:
+        for line in paused.stdout:  # type: ignore[union-attr]
+            events.append(json.loads(line))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        create_topic(zk, root, "orders", 4)
+        wait_until(lambda: len(live.state.owned) == 2 and len(events) == 3, "b0 and b1 serve two partitions each")
+        theirs = {tuple(e["partition"]) for e in events if e["event"] == "acquired"}
+        generation = live.state.assignment.generation
+        live.min_rebalance_interval = 60.0  # from now on the coordinator cannot rebalance within the test
+        os.kill(paused.pid, signal.SIGSTOP)
+        wait_until(lambda: len(zk.get_children(f"{root}/brokers")) == 1, "b1's session expired")
+        os.kill(paused.pid, signal.SIGCONT)
+        wait_until(
+            lambda: sum(1 for e in events if e["event"] == "acquired") == 4,
+            "b1 serving its two partitions again",
+        )
+        again = {tuple(e["partition"]) for e in events[3:] if e["event"] == "acquired"}
+        assert again == theirs
+        assert {tuple(e["partition"]) for e in events if e["event"] == "released"} == theirs
+        assert live.state.assignment.generation == generation, "the coordinator did not rebalance meanwhile"
+        assert len(live.state.owned) == 2
+    finally:
+        if paused.poll() is None:
+            os.kill(paused.pid, signal.SIGCONT)
+            paused.stdin.close()  # type: ignore[union-attr]
+            paused.wait(timeout=30)
+        live.stop()

@@ -397,6 +397,10 @@ class ClusterMember:
         """Our ephemeral znodes are gone with the session: stop serving, and come back as a new member."""
         with self._lock:
             self._coordinating = False
+            # What it applied went with the session: the assignment as it stands is applied afresh, even
+            # when the coordinator never rewrote it (it still names this broker, which came back before a
+            # rebalance could move its partitions, so no newer generation would ever come).
+            self._applied = (0, 0)
         self._on_release_all()
         self._waiting.clear()
         self._assigned_at.clear()
@@ -460,7 +464,9 @@ class ClusterMember:
             return
         wait = self._last_rebalance + self.min_rebalance_interval - time.monotonic()
         if wait > 0:
-            threading.Timer(wait, self._events.put, args=("rebalance",)).start()
+            timer = threading.Timer(wait, self._events.put, args=("rebalance",))
+            timer.daemon = True  # a pending rebalance never keeps a stopping process alive
+            timer.start()
             return
         zk, root, wake = self._zk, self.root, self._wake["rebalance"]
         brokers = {broker["id"] for broker in _brokers(zk, root, wake)}

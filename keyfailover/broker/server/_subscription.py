@@ -321,12 +321,13 @@ class Subscription:
         self.dispatcher.flow(session.consumer, permits)
         self.wake()
 
-    def _paused(self) -> bool:
+    def paused(self) -> bool:
+        """Whether the broker may not act on this subscription now (its lease lapsed)."""
         return self._may_act is not None and not self._may_act()
 
     def ack(self, session: Session, positions: list[int]) -> list[int]:
         """Ack each position; returns those that were not in flight on the session (all while paused)."""
-        if self._paused():
+        if self.paused():
             return list(positions)
         acked, rejected = self.dispatcher.ack_many(session.consumer, positions)
         cursor_ack, uncache = self.cursor.ack, self._cache.pop
@@ -340,12 +341,12 @@ class Subscription:
 
     def extend(self, session: Session, positions: list[int]) -> list[int]:
         """Renew the leases of ``positions``; returns those that were not in flight on the session."""
-        if self._paused():
+        if self.paused():
             return list(positions)
         return self.dispatcher.extend(session.consumer, positions)[1]
 
     def nack(self, session: Session, positions: list[int]) -> list[int]:
-        if self._paused():
+        if self.paused():
             return list(positions)
         rejected = []
         for position in positions:
@@ -385,7 +386,7 @@ class Subscription:
 
     async def _pump(self) -> None:
         dispatcher = self.dispatcher
-        while not self._paused():
+        while not self.paused():
             await self._send(dispatcher.poll())
             letters = dispatcher.dead_letters()
             if letters or self._unburied:

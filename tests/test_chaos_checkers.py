@@ -153,6 +153,13 @@ def test_order_catches_a_message_handed_before_an_earlier_one_of_its_key() -> No
     assert verdict.examples == ("key k: value 2 was not delivered after value 1 (deliveries in order: 0, 2, 1)",)
 
 
+def test_order_catches_a_later_message_handed_out_before_an_earlier_one_even_if_repeated_after() -> None:
+    history = [*sent("k", 1, 2), *handed("a", "k", (2, 1.0), (1, 1.1), (2, 1.2))]  # 2, 1, 2: a subsequence
+    verdict = order(history)
+    assert not verdict.passed
+    assert verdict.examples == ("key k: value 2 was handed out before value 1 ever was (deliveries in order: 2, 1, 2)",)
+
+
 def test_order_leaves_lost_messages_to_lost() -> None:
     history = [*sent("k", 0, 1, 2), *handed("a", "k", (0, 1.0), (2, 1.1))]
     assert order(history).passed

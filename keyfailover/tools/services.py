@@ -95,6 +95,7 @@ class ZooKeeper:
             "admin.enableServer=false\n"
             "4lw.commands.whitelist=ruok\n"
             f"minSessionTimeout={2 * self.tick_ms}\n"
+            "maxSessionTimeout=60000\n"  # a broker's session timeout as asked, up to a minute: its lease relies on it
             "maxClientCnxns=0\n"
         )
         log = (self.folder / "zookeeper.log").open("ab")

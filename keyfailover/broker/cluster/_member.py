@@ -203,7 +203,9 @@ class ClusterMember:
     a thread renews it every quarter of a session timeout. A process that was stopped (SIGSTOP, a
     long pause) finds its lease lapsed when it wakes, before it has heard of any new owner.
     ``on_lease(valid, at)`` is called when the lease lapses (``at``: the monotonic time it did) and
-    when it is renewed after a lapse.
+    when it is renewed after a lapse, in that order, under the member's lock (it must not call the
+    member back). The lease assumes ZooKeeper grants the session timeout asked for: its
+    ``maxSessionTimeout`` must be at least that (ZooKeeper's default is 20 ticks).
     """
 
     def __init__(
@@ -330,14 +332,14 @@ class ClusterMember:
         """Whether the member may act on its partitions now: ZooKeeper answered a request of its session
         sent less than the lease ago (a lapse is reported through ``on_lease`` once)."""
         now = time.monotonic()
-        with self._lock:
+        with self._lock:  # the report too, so a renewal cannot be said before the lapse it ends
             end = self._confirmed + self._lease
             if now < end:
                 return True
-            reported, self._lapsed = self._lapsed, True
-        if not reported:
-            self._on_lease(False, end)
-        return False
+            if not self._lapsed:
+                self._lapsed = True
+                self._on_lease(False, end)
+            return False
 
     def _renew(self) -> None:
         """Renew the lease with a round trip to ZooKeeper every quarter of a session timeout."""
@@ -355,9 +357,9 @@ class ClusterMember:
                 if session != self._session or zk.client_id != session:
                     continue  # an answer in another session than our znodes': not ours (released on LOST)
                 self._confirmed = max(self._confirmed, began)
-                renewed, self._lapsed = self._lapsed, False
-            if renewed:
-                self._on_lease(True, began)
+                if self._lapsed:
+                    self._lapsed = False
+                    self._on_lease(True, began)
 
     # -- the worker ------------------------------------------------------------------
 

@@ -1046,6 +1046,13 @@ class _Connection(asyncio.Protocol):
         if isinstance(frame, Flow):
             subscription.flow(session, frame.permits)
             return
+        if subscription.paused():
+            raise ProtocolError(
+                ErrorCode.NOT_IN_FLIGHT,
+                f"{frame.type} of {len(frame.positions)} position(s) rejected: this broker paused "
+                f"{subscription.topic!r} (its lease lapsed: no answer from ZooKeeper); nothing was taken, "
+                "the messages come again",
+            )
         if isinstance(frame, Ack):
             rejected = subscription.ack(session, frame.positions)
         elif isinstance(frame, Nack):
@@ -1055,12 +1062,6 @@ class _Connection(asyncio.Protocol):
         if rejected:
             late = [p for p in rejected if subscription.dispatcher.lease_expired(session.consumer, p)]
             shown = ", ".join(str(p) for p in rejected[:10]) + (" ..." if len(rejected) > 10 else "")
-            if subscription.paused():
-                raise ProtocolError(
-                    ErrorCode.NOT_IN_FLIGHT,
-                    f"{frame.type} of position(s) {shown} rejected: this broker paused {subscription.topic!r} "
-                    "(its lease lapsed: no answer from ZooKeeper); nothing was taken, the messages come again",
-                )
             if late:
                 raise ProtocolError(
                     ErrorCode.LEASE_EXPIRED,

@@ -535,6 +535,10 @@ class Subscription:
             items.append((delivery.position, cached.key, cached.payload, delivery.redelivery_count, published))
         if missing:
             self._trim_cache()
+        if self.paused():
+            # The lease lapsed while payloads were read (the broker may have been stopped): nothing goes
+            # out; the deliveries stay in flight until their lease or their session ends, then come again.
+            return
         for name, items in by_consumer.items():
             session = sessions.get(name)
             if session is None:

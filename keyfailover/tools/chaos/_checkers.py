@@ -28,6 +28,7 @@ pass and that fail (tests/test_chaos_checkers.py).
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -138,7 +139,9 @@ def duplicated(records: Sequence[Record]) -> Verdict:
 
 
 def order(records: Sequence[Record]) -> Verdict:
-    """Per key, the confirmed sends in send order must be a subsequence of the delivery order."""
+    """Per key, the confirmed sends in send order must be a subsequence of the delivery order, and no
+    message may be handed out for the first time before an earlier one of its key was (G2: a key's
+    messages are stored in send order and dispatched in that order; only redeliveries repeat)."""
     sent: dict[str, list[int]] = defaultdict(list)
     for produced in _of(records, Produced):
         if produced.ok:
@@ -155,12 +158,19 @@ def order(records: Sequence[Record]) -> Verdict:
         for value in seen:
             if at < len(expected) and value == expected[at]:
                 at += 1
+        firsts = list(dict.fromkeys(seen))  # each value at its first delivery
+        ahead = next(((a, b) for a, b in itertools.pairwise(firsts) if b < a), None)
         if at < len(expected):
             before = expected[at - 1] if at else None
             problems.append(
                 f"key {key}: value {expected[at]} was not delivered after "
                 + (f"value {before}" if before is not None else "the key's first delivery")
                 + f" (deliveries in order: {_short(seen)})"
+            )
+        elif ahead is not None:
+            problems.append(
+                f"key {key}: value {ahead[0]} was handed out before value {ahead[1]} ever was"
+                f" (deliveries in order: {_short(seen)})"
             )
     return _verdict("order", problems, {"keys": len(sent), "keys out of order": len(problems)})
 

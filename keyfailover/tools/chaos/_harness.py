@@ -554,7 +554,9 @@ class _Run:
             acks = [record for consumer in self.consumers for record in _read(self.folder / f"{consumer.name}.jsonl")]
             acked, unknown = acknowledgements(acks)
             killed = {
-                f.target: f.t for f in _read(self.folder / "faults.jsonl") if isinstance(f, Fault) and f.kind == "kill"
+                f.target: f.t
+                for f in _read(self.folder / "faults.jsonl")
+                if isinstance(f, Fault) and f.kind == "kill" and f.action == "start"
             }
             settled_by_now = time.monotonic() - self.settings.ack_timeout - 1.0
             cut_off = {

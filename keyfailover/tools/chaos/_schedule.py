@@ -5,8 +5,8 @@ same schedule (and the report can print it before the run): faults come one at a
 each followed by a quiet spell, so every fault's effect and recovery can be told apart.
 
 - ``kill``: SIGKILL, then a restart after the fault's length.
-- ``suspend``: SIGSTOP, then SIGCONT after the fault's length (longer than a session
-  timeout half the time, so the cluster must fence the suspended broker and take over).
+- ``suspend``: SIGSTOP, then SIGCONT after the fault's length (half to twice a session timeout:
+  longer than it two times in three, so the cluster must fence the suspended broker and take over).
 - ``loss``: the target's links lose and delay traffic for the fault's length.
 
 Targets name roles, not processes: ``brokers`` and ``consumers`` pick one by index (the

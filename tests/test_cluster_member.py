@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -264,58 +269,63 @@ def test_a_bad_cluster_url_is_refused(url: str) -> None:
         parse_cluster_url(url)
 
 
+@contextlib.contextmanager
+def member_process(zookeeper: ZooKeeper, root: str, broker: str) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """A member with a 1 s session in a process of its own (tests/cluster_member_process.py), to pause
+    with SIGSTOP: its pid and the events it prints, read as they come; stopped (resumed first) after."""
+    script = os.path.join(os.path.dirname(__file__), "cluster_member_process.py")
+    process = subprocess.Popen(
+        [sys.executable, script, zookeeper.hosts, root, broker, "1.0"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    events: list[dict[str, Any]] = []
+    assert process.stdout is not None and process.stdin is not None
+    output, stdin = process.stdout, process.stdin
+
+    def read() -> None:
+        for line in output:
+            events.append(json.loads(line))
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        yield process.pid, events
+    finally:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGCONT)
+            stdin.close()
+            process.wait(timeout=30)
+
+
 def test_a_member_paused_past_its_session_loses_its_partitions_and_rejoins_as_a_follower(
     zookeeper: ZooKeeper, zk: Any, root: str
 ) -> None:
     """SIGSTOP a member process past its session: its partitions go to the live member (after ZooKeeper
     removed its barriers); SIGCONT: it finds its session lost, stops serving, and comes back as a new,
     follower member that gets a fair share again."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
     ledger = Ledger()
     create_topic(zk, root, "orders", 4)
     live = ledger.member(zookeeper, root, "b0").start()
-    script = os.path.join(os.path.dirname(__file__), "cluster_member_process.py")
-    paused = subprocess.Popen(
-        [sys.executable, script, zookeeper.hosts, root, "b1", "1.0"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    events: list[dict[str, Any]] = []
-    assert paused.stdout is not None
-
-    def read() -> None:
-        for line in paused.stdout:  # type: ignore[union-attr]
-            events.append(json.loads(line))
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
     try:
-        wait_until(lambda: len(live.state.owned) == 2 and len(events) >= 3, "b0 and b1 serve two partitions each")
-        theirs = {tuple(e["partition"]) for e in events if e["event"] == "acquired"}
-        os.kill(paused.pid, signal.SIGSTOP)
-        stopped_at = time.monotonic()
-        wait_until(lambda: len(live.state.owned) == 4, "b0 serves all four once b1's session expired")
-        taken_at = max(t for t, broker, action, p in ledger.events if action == "acquired" and p in theirs)
-        assert taken_at - stopped_at >= 1.0, "not before b1's session (1 s) expired"
-        assert live.state.coordinator and live.state.epoch == 1, "the coordinator did not change"
-        os.kill(paused.pid, signal.SIGCONT)
-        wait_until(
-            lambda: {tuple(e["partition"]) for e in events if e["event"] == "released"} >= theirs,
-            "b1 stopped serving what it had once it found its session lost",
-        )
-        wait_until(lambda: len(live.state.owned) == 2, "b1 rejoined and took a fair share back")
-        status_brokers = [
-            json.loads(zk.get(f"{root}/brokers/{c}")[0])["id"] for c in sorted(zk.get_children(f"{root}/brokers"))
-        ]
-        assert status_brokers == ["b0", "b1"], "b1 came back as a new member, after b0: a follower"
+        with member_process(zookeeper, root, "b1") as (paused, events):
+            wait_until(lambda: len(live.state.owned) == 2 and len(events) >= 3, "b0 and b1 serve two partitions each")
+            theirs = {tuple(e["partition"]) for e in events if e["event"] == "acquired"}
+            os.kill(paused, signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            wait_until(lambda: len(live.state.owned) == 4, "b0 serves all four once b1's session expired")
+            taken_at = max(t for t, broker, action, p in ledger.events if action == "acquired" and p in theirs)
+            assert taken_at - stopped_at >= 1.0, "not before b1's session (1 s) expired"
+            assert live.state.coordinator and live.state.epoch == 1, "the coordinator did not change"
+            os.kill(paused, signal.SIGCONT)
+            wait_until(
+                lambda: {tuple(e["partition"]) for e in events if e["event"] == "released"} >= theirs,
+                "b1 stopped serving what it had once it found its session lost",
+            )
+            wait_until(lambda: len(live.state.owned) == 2, "b1 rejoined and took a fair share back")
+            status_brokers = [
+                json.loads(zk.get(f"{root}/brokers/{c}")[0])["id"] for c in sorted(zk.get_children(f"{root}/brokers"))
+            ]
+            assert status_brokers == ["b0", "b1"], "b1 came back as a new member, after b0: a follower"
     finally:
-        if paused.poll() is None:
-            os.kill(paused.pid, signal.SIGCONT)
-            paused.stdin.close()  # type: ignore[union-attr]
-            paused.wait(timeout=30)
         live.stop()
 
 
@@ -326,48 +336,26 @@ def test_a_member_back_before_any_rebalance_serves_its_partitions_again(
     off by a long minimum interval) finds the assignment unchanged: it still names it, under the same
     generation. It must serve its partitions again; found by keyfailover chaos, where such a broker
     left its partitions unserved for 54 s, until the coordinator changed."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
     ledger = Ledger()
     live = ledger.member(zookeeper, root, "b0").start()
-    script = os.path.join(os.path.dirname(__file__), "cluster_member_process.py")
-    paused = subprocess.Popen(
-        [sys.executable, script, zookeeper.hosts, root, "b1", "1.0"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    events: list[dict[str, Any]] = []
-    assert paused.stdout is not None
-
-    def read() -> None:
-        for line in paused.stdout:  # type: ignore[union-attr]
-            events.append(json.loads(line))
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
     try:
-        create_topic(zk, root, "orders", 4)
-        wait_until(lambda: len(live.state.owned) == 2 and len(events) == 3, "b0 and b1 serve two partitions each")
-        theirs = {tuple(e["partition"]) for e in events if e["event"] == "acquired"}
-        generation = live.state.assignment.generation
-        live.min_rebalance_interval = 60.0  # from now on the coordinator cannot rebalance within the test
-        os.kill(paused.pid, signal.SIGSTOP)
-        wait_until(lambda: len(zk.get_children(f"{root}/brokers")) == 1, "b1's session expired")
-        os.kill(paused.pid, signal.SIGCONT)
-        wait_until(
-            lambda: sum(1 for e in events if e["event"] == "acquired") == 4,
-            "b1 serving its two partitions again",
-        )
-        again = {tuple(e["partition"]) for e in events[3:] if e["event"] == "acquired"}
-        assert again == theirs
-        assert {tuple(e["partition"]) for e in events if e["event"] == "released"} == theirs
-        assert live.state.assignment.generation == generation, "the coordinator did not rebalance meanwhile"
-        assert len(live.state.owned) == 2
+        with member_process(zookeeper, root, "b1") as (paused, events):
+            create_topic(zk, root, "orders", 4)
+            wait_until(lambda: len(live.state.owned) == 2 and len(events) == 3, "b0 and b1 serve two partitions each")
+            theirs = {tuple(e["partition"]) for e in events if e["event"] == "acquired"}
+            generation = live.state.assignment.generation
+            live.min_rebalance_interval = 60.0  # from now on the coordinator cannot rebalance within the test
+            os.kill(paused, signal.SIGSTOP)
+            wait_until(lambda: len(zk.get_children(f"{root}/brokers")) == 1, "b1's session expired")
+            os.kill(paused, signal.SIGCONT)
+            wait_until(
+                lambda: sum(1 for e in events if e["event"] == "acquired") == 4,
+                "b1 serving its two partitions again",
+            )
+            again = {tuple(e["partition"]) for e in events[3:] if e["event"] == "acquired"}
+            assert again == theirs
+            assert {tuple(e["partition"]) for e in events if e["event"] == "released"} == theirs
+            assert live.state.assignment.generation == generation, "the coordinator did not rebalance meanwhile"
+            assert len(live.state.owned) == 2
     finally:
-        if paused.poll() is None:
-            os.kill(paused.pid, signal.SIGCONT)
-            paused.stdin.close()  # type: ignore[union-attr]
-            paused.wait(timeout=30)
         live.stop()

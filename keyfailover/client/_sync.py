@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -58,6 +59,17 @@ __all__ = [
 _T = TypeVar("_T")
 
 
+def _whole_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop, made with Ctrl-C and SIGTERM held off: one interrupted half-way would be
+    collected with an error printed ("Exception ignored in BaseEventLoop.__del__")."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        return asyncio.new_event_loop()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a signal that came meanwhile is handled now
+
+
 class Client:
     """A connection to a keyfailover server, usable from any thread."""
 
@@ -71,7 +83,7 @@ class Client:
     ) -> None:
         """Connect to ``url`` (``kf://HOST:PORT[,HOST:PORT...]`` or, with TLS, ``kf+ssl://...``: any broker of a
         cluster; ``tls_ca``: the CA file to trust)."""
-        self._loop = asyncio.new_event_loop()
+        self._loop = _whole_loop()
         self._thread = threading.Thread(target=self._serve, name="keyfailover-client", daemon=True)
         self._closed = False
         try:  # Ctrl-C may come while the thread starts, or while connecting

@@ -212,6 +212,12 @@ class _Broker(_Process):
     """Its client, ZooKeeper and PostgreSQL proxies (none unless the run has loss faults)."""
     zookeeper_link: FaultProxy | None = None
 
+    def stats(self, timeout: float) -> bytes:
+        """Its admin endpoint's ``/stats`` (JSON); OSError when it does not answer within ``timeout``."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/stats", timeout=timeout) as response:
+            body: bytes = response.read()
+        return body
+
 
 class _ZooKeeperProcess:
     """The run's own ZooKeeper as a fault target: killed and restarted on its port and data."""
@@ -512,8 +518,7 @@ class _Run:
                 if not broker.alive or broker.suspended:
                     continue
                 try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{broker.admin}/stats", timeout=0.5) as response:
-                        stats = json.load(response)
+                    stats = json.loads(broker.stats(timeout=0.5))
                 except (OSError, ValueError):
                     continue  # starting, dying or stopped: the next poll or another broker tells
                 now = time.monotonic()
@@ -534,8 +539,7 @@ class _Run:
     def _save_stats(self, broker: _Broker) -> None:
         """Keep the broker's last ``/stats`` in the run's folder (``b1.stats.json``), for diagnosing a failed run."""
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{broker.admin}/stats", timeout=2.0) as response:
-                (self.folder / f"{broker.name}.stats.json").write_bytes(response.read())
+            (self.folder / f"{broker.name}.stats.json").write_bytes(broker.stats(timeout=2.0))
         except OSError as error:
             (self.folder / f"{broker.name}.stats.json").write_text(json.dumps({"error": str(error)}))
 

@@ -56,6 +56,7 @@ from keyfailover.tools.chaos._records import (
     Record,
     RecordWriter,
     Served,
+    from_json,
     read_records,
 )
 from keyfailover.tools.chaos._schedule import DELAY, FAULTS, LOSS, PlannedFault, heal, lose, plan_faults
@@ -554,14 +555,17 @@ class _Run:
         sent = {(p.key, p.value) for p in receipts if isinstance(p, Produced) and p.ok}
         deadline = time.monotonic() + self.settings.drain_timeout
         wake = threading.Event()
+        killed = {  # the faults are over: read once
+            f.target: f.t
+            for f in _read(self.folder / "faults.jsonl")
+            if isinstance(f, Fault) and f.kind == "kill" and f.action == "start"
+        }
+        tails = [_Tail(self.folder / f"{consumer.name}.jsonl") for consumer in self.consumers]
+        acks: list[Record] = []
         while True:
-            acks = [record for consumer in self.consumers for record in _read(self.folder / f"{consumer.name}.jsonl")]
+            for tail in tails:
+                acks += tail.read()
             acked, unknown = acknowledgements(acks)
-            killed = {
-                f.target: f.t
-                for f in _read(self.folder / "faults.jsonl")
-                if isinstance(f, Fault) and f.kind == "kill" and f.action == "start"
-            }
             settled_by_now = time.monotonic() - self.settings.ack_timeout - 1.0
             cut_off = {
                 (a.key, a.value)
@@ -602,6 +606,24 @@ def _signal(target: Target, signum: int) -> None:
     """Signal a worker: a consumer started with ``--lossy`` switches loss on its own links (USR1 on, USR2 off)."""
     if isinstance(target, _Process):
         target.signal(signum)
+
+
+class _Tail:
+    """The records a file another process appends to has gained since the last read (whole lines only)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+
+    def read(self) -> list[Record]:
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as lines:
+            lines.seek(self._offset)
+            data = lines.read()
+        whole = data.rfind(b"\n") + 1  # a line still being written is read next time
+        self._offset += whole
+        return [from_json(line) for line in data[:whole].decode().splitlines() if line.strip()]
 
 
 def _read(path: Path) -> list[Record]:

@@ -228,3 +228,24 @@ def test_a_client_interrupted_while_its_thread_starts_lets_the_thread_stop_and_c
         Client("kf://127.0.0.1:1")
     wait_until(lambda: threads[0].ident is not None and not threads[0].is_alive(), "the late thread ran and ended")
     assert failures == []
+
+
+def test_the_loops_thread_holds_off_ctrl_c_and_sigterm_so_they_reach_the_callers_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kernel gives a process's Ctrl-C to any thread not holding it off; Python acts on it only in
+    the main thread, so one given to the loop's thread would leave ``receive()`` with no timeout asleep
+    until a message came. The loop's thread holds both off; the caller's mask is left as it was."""
+    masks: list[set[signal.Signals]] = []
+
+    async def observe_and_refuse(*args: object) -> AsyncClient:
+        masks.append(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+        raise ConnectionRefusedError("refused after looking")
+
+    monkeypatch.setattr(Client, "_make", staticmethod(observe_and_refuse))
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    with pytest.raises(ConnectionRefusedError, match="refused after looking"):
+        Client("kf://127.0.0.1:1")
+    assert {signal.SIGINT, signal.SIGTERM} <= masks[0]
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
+    assert signal.SIGINT not in before

@@ -236,7 +236,7 @@ def test_the_loops_thread_holds_off_ctrl_c_and_sigterm_so_they_reach_the_callers
     """The kernel gives a process's Ctrl-C to any thread not holding it off; Python acts on it only in
     the main thread, so one given to the loop's thread would leave ``receive()`` with no timeout asleep
     until a message came. The loop's thread holds both off; the caller's mask is left as it was."""
-    masks: list[set[signal.Signals]] = []
+    masks: list[set[int | signal.Signals]] = []
 
     async def observe_and_refuse(*args: object) -> AsyncClient:
         masks.append(signal.pthread_sigmask(signal.SIG_BLOCK, []))

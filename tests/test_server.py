@@ -591,3 +591,20 @@ def test_stored_subscriptions_are_live_after_a_restart_before_anyone_subscribes(
         assert sub["last_position"] == 30 and sub["dispatcher"]["consumers"] == {}
         metrics = urlopen(f"{server.admin_url}/metrics").read().decode()
         assert 'keyfailover_consumers{partition="",subscription="billing",topic="orders"} 0.0' in metrics
+
+
+def test_log_level_info_logs_each_consumer_sessions_start_and_end(tmp_path: Path) -> None:
+    """``--log-level info``: a line when a consumer joins and when it leaves, with why; the default
+    (warning) logs neither."""
+    with ServerProcess(tmp_path / "info", "--log-level", "info") as server, Client(server.url) as client:
+        client.subscribe("orders", "billing", consumer_name="c1").close()
+        wait_until(lambda: "leaves" in server.errors(), "the leave logged")
+        log = server.errors()
+    assert "INFO keyfailover.server: consumer 'c1' joins orders/billing" in log
+    assert "; consumers now 1)" in log
+    assert "INFO keyfailover.server: consumer 'c1' leaves orders/billing" in log
+    assert ", closed; consumers now 0)" in log
+    with ServerProcess(tmp_path / "quiet") as server, Client(server.url) as client:
+        client.subscribe("orders", "billing", consumer_name="c1").close()
+        quiet = server.errors()
+    assert "joins" not in quiet and "leaves" not in quiet

@@ -234,6 +234,35 @@ def test_a_consumer_that_never_acks_does_not_stop_the_others(tmp_path: Path) -> 
     assert "Traceback" not in server.errors(), server.errors()
 
 
+def test_a_consumer_whose_leases_all_expired_rejoins_once_its_application_waits_for_more(tmp_path: Path) -> None:
+    """The only consumer takes every message and acks none in time (its acks late, on a lossy link, say):
+    its leases expire, it owns no range and has nothing left to take or ack. Its application waiting for
+    more is progress: it rejoins and gets the messages again, both when it was waiting as its ranges went
+    and when it asks only after they went. Without that, no consumer of the subscription would own any key."""
+    count = 20
+    with (
+        ServerProcess(tmp_path / "data", "--ack-timeout", str(ACK_TIMEOUT)) as server,
+        Client(server.url) as client,
+    ):
+        consumer = client.subscribe("orders", "billing", consumer_name="late", receiver_queue_size=1000)
+        wait_until(lambda: bool(consumer.ranges), "the consumer owns the ranges")
+        positions = produce(client, "orders", [(f"k{i % 5}", b"x") for i in range(count)])
+        first = [consumer.receive(timeout=30) for _ in positions]
+        assert sorted(m.position for m in first) == positions
+        # Waiting as the leases expire: the ranges go, then come back, with every message again.
+        again = [consumer.receive(timeout=30) for _ in positions]
+        assert sorted(m.position for m in again) == positions
+        assert all(m.redelivery_count == 1 for m in again)
+        # Asking only after they went: the leases expire again first, with nothing being waited for.
+        wait_until(lambda: not consumer.ranges, "the consumer's leases expired and its ranges went")
+        third = [consumer.receive(timeout=30) for _ in positions]
+        assert sorted(m.position for m in third) == positions
+        for message in third:
+            consumer.acknowledge(message)
+        wait_until(lambda: bool(consumer.ranges), "the consumer owns the ranges again")
+    assert "Traceback" not in server.errors(), server.errors()
+
+
 def test_delivery_settings_are_per_subscription_live_and_saved(
     tmp_path: Path, record_property: Callable[[str, object], None]
 ) -> None:

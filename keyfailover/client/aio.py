@@ -1214,11 +1214,19 @@ class _PartConsumer(_Part):
         if not ranges:
             with self._cond:
                 self._show_progress = True
+                self._cond.notify_all()  # an application waiting for a message shows progress now
+            self._inbox.arrived.set()
         if ranges != self.ranges:
             self.ranges = ranges
             self._on_ranges()
 
     # -- receiving -------------------------------------------------------------------
+
+    def waiting(self) -> bool:
+        """The application waits for a message and none is here (holding ``_cond``): that is progress
+        too; whether to send a flow now to show it (a part left with no range, whose deliveries were all
+        taken back, would else never send another: it gets nothing to take)."""
+        return not self._flow_scheduled and self._progress()
 
     def _progress(self) -> bool:
         """Whether to send a flow now to show the server progress (holding ``_cond``)."""
@@ -1447,11 +1455,19 @@ class AsyncConsumer:
         part = self.parts[message.partition]
         return message, part if part.consumed_one() else None
 
+    def _show_waiting(self) -> None:
+        """No message is here for the application (holding the inbox's lock): parts that owe the server a
+        sign of progress send it."""
+        for part in self.parts:
+            if part.waiting():
+                self._call(part.send_flow)
+
     def take(self) -> Message | None:
         """Pop the next message if one is here (thread-safe); accounts permits."""
         with self.inbox.cond:
             if not self.inbox.messages:
                 self._check_open()
+                self._show_waiting()
                 return None
             message, flow = self._taken()
         if flow is not None:
@@ -1464,6 +1480,7 @@ class AsyncConsumer:
         with self.inbox.cond:
             while not self.inbox.messages:
                 self._check_open()
+                self._show_waiting()
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise Timeout(f"no message within {timeout} s")

@@ -365,7 +365,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from keyfailover.broker.protocol import DEFAULT_MAX_FRAME
     from keyfailover.broker.server import ServerConfig, SubscriptionConfig
-    from keyfailover.tools.serve import run_server
+    from keyfailover.tools.serve import configure_logging, run_server
 
     if (args.tls_cert is None) != (args.tls_key is None):
         raise _UsageError("--tls-cert and --tls-key go together")
@@ -432,6 +432,7 @@ def _serve(args: argparse.Namespace) -> int:
             nack_backoff_max=args.nack_backoff_max,
         ),
     )
+    configure_logging(args.log_level, config.cluster is not None)
     return asyncio.run(run_server(config))
 
 
@@ -1068,6 +1069,12 @@ def _parser() -> argparse.ArgumentParser:
         "broker of a cluster, serving the partitions ZooKeeper assigns it from the shared PostgreSQL log.",
     )
     serve.add_argument("--data-dir", default=None, help="directory of the SQLite log (created if missing)")
+    serve.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="warning",
+        help="what the server logs on stderr: info adds each consumer session's start and end (default: warning)",
+    )
     serve.add_argument(
         "--cluster",
         type=_cluster_url,

@@ -10,20 +10,34 @@ import sys
 from keyfailover.broker.server import Server, ServerConfig
 from keyfailover.integrations.metrics import serve_metrics
 
-__all__ = ["run_server"]
+__all__ = ["configure_logging", "run_server"]
 
 
-async def run_server(config: ServerConfig) -> int:
-    """Serve until a stop signal; prints ``listening on HOST:PORT`` once accepting.
-
-    A broker of a cluster also prints each partition it starts or stops serving, with its owner epoch.
-    """
-    if config.cluster is not None:
+def configure_logging(level: str, cluster: bool) -> None:
+    """The server's log on stderr: records of ``level`` and above, as ``time LEVEL logger: message``
+    (``info`` adds each consumer session's start and end). A broker of a cluster also prints each
+    partition it starts or stops serving and each pause of its lease, as ``time message``, at any level."""
+    if level.upper() not in logging.getLevelNamesMapping():
+        raise ValueError(f"log level {level!r} is not known; expected debug, info, warning or error")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    if cluster:
         events = logging.StreamHandler(sys.stderr)
         events.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
         ownership = logging.getLogger("keyfailover.ownership")
         ownership.addHandler(events)
         ownership.setLevel(logging.INFO)
+        ownership.propagate = False
+
+
+async def run_server(config: ServerConfig) -> int:
+    """Serve until a stop signal; prints ``listening on HOST:PORT`` once accepting.
+
+    Call :func:`configure_logging` first for the server's log on stderr.
+    """
     server = Server(config)
     serve_metrics(server)
     await server.start()

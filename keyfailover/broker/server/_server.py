@@ -731,9 +731,13 @@ class Server:
                 elif connection.partial_since is not None and now - connection.partial_since > config.frame_timeout:
                     connection.refuse(ErrorCode.SLOW_CONNECTION, f"a frame took over {config.frame_timeout} s")
                 else:
-                    if silent > timeout:
+                    if silent > timeout and connection.sessions_open():
+                        _log.warning(
+                            "nothing from %s for %.1f s: its consumer sessions time out", connection.peer, silent
+                        )
                         connection.expire_sessions("timeout")
                     if silent > 3 * timeout:
+                        _log.warning("nothing from %s for %.1f s: closing the connection", connection.peer, silent)
                         connection.close()
 
     def connected(self, connection: _Connection) -> bool:
@@ -858,6 +862,10 @@ class _Connection(asyncio.Protocol):
         """Close the connection with a fatal ``error`` saying why (a limit it broke)."""
         _log.info("closing %s: %s", self.peer, message)
         self._violation(code, message + "; the connection is closed")
+
+    def sessions_open(self) -> int:
+        """How many consumer sessions this connection has."""
+        return len(self._sessions)
 
     def expire_sessions(self, reason: str, notify: bool = True) -> None:
         for session in list(self._sessions.values()):

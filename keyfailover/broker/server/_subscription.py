@@ -247,6 +247,14 @@ class Subscription:
         self.dispatcher.add_consumer(session.consumer)
         self.dispatcher.flow(session.consumer, permits)
         self.sessions[session.consumer] = session
+        _log.info(
+            "consumer %r joins %s/%s (session %d; consumers now %d)",
+            session.consumer,
+            self.topic,
+            self.name,
+            session.id,
+            len(self.sessions),
+        )
         session.ranges = self.dispatcher.ranges_of(session.consumer)
         self.announce_ranges(skip=session)
         self.wake()
@@ -257,6 +265,15 @@ class Subscription:
         if self.sessions.get(session.consumer) is not session:
             return
         del self.sessions[session.consumer]
+        _log.info(
+            "consumer %r leaves %s/%s (session %d, %s; consumers now %d)",
+            session.consumer,
+            self.topic,
+            self.name,
+            session.id,
+            reason,
+            len(self.sessions),
+        )
         self.dispatcher.remove_consumer(session.consumer, reason="timeout" if reason == "timeout" else "leave")
         if notify:
             session.send(ConsumerClosed(session=session.id, reason=reason, req=req))
@@ -318,8 +335,17 @@ class Subscription:
         }
 
     def flow(self, session: Session, permits: int) -> None:
+        epoch = self.dispatcher.epoch
         self.dispatcher.flow(session.consumer, permits)
+        self._announce_since(epoch)
         self.wake()
+
+    def _announce_since(self, epoch: int) -> None:
+        """Announce the ranges now if a consumer's frame changed them (a stuck consumer rejoined): the pump
+        may mark it stuck again before its next announcement, and a consumer told nothing in between would
+        not know it has to show progress again."""
+        if self.dispatcher.epoch != epoch:
+            self.announce_ranges()
 
     def paused(self) -> bool:
         """Whether the broker may not act on this subscription now (its lease lapsed)."""
@@ -329,7 +355,9 @@ class Subscription:
         """Ack each position; returns those that were not in flight on the session (all while paused)."""
         if self.paused():
             return list(positions)
+        epoch = self.dispatcher.epoch
         acked, rejected = self.dispatcher.ack_many(session.consumer, positions)
+        self._announce_since(epoch)
         cursor_ack, uncache = self.cursor.ack, self._cache.pop
         for position in acked:
             cursor_ack(position)
@@ -343,17 +371,22 @@ class Subscription:
         """Renew the leases of ``positions``; returns those that were not in flight on the session."""
         if self.paused():
             return list(positions)
-        return self.dispatcher.extend(session.consumer, positions)[1]
+        epoch = self.dispatcher.epoch
+        rejected = self.dispatcher.extend(session.consumer, positions)[1]
+        self._announce_since(epoch)
+        return rejected
 
     def nack(self, session: Session, positions: list[int]) -> list[int]:
         if self.paused():
             return list(positions)
         rejected = []
+        epoch = self.dispatcher.epoch
         for position in positions:
             try:
                 self.dispatcher.nack(session.consumer, position)
             except NotInFlightError:
                 rejected.append(position)
+        self._announce_since(epoch)
         self.wake()
         return rejected
 

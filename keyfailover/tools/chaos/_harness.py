@@ -418,7 +418,7 @@ class _Run:
                 "--port", str(port), "--advertise", f"127.0.0.1:{advertised}", "--broker-id", name,
                 "--metrics-port", str(admin), "--cluster-session-timeout", f"{settings.session_timeout:g}",
                 "--min-rebalance-interval", f"{settings.rebalance_interval:g}",
-                "--ack-timeout", f"{settings.ack_timeout:g}",
+                "--ack-timeout", f"{settings.ack_timeout:g}", "--log-level", "info",
             ]  # fmt: skip
             broker = _Broker(
                 name,

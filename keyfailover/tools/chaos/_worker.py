@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import signal
 import sys
 import threading
@@ -279,6 +280,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     consuming.add_argument("--mutate", choices=MUTATIONS, default=None)
     consuming.add_argument("--lossy", type=int, default=None, metavar="SEED")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "produce":
         produce(
             args.url,

@@ -289,6 +289,26 @@ def test_unowned_ranges_counts_a_partition_without_a_broker() -> None:
     assert not verdict.passed and verdict.measures["longest s"] == pytest.approx(2.0)
 
 
+def test_unowned_ranges_counts_only_the_map_of_a_broker_serving_the_partition() -> None:
+    """b1 stops serving partition 0 at 2.0 (its map still lists consumers, as a paused zombie's would);
+    b2 serves it from 2.0 with no consumer until 3.5: unowned 1.5 s, whatever b1's map says."""
+    low, high = block(0)
+    history: list[Record] = [
+        Served(0.0, "b1", 0, 1, until=2.0),
+        Served(2.0, "b2", 0, 2),
+        RangeMap(0.5, 0, ((low, high, "a"),), "b1"),
+        RangeMap(2.1, 0, (), "b2"),
+        RangeMap(3.5, 0, ((low, high, "a"),), "b2"),
+    ]
+    verdict = unowned_ranges(history, partitions=2, limit=1.0, end=5.0)
+    assert not verdict.passed and verdict.measures["longest s"] == pytest.approx(1.5)
+    one_map = [record for record in history if not isinstance(record, RangeMap) or record.broker == "b1"]
+    # b1's map alone, credited to whichever broker serves (the old per-partition rule), would hide it.
+    anonymous = [*history[:2], RangeMap(0.5, 0, ((low, high, "a"),))]
+    assert unowned_ranges(anonymous, partitions=2, limit=1.0, end=5.0).passed
+    assert not unowned_ranges(one_map, partitions=2, limit=1.0, end=5.0).passed
+
+
 def test_dead_letter_accounting_wants_every_confirmed_send_acked_or_dead_lettered() -> None:
     good = [*sent("k", 0, 1), *handed("a", "k", (0, 1.0)), *acked("a", "k", (0, 1.5)), DeadLettered(3.0, "k", 1, 0, 1)]
     verdict = dead_letter_accounting(good)

@@ -301,14 +301,16 @@ def unowned_ranges(records: Sequence[Record], partitions: int, limit: float, end
     """The longest time a slot had no consumer after it first had one, not counting the time a fault was on
     ZooKeeper; failed over ``limit`` seconds.
 
-    A slot is owned while its partition has a broker and the partition's latest range map
-    gives it to a consumer. Only the slots of a partition's block count (partition p of
-    ``partitions`` holds the slots :func:`~keyfailover.core.partitions.partition_slots` says).
+    A slot is owned while a broker serves its partition and that broker's latest range map of it
+    gives the slot to a consumer (a map with no broker named counts for whichever broker serves):
+    the map of a broker that no longer serves the partition, a paused zombie's, say, owns nothing.
+    Only the slots of a partition's block count (partition p of ``partitions`` holds the slots
+    :func:`~keyfailover.core.partitions.partition_slots` says).
     """
     stop = _end_of(records, end)
-    served: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    served: dict[int, list[tuple[float, float, str]]] = defaultdict(list)
     for record in _of(records, Served):
-        served[record.partition].append((record.t, stop if record.until is None else record.until))
+        served[record.partition].append((record.t, stop if record.until is None else record.until, record.broker))
     maps: dict[int, list[RangeMap]] = defaultdict(list)
     for snapshot in _of(records, RangeMap):
         maps[snapshot.partition].append(snapshot)
@@ -330,22 +332,23 @@ def unowned_ranges(records: Sequence[Record], partitions: int, limit: float, end
 def _longest_unowned(
     first: int,
     last: int,
-    served: list[tuple[float, float]],
+    served: list[tuple[float, float, str]],
     maps: list[RangeMap],
     stop: float,
     *,
     outages: Sequence[tuple[float, float]] = (),
 ) -> tuple[float, int, float]:
     """Over the block ``[first, last]``: the longest unowned stretch of any slot (not counting ``outages``),
-    the slot, and its start."""
+    the slot, and its start. ``served``: ``(start, until, broker)`` intervals."""
     width = last - first + 1
-    changes: list[tuple[float, int, RangeMap | bool]] = []
-    for start, until in served:
-        changes += [(start, 1, True), (until, 0, False)]  # at one instant, an end before a start
+    changes: list[tuple[float, int, RangeMap | tuple[str, int]]] = []
+    for start, until, broker in served:
+        changes += [(start, 1, (broker, 1)), (until, 0, (broker, -1))]  # at one instant, an end before a start
     changes += [(snapshot.t, 2, snapshot) for snapshot in maps]
     changes.sort(key=lambda change: (change[0], change[1]))
-    serving = 0
-    covered = np.zeros(width, dtype=bool)
+    serving: dict[str, int] = defaultdict(int)
+    coverage: dict[str, np.ndarray] = {}  # each broker's latest map ("": whichever serves)
+    nothing = np.zeros(width, dtype=bool)
     since = np.full(width, np.nan)  # when each slot last lost its owner; NaN while owned or never owned
     ever = np.zeros(width, dtype=bool)
     best = (0.0, first, 0.0)
@@ -367,18 +370,25 @@ def _longest_unowned(
         since[starting] = now
         ever[owned] = True
 
+    def owned() -> np.ndarray:
+        brokers = [broker for broker, count in serving.items() if count > 0]
+        result = coverage.get("", nothing) if brokers else nothing
+        for broker in brokers:
+            result = result | coverage.get(broker, nothing)
+        return result
+
     for now, _, change in changes:
-        if change is True:
-            serving += 1
-        elif change is False:
-            serving -= 1
-        elif isinstance(change, RangeMap):
+        if isinstance(change, RangeMap):
             covered = np.zeros(width, dtype=bool)
             for start, stop_slot, _consumer in change.ranges:
                 low, high = max(start, first), min(stop_slot, last)
                 if low <= high:
                     covered[low - first : high - first + 1] = True
-        settle(now, covered & (serving > 0))
+            coverage[change.broker] = covered
+        else:
+            broker, step = change
+            serving[broker] += step
+        settle(now, owned())
     settle(stop, np.ones(width, dtype=bool))
     return best
 

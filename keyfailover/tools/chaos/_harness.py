@@ -513,20 +513,28 @@ class _Run:
     # -- recording ----------------------------------------------------------------------
 
     def _poll(self) -> None:
-        last: dict[int, tuple[tuple[int, int, str], ...]] = {}
+        last: dict[tuple[str, int], tuple[tuple[int, int, str], ...]] = {}
         while not self._polling.wait(POLL):
             for broker in self.brokers:
-                if not broker.alive or broker.suspended:
+                if not broker.alive:  # killed: what it serves after its restart is written afresh
+                    for key in [key for key in last if key[0] == broker.name]:
+                        del last[key]
+                    continue
+                if broker.suspended:
                     continue
                 try:
                     stats = json.loads(broker.stats(timeout=0.5))
                 except (OSError, ValueError):
                     continue  # starting, dying or stopped: the next poll or another broker tells
                 now = time.monotonic()
-                for partition, ranges in _partition_maps(stats, self.topic).items():
-                    if last.get(partition) != ranges:
-                        last[partition] = ranges
-                        self.maps.write(RangeMap(now, partition, ranges))
+                maps = _partition_maps(stats, self.topic)
+                for key in [key for key in last if key[0] == broker.name and key[1] not in maps]:
+                    del last[key]  # it stopped serving the partition: its map owns nothing now
+                    self.maps.write(RangeMap(now, key[1], (), broker.name))
+                for partition, ranges in maps.items():
+                    if last.get((broker.name, partition)) != ranges:
+                        last[broker.name, partition] = ranges
+                        self.maps.write(RangeMap(now, partition, ranges, broker.name))
 
     @staticmethod
     def _check_alive(workers: list[_Process]) -> None:

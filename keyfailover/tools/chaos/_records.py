@@ -120,6 +120,8 @@ class RangeMap:
     partition: int
     ranges: tuple[tuple[int, int, str], ...]
     """``(first slot, last slot, consumer)``, slots of the whole 0..65535 space."""
+    broker: str = ""
+    """The broker whose map it is; empty: whichever broker serves the partition."""
 
 
 @dataclass(frozen=True)

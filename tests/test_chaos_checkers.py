@@ -29,6 +29,7 @@ from keyfailover.tools.chaos import (
     order,
     plan_faults,
     read_records,
+    settled_unanswered,
     to_json,
     two_owners,
     unowned_partitions,
@@ -311,11 +312,11 @@ def test_unowned_ranges_counts_only_the_map_of_a_broker_serving_the_partition() 
 
 def test_dead_letter_accounting_wants_every_confirmed_send_acked_or_dead_lettered() -> None:
     good = [*sent("k", 0, 1), *handed("a", "k", (0, 1.0)), *acked("a", "k", (0, 1.5)), DeadLettered(3.0, "k", 1, 0, 1)]
-    verdict = dead_letter_accounting(good)
+    verdict = dead_letter_accounting(good, ack_timeout=5.0)
     assert verdict.passed
     assert verdict.measures == {"acknowledged": 1, "ack outcome unknown": 0, "dead-lettered": 1, "both": 0}
     refused = [*good[:-1], *handed("a", "k", (1, 2.0)), *acked("a", "k", (1, 2.5), confirmed=False)]
-    verdict = dead_letter_accounting(refused)
+    verdict = dead_letter_accounting(refused, ack_timeout=5.0)
     assert not verdict.passed
     assert verdict.examples == ("key k: value 1 was neither acknowledged nor dead-lettered",)
 
@@ -324,12 +325,27 @@ def test_an_ack_whose_consumer_died_waiting_for_the_answer_counts_as_acknowledge
     history = [*sent("k", 0, 1), *handed("a", "k", (0, 1.0), (1, 1.1))]
     history += acked("a", "k", (0, 1.2))
     history.append(Acked(1.3, "a", "k", 1, 0, 1, None))  # sent; a was killed before the answer
-    verdict = dead_letter_accounting(history)
+    history.append(Fault(1.4, "kill", "a", "start", "SIGKILL"))
+    verdict = dead_letter_accounting(history, ack_timeout=5.0, end=2.0)
     assert verdict.passed and verdict.measures["ack outcome unknown"] == 1
     answered = [*history, Acked(1.3, "a", "k", 1, 0, 1, False)]  # the answer came: refused
-    assert not dead_letter_accounting(answered).passed
+    assert not dead_letter_accounting(answered, ack_timeout=5.0, end=2.0).passed
     # an unknown outcome is no holding: b may take the key
     assert held_twice([*answered, *handed("b", "k", (1, 1.4)), *acked("b", "k", (1, 1.5))]).passed
+
+
+def test_an_unanswered_ack_counts_only_once_a_lease_s_time_passed_or_its_consumer_was_killed() -> None:
+    """Still on its way at the end (less than the ack timeout and margin ago, its consumer alive): had the
+    broker not settled it, the message would come again, so it does not count yet; as the drain says."""
+    history = [*sent("k", 0), *handed("a", "k", (0, 1.0)), Acked(1.2, "a", "k", 0, 0, 0, None)]
+    early = dead_letter_accounting(history, ack_timeout=5.0, end=3.0)
+    assert not early.passed
+    assert early.examples == ("key k: value 0 was neither acknowledged nor dead-lettered",)
+    assert dead_letter_accounting(history, ack_timeout=5.0, end=7.3).passed  # 6.1 s on: past 5 + 1
+    killed_before = [*history, Fault(1.1, "kill", "a", "start", "SIGKILL")]  # a kill before it was sent
+    assert not dead_letter_accounting(killed_before, ack_timeout=5.0, end=3.0).passed
+    assert settled_unanswered(history, now=3.0, ack_timeout=5.0) == set()
+    assert settled_unanswered([*history, Fault(2.0, "kill", "a", "start")], now=3.0, ack_timeout=5.0) == {("k", 0)}
 
 
 def test_check_all_runs_every_checker_and_fails_only_where_a_violation_is() -> None:
@@ -341,7 +357,7 @@ def test_check_all_runs_every_checker_and_fails_only_where_a_violation_is() -> N
         *handed("a", "k", (0, 2.0), (1, 2.1)),
         *acked("a", "k", (0, 2.2), (1, 2.3)),
     ]
-    verdicts = check_all(history, partitions=1, unowned_limit=1.0)
+    verdicts = check_all(history, partitions=1, unowned_limit=1.0, ack_timeout=5.0)
     assert [v.checker for v in verdicts] == [
         "lost",
         "duplicated",
@@ -355,7 +371,7 @@ def test_check_all_runs_every_checker_and_fails_only_where_a_violation_is() -> N
     assert all(v.passed for v in verdicts)
     assert verdicts[0].line() == "[PASS] lost: 0 violation(s); confirmed sends 2, lost 0"
     broken = [*history, *sent("k", 2, t=1.0)]
-    failed = [v.checker for v in check_all(broken, partitions=1, unowned_limit=1.0) if not v.passed]
+    failed = [v.checker for v in check_all(broken, partitions=1, unowned_limit=1.0, ack_timeout=5.0) if not v.passed]
     assert failed == ["lost", "dead-letter accounting"]
 
 

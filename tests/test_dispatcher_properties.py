@@ -87,6 +87,7 @@ class Model:
     max_replay: int
     ack_timeout: float = 0.0
     max_redeliveries: int | None = None
+    held_above: int = 0  # held when max_replay was lowered under it: held may stay up to this, never grow
     consumers: list[str] = field(default_factory=list)
     permits: dict[str, int] = field(default_factory=dict)
     messages: dict[int, Published] = field(default_factory=dict)
@@ -435,8 +436,8 @@ def check_state(d: Dispatcher, model: Model) -> None:
     # G4: the bound.
     parked = parked_positions(d, model)
     held = model.held() - len(parked)
-    assert held <= model.max_replay
-    assert d.wants() == model.max_replay - held
+    assert held <= max(model.max_replay, model.held_above)
+    assert d.wants() == max(model.max_replay - held, 0)
     # G1: every key's unacked deliveries sit on one consumer (but those made in unordered mode).
     owner = owner_lookup(d.ranges())
     for kb, positions in model.by_key.items():
@@ -549,6 +550,25 @@ class DispatcherMachine(RuleBasedStateMachine):
         else:
             self.d.publish(position, key, payload)
             self.model.publish(position, key, payload)
+
+    @rule(bound=st.integers(1, 2 * MAX_REPLAY))
+    def set_max_replay(self, bound: int) -> None:
+        """The bound changed live (a subscription's own setting): lowered under what is held, nothing is
+        dropped and nothing more is taken until acks bring the held count under it (G3, G4)."""
+        d, model = self.d, self.model
+        held = model.held() - len(parked_positions(d, model))
+        d.set_delivery_settings(
+            ack_timeout=d.ack_timeout,
+            max_redeliveries=d.max_redeliveries,
+            nack_backoff=d.nack_backoff[0],
+            nack_backoff_max=d.nack_backoff[1],
+            max_replay=bound,
+        )
+        if bound < held:
+            event("max_replay lowered under what is held")
+        model.held_above = held if bound < held else 0
+        model.max_replay = bound
+        assert d.max_replay == bound
 
     @rule(keys=st.lists(st.sampled_from(KEY_POOL), min_size=1, max_size=4), gap=st.integers(1, 3))
     def publish(self, keys: list[Key], gap: int) -> None:

@@ -266,9 +266,9 @@ def test_a_consumer_whose_leases_all_expired_rejoins_once_its_application_waits_
 def test_delivery_settings_are_per_subscription_live_and_saved(
     tmp_path: Path, record_property: Callable[[str, object], None]
 ) -> None:
-    """`keyfailover admin configure` gives one subscription its own ack timeout, redelivery limit and
-    nack backoff while another subscription of the topic keeps the server's; the settings apply at
-    once, survive a restart, and a bad one is refused without a change."""
+    """`keyfailover admin configure` gives one subscription its own ack timeout, redelivery limit, nack
+    backoff and buffer bound while another subscription of the topic keeps the server's; the settings
+    apply at once, survive a restart, and a bad one is refused without a change."""
     data = tmp_path / "data"
     with (
         ServerProcess(data, "--metrics-port", "0") as server,  # the server's ack timeout: 30 s
@@ -280,10 +280,13 @@ def test_delivery_settings_are_per_subscription_live_and_saved(
         reader = client.subscribe("orders", "audit", consumer_name="reader", receiver_queue_size=100)
         wait_until(lambda: bool(stuck.ranges) and bool(healthy.ranges), "both consumers own ranges")
         fast = ("--topic", "orders", "--subscription", "fast")
-        options = ("--ack-timeout", "1", "--max-redeliveries", "2", "--nack-backoff", "0.5")
+        options = ("--ack-timeout", "1", "--max-redeliveries", "2", "--nack-backoff", "0.5", "--max-replay", "500")
         shown = run_cli("admin", "configure", *admin, *fast, *options)
         assert shown.returncode == 0, shown
         assert "ack timeout       1 s (own)" in shown.stdout and "nack backoff max  60 s (server)" in shown.stdout
+        assert "max replay        500 messages (own)" in shown.stdout
+        too_small = run_cli("admin", "configure", *admin, *fast, "--max-replay", "5")
+        assert too_small.returncode == 2 and "a number of messages" in too_small.stderr
         refused = run_cli("admin", "configure", *admin, *fast, "--nack-backoff", "90")
         assert refused.returncode == 1 and "nack_backoff_max must be a finite number >= 90" in refused.stderr
         assert run_cli("admin", "configure", *admin, *fast, "--ack-timeout", "-1").returncode == 2
@@ -314,6 +317,7 @@ def test_delivery_settings_are_per_subscription_live_and_saved(
             "max_redeliveries": 2,
             "nack_backoff": 0.5,
             "nack_backoff_max": 60.0,
+            "max_replay": 500,
         }
         other = json.loads(run_cli("admin", "configure", *admin, "--topic", "orders", "--subscription", "audit",
                                    "--json").stdout)  # fmt: skip
@@ -321,13 +325,17 @@ def test_delivery_settings_are_per_subscription_live_and_saved(
         stats = json.loads(run_cli("stats", *admin, "--json").stdout)
         by_name = {item["subscription"]: item for item in stats["subscriptions"]}
         assert by_name["fast"]["dispatcher"]["nack_backoff"] == 0.5 and by_name["fast"]["ack_timeout"] == 1.0
+        assert by_name["fast"]["dispatcher"]["max_replay"] == 500
+        assert by_name["audit"]["dispatcher"]["max_replay"] == 100_000
     assert "Traceback" not in server.errors(), server.errors()
     with ServerProcess(data, "--metrics-port", "0") as server:
         admin = ("--admin-url", str(server.admin_url))
         saved = json.loads(run_cli("admin", "configure", *admin, *fast, "--json").stdout)
-        assert saved["own"] == ["ack_timeout", "max_redeliveries", "nack_backoff"]
+        assert saved["own"] == ["ack_timeout", "max_redeliveries", "max_replay", "nack_backoff"]
+        assert saved["settings"]["max_replay"] == 500
         back = json.loads(run_cli("admin", "configure", *admin, *fast, "--ack-timeout", "default", "--json").stdout)
-        assert back["settings"]["ack_timeout"] == 30.0 and back["own"] == ["max_redeliveries", "nack_backoff"]
+        assert back["settings"]["ack_timeout"] == 30.0
+        assert back["own"] == ["max_redeliveries", "max_replay", "nack_backoff"]
         reset = json.loads(run_cli("admin", "configure", *admin, *fast, "--reset", "--json").stdout)
         assert reset["own"] == [] and reset["settings"]["max_redeliveries"] is None
         missing = run_cli("admin", "configure", *admin, "--topic", "orders", "--subscription", "nobody")

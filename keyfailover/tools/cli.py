@@ -520,7 +520,7 @@ def _configure(args: argparse.Namespace) -> int:
     query = {"topic": args.topic, "subscription": args.subscription}
     changes = {
         setting: value
-        for setting in ("ack_timeout", "max_redeliveries", "nack_backoff", "nack_backoff_max")
+        for setting in ("ack_timeout", "max_redeliveries", "nack_backoff", "nack_backoff_max", "max_replay")
         if (value := getattr(args, setting)) is not None
     }
     if args.reset or changes:
@@ -543,6 +543,7 @@ def _configure(args: argparse.Namespace) -> int:
         "max_redeliveries": "none (for ever)" if limit is None else str(limit),
         "nack_backoff": f"{backoff:g} s" if backoff else "off",
         "nack_backoff_max": f"{backoff_max:g} s",
+        "max_replay": f"{settings['max_replay']} messages",
     }
     print(f"{args.topic}/{args.subscription}:")
     for setting, text in lines.items():
@@ -1340,11 +1341,13 @@ def _parser() -> argparse.ArgumentParser:
 
     configure = admin_commands.add_parser(
         "configure",
-        help="show or set a subscription's own ack timeout, redelivery limit and nack backoff (live, saved)",
+        help="show or set a subscription's own ack timeout, redelivery limit, nack backoff and buffer bound "
+        "(live, saved)",
         description="Without settings, show the subscription's delivery settings and whether each is its own or the "
         "server's (`keyfailover serve` options). Each setting given becomes the subscription's own, at once and "
         "saved with it; 'default' gives it the server's again. A shorter ack timeout also shortens the leases "
-        "already out (to the new timeout from now); a longer one applies to new deliveries.",
+        "already out (to the new timeout from now); a longer one applies to new deliveries. A lower max replay "
+        "drops nothing held: the subscription reads no more until acks bring it under the bound.",
     )
     admin_args(configure)
     configure.add_argument("--topic", type=_name, required=True, help="the subscription's topic")
@@ -1363,6 +1366,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     configure.add_argument(
         "--nack-backoff-max", type=_or_default(_ack_seconds), default=None, help="seconds, or default"
+    )
+    configure.add_argument(
+        "--max-replay",
+        type=_or_default(_int_between(100, 100_000_000, "a number of messages")),
+        default=None,
+        help="messages the subscription holds unacked in memory (as serve --max-replay), or default",
     )
     configure.add_argument("--reset", action="store_true", help="drop every own setting first (then apply those given)")
     configure.set_defaults(run=_configure)

@@ -605,8 +605,8 @@ class Server:
     async def _configure_subscription(self, query: dict[str, str]) -> Response:
         """``POST /subscription-settings?topic=T&subscription=S[&reset=1][&ack_timeout=SECONDS]...``.
 
-        Each of ack_timeout, max_redeliveries (``none``: never), nack_backoff and
-        nack_backoff_max given becomes the subscription's own (``default``: the server's
+        Each of ack_timeout, max_redeliveries (``none``: never), nack_backoff, nack_backoff_max
+        and max_replay given becomes the subscription's own (``default``: the server's
         again); ``reset=1`` drops every own setting first. Live and saved at once.
         """
         unknown = sorted(set(query) - {"topic", "subscription", "reset", *DELIVERY_SETTINGS})
@@ -1130,6 +1130,10 @@ def _setting_value(setting: str, text: str) -> float | int | None:
             return None
         if not text.isdigit():
             raise ConfigError(f"max_redeliveries must be a number of redeliveries, none or default, not {text!r}")
+        return int(text)
+    if setting == "max_replay":
+        if not text.isdigit():
+            raise ConfigError(f"max_replay must be a number of messages (at least 1) or default, not {text!r}")
         return int(text)
     try:
         return float(text)

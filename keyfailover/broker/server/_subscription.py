@@ -62,6 +62,7 @@ class DeliverySettings(TypedDict, total=False):
     max_redeliveries: int | None
     nack_backoff: float
     nack_backoff_max: float
+    max_replay: int
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ class SubscriptionConfig:
             "max_redeliveries": self.max_redeliveries,
             "nack_backoff": self.nack_backoff,
             "nack_backoff_max": self.nack_backoff_max,
+            "max_replay": self.max_replay,
         }
         settings.update(own)
         check_delivery_settings(
@@ -112,6 +114,7 @@ class SubscriptionConfig:
             self.max_unacked_per_consumer,
             settings["nack_backoff"],
             settings["nack_backoff_max"],
+            max_replay=settings["max_replay"],
         )
         return settings
 
@@ -165,7 +168,7 @@ class Subscription:
         delivery = config.delivery(self.own_settings)
         self.dispatcher = Dispatcher(
             clock=time.monotonic,
-            max_replay=config.max_replay,
+            max_replay=delivery["max_replay"],
             policy=config.policy,
             max_ranges=config.max_ranges,
             ack_timeout=delivery["ack_timeout"],
@@ -332,6 +335,7 @@ class Subscription:
             "max_redeliveries": self.dispatcher.max_redeliveries,
             "nack_backoff": backoff,
             "nack_backoff_max": backoff_max,
+            "max_replay": self.dispatcher.max_replay,
         }
 
     def flow(self, session: Session, permits: int) -> None:

@@ -77,7 +77,7 @@ SCHEMA_VERSION = 5
 """``PRAGMA user_version`` of a log this module writes; versions 1 (no dead letters), 2 (no
 per-subscription delivery settings), 3 (no partitioned topics) and 4 (no publish times) are migrated."""
 
-DELIVERY_SETTINGS = ("ack_timeout", "max_redeliveries", "nack_backoff", "nack_backoff_max")
+DELIVERY_SETTINGS = ("ack_timeout", "max_redeliveries", "nack_backoff", "nack_backoff_max", "max_replay")
 """The settings a subscription may have of its own (the rest come from the server's)."""
 
 DEAD_LETTER_SUFFIX = "-DLQ"

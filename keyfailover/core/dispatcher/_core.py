@@ -135,10 +135,15 @@ def check_delivery_settings(
     max_unacked_per_consumer: object,
     nack_backoff: object = 0.0,
     nack_backoff_max: object = DEFAULT_NACK_BACKOFF_MAX,
+    *,
+    max_replay: object = None,
 ) -> None:
     """Check ``ack_timeout`` (finite seconds >= 0), ``max_redeliveries`` (an int >= 0 or None),
-    ``max_unacked_per_consumer`` (an int >= 0), ``nack_backoff`` (finite seconds >= 0) and
-    ``nack_backoff_max`` (finite seconds, at least ``nack_backoff``)."""
+    ``max_unacked_per_consumer`` (an int >= 0), ``nack_backoff`` (finite seconds >= 0),
+    ``nack_backoff_max`` (finite seconds, at least ``nack_backoff``) and ``max_replay`` (an int >= 1;
+    None: not given)."""
+    if max_replay is not None:
+        _check_int("max_replay", max_replay, 1)
     _check_number("ack_timeout", ack_timeout, 0.0, extra=" (0 disables leases)")
     if max_redeliveries is not None:
         _check_int("max_redeliveries", max_redeliveries, 0)
@@ -507,6 +512,7 @@ class Dispatcher:
             raise ConfigError(f"clock() must return a finite number of seconds, returned {now!r}")
         self._clock = clock
         self._max_replay = max_replay
+        self._held_bound = max_replay  # what held may be: max_replay, or more when it was lowered under held
         threshold = 1.1 if shift_threshold is None else float(shift_threshold)
         self._policy: Policy = (
             MultiRangePolicy(max_ranges, threshold, shift_min_traffic)
@@ -1029,16 +1035,28 @@ class Dispatcher:
         max_redeliveries: int | None,
         nack_backoff: float = 0.0,
         nack_backoff_max: float = DEFAULT_NACK_BACKOFF_MAX,
+        max_replay: int | None = None,
     ) -> None:
-        """Change the lease, dead-letter and backoff settings live (a bad value changes nothing).
+        """Change the lease, dead-letter, backoff and buffer settings live (a bad value changes nothing).
 
         A new ``ack_timeout`` applies to every delivery made from now on; a lease already out
         ends no later than the new timeout from now (a longer timeout does not lengthen it; a
         consumer that needs longer extends). Turning leases on leases what is in flight from
         now; turning them off ends every lease. A new ``max_redeliveries`` applies to every
-        message when it is next due to go out; backoffs already running keep their ends.
+        message when it is next due to go out; backoffs already running keep their ends. A new
+        ``max_replay`` (None: unchanged) bounds what is held from now on: lowered under what is held,
+        nothing is dropped and nothing more is taken (:meth:`wants` is 0) until acks bring the held
+        count under it; it parks slots from half of it, as at the start.
         """
-        check_delivery_settings(ack_timeout, max_redeliveries, self._unacked_limit, nack_backoff, nack_backoff_max)
+        check_delivery_settings(
+            ack_timeout, max_redeliveries, self._unacked_limit, nack_backoff, nack_backoff_max, max_replay=max_replay
+        )
+        if max_replay is not None and max_replay != self._max_replay:
+            self._max_replay = max_replay
+            self._held_bound = max(max_replay, self._held)
+            self._park_at = max(max_replay // 2, 1)
+            self._backlog_min = min(_BACKLOG_MIN, max(max_replay // 10, 1))
+            self._reread_due = True
         timeout = float(ack_timeout)
         if timeout != self._ack_timeout:
             now = self._clock()
@@ -1057,6 +1075,11 @@ class Dispatcher:
         self._max_redeliveries = max_redeliveries
         self._backoff = float(nack_backoff)
         self._backoff_max = float(nack_backoff_max)
+
+    @property
+    def max_replay(self) -> int:
+        """The bound on messages held (pending and in flight)."""
+        return self._max_replay
 
     @property
     def nack_backoff(self) -> tuple[float, float]:
@@ -1855,7 +1878,7 @@ class Dispatcher:
         assert self._spill or not self._parked, "parked without spill"
         last = self._last_position
         assert all(last is not None and first <= last + 1 for first in self._parked.values()), "parked past the end"
-        assert self._held <= self._max_replay, f"held {self._held} above max_replay {self._max_replay}"
+        assert self._held <= self._held_bound, f"held {self._held} above max_replay {self._max_replay}"
         stuck = {cid for cid, consumer in self._consumers.items() if consumer.stuck}
         assert set(self._consumers) == set(self._map.consumers()) | set(self._standby) | stuck, "membership"
 

@@ -63,7 +63,7 @@ def chaos(
     logs = None if report is None else report / "logs"
     run = run_chaos(settings, out, zookeeper=zookeeper, postgres=postgres, keep=keep, logs=logs)
     records = run.records
-    verdicts = check_all(records, settings.partitions, settings.unowned_limit, end=run.ended)
+    verdicts = check_all(records, settings.partitions, settings.unowned_limit, settings.ack_timeout, end=run.ended)
     measures = run_measures(records, run.started, settings.partitions)
     brokers = [f"b{n}" for n in range(1, settings.brokers + 1)]
     consumers = [f"c{n}" for n in range(1, settings.consumers + 1)]

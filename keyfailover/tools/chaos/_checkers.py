@@ -21,8 +21,9 @@ pass and that fail (tests/test_chaos_checkers.py).
 - :func:`unowned_partitions`, :func:`unowned_ranges`: the longest time a partition had no
   broker, or a slot of a served partition no consumer, once it first had one; failed over ``limit``.
 - :func:`dead_letter_accounting`: every confirmed send was acknowledged or dead-lettered by
-  the end of the run (an ack that got no answer, a timeout or its consumer killed waiting,
-  counts as acknowledged: had the broker not settled it, it would have come again).
+  the end of the run. An ack that got no answer counts as acknowledged once its consumer was
+  killed after sending it, or a lease's time had passed since (:func:`settled_unanswered`): had
+  the broker not settled it, the message would have come again by then.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ __all__ = [
     "held_twice",
     "lost",
     "order",
+    "settled_unanswered",
     "two_owners",
     "unowned_partitions",
     "unowned_ranges",
@@ -393,6 +395,26 @@ def _longest_unowned(
     return best
 
 
+SETTLE_MARGIN = 1.0
+"""Seconds past an ack timeout after which an unanswered ack counts as settled (the broker's poll may lag)."""
+
+
+def settled_unanswered(records: Sequence[Record], now: float, ack_timeout: float) -> set[tuple[str, int]]:
+    """The messages an ack of which went out and was never answered, that count as settled by ``now``:
+    its consumer was killed after sending it, or ``ack_timeout`` (plus :data:`SETTLE_MARGIN`) had passed
+    since it was sent. The chaos harness's drain and :func:`dead_letter_accounting` both use it."""
+    kills: dict[str, list[float]] = defaultdict(list)
+    for fault in _of(records, Fault):
+        if fault.kind == "kill" and fault.action == "start":
+            kills[fault.target].append(fault.t)
+    settled_by = now - ack_timeout - SETTLE_MARGIN
+    return {
+        (ack.key, ack.value)
+        for ack in _of(records, Acked)
+        if ack.confirmed is None and (ack.t < settled_by or any(killed > ack.t for killed in kills[ack.consumer]))
+    }
+
+
 def acknowledgements(records: Sequence[Record]) -> tuple[set[tuple[str, int]], set[tuple[str, int]]]:
     """``(acked, unknown)``: the messages an ack of which the broker confirmed, and those not acked so whose
     last ack went out and was never answered (its consumer was killed waiting, or it is still on its way).
@@ -410,10 +432,12 @@ def acknowledgements(records: Sequence[Record]) -> tuple[set[tuple[str, int]], s
     return acked, unknown
 
 
-def dead_letter_accounting(records: Sequence[Record]) -> Verdict:
-    """Every confirmed send ends acknowledged (an ack the broker confirmed) or in a dead-letter topic."""
+def dead_letter_accounting(records: Sequence[Record], ack_timeout: float, end: float | None = None) -> Verdict:
+    """Every confirmed send ends acknowledged (an ack the broker confirmed, or one never answered that
+    :func:`settled_unanswered` counts by ``end``) or in a dead-letter topic."""
     sent = _confirmed_sends(records)
     acked, unknown = acknowledgements(records)
+    unknown &= settled_unanswered(records, _end_of(records, end), ack_timeout)
     buried = {(d.key, d.value) for d in _of(records, DeadLettered)}
     open_ = sorted(sent - acked - unknown - buried)
     problems = [f"key {key}: value {value} was neither acknowledged nor dead-lettered" for key, value in open_]
@@ -427,7 +451,7 @@ def dead_letter_accounting(records: Sequence[Record]) -> Verdict:
 
 
 def check_all(
-    records: Sequence[Record], partitions: int, unowned_limit: float, end: float | None = None
+    records: Sequence[Record], partitions: int, unowned_limit: float, ack_timeout: float, end: float | None = None
 ) -> list[Verdict]:
     """Every checker over one run's records, in report order; ``end``: the run's end (default: the last record)."""
     end = _end_of(records, end)
@@ -439,5 +463,5 @@ def check_all(
         held_twice(records),
         unowned_partitions(records, unowned_limit, end),
         unowned_ranges(records, partitions, unowned_limit, end),
-        dead_letter_accounting(records),
+        dead_letter_accounting(records, ack_timeout, end),
     ]

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import shutil
 import signal
@@ -46,10 +45,9 @@ from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.partitions import split_partition_topic
 from keyfailover.tools._ownership import lease_events, ownership_events
 from keyfailover.tools._signals import sigterm_interrupts
-from keyfailover.tools.chaos._checkers import acknowledgements
+from keyfailover.tools.chaos._checkers import acknowledgements, settled_unanswered
 from keyfailover.tools.chaos._proxy import FaultProxy
 from keyfailover.tools.chaos._records import (
-    Acked,
     Fault,
     Produced,
     RangeMap,
@@ -555,34 +553,23 @@ class _Run:
     def _drain(self, producer: _Process) -> None:
         """Wait until every send the producer had confirmed was acknowledged, or the drain timeout passed.
 
-        An ack the broker confirmed counts; so does one that never got an answer once its consumer was
-        killed or a lease's time has passed since it was sent (had the broker not settled it, the
-        message would have come again by then, and its next ack would be waited for).
+        An ack the broker confirmed counts; so does one never answered that :func:`settled_unanswered`
+        counts (as the dead-letter checker does): had the broker not settled it, the message would have
+        come again by then, and its next ack would be waited for.
         """
         receipts = _read(self.folder / f"{producer.name}.jsonl")
         sent = {(p.key, p.value) for p in receipts if isinstance(p, Produced) and p.ok}
         deadline = time.monotonic() + self.settings.drain_timeout
         wake = threading.Event()
-        killed = {  # the faults are over: read once
-            f.target: f.t
-            for f in _read(self.folder / "faults.jsonl")
-            if isinstance(f, Fault) and f.kind == "kill" and f.action == "start"
-        }
+        faults: list[Record] = [f for f in _read(self.folder / "faults.jsonl") if isinstance(f, Fault)]  # over
         tails = [_Tail(self.folder / f"{consumer.name}.jsonl") for consumer in self.consumers]
         acks: list[Record] = []
         while True:
             for tail in tails:
                 acks += tail.read()
             acked, unknown = acknowledgements(acks)
-            settled_by_now = time.monotonic() - self.settings.ack_timeout - 1.0
-            cut_off = {
-                (a.key, a.value)
-                for a in acks
-                if isinstance(a, Acked)
-                and a.confirmed is None
-                and (a.t < killed.get(a.consumer, -math.inf) or a.t < settled_by_now)
-            }
-            waiting = len(sent - acked - (unknown & cut_off))
+            unknown &= settled_unanswered([*faults, *acks], time.monotonic(), self.settings.ack_timeout)
+            waiting = len(sent - acked - unknown)
             if not waiting:
                 self.say(f"drained: all {len(sent)} confirmed sends acknowledged")
                 return

@@ -122,6 +122,10 @@ TRIALS = [
     Trial("redis", "no persistence", ("--appendonly", "no"), NOTHING),
 ]
 DURABLE, NO_LEASES, UNORDERED, REDIS_ALWAYS, REDIS_EVERYSEC = TRIALS[0], TRIALS[1], TRIALS[2], TRIALS[4], TRIALS[5]
+BACKLOG_TRIALS = (DURABLE, UNORDERED, REDIS_ALWAYS, TRIALS[6])
+"""The rows of a ``--backlog`` run: what is stored does not change how it is read, so one durability and
+Redis with and without persistence."""
+CONSUME_GOAL_RATIO = 1.0
 LEASE_COST_GOAL = 0.10
 PUBLISH_TIMES: dict[System, str] = {
     "keyfailover": "Message.publish_time (µs, group commit)",
@@ -451,16 +455,23 @@ class Tally:
         )
 
 
-def consume_keyfailover(address: str, tally: Tally, stop: Event, ready: Callable[[], None]) -> None:
-    """``receive`` and ``acknowledge`` one message at a time until ``stop`` and idle."""
+def consume_keyfailover(
+    address: str, tally: Tally, stop: Event, ready: Callable[[], None], gate: Event | None = None
+) -> None:
+    """``receive`` and ``acknowledge`` one message at a time until ``stop`` and idle. With a ``gate`` (a
+    backlog run): say ready once connected and subscribe when the gate opens; else once subscribed."""
     from keyfailover.client import Client, Timeout
 
     now, wall = time.monotonic_ns, time.time_ns
     with Client(address) as client:
+        if gate is not None:
+            ready()
+            gate.wait()
         consumer = client.subscribe(
             TOPIC, SUBSCRIPTION, consumer_name=f"c{tally.slot}", receiver_queue_size=RECEIVER_QUEUE
         )
-        ready()
+        if gate is None:
+            ready()
         receive, acknowledge, take = consumer.receive, consumer.acknowledge, tally.take
         while True:
             try:
@@ -480,8 +491,11 @@ def consume_keyfailover(address: str, tally: Tally, stop: Event, ready: Callable
         consumer.close()
 
 
-def consume_redis(address: str, tally: Tally, stop: Event, ready: Callable[[], None]) -> None:
-    """XREADGROUP a batch, take its messages one at a time, XACK the batch pipelined with the next read."""
+def consume_redis(
+    address: str, tally: Tally, stop: Event, ready: Callable[[], None], gate: Event | None = None
+) -> None:
+    """XREADGROUP a batch, take its messages one at a time, XACK the batch pipelined with the next read
+    (from when the ``gate`` opens, in a backlog run)."""
     import redis
 
     host, port = address.rsplit(":", 1)
@@ -489,8 +503,11 @@ def consume_redis(address: str, tally: Tally, stop: Event, ready: Callable[[], N
     name = f"c{tally.slot}"
     client = redis.Redis(host=host, port=int(port))
     try:
+        client.ping()
         pipe = client.pipeline(transaction=False)
         ready()
+        if gate is not None:
+            gate.wait()
         take = tally.take
         unacked: list[bytes] = []
         while True:
@@ -535,11 +552,13 @@ def producer_main(
         raise
 
 
-def consumer_main(system: System, address: str, slot: int, *, stop: Event, progress: Any, results: Results) -> None:
+def consumer_main(
+    system: System, address: str, slot: int, *, stop: Event, progress: Any, results: Results, gate: Event | None
+) -> None:
     try:
         consume = consume_keyfailover if system == "keyfailover" else consume_redis
         tally = Tally(slot, progress)
-        consume(address, tally, stop, lambda: results.put(("ready", slot)))
+        consume(address, tally, stop, lambda: results.put(("ready", slot)), gate)
         results.put(("consumer", tally.report()))
     except BaseException:
         results.put(("error", f"consumer {slot}", traceback.format_exc()))
@@ -591,10 +610,17 @@ class Run:
     service_cpu_seconds: dict[str, float]
     machine_cpu_seconds: float
     seconds: float
+    opened: int | None = None
+    """A backlog run: when the consumers' gate opened (monotonic ns); else None."""
 
     @property
     def first_send(self) -> int:
         return min(p.first_send for p in self.producers)
+
+    @property
+    def started(self) -> int:
+        """When the measured flow began: the first send, or the gate's opening in a backlog run."""
+        return self.first_send if self.opened is None else self.opened
 
     @property
     def producer_cpu_seconds(self) -> float:
@@ -611,20 +637,30 @@ class Run:
 
 
 def run_processes(
-    system: System, address: str, count: int, window: int, *, service_cpu: ServiceCpu, producers: int = 1
+    system: System,
+    address: str,
+    count: int,
+    window: int,
+    *,
+    service_cpu: ServiceCpu,
+    producers: int = 1,
+    backlog: bool = False,
 ) -> Run:
     """Start the consumers, then ``producers`` producers once all subscribed (each sends the messages of its
     keys, see :func:`producer_indices`); wait until every message arrived. ``service_cpu`` is read as the
-    producers start and once every message arrived."""
+    producers start and once every message arrived. With ``backlog``: the producers first, until all
+    their sends are confirmed, then the consumers, connected and held at a gate that opens at once for
+    all; ``service_cpu`` is read as it opens (the consume path alone is measured)."""
     context = multiprocessing.get_context("spawn")
     results: Results = context.Queue()
     stop = context.Event()
+    gate = context.Event() if backlog else None
     progress = context.Array("q", CONSUMERS, lock=False)
     consumers = [
         context.Process(
             target=consumer_main,
             args=(system, address, slot),
-            kwargs={"stop": stop, "progress": progress, "results": results},
+            kwargs={"stop": stop, "progress": progress, "results": results, "gate": gate},
             daemon=True,
         )
         for slot in range(CONSUMERS)
@@ -644,8 +680,9 @@ def run_processes(
     machine_cpu, started = 0.0, 0.0
     produced: list[ProducerReport] = []
     reports: list[ConsumerReport] = []
+    opened: int | None = None
     try:
-        for process in consumers:
+        for process in producing if backlog else consumers:
             process.start()
         deadline = time.monotonic() + START_TIMEOUT
         seen, seen_at = -1, time.monotonic()
@@ -672,11 +709,19 @@ def run_processes(
                 if ready == CONSUMERS:
                     cpu_before = service_cpu()
                     machine_cpu, started = machine_busy_seconds()
-                    for process in producing:
-                        process.start()
+                    if gate is not None:
+                        opened = time.monotonic_ns()
+                        gate.set()
+                    else:
+                        for process in producing:
+                            process.start()
             elif kind == "producer":
                 produced.append(message[0])
                 seen_at = time.monotonic()
+                if backlog and len(produced) == producers:
+                    deadline = time.monotonic() + START_TIMEOUT
+                    for process in consumers:
+                        process.start()
             else:
                 reports.append(message[0])
         cpu_after = service_cpu()
@@ -688,7 +733,7 @@ def run_processes(
         end_processes(processes)
     assert len(produced) == producers
     used = {kind: cpu_after[kind] - cpu_before[kind] for kind in cpu_after}
-    return Run(produced, reports, used, machine_end - machine_cpu, ended - started)
+    return Run(produced, reports, used, machine_end - machine_cpu, ended - started, opened)
 
 
 def order_violations(
@@ -729,7 +774,7 @@ def delivery(run: Run, count: int, what: str) -> Delivery:
     received_wall = np.concatenate([np.frombuffer(r.received_wall, dtype=np.int64) for r in reports])
     return Delivery(
         messages=count,
-        rate=count / ((int(received.max()) - run.first_send) / 1e9),
+        rate=count / ((int(received.max()) - run.started) / 1e9),
         p50_ms=float(np.percentile(latency_ms, 50)),
         p99_ms=float(np.percentile(latency_ms, 99)),
         published=Latency.of((received_wall - published) / 1e3),
@@ -740,7 +785,7 @@ def delivery(run: Run, count: int, what: str) -> Delivery:
     )
 
 
-def run_trial(trial: Trial, count: int, window: int, profile: Path | None) -> Measured:
+def run_trial(trial: Trial, count: int, window: int, profile: Path | None, *, backlog: bool = False) -> Measured:
     with tempfile.TemporaryDirectory(prefix="bench_e2e-") as folder:
         if trial.system == "keyfailover":
             started = keyfailover_server(Path(folder), trial.args, profile)
@@ -749,14 +794,19 @@ def run_trial(trial: Trial, count: int, window: int, profile: Path | None) -> Me
         with started as server:
             pid = server.pid
             run = run_processes(
-                trial.system, server.address, count, window, service_cpu=lambda: {"server": cpu_seconds(pid)}
+                trial.system,
+                server.address,
+                count,
+                window,
+                service_cpu=lambda: {"server": cpu_seconds(pid)},
+                backlog=backlog,
             )
     return Measured(
         trial=trial,
         delivery=delivery(run, count, f"{trial.system} {trial.mode}"),
         cpu_us=(
             sum(run.service_cpu_seconds.values()) * 1e6 / count,
-            run.producer_cpu_seconds * 1e6 / count,
+            0.0 if backlog else run.producer_cpu_seconds * 1e6 / count,  # done before the flow measured
             run.consumer_cpu_seconds * 1e6 / count,
         ),
         others_cores=run.other_cores(),
@@ -766,7 +816,9 @@ def run_trial(trial: Trial, count: int, window: int, profile: Path | None) -> Me
 # -- report ----------------------------------------------------------------------------
 
 
-def best_runs(trials: Sequence[Trial], count: int, window: int, repeats: int, profile: Path | None) -> list[Measured]:
+def best_runs(
+    trials: Sequence[Trial], count: int, window: int, repeats: int, profile: Path | None, *, backlog: bool = False
+) -> list[Measured]:
     """Each trial ``repeats`` times, in interleaved rounds (so a burst of load elsewhere hits every row alike).
 
     The run with the highest throughput of each trial is kept, as the least disturbed one.
@@ -774,7 +826,7 @@ def best_runs(trials: Sequence[Trial], count: int, window: int, repeats: int, pr
     best: dict[Trial, Measured] = {}
     for _ in range(repeats):
         for trial in trials:
-            measured = run_trial(trial, count, window, profile)
+            measured = run_trial(trial, count, window, profile, backlog=backlog)
             if trial not in best or measured.delivery.rate > best[trial].delivery.rate:
                 best[trial] = measured
     return [best[trial] for trial in trials]
@@ -898,6 +950,58 @@ def print_results(count: int, repeats: int, measured: Sequence[Measured], skippe
     print_goals(goals)
 
 
+def print_backlog(count: int, repeats: int, measured: Sequence[Measured], skipped: str | None) -> None:
+    """The consume path's table: drain rate, order, CPU per message of the server and the consumers."""
+    redis = max((m for m in measured if m.trial.system == "redis"), key=lambda m: m.delivery.rate, default=None)
+    rows = [
+        [
+            m.trial.system,
+            m.trial.mode,
+            format_count(m.delivery.rate),
+            format_count(m.delivery.in_consumer_violations),
+            format_count(m.delivery.across_violations),
+            format_count(m.delivery.split_keys),
+            f"{m.cpu_us[0]:.1f}",
+            f"{m.cpu_us[2]:.1f}",
+            f"{m.others_cores:.2f}",
+            ratio(m, redis),
+        ]
+        for m in measured
+    ]
+    if skipped is not None:
+        rows.append(["redis", f"skipped: {skipped}", *["-"] * 8])
+    print_table(
+        f"Consume path: a stored backlog of {format_count(count)} messages of {PAYLOAD_BYTES} bytes over {KEYS:,} keys "
+        f"drained by {CONSUMERS} consumer processes (receive and ack each; Redis: XREADGROUP COUNT {BATCH} and "
+        f"XACK of the batch) on {os.cpu_count()} cores, best of {repeats}",
+        [
+            "system",
+            "mode",
+            "msgs/s",
+            "in-consumer order violations",
+            "order violations",
+            "keys on >1 consumer",
+            "server CPU µs/msg",
+            "consumers CPU µs/msg",
+            "other load",
+            "vs fastest redis",
+        ],
+        rows,
+    )
+    durable = next((m for m in measured if m.trial == DURABLE), None)
+    if durable is not None:
+        goal = f"keyfailover ordered consume path >= {CONSUME_GOAL_RATIO}x the fastest Redis row"
+        print_goals(
+            [
+                (
+                    goal,
+                    ratio(durable, redis) if redis is not None else "n/a (Redis skipped)",
+                    redis is not None and durable.delivery.rate >= CONSUME_GOAL_RATIO * redis.delivery.rate,
+                )
+            ]
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a small run that finishes in a few seconds")
@@ -905,6 +1009,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="runs per row, the best kept (default 3; 1 quick)")
     parser.add_argument(
         "--window", type=int, default=WINDOW, help=f"batches a producer keeps unanswered (default {WINDOW})"
+    )
+    parser.add_argument(
+        "--backlog",
+        action="store_true",
+        help="the consume path alone: each row's messages are stored first, then the consumers drain them "
+        "(receive and ack each), from a gate that opens for all at once; rows: durable, unordered, and Redis",
     )
     parser.add_argument(
         "--profile-server",
@@ -921,10 +1031,15 @@ def main() -> None:
 
     skipped = redis_missing()
     trials = [t for t in TRIALS if t.system == "keyfailover" or skipped is None]
+    if options.backlog:
+        trials = [t for t in trials if t in BACKLOG_TRIALS]
     if options.profile_server is not None:
         trials, skipped, repeats = [DURABLE], "only the profiled keyfailover row runs", 1
-    measured = best_runs(trials, count, options.window, repeats, options.profile_server)
-    print_results(count, repeats, measured, skipped)
+    measured = best_runs(trials, count, options.window, repeats, options.profile_server, backlog=options.backlog)
+    if options.backlog:
+        print_backlog(count, repeats, measured, skipped)
+    else:
+        print_results(count, repeats, measured, skipped)
     violations = sum(
         m.delivery.violations for m in measured if m.trial.system == "keyfailover" and m.trial != UNORDERED
     )

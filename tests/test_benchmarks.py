@@ -42,22 +42,35 @@ def test_every_benchmark_script_is_smoke_tested() -> None:
     assert sorted(path.name for path in BENCHMARKS.glob("bench_*.py")) == sorted(HEADERS)
 
 
-@pytest.mark.parametrize("script", sorted(HEADERS))
-def test_benchmark_quick_run_prints_its_table(script: str) -> None:
+def quick_run(script: str, *options: str) -> str:
+    """Run ``script --quick [options]``; what it printed (its exit status checked)."""
     env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), "--quick"],
+        [sys.executable, str(BENCHMARKS / script), "--quick", *options],
         capture_output=True,
         cwd=BENCHMARKS.parent,
         env=env,
         timeout=300,
         check=False,
     )
-    stdout = done.stdout.decode("utf-8")
     assert done.returncode == 0, f"{script} --quick exited {done.returncode}:\n{done.stderr.decode('utf-8')}"
+    return done.stdout.decode("utf-8")
+
+
+@pytest.mark.parametrize("script", sorted(HEADERS))
+def test_benchmark_quick_run_prints_its_table(script: str) -> None:
+    stdout = quick_run(script)
     columns = HEADERS[script]
     assert any(all(column in line for column in columns) for line in stdout.splitlines()), (
         f"{script} printed no table header with columns {columns}:\n{stdout}"
     )
     for expected in ALSO_PRINTS.get(script, ()):
         assert expected in stdout, f"{script} did not print {expected!r}:\n{stdout}"
+
+
+def test_the_consume_path_run_of_bench_e2e_prints_its_table() -> None:
+    stdout = quick_run("bench_e2e.py", "--backlog")
+    assert "Consume path: a stored backlog of 10,000 messages" in stdout, stdout
+    columns = ("system", "mode", "msgs/s", "order violations", "server CPU µs/msg", "consumers CPU µs/msg")
+    assert any(all(column in line for column in columns) for line in stdout.splitlines()), stdout
+    assert "keyfailover ordered consume path >= 1.0x the fastest Redis row" in stdout, stdout

@@ -20,6 +20,7 @@ from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, Log
 from keyfailover.client import Client
 from keyfailover.client.aio import AsyncClient, _Link
 from keyfailover.core.errors import KeyFailoverError
+from keyfailover.tools.chaos._proxy import FaultProxy
 from tests.server_process import ServerProcess, wait_until
 
 WAIT = 30.0
@@ -169,6 +170,32 @@ def test_request_ids_are_unique_across_a_clients_links(tmp_path: Path) -> None:
     with ServerProcess(tmp_path / "a") as first, ServerProcess(tmp_path / "b") as second:
         ids = asyncio.run(scenario(first, second))
     assert len(set(ids)) == len(ids)
+
+
+def test_a_lookup_goes_over_the_link_last_heard_from_not_one_a_lossy_network_stalled(tmp_path: Path) -> None:
+    """The first broker's link stalls (nothing passes, as behind a segment TCP keeps resending), but stays up
+    until its pings have gone unanswered for twice the session timeout. A lookup meanwhile (a consumer
+    relocating after a failover) must not wait on it: it goes over the other broker's link, still
+    answering its pings. (Two single servers: each answers a lookup with itself.)"""
+
+    async def scenario(first: ServerProcess, second: ServerProcess, proxy: FaultProxy) -> list[str | None]:
+        async with AsyncClient(f"kf://127.0.0.1:{proxy.port},127.0.0.1:{second.port}") as client:
+            stalled = await client._link(f"127.0.0.1:{proxy.port}")
+            other = await client._link(f"127.0.0.1:{second.port}")
+            proxy.blackhole()
+            cut = time.monotonic()
+            await async_wait_until(lambda: other.heard > cut, "the other link answered a ping after the cut")
+            assert stalled.ready.is_set(), "the stalled link is still up: its pings are not overdue yet"
+            async with asyncio.timeout(WAIT):
+                return await client._lookup("orders")
+
+    with (
+        ServerProcess(tmp_path / "a") as first,
+        ServerProcess(tmp_path / "b") as second,
+        FaultProxy(("127.0.0.1", first.port)) as proxy,
+    ):
+        brokers = asyncio.run(scenario(first, second, proxy))
+    assert brokers == [f"127.0.0.1:{second.port}"]
 
 
 def test_a_client_interrupted_while_it_connects_cancels_its_tasks_and_closes_its_loop(

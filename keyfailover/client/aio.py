@@ -321,6 +321,11 @@ class _Link(asyncio.Protocol):
                 except (OSError, KeyFailoverError) as exc:
                     _log.info("reconnect to %s:%d failed (%s); retrying", self._host, self._port, exc)
 
+    @property
+    def heard(self) -> float:
+        """When the server last sent anything on this link (monotonic seconds; 0: never)."""
+        return self._heard
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = stream = stream_transport(transport)
         stream.write(encode(Connect(version=PROTOCOL_VERSION, token=self._token, client=_client_name())))
@@ -603,10 +608,12 @@ class AsyncClient:
         return link
 
     async def _any_link(self) -> _Link:
-        """A connected link: one already up, else the first bootstrap broker that answers."""
-        for link in self._links.values():
-            if link.ready.is_set():
-                return link
+        """A connected link: of those up, the one last heard from (a link stalled by a lossy network stays
+        up until its pings go unanswered long enough, but falls behind the others' answers at once),
+        else the first bootstrap broker that answers."""
+        ready = [link for link in self._links.values() if link.ready.is_set()]
+        if ready:
+            return max(ready, key=lambda link: link.heard)
         errors = []
         for address in self._bootstrap:
             known = self._links.get(address)

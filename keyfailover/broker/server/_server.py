@@ -736,7 +736,7 @@ class Server:
                             "nothing from %s for %.1f s: its consumer sessions time out", connection.peer, silent
                         )
                         connection.expire_sessions("timeout")
-                    if silent > 3 * timeout:
+                    if silent > 3 * timeout and not connection.closed:
                         _log.warning("nothing from %s for %.1f s: closing the connection", connection.peer, silent)
                         connection.close()
 
@@ -862,6 +862,11 @@ class _Connection(asyncio.Protocol):
         """Close the connection with a fatal ``error`` saying why (a limit it broke)."""
         _log.info("closing %s: %s", self.peer, message)
         self._violation(code, message + "; the connection is closed")
+
+    @property
+    def closed(self) -> bool:
+        """Closed by this side (its transport may still be sending what it had)."""
+        return self._closed
 
     def sessions_open(self) -> int:
         """How many consumer sessions this connection has."""

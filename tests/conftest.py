@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -17,6 +18,15 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from keyfailover.tools.services import PostgreSQL, ZooKeeper
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C acted on, here and in every process the tests start, even when the run was started with it
+    ignored (a background job of a non-interactive shell, as CI may start it). An ignored SIGINT is
+    inherited across exec and Python then leaves it ignored, so a test that sends one to a command
+    would wait for nothing; a handler is reset to the default at exec, so children act on it again."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

@@ -608,11 +608,15 @@ class AsyncClient:
         return link
 
     async def _any_link(self) -> _Link:
-        """A connected link: of those up, the one last heard from (a link stalled by a lossy network stays
-        up until its pings go unanswered long enough, but falls behind the others' answers at once),
-        else the first bootstrap broker that answers."""
+        """A connected link: the first one up that answered within two ping intervals (a link stalled by a
+        lossy network stays up until its pings go unanswered for twice the session timeout), else the
+        one up last heard from, else the first bootstrap broker that answers."""
         ready = [link for link in self._links.values() if link.ready.is_set()]
         if ready:
+            now = time.monotonic()
+            for link in ready:
+                if now - link.heard <= max(link.session_timeout / 2, 1.0):
+                    return link
             return max(ready, key=lambda link: link.heard)
         errors = []
         for address in self._bootstrap:

@@ -365,6 +365,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from keyfailover.broker.protocol import DEFAULT_MAX_FRAME
     from keyfailover.broker.server import ServerConfig, SubscriptionConfig
+    from keyfailover.tools._signals import whole_loop
     from keyfailover.tools.serve import configure_logging, run_server
 
     if (args.tls_cert is None) != (args.tls_key is None):
@@ -433,7 +434,8 @@ def _serve(args: argparse.Namespace) -> int:
         ),
     )
     configure_logging(args.log_level, config.cluster is not None)
-    return asyncio.run(run_server(config))
+    with asyncio.Runner(loop_factory=whole_loop) as runner:  # Ctrl-C as it starts: no half-made loop
+        return runner.run(run_server(config))
 
 
 def _advertised(text: str) -> None:

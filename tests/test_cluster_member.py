@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from keyfailover.broker.cluster import ClusterMember, connect, create_topic, parse_cluster_url
+from keyfailover.broker.cluster import ClusterMember, ClusterState, connect, create_topic, parse_cluster_url
 from keyfailover.core.errors import ConfigError
 from keyfailover.core.partitions import Assignment, PartitionId
 from keyfailover.tools.services import ZooKeeper, free_port
@@ -269,6 +269,12 @@ def test_a_bad_cluster_url_is_refused(url: str) -> None:
         parse_cluster_url(url)
 
 
+def settled(state: ClusterState) -> bool:
+    """Whether a member serves two partitions and has applied the assignment that gave them: it releases
+    partitions (so another member can take them) before it records the new assignment."""
+    return len(state.owned) == 2 and state.owned == set(state.assignment.partitions_of(state.broker_id))
+
+
 @contextlib.contextmanager
 def member_process(zookeeper: ZooKeeper, root: str, broker: str) -> Iterator[tuple[int, list[dict[str, Any]]]]:
     """A member with a 1 s session in a process of its own (tests/cluster_member_process.py), to pause
@@ -341,7 +347,9 @@ def test_a_member_back_before_any_rebalance_serves_its_partitions_again(
     try:
         with member_process(zookeeper, root, "b1") as (paused, events):
             create_topic(zk, root, "orders", 4)
-            wait_until(lambda: len(live.state.owned) == 2 and len(events) == 3, "b0 and b1 serve two partitions each")
+            wait_until(
+                lambda: settled(live.state) and len(events) == 3, "b0 and b1 serve two partitions each, b0 applied it"
+            )
             theirs = {tuple(e["partition"]) for e in events if e["event"] == "acquired"}
             generation = live.state.assignment.generation
             live.min_rebalance_interval = 60.0  # from now on the coordinator cannot rebalance within the test

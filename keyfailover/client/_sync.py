@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import threading
-from collections.abc import Coroutine, Iterator
-from contextlib import contextmanager
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from keyfailover.client.aio import (
@@ -41,6 +39,7 @@ from keyfailover.client.aio import (
     ServerError,
     Timeout,
 )
+from keyfailover.core.signals import interrupts_held, whole_loop
 
 __all__ = [
     "Client",
@@ -60,21 +59,6 @@ __all__ = [
 _T = TypeVar("_T")
 
 
-@contextmanager
-def _interrupts_held() -> Iterator[None]:
-    """Ctrl-C and SIGTERM held off in the calling thread while the block runs; one that came meanwhile is
-    handled when it ends. A thread started in the block inherits the mask and keeps it: the kernel then
-    always gives these signals to the thread that can act on them (Python runs handlers only in the main
-    thread; one given to another thread would leave the main thread asleep in a wait until the wait ended
-    by itself, so Ctrl-C during ``receive()`` with no timeout would be lost until a message came)."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
 class Client:
     """A connection to a keyfailover server, usable from any thread."""
 
@@ -89,11 +73,10 @@ class Client:
         """Connect to ``url`` (``kf://HOST:PORT[,HOST:PORT...]`` or, with TLS, ``kf+ssl://...``: any broker of a
         cluster; ``tls_ca``: the CA file to trust)."""
         self._closed = False
-        with _interrupts_held():  # a loop interrupted half-made would be collected with an error printed
-            self._loop = asyncio.new_event_loop()
-            self._thread = threading.Thread(target=self._serve, name="keyfailover-client", daemon=True)
+        self._loop = whole_loop()
+        self._thread = threading.Thread(target=self._serve, name="keyfailover-client", daemon=True)
         try:  # Ctrl-C may come as the thread's start ends, or while connecting
-            with _interrupts_held():  # the loop's thread keeps them held: they always reach this thread
+            with interrupts_held():  # the loop's thread keeps them held: they always reach this thread
                 self._thread.start()
             self._async = self._run(self._make(url, token, connect_timeout, tls_ca))
         except BaseException:

@@ -1,26 +1,14 @@
-"""SIGTERM as Ctrl-C for the tools that start processes of their own (the cluster demo, chaos runs), and
-event loops made whole whatever signal comes."""
+"""SIGTERM as Ctrl-C for the tools that start processes of their own (the cluster demo, chaos runs)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import signal
 import threading
 from collections.abc import Iterator
 from types import FrameType
 
-__all__ = ["sigterm_interrupts", "whole_loop"]
-
-
-def whole_loop() -> asyncio.AbstractEventLoop:
-    """A new event loop, made with Ctrl-C and SIGTERM held off (one interrupted half-made would be collected
-    with an error printed); one that came meanwhile is handled as it returns."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
-        return asyncio.new_event_loop()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+__all__ = ["sigterm_interrupts"]
 
 
 @contextlib.contextmanager

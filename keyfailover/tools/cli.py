@@ -365,7 +365,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from keyfailover.broker.protocol import DEFAULT_MAX_FRAME
     from keyfailover.broker.server import ServerConfig, SubscriptionConfig
-    from keyfailover.tools._signals import whole_loop
+    from keyfailover.core.signals import whole_loop
     from keyfailover.tools.serve import configure_logging, run_server
 
     if (args.tls_cert is None) != (args.tls_key is None):

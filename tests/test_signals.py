@@ -1,0 +1,45 @@
+"""Ctrl-C never leaves an event loop half-made: keyfailover.core.signals.whole_loop."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+
+import pytest
+
+from keyfailover.core.signals import whole_loop
+
+
+def test_ctrl_c_given_to_another_thread_while_a_loop_is_made_comes_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel gives SIGINT to a thread that does not block it, and Python runs the handler in the main
+    thread, mask or not: the loop is made whole first, then closed, then KeyboardInterrupt is raised."""
+    make = asyncio.new_event_loop
+    made: list[asyncio.AbstractEventLoop] = []
+
+    def interrupted_while_made() -> asyncio.AbstractEventLoop:
+        release = threading.Event()
+        other = threading.Thread(target=release.wait)  # a live thread that does not block SIGINT
+        other.start()
+        signal.pthread_kill(other.ident or 0, signal.SIGINT)
+        release.set()
+        other.join()
+        for _ in range(10_000):  # bytecodes, at which Python runs a pending handler in the main thread
+            pass
+        made.append(make())
+        return made[0]
+
+    monkeypatch.setattr(asyncio, "new_event_loop", interrupted_while_made)
+    with pytest.raises(KeyboardInterrupt):
+        whole_loop()
+    assert len(made) == 1 and made[0].is_closed()
+
+
+def test_a_loop_made_without_a_signal_is_open() -> None:
+    loop = whole_loop()
+    try:
+        assert not loop.is_closed()
+        assert loop.run_until_complete(asyncio.sleep(0, "ran")) == "ran"
+    finally:
+        loop.close()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -163,6 +163,16 @@ def test_ack_and_is_acked_reject_bad_positions_and_change_nothing(position: Any)
     assert _state(cursor) == (2, [(5, 5)])
 
 
+@pytest.mark.parametrize("position", [0, -1, True, 1.5, "3", None, 2**63])
+def test_ack_many_rejects_a_batch_with_a_bad_position_and_acks_none_of_it(position: Any) -> None:
+    cursor = Cursor(2, [5])
+    with pytest.raises(CursorError, match="must be an int"):
+        cursor.ack_many([3, 7, position, 8])
+    assert _state(cursor) == (2, [(5, 5)])
+    cursor.ack_many([])
+    assert _state(cursor) == (2, [(5, 5)])
+
+
 # -- what a restarted subscription redelivers ------------------------------------------
 
 
@@ -310,6 +320,10 @@ def test_cursor_matches_the_set_of_acked_positions(
         model.add(position)
         assert cursor.mark_delete == _mark_delete_of(model)
     assert_matches(cursor, model, 85)
+    batched = Cursor(start, initial)
+    for first in range(0, len(acks), 7):  # the same acks in batches, as a subscription takes an ack frame
+        batched.ack_many(acks[first : first + 7])
+    assert batched == cursor
     after, up_to = window
     assert list(cursor.unacked_after(after, up_to)) == [p for p in range(after + 1, up_to + 1) if p not in model]
     assert Cursor.from_bytes(cursor.to_bytes()) == cursor

@@ -17,6 +17,8 @@ from itertools import pairwise
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -718,3 +720,15 @@ def test_the_partitions_of_a_topic_are_labelled_by_topic_and_partition() -> None
     shares = [s.value for s in families["keyfailover_range_share"].samples if s.labels["topic"] == "orders"]
     assert len(shares) == 4 and sum(shares) == pytest.approx(1.0, abs=1e-12)
     assert {s.labels["partition"] for s in families["keyfailover_range_start"].samples} == {"0", "1"}
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(-1.0, 400.0, allow_nan=False), max_size=60))
+def test_a_histogram_observes_a_batch_as_it_observes_each_value(values: list[float]) -> None:
+    one_by_one, batched = Histogram(), Histogram()
+    for value in values:
+        one_by_one.observe(value)
+    batched.observe_many(values)
+    assert batched.cumulative() == one_by_one.cumulative()
+    assert batched.count == one_by_one.count == len(values)
+    assert batched.sum == pytest.approx(one_by_one.sum)

@@ -13,7 +13,7 @@ import struct
 import zlib
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 
 import numpy as np
@@ -27,6 +27,7 @@ FORMAT_VERSION = 1
 
 _HEADER = struct.Struct("<BQI")  # format version, mark_delete, number of acked ranges
 _LIMIT = 1 << 63  # positions are signed 64-bit integers in SQLite
+_INT_TYPE = {int}
 
 
 def _position(value: object, what: str, minimum: int) -> int:
@@ -110,7 +111,18 @@ class Cursor:
 
     def ack(self, position: int) -> None:
         """Acknowledge ``position`` (idempotent), advancing :attr:`mark_delete` over every contiguous run."""
-        position = _position(position, "an acked position", 1)
+        self._ack(_position(position, "an acked position", 1))
+
+    def ack_many(self, positions: Sequence[int]) -> None:
+        """Acknowledge each of ``positions`` as :meth:`ack` does; all are checked first (a bad one: none is acked)."""
+        valid = set(map(type, positions)) == _INT_TYPE and min(positions) >= 1 and max(positions) < _LIMIT
+        if positions and not valid:
+            for position in positions:
+                _position(position, "an acked position", 1)
+        for position in positions:
+            self._ack(position)
+
+    def _ack(self, position: int) -> None:
         mark_delete = self._mark_delete
         if position <= mark_delete:
             return

@@ -9,6 +9,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
+import numpy as np
+import numpy.typing as npt
+
 __all__ = ["DEFAULT_BUCKETS", "Histogram"]
 
 DEFAULT_BUCKETS: tuple[float, ...] = (
@@ -34,6 +37,18 @@ class Histogram:
         self._counts[bisect.bisect_left(self._bounds, value)] += 1
         self.count += 1
         self.sum += value
+
+    def observe_many(self, values: npt.ArrayLike) -> None:
+        """Record every value of ``values`` (one pass in numpy: for a batch, such as a frame of deliveries)."""
+        found = np.asarray(values, dtype=np.float64)
+        if not found.size:
+            return
+        buckets = np.bincount(np.searchsorted(self._bounds, found, side="left"), minlength=len(self._counts))
+        counts = self._counts
+        for index in np.flatnonzero(buckets).tolist():
+            counts[index] += int(buckets[index])
+        self.count += int(found.size)
+        self.sum += float(found.sum())
 
     def cumulative(self) -> list[tuple[float, int]]:
         """``(upper bound, observations <= it)`` for every bucket, ending with ``(inf, count)``."""

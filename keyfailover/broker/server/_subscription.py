@@ -12,12 +12,15 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import operator
 import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypedDict
+
+import numpy as np
 
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.protocol import ConsumerClosed, Delivered, Frame, Messages, RangesChanged
@@ -362,11 +365,11 @@ class Subscription:
         epoch = self.dispatcher.epoch
         acked, rejected = self.dispatcher.ack_many(session.consumer, positions)
         self._announce_since(epoch)
-        cursor_ack, uncache = self.cursor.ack, self._cache.pop
-        for position in acked:
-            cursor_ack(position)
-            uncache(position, None)
         if acked:
+            self.cursor.ack_many(acked)
+            uncache = self._cache.pop
+            for position in acked:
+                uncache(position, None)
             self._cursor_dirty = True
             self.wake()
         return rejected
@@ -443,15 +446,15 @@ class Subscription:
                     return
             else:
                 await asyncio.sleep(0)  # no log read awaited: let heartbeats and other subscriptions in
-            cache = self._cache
             cursor = self.cursor
-            fresh = batch[0].position > cursor.last_acked  # the usual case: nothing read was acked before
-            for message in batch:
-                position = message.position
-                if fresh or not cursor.is_acked(position):
-                    dispatcher.publish(position, message.key, None)
-                    cache[position] = message
-                self._read_position = position
+            if batch[0].position <= cursor.last_acked:  # some were acked before (a restart): never again
+                is_acked = cursor.is_acked
+                unacked = [message for message in batch if not is_acked(message.position)]
+            else:
+                unacked = batch  # the usual case
+            dispatcher.publish_many(unacked)
+            self._cache.update(zip(map(_position, unacked), unacked, strict=True))
+            self._read_position = batch[-1].position
             self._trim_cache()
 
     async def _bury(self, letters: list[DeadLetter]) -> None:
@@ -556,20 +559,23 @@ class Subscription:
             if gone:
                 deliveries = [d for d in deliveries if d.consumer not in gone]
         by_consumer: dict[str, list[Delivered]] = {}
-        now = publish_clock()
-        observe = self.delivery_seconds.observe
-        for delivery in deliveries:
-            cached = cache.get(delivery.position)
+        first_published: list[int] = []  # of first deliveries: their latency is observed
+        get = cache.get
+        for consumer, position, _, _, count in deliveries:
+            cached = get(position)
             if cached is None:
-                _log.error("position %d of %s is not in the log", delivery.position, self.topic)
+                _log.error("position %d of %s is not in the log", position, self.topic)
                 continue
-            items = by_consumer.get(delivery.consumer)
+            items = by_consumer.get(consumer)
             if items is None:
-                items = by_consumer[delivery.consumer] = []
+                items = by_consumer[consumer] = []
             published = cached.publish_time
-            if published is not None and not delivery.redelivery_count:
-                observe(max(now - published, 0) / 1e6)
-            items.append((delivery.position, cached.key, cached.payload, delivery.redelivery_count, published))
+            if published is not None and not count:
+                first_published.append(published)
+            items.append((position, cached.key, cached.payload, count, published))
+        if first_published:
+            waited = publish_clock() - np.array(first_published, dtype=np.int64)
+            self.delivery_seconds.observe_many(np.maximum(waited, 0) / 1e6)
         if missing:
             self._trim_cache()
         if self.paused():
@@ -578,17 +584,8 @@ class Subscription:
             return
         for name, items in by_consumer.items():
             session = sessions.get(name)
-            if session is None:
-                continue
-            batch: list[Delivered] = []
-            size = 0
-            for item in items:
-                if batch and (len(batch) >= _SEND_BATCH or size + len(item[2]) > _SEND_BYTES):
-                    session.send(Messages(session=session.id, messages=batch))
-                    batch, size = [], 0
-                batch.append(item)
-                size += len(item[2]) + 32
-            session.send(Messages(session=session.id, messages=batch))
+            if session is not None:
+                _send_in_frames(session, items)
 
     # -- reading -----------------------------------------------------------------------
 
@@ -670,3 +667,23 @@ class Subscription:
         self._cursor_dirty = True
         with contextlib.suppress(NotServedError):  # fenced out: acks since the last flush are redelivered
             await self.flush_cursor()
+
+
+def _send_in_frames(session: Session, items: list[Delivered]) -> None:
+    """``items`` to ``session`` in frames of at most ``_SEND_BATCH`` deliveries and about ``_SEND_BYTES``."""
+    if len(items) <= _SEND_BATCH and 32 * len(items) + sum(map(len, map(_payload, items))) <= _SEND_BYTES:
+        session.send(Messages(session=session.id, messages=items))  # the usual case: one frame
+        return
+    batch: list[Delivered] = []
+    size = 0
+    for item in items:
+        if batch and (len(batch) >= _SEND_BATCH or size + len(item[2]) > _SEND_BYTES):
+            session.send(Messages(session=session.id, messages=batch))
+            batch, size = [], 0
+        batch.append(item)
+        size += len(item[2]) + 32
+    session.send(Messages(session=session.id, messages=batch))
+
+
+_position = operator.itemgetter(0)
+_payload = operator.itemgetter(2)

@@ -57,8 +57,9 @@ import bisect
 import heapq
 import math
 import time
+from array import array
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, NamedTuple
 
@@ -653,6 +654,39 @@ class Dispatcher:
         self._last_position = position
         self._held += 1
         self._fresh.append(message)
+
+    def publish_many(self, messages: Iterable[Sequence[Any]]) -> int:
+        """Hand in several messages, as :meth:`publish` does each with no payload; returns how many.
+
+        Each item starts with its position and key: a ``(position, key)`` pair, or a longer
+        tuple such as a stored message. All or none: a bad item (or more than :meth:`wants`
+        allows) raises, and nothing is published.
+        """
+        last = self._last_position
+        first, size = self._first, self._size
+        made: list[_Message] = []
+        slots = array("H")
+        for item in messages:
+            position, key = item[0], item[1]
+            if type(position) is not int:
+                raise PositionError(f"position must be an int, not {type(position).__name__}")
+            if last is not None and position <= last:
+                raise PositionError(f"position {position} is not after the last published position {last}")
+            message = _make_message(position, key, None, first, size)
+            if message.kb is not None:
+                slots.append(message.slot)
+            made.append(message)
+            last = position
+        if self._held + len(made) > self._max_replay:
+            raise BufferFullError(
+                f"{len(made)} messages would take the dispatcher to {self._held + len(made)} unacked, over its "
+                f"max_replay bound of {self._max_replay}; expected at most wants() = {self.wants()} of them"
+            )
+        self._meter.slot_log.extend(slots)
+        self._last_position = last
+        self._held += len(made)
+        self._fresh.extend(made)
+        return len(made)
 
     def _check_room(self) -> None:
         if self._held >= self._max_replay:

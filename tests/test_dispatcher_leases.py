@@ -585,3 +585,28 @@ def test_a_bad_live_setting_is_refused_and_changes_nothing() -> None:
         d.set_delivery_settings(ack_timeout=1.0, max_redeliveries=-1)
     assert d.stats() == before
     assert (d.ack_timeout, d.max_redeliveries, d.nack_backoff) == (TIMEOUT, None, (1.0, 60.0))
+
+
+def test_a_reader_is_asked_for_more_only_while_a_consumer_that_may_take_it_has_permits() -> None:
+    """``hungry()``: a consumer with permits left after a poll could use more messages; a stuck one's
+    permits do not count, as it takes nothing until it shows progress."""
+    clock = ManualClock(100.0)
+    d = Dispatcher(clock=clock, ack_timeout=TIMEOUT)
+    assert not d.hungry()  # no consumer
+    d.add_consumer("a")
+    assert not d.hungry()  # no permits
+    d.flow("a", 2)
+    assert d.hungry()
+    d.publish(0, "k")
+    d.publish(1, "k")
+    assert [x.position for x in d.poll()] == [0, 1]
+    assert not d.hungry()  # it has all it asked for
+    d.flow("a", 1)
+    assert d.hungry()
+    clock.advance(TIMEOUT)
+    d.poll()  # both leases expire: a is stuck, with one permit left
+    assert d.stats()["consumers"]["a"]["stuck"]
+    assert not d.hungry()
+    d.add_consumer("b")
+    d.flow("b", 1)
+    assert d.hungry()

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.error import HTTPError
 from urllib.request import Request, urlopen
 
@@ -231,6 +232,39 @@ def test_a_consumer_that_never_acks_does_not_stop_the_others(tmp_path: Path) -> 
         for key, seen in order.items():
             first = [p for i, p in enumerate(seen) if p not in seen[:i]]
             assert first == sorted(first), f"{key}: first deliveries out of order"
+    assert "Traceback" not in server.errors(), server.errors()
+
+
+def test_a_backlog_is_read_only_as_far_as_its_consumers_can_take(tmp_path: Path) -> None:
+    """10,000 stored messages and a consumer with a receiver queue of 100 that takes none yet: the server
+    reads what its permits take (within a read batch), not up to max_replay (100,000): the rest waits in
+    the log, not in memory, where the payload cache would have lost it. Then every message comes, each
+    key in order."""
+    keys = [f"account-{i}" for i in range(100)]
+    count = 10_000
+    with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server, Client(server.url) as client:
+        producer = client.create_producer("orders")
+        for i in range(count):
+            producer.send_async(b"x", keys[i % len(keys)])
+        producer.flush()
+        producer.close()
+        consumer = client.subscribe("orders", "billing", consumer_name="slow", receiver_queue_size=100)
+
+        def dispatcher() -> dict[str, Any]:
+            stats = json.loads(run_cli("stats", "--admin-url", str(server.admin_url), "--json").stdout)
+            found: dict[str, Any] = stats["subscriptions"][0]["dispatcher"]
+            return found
+
+        wait_until(lambda: dispatcher()["consumers"]["slow"]["unacked"] == 100, "the consumer's permits taken")
+        held = dispatcher()["held"]
+        assert 100 <= held <= count // 4, f"read {held} of {count} for a consumer that asked for 100"
+        order: dict[str, list[int]] = {}
+        for _ in range(count):
+            message = consumer.receive(timeout=30)
+            order.setdefault(str(message.key), []).append(message.position)
+            consumer.acknowledge(message)
+        assert sum(map(len, order.values())) == count
+        assert all(seen == sorted(seen) for seen in order.values()), "a key out of order"
     assert "Traceback" not in server.errors(), server.errors()
 
 

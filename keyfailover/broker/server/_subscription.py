@@ -437,7 +437,9 @@ class Subscription:
                 continue  # deliver what came back before reading on
             wanted = dispatcher.wants()
             last = self._storage.last_position(self.topic)
-            if not wanted or self._read_position >= last or not self.sessions:
+            # Read on only for a consumer with permits to spare: read further, messages would wait in
+            # memory and their payloads leave the cache (smaller than max_replay) before they went out.
+            if not wanted or self._read_position >= last or not self.sessions or not dispatcher.hungry():
                 return
             batch = self._take_tail(min(wanted, _READ_BATCH))
             if batch is None:

@@ -273,10 +273,10 @@ class Log:
             return []
         base = topic_id << _POSITION_BITS
         rows = self._connection().execute(
-            "SELECT id, key, payload, publish_time FROM messages WHERE id > ? AND id <= ? ORDER BY id LIMIT ?",
-            (base + after, base + MAX_POSITION, limit),
+            "SELECT id - ?, key, payload, publish_time FROM messages WHERE id > ? AND id <= ? ORDER BY id LIMIT ?",
+            (base, base + after, base + MAX_POSITION, limit),
         )
-        return [StoredMessage(row_id - base, key, payload, at) for row_id, key, payload, at in rows]
+        return list(map(StoredMessage._make, rows))  # rows are (position, key, payload, publish_time) already
 
     def read_positions(self, topic: str, positions: Iterable[int]) -> dict[int, StoredMessage]:
         """The messages of ``topic`` at ``positions`` (to re-read payloads for replays); absent ones are left out."""
@@ -292,10 +292,10 @@ class Log:
         for start in range(0, len(ids), _READ_CHUNK):
             chunk = ids[start : start + _READ_CHUNK]
             marks = ",".join("?" * len(chunk))
-            for row_id, key, payload, at in db.execute(
-                f"SELECT id, key, payload, publish_time FROM messages WHERE id IN ({marks})", chunk
-            ):
-                found[row_id - base] = StoredMessage(row_id - base, key, payload, at)
+            rows = db.execute(
+                f"SELECT id - ?, key, payload, publish_time FROM messages WHERE id IN ({marks})", [base, *chunk]
+            )
+            found.update((message.position, message) for message in map(StoredMessage._make, rows))
         return found
 
     def last_position(self, topic: str) -> int:

@@ -54,6 +54,7 @@ key's queue by position.
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import math
 import time
@@ -194,6 +195,10 @@ class Delivery(NamedTuple):
     key: Key
     payload: Any
     redelivery_count: int
+
+
+_delivery = functools.partial(tuple.__new__, Delivery)
+"""``Delivery`` from a tuple of its fields, without the call of its generated ``__new__`` (the hot path)."""
 
 
 class DeadLetter(NamedTuple):
@@ -639,6 +644,15 @@ class Dispatcher:
     def wants(self) -> int:
         """How many more messages ``publish`` accepts now; 0 means stop reading (G4)."""
         return max(self._max_replay - self._held, 0)
+
+    def hungry(self) -> bool:
+        """Whether a consumer that may take messages (not stuck) has permits left: after :meth:`poll`, its
+        permits are more than anything waiting could use, so reading on may find it some.
+
+        False means every consumer has all it asked for: what a reader hands in now only waits in
+        memory. A server reads on only while this holds (and :meth:`wants` allows).
+        """
+        return any(consumer.permits and not consumer.stuck for consumer in self._consumers.values())
 
     def publish(self, position: int, key: Key, payload: Any = None) -> None:
         """Hand in the message at ``position``; positions strictly increase."""
@@ -1261,7 +1275,7 @@ class Dispatcher:
             consumer.withheld += consumer.permits
             consumer.permits = 0
         count = 0 if back is None else back.count
-        out.append(Delivery(consumer.cid, message.position, _key_of(message), message.payload, count))
+        out.append(_delivery((consumer.cid, message.position, _key_of(message), message.payload, count)))
 
     def _serve_ready(self, out: list[Delivery]) -> None:
         keys = self._keys

@@ -20,6 +20,7 @@ replayed, keeps the publish time of the message it was.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -172,6 +173,10 @@ class StoredMessage(NamedTuple):
     publish_time: int | None
 
 
+_stored = functools.partial(tuple.__new__, StoredMessage)
+"""A ``StoredMessage`` from a row ``(position, key, payload, publish_time)``, in C (one per message read)."""
+
+
 class DeadLetterRecord(NamedTuple):
     """A dead-lettered message: where it is in the dead-letter topic, where it came from, and why."""
 
@@ -276,7 +281,7 @@ class Log:
             "SELECT id - ?, key, payload, publish_time FROM messages WHERE id > ? AND id <= ? ORDER BY id LIMIT ?",
             (base, base + after, base + MAX_POSITION, limit),
         )
-        return list(map(StoredMessage._make, rows))  # rows are (position, key, payload, publish_time) already
+        return list(map(_stored, rows))
 
     def read_positions(self, topic: str, positions: Iterable[int]) -> dict[int, StoredMessage]:
         """The messages of ``topic`` at ``positions`` (to re-read payloads for replays); absent ones are left out."""
@@ -295,7 +300,7 @@ class Log:
             rows = db.execute(
                 f"SELECT id - ?, key, payload, publish_time FROM messages WHERE id IN ({marks})", [base, *chunk]
             )
-            found.update((message.position, message) for message in map(StoredMessage._make, rows))
+            found.update((message.position, message) for message in map(_stored, rows))
         return found
 
     def last_position(self, topic: str) -> int:

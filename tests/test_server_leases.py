@@ -375,3 +375,29 @@ def test_delivery_settings_are_per_subscription_live_and_saved(
         missing = run_cli("admin", "configure", *admin, "--topic", "orders", "--subscription", "nobody")
         assert missing.returncode == 1 and "no subscription 'nobody' of topic 'orders'" in missing.stderr
     assert "Traceback" not in server.errors(), server.errors()
+
+
+def test_parked_messages_come_back_after_a_restart_that_finds_the_log_end_acked(tmp_path: Path) -> None:
+    """After a restart, the first read (a buffer's worth, 100) passes the messages acked before it (the
+    last 40 of the log), so the read position ends beyond the last message the dispatcher was given.
+    The messages parked on the way (one unacked at a time) are re-read from the log as the consumer
+    acks, every one of them, in order, with no new message needed to move things on."""
+    count, unacked = 100, 60
+    with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server, Client(server.url) as client:
+        positions = produce(client, "orders", [("account-1", b"x")] * count)
+        consumer = client.subscribe("orders", "billing", consumer_name="c", receiver_queue_size=count)
+        for _ in range(count):
+            message = consumer.receive(timeout=30)
+            if message.position > positions[unacked - 1]:
+                consumer.acknowledge_confirmed(message)
+        consumer.close()
+    options = ("--max-replay", "100", "--max-unacked-per-consumer", "1", "--metrics-port", "0")
+    with ServerProcess(tmp_path / "data", *options) as server, Client(server.url) as client:
+        consumer = client.subscribe("orders", "billing", consumer_name="c", receiver_queue_size=1)
+        got = []
+        for _ in range(unacked):
+            message = consumer.receive(timeout=30)
+            got.append(message.position)
+            consumer.acknowledge(message)
+        assert got == positions[:unacked]
+    assert "Traceback" not in server.errors(), server.errors()

@@ -521,7 +521,11 @@ class Subscription:
         """
         dispatcher = self.dispatcher
         after = min(slots.values()) - 1
-        end = self._read_position  # everything published so far: the pump publishes all it reads
+        # The last published message, where parking ends. Not the read position: past it the pump may
+        # have read messages acked before a restart, which it never published.
+        end = dispatcher.last_position
+        if end is None:
+            return
         through = end  # lowered where the bound stops the re-read
         cache = self._cache
         while after < end and through == end:

@@ -1021,6 +1021,11 @@ class Dispatcher:
         return [(start + offset, end + offset) for start, end in self._map.ranges_of(cid)]
 
     @property
+    def last_position(self) -> int | None:
+        """The last position published, None before the first: a re-read of parked slots ends there."""
+        return self._last_position
+
+    @property
     def slots(self) -> tuple[int, int]:
         """The inclusive ``(first, last)`` hash slots this dispatcher serves."""
         return self._first, self._first + self._size - 1

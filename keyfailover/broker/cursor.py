@@ -18,6 +18,7 @@ from itertools import chain
 
 import numpy as np
 
+from keyfailover.broker._ints import ints_within
 from keyfailover.core.errors import CursorError
 
 __all__ = ["Cursor"]
@@ -27,7 +28,6 @@ FORMAT_VERSION = 1
 
 _HEADER = struct.Struct("<BQI")  # format version, mark_delete, number of acked ranges
 _LIMIT = 1 << 63  # positions are signed 64-bit integers in SQLite
-_INT_TYPE = {int}
 
 
 def _position(value: object, what: str, minimum: int) -> int:
@@ -115,8 +115,7 @@ class Cursor:
 
     def ack_many(self, positions: Sequence[int]) -> None:
         """Acknowledge each of ``positions`` as :meth:`ack` does; all are checked first (a bad one: none is acked)."""
-        valid = set(map(type, positions)) == _INT_TYPE and min(positions) >= 1 and max(positions) < _LIMIT
-        if positions and not valid:
+        if not ints_within(positions, 1, _LIMIT - 1):
             for position in positions:
                 _position(position, "an acked position", 1)
         for position in positions:

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Final, Literal, NamedTuple, TypeAlias, TypeGua
 
 import msgpack  # type: ignore[import-untyped]
 
+from keyfailover.broker._ints import ints_within
 from keyfailover.core.errors import FATAL_CODES, ErrorCode, FrameEncodeError, KeyFailoverError, ProtocolError
 from keyfailover.core.hashing import HASH_RANGE_SIZE
 
@@ -498,9 +499,6 @@ def _opt_text(value: object) -> str | None:
 _KEY_TYPES: Final = frozenset({str, bytes, type(None)})
 
 
-_INT_TYPE: Final = {int}
-
-
 def _array(value: object, expected: str) -> tuple[Any, ...]:
     if type(value) is tuple:
         return value
@@ -516,7 +514,7 @@ def _bad_item(items: tuple[Any, ...], item: object, expected: str) -> _FieldErro
 def _uints(value: object) -> list[int]:
     items = _array(value, _UINT)
     # Checked in C as a whole (an ack frame holds many); the loop finds the bad item to name.
-    if items and not (set(map(type, items)) == _INT_TYPE and min(items) >= 0 and max(items) <= _INT64_MAX):
+    if not ints_within(items, 0, _INT64_MAX):
         for item in items:
             if not (type(item) is int and 0 <= item <= _INT64_MAX):
                 raise _bad_item(items, item, _UINT)

@@ -328,6 +328,14 @@ class _Consumer:
         self.withheld = 0
 
 
+def _check_position(position: object, last: int | None) -> None:
+    """A position to publish: an int after ``last``, the last published one (None before the first)."""
+    if type(position) is not int:
+        raise PositionError(f"position must be an int, not {type(position).__name__}")
+    if last is not None and position <= last:
+        raise PositionError(f"position {position} is not after the last published position {last}")
+
+
 def _make_message(position: int, key: Key, payload: Any, first: int = 0, size: int = HASH_RANGE_SIZE) -> _Message:
     """A message with its key's bytes and slot, counted from ``first`` (raises :class:`InvalidKeyError`
     for a bad key, :class:`WrongPartitionError` for a key whose slot is not in ``[first, first + size)``)."""
@@ -661,11 +669,7 @@ class Dispatcher:
 
     def publish(self, position: int, key: Key, payload: Any = None) -> None:
         """Hand in the message at ``position``; positions strictly increase."""
-        if type(position) is not int:
-            raise PositionError(f"position must be an int, not {type(position).__name__}")
-        last = self._last_position
-        if last is not None and position <= last:
-            raise PositionError(f"position {position} is not after the last published position {last}")
+        _check_position(position, self._last_position)
         self._check_room()
         message = _make_message(position, key, payload, self._first, self._size)
         if message.kb is not None:
@@ -687,10 +691,7 @@ class Dispatcher:
         slots = array("H")
         for item in messages:
             position, key = item[0], item[1]
-            if type(position) is not int:
-                raise PositionError(f"position must be an int, not {type(position).__name__}")
-            if last is not None and position <= last:
-                raise PositionError(f"position {position} is not after the last published position {last}")
+            _check_position(position, last)
             message = _make_message(position, key, None, first, size)
             if message.kb is not None:
                 slots.append(message.slot)

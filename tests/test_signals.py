@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
+from types import FrameType
 
 import pytest
 
@@ -43,3 +44,40 @@ def test_a_loop_made_without_a_signal_is_open() -> None:
     finally:
         loop.close()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_as_the_handlers_are_put_back_leaves_them_all_back_and_the_loop_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C right after SIGINT's own handler is back (before SIGTERM's): the interrupt still comes, every
+    handler is the one from before and the loop made meanwhile is closed, not left for the collector."""
+    made: list[asyncio.AbstractEventLoop] = []
+    make = asyncio.new_event_loop
+
+    def recorded() -> asyncio.AbstractEventLoop:
+        made.append(make())
+        return made[-1]
+
+    monkeypatch.setattr(asyncio, "new_event_loop", recorded)
+    put = signal.signal
+
+    def put_then_interrupted(number: int, handler: signal._HANDLER) -> signal._HANDLER:
+        before = put(number, handler)
+        if number == signal.SIGINT and handler is signal.default_int_handler:
+            raise KeyboardInterrupt  # as the default handler would, were Ctrl-C pressed now
+        return before
+
+    def terminate(number: int, frame: FrameType | None) -> None:
+        """A Python SIGTERM handler, as serve has: one whole_loop puts off too."""
+
+    before = put(signal.SIGTERM, terminate)
+    try:
+        monkeypatch.setattr(signal, "signal", put_then_interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            whole_loop()
+        monkeypatch.undo()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGTERM) is terminate
+        assert len(made) == 1 and made[0].is_closed()
+    finally:
+        put(signal.SIGTERM, before)

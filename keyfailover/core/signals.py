@@ -13,6 +13,8 @@ from typing import Any
 
 __all__ = ["interrupts_held", "whole_loop"]
 
+_Handler = Callable[[int, FrameType | None], Any]
+
 
 @contextmanager
 def interrupts_held() -> Iterator[None]:
@@ -41,21 +43,37 @@ def whole_loop() -> asyncio.AbstractEventLoop:
     def put_off(signum: int, frame: FrameType | None) -> None:
         came.append((signum, frame))
 
-    handlers: dict[int, Callable[[int, FrameType | None], Any]] = {}
+    handlers: list[tuple[int, _Handler]] = []
+    loop: asyncio.AbstractEventLoop | None = None
     try:
         for held in (signal.SIGINT, signal.SIGTERM):
             handler = signal.getsignal(held)
             if callable(handler):
-                handlers[held] = handler
+                handlers.append((held, handler))
                 signal.signal(held, put_off)
         loop = asyncio.new_event_loop()
     finally:
-        for number, handler in handlers.items():
-            signal.signal(number, handler)
+        try:
+            _put_back(handlers)
+        except BaseException:  # a signal came as one handler was back: the others are back too
+            if loop is not None:
+                loop.close()
+            raise
     try:
         for signum, frame in came[:1]:
-            handlers[signum](signum, frame)
+            dict(handlers)[signum](signum, frame)
     except BaseException:
         loop.close()
         raise
     return loop
+
+
+def _put_back(handlers: list[tuple[int, _Handler]]) -> None:
+    """Put each handler back, each from a ``finally`` of its own: one that runs as soon as it is back
+    (Ctrl-C just then raises KeyboardInterrupt) still leaves every other one back."""
+    if handlers:
+        (number, handler), rest = handlers[0], handlers[1:]
+        try:
+            signal.signal(number, handler)
+        finally:
+            _put_back(rest)

@@ -8,8 +8,11 @@ keys, published with 64 or 1000 consumers each given 50 permits, so most message
 a few thousand are in flight unacked. Then rounds of one newcomer joining (given its
 permits, then a poll) and one original consumer leaving (then a poll); every
 ``add_consumer`` and ``remove_consumer`` is timed on its own and the table shows the
-medians. The peer is uhashring's ``HashRing.add_node`` / ``remove_node`` (160 vnodes per
-node) with the same consumers, timed the same way in the same run.
+medians, and the median share of the keys a join and a leave gave another owner (a
+change costs about what it moves: the joiner takes a fair share of the traffic, in Zipf
+traffic a few hot keys, while a leaver's keys all go). The peer is uhashring's
+``HashRing.add_node`` / ``remove_node`` (160 vnodes per node) with the same consumers,
+timed the same way in the same run.
 
 Memory table: tracemalloc's growth while 1,000,000 messages (``--quick``: 100,000) are
 handed over and held, with a fresh key string per message as a reader decoding them
@@ -26,8 +29,10 @@ import statistics
 import time
 import tracemalloc
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
+import numpy.typing as npt
 import uhashring
 from _common import (
     DISTINCT_KEYS,
@@ -43,6 +48,7 @@ from _common import (
 
 from keyfailover import Dispatcher
 from keyfailover.core.clock import ManualClock
+from keyfailover.core.hashing import key_hashes
 
 PERMITS = 50
 TICK = 0.01
@@ -50,8 +56,9 @@ BAR_HELD = 50_000
 BAR_CONSUMERS = 64
 
 
-def churn_dispatcher(consumers: list[str], messages: int, rounds: int) -> tuple[float, float, int]:
-    """Median seconds of a join and of a leave beside ``messages`` held, and how many distinct keys they have."""
+def churn_dispatcher(consumers: list[str], messages: int, rounds: int) -> tuple[float, float, int, float, float]:
+    """Median seconds of a join and of a leave beside ``messages`` held, how many distinct keys they have,
+    and the median share of those keys that a join and a leave gave another owner."""
     clock = ManualClock()
     dispatcher = Dispatcher(clock=clock, max_replay=messages)
     for cid in consumers:
@@ -61,23 +68,34 @@ def churn_dispatcher(consumers: list[str], messages: int, rounds: int) -> tuple[
     for position, rank in enumerate(ranks):
         dispatcher.publish(position, f"key-{rank}")
     dispatcher.poll()
+    slots = key_hashes([f"key-{rank}" for rank in set(ranks)])
     joins: list[float] = []
     leaves: list[float] = []
+    moved: tuple[list[float], list[float]] = ([], [])
+
+    def change(call: Callable[[], None], times: list[float], shares: list[float]) -> None:
+        before = owners(dispatcher, slots)
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+        shares.append(float(np.mean(before != owners(dispatcher, slots))))
+        dispatcher.poll()
+        clock.advance(TICK)
+
     for i in range(rounds):
         newcomer = f"n{i}"
-        start = time.perf_counter()
-        dispatcher.add_consumer(newcomer)
-        joins.append(time.perf_counter() - start)
+        change(partial(dispatcher.add_consumer, newcomer), joins, moved[0])
         dispatcher.flow(newcomer, PERMITS)
-        dispatcher.poll()
-        clock.advance(TICK)
-        start = time.perf_counter()
-        dispatcher.remove_consumer(consumers[i])
-        leaves.append(time.perf_counter() - start)
-        dispatcher.poll()
-        clock.advance(TICK)
+        change(partial(dispatcher.remove_consumer, consumers[i]), leaves, moved[1])
     assert dispatcher.stats()["held"] == messages, "a join or a leave lost or added a message"
-    return statistics.median(joins), statistics.median(leaves), len(set(ranks))
+    joined, left = (statistics.median(shares) for shares in moved)
+    return statistics.median(joins), statistics.median(leaves), len(slots), joined, left
+
+
+def owners(dispatcher: Dispatcher, slots: npt.NDArray[np.int32]) -> npt.NDArray[np.object_]:
+    """The consumer owning each of ``slots`` now."""
+    ends, names = dispatcher.range_map().lookup_table()
+    return np.asarray(names, dtype=object)[np.searchsorted(np.asarray(ends), slots)]
 
 
 def churn_ring(consumers: list[str], rounds: int) -> tuple[float, float]:
@@ -155,7 +173,7 @@ def main() -> None:
     for consumers in groups:
         members = consumer_ids(consumers)
         for messages in sizes:
-            join, leave, keys = churn_dispatcher(members, messages, rounds)
+            join, leave, keys, joined, left = churn_dispatcher(members, messages, rounds)
             ring_join, ring_leave = churn_ring(members, rounds)
             medians[consumers, messages] = (join, leave, ring_join, ring_leave)
             rows.append(
@@ -163,6 +181,7 @@ def main() -> None:
                     f"Dispatcher, {consumers} consumers",
                     format_count(messages),
                     format_count(keys),
+                    f"{joined:.1%} / {left:.1%}",
                     f"{join * 1e3:.3f}",
                     f"{leave * 1e3:.3f}",
                     f"{ring_join * 1e3:.3f}",
@@ -172,7 +191,7 @@ def main() -> None:
             )
     print_table(
         f"A join and a leave beside what is held: median of {rounds} each; uhashring (peer) in the same run",
-        ["Dispatcher", "held", "keys", "join ms", "leave ms", "uhashring add ms", "remove ms", "vs uhashring"],
+        ["Dispatcher", "held", "keys", "keys moved", "join ms", "leave ms", "uhashring add ms", "remove ms", "vs ring"],
         rows,
     )
 

@@ -19,7 +19,7 @@ HEADERS = {
     "bench_lookup.py": ("path", "consumers", "keys/s", "µs/key", "vs uhashring"),
     "bench_dispatch.py": ("dispatcher", "messages", "redelivered", "seconds", "messages/s", "µs/message"),
     "bench_rebalance.py": ("operation", "consumers", "median ms", "max ms", "median vs uhashring"),
-    "bench_held.py": ("Dispatcher", "held", "keys", "join ms", "leave ms", "uhashring add ms", "vs uhashring"),
+    "bench_held.py": ("Dispatcher", "held", "keys", "keys moved", "join ms", "leave ms", "uhashring add ms", "vs ring"),
     "bench_log.py": ("writer", "synchronous", "batch", "messages", "messages/s", "vs peer"),
     "bench_spark.py": ("job", "rows", "partitions", "seconds", "median s", "rows/s", "vs native"),
     "bench_stuck.py": ("Dispatcher", "messages", "healthy got", "never read", "parked slots", "dispatcher MiB"),

@@ -100,6 +100,10 @@ class Store(ABC):
         """The messages of ``topic`` at ``positions`` (those that exist)."""
 
     @abstractmethod
+    async def last_sequence(self, topic: str, producer: str) -> int:
+        """The highest sequence id stored for the named producer in ``topic``; -1 when it stored none."""
+
+    @abstractmethod
     async def subscriptions(self, topic: str) -> list[str]:
         """The subscriptions of ``topic`` with a saved cursor, sorted."""
 

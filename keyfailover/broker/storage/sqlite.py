@@ -308,6 +308,19 @@ class Log:
         topic_id = self._topic_id(_name(topic, "topic"))
         return 0 if topic_id is None else _edge(self._connection(), "max", topic_id, 0)
 
+    def last_sequence(self, topic: str, producer: str) -> int:
+        """The highest sequence id stored for ``producer`` in ``topic``; -1 when it stored none."""
+        (found,) = (
+            self._connection()
+            .execute(
+                """SELECT max(m.seq) FROM messages m JOIN producers p ON m.producer = p.id
+                   JOIN topics t ON p.topic = t.id WHERE t.name = ? AND p.name = ?""",
+                (_name(topic, "topic"), _name(producer, "producer")),
+            )
+            .fetchone()
+        )
+        return -1 if found is None else int(found)
+
     def first_position(self, topic: str) -> int:
         """The position of the oldest message of ``topic``: 1, as nothing is trimmed; 1 for an unknown topic."""
         topic_id = self._topic_id(_name(topic, "topic"))

@@ -438,13 +438,14 @@ class PostgresStore(Store):
         name, partition = self._locate(topic)
         return await self.log.read(name, partition, after, limit)
 
-    async def last_sequence(self, topic: str, producer: str) -> int:
+    async def last_sequence(self, topic: str, prefix: str) -> int:
         name, partition = self._locate(topic)
         found = await self.log.pool.fetchval(
-            "SELECT last_seq FROM kf_producers WHERE topic = $1 AND partition = $2 AND producer = $3",
+            """SELECT max(last_seq) FROM kf_producers
+               WHERE topic = $1 AND partition = $2 AND left(producer, length($3)) = $3""",
             name,
             partition,
-            producer,
+            prefix,
         )
         return -1 if found is None else int(found)
 

@@ -127,9 +127,31 @@ class PulsarDecoder:
                 command.ParseFromString(bytes(buffer[start : start + command_size]))
             except DecodeError as exc:
                 raise PulsarFrameError(f"command is not a valid BaseCommand ({exc})") from None
+            _check_command(command)
             frames.append(PulsarFrame(command, bytes(buffer[start + command_size : end])))
             offset = end
         del buffer[:offset]
+
+
+_EMPTY_BODIES: Final = frozenset({BaseCommand.PING, BaseCommand.PONG})
+"""Commands whose body has no fields: accepted without it."""
+
+
+def _check_command(command: BaseCommand) -> None:
+    """Refuse a command without its required fields (an unknown type leaves ``type`` unset) or its body.
+
+    In BaseCommand each command's body is the field numbered as its type.
+    """
+    if not command.IsInitialized():
+        raise PulsarFrameError("command lacks required fields (an unknown command type leaves its type unset)")
+    body = BaseCommand.DESCRIPTOR.fields_by_number.get(command.type)
+    if command.type not in _EMPTY_BODIES and (body is None or not command.HasField(body.name)):  # type: ignore[arg-type]
+        raise PulsarFrameError(f"{BaseCommand.Type.Name(command.type)} command has no body")
+
+
+def _check_metadata(metadata: MessageMetadata | SingleMessageMetadata, what: str) -> None:
+    if not metadata.IsInitialized():
+        raise PulsarFrameError(f"{what} lacks required fields")
 
 
 def encode_command(command: BaseCommand) -> bytes:
@@ -165,6 +187,7 @@ def parse_message(rest: bytes) -> SentMessage:
         metadata.ParseFromString(rest[4 : 4 + size])
     except DecodeError as exc:
         raise PulsarFrameError(f"message metadata is not a valid MessageMetadata ({exc})") from None
+    _check_metadata(metadata, "message metadata")
     return SentMessage(metadata, rest[4 + size :], checksum_ok)
 
 
@@ -184,6 +207,7 @@ def split_batch(payload: bytes, count: int) -> list[tuple[SingleMessageMetadata,
             single.ParseFromString(payload[offset : offset + size])
         except DecodeError as exc:
             raise PulsarFrameError(f"batch message {index}'s metadata is not a SingleMessageMetadata ({exc})") from None
+        _check_metadata(single, f"batch message {index}'s metadata")
         offset += size
         length = single.payload_size
         if not 0 <= length <= len(payload) - offset:

@@ -25,6 +25,8 @@ class TopicNameError(KeyFailoverError, ValueError):
 
 def keyfailover_topic(name: str) -> str:
     """The keyfailover topic of the Pulsar topic ``name`` (see the module's rule)."""
+    if not isinstance(name, str):  # protobuf hands over a string field that is not UTF-8 as bytes
+        raise TopicNameError(f"topic name {name!r:.80} is not valid UTF-8")
     scheme, sep, path = name.partition("://")
     if not sep:
         raise TopicNameError(f"topic {name!r:.80} has no scheme; expected persistent://TENANT/NAMESPACE/NAME")

@@ -392,9 +392,17 @@ class PulsarConnection(asyncio.Protocol):
     # -- commands --------------------------------------------------------------------
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(work)
+        task = asyncio.get_running_loop().create_task(self._guarded(work))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _guarded(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run a request's task; a bug in it closes this connection (logged), not the server."""
+        try:
+            await work
+        except Exception:
+            _log.exception("internal error serving a Pulsar request from %s", self.peer)
+            self.refuse(ErrorCode.INTERNAL, "internal server error")
 
     def _handle(self, frame: PulsarFrame) -> None:
         command = frame.command

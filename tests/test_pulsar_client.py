@@ -15,12 +15,13 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.request import urlopen
+from urllib.request import Request, urlopen
 
 import pulsar
 import pytest
 
 from keyfailover.broker.pulsar.PulsarApi_pb2 import AuthenticationError, BaseCommand, CommandSubscribe
+from keyfailover.core.partitions import partition_of_key
 from tests.pulsar_wire import RawPulsar, connect_command, subscribe_command
 from tests.server_process import ServerProcess, wait_until
 
@@ -198,6 +199,27 @@ def test_batched_entries_are_split_so_each_message_goes_by_its_own_key(server: S
         by_key[key].append(int(data.split(":")[1]))
     assert by_key == {f"k{k}": list(range(k, 60, 6)) for k in range(6)}
     assert stored(server, topic) == 60
+
+
+def test_a_partitioned_topic_with_a_router_that_follows_keyfailovers_partitions(server: ServerProcess) -> None:
+    """Partition p of a keyfailover topic holds a block of hash slots: the client's router sends each key there."""
+    created = Request(f"{server.admin_url}/topics?topic=split&partitions=3", method="POST")
+    with urlopen(created, timeout=10) as response:
+        assert json.loads(response.read())["partitions"] == 3
+    with client(server.pulsar_url) as pc:
+        consumer = pc.subscribe("split", "all", consumer_type=pulsar.ConsumerType.KeyShared)
+        producer = pc.create_producer(
+            "split", message_router=lambda message, partitions: partition_of_key(message.partition_key(), partitions)
+        )
+        for index in range(90):
+            producer.send(str(index).encode(), partition_key=f"k{index % 9}")
+        by_key: dict[str, list[int]] = defaultdict(list)
+        for _ in range(90):
+            message = consumer.receive(timeout_millis=10_000)
+            by_key[message.partition_key()].append(int(message.data()))
+            consumer.acknowledge(message)
+    assert by_key == {f"k{k}": list(range(k, 90, 9)) for k in range(9)}
+    assert sum(stored(server, f"split-partition-{p}") for p in range(3)) == 90
 
 
 def free_port() -> int:

@@ -48,7 +48,9 @@ def producer_command(topic: str, producer_id: int = 1, request_id: int = 1, name
     )
 
 
-def subscribe_command(topic: str, sub_type: int = CommandSubscribe.Key_Shared, request_id: int = 2) -> BaseCommand:
+def subscribe_command(
+    topic: str, sub_type: int = CommandSubscribe.Key_Shared, request_id: int = 2, consumer: str = "raw"
+) -> BaseCommand:
     return command(
         BaseCommand.SUBSCRIBE,
         topic=topic,
@@ -56,7 +58,7 @@ def subscribe_command(topic: str, sub_type: int = CommandSubscribe.Key_Shared, r
         subType=sub_type,
         consumer_id=1,
         request_id=request_id,
-        consumer_name="raw",
+        consumer_name=consumer,
     )
 
 

@@ -21,7 +21,7 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     MessageMetadata,
     NotAllowedError,
 )
-from tests.pulsar_wire import RawPulsar, command, connect_command, producer_command, send_frame
+from tests.pulsar_wire import RawPulsar, command, connect_command, producer_command, send_frame, subscribe_command
 from tests.server_process import ServerProcess
 
 
@@ -145,3 +145,21 @@ def test_an_unsupported_command_is_answered_and_the_connection_goes_on(server: S
 def test_no_traceback_in_the_server_log(server: ServerProcess) -> None:
     assert server.process is not None and server.process.poll() is None
     assert "Traceback" not in server.errors(), server.errors()
+
+
+def test_a_silent_consumer_times_out_and_is_told_and_one_that_answers_pings_stays(tmp_path: Path) -> None:
+    """The server PINGs a quiet client; one that answers keeps its session, one that does not is closed."""
+    with (
+        ServerProcess(tmp_path / "data", "--pulsar-port", "0", "--session-timeout", "1") as short,
+        connected(short) as answering,
+        connected(short) as silent,
+    ):
+        for raw, name in ((answering, "answering"), (silent, "silent")):
+            raw.send(subscribe_command("persistent://public/default/quiet", consumer=name))
+            assert raw.receive().command.type == BaseCommand.SUCCESS
+        for _ in range(6):  # two session timeouts' worth of keepalives, each answered at once
+            frame = answering.receive()
+            assert frame.command.type == BaseCommand.PING, frame.command
+            answering.send(command(BaseCommand.PONG))
+        closed = silent.receive_type(BaseCommand.CLOSE_CONSUMER).close_consumer
+        assert closed.consumer_id == 1

@@ -51,6 +51,7 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     KeySharedMode,
     MessageMetadata,
     NotAllowedError,
+    PersistenceError,
     ServiceNotReady,
     SingleMessageMetadata,
     TopicNotFound,
@@ -58,7 +59,7 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
 )
 from keyfailover.broker.server._connection import ClientConnection
 from keyfailover.broker.server._subscription import Session, Subscription
-from keyfailover.broker.storage._store import Result, Store
+from keyfailover.broker.storage._store import NotServedError, Result, Store
 from keyfailover.core.errors import ErrorCode, KeyFailoverError, ProtocolError
 
 __all__ = ["PulsarConnection"]
@@ -263,7 +264,7 @@ class PulsarConnection(asyncio.Protocol):
             except _RefusedError as refused:
                 request_id = _request_id(frame.command)
                 if request_id is not None:
-                    self._error(request_id, refused.error, refused.message)
+                    self._error(request_id, *_server_error(refused))
             except Exception:
                 _log.exception("internal error handling Pulsar %s from %s", _type_name(frame.command), self.peer)
                 self.refuse(ErrorCode.INTERNAL, "internal server error")
@@ -301,10 +302,11 @@ class PulsarConnection(asyncio.Protocol):
         return len(self._consumers)
 
     def expire_sessions(self, reason: str, notify: bool = True) -> None:
-        consumers = list(self._consumers.values())
-        self._consumers.clear()
-        for consumer in consumers:
+        """End every consumer session; with ``notify`` each client consumer is sent CLOSE_CONSUMER (it
+        subscribes again), by :meth:`_deliver` as the subscription tells the session."""
+        for consumer_id, consumer in list(self._consumers.items()):
             consumer.session.subscription.detach(consumer.session, reason, notify=notify)
+            self._consumers.pop(consumer_id, None)
 
     # -- sending ---------------------------------------------------------------------
 
@@ -503,25 +505,22 @@ class PulsarConnection(asyncio.Protocol):
             name = request.producer_name if request.HasField("producer_name") else f"pulsar-{secrets.token_hex(8)}"
             if not valid_name(name):
                 raise _RefusedError(UnknownError, f"producer name {name!r:.80} must be 1 to 256 characters without NUL")
-            if request.producer_id in self._producers:
-                raise _RefusedError(
-                    UnknownError, f"producer id {request.producer_id} is open already on this connection"
-                )
             if self._server.closing:
                 raise _RefusedError(ServiceNotReady, "the server is shutting down")
             self._server.check_served(topic, "produce to")
             last = await self._server.storage.last_sequence(topic, name + _KEY_SEPARATOR)
-        except _RefusedError as refused:
-            self._error(request.request_id, refused.error, refused.message)
+            if self._closed:
+                return
+            known = self._producers.get(request.producer_id)
+            if known is not None and (known.topic, known.name) != (topic, name):
+                raise _RefusedError(
+                    UnknownError,
+                    f"producer id {request.producer_id} is open already on this connection for another topic or name",
+                )
+        except (_RefusedError, KeyFailoverError) as exc:
+            self._error(request.request_id, *_server_error(exc))
             return
-        except TopicNameError as exc:
-            self._error(request.request_id, InvalidTopicName, str(exc))
-            return
-        except ProtocolError as exc:
-            self._error(request.request_id, _SERVER_ERRORS.get(exc.code, UnknownError), exc.message)
-            return
-        if self._closed:
-            return
+        # A PRODUCER repeated for an open producer (a client's retry) is answered as the first one.
         self._producers[request.producer_id] = _Producer(topic, name, self._partition(topic))
         reply = _command(BaseCommand.PRODUCER_SUCCESS)
         reply.producer_success.request_id = request.request_id
@@ -544,13 +543,10 @@ class PulsarConnection(asyncio.Protocol):
             messages = self._sent_messages(frame)
             if self._server.closing:
                 raise _RefusedError(ServiceNotReady, "the server is shutting down; nothing was stored")
-            try:
-                self._server.check_produce(producer.topic, messages)
-            except ProtocolError as exc:
-                raise _RefusedError(_SERVER_ERRORS.get(exc.code, UnknownError), exc.message) from None
-        except _RefusedError as refused:
+            self._server.check_produce(producer.topic, messages)
+        except (_RefusedError, KeyFailoverError) as exc:
             # ChecksumError fails this message at the client; any other error makes it reconnect and resend.
-            self._send_error(request.producer_id, request.sequence_id, refused.error, refused.message)
+            self._send_error(request.producer_id, request.sequence_id, *_server_error(exc))
             return
         storage = self._server.storage
         stored = asyncio.gather(
@@ -605,7 +601,10 @@ class PulsarConnection(asyncio.Protocol):
     def _receipt(self, request: Any, producer: _Producer, done: asyncio.Future[list[Result]]) -> None:
         exc = done.exception()
         if exc is not None:
-            error = ServiceNotReady if not isinstance(exc, KeyFailoverError) or "serve" in str(exc) else UnknownError
+            if isinstance(exc, NotServedError):
+                error = ServiceNotReady
+            else:
+                error = UnknownError if isinstance(exc, KeyFailoverError) else PersistenceError
             self._send_error(request.producer_id, request.sequence_id, error, f"not stored: {exc}")
             return
         result = done.result()[0]
@@ -637,10 +636,17 @@ class PulsarConnection(asyncio.Protocol):
             subscription = await self._server.open_subscription(topic, request.subscription)
             if self._closed:
                 return
-            if request.consumer_id in self._consumers:
-                raise _RefusedError(
-                    ConsumerBusy, f"consumer id {request.consumer_id} is open already on this connection"
-                )
+            known = self._consumers.get(request.consumer_id)
+            if known is not None:
+                # A SUBSCRIBE repeated for an open consumer (a client's retry) is answered as the first one.
+                if known.session.subscription is not subscription:
+                    raise _RefusedError(
+                        ConsumerBusy,
+                        f"consumer id {request.consumer_id} is open already on this connection for another "
+                        "subscription",
+                    )
+                self._success(request.request_id)
+                return
             consumer_id = request.consumer_id
             session = Session(
                 self._server.next_session_id(),
@@ -650,17 +656,8 @@ class PulsarConnection(asyncio.Protocol):
             )
             # Permits come with the client's FLOW, right after SUCCESS.
             subscription.attach(session, 0)
-        except _RefusedError as refused:
-            self._error(request.request_id, refused.error, refused.message)
-            return
-        except TopicNameError as exc:
-            self._error(request.request_id, InvalidTopicName, str(exc))
-            return
-        except ProtocolError as exc:
-            self._error(request.request_id, _SERVER_ERRORS.get(exc.code, UnknownError), exc.message)
-            return
-        except KeyFailoverError as exc:
-            self._error(request.request_id, UnknownError, str(exc))
+        except (_RefusedError, KeyFailoverError) as exc:
+            self._error(request.request_id, *_server_error(exc))
             return
         self._consumers[consumer_id] = _Consumer(session, self._partition(topic))
         self._success(request.request_id)
@@ -750,6 +747,17 @@ def _check_subscribe(request: CommandSubscribe) -> None:
         )
     if not request.durable:
         raise _RefusedError(NotAllowedError, "non-durable subscriptions (Readers) are not served yet")
+
+
+def _server_error(exc: Exception) -> tuple[int, str]:
+    """The Pulsar ServerError and message that refuse a request, for the error that refused it."""
+    if isinstance(exc, _RefusedError):
+        return exc.error, exc.message
+    if isinstance(exc, TopicNameError):
+        return InvalidTopicName, str(exc)
+    if isinstance(exc, ProtocolError):
+        return _SERVER_ERRORS.get(exc.code, UnknownError), exc.message
+    return UnknownError, str(exc)
 
 
 def _type_name(command: BaseCommand) -> str:

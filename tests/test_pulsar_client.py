@@ -21,6 +21,7 @@ import pulsar
 import pytest
 
 from keyfailover.broker.pulsar.PulsarApi_pb2 import AuthenticationError, BaseCommand, CommandSubscribe
+from keyfailover.client import Client, Timeout
 from keyfailover.core.partitions import partition_of_key
 from tests.pulsar_wire import RawPulsar, connect_command, subscribe_command
 from tests.server_process import ServerProcess, wait_until
@@ -220,6 +221,35 @@ def test_a_partitioned_topic_with_a_router_that_follows_keyfailovers_partitions(
             consumer.acknowledge(message)
     assert by_key == {f"k{k}": list(range(k, 90, 9)) for k in range(9)}
     assert sum(stored(server, f"split-partition-{p}") for p in range(3)) == 90
+
+
+def test_a_native_and_a_pulsar_consumer_share_one_subscription(server: ServerProcess) -> None:
+    """Pulsar's and keyfailover's clients meet in one subscription: its ranges tile the slots between them,
+    and each key's messages (produced by the Pulsar client) go to one of the two, in order."""
+    with client(server.pulsar_url) as pc, Client(server.url, connect_timeout=5.0) as kc:
+        native = kc.subscribe("mixed", "shared", "native")
+        foreign = pc.subscribe("mixed", "shared", consumer_type=pulsar.ConsumerType.KeyShared, consumer_name="pulsar")
+        with urlopen(f"{server.admin_url}/ranges?topic=mixed&subscription=shared", timeout=10) as response:
+            owners = {entry["consumer"] for entry in json.loads(response.read())["ranges"]}
+        assert owners == {"native", "pulsar"}
+        producer = pc.create_producer("persistent://public/default/mixed")
+        for index in range(200):
+            producer.send(str(index).encode(), partition_key=f"k{index % 20}")
+        got: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        while sum(map(len, got.values())) < 200:
+            with contextlib.suppress(Timeout):
+                message = native.receive(timeout=0.05)
+                assert isinstance(message.key, str)
+                got[message.key].append(("native", int(message.payload)))
+                native.acknowledge(message)
+            with contextlib.suppress(pulsar.Timeout):
+                received = foreign.receive(timeout_millis=50)
+                got[received.partition_key()].append(("pulsar", int(received.data())))
+                foreign.acknowledge(received)
+    assert {by for messages in got.values() for by, _ in messages} == {"native", "pulsar"}
+    for key, messages in got.items():
+        assert len({by for by, _ in messages}) == 1, f"{key} went to both consumers: {messages}"
+        assert [index for _, index in messages] == list(range(int(key[1:]), 200, 20))
 
 
 def free_port() -> int:

@@ -226,6 +226,8 @@ class PulsarConnection(asyncio.Protocol):
         self.peer = "?"
         self._keepalive: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._output: list[bytes] = []
+        self._replied = False  # whether what is queued holds a reply, not only deliveries
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -288,6 +290,7 @@ class PulsarConnection(asyncio.Protocol):
 
     def close(self) -> None:
         if self._transport is not None and not self._closed:
+            self._flush()  # an ERROR just queued goes out before the connection closes
             self._closed = True
             self.expire_sessions("closed", notify=False)
             self._transport.close()
@@ -311,13 +314,30 @@ class PulsarConnection(asyncio.Protocol):
     # -- sending ---------------------------------------------------------------------
 
     def _write(self, data: bytes, reply: bool = True) -> None:
-        """Write ``data``; a connection whose unread replies (not deliveries) pass ``max_output`` is dropped."""
-        transport = self._transport
-        if self._closed or transport is None:
+        """Queue ``data``; what one turn of the event loop queues goes out in one write (a receipt per
+        message would otherwise cost a system call each)."""
+        if self._closed or self._transport is None:
             return
-        transport.write(data)
-        if reply and transport.get_write_buffer_size() > self._server.config.max_output:
-            _log.warning("closing Pulsar connection %s: over %d bytes of replies unread", self.peer, len(data))
+        if not self._output:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._output.append(data)
+        self._replied = self._replied or reply
+
+    def _flush(self) -> None:
+        """Write what is queued; a connection whose unread replies (not deliveries, which its permits bound)
+        pass ``max_output`` is dropped."""
+        transport = self._transport
+        if self._closed or transport is None or not self._output:
+            return
+        transport.write(b"".join(self._output))
+        self._output.clear()
+        replied, self._replied = self._replied, False
+        if replied and transport.get_write_buffer_size() > self._server.config.max_output:
+            _log.warning(
+                "closing Pulsar connection %s: over %d bytes of replies unread",
+                self.peer,
+                self._server.config.max_output,
+            )
             self._server.protocol_errors[ErrorCode.SLOW_CONNECTION] += 1
             self._closed = True
             transport.abort()
@@ -549,9 +569,10 @@ class PulsarConnection(asyncio.Protocol):
             self._send_error(request.producer_id, request.sequence_id, *_server_error(exc))
             return
         storage = self._server.storage
-        stored = asyncio.gather(
-            *(storage.append(producer.topic, _dedup_name(producer.name, run[0][1]), run) for run in _runs(messages))
-        )
+        appended = [
+            storage.append(producer.topic, _dedup_name(producer.name, run[0][1]), run) for run in _runs(messages)
+        ]
+        stored = appended[0] if len(appended) == 1 else asyncio.gather(*appended)
         stored.add_done_callback(lambda done: self._receipt(request, producer, done))
 
     def _sent_messages(self, frame: PulsarFrame) -> list[tuple[int | None, Key, bytes]]:
@@ -598,7 +619,9 @@ class PulsarConnection(asyncio.Protocol):
         command.send_error.message = message
         self._send(command)
 
-    def _receipt(self, request: Any, producer: _Producer, done: asyncio.Future[list[Result]]) -> None:
+    def _receipt(
+        self, request: Any, producer: _Producer, done: asyncio.Future[Result] | asyncio.Future[list[Result]]
+    ) -> None:
         exc = done.exception()
         if exc is not None:
             if isinstance(exc, NotServedError):
@@ -607,7 +630,8 @@ class PulsarConnection(asyncio.Protocol):
                 error = UnknownError if isinstance(exc, KeyFailoverError) else PersistenceError
             self._send_error(request.producer_id, request.sequence_id, error, f"not stored: {exc}")
             return
-        result = done.result()[0]
+        first = done.result()[0]  # the first message's (position, duplicate), or the first run's
+        position = first[0] if isinstance(first, tuple) else first[0][0]
         reply = _command(BaseCommand.SEND_RECEIPT)
         receipt = reply.send_receipt
         receipt.producer_id = request.producer_id
@@ -615,7 +639,7 @@ class PulsarConnection(asyncio.Protocol):
         if request.HasField("highest_sequence_id"):
             receipt.highest_sequence_id = request.highest_sequence_id
         receipt.message_id.ledgerId = 0
-        receipt.message_id.entryId = result[0][0]
+        receipt.message_id.entryId = position
         if producer.partition >= 0:
             receipt.message_id.partition = producer.partition
         self._send(reply)

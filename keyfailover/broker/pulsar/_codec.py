@@ -107,29 +107,31 @@ class PulsarDecoder:
         buffer += data
         offset = 0
         size = len(buffer)
-        while size - offset >= 4:
-            (total,) = _U32.unpack_from(buffer, offset)
-            if total > self.max_frame:
-                raise PulsarFrameError(f"frame of {total} bytes is over the limit of {self.max_frame} bytes")
-            if total < 4:
-                raise PulsarFrameError(f"frame size {total} is too small; expected at least 4 (the command size)")
-            end = offset + 4 + total
-            if end > size:
-                break
-            (command_size,) = _U32.unpack_from(buffer, offset + 4)
-            if not 0 < command_size <= total - 4:
-                raise PulsarFrameError(
-                    f"command size {command_size} does not fit its frame of {total} bytes; expected 1 to {total - 4}"
-                )
-            start = offset + 8
-            command = BaseCommand()
-            try:
-                command.ParseFromString(bytes(buffer[start : start + command_size]))
-            except DecodeError as exc:
-                raise PulsarFrameError(f"command is not a valid BaseCommand ({exc})") from None
-            _check_command(command)
-            frames.append(PulsarFrame(command, bytes(buffer[start + command_size : end])))
-            offset = end
+        with memoryview(buffer) as view:  # slices of a view copy once, where bytes(bytearray[...]) copies twice
+            while size - offset >= 4:
+                (total,) = _U32.unpack_from(view, offset)
+                if total > self.max_frame:
+                    raise PulsarFrameError(f"frame of {total} bytes is over the limit of {self.max_frame} bytes")
+                if total < 4:
+                    raise PulsarFrameError(f"frame size {total} is too small; expected at least 4 (the command size)")
+                end = offset + 4 + total
+                if end > size:
+                    break
+                (command_size,) = _U32.unpack_from(view, offset + 4)
+                if not 0 < command_size <= total - 4:
+                    raise PulsarFrameError(
+                        f"command size {command_size} does not fit its frame of {total} bytes; expected 1 to "
+                        f"{total - 4}"
+                    )
+                start = offset + 8
+                command = BaseCommand()
+                try:
+                    command.ParseFromString(view[start : start + command_size].tobytes())
+                except DecodeError as exc:
+                    raise PulsarFrameError(f"command is not a valid BaseCommand ({exc})") from None
+                _check_command(command)
+                frames.append(PulsarFrame(command, view[start + command_size : end].tobytes()))
+                offset = end
         del buffer[:offset]
 
 

@@ -86,7 +86,7 @@ def test_malformed_frames_are_refused_and_the_decoder_stays_dead(data: bytes, ex
 def test_an_oversized_frame_is_refused_before_its_body_arrives() -> None:
     decoder = PulsarDecoder(1024)
     _, error = decoder.feed(struct.pack(">I", 1025))
-    assert error is not None
+    assert error is not None and error.too_large
     assert decoder.buffered == 0
 
 

@@ -46,7 +46,14 @@ _U32_PAIR: Final = struct.Struct(">II")
 
 
 class PulsarFrameError(KeyFailoverError, ValueError):
-    """Bytes that are not a valid Pulsar frame (or message part); the text says what was wrong."""
+    """Bytes that are not a valid Pulsar frame (or message part); the text says what was wrong.
+
+    ``too_large``: the frame's size was over the limit (refused before its body arrived).
+    """
+
+    def __init__(self, message: str, *, too_large: bool = False) -> None:
+        super().__init__(message)
+        self.too_large = too_large
 
 
 def crc32c(data: bytes | memoryview) -> int:
@@ -111,7 +118,9 @@ class PulsarDecoder:
             while size - offset >= 4:
                 (total,) = _U32.unpack_from(view, offset)
                 if total > self.max_frame:
-                    raise PulsarFrameError(f"frame of {total} bytes is over the limit of {self.max_frame} bytes")
+                    raise PulsarFrameError(
+                        f"frame of {total} bytes is over the limit of {self.max_frame} bytes", too_large=True
+                    )
                 if total < 4:
                     raise PulsarFrameError(f"frame size {total} is too small; expected at least 4 (the command size)")
                 end = offset + 4 + total

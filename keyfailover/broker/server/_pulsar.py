@@ -202,7 +202,7 @@ def _request_id(command: BaseCommand) -> int | None:
     """The request id of a command's body, when it has one."""
     for descriptor, body in command.ListFields():
         body_type = descriptor.message_type
-        if body_type is not None and "request_id" in body_type.fields_by_name:
+        if body_type is not None and "request_id" in body_type.fields_by_name and body.HasField("request_id"):
             return int(body.request_id)
     return None
 
@@ -272,7 +272,7 @@ class PulsarConnection(asyncio.Protocol):
                 self.refuse(ErrorCode.INTERNAL, "internal server error")
                 return
         if error is not None and not self._closed:
-            code = ErrorCode.FRAME_TOO_LARGE if "over the limit" in str(error) else ErrorCode.MALFORMED_FRAME
+            code = ErrorCode.FRAME_TOO_LARGE if error.too_large else ErrorCode.MALFORMED_FRAME
             self.refuse(code, str(error))
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -8,7 +8,6 @@ cases are in tests/test_pulsar_codec.py; these are about the server around it.
 from __future__ import annotations
 
 import contextlib
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from keyfailover.broker.pulsar import encode_command
 from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand, CommandAck
 from tests.pulsar_wire import RawPulsar, command, connect_command, producer_command, send_frame, subscribe_command
 from tests.server_process import ServerProcess
-from tests.strategies import mutated
+from tests.strategies import mutated, random_streams
 
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 CONNECT = encode_command(connect_command())
@@ -77,12 +76,6 @@ valid_commands = st.one_of(
 def mutated_streams(draw: st.DrawFn) -> bytes:
     """A CONNECT and valid commands, with a few bytes flipped, set, inserted or deleted."""
     return draw(mutated(CONNECT + b"".join(draw(st.lists(valid_commands, min_size=1, max_size=6)))))
-
-
-random_streams = st.lists(
-    st.binary(max_size=200) | st.binary(max_size=200).map(lambda body: struct.pack(">I", len(body)) + body),
-    max_size=4,
-).map(b"".join)
 
 
 @FUZZ

@@ -6,7 +6,16 @@ from typing import Protocol
 
 from keyfailover.core.errors import ErrorCode
 
-__all__ = ["ClientConnection"]
+__all__ = ["ClientConnection", "partial_since"]
+
+
+def partial_since(since: float | None, buffered: int, decoded: bool, now: float) -> float | None:
+    """When the frame still incomplete after bytes arrived at ``now`` began to arrive: None when nothing is
+    buffered (``buffered`` bytes are), ``now`` when the bytes completed frames (``decoded``) or began one,
+    else ``since``, when it had begun before. The server closes a connection whose frame takes too long."""
+    if not buffered:
+        return None
+    return now if since is None or decoded else since
 
 
 class ClientConnection(Protocol):

@@ -57,7 +57,7 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     TopicNotFound,
     UnknownError,
 )
-from keyfailover.broker.server._connection import ClientConnection
+from keyfailover.broker.server._connection import ClientConnection, partial_since
 from keyfailover.broker.server._subscription import Session, Subscription
 from keyfailover.broker.storage._store import NotServedError, Result, Store
 from keyfailover.core.errors import ErrorCode, KeyFailoverError, ProtocolError
@@ -254,10 +254,7 @@ class PulsarConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.last_seen = now = time.monotonic()
         frames, error = self._decoder.feed(data)
-        if not self._decoder.buffered:
-            self.partial_since = None
-        elif self.partial_since is None or frames:
-            self.partial_since = now
+        self.partial_since = partial_since(self.partial_since, self._decoder.buffered, bool(frames), now)
         for frame in frames:
             if self._closed:
                 return

@@ -48,7 +48,7 @@ from keyfailover.broker.protocol import (
     encode,
     stream_transport,
 )
-from keyfailover.broker.server._connection import ClientConnection
+from keyfailover.broker.server._connection import ClientConnection, partial_since
 from keyfailover.broker.server._http import AdminServer, Handler, Response, json_response
 from keyfailover.broker.server._subscription import DeliverySettings, Session, Subscription, SubscriptionConfig
 from keyfailover.broker.storage._executor import SQLiteStore
@@ -854,10 +854,7 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.last_seen = now = time.monotonic()
         frames, error = self._decoder.feed_partial(data)
-        if not self._decoder.buffered:
-            self.partial_since = None
-        elif self.partial_since is None or frames:
-            self.partial_since = now
+        self.partial_since = partial_since(self.partial_since, self._decoder.buffered, bool(frames), now)
         for frame in frames:
             if self._closed:
                 return

@@ -17,6 +17,7 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     ChecksumError,
     CommandLookupTopicResponse,
     CommandPartitionedTopicMetadataResponse,
+    ConsumerBusy,
     InvalidTopicName,
     MessageMetadata,
     NotAllowedError,
@@ -163,3 +164,23 @@ def test_a_silent_consumer_times_out_and_is_told_and_one_that_answers_pings_stay
             answering.send(command(BaseCommand.PONG))
         closed = silent.receive_type(BaseCommand.CLOSE_CONSUMER).close_consumer
         assert closed.consumer_id == 1
+
+
+def test_a_repeated_producer_or_subscribe_is_answered_as_the_first_and_a_taken_consumer_name_is_busy(
+    server: ServerProcess,
+) -> None:
+    topic = "persistent://public/default/repeats"
+    with connected(server) as raw, connected(server) as other:
+        raw.send(
+            producer_command(topic, request_id=1, name="again"), producer_command(topic, request_id=2, name="again")
+        )
+        answers = [raw.receive_type(BaseCommand.PRODUCER_SUCCESS).producer_success for _ in range(2)]
+        assert [(a.request_id, a.producer_name) for a in answers] == [(1, "again"), (2, "again")]
+        raw.send(subscribe_command(topic, request_id=3, consumer="one"))
+        assert raw.receive_type(BaseCommand.SUCCESS).success.request_id == 3
+        raw.send(subscribe_command(topic, request_id=4, consumer="one"))
+        assert raw.receive_type(BaseCommand.SUCCESS).success.request_id == 4
+        other.send(subscribe_command(topic, request_id=5, consumer="one"))
+        busy = other.receive_type(BaseCommand.ERROR).error
+    assert (busy.request_id, busy.error) == (5, ConsumerBusy)
+    assert "has a live session" in busy.message

@@ -60,6 +60,8 @@ class ServerProcess:
         self.port = port
         self.process: subprocess.Popen[str] | None = None
         self.admin_url: str | None = None
+        self.pulsar_url: str | None = None
+        """``pulsar://HOST:PORT`` of the Pulsar protocol endpoint (with ``--pulsar-port`` in ``extra``)."""
         self.stderr: IO[str] | None = None
 
     def start(self) -> ServerProcess:
@@ -90,6 +92,11 @@ class ServerProcess:
             if not admin.startswith("metrics on "):
                 raise RuntimeError(f"server printed no metrics address: {admin!r}")
             self.admin_url = admin.split("metrics on ", 1)[1].strip()
+        if "--pulsar-port" in self.extra:
+            pulsar = self.process.stdout.readline()
+            if not pulsar.startswith("pulsar protocol on "):
+                raise RuntimeError(f"server printed no Pulsar address: {pulsar!r}")
+            self.pulsar_url = pulsar.split("pulsar protocol on ", 1)[1].strip()
         return self
 
     @property

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import struct
+
 from hypothesis import strategies as st
+
+random_streams = st.lists(
+    st.binary(max_size=200) | st.binary(max_size=200).map(lambda body: struct.pack(">I", len(body)) + body),
+    max_size=4,
+).map(b"".join)
+"""Random bytes, and random bodies behind a 4-byte length prefix that fits them (so a decoder reads them)."""
 
 
 @st.composite

@@ -209,6 +209,16 @@ def test_producers_are_per_topic_and_per_name(log: Log) -> None:
     ]
 
 
+def test_the_last_sequence_of_producers_by_name_prefix(log: Log) -> None:
+    assert log.last_sequence("t", "p\x1f") == -1
+    log.append([("t", "p\x1fa", [(3, "a", b"1"), (7, "a", b"2")]), ("t", "p\x1fb", [(5, "b", b"3")])])
+    log.append([("t", "q", [(9, None, b"4")]), ("u", "p\x1fa", [(11, None, b"5")])])
+    assert log.last_sequence("t", "p\x1f") == 7
+    assert log.last_sequence("t", "q") == 9
+    assert log.last_sequence("u", "p\x1f") == 11
+    assert log.last_sequence("nowhere", "p") == -1
+
+
 def test_dedup_state_survives_reopening(tmp_path: Path) -> None:
     with Log(tmp_path / "log.db") as log:
         log.append([("t", "p", [(100, None, b"a"), (101, None, b"b")])])

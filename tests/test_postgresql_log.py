@@ -182,6 +182,20 @@ def test_a_store_groups_requests_of_several_producers_and_serves_only_what_it_le
     run_store(postgres, body)
 
 
+def test_the_last_sequence_of_producers_by_name_prefix(postgres: PostgreSQL) -> None:
+    async def body(b1: PostgresStore, _: PostgresStore, topic: str) -> None:
+        served = partition_topic(topic, 0, 2)
+        await b1.acquire(served)
+        assert await b1.last_sequence(served, "p\x1f") == -1
+        await b1.append(served, "p\x1fa", [(3, "a", b"1"), (7, "a", b"2")])
+        await b1.append(served, "p\x1fb", [(5, "b", b"3")])
+        await b1.append(served, "q", [(9, "b", b"4")])
+        assert await b1.last_sequence(served, "p\x1f") == 7
+        assert await b1.last_sequence(served, "q") == 9
+
+    run_store(postgres, body)
+
+
 def test_a_store_fenced_out_by_another_broker_stops_serving_and_writes_nothing(postgres: PostgreSQL) -> None:
     async def body(b1: PostgresStore, b2: PostgresStore, topic: str) -> None:
         served = partition_topic(topic, 0, 2)

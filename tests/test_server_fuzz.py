@@ -7,7 +7,6 @@ fuzz properties are in tests/test_protocol.py; these are about the server around
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from keyfailover.broker.protocol import (
 from keyfailover.client import Client
 from keyfailover.core.errors import FATAL_CODES, ErrorCode
 from tests.server_process import RawConnection, ServerProcess
-from tests.strategies import mutated
+from tests.strategies import mutated, random_streams
 
 CONNECT = encode(Connect(version=PROTOCOL_VERSION, token=None, client="fuzz"))
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -117,13 +116,6 @@ def mutated_streams(draw: st.DrawFn) -> tuple[bool, bytes]:
     frames = b"".join(encode(frame) for frame in draw(st.lists(valid_frames, min_size=1, max_size=6)))
     connect_first = draw(st.booleans())
     return connect_first, draw(mutated(frames if connect_first else CONNECT + frames))
-
-
-# Random bytes, and random bodies behind a length prefix that fits them (so they get decoded).
-random_streams = st.lists(
-    st.binary(max_size=200) | st.binary(max_size=200).map(lambda body: struct.pack(">I", len(body)) + body),
-    max_size=4,
-).map(b"".join)
 
 
 # -- properties -------------------------------------------------------------------------------

@@ -416,6 +416,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_frame=args.max_frame or DEFAULT_MAX_FRAME,
         synchronous=args.sync,
         metrics_port=args.metrics_port,
+        pulsar_port=args.pulsar_port,
         login_frame=args.login_frame,
         login_timeout=args.login_timeout,
         frame_timeout=args.frame_timeout,
@@ -1216,6 +1217,13 @@ def _parser() -> argparse.ArgumentParser:
         type=_port,
         default=None,
         help="serve /metrics, /ranges, /stats, /history, /healthz on this port",
+    )
+    serve.add_argument(
+        "--pulsar-port",
+        type=_port,
+        default=None,
+        help="also serve Apache Pulsar's binary protocol on this port, for unmodified Pulsar clients "
+        "(docs/pulsar.md; 0 picks a free one; default: off)",
     )
     serve.set_defaults(run=_serve)
 

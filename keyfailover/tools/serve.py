@@ -34,7 +34,8 @@ def configure_logging(level: str, cluster: bool) -> None:
 
 
 async def run_server(config: ServerConfig) -> int:
-    """Serve until a stop signal; prints ``listening on HOST:PORT`` once accepting.
+    """Serve until a stop signal; prints ``listening on HOST:PORT`` once accepting (then the admin and Pulsar
+    endpoints' addresses, when they are on).
 
     Call :func:`configure_logging` first for the server's log on stderr.
     """
@@ -51,6 +52,8 @@ async def run_server(config: ServerConfig) -> int:
         admin_host, admin_port = server.admin_address
         scheme = "https" if config.tls_cert is not None else "http"
         print(f"metrics on {scheme}://{admin_host}:{admin_port}", flush=True)
+    if server.pulsar_address is not None:
+        print("pulsar protocol on pulsar://{}:{}".format(*server.pulsar_address), flush=True)
     try:
         await stop.wait()
     finally:

@@ -32,6 +32,7 @@ from keyfailover.broker.protocol import (
     Extend,
     Flow,
     Frame,
+    Key,
     Lookup,
     Messages,
     Nack,
@@ -47,6 +48,7 @@ from keyfailover.broker.protocol import (
     encode,
     stream_transport,
 )
+from keyfailover.broker.server._connection import ClientConnection, partial_since
 from keyfailover.broker.server._http import AdminServer, Handler, Response, json_response
 from keyfailover.broker.server._subscription import DeliverySettings, Session, Subscription, SubscriptionConfig
 from keyfailover.broker.storage._executor import SQLiteStore
@@ -113,6 +115,8 @@ class ServerConfig:
     """Seconds the coordinator waits between two partition assignments."""
     cluster_session_timeout: float = 10.0
     """Seconds of silence after which ZooKeeper ends this broker's session (its partitions go to others)."""
+    pulsar_port: int | None = None
+    """Serve Apache Pulsar's binary protocol on this port too (0 picks a free one); None: off."""
 
 
 class Server:
@@ -126,6 +130,7 @@ class Server:
         self._directory: TopicDirectory | None = None
         self._broker: BrokerRole | None = None
         self._server: asyncio.base_events.Server | None = None
+        self._pulsar: asyncio.base_events.Server | None = None
         self._subscriptions: dict[tuple[str, str], Subscription] = {}
         self._partitions: dict[str, int] = {}  # topics created with partitions, and how many
         self._opening: dict[tuple[str, str], asyncio.Future[Subscription]] = {}
@@ -133,7 +138,7 @@ class Server:
         # or a consumer told "moved" that subscribes here again at once would stay on a subscription
         # no new message reaches once the broker has let the partition go.
         self._closing: set[str] = set()
-        self._connections: set[_Connection] = set()
+        self._connections: set[ClientConnection] = set()
         # Session ids are never reused, across restarts too (they start at the wall clock in µs):
         # an ack of a session from before a restart must not land on a new one.
         self._session_ids = itertools.count(time.time_ns() // 1000)
@@ -202,6 +207,8 @@ class Server:
             )
         except OSError as exc:
             raise KeyFailoverError(f"cannot listen on {host}:{port} ({_reason(exc)})") from None
+        if self.config.pulsar_port is not None:
+            await self._listen_pulsar(host, self.config.pulsar_port, tls)
         self._reaper = loop.create_task(self._reap_loop(), name="keyfailover-reaper")
         if self.config.metrics_port is not None:
             self._admin = AdminServer(self._routes, self.config.token, self._post_routes)
@@ -222,6 +229,19 @@ class Server:
             await self._broker.join(address, admin)
             self._directory = self._broker
             self._partitions.update(await self._broker.partition_counts())
+
+    async def _listen_pulsar(self, host: str, port: int, tls: ssl.SSLContext | None) -> None:
+        """Serve Apache Pulsar's binary protocol on ``port`` (docs/pulsar.md)."""
+        from keyfailover.broker.server._pulsar import PulsarConnection
+
+        if tls is not None:
+            raise ConfigError("the Pulsar endpoint does not serve TLS yet; expected --pulsar-port without --tls-cert")
+        try:
+            self._pulsar = await asyncio.get_running_loop().create_server(
+                lambda: PulsarConnection(self), host, port, reuse_address=True
+            )
+        except OSError as exc:
+            raise KeyFailoverError(f"cannot serve the Pulsar protocol on {host}:{port} ({_reason(exc)})") from None
 
     async def _open_log(self) -> None:
         """Open the embedded log in the data dir, which this server locks for itself."""
@@ -296,6 +316,14 @@ class Server:
         return str(host), int(port)
 
     @property
+    def pulsar_address(self) -> tuple[str, int] | None:
+        """The (host, port) of the Pulsar protocol endpoint, or None when it is off."""
+        if self._pulsar is None:
+            return None
+        host, port = self._pulsar.sockets[0].getsockname()[:2]
+        return str(host), int(port)
+
+    @property
     def admin_address(self) -> tuple[str, int] | None:
         """The (host, port) of the admin HTTP endpoint, or None when it is off."""
         return self._admin_address
@@ -330,6 +358,8 @@ class Server:
         self.closing = True
         if self._server is not None:
             self._server.close()
+        if self._pulsar is not None:
+            self._pulsar.close()
         if self._admin is not None:
             await self._admin.close()
         if self._reaper is not None:
@@ -348,6 +378,8 @@ class Server:
             connection.close()
         if self._server is not None:
             await self._server.wait_closed()
+        if self._pulsar is not None:
+            await self._pulsar.wait_closed()
         self._stopped.set()
 
     # -- subscriptions ---------------------------------------------------------------
@@ -484,6 +516,27 @@ class Server:
             )
         _, index, partitions = self.partition_of(served)
         return partition_slots(index, partitions) if partitions > 1 else None
+
+    def check_produce(self, topic: str, messages: list[tuple[int | None, Key, bytes]]) -> None:
+        """Raise the :class:`ProtocolError` to answer a produce of ``messages`` to ``topic`` with, if any: a
+        topic not served here, a partitioned topic itself, or a key outside the partition's slots."""
+        block = self.check_served(topic, "produce to")
+        if block is not None:
+            _check_keys(topic, messages, *block)
+
+    async def open_subscription(self, topic: str, name: str) -> Subscription:
+        """The live subscription a consumer subscribes to, or the :class:`ProtocolError` that refuses it."""
+        if self.closing:
+            raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
+        self.check_served(topic, "subscribe to")
+        dlq = dead_letter_topic(topic, name)
+        if self.config.subscription.max_redeliveries is not None and len(dlq) > MAX_NAME_LENGTH:
+            raise ProtocolError(
+                ErrorCode.BAD_FIELD,
+                f"the dead-letter topic name {dlq[:40]!r}... would be {len(dlq)} characters; expected topic "
+                f"and subscription names short enough for <topic>-<subscription>-DLQ to fit {MAX_NAME_LENGTH}",
+            )
+        return await self.subscription(topic, name)
 
     def next_session_id(self) -> int:
         return next(self._session_ids)
@@ -740,14 +793,14 @@ class Server:
                         _log.warning("nothing from %s for %.1f s: closing the connection", connection.peer, silent)
                         connection.close()
 
-    def connected(self, connection: _Connection) -> bool:
+    def connected(self, connection: ClientConnection) -> bool:
         """Count ``connection`` in; False (not counted) when the server has its maximum already."""
         if len(self._connections) >= self.config.max_connections:
             return False
         self._connections.add(connection)
         return True
 
-    def disconnected(self, connection: _Connection) -> None:
+    def disconnected(self, connection: ClientConnection) -> None:
         self._connections.discard(connection)
 
 
@@ -801,10 +854,7 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.last_seen = now = time.monotonic()
         frames, error = self._decoder.feed_partial(data)
-        if not self._decoder.buffered:
-            self.partial_since = None
-        elif self.partial_since is None or frames:
-            self.partial_since = now
+        self.partial_since = partial_since(self.partial_since, self._decoder.buffered, bool(frames), now)
         for frame in frames:
             if self._closed:
                 return
@@ -939,7 +989,7 @@ class _Connection(asyncio.Protocol):
                 self._refuse_after(frame)
             raise
         if block is not None:
-            _check_keys(frame, *block)
+            _check_keys(frame.topic, frame.messages, *block)
         future = self._server.storage.append(frame.topic, frame.producer, frame.messages)
         req = frame.req
 
@@ -986,17 +1036,7 @@ class _Connection(asyncio.Protocol):
 
     async def _subscribe(self, frame: Subscribe) -> None:
         try:
-            if self._server.closing:
-                raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
-            self._server.check_served(frame.topic, "subscribe to")
-            dlq = dead_letter_topic(frame.topic, frame.subscription)
-            if self._server.config.subscription.max_redeliveries is not None and len(dlq) > MAX_NAME_LENGTH:
-                raise ProtocolError(
-                    ErrorCode.BAD_FIELD,
-                    f"the dead-letter topic name {dlq[:40]!r}... would be {len(dlq)} characters; expected topic "
-                    f"and subscription names short enough for <topic>-<subscription>-DLQ to fit {MAX_NAME_LENGTH}",
-                )
-            subscription = await self._server.subscription(frame.topic, frame.subscription)
+            subscription = await self._server.open_subscription(frame.topic, frame.subscription)
             if self._closed:
                 return
             session = Session(self._server.next_session_id(), frame.consumer, subscription, self.send)
@@ -1117,13 +1157,13 @@ def _union_map(parts: list[tuple[int, list[Range]]]) -> dict[str, Any] | None:
         return None
 
 
-def _check_keys(frame: Produce, first: int, last: int) -> None:
+def _check_keys(topic: str, messages: list[tuple[int | None, Key, bytes]], first: int, last: int) -> None:
     """Refuse a produce to a partition (slots ``first`` to ``last``) that holds a key of another."""
-    for index, (_, key, _) in enumerate(frame.messages):
+    for index, (_, key, _) in enumerate(messages):
         if key is not None and not first <= key_hash(key) <= last:
             raise ProtocolError(
                 ErrorCode.WRONG_PARTITION,
-                f"message {index}'s key {key!r:.60} hashes to slot {key_hash(key)}, outside {frame.topic!r}'s "
+                f"message {index}'s key {key!r:.60} hashes to slot {key_hash(key)}, outside {topic!r}'s "
                 f"slots {first} to {last}; nothing was stored (route each key to the partition of its slot)",
             )
 

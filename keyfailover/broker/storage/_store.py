@@ -100,6 +100,11 @@ class Store(ABC):
         """The messages of ``topic`` at ``positions`` (those that exist)."""
 
     @abstractmethod
+    async def last_sequence(self, topic: str, prefix: str) -> int:
+        """The highest sequence id stored in ``topic`` by producers whose names start with ``prefix``; -1 when
+        they stored none."""
+
+    @abstractmethod
     async def subscriptions(self, topic: str) -> list[str]:
         """The subscriptions of ``topic`` with a saved cursor, sorted."""
 

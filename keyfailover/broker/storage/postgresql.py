@@ -438,6 +438,17 @@ class PostgresStore(Store):
         name, partition = self._locate(topic)
         return await self.log.read(name, partition, after, limit)
 
+    async def last_sequence(self, topic: str, prefix: str) -> int:
+        name, partition = self._locate(topic)
+        found = await self.log.pool.fetchval(
+            """SELECT max(last_seq) FROM kf_producers
+               WHERE topic = $1 AND partition = $2 AND left(producer, length($3)) = $3""",
+            name,
+            partition,
+            prefix,
+        )
+        return -1 if found is None else int(found)
+
     async def read_positions(self, topic: str, positions: Iterable[int]) -> dict[int, StoredMessage]:
         name, partition = self._locate(topic)
         rows = await self.log.pool.fetch(

@@ -308,6 +308,20 @@ class Log:
         topic_id = self._topic_id(_name(topic, "topic"))
         return 0 if topic_id is None else _edge(self._connection(), "max", topic_id, 0)
 
+    def last_sequence(self, topic: str, prefix: str) -> int:
+        """The highest sequence id stored in ``topic`` by producers whose names start with ``prefix``; -1 when
+        they stored none."""
+        (found,) = (
+            self._connection()
+            .execute(
+                """SELECT max(m.seq) FROM messages m JOIN producers p ON m.producer = p.id
+                   JOIN topics t ON p.topic = t.id WHERE t.name = ? AND substr(p.name, 1, ?) = ?""",
+                (_name(topic, "topic"), len(prefix), _name(prefix, "producer name prefix")),
+            )
+            .fetchone()
+        )
+        return -1 if found is None else int(found)
+
     def first_position(self, topic: str) -> int:
         """The position of the oldest message of ``topic``: 1, as nothing is trimmed; 1 for an unknown topic."""
         topic_id = self._topic_id(_name(topic, "topic"))

@@ -1,0 +1,164 @@
+"""Pulsar's own client against keyfailover's, on one server in the same run (issue 17's bar: within 2x).
+
+Run: ``python benchmarks/bench_pulsar.py [--quick]``. One ``keyfailover serve --pulsar-port``
+process (SQLite, ``--sync normal``) on loopback; for each client a fresh topic: produce N
+keyed messages (1,000 keys, 100-byte payloads) as fast as the client pipelines them, then one
+Key_Shared consumer receives and acks all N. Rates are printed, never asserted; each key's
+order is checked. ``send_async calls/s`` is how fast the Python client took the messages into
+its queue (10,000 pending at most): when it is close to the produce rate, the queue was full and
+the broker's receipts set the pace.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+
+import pulsar
+from _common import format_count, parse_quick, print_table, timed
+
+from keyfailover.client import Client
+
+KEYS = 1000
+PAYLOAD = b"x" * 92
+
+
+def start_server(data_dir: str) -> tuple[subprocess.Popen[str], str, str]:
+    """``keyfailover serve`` with a Pulsar port; the process, its native URL and its Pulsar URL."""
+    command = [sys.executable, "-m", "keyfailover", "serve", "--data-dir", data_dir, "--sync", "normal"]
+    process = subprocess.Popen([*command, "--port", "0", "--pulsar-port", "0"], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    native = process.stdout.readline().rsplit(" ", 1)[1].strip()
+    foreign = process.stdout.readline().rsplit(" ", 1)[1].strip()
+    return process, f"kf://{native}", foreign
+
+
+def payload(index: int) -> bytes:
+    return index.to_bytes(8, "big") + PAYLOAD
+
+
+def check_order(received: list[tuple[str, int]], count: int) -> None:
+    last: dict[str, int] = {}
+    for key, index in received:
+        assert index > last.get(key, -1), f"{key}: {index} after {last[key]}"
+        last[key] = index
+    assert len(received) == count, f"received {len(received)} of {count}"
+
+
+def native_run(url: str, count: int) -> tuple[float, float, float | None]:
+    with Client(url) as client:
+        consumer = client.subscribe("bench-native", "bench", "c")
+        producer = client.create_producer("bench-native", "p")
+
+        def produce() -> None:
+            for index in range(count):
+                producer.send_async(payload(index), f"k{index % KEYS}")
+            producer.flush()
+
+        def consume() -> list[tuple[str, int]]:
+            received = []
+            for _ in range(count):
+                message = consumer.receive(timeout=30)
+                received.append((str(message.key), int.from_bytes(message.payload[:8], "big")))
+                consumer.acknowledge(message)
+            return received
+
+        produced, _ = timed(produce)
+        consumed, received = timed(consume)
+    check_order(received, count)
+    return count / produced, count / consumed, None
+
+
+def pulsar_run(url: str, count: int, topic: str, **producer_options: object) -> tuple[float, float, float | None]:
+    """Produce and consume rates, and the rate of the client's ``send_async`` calls alone (its own bound)."""
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        consumer = client.subscribe(topic, "bench", consumer_type=pulsar.ConsumerType.KeyShared)
+        producer = client.create_producer(
+            topic,
+            producer_name="p",
+            block_if_queue_full=True,
+            send_timeout_millis=0,
+            max_pending_messages=10_000,
+            **producer_options,
+        )
+
+        def produce() -> float:
+            queued = timed(
+                lambda: [producer.send_async(payload(i), None, partition_key=f"k{i % KEYS}") for i in range(count)]
+            )
+            producer.flush()
+            return queued[0]
+
+        def consume() -> list[tuple[str, int]]:
+            received = []
+            for _ in range(count):
+                message = consumer.receive(timeout_millis=30_000)
+                received.append((message.partition_key(), int.from_bytes(message.data()[:8], "big")))
+                consumer.acknowledge(message)
+            return received
+
+        produced, queueing = timed(produce)
+        consumed, received = timed(consume)
+    finally:
+        client.close()
+    check_order(received, count)
+    return count / produced, count / consumed, count / queueing
+
+
+def main() -> None:
+    quick = parse_quick(__doc__ or "")
+    count = 2000 if quick else 50_000
+    with tempfile.TemporaryDirectory(prefix="bench-pulsar-") as data_dir:
+        process, native_url, pulsar_url = start_server(data_dir)
+        try:
+            runs: list[tuple[str, Callable[[], tuple[float, float, float | None]]]] = [
+                ("keyfailover client", lambda: native_run(native_url, count)),
+                ("pulsar-client, batching off", lambda: pulsar_run(pulsar_url, count, "bench-off")),
+                (
+                    "pulsar-client, key-based batching",
+                    lambda: pulsar_run(
+                        pulsar_url,
+                        count,
+                        "bench-keyed",
+                        batching_enabled=True,
+                        batching_type=pulsar.BatchingType.KeyBased,
+                    ),
+                ),
+            ]
+            results = [(name, run()) for name, run in runs]
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+    base_produce, base_consume, _ = results[0][1]
+    print_table(
+        f"Produce then consume {count:,} keyed messages ({KEYS:,} keys) on one server, SQLite --sync normal",
+        [
+            "client",
+            "messages",
+            "produce msgs/s",
+            "consume msgs/s",
+            "produce vs native",
+            "consume vs native",
+            "send_async calls/s",
+        ],
+        [
+            [
+                name,
+                format_count(count),
+                format_count(produce),
+                format_count(consume),
+                f"{produce / base_produce:.2f}x",
+                f"{consume / base_consume:.2f}x",
+                "-" if queueing is None else format_count(queueing),
+            ]
+            for name, (produce, consume, queueing) in results
+        ],
+    )
+    print("per-key order held in every run")
+
+
+if __name__ == "__main__":
+    main()

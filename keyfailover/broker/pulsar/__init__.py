@@ -1,0 +1,40 @@
+"""Apache Pulsar's binary protocol (sans-IO): frames, checksums, topic names and the vendored protobuf classes.
+
+``PulsarApi.proto`` is Apache Pulsar's own (Apache License 2.0, its notice kept in the file),
+copied unchanged from apache/pulsar-client-cpp ``proto/PulsarApi.proto`` at commit 1d08b2b3
+(2026-07-21; the C++ client's copy of pulsar-common/src/main/proto/PulsarApi.proto, which the
+Python wheel bundles). ``PulsarApi_pb2.py`` and its typed stub ``PulsarApi_pb2.pyi`` are
+generated from it by ``scripts/pulsar-proto``. The server's adapter to keyfailover's subscriptions lives in
+``keyfailover.broker.server._pulsar``; docs/pulsar.md says what is supported.
+"""
+
+from keyfailover.broker.pulsar._codec import (
+    MAX_FRAME_PADDING,
+    PROTOCOL_VERSION,
+    PulsarDecoder,
+    PulsarFrame,
+    PulsarFrameError,
+    SentMessage,
+    crc32c,
+    encode_command,
+    encode_message,
+    parse_message,
+    split_batch,
+)
+from keyfailover.broker.pulsar._topics import TopicNameError, keyfailover_topic
+
+__all__ = [
+    "MAX_FRAME_PADDING",
+    "PROTOCOL_VERSION",
+    "PulsarDecoder",
+    "PulsarFrame",
+    "PulsarFrameError",
+    "SentMessage",
+    "TopicNameError",
+    "crc32c",
+    "encode_command",
+    "encode_message",
+    "keyfailover_topic",
+    "parse_message",
+    "split_batch",
+]

@@ -1,0 +1,233 @@
+"""Pulsar frames on the wire: length prefixes, the protobuf command, and the checksummed message part.
+
+A frame is ``[total size: 4][command size: 4][BaseCommand]``, and for SEND and MESSAGE then
+``[0x0e01: 2][CRC32C: 4][metadata size: 4][MessageMetadata][payload]`` with the CRC32C over
+everything after it (all integers big-endian). :class:`PulsarDecoder` trusts nothing and
+holds at most ``4 + max_frame`` bytes; a malformed frame is a fatal :class:`PulsarFrameError`
+(the stream cannot be resynchronised), a malformed message part only fails its SEND.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final, NamedTuple
+
+import google_crc32c
+from google.protobuf.message import DecodeError
+
+from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand, MessageMetadata, SingleMessageMetadata
+from keyfailover.core.errors import KeyFailoverError
+
+__all__ = [
+    "MAX_FRAME_PADDING",
+    "PROTOCOL_VERSION",
+    "PulsarDecoder",
+    "PulsarFrame",
+    "PulsarFrameError",
+    "SentMessage",
+    "crc32c",
+    "encode_command",
+    "encode_message",
+    "parse_message",
+    "split_batch",
+]
+
+PROTOCOL_VERSION: Final = 21
+"""The newest Pulsar protocol version this server speaks (the newest in the vendored PulsarApi.proto);
+a client is answered ``min(its version, this)``."""
+
+MAX_FRAME_PADDING: Final = 10 * 1024
+"""Bytes of a frame kept for its command and metadata: the largest payload a client may send is the
+frame limit less this (Apache Pulsar keeps the same 10 KiB)."""
+
+_MAGIC: Final = b"\x0e\x01"
+_U32: Final = struct.Struct(">I")
+_U32_PAIR: Final = struct.Struct(">II")
+
+
+class PulsarFrameError(KeyFailoverError, ValueError):
+    """Bytes that are not a valid Pulsar frame (or message part); the text says what was wrong.
+
+    ``too_large``: the frame's size was over the limit (refused before its body arrived).
+    """
+
+    def __init__(self, message: str, *, too_large: bool = False) -> None:
+        super().__init__(message)
+        self.too_large = too_large
+
+
+def crc32c(data: bytes | memoryview) -> int:
+    """CRC32C (Castagnoli) of ``data``: Pulsar's frame checksum."""
+    return int(google_crc32c.value(bytes(data)))
+
+
+class PulsarFrame(NamedTuple):
+    """One decoded frame: its command and, for SEND, the bytes after the command (magic, checksum, message)."""
+
+    command: BaseCommand
+    rest: bytes
+
+
+class SentMessage(NamedTuple):
+    """The message part of a SEND: its metadata and payload, and whether its checksum matched
+    (None: the client sent none, as Pulsar clients before protocol version 6 did)."""
+
+    metadata: MessageMetadata
+    payload: bytes
+    checksum_ok: bool | None
+
+
+class PulsarDecoder:
+    """Bytes in, commands out; incremental, so any split of the stream gives the same frames.
+
+    After an error the decoder is dead: every later call raises the same error. It never holds
+    more than ``4 + max_frame`` bytes: a size above ``max_frame`` is refused as soon as its 4
+    bytes arrive.
+    """
+
+    __slots__ = ("_buffer", "_error", "max_frame")
+
+    def __init__(self, max_frame: int) -> None:
+        self.max_frame = max_frame
+        """The largest total size (the first 4 bytes of a frame) accepted; a server raises it after CONNECT."""
+        self._buffer = bytearray()
+        self._error: PulsarFrameError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not decoded yet (part of one frame)."""
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> tuple[list[PulsarFrame], PulsarFrameError | None]:
+        """Take the next bytes; return the frames they complete and the error that stopped decoding, if any."""
+        frames: list[PulsarFrame] = []
+        if self._error is None:
+            try:
+                self._feed(data, frames)
+            except PulsarFrameError as exc:
+                self._error = exc
+                self._buffer = bytearray()
+        return frames, self._error
+
+    def _feed(self, data: bytes, frames: list[PulsarFrame]) -> None:
+        buffer = self._buffer
+        buffer += data
+        offset = 0
+        size = len(buffer)
+        with memoryview(buffer) as view:  # slices of a view copy once, where bytes(bytearray[...]) copies twice
+            while size - offset >= 4:
+                (total,) = _U32.unpack_from(view, offset)
+                if total > self.max_frame:
+                    raise PulsarFrameError(
+                        f"frame of {total} bytes is over the limit of {self.max_frame} bytes", too_large=True
+                    )
+                if total < 4:
+                    raise PulsarFrameError(f"frame size {total} is too small; expected at least 4 (the command size)")
+                end = offset + 4 + total
+                if end > size:
+                    break
+                (command_size,) = _U32.unpack_from(view, offset + 4)
+                if not 0 < command_size <= total - 4:
+                    raise PulsarFrameError(
+                        f"command size {command_size} does not fit its frame of {total} bytes; expected 1 to "
+                        f"{total - 4}"
+                    )
+                start = offset + 8
+                command = BaseCommand()
+                try:
+                    command.ParseFromString(view[start : start + command_size].tobytes())
+                except DecodeError as exc:
+                    raise PulsarFrameError(f"command is not a valid BaseCommand ({exc})") from None
+                _check_command(command)
+                frames.append(PulsarFrame(command, view[start + command_size : end].tobytes()))
+                offset = end
+        del buffer[:offset]
+
+
+_EMPTY_BODIES: Final = frozenset({BaseCommand.PING, BaseCommand.PONG})
+"""Commands whose body has no fields: accepted without it."""
+
+
+def _check_command(command: BaseCommand) -> None:
+    """Refuse a command without its required fields (an unknown type leaves ``type`` unset) or its body.
+
+    In BaseCommand each command's body is the field numbered as its type.
+    """
+    if not command.IsInitialized():
+        raise PulsarFrameError("command lacks required fields (an unknown command type leaves its type unset)")
+    body = BaseCommand.DESCRIPTOR.fields_by_number.get(command.type)
+    if command.type not in _EMPTY_BODIES and (body is None or not command.HasField(body.name)):  # type: ignore[arg-type]
+        raise PulsarFrameError(f"{BaseCommand.Type.Name(command.type)} command has no body")
+
+
+def _check_metadata(metadata: MessageMetadata | SingleMessageMetadata, what: str) -> None:
+    if not metadata.IsInitialized():
+        raise PulsarFrameError(f"{what} lacks required fields")
+
+
+def encode_command(command: BaseCommand) -> bytes:
+    """``command`` as a frame without a message part."""
+    body = command.SerializeToString()
+    return _U32_PAIR.pack(len(body) + 4, len(body)) + body
+
+
+def encode_message(command: BaseCommand, metadata: bytes, payload: bytes) -> bytes:
+    """``command`` with a message part (serialized ``MessageMetadata`` and payload) and its CRC32C."""
+    body = command.SerializeToString()
+    checked = _U32.pack(len(metadata)) + metadata + payload
+    total = 4 + len(body) + 6 + len(checked)
+    return _U32_PAIR.pack(total, len(body)) + body + _MAGIC + _U32.pack(crc32c(checked)) + checked
+
+
+def parse_message(rest: bytes) -> SentMessage:
+    """The message part of a SEND frame; :class:`PulsarFrameError` when it is malformed."""
+    checksum_ok: bool | None = None
+    if rest[:2] == _MAGIC:
+        if len(rest) < 6:
+            raise PulsarFrameError(f"message part of {len(rest)} bytes ends inside its checksum")
+        (expected,) = _U32.unpack_from(rest, 2)
+        rest = rest[6:]
+        checksum_ok = crc32c(rest) == expected
+    if len(rest) < 4:
+        raise PulsarFrameError(f"message part of {len(rest)} bytes has no metadata size; expected at least 4 bytes")
+    (size,) = _U32.unpack_from(rest, 0)
+    if size > len(rest) - 4:
+        raise PulsarFrameError(f"metadata size {size} is over the {len(rest) - 4} bytes that follow it")
+    metadata = MessageMetadata()
+    try:
+        metadata.ParseFromString(rest[4 : 4 + size])
+    except DecodeError as exc:
+        raise PulsarFrameError(f"message metadata is not a valid MessageMetadata ({exc})") from None
+    _check_metadata(metadata, "message metadata")
+    return SentMessage(metadata, rest[4 + size :], checksum_ok)
+
+
+def split_batch(payload: bytes, count: int) -> list[tuple[SingleMessageMetadata, bytes]]:
+    """The ``count`` messages of a batched entry: ``[size: 4][SingleMessageMetadata][payload]`` each."""
+    messages = []
+    offset = 0
+    for index in range(count):
+        if len(payload) - offset < 4:
+            raise PulsarFrameError(f"batch message {index} of {count} is missing: the entry ends at byte {offset}")
+        (size,) = _U32.unpack_from(payload, offset)
+        offset += 4
+        if size > len(payload) - offset:
+            raise PulsarFrameError(f"batch message {index}'s metadata size {size} runs past the end of the entry")
+        single = SingleMessageMetadata()
+        try:
+            single.ParseFromString(payload[offset : offset + size])
+        except DecodeError as exc:
+            raise PulsarFrameError(f"batch message {index}'s metadata is not a SingleMessageMetadata ({exc})") from None
+        _check_metadata(single, f"batch message {index}'s metadata")
+        offset += size
+        length = single.payload_size
+        if not 0 <= length <= len(payload) - offset:
+            raise PulsarFrameError(
+                f"batch message {index}'s payload size {length} runs past the end of the entry "
+                f"({len(payload) - offset} bytes left)"
+            )
+        messages.append((single, payload[offset : offset + length]))
+        offset += length
+    if offset != len(payload):
+        raise PulsarFrameError(f"batched entry has {len(payload) - offset} bytes after its {count} messages")
+    return messages

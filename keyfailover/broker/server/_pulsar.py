@@ -1,0 +1,785 @@
+"""The Pulsar protocol endpoint: an unmodified Pulsar client's connection, served by keyfailover's subscriptions.
+
+Each connection adapts Pulsar commands to the paths the native protocol takes: a SEND is a
+produce of a named producer with its sequence ids (dedup on reconnect), a SUBSCRIBE attaches a
+:class:`Session` to the same :class:`Subscription`, FLOW grants its permits, ACK and
+REDELIVER_UNACKNOWLEDGED_MESSAGES ack and nack its positions. A message's id is ledger 0,
+entry = its log position. Producer dedup runs per producer name and key (:func:`_dedup_name`).
+docs/pulsar.md says what is served, what is refused and why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import hmac
+import logging
+import secrets
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from keyfailover.broker.protocol import ConsumerClosed, Frame, Key, Messages, stream_transport, valid_name
+from keyfailover.broker.pulsar import (
+    MAX_FRAME_PADDING,
+    PROTOCOL_VERSION,
+    PulsarDecoder,
+    PulsarFrame,
+    PulsarFrameError,
+    TopicNameError,
+    encode_command,
+    encode_message,
+    keyfailover_topic,
+    parse_message,
+    split_batch,
+)
+from keyfailover.broker.pulsar.PulsarApi_pb2 import (
+    NONE,
+    AuthenticationError,
+    BaseCommand,
+    ChecksumError,
+    CommandAck,
+    CommandLookupTopicResponse,
+    CommandPartitionedTopicMetadataResponse,
+    CommandSubscribe,
+    ConsumerBusy,
+    InvalidTopicName,
+    KeySharedMode,
+    MessageMetadata,
+    NotAllowedError,
+    PersistenceError,
+    ServiceNotReady,
+    SingleMessageMetadata,
+    TopicNotFound,
+    UnknownError,
+)
+from keyfailover.broker.server._connection import ClientConnection, partial_since
+from keyfailover.broker.server._subscription import Session, Subscription
+from keyfailover.broker.storage._store import NotServedError, Result, Store
+from keyfailover.core.errors import ErrorCode, KeyFailoverError, ProtocolError
+
+__all__ = ["PulsarConnection"]
+
+_log = logging.getLogger("keyfailover.server")
+
+_SERVER_VERSION: Final = "keyfailover"
+_KEY_SEPARATOR: Final = "\x1f"
+"""Between a Pulsar producer's name and its key's digest in the log's producer names (see :func:`_dedup_name`)."""
+_NO_REQUEST: Final = 2**64 - 1
+"""The request id of a command the broker sends unasked (Apache Pulsar's -1 as an unsigned 64-bit int)."""
+_SERVER_ERRORS: Final = {
+    ErrorCode.NOT_OWNER: ServiceNotReady,
+    ErrorCode.SHUTTING_DOWN: ServiceNotReady,
+    ErrorCode.CONSUMER_BUSY: ConsumerBusy,
+    ErrorCode.UNKNOWN_TOPIC: TopicNotFound,
+    ErrorCode.WRONG_PARTITION: NotAllowedError,
+}
+"""The Pulsar ServerError for each keyfailover error code that has a close one (else UnknownError)."""
+
+
+class _Limits(Protocol):
+    """The server settings a Pulsar connection reads."""
+
+    @property
+    def token(self) -> str | None: ...
+
+    @property
+    def max_frame(self) -> int: ...
+
+    @property
+    def login_frame(self) -> int: ...
+
+    @property
+    def session_timeout(self) -> float: ...
+
+    @property
+    def max_output(self) -> int: ...
+
+
+class _Host(Protocol):
+    """What a Pulsar connection needs of its server (the native connections' paths)."""
+
+    @property
+    def config(self) -> _Limits: ...
+
+    @property
+    def closing(self) -> bool: ...
+
+    @property
+    def protocol_errors(self) -> Counter[str]: ...
+
+    @property
+    def storage(self) -> Store: ...
+
+    def connected(self, connection: ClientConnection) -> bool: ...
+
+    def disconnected(self, connection: ClientConnection) -> None: ...
+
+    def partition_of(self, served: str) -> tuple[str, int, int]: ...
+
+    def partitions(self) -> dict[str, int]: ...
+
+    def check_served(self, served: str, action: str) -> tuple[int, int] | None: ...
+
+    def check_produce(self, topic: str, messages: list[tuple[int | None, Key, bytes]]) -> None: ...
+
+    async def open_subscription(self, topic: str, name: str) -> Subscription: ...
+
+    def next_session_id(self) -> int: ...
+
+
+class _RefusedError(Exception):
+    """A request refused with a Pulsar ServerError and a message saying why."""
+
+    def __init__(self, error: int, message: str) -> None:
+        super().__init__(message)
+        self.error = error
+        self.message = message
+
+
+@dataclass
+class _Producer:
+    topic: str
+    name: str
+    partition: int
+
+
+@dataclass
+class _Consumer:
+    session: Session
+    partition: int
+    unacked: set[int] = field(default_factory=set)
+    """Positions delivered and not acked or nacked through this consumer (what a bare redeliver gives back)."""
+
+
+def _command(kind: int) -> BaseCommand:
+    return BaseCommand(type=kind)  # type: ignore[arg-type]
+
+
+def _message_key(metadata: MessageMetadata | SingleMessageMetadata) -> Key:
+    """Pulsar's sticky key: the ordering key if set, else the partition key (decoded when base64); None: keyless."""
+    if metadata.HasField("ordering_key"):
+        return metadata.ordering_key
+    if not metadata.HasField("partition_key"):
+        return None
+    if metadata.partition_key_b64_encoded:
+        try:
+            return base64.b64decode(metadata.partition_key, validate=True)
+        except binascii.Error:
+            raise _RefusedError(UnknownError, "partition key is flagged base64 but is not valid base64") from None
+    return metadata.partition_key
+
+
+def _dedup_name(producer: str, key: Key) -> str:
+    """The log's producer name for ``producer``'s messages of ``key``: dedup runs per producer and key.
+
+    Pulsar's key-based batching sends each key's batch on its own, so one producer's sequence ids
+    reach the broker out of order across keys; within a key they always rise. The name is the
+    Pulsar producer's, a unit separator, and a digest of the key (so it stays short).
+    """
+    if key is None:
+        return f"{producer}{_KEY_SEPARATOR}-"
+    tagged = b"s" + key.encode() if isinstance(key, str) else b"b" + key
+    return f"{producer}{_KEY_SEPARATOR}{hashlib.blake2b(tagged, digest_size=8).hexdigest()}"
+
+
+def _runs(messages: list[tuple[int | None, Key, bytes]]) -> list[list[tuple[int | None, Key, bytes]]]:
+    """``messages`` cut where the key changes: each run is stored under its key's dedup name, in order."""
+    runs: list[list[tuple[int | None, Key, bytes]]] = []
+    for message in messages:
+        if runs and runs[-1][-1][1] == message[1] and type(runs[-1][-1][1]) is type(message[1]):
+            runs[-1].append(message)
+        else:
+            runs.append([message])
+    return runs
+
+
+def _request_id(command: BaseCommand) -> int | None:
+    """The request id of a command's body, when it has one."""
+    for descriptor, body in command.ListFields():
+        body_type = descriptor.message_type
+        if body_type is not None and "request_id" in body_type.fields_by_name and body.HasField("request_id"):
+            return int(body.request_id)
+    return None
+
+
+class PulsarConnection(asyncio.Protocol):
+    """One Pulsar client connection: decodes commands, calls the server's subscriptions, writes replies."""
+
+    def __init__(self, server: _Host) -> None:
+        self._server = server
+        config = server.config
+        self._decoder = PulsarDecoder(min(config.login_frame, config.max_frame))
+        self._transport: asyncio.Transport | None = None
+        self.authenticated = False
+        self.version = 0
+        """The protocol version agreed at CONNECT: the lower of the client's and :data:`PROTOCOL_VERSION`."""
+        self._producers: dict[int, _Producer] = {}
+        self._consumers: dict[int, _Consumer] = {}
+        self._closed = False
+        self.opened = self.last_seen = time.monotonic()
+        self.partial_since: float | None = None
+        self.peer = "?"
+        self._keepalive: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._output: list[bytes] = []
+        self._replied = False  # whether what is queued holds a reply, not only deliveries
+
+    # -- asyncio.Protocol ------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = stream = stream_transport(transport)
+        self.peer = str(transport.get_extra_info("peername"))
+        stream.set_write_buffer_limits(high=1024 * 1024)
+        if not self._server.connected(self):
+            _log.info("closing Pulsar connection %s: the server has its maximum of connections", self.peer)
+            self._closed = True
+            stream.close()
+            return
+        self._schedule_keepalive()
+
+    def pause_writing(self) -> None:
+        """The client does not read its replies: stop reading its requests until it does."""
+        if self._transport is not None and not self._closed:
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self._transport is not None and not self._closed:
+            self._transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        self.last_seen = now = time.monotonic()
+        frames, error = self._decoder.feed(data)
+        self.partial_since = partial_since(self.partial_since, self._decoder.buffered, bool(frames), now)
+        for frame in frames:
+            if self._closed:
+                return
+            try:
+                self._handle(frame)
+            except _RefusedError as refused:
+                request_id = _request_id(frame.command)
+                if request_id is not None:
+                    self._error(request_id, *_server_error(refused))
+            except Exception:
+                _log.exception("internal error handling Pulsar %s from %s", _type_name(frame.command), self.peer)
+                self.refuse(ErrorCode.INTERNAL, "internal server error")
+                return
+        if error is not None and not self._closed:
+            code = ErrorCode.FRAME_TOO_LARGE if error.too_large else ErrorCode.MALFORMED_FRAME
+            self.refuse(code, str(error))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        self.expire_sessions("closed", notify=False)
+        self._server.disconnected(self)
+
+    # -- ClientConnection --------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        if self._transport is not None and not self._closed:
+            self._flush()  # an ERROR just queued goes out before the connection closes
+            self._closed = True
+            self.expire_sessions("closed", notify=False)
+            self._transport.close()
+
+    def refuse(self, code: ErrorCode, message: str) -> None:
+        """Close the connection because it broke the protocol or a limit (Pulsar has no error frame for that)."""
+        _log.info("closing Pulsar connection %s: %s", self.peer, message)
+        self._server.protocol_errors[code] += 1
+        self.close()
+
+    def sessions_open(self) -> int:
+        return len(self._consumers)
+
+    def expire_sessions(self, reason: str, notify: bool = True) -> None:
+        """End every consumer session; with ``notify`` each client consumer is sent CLOSE_CONSUMER (it
+        subscribes again), by :meth:`_deliver` as the subscription tells the session."""
+        for consumer_id, consumer in list(self._consumers.items()):
+            consumer.session.subscription.detach(consumer.session, reason, notify=notify)
+            self._consumers.pop(consumer_id, None)
+
+    # -- sending ---------------------------------------------------------------------
+
+    def _write(self, data: bytes, reply: bool = True) -> None:
+        """Queue ``data``; what one turn of the event loop queues goes out in one write (a receipt per
+        message would otherwise cost a system call each)."""
+        if self._closed or self._transport is None:
+            return
+        if not self._output:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._output.append(data)
+        self._replied = self._replied or reply
+
+    def _flush(self) -> None:
+        """Write what is queued; a connection whose unread replies (not deliveries, which its permits bound)
+        pass ``max_output`` is dropped."""
+        transport = self._transport
+        if self._closed or transport is None or not self._output:
+            return
+        transport.write(b"".join(self._output))
+        self._output.clear()
+        replied, self._replied = self._replied, False
+        if replied and transport.get_write_buffer_size() > self._server.config.max_output:
+            _log.warning(
+                "closing Pulsar connection %s: over %d bytes of replies unread",
+                self.peer,
+                self._server.config.max_output,
+            )
+            self._server.protocol_errors[ErrorCode.SLOW_CONNECTION] += 1
+            self._closed = True
+            transport.abort()
+
+    def _send(self, command: BaseCommand) -> None:
+        self._write(encode_command(command))
+
+    def _error(self, request_id: int, error: int, message: str) -> None:
+        command = _command(BaseCommand.ERROR)
+        command.error.request_id = request_id
+        command.error.error = error  # type: ignore[assignment]
+        command.error.message = message
+        self._send(command)
+
+    def _success(self, request_id: int) -> None:
+        command = _command(BaseCommand.SUCCESS)
+        command.success.request_id = request_id
+        self._send(command)
+
+    def _schedule_keepalive(self) -> None:
+        interval = self._server.config.session_timeout / 3
+        self._keepalive = asyncio.get_running_loop().call_later(interval, self._ping, interval)
+
+    def _ping(self, interval: float) -> None:
+        """PING a logged-in client quiet for ``interval``: its PONG keeps its sessions alive (Pulsar clients
+        ping only every 30 s by default, longer than a session timeout may be)."""
+        if self._closed:
+            return
+        if self.authenticated and time.monotonic() - self.last_seen >= interval:
+            ping = _command(BaseCommand.PING)
+            ping.ping.SetInParent()
+            self._send(ping)
+        self._schedule_keepalive()
+
+    def _deliver(self, consumer_id: int, frame: Frame) -> None:
+        """What a subscription sends its session, as the Pulsar client expects it."""
+        consumer = self._consumers.get(consumer_id)
+        if consumer is None:
+            return
+        if isinstance(frame, Messages):
+            chunks = []
+            for position, key, payload, redeliveries, published in frame.messages:
+                command = _command(BaseCommand.MESSAGE)
+                message = command.message
+                message.consumer_id = consumer_id
+                message.message_id.ledgerId = 0
+                message.message_id.entryId = position
+                if consumer.partition >= 0:
+                    message.message_id.partition = consumer.partition
+                if redeliveries:
+                    message.redelivery_count = redeliveries
+                metadata = MessageMetadata(
+                    producer_name=_SERVER_VERSION,
+                    sequence_id=position,
+                    publish_time=0 if published is None else published // 1000,
+                )
+                if isinstance(key, str):
+                    metadata.partition_key = key
+                elif key is not None:
+                    metadata.ordering_key = key
+                chunks.append(encode_message(command, metadata.SerializeToString(), payload))
+                consumer.unacked.add(position)
+            # Deliveries are bounded by the consumer's permits, not by max_output.
+            self._write(b"".join(chunks), reply=False)
+        elif isinstance(frame, ConsumerClosed):
+            # The server ended the session (timeout, shutdown, partition moved): the client resubscribes.
+            del self._consumers[consumer_id]
+            command = _command(BaseCommand.CLOSE_CONSUMER)
+            command.close_consumer.consumer_id = consumer_id
+            command.close_consumer.request_id = _NO_REQUEST
+            self._send(command)
+        # RangesChanged: Pulsar clients are not told their hash ranges under AUTO_SPLIT.
+
+    # -- commands --------------------------------------------------------------------
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(self._guarded(work))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _guarded(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run a request's task; a bug in it closes this connection (logged), not the server."""
+        try:
+            await work
+        except Exception:
+            _log.exception("internal error serving a Pulsar request from %s", self.peer)
+            self.refuse(ErrorCode.INTERNAL, "internal server error")
+
+    def _handle(self, frame: PulsarFrame) -> None:
+        command = frame.command
+        kind = command.type
+        if kind == BaseCommand.CONNECT:
+            self._connect(command)
+            return
+        if not self.authenticated:
+            self.refuse(ErrorCode.NOT_CONNECTED, f"expected CONNECT first, got {_type_name(command)}")
+            return
+        handler = self._handlers.get(kind)
+        if handler is None:
+            raise _RefusedError(
+                NotAllowedError,
+                f"{_type_name(command)} is not supported by keyfailover's Pulsar endpoint; docs/pulsar.md lists "
+                "the commands it serves",
+            )
+        handler(self, frame)
+
+    def _connect(self, command: BaseCommand) -> None:
+        if self.authenticated:
+            self.refuse(ErrorCode.BAD_FIELD, "a second CONNECT on one connection")
+            return
+        connect = command.connect
+        token = self._server.config.token
+        if token is not None:
+            given = connect.auth_data if connect.auth_method_name == "token" else b""
+            if not hmac.compare_digest(given, token.encode()):
+                method = connect.auth_method_name or "none"
+                self._error(
+                    _NO_REQUEST,
+                    AuthenticationError,
+                    f"wrong or missing token (authentication method {method!r}); expected the server's token with "
+                    "AuthenticationToken",
+                )
+                self.refuse(ErrorCode.UNAUTHORIZED, "wrong or missing token")
+                return
+        self.authenticated = True
+        self.version = min(connect.protocol_version, PROTOCOL_VERSION)
+        max_frame = self._server.config.max_frame
+        self._decoder.max_frame = max_frame
+        reply = _command(BaseCommand.CONNECTED)
+        reply.connected.server_version = _SERVER_VERSION
+        reply.connected.protocol_version = self.version
+        reply.connected.max_message_size = max(max_frame - MAX_FRAME_PADDING, 1)
+        self._send(reply)
+
+    def _ping_command(self, frame: PulsarFrame) -> None:
+        pong = _command(BaseCommand.PONG)
+        pong.pong.SetInParent()
+        self._send(pong)
+
+    def _pong(self, frame: PulsarFrame) -> None:
+        """The answer to our keepalive PING: its arrival already counted as a sign of life."""
+
+    def _partitioned_metadata(self, frame: PulsarFrame) -> None:
+        request = frame.command.partitionMetadata
+        reply = _command(BaseCommand.PARTITIONED_METADATA_RESPONSE)
+        answer = reply.partitionMetadataResponse
+        answer.request_id = request.request_id
+        try:
+            count = self._server.partitions().get(keyfailover_topic(request.topic), 1)
+        except TopicNameError as exc:
+            answer.response = CommandPartitionedTopicMetadataResponse.Failed
+            answer.error = InvalidTopicName
+            answer.message = str(exc)
+        else:
+            answer.response = CommandPartitionedTopicMetadataResponse.Success
+            answer.partitions = count if count > 1 else 0  # Pulsar's 0: a topic without partitions
+        self._send(reply)
+
+    def _lookup(self, frame: PulsarFrame) -> None:
+        request = frame.command.lookupTopic
+        reply = _command(BaseCommand.LOOKUP_RESPONSE)
+        answer = reply.lookupTopicResponse
+        answer.request_id = request.request_id
+        try:
+            keyfailover_topic(request.topic)
+        except TopicNameError as exc:
+            answer.response = CommandLookupTopicResponse.Failed
+            answer.error = InvalidTopicName
+            answer.message = str(exc)
+        else:
+            assert self._transport is not None
+            host, port = self._transport.get_extra_info("sockname")[:2]
+            answer.response = CommandLookupTopicResponse.Connect
+            answer.brokerServiceUrl = f"pulsar://[{host}]:{port}" if ":" in host else f"pulsar://{host}:{port}"
+            answer.authoritative = True
+        self._send(reply)
+
+    def _producer(self, frame: PulsarFrame) -> None:
+        self._spawn(self._open_producer(frame.command))
+
+    async def _open_producer(self, command: BaseCommand) -> None:
+        request = command.producer
+        try:
+            topic = keyfailover_topic(request.topic)
+            name = request.producer_name if request.HasField("producer_name") else f"pulsar-{secrets.token_hex(8)}"
+            if not valid_name(name):
+                raise _RefusedError(UnknownError, f"producer name {name!r:.80} must be 1 to 256 characters without NUL")
+            if self._server.closing:
+                raise _RefusedError(ServiceNotReady, "the server is shutting down")
+            self._server.check_served(topic, "produce to")
+            last = await self._server.storage.last_sequence(topic, name + _KEY_SEPARATOR)
+            if self._closed:
+                return
+            known = self._producers.get(request.producer_id)
+            if known is not None and (known.topic, known.name) != (topic, name):
+                raise _RefusedError(
+                    UnknownError,
+                    f"producer id {request.producer_id} is open already on this connection for another topic or name",
+                )
+        except (_RefusedError, KeyFailoverError) as exc:
+            self._error(request.request_id, *_server_error(exc))
+            return
+        # A PRODUCER repeated for an open producer (a client's retry) is answered as the first one.
+        self._producers[request.producer_id] = _Producer(topic, name, self._partition(topic))
+        reply = _command(BaseCommand.PRODUCER_SUCCESS)
+        reply.producer_success.request_id = request.request_id
+        reply.producer_success.producer_name = name
+        reply.producer_success.last_sequence_id = last
+        reply.producer_success.producer_ready = True
+        self._send(reply)
+
+    def _partition(self, topic: str) -> int:
+        """The partition index message ids carry for ``topic``: -1 unless it is a partition."""
+        _, index, count = self._server.partition_of(topic)
+        return index if count > 1 else -1
+
+    def _send_command(self, frame: PulsarFrame) -> None:
+        request = frame.command.send
+        producer = self._producers.get(request.producer_id)
+        try:
+            if producer is None:
+                raise _RefusedError(UnknownError, f"producer id {request.producer_id} is not open on this connection")
+            messages = self._sent_messages(frame)
+            if self._server.closing:
+                raise _RefusedError(ServiceNotReady, "the server is shutting down; nothing was stored")
+            self._server.check_produce(producer.topic, messages)
+        except (_RefusedError, KeyFailoverError) as exc:
+            # ChecksumError fails this message at the client; any other error makes it reconnect and resend.
+            self._send_error(request.producer_id, request.sequence_id, *_server_error(exc))
+            return
+        storage = self._server.storage
+        appended = [
+            storage.append(producer.topic, _dedup_name(producer.name, run[0][1]), run) for run in _runs(messages)
+        ]
+        stored = appended[0] if len(appended) == 1 else asyncio.gather(*appended)
+        stored.add_done_callback(lambda done: self._receipt(request, producer, done))
+
+    def _sent_messages(self, frame: PulsarFrame) -> list[tuple[int | None, Key, bytes]]:
+        """The keyfailover messages a SEND carries: one, or each message of a batched entry with its own key."""
+        request = frame.command.send
+        try:
+            sent = parse_message(frame.rest)
+        except PulsarFrameError as exc:
+            raise _RefusedError(UnknownError, f"{exc}; nothing was stored") from None
+        if sent.checksum_ok is False:
+            raise _RefusedError(
+                ChecksumError, "the CRC32C of the message does not match its checksum field; nothing was stored"
+            )
+        metadata = sent.metadata
+        if metadata.compression != NONE:
+            raise _RefusedError(NotAllowedError, "compressed messages are not supported; expected compression NONE")
+        if metadata.encryption_keys or request.is_chunk or metadata.num_chunks_from_msg > 1:
+            raise _RefusedError(NotAllowedError, "encrypted and chunked messages are not supported")
+        if request.txnid_most_bits or request.txnid_least_bits or request.marker:
+            raise _RefusedError(NotAllowedError, "transactions and markers are not supported")
+        if not metadata.HasField("num_messages_in_batch"):
+            return [(request.sequence_id, _message_key(metadata), sent.payload)]
+        count = metadata.num_messages_in_batch
+        if count < 1:
+            raise _RefusedError(UnknownError, f"a batched entry of {count} messages; expected at least 1")
+        try:
+            singles = split_batch(sent.payload, count)
+        except PulsarFrameError as exc:
+            raise _RefusedError(UnknownError, f"{exc}; nothing was stored") from None
+        return [
+            (
+                single.sequence_id if single.HasField("sequence_id") else request.sequence_id + index,
+                _message_key(single),
+                payload,
+            )
+            for index, (single, payload) in enumerate(singles)
+        ]
+
+    def _send_error(self, producer_id: int, sequence_id: int, error: int, message: str) -> None:
+        command = _command(BaseCommand.SEND_ERROR)
+        command.send_error.producer_id = producer_id
+        command.send_error.sequence_id = sequence_id
+        command.send_error.error = error  # type: ignore[assignment]
+        command.send_error.message = message
+        self._send(command)
+
+    def _receipt(
+        self, request: Any, producer: _Producer, done: asyncio.Future[Result] | asyncio.Future[list[Result]]
+    ) -> None:
+        exc = done.exception()
+        if exc is not None:
+            if isinstance(exc, NotServedError):
+                error = ServiceNotReady
+            else:
+                error = UnknownError if isinstance(exc, KeyFailoverError) else PersistenceError
+            self._send_error(request.producer_id, request.sequence_id, error, f"not stored: {exc}")
+            return
+        first = done.result()[0]  # the first message's (position, duplicate), or the first run's
+        position = first[0] if isinstance(first, tuple) else first[0][0]
+        reply = _command(BaseCommand.SEND_RECEIPT)
+        receipt = reply.send_receipt
+        receipt.producer_id = request.producer_id
+        receipt.sequence_id = request.sequence_id
+        if request.HasField("highest_sequence_id"):
+            receipt.highest_sequence_id = request.highest_sequence_id
+        receipt.message_id.ledgerId = 0
+        receipt.message_id.entryId = position
+        if producer.partition >= 0:
+            receipt.message_id.partition = producer.partition
+        self._send(reply)
+
+    def _subscribe(self, frame: PulsarFrame) -> None:
+        self._spawn(self._open_consumer(frame.command))
+
+    async def _open_consumer(self, command: BaseCommand) -> None:
+        request = command.subscribe
+        try:
+            topic = keyfailover_topic(request.topic)
+            _check_subscribe(request)
+            consumer = request.consumer_name or f"pulsar-{secrets.token_hex(8)}"
+            if not valid_name(consumer) or not valid_name(request.subscription):
+                raise _RefusedError(
+                    UnknownError, "subscription and consumer names must be 1 to 256 characters without NUL"
+                )
+            subscription = await self._server.open_subscription(topic, request.subscription)
+            if self._closed:
+                return
+            known = self._consumers.get(request.consumer_id)
+            if known is not None:
+                # A SUBSCRIBE repeated for an open consumer (a client's retry) is answered as the first one.
+                if known.session.subscription is not subscription:
+                    raise _RefusedError(
+                        ConsumerBusy,
+                        f"consumer id {request.consumer_id} is open already on this connection for another "
+                        "subscription",
+                    )
+                self._success(request.request_id)
+                return
+            consumer_id = request.consumer_id
+            session = Session(
+                self._server.next_session_id(),
+                consumer,
+                subscription,
+                lambda frame: self._deliver(consumer_id, frame),
+            )
+            # Permits come with the client's FLOW, right after SUCCESS.
+            subscription.attach(session, 0)
+        except (_RefusedError, KeyFailoverError) as exc:
+            self._error(request.request_id, *_server_error(exc))
+            return
+        self._consumers[consumer_id] = _Consumer(session, self._partition(topic))
+        self._success(request.request_id)
+
+    def _flow(self, frame: PulsarFrame) -> None:
+        request = frame.command.flow
+        consumer = self._consumers.get(request.consumer_id)
+        if consumer is not None:
+            consumer.session.subscription.flow(consumer.session, request.messagePermits)
+
+    def _ack(self, frame: PulsarFrame) -> None:
+        request = frame.command.ack
+        consumer = self._consumers.get(request.consumer_id)
+        if request.ack_type == CommandAck.Cumulative:
+            rejected = "cumulative acks are not allowed on Key_Shared subscriptions; expected individual acks"
+        elif consumer is None:
+            rejected = f"consumer id {request.consumer_id} is not open on this connection"
+        else:
+            positions = [message_id.entryId for message_id in request.message_id]
+            consumer.unacked.difference_update(positions)
+            late = consumer.session.subscription.ack(consumer.session, positions)
+            # Acks of messages taken back (lease expired, session replaced) change nothing: they come again.
+            rejected = f"{len(late)} of the acked messages were not in flight on this consumer" if late else ""
+        if request.HasField("request_id"):
+            reply = _command(BaseCommand.ACK_RESPONSE)
+            reply.ackResponse.consumer_id = request.consumer_id
+            reply.ackResponse.request_id = request.request_id
+            if rejected:
+                reply.ackResponse.error = NotAllowedError
+                reply.ackResponse.message = rejected
+            self._send(reply)
+
+    def _redeliver(self, frame: PulsarFrame) -> None:
+        request = frame.command.redeliverUnacknowledgedMessages
+        consumer = self._consumers.get(request.consumer_id)
+        if consumer is None:
+            return
+        if request.message_ids:
+            positions = sorted({message_id.entryId for message_id in request.message_ids})
+            consumer.unacked.difference_update(positions)
+        else:  # every message delivered to it and not acked
+            positions = sorted(consumer.unacked)
+            consumer.unacked.clear()
+        consumer.session.subscription.nack(consumer.session, positions)
+
+    def _close_producer(self, frame: PulsarFrame) -> None:
+        request = frame.command.close_producer
+        self._producers.pop(request.producer_id, None)
+        self._success(request.request_id)
+
+    def _close_consumer(self, frame: PulsarFrame) -> None:
+        request = frame.command.close_consumer
+        consumer = self._consumers.pop(request.consumer_id, None)
+        if consumer is not None:
+            consumer.session.subscription.detach(consumer.session, "closed", notify=False)
+        self._success(request.request_id)
+
+    _handlers: Final[dict[int, Callable[[PulsarConnection, PulsarFrame], None]]] = {
+        BaseCommand.PING: _ping_command,
+        BaseCommand.PONG: _pong,
+        BaseCommand.PARTITIONED_METADATA: _partitioned_metadata,
+        BaseCommand.LOOKUP: _lookup,
+        BaseCommand.PRODUCER: _producer,
+        BaseCommand.SEND: _send_command,
+        BaseCommand.SUBSCRIBE: _subscribe,
+        BaseCommand.FLOW: _flow,
+        BaseCommand.ACK: _ack,
+        BaseCommand.REDELIVER_UNACKNOWLEDGED_MESSAGES: _redeliver,
+        BaseCommand.CLOSE_PRODUCER: _close_producer,
+        BaseCommand.CLOSE_CONSUMER: _close_consumer,
+    }
+
+
+def _check_subscribe(request: CommandSubscribe) -> None:
+    """Refuse what keyfailover does not serve in this step: other subscription types, STICKY, Readers."""
+    if request.subType != CommandSubscribe.Key_Shared:
+        kind = CommandSubscribe.SubType.Name(request.subType)
+        raise _RefusedError(
+            NotAllowedError,
+            f"subscription type {kind} is not served: keyfailover serves Key_Shared subscriptions "
+            "(consumer_type=ConsumerType.KeyShared)",
+        )
+    if request.HasField("keySharedMeta") and request.keySharedMeta.keySharedMode == KeySharedMode.STICKY:
+        raise _RefusedError(
+            NotAllowedError,
+            "Key_Shared mode STICKY is not served yet: keyfailover assigns hash ranges itself; expected AUTO_SPLIT",
+        )
+    if not request.durable:
+        raise _RefusedError(NotAllowedError, "non-durable subscriptions (Readers) are not served yet")
+
+
+def _server_error(exc: Exception) -> tuple[int, str]:
+    """The Pulsar ServerError and message that refuse a request, for the error that refused it."""
+    if isinstance(exc, _RefusedError):
+        return exc.error, exc.message
+    if isinstance(exc, TopicNameError):
+        return InvalidTopicName, str(exc)
+    if isinstance(exc, ProtocolError):
+        return _SERVER_ERRORS.get(exc.code, UnknownError), exc.message
+    return UnknownError, str(exc)
+
+
+def _type_name(command: BaseCommand) -> str:
+    return BaseCommand.Type.Name(command.type)

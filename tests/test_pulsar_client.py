@@ -1,0 +1,348 @@
+"""The real ``pulsar-client`` wheel (Apache Pulsar's C++ client) against ``keyfailover serve --pulsar-port``.
+
+Every test talks to a real server process on loopback through an unmodified Pulsar client:
+Key_Shared with consumers joining and leaving, nacks, batching, a crash of the server
+mid-stream, tokens, and the subscription types keyfailover refuses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.request import Request, urlopen
+
+import pulsar
+import pytest
+
+from keyfailover.broker.pulsar.PulsarApi_pb2 import AuthenticationError, BaseCommand, CommandSubscribe
+from keyfailover.client import Client, Timeout
+from keyfailover.core.partitions import partition_of_key
+from tests.pulsar_wire import RawPulsar, connect_command, subscribe_command
+from tests.server_process import ServerProcess, wait_until
+
+TOKEN = "pulsar-token-for-tests"
+QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    data: Path = tmp_path_factory.mktemp("pulsar") / "data"
+    with ServerProcess(data, "--metrics-port", "0", "--pulsar-port", "0", "--session-timeout", "3") as server:
+        yield server
+
+
+@contextlib.contextmanager
+def client(url: str | None, token: str | None = None, timeout: int = 10) -> Iterator[pulsar.Client]:
+    """A Pulsar client of ``url`` (with ``token``), closed at the end."""
+    assert url is not None
+    auth = None if token is None else pulsar.AuthenticationToken(token)
+    opened = pulsar.Client(url, authentication=auth, operation_timeout_seconds=timeout, logger=QUIET)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+def stored(server: ServerProcess, topic: str) -> int:
+    """How many messages ``topic`` holds (its last position: positions have no gaps)."""
+    with urlopen(f"{server.admin_url}/stats", timeout=10) as response:
+        return int(json.loads(response.read())["topics"].get(topic, 0))
+
+
+@dataclass
+class Journal:
+    """What consumers did, in one order: ``(consumer, "recv" | "ack" | "left", key, index)``."""
+
+    events: list[tuple[str, str, str, int]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def log(self, consumer: str, what: str, key: str = "", index: int = -1) -> None:
+        with self.lock:
+            self.events.append((consumer, what, key, index))
+
+    def received(self) -> set[int]:
+        with self.lock:
+            return {index for _, what, _, index in self.events if what == "recv"}
+
+
+class Reader(threading.Thread):
+    """A Key_Shared consumer that receives, journals and acks until told to leave."""
+
+    def __init__(self, pulsar_client: pulsar.Client, topic: str, name: str, journal: Journal) -> None:
+        super().__init__(name=name, daemon=True)
+        self.consumer = pulsar_client.subscribe(
+            topic, "orders", consumer_type=pulsar.ConsumerType.KeyShared, consumer_name=name, receiver_queue_size=20
+        )
+        self.journal = journal
+        self.leave = threading.Event()
+
+    def run(self) -> None:
+        name = self.name
+        while not self.leave.is_set():
+            try:
+                message = self.consumer.receive(timeout_millis=100)
+            except pulsar.Timeout:
+                continue
+            key, index = message.partition_key(), int(message.data())
+            self.journal.log(name, "recv", key, index)
+            self.journal.log(name, "ack", key, index)  # journaled before it is sent: the server sees it after
+            self.consumer.acknowledge(message)
+        self.consumer.close()
+        self.journal.log(name, "left")
+
+
+def check_key_order(events: list[tuple[str, str, str, int]], produced: dict[str, list[int]]) -> None:
+    """Each key's first receipts come in produced order, and no consumer received a key's message while
+    another one had a message of that key received and not acked (and had not left)."""
+    first: dict[str, list[int]] = defaultdict(list)
+    seen: set[int] = set()
+    holding: dict[str, dict[str, int]] = defaultdict(dict)  # key -> consumer -> unacked receipts
+    for consumer, what, key, index in events:
+        if what == "left":
+            for held in holding.values():
+                held.pop(consumer, None)
+        elif what == "recv":
+            others = {c for c, n in holding[key].items() if n and c != consumer}
+            assert not others, f"{consumer} received {key}#{index} while {others} held unacked messages of {key}"
+            holding[key][consumer] = holding[key].get(consumer, 0) + 1
+            if index not in seen:
+                seen.add(index)
+                first[key].append(index)
+        else:
+            holding[key][consumer] -= 1
+    assert dict(first) == produced
+
+
+def test_key_shared_keeps_each_key_in_order_while_consumers_join_and_leave(server: ServerProcess) -> None:
+    topic = "persistent://public/default/join-leave"
+    keys = [f"k{i}" for i in range(20)]
+    journal = Journal()
+    produced: dict[str, list[int]] = defaultdict(list)
+    with client(server.pulsar_url) as pc:
+        producer = pc.create_producer(topic, producer_name="orders")
+        readers = [Reader(pc, topic, "a", journal), Reader(pc, topic, "b", journal)]
+        for reader in readers:
+            reader.start()
+
+        def produce(start: int, stop: int) -> None:
+            for index in range(start, stop):
+                key = keys[index % len(keys)]
+                produced[key].append(index)
+                producer.send(str(index).encode(), partition_key=key)
+
+        produce(0, 200)
+        wait_until(lambda: len(journal.received()) >= 200, "the first 200 messages received")
+        joiner = Reader(pc, topic, "c", journal)
+        joiner.start()
+        produce(200, 400)
+        wait_until(lambda: len(journal.received()) >= 400, "the next 200 received with a third consumer")
+        readers[0].leave.set()
+        readers[0].join(timeout=30)
+        produce(400, 600)
+        wait_until(lambda: len(journal.received()) == 600, "every message received after a consumer left")
+        for reader in (readers[1], joiner):
+            reader.leave.set()
+            reader.join(timeout=30)
+    assert journal.received() == set(range(600))
+    check_key_order(journal.events, dict(produced))
+    assert {consumer for consumer, what, _, _ in journal.events if what == "recv"} >= {"b", "c"}
+    assert stored(server, "join-leave") == 600
+
+
+def test_a_nacked_message_comes_back_with_a_growing_redelivery_count(server: ServerProcess) -> None:
+    topic = "persistent://public/default/nacks"
+    with client(server.pulsar_url) as pc:
+        consumer = pc.subscribe(
+            topic, "retry", consumer_type=pulsar.ConsumerType.KeyShared, negative_ack_redelivery_delay_ms=10
+        )
+        pc.create_producer(topic).send(b"poison", partition_key="k")
+        counts = []
+        for _ in range(3):
+            message = consumer.receive(timeout_millis=10_000)
+            counts.append(message.redelivery_count())
+            consumer.negative_acknowledge(message)
+        message = consumer.receive(timeout_millis=10_000)
+        consumer.acknowledge(message)
+    assert counts == [0, 1, 2]
+    assert (message.data(), message.redelivery_count()) == (b"poison", 3)
+
+
+@pytest.mark.parametrize("batching", ["off", "default", "key-based"])
+def test_batched_entries_are_split_so_each_message_goes_by_its_own_key(server: ServerProcess, batching: str) -> None:
+    """The default batcher packs several keys in one entry; every message still arrives with its own key."""
+    topic = f"batching-{batching}"
+    with client(server.pulsar_url) as pc:
+        consumer = pc.subscribe(topic, "check", consumer_type=pulsar.ConsumerType.KeyShared)
+        producer = pc.create_producer(
+            topic,
+            batching_enabled=batching != "off",
+            batching_type=pulsar.BatchingType.KeyBased if batching == "key-based" else pulsar.BatchingType.Default,
+            batching_max_messages=10,
+            batching_max_publish_delay_ms=50,
+        )
+        for index in range(60):
+            producer.send_async(f"k{index % 6}:{index}".encode(), None, partition_key=f"k{index % 6}")
+        producer.flush()
+        received = []
+        for _ in range(60):
+            message = consumer.receive(timeout_millis=10_000)
+            received.append((message.partition_key(), message.data().decode()))
+            consumer.acknowledge(message)
+    assert all(data.startswith(key + ":") for key, data in received)
+    by_key: dict[str, list[int]] = defaultdict(list)
+    for key, data in received:
+        by_key[key].append(int(data.split(":")[1]))
+    assert by_key == {f"k{k}": list(range(k, 60, 6)) for k in range(6)}
+    assert stored(server, topic) == 60
+
+
+def test_a_partitioned_topic_with_a_router_that_follows_keyfailovers_partitions(server: ServerProcess) -> None:
+    """Partition p of a keyfailover topic holds a block of hash slots: the client's router sends each key there."""
+    created = Request(f"{server.admin_url}/topics?topic=split&partitions=3", method="POST")
+    with urlopen(created, timeout=10) as response:
+        assert json.loads(response.read())["partitions"] == 3
+    with client(server.pulsar_url) as pc:
+        consumer = pc.subscribe("split", "all", consumer_type=pulsar.ConsumerType.KeyShared)
+        producer = pc.create_producer(
+            "split", message_router=lambda message, partitions: partition_of_key(message.partition_key(), partitions)
+        )
+        for index in range(90):
+            producer.send(str(index).encode(), partition_key=f"k{index % 9}")
+        by_key: dict[str, list[int]] = defaultdict(list)
+        for _ in range(90):
+            message = consumer.receive(timeout_millis=10_000)
+            by_key[message.partition_key()].append(int(message.data()))
+            consumer.acknowledge(message)
+    assert by_key == {f"k{k}": list(range(k, 90, 9)) for k in range(9)}
+    assert sum(stored(server, f"split-partition-{p}") for p in range(3)) == 90
+
+
+def test_a_native_and_a_pulsar_consumer_share_one_subscription(server: ServerProcess) -> None:
+    """Pulsar's and keyfailover's clients meet in one subscription: its ranges tile the slots between them,
+    and each key's messages (produced by the Pulsar client) go to one of the two, in order."""
+    with client(server.pulsar_url) as pc, Client(server.url, connect_timeout=5.0) as kc:
+        native = kc.subscribe("mixed", "shared", "native")
+        foreign = pc.subscribe("mixed", "shared", consumer_type=pulsar.ConsumerType.KeyShared, consumer_name="pulsar")
+        with urlopen(f"{server.admin_url}/ranges?topic=mixed&subscription=shared", timeout=10) as response:
+            owners = {entry["consumer"] for entry in json.loads(response.read())["ranges"]}
+        assert owners == {"native", "pulsar"}
+        producer = pc.create_producer("persistent://public/default/mixed")
+        for index in range(200):
+            producer.send(str(index).encode(), partition_key=f"k{index % 20}")
+        got: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        while sum(map(len, got.values())) < 200:
+            with contextlib.suppress(Timeout):
+                message = native.receive(timeout=0.05)
+                assert isinstance(message.key, str)
+                got[message.key].append(("native", int(message.payload)))
+                native.acknowledge(message)
+            with contextlib.suppress(pulsar.Timeout):
+                received = foreign.receive(timeout_millis=50)
+                got[received.partition_key()].append(("pulsar", int(received.data())))
+                foreign.acknowledge(received)
+    assert {by for messages in got.values() for by, _ in messages} == {"native", "pulsar"}
+    for key, messages in got.items():
+        assert len({by for by, _ in messages}) == 1, f"{key} went to both consumers: {messages}"
+        assert [index for _, index in messages] == list(range(int(key[1:]), 200, 20))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_server_crash_mid_stream_loses_nothing_and_stores_nothing_twice(tmp_path: Path) -> None:
+    """The client resends what was not confirmed; the producer's name and sequence ids drop what was stored."""
+    pulsar_port = free_port()
+    options = ("--metrics-port", "0", "--pulsar-port", str(pulsar_port))
+    first = ServerProcess(tmp_path / "data", *options).start()
+    confirmed: list[int] = []
+    failed: list[str] = []
+    try:
+        with client(first.pulsar_url, timeout=60) as pc:
+            producer = pc.create_producer(
+                "crash", producer_name="steady", send_timeout_millis=0, block_if_queue_full=True
+            )
+
+            def sent(result: pulsar.Result, _: pulsar.MessageId) -> None:
+                if result == pulsar.Result.Ok:
+                    confirmed.append(1)
+                else:
+                    failed.append(str(result))
+
+            for index in range(300):
+                producer.send_async(str(index).encode(), sent, partition_key=f"k{index % 7}")
+            wait_until(lambda: len(confirmed) >= 100, "a third of the messages confirmed before the crash")
+            first.kill()
+            for index in range(300, 600):
+                producer.send_async(str(index).encode(), sent, partition_key=f"k{index % 7}")
+            second = ServerProcess(tmp_path / "data", *options, port=first.port).start()
+            try:
+                producer.flush()
+                assert (len(confirmed), failed) == (600, [])
+                assert stored(second, "crash") == 600
+                consumer = pc.subscribe("crash", "all", consumer_type=pulsar.ConsumerType.KeyShared)
+                payloads = []
+                for _ in range(600):
+                    message = consumer.receive(timeout_millis=10_000)
+                    payloads.append(int(message.data()))
+                    consumer.acknowledge(message)
+                assert sorted(payloads) == list(range(600))
+            finally:
+                second.stop()
+    finally:
+        first.stop()
+
+
+def test_a_token_is_required_when_the_server_has_one(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    with ServerProcess(tmp_path / "data", "--token-file", str(token_file), "--pulsar-port", "0") as secured:
+        with client(secured.pulsar_url, TOKEN) as pc:
+            pc.create_producer("secured").send(b"with the token")
+        with client(secured.pulsar_url, "wrong", timeout=3) as pc, pytest.raises(pulsar.PulsarException):
+            pc.create_producer("secured")
+        with RawPulsar(secured.pulsar_url or "") as raw:
+            raw.send(connect_command("wrong"))
+            frames = raw.until_closed()
+        assert [frame.command.type for frame in frames] == [BaseCommand.ERROR]
+        assert frames[0].command.error.error == AuthenticationError
+        assert "wrong or missing token" in frames[0].command.error.message
+
+
+@pytest.mark.parametrize(
+    ("consumer_type", "sub_type"),
+    [
+        (pulsar.ConsumerType.Exclusive, CommandSubscribe.Exclusive),
+        (pulsar.ConsumerType.Shared, CommandSubscribe.Shared),
+        (pulsar.ConsumerType.Failover, CommandSubscribe.Failover),
+    ],
+)
+def test_other_subscription_types_are_refused_with_a_clear_error(
+    server: ServerProcess, consumer_type: pulsar.ConsumerType, sub_type: int
+) -> None:
+    with client(server.pulsar_url) as pc, pytest.raises(pulsar.PulsarException):
+        pc.subscribe("refused", "s", consumer_type=consumer_type)
+    with RawPulsar(server.pulsar_url or "") as raw:
+        raw.send(connect_command(), subscribe_command("persistent://public/default/refused", sub_type))
+        error = raw.receive_type(BaseCommand.ERROR).error
+    name = CommandSubscribe.SubType.Name(sub_type)  # type: ignore[arg-type]
+    assert f"subscription type {name} is not served" in error.message
+    assert "Key_Shared" in error.message
+
+
+def test_sticky_key_shared_is_refused(server: ServerProcess) -> None:
+    policy = pulsar.ConsumerKeySharedPolicy(key_shared_mode=pulsar.KeySharedMode.Sticky, sticky_ranges=[(0, 65535)])
+    with client(server.pulsar_url) as pc, pytest.raises(pulsar.PulsarException):
+        pc.subscribe("sticky", "s", consumer_type=pulsar.ConsumerType.KeyShared, key_shared_policy=policy)
+
+
+def test_the_server_logged_no_traceback(server: ServerProcess) -> None:
+    assert "Traceback" not in server.errors(), server.errors()

@@ -1,0 +1,173 @@
+"""keyfailover.broker.pulsar: Pulsar frames, CRC32C, batched entries and topic names, without a server."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from keyfailover.broker.pulsar import (
+    PulsarDecoder,
+    PulsarFrameError,
+    TopicNameError,
+    crc32c,
+    encode_command,
+    encode_message,
+    keyfailover_topic,
+    parse_message,
+    split_batch,
+)
+from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand, MessageMetadata, SingleMessageMetadata
+from tests.pulsar_wire import command, connect_command, send_frame
+
+
+def test_crc32c_is_castagnoli() -> None:
+    assert crc32c(b"123456789") == 0xE3069283  # the check value of CRC-32C (iSCSI)
+
+
+def test_a_send_frame_round_trips_with_its_checksum() -> None:
+    frame = send_frame(7, b"payload", "key")
+    frames, error = PulsarDecoder(1 << 20).feed(frame)
+    assert error is None
+    [(decoded, rest)] = frames
+    assert (decoded.type, decoded.send.sequence_id) == (BaseCommand.SEND, 7)
+    sent = parse_message(rest)
+    assert (sent.payload, sent.metadata.partition_key, sent.checksum_ok) == (b"payload", "key", True)
+
+
+def test_a_flipped_payload_bit_fails_the_checksum_only() -> None:
+    frame = bytearray(send_frame(7, b"payload"))
+    frame[-1] ^= 1
+    [(_, rest)], error = PulsarDecoder(1 << 20).feed(bytes(frame))
+    assert error is None
+    assert parse_message(rest).checksum_ok is False
+
+
+@given(cut=st.lists(st.integers(0, 200), max_size=5))
+def test_any_split_of_the_stream_gives_the_same_frames(cut: list[int]) -> None:
+    stream = (
+        encode_command(connect_command("t")) + send_frame(1, b"a" * 50, "k") + encode_command(command(BaseCommand.PING))
+    )
+    decoder = PulsarDecoder(1 << 20)
+    frames = []
+    start = 0
+    for at in [*sorted({min(c, len(stream)) for c in cut}), len(stream)]:
+        got, error = decoder.feed(stream[start:at])
+        assert error is None
+        frames += got
+        start = at
+    assert [f.command.type for f in frames] == [BaseCommand.CONNECT, BaseCommand.SEND, BaseCommand.PING]
+    assert decoder.buffered == 0
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (struct.pack(">I", 1 << 20), "over the limit of 65536 bytes"),
+        (struct.pack(">I", 2) + b"xx", "too small"),
+        (struct.pack(">II", 8, 9) + b"1234", "does not fit its frame"),
+        (struct.pack(">II", 8, 4) + b"\xff\xff\xff\xff", "not a valid BaseCommand"),
+        (struct.pack(">II", 6, 2) + b"\x08\x7f", "lacks required fields"),  # an unknown command type
+        (struct.pack(">II", 6, 2) + b"\x08\x06", "SEND command has no body"),
+        (struct.pack(">II", 8, 4) + b"\x08\x06\x32\x00", "lacks required fields"),  # SEND without its ids
+    ],
+)
+def test_malformed_frames_are_refused_and_the_decoder_stays_dead(data: bytes, expected: str) -> None:
+    decoder = PulsarDecoder(65536)
+    frames, error = decoder.feed(data)
+    assert frames == []
+    assert error is not None and expected in str(error)
+    assert decoder.feed(encode_command(command(BaseCommand.PING))) == ([], error)
+    assert decoder.buffered == 0
+
+
+def test_an_oversized_frame_is_refused_before_its_body_arrives() -> None:
+    decoder = PulsarDecoder(1024)
+    _, error = decoder.feed(struct.pack(">I", 1025))
+    assert error is not None and error.too_large
+    assert decoder.buffered == 0
+
+
+def batch(*messages: tuple[str | None, bytes]) -> bytes:
+    out = b""
+    for key, payload in messages:
+        single = SingleMessageMetadata(payload_size=len(payload))
+        if key is not None:
+            single.partition_key = key
+        body = single.SerializeToString()
+        out += struct.pack(">I", len(body)) + body + payload
+    return out
+
+
+def test_a_batched_entry_splits_into_its_messages_with_their_own_keys() -> None:
+    entry = batch(("a", b"1"), (None, b"22"), ("b", b""))
+    split = split_batch(entry, 3)
+    assert [(s.partition_key if s.HasField("partition_key") else None, p) for s, p in split] == [
+        ("a", b"1"),
+        (None, b"22"),
+        ("b", b""),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("entry", "count", "expected"),
+    [
+        (batch(("a", b"1")), 2, "is missing"),
+        (batch(("a", b"1")) + b"x", 1, "bytes after its 1 messages"),
+        (struct.pack(">I", 99) + b"\x00", 1, "runs past the end"),
+        (struct.pack(">I", 2) + b"\x18\x09", 1, "payload size 9 runs past the end"),
+    ],
+)
+def test_a_malformed_batch_is_refused(entry: bytes, count: int, expected: str) -> None:
+    with pytest.raises(PulsarFrameError, match=expected):
+        split_batch(entry, count)
+
+
+def test_a_message_part_without_metadata_is_refused() -> None:
+    with pytest.raises(PulsarFrameError, match="metadata size 99"):
+        parse_message(struct.pack(">I", 99))
+    with pytest.raises(PulsarFrameError, match="no metadata size"):
+        parse_message(b"")
+
+
+def test_encode_message_is_what_parse_message_reads() -> None:
+    metadata = MessageMetadata(producer_name="p", sequence_id=1, publish_time=2, ordering_key=b"\x00k")
+    frame = encode_message(command(BaseCommand.SEND, producer_id=1, sequence_id=1), metadata.SerializeToString(), b"x")
+    [(_, rest)], _ = PulsarDecoder(1 << 20).feed(frame)
+    sent = parse_message(rest)
+    assert (sent.metadata.ordering_key, sent.payload, sent.checksum_ok) == (b"\x00k", b"x", True)
+
+
+@pytest.mark.parametrize(
+    ("pulsar", "keyfailover"),
+    [
+        ("persistent://public/default/orders", "orders"),
+        ("persistent://public/default/orders-partition-2", "orders-partition-2"),
+        ("persistent://acme/billing/orders", "acme/billing/orders"),
+        ("persistent://public/other/orders", "public/other/orders"),
+    ],
+)
+def test_topic_names_map_one_to_one(pulsar: str, keyfailover: str) -> None:
+    assert keyfailover_topic(pulsar) == keyfailover
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("non-persistent://public/default/t", "is non-persistent"),
+        ("orders", "has no scheme"),
+        ("persistent://public/default/a/b", "three non-empty parts"),
+        ("persistent://public//t", "three non-empty parts"),
+        ("persistent://public/default/" + "x" * 300, "not 1 to 256 characters"),
+    ],
+)
+def test_other_topic_names_are_refused(name: str, expected: str) -> None:
+    with pytest.raises(TopicNameError, match=expected):
+        keyfailover_topic(name)
+
+
+def test_a_topic_name_that_is_not_utf8_is_refused() -> None:
+    with pytest.raises(TopicNameError, match="not valid UTF-8"):
+        keyfailover_topic(b"persistent://public/default/\xff")  # type: ignore[arg-type]

@@ -1,0 +1,186 @@
+"""The Pulsar endpoint of a real server, command by command, over a raw connection (what the client never sends)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.request import Request, urlopen
+
+import pytest
+
+from keyfailover.broker.pulsar import PROTOCOL_VERSION, encode_message
+from keyfailover.broker.pulsar.PulsarApi_pb2 import (
+    LZ4,
+    BaseCommand,
+    ChecksumError,
+    CommandLookupTopicResponse,
+    CommandPartitionedTopicMetadataResponse,
+    ConsumerBusy,
+    InvalidTopicName,
+    MessageMetadata,
+    NotAllowedError,
+)
+from tests.pulsar_wire import RawPulsar, command, connect_command, producer_command, send_frame, subscribe_command
+from tests.server_process import ServerProcess
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    data: Path = tmp_path_factory.mktemp("pulsar-raw") / "data"
+    with ServerProcess(data, "--metrics-port", "0", "--pulsar-port", "0", "--max-frame", "65536") as server:
+        yield server
+
+
+def connected(server: ServerProcess, version: int = 20) -> RawPulsar:
+    raw = RawPulsar(server.pulsar_url or "")
+    raw.send(connect_command(version=version))
+    raw.receive_type(BaseCommand.CONNECTED)
+    return raw
+
+
+def stats(server: ServerProcess) -> dict[str, int]:
+    with urlopen(f"{server.admin_url}/stats", timeout=10) as response:
+        topics: dict[str, int] = json.loads(response.read())["topics"]
+        return topics
+
+
+@pytest.mark.parametrize(("client", "agreed"), [(13, 13), (20, 20), (99, PROTOCOL_VERSION)])
+def test_the_protocol_version_is_the_lower_of_both(server: ServerProcess, client: int, agreed: int) -> None:
+    with RawPulsar(server.pulsar_url or "") as raw:
+        raw.send(connect_command(version=client))
+        answer = raw.receive_type(BaseCommand.CONNECTED).connected
+    assert (answer.protocol_version, answer.server_version) == (agreed, "keyfailover")
+    assert answer.max_message_size == 65536 - 10 * 1024
+
+
+def test_a_command_before_connect_closes_the_connection(server: ServerProcess) -> None:
+    with RawPulsar(server.pulsar_url or "") as raw:
+        raw.send(command(BaseCommand.PING), connect_command())
+        assert raw.until_closed() == []
+
+
+def test_a_frame_over_the_limit_closes_the_connection_before_its_body(server: ServerProcess) -> None:
+    with connected(server) as raw:
+        raw.send(struct.pack(">I", 65537))
+        assert [frame.command.type for frame in raw.until_closed()] in ([], [BaseCommand.PING])
+
+
+def test_ping_and_partitioned_metadata_and_lookup(server: ServerProcess) -> None:
+    created = Request(f"{server.admin_url}/topics?topic=split&partitions=3", method="POST")
+    with urlopen(created, timeout=10) as response:
+        assert json.loads(response.read())["partitions"] == 3
+    with connected(server) as raw:
+        raw.send(command(BaseCommand.PING))
+        raw.receive_type(BaseCommand.PONG)
+        answers = []
+        for request_id, topic in enumerate(["persistent://public/default/plain", "persistent://public/default/split"]):
+            raw.send(command(BaseCommand.PARTITIONED_METADATA, topic=topic, request_id=request_id))
+            answers.append(raw.receive_type(BaseCommand.PARTITIONED_METADATA_RESPONSE).partitionMetadataResponse)
+        assert [(a.response, a.partitions) for a in answers] == [
+            (CommandPartitionedTopicMetadataResponse.Success, 0),
+            (CommandPartitionedTopicMetadataResponse.Success, 3),
+        ]
+        raw.send(command(BaseCommand.PARTITIONED_METADATA, topic="non-persistent://public/default/t", request_id=9))
+        refused = raw.receive_type(BaseCommand.PARTITIONED_METADATA_RESPONSE).partitionMetadataResponse
+        assert (refused.response, refused.error) == (CommandPartitionedTopicMetadataResponse.Failed, InvalidTopicName)
+        raw.send(command(BaseCommand.LOOKUP, topic="persistent://public/default/split-partition-1", request_id=3))
+        lookup = raw.receive_type(BaseCommand.LOOKUP_RESPONSE).lookupTopicResponse
+    assert (lookup.response, lookup.authoritative) == (CommandLookupTopicResponse.Connect, True)
+    assert lookup.brokerServiceUrl == server.pulsar_url
+
+
+def test_a_bad_checksum_is_refused_and_stores_nothing(server: ServerProcess) -> None:
+    with connected(server) as raw:
+        raw.send(producer_command("persistent://public/default/checked", name="checker"))
+        assert raw.receive_type(BaseCommand.PRODUCER_SUCCESS).producer_success.last_sequence_id == -1
+        corrupt = bytearray(send_frame(0, b"payload", "k"))
+        corrupt[-1] ^= 0x40
+        raw.send(bytes(corrupt))
+        error = raw.receive_type(BaseCommand.SEND_ERROR).send_error
+        assert (error.error, error.sequence_id) == (ChecksumError, 0)
+        assert "nothing was stored" in error.message
+        assert "checked" not in stats(server)
+        raw.send(send_frame(1, b"payload", "k"))
+        receipt = raw.receive_type(BaseCommand.SEND_RECEIPT).send_receipt
+    assert (receipt.sequence_id, receipt.message_id.entryId) == (1, 1)
+    assert stats(server)["checked"] == 1
+
+
+def test_a_resent_message_is_stored_once_and_last_sequence_id_comes_back(server: ServerProcess) -> None:
+    with connected(server) as raw:
+        raw.send(producer_command("persistent://acme/app/dedup", name="resender"))
+        raw.receive_type(BaseCommand.PRODUCER_SUCCESS)
+        raw.send(send_frame(5, b"once", "k"), send_frame(5, b"once", "k"))
+        receipts = [raw.receive_type(BaseCommand.SEND_RECEIPT).send_receipt for _ in range(2)]
+        assert [r.message_id.entryId for r in receipts] == [1, 1]
+    with connected(server) as raw:
+        raw.send(producer_command("persistent://acme/app/dedup", name="resender"))
+        assert raw.receive_type(BaseCommand.PRODUCER_SUCCESS).producer_success.last_sequence_id == 5
+    assert stats(server)["acme/app/dedup"] == 1
+
+
+def test_a_compressed_message_is_refused(server: ServerProcess) -> None:
+    metadata = MessageMetadata(producer_name="z", sequence_id=0, publish_time=1, compression=LZ4)
+    with connected(server) as raw:
+        raw.send(producer_command("persistent://public/default/zipped", name="zipper"))
+        raw.receive_type(BaseCommand.PRODUCER_SUCCESS)
+        send = command(BaseCommand.SEND, producer_id=1, sequence_id=0)
+        raw.send(encode_message(send, metadata.SerializeToString(), b"lz4?"))
+        error = raw.receive_type(BaseCommand.SEND_ERROR).send_error
+    assert error.error == NotAllowedError
+    assert "expected compression NONE" in error.message
+    assert "zipped" not in stats(server)
+
+
+def test_an_unsupported_command_is_answered_and_the_connection_goes_on(server: ServerProcess) -> None:
+    with connected(server) as raw:
+        raw.send(command(BaseCommand.SEEK, consumer_id=1, request_id=77), command(BaseCommand.PING))
+        error = raw.receive_type(BaseCommand.ERROR).error
+        raw.receive_type(BaseCommand.PONG)
+    assert (error.request_id, error.error) == (77, NotAllowedError)
+    assert "SEEK is not supported" in error.message
+
+
+def test_no_traceback_in_the_server_log(server: ServerProcess) -> None:
+    assert server.process is not None and server.process.poll() is None
+    assert "Traceback" not in server.errors(), server.errors()
+
+
+def test_a_silent_consumer_times_out_and_is_told_and_one_that_answers_pings_stays(tmp_path: Path) -> None:
+    """The server PINGs a quiet client; one that answers keeps its session, one that does not is closed."""
+    with (
+        ServerProcess(tmp_path / "data", "--pulsar-port", "0", "--session-timeout", "1") as short,
+        connected(short) as answering,
+        connected(short) as silent,
+    ):
+        for raw, name in ((answering, "answering"), (silent, "silent")):
+            raw.send(subscribe_command("persistent://public/default/quiet", consumer=name))
+            assert raw.receive().command.type == BaseCommand.SUCCESS
+        for _ in range(6):  # two session timeouts' worth of keepalives, each answered at once
+            frame = answering.receive()
+            assert frame.command.type == BaseCommand.PING, frame.command
+            answering.send(command(BaseCommand.PONG))
+        closed = silent.receive_type(BaseCommand.CLOSE_CONSUMER).close_consumer
+        assert closed.consumer_id == 1
+
+
+def test_a_repeated_producer_or_subscribe_is_answered_as_the_first_and_a_taken_consumer_name_is_busy(
+    server: ServerProcess,
+) -> None:
+    topic = "persistent://public/default/repeats"
+    with connected(server) as raw, connected(server) as other:
+        raw.send(
+            producer_command(topic, request_id=1, name="again"), producer_command(topic, request_id=2, name="again")
+        )
+        answers = [raw.receive_type(BaseCommand.PRODUCER_SUCCESS).producer_success for _ in range(2)]
+        assert [(a.request_id, a.producer_name) for a in answers] == [(1, "again"), (2, "again")]
+        raw.send(subscribe_command(topic, request_id=3, consumer="one"))
+        assert raw.receive_type(BaseCommand.SUCCESS).success.request_id == 3
+        raw.send(subscribe_command(topic, request_id=4, consumer="one"))
+        assert raw.receive_type(BaseCommand.SUCCESS).success.request_id == 4
+        other.send(subscribe_command(topic, request_id=5, consumer="one"))
+        busy = other.receive_type(BaseCommand.ERROR).error
+    assert (busy.request_id, busy.error) == (5, ConsumerBusy)
+    assert "has a live session" in busy.message

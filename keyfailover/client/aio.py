@@ -921,8 +921,8 @@ class _PartProducer(_Part):
                     continue
                 if position:
                     callback(position, None)
-                else:  # a duplicate of a sequence id never stored: the server dropped it
-                    callback(None, ServerError("not_stored", "dropped as a duplicate of a sequence id never stored"))
+                else:  # a receipt without a position: the server did not store it
+                    callback(None, ServerError("not_stored", "the server's receipt gave this message no position"))
         else:
             error = (
                 ServerError(reply.code, reply.message)

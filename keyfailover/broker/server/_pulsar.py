@@ -4,7 +4,7 @@ Each connection adapts Pulsar commands to the paths the native protocol takes: a
 produce of a named producer with its sequence ids (dedup on reconnect), a SUBSCRIBE attaches a
 :class:`Session` to the same :class:`Subscription`, FLOW grants its permits, ACK and
 REDELIVER_UNACKNOWLEDGED_MESSAGES ack and nack its positions. A message's id is ledger 0,
-entry = its log position. Producer dedup runs per producer name and key (:func:`_dedup_name`).
+entry = its log position. Producer dedup runs per producer name and sequence id, as for native producers.
 docs/pulsar.md says what is served, what is refused and why.
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import hashlib
 import hmac
 import logging
 import secrets
@@ -67,8 +66,6 @@ __all__ = ["PulsarConnection"]
 _log = logging.getLogger("keyfailover.server")
 
 _SERVER_VERSION: Final = "keyfailover"
-_KEY_SEPARATOR: Final = "\x1f"
-"""Between a Pulsar producer's name and its key's digest in the log's producer names (see :func:`_dedup_name`)."""
 _NO_REQUEST: Final = 2**64 - 1
 """The request id of a command the broker sends unasked (Apache Pulsar's -1 as an unsigned 64-bit int)."""
 _SERVER_ERRORS: Final = {
@@ -172,30 +169,6 @@ def _message_key(metadata: MessageMetadata | SingleMessageMetadata) -> Key:
         except binascii.Error:
             raise _RefusedError(UnknownError, "partition key is flagged base64 but is not valid base64") from None
     return metadata.partition_key
-
-
-def _dedup_name(producer: str, key: Key) -> str:
-    """The log's producer name for ``producer``'s messages of ``key``: dedup runs per producer and key.
-
-    Pulsar's key-based batching sends each key's batch on its own, so one producer's sequence ids
-    reach the broker out of order across keys; within a key they always rise. The name is the
-    Pulsar producer's, a unit separator, and a digest of the key (so it stays short).
-    """
-    if key is None:
-        return f"{producer}{_KEY_SEPARATOR}-"
-    tagged = b"s" + key.encode() if isinstance(key, str) else b"b" + key
-    return f"{producer}{_KEY_SEPARATOR}{hashlib.blake2b(tagged, digest_size=8).hexdigest()}"
-
-
-def _runs(messages: list[tuple[int | None, Key, bytes]]) -> list[list[tuple[int | None, Key, bytes]]]:
-    """``messages`` cut where the key changes: each run is stored under its key's dedup name, in order."""
-    runs: list[list[tuple[int | None, Key, bytes]]] = []
-    for message in messages:
-        if runs and runs[-1][-1][1] == message[1] and type(runs[-1][-1][1]) is type(message[1]):
-            runs[-1].append(message)
-        else:
-            runs.append([message])
-    return runs
 
 
 def _request_id(command: BaseCommand) -> int | None:
@@ -525,7 +498,7 @@ class PulsarConnection(asyncio.Protocol):
             if self._server.closing:
                 raise _RefusedError(ServiceNotReady, "the server is shutting down")
             self._server.check_served(topic, "produce to")
-            last = await self._server.storage.last_sequence(topic, name + _KEY_SEPARATOR)
+            last = await self._server.storage.last_sequence(topic, name)
             if self._closed:
                 return
             known = self._producers.get(request.producer_id)
@@ -565,11 +538,7 @@ class PulsarConnection(asyncio.Protocol):
             # ChecksumError fails this message at the client; any other error makes it reconnect and resend.
             self._send_error(request.producer_id, request.sequence_id, *_server_error(exc))
             return
-        storage = self._server.storage
-        appended = [
-            storage.append(producer.topic, _dedup_name(producer.name, run[0][1]), run) for run in _runs(messages)
-        ]
-        stored = appended[0] if len(appended) == 1 else asyncio.gather(*appended)
+        stored = self._server.storage.append(producer.topic, producer.name, messages)
         stored.add_done_callback(lambda done: self._receipt(request, producer, done))
 
     def _sent_messages(self, frame: PulsarFrame) -> list[tuple[int | None, Key, bytes]]:
@@ -616,9 +585,7 @@ class PulsarConnection(asyncio.Protocol):
         command.send_error.message = message
         self._send(command)
 
-    def _receipt(
-        self, request: Any, producer: _Producer, done: asyncio.Future[Result] | asyncio.Future[list[Result]]
-    ) -> None:
+    def _receipt(self, request: Any, producer: _Producer, done: asyncio.Future[Result]) -> None:
         exc = done.exception()
         if exc is not None:
             if isinstance(exc, NotServedError):
@@ -627,8 +594,7 @@ class PulsarConnection(asyncio.Protocol):
                 error = UnknownError if isinstance(exc, KeyFailoverError) else PersistenceError
             self._send_error(request.producer_id, request.sequence_id, error, f"not stored: {exc}")
             return
-        first = done.result()[0]  # the first message's (position, duplicate), or the first run's
-        position = first[0] if isinstance(first, tuple) else first[0][0]
+        position, _ = done.result()[0]  # the first message's (position, duplicate)
         reply = _command(BaseCommand.SEND_RECEIPT)
         receipt = reply.send_receipt
         receipt.producer_id = request.producer_id

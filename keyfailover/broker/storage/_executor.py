@@ -65,8 +65,8 @@ class SQLiteStore(Store):
     async def read_positions(self, topic: str, positions: Iterable[int]) -> dict[int, StoredMessage]:
         return await self._call(self._log.read_positions, topic, positions)
 
-    async def last_sequence(self, topic: str, prefix: str) -> int:
-        return await self._call(self._log.last_sequence, topic, prefix)
+    async def last_sequence(self, topic: str, producer: str) -> int:
+        return await self._call(self._log.last_sequence, topic, producer)
 
     async def subscriptions(self, topic: str) -> list[str]:
         return await self._call(self._log.subscriptions, topic)

@@ -100,9 +100,8 @@ class Store(ABC):
         """The messages of ``topic`` at ``positions`` (those that exist)."""
 
     @abstractmethod
-    async def last_sequence(self, topic: str, prefix: str) -> int:
-        """The highest sequence id stored in ``topic`` by producers whose names start with ``prefix``; -1 when
-        they stored none."""
+    async def last_sequence(self, topic: str, producer: str) -> int:
+        """The highest sequence id ``producer`` stored in ``topic``; -1 when it stored none."""
 
     @abstractmethod
     async def subscriptions(self, topic: str) -> list[str]:

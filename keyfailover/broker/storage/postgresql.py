@@ -10,8 +10,9 @@ before ZooKeeper tells it (as BookKeeper fences a ledger). It gets :class:`Fence
 transaction stores nothing.
 
 Messages of one partition get positions 1, 2, 3, ... without gaps. A named producer's messages
-carry sequence ids; one at or below the highest stored for (partition, producer) is a duplicate
-(a resend after a failover): answered with the position it was stored at, not stored again.
+carry sequence ids; one stored for (partition, producer) already is a duplicate (a resend after
+a failover): answered with the position it was stored at, not stored again. One below the
+highest stored that was never stored is stored (a producer's batches may arrive out of order).
 Each message has a publish time, as in the embedded log: the broker's wall clock when its
 write began, in microseconds since the Unix epoch; NULL (unknown) for a message stored before
 the log had the column. A dead letter, and a dead letter replayed, keeps its message's.
@@ -176,7 +177,7 @@ class PostgresLog:
         """Store ``messages`` (``(seq, key, payload)``) in the leased partition, in one transaction.
 
         Returns ``(position, duplicate)`` per message, as the SQLite log does: a duplicate is
-        answered with the position it was stored at (0 if the producer skipped that seq). Each
+        answered with the position it was stored at. Each
         message stored gets ``publish_time`` (µs since the Unix epoch; by default the clock now).
         Raises :class:`FencedError`, storing nothing, when the lease is no longer the partition's.
         """
@@ -212,19 +213,22 @@ class PostgresLog:
         )
         highest = {str(row["producer"]): int(row["last_seq"]) for row in found}
         before = dict(highest)
+        stored = await self._stored(connection, lease, checked, before)  # (producer, seq) -> position
         results: list[list[tuple[int, bool]]] = []
         records = []
-        duplicates: dict[str, list[tuple[int, int, int]]] = defaultdict(list)  # producer -> (batch, index, seq)
         for producer, rows in checked:
             result: list[tuple[int, bool]] = []
             for seq, key, is_text, payload, published in rows:
-                if producer is not None and seq is not None and seq <= highest.get(producer, -1):
-                    duplicates[producer].append((len(results), len(result), seq))
-                    result.append((0, True))
-                    continue
                 if producer is not None and seq is not None:
-                    highest[producer] = seq
+                    if seq > highest.get(producer, -1):
+                        highest[producer] = seq
+                    elif (producer, seq) in stored:
+                        result.append((stored[producer, seq], True))
+                        continue
+                    # else sent after a higher seq and never stored (another key's batch went first): stored now
                 last += 1
+                if producer is not None and seq is not None:
+                    stored[producer, seq] = last
                 records.append(
                     (lease.topic, lease.partition, last, key, is_text, payload, producer, seq, lease.epoch, published)
                 )
@@ -259,19 +263,31 @@ class PostgresLog:
                    ON CONFLICT (topic, partition, producer) DO UPDATE SET last_seq = excluded.last_seq""",
                 [(lease.topic, lease.partition, producer, seq) for producer, seq in moved],
             )
-        for producer, wanted in duplicates.items():
-            stored = await connection.fetch(
+        return results
+
+    @staticmethod
+    async def _stored(
+        connection: Any, lease: Lease, checked: Sequence[tuple[str | None, Sequence[Row]]], highest: Mapping[str, int]
+    ) -> dict[tuple[str, int], int]:
+        """Where the messages of ``checked`` whose sequence ids are at or below their producer's ``highest``
+        were stored before, by ``(producer, seq)`` (those never stored are not in it)."""
+        wanted: dict[str, set[int]] = defaultdict(set)
+        for producer, rows in checked:
+            if producer is not None and producer in highest:
+                below = highest[producer]
+                wanted[producer].update(row[0] for row in rows if row[0] is not None and row[0] <= below)
+        stored: dict[tuple[str, int], int] = {}
+        for producer, seqs in sorted(wanted.items()):
+            found = await connection.fetch(
                 """SELECT seq, position FROM kf_messages
                    WHERE topic = $1 AND partition = $2 AND producer = $3 AND seq = ANY($4::bigint[])""",
                 lease.topic,
                 lease.partition,
                 producer,
-                [seq for _, _, seq in wanted],
+                sorted(seqs),
             )
-            at = {int(row["seq"]): int(row["position"]) for row in stored}
-            for batch, index, seq in wanted:
-                results[batch][index] = (at.get(seq, 0), True)
-        return results
+            stored.update(((producer, int(row["seq"])), int(row["position"])) for row in found)
+        return stored
 
     async def read(self, topic: str, partition: int, after: int, limit: int) -> list[StoredMessage]:
         """Up to ``limit`` messages of the partition after position ``after``, in position order."""
@@ -438,14 +454,13 @@ class PostgresStore(Store):
         name, partition = self._locate(topic)
         return await self.log.read(name, partition, after, limit)
 
-    async def last_sequence(self, topic: str, prefix: str) -> int:
+    async def last_sequence(self, topic: str, producer: str) -> int:
         name, partition = self._locate(topic)
         found = await self.log.pool.fetchval(
-            """SELECT max(last_seq) FROM kf_producers
-               WHERE topic = $1 AND partition = $2 AND left(producer, length($3)) = $3""",
+            "SELECT last_seq FROM kf_producers WHERE topic = $1 AND partition = $2 AND producer = $3",
             name,
             partition,
-            prefix,
+            producer,
         )
         return -1 if found is None else int(found)
 

@@ -251,10 +251,11 @@ class Log:
         ``batches`` holds ``(topic, producer, messages)`` with ``messages`` a sequence of
         ``(seq, key, payload)``. Topics are created on first use; each message gets the next
         position of its topic (1, 2, 3, ... without gaps). A named producer's messages need
-        sequence ids, increasing within a batch; a message whose ``seq`` is at or below the
-        highest one stored for (topic, producer), in this call or before, is a duplicate:
-        not stored again, answered with ``(position it was stored at, True)``, or with
-        ``(0, True)`` if the producer skipped that ``seq``. Returns ``(position, duplicate)``
+        sequence ids, increasing within a batch; a message whose ``seq`` is stored for (topic,
+        producer) already, in this call or before, is a duplicate: not stored again, answered
+        with ``(position it was stored at, True)``. A ``seq`` below the highest stored that was
+        never stored is stored (batches of one producer may arrive out of order: Pulsar's
+        key-based batching sends each key's on its own). Returns ``(position, duplicate)``
         per message per batch, after the commit. Raises, storing nothing, on a bad argument.
         Every message stored gets ``publish_time`` (µs since the Unix epoch; by default
         :func:`publish_clock` now).
@@ -308,15 +309,14 @@ class Log:
         topic_id = self._topic_id(_name(topic, "topic"))
         return 0 if topic_id is None else _edge(self._connection(), "max", topic_id, 0)
 
-    def last_sequence(self, topic: str, prefix: str) -> int:
-        """The highest sequence id stored in ``topic`` by producers whose names start with ``prefix``; -1 when
-        they stored none."""
+    def last_sequence(self, topic: str, producer: str) -> int:
+        """The highest sequence id ``producer`` stored in ``topic``; -1 when it stored none."""
         (found,) = (
             self._connection()
             .execute(
                 """SELECT max(m.seq) FROM messages m JOIN producers p ON m.producer = p.id
-                   JOIN topics t ON p.topic = t.id WHERE t.name = ? AND substr(p.name, 1, ?) = ?""",
-                (_name(topic, "topic"), len(prefix), _name(prefix, "producer name prefix")),
+                   JOIN topics t ON p.topic = t.id WHERE t.name = ? AND p.name = ?""",
+                (_name(topic, "topic"), _name(producer, "producer")),
             )
             .fetchone()
         )
@@ -676,10 +676,12 @@ class _Append:
                         "batch; expected increasing sequence ids"
                     )
                 previous = seq
-                if seq <= last_seq:
-                    out.append((self._stored_position(producer_id, seq), True))
+                if seq > last_seq:
+                    last_seq = seq
+                elif stored := self._stored_position(producer_id, seq):
+                    out.append((stored, True))
                     continue
-                last_seq = seq
+                # else sent after a higher seq and never stored (another key's batch went first): stored now
             last += 1
             rows.append((base + last, key, payload, producer_id, seq, now if kept is None else kept[index]))
             out.append((last, False))

@@ -106,6 +106,10 @@ def fair_shares(
     every member is pinned.
     """
     count = len(heat)
+    even = max(total, 0.0) / max(count, 1)
+    if count and float(heat.max()) <= even * slack:
+        # Nobody is pinned (the usual case): what the general case below finds, without its sort.
+        return np.full(count, even), even, np.zeros(count, dtype=bool)
     order = np.argsort(-heat, kind="stable")
     heavy = heat[order]
     held = np.concatenate(([0.0], np.cumsum(heavy)[:-1]))  # held[k]: the k heaviest pinned

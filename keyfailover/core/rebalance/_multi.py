@@ -240,7 +240,7 @@ def _shares(layout: _Layout, members: list[str], slack: float) -> _Shares:
     load = np.fromiter(map(layout.loads.__getitem__, members), np.float64, count)
     while True:
         hottest = layout.hottest()
-        heat = np.fromiter((hottest.get(c, 0.0) for c in members), np.float64, count)
+        heat = np.fromiter(map(hottest.get, members, itertools.repeat(0.0, count)), np.float64, count)
         target, level, _ = fair_shares(heat, layout.total, slack)
         if level * slack >= layout.peak_floor:
             return _Shares(load, target, level)
@@ -555,7 +555,7 @@ class _Layout:
         donors = {d for d, amount in gives.items() if amount >= grain}
         receivers = {r for r, amount in takes.items() if amount >= grain}
         if owners_of is None:
-            owners_of = donors if sum(map(self.count, donors)) <= sum(map(self.count, receivers)) else receivers
+            owners_of = donors if self._own_at_least(receivers, sum(map(self.count, donors))) else receivers
         owners, starts = self._owners, self._starts
         last = len(owners) - 1
         found: list[tuple[int, Side]] = []
@@ -569,6 +569,14 @@ class _Layout:
                     elif owner in receivers and owners[other] in donors:
                         found.append((starts[other], across))  # type: ignore[arg-type]
         return found
+
+    def _own_at_least(self, owners: Iterable[str], ranges: int) -> bool:
+        """Whether ``owners`` own ``ranges`` ranges or more in all (counted only as far as needed)."""
+        for owner in owners:
+            ranges -= self.count(owner)
+            if ranges <= 0:
+                return True
+        return ranges <= 0
 
     def _boundaries(
         self,

@@ -106,7 +106,7 @@ def fair_shares(
     every member is pinned.
     """
     count = len(heat)
-    order = np.argsort(-heat, kind="stable")
+    order = (-heat).argsort(kind="stable")
     heavy = heat[order].tolist()
     # Pin the heaviest while each is over the level of those left (held: what the pinned carry;
     # never below 0: when the pinned slots carry everything, rounding may leave a hair less).

@@ -168,7 +168,7 @@ class MultiRangePolicy(Policy):
 
     def shift(self, ranges: RangeMap, load: Load) -> RangeMap | None:
         traffic = check_traffic(ranges, load)
-        if traffic is None or len(ranges) < 2 or float(traffic.sum()) < max(self.min_traffic, 1e-300):
+        if traffic is None or len(ranges) < 2 or float(np.add.reduce(traffic)) < max(self.min_traffic, 1e-300):
             return None
         layout = _layout(ranges, load, self.max_ranges)
         if not self._settle(layout, ranges.consumers(), self.threshold):
@@ -211,7 +211,7 @@ def _layout(ranges: RangeMap, load: Load, max_ranges: int) -> _Layout:
     """The planning layout: each slot weighs its measured traffic plus a thin even floor (its width without traffic)."""
     traffic = check_traffic(ranges, load)
     size = ranges.range_size
-    total = 0.0 if traffic is None else float(traffic.sum())
+    total = 0.0 if traffic is None else float(np.add.reduce(traffic))
     if traffic is None or not total > 0.0:
         return _Layout(ranges, np.ones(size, dtype=np.float64), False, max_ranges)
     return _Layout(ranges, np.asarray(traffic, dtype=np.float64) + total * _FLOOR / size, True, max_ranges)
@@ -264,11 +264,11 @@ def _from_the_top(amounts: Vector, total: float) -> Vector:
     if total >= float(positive.sum()):
         return positive
     ordered = np.sort(positive)[::-1]
-    running = np.cumsum(ordered)
+    running = ordered.cumsum()
     below = np.append(ordered[1:], 0.0)
     # Lowering the cut to the next amount down takes running[k] - (k + 1) * below[k] in all.
     taken = running - np.arange(1, len(ordered) + 1) * below
-    k = min(int(np.searchsorted(taken, total)), len(ordered) - 1)  # rounding may put the total past the last
+    k = min(int(taken.searchsorted(total)), len(ordered) - 1)  # rounding may put the total past the last
     cut = (float(running[k]) - total) / (k + 1)
     return np.maximum(positive - cut, 0.0)
 
@@ -280,7 +280,7 @@ def _consolidate(amounts: Vector, room: Vector, small: float) -> Vector:
     the tolerance) cost none. The total stays the same: what no room can hold goes back
     to the slivers it came from, the largest first.
     """
-    order = np.argsort(-amounts, kind="stable")
+    order = (-amounts).argsort(kind="stable")
     order = order[amounts[order] > 0.0]
     slivers = amounts < small
     result = np.where(slivers, 0.0, amounts)
@@ -290,8 +290,8 @@ def _consolidate(amounts: Vector, room: Vector, small: float) -> Vector:
     for cap in (np.maximum(room - result, 0.0), np.where(slivers, amounts, 0.0)):
         # In order, each takes what it can hold until the spare is placed.
         holds = cap[order]
-        before = np.cumsum(holds) - holds
-        extra = np.clip(spare - before, 0.0, holds)
+        before = holds.cumsum() - holds
+        extra = (spare - before).clip(0.0, holds)
         result[order] += extra
         spare -= float(extra.sum())
         if spare <= 1e-12 * max(float(amounts.sum()), 1.0):
@@ -319,7 +319,7 @@ class _Layout:
         self._weights = weights
         arrays = ranges.arrays()
         self.size = ranges.range_size
-        self.total = float(weights.sum())
+        self.total = float(np.add.reduce(weights))
         self._starts: list[int] = arrays.starts.tolist()
         self._ends: list[int] = arrays.ends.tolist()
         self._owners: list[str] = list(ranges.lookup_table()[1])
@@ -359,8 +359,8 @@ class _Layout:
                 # The map's range starts grouped by owner, sorted once for all owners (a shift
                 # that finds nothing to do never needs them).
                 arrays = self._arrays
-                order = np.argsort(arrays.owner, kind="stable")
-                group = np.searchsorted(arrays.owner[order], np.arange(len(arrays.consumers) + 1)).tolist()
+                order = arrays.owner.argsort(kind="stable")
+                group = arrays.owner[order].searchsorted(np.arange(len(arrays.consumers) + 1)).tolist()
                 code = {consumer: index for index, consumer in enumerate(arrays.consumers)}
                 grouped = self._grouped = (code, order, group)
             code, order, group = grouped
@@ -411,7 +411,7 @@ class _Layout:
         return self._peaks
 
     def weight(self, start: int, end: int) -> float:
-        return float(self._weights[start : end + 1].sum())
+        return float(np.add.reduce(self._weights[start : end + 1]))
 
     def range_weight(self, index: int) -> float:
         """The weight of the range at list position ``index`` (remembered until the range changes)."""
@@ -429,12 +429,13 @@ class _Layout:
         start = self._starts[index]
         found = self._range_peak.get(start)
         if found is None:
-            slot = start + int(np.argmax(self._weights[start : self._ends[index] + 1]))
+            slot = start + int(self._weights[start : self._ends[index] + 1].argmax())
             found = self._range_peak[start] = (slot, float(self._weights[slot]))
         return found
 
     def count(self, owner: str) -> int:
-        return len(self._starts_set(owner))
+        found = self._starts_of.get(owner)
+        return len(found if found is not None else self._starts_set(owner))
 
     def indexes_of(self, owner: str) -> list[int]:
         """The positions of ``owner``'s ranges in the lists, in hash order."""
@@ -488,7 +489,7 @@ class _Layout:
         start = self._starts[index]
         found = self._running.get(start)
         if found is None:
-            found = self._running[start] = np.cumsum(self._weights[start : self._ends[index] + 1])
+            found = self._running[start] = self._weights[start : self._ends[index] + 1].cumsum()
         return found
 
     def cut(self, index: int, side: Side, amount: float, limit: float) -> _Piece | None:

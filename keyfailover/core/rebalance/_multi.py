@@ -553,22 +553,32 @@ class _Layout:
         Walks the ranges of ``owners_of`` if given, else of whichever side owns fewer
         ranges (a join has one receiver, a leave one donor).
         """
-        donors = {d for d, amount in gives.items() if amount >= grain}
-        receivers = {r for r, amount in takes.items() if amount >= grain}
         if owners_of is None:
+            donors = [d for d, amount in gives.items() if amount >= grain]
+            receivers = [r for r, amount in takes.items() if amount >= grain]
             owners_of = donors if self._own_at_least(receivers, sum(map(self.count, donors))) else receivers
         owners, starts = self._owners, self._starts
         last = len(owners) - 1
         found: list[tuple[int, Side]] = []
+        # A donor gives at least the grain, a receiver takes at least the grain (grain >= 0 > -1).
         for owner in sorted(owners_of):  # a set of names iterates in a per-process order: sort it (G6)
+            gives_here = gives.get(owner, -1.0) >= grain
+            takes_here = takes.get(owner, -1.0) >= grain
+            if not (gives_here or takes_here):
+                continue
             for index in self.indexes_of(owner):
-                for other, side, across in ((index - 1, "low", "high"), (index + 1, "high", "low")):
-                    if not 0 <= other <= last:
-                        continue
-                    if owner in donors and owners[other] in receivers:
-                        found.append((starts[index], side))  # type: ignore[arg-type]
-                    elif owner in receivers and owners[other] in donors:
-                        found.append((starts[other], across))  # type: ignore[arg-type]
+                if index > 0:
+                    other = owners[index - 1]
+                    if gives_here and takes.get(other, -1.0) >= grain:
+                        found.append((starts[index], "low"))
+                    elif takes_here and gives.get(other, -1.0) >= grain:
+                        found.append((starts[index - 1], "high"))
+                if index < last:
+                    other = owners[index + 1]
+                    if gives_here and takes.get(other, -1.0) >= grain:
+                        found.append((starts[index], "high"))
+                    elif takes_here and gives.get(other, -1.0) >= grain:
+                        found.append((starts[index + 1], "low"))
         return found
 
     def _own_at_least(self, owners: Iterable[str], ranges: int) -> bool:

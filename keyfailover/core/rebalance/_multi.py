@@ -112,12 +112,12 @@ class MultiRangePolicy(Policy):
     def join(self, ranges: RangeMap, newcomer: str, load: Load) -> RangeMap:
         if newcomer in ranges:
             raise RangeMapError(f"{newcomer!r} already owns a range; expected a consumer without one")
-        check_traffic(ranges, load)
+        traffic, total = _measured(ranges, load)
         if not len(ranges):
             planned = ranges.copy()
             planned.assign_all(newcomer)
             return planned
-        layout = _layout(ranges, load, self.max_ranges)
+        layout = _layout(ranges, traffic, total, self.max_ranges)
         layout.loads[newcomer] = 0.0
         members = [*ranges.consumers(), newcomer]
         shares = _shares(layout, members, 1.0 + self.tolerance)
@@ -146,7 +146,7 @@ class MultiRangePolicy(Policy):
             planned = ranges.copy()
             planned.clear()
             return planned
-        layout = _layout(ranges, load, self.max_ranges)
+        layout = _layout(ranges, *_measured(ranges, load), self.max_ranges)
         members = [c for c in ranges.consumers() if c != leaver]
         cap = 1.0 + self.tolerance
         shares = _shares(layout, members, cap)
@@ -167,10 +167,10 @@ class MultiRangePolicy(Policy):
         return layout.plan(ranges)
 
     def shift(self, ranges: RangeMap, load: Load) -> RangeMap | None:
-        traffic = check_traffic(ranges, load)
-        if traffic is None or len(ranges) < 2 or float(np.add.reduce(traffic)) < max(self.min_traffic, 1e-300):
+        traffic, total = _measured(ranges, load)
+        if traffic is None or len(ranges) < 2 or total < max(self.min_traffic, 1e-300):
             return None
-        layout = _layout(ranges, load, self.max_ranges)
+        layout = _layout(ranges, traffic, total, self.max_ranges)
         if not self._settle(layout, ranges.consumers(), self.threshold):
             return None
         return layout.plan(ranges)
@@ -207,11 +207,18 @@ class MultiRangePolicy(Policy):
         return max(self.tolerance / 4.0, _MIN_GRAIN) * level
 
 
-def _layout(ranges: RangeMap, load: Load, max_ranges: int) -> _Layout:
-    """The planning layout: each slot weighs its measured traffic plus a thin even floor (its width without traffic)."""
+def _measured(ranges: RangeMap, load: Load) -> tuple[npt.NDArray[np.float64] | None, float]:
+    """``load.traffic``, checked against ``ranges``, and its total (0 without traffic)."""
     traffic = check_traffic(ranges, load)
+    return traffic, 0.0 if traffic is None else float(np.add.reduce(traffic))
+
+
+def _layout(ranges: RangeMap, traffic: npt.NDArray[np.float64] | None, total: float, max_ranges: int) -> _Layout:
+    """The planning layout: each slot weighs its measured traffic plus a thin even floor (its width without traffic).
+
+    ``total`` is the traffic's, as :func:`_measured` gives it.
+    """
     size = ranges.range_size
-    total = 0.0 if traffic is None else float(np.add.reduce(traffic))
     if traffic is None or not total > 0.0:
         return _Layout(ranges, np.ones(size, dtype=np.float64), False, max_ranges)
     return _Layout(ranges, np.asarray(traffic, dtype=np.float64) + total * _FLOOR / size, True, max_ranges)
@@ -321,7 +328,7 @@ class _Layout:
         self.size = ranges.range_size
         self.total = float(np.add.reduce(weights))
         self._starts: list[int] = arrays.starts.tolist()
-        self._ends: list[int] = arrays.ends.tolist()
+        self._ends: list[int] = list(ranges.lookup_table()[0])
         self._owners: list[str] = list(ranges.lookup_table()[1])
         count = len(arrays.consumers)
         sums = np.add.reduceat(weights, arrays.starts) if len(arrays.starts) else np.zeros(0)

@@ -568,7 +568,7 @@ class _Layout:
         last = len(owners) - 1
         found: list[tuple[int, Side]] = []
         # A donor gives at least the grain, a receiver takes at least the grain (grain >= 0 > -1).
-        for owner in sorted(owners_of):  # a set of names iterates in a per-process order: sort it (G6)
+        for owner in sorted(owners_of):  # by name, whatever order they come in (G6)
             gives_here = gives.get(owner, -1.0) >= grain
             takes_here = takes.get(owner, -1.0) >= grain
             if not (gives_here or takes_here):

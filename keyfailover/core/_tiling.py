@@ -29,7 +29,10 @@ def splice(
     start, end, owner = move
     first = bisect.bisect_right(starts, start) - 1
     last = bisect.bisect_left(ends, end)
-    if all(owners[i] == owner for i in range(first, last + 1)):
+    if first == last:  # the usual move, inside one range
+        if owners[first] == owner:
+            return None
+    elif all(owners[i] == owner for i in range(first, last + 1)):
         return None
     low, high = first, last + 1
     added: list[tuple[int, int, str]] = []
@@ -54,7 +57,5 @@ def splice(
     if tail is not None:
         added.append(tail)
     removed = list(zip(starts[low:high], ends[low:high], owners[low:high], strict=True))
-    starts[low:high] = [piece[0] for piece in added]
-    ends[low:high] = [piece[1] for piece in added]
-    owners[low:high] = [piece[2] for piece in added]
+    starts[low:high], ends[low:high], owners[low:high] = zip(*added, strict=True)
     return removed, added

@@ -311,6 +311,30 @@ class RangeMap:
             self._starts, self._ends, self._owners, self._counts = starts, ends, owners, counts
             self._changed()
 
+    def _spliced_copy(
+        self, starts: list[int], ends: list[int], owners: list[str], counts: Mapping[str, int]
+    ) -> RangeMap:
+        """A copy holding ``starts``, ``ends`` and ``owners``: this map's lists after moves applied by :func:`splice`.
+
+        For the multi-range planner, which splices copies of the lists as it plans: what
+        :meth:`reassign` of its moves would make, without splicing them a second time.
+        ``counts`` gives the range count of at least every owner the moves touched (0 for
+        one that lost all). The lists are taken as they are, not copied or checked. One
+        change (epoch + 1) unless they equal this map's.
+        """
+        if ends == self._ends and owners == self._owners:  # a tiling's ends fix its starts
+            return self.copy()
+        planned = RangeMap(self._range_size, self._epoch + 1)
+        planned._starts, planned._ends, planned._owners = starts, ends, owners
+        merged = dict(self._counts)
+        for owner, count in counts.items():
+            if count:
+                merged[owner] = count
+            else:
+                merged.pop(owner, None)
+        planned._counts = merged
+        return planned
+
     def clear(self) -> None:
         """Remove every range (the last consumer left)."""
         if not self._starts:

@@ -106,14 +106,20 @@ def fair_shares(
     every member is pinned.
     """
     count = len(heat)
-    order = np.argsort(-heat, kind="stable")
-    heavy = heat[order]
-    held = np.concatenate(([0.0], np.cumsum(heavy)[:-1]))  # held[k]: the k heaviest pinned
-    # Never below 0: when the pinned slots carry everything, rounding may leave a hair less.
-    levels = np.maximum(total - held, 0.0) / np.maximum(count - np.arange(count), 1)
-    stop = np.flatnonzero(heavy <= levels * slack)
-    pinned = int(stop[0]) if stop.size else count
-    level = float(levels[pinned]) if pinned < count else 0.0
+    order = (-heat).argsort(kind="stable")
+    heavy = heat[order].tolist()
+    # Pin the heaviest while each is over the level of those left (held: what the pinned carry;
+    # never below 0: when the pinned slots carry everything, rounding may leave a hair less).
+    held = 0.0
+    pinned = 0
+    while pinned < count:
+        level = max(total - held, 0.0) / (count - pinned)
+        if heavy[pinned] <= level * slack:
+            break
+        held += heavy[pinned]
+        pinned += 1
+    else:
+        level = 0.0
     target = np.full(count, level)
     target[order[:pinned]] = heavy[:pinned]
     is_pinned = np.zeros(count, dtype=bool)

@@ -30,8 +30,10 @@ See docs/evaluation.md.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import ClassVar, Literal, NamedTuple
 
 import numpy as np
@@ -110,12 +112,12 @@ class MultiRangePolicy(Policy):
     def join(self, ranges: RangeMap, newcomer: str, load: Load) -> RangeMap:
         if newcomer in ranges:
             raise RangeMapError(f"{newcomer!r} already owns a range; expected a consumer without one")
-        check_traffic(ranges, load)
+        traffic, total = _measured(ranges, load)
         if not len(ranges):
             planned = ranges.copy()
             planned.assign_all(newcomer)
             return planned
-        layout = _layout(ranges, load, self.max_ranges)
+        layout = _layout(ranges, traffic, total, self.max_ranges)
         layout.loads[newcomer] = 0.0
         members = [*ranges.consumers(), newcomer]
         shares = _shares(layout, members, 1.0 + self.tolerance)
@@ -144,7 +146,7 @@ class MultiRangePolicy(Policy):
             planned = ranges.copy()
             planned.clear()
             return planned
-        layout = _layout(ranges, load, self.max_ranges)
+        layout = _layout(ranges, *_measured(ranges, load), self.max_ranges)
         members = [c for c in ranges.consumers() if c != leaver]
         cap = 1.0 + self.tolerance
         shares = _shares(layout, members, cap)
@@ -165,10 +167,10 @@ class MultiRangePolicy(Policy):
         return layout.plan(ranges)
 
     def shift(self, ranges: RangeMap, load: Load) -> RangeMap | None:
-        traffic = check_traffic(ranges, load)
-        if traffic is None or len(ranges) < 2 or float(traffic.sum()) < max(self.min_traffic, 1e-300):
+        traffic, total = _measured(ranges, load)
+        if traffic is None or len(ranges) < 2 or total < max(self.min_traffic, 1e-300):
             return None
-        layout = _layout(ranges, load, self.max_ranges)
+        layout = _layout(ranges, traffic, total, self.max_ranges)
         if not self._settle(layout, ranges.consumers(), self.threshold):
             return None
         return layout.plan(ranges)
@@ -205,11 +207,18 @@ class MultiRangePolicy(Policy):
         return max(self.tolerance / 4.0, _MIN_GRAIN) * level
 
 
-def _layout(ranges: RangeMap, load: Load, max_ranges: int) -> _Layout:
-    """The planning layout: each slot weighs its measured traffic plus a thin even floor (its width without traffic)."""
+def _measured(ranges: RangeMap, load: Load) -> tuple[npt.NDArray[np.float64] | None, float]:
+    """``load.traffic``, checked against ``ranges``, and its total (0 without traffic)."""
     traffic = check_traffic(ranges, load)
+    return traffic, 0.0 if traffic is None else float(np.add.reduce(traffic))
+
+
+def _layout(ranges: RangeMap, traffic: npt.NDArray[np.float64] | None, total: float, max_ranges: int) -> _Layout:
+    """The planning layout: each slot weighs its measured traffic plus a thin even floor (its width without traffic).
+
+    ``total`` is the traffic's, as :func:`_measured` gives it.
+    """
     size = ranges.range_size
-    total = 0.0 if traffic is None else float(traffic.sum())
     if traffic is None or not total > 0.0:
         return _Layout(ranges, np.ones(size, dtype=np.float64), False, max_ranges)
     return _Layout(ranges, np.asarray(traffic, dtype=np.float64) + total * _FLOOR / size, True, max_ranges)
@@ -238,7 +247,7 @@ def _shares(layout: _Layout, members: list[str], slack: float) -> _Shares:
     load = np.fromiter(map(layout.loads.__getitem__, members), np.float64, count)
     while True:
         hottest = layout.hottest()
-        heat = np.fromiter((hottest.get(c, 0.0) for c in members), np.float64, count)
+        heat = np.fromiter(map(hottest.get, members, itertools.repeat(0.0, count)), np.float64, count)
         target, level, _ = fair_shares(heat, layout.total, slack)
         if level * slack >= layout.peak_floor:
             return _Shares(load, target, level)
@@ -262,11 +271,11 @@ def _from_the_top(amounts: Vector, total: float) -> Vector:
     if total >= float(positive.sum()):
         return positive
     ordered = np.sort(positive)[::-1]
-    running = np.cumsum(ordered)
+    running = ordered.cumsum()
     below = np.append(ordered[1:], 0.0)
     # Lowering the cut to the next amount down takes running[k] - (k + 1) * below[k] in all.
     taken = running - np.arange(1, len(ordered) + 1) * below
-    k = min(int(np.searchsorted(taken, total)), len(ordered) - 1)  # rounding may put the total past the last
+    k = min(int(taken.searchsorted(total)), len(ordered) - 1)  # rounding may put the total past the last
     cut = (float(running[k]) - total) / (k + 1)
     return np.maximum(positive - cut, 0.0)
 
@@ -278,7 +287,7 @@ def _consolidate(amounts: Vector, room: Vector, small: float) -> Vector:
     the tolerance) cost none. The total stays the same: what no room can hold goes back
     to the slivers it came from, the largest first.
     """
-    order = np.argsort(-amounts, kind="stable")
+    order = (-amounts).argsort(kind="stable")
     order = order[amounts[order] > 0.0]
     slivers = amounts < small
     result = np.where(slivers, 0.0, amounts)
@@ -288,8 +297,8 @@ def _consolidate(amounts: Vector, room: Vector, small: float) -> Vector:
     for cap in (np.maximum(room - result, 0.0), np.where(slivers, amounts, 0.0)):
         # In order, each takes what it can hold until the spare is placed.
         holds = cap[order]
-        before = np.cumsum(holds) - holds
-        extra = np.clip(spare - before, 0.0, holds)
+        before = holds.cumsum() - holds
+        extra = (spare - before).clip(0.0, holds)
         result[order] += extra
         spare -= float(extra.sum())
         if spare <= 1e-12 * max(float(amounts.sum()), 1.0):
@@ -317,9 +326,9 @@ class _Layout:
         self._weights = weights
         arrays = ranges.arrays()
         self.size = ranges.range_size
-        self.total = float(weights.sum())
+        self.total = float(np.add.reduce(weights))
         self._starts: list[int] = arrays.starts.tolist()
-        self._ends: list[int] = arrays.ends.tolist()
+        self._ends: list[int] = list(ranges.lookup_table()[0])
         self._owners: list[str] = list(ranges.lookup_table()[1])
         count = len(arrays.consumers)
         sums = np.add.reduceat(weights, arrays.starts) if len(arrays.starts) else np.zeros(0)
@@ -332,15 +341,14 @@ class _Layout:
         self._find_peaks(self.peak_floor)
         # Each owner's range starts, built when first needed from the map as given (an owner's
         # set is built before any change touches it, so a set built later is still right).
-        self._code = {consumer: code for code, consumer in enumerate(arrays.consumers)}
-        order = np.argsort(arrays.owner, kind="stable")
-        self._initial_starts = arrays.starts[order]
-        self._group = np.searchsorted(arrays.owner[order], np.arange(count + 1)).tolist()
+        self._arrays = arrays
+        self._sums = sums
+        self._grouped: tuple[dict[str, int], npt.NDArray[np.intp], list[int]] | None = None  # see _starts_set
         self._starts_of: dict[str, set[int]] = {}
-        # Per range start: its weight, and its heaviest slot with that slot's weight (found when
-        # first asked); both forgotten when the range changes.
+        # Per range start: its weight (of an owner's ranges as given, filled in when its starts are
+        # indexed), and its heaviest slot with that slot's weight (found when first asked); both
+        # forgotten when the range changes.
         self._range_weight: dict[int, float] = {}
-        self._first = (self._starts.copy(), self._ends.copy(), sums.tolist())  # the ranges as given, weighed
         self._range_peak: dict[int, tuple[int, float]] = {}
         self._running: dict[int, npt.NDArray[np.float64]] = {}
         self.measured = measured
@@ -353,10 +361,24 @@ class _Layout:
     def _starts_set(self, owner: str) -> set[int]:
         found = self._starts_of.get(owner)
         if found is None:
-            code = self._code.get(owner)
-            found = (
-                set() if code is None else set(self._initial_starts[self._group[code] : self._group[code + 1]].tolist())
-            )
+            grouped = self._grouped
+            if grouped is None:
+                # The map's range starts grouped by owner, sorted once for all owners (a shift
+                # that finds nothing to do never needs them).
+                arrays = self._arrays
+                order = arrays.owner.argsort(kind="stable")
+                group = arrays.owner[order].searchsorted(np.arange(len(arrays.consumers) + 1)).tolist()
+                code = {consumer: index for index, consumer in enumerate(arrays.consumers)}
+                grouped = self._grouped = (code, order, group)
+            code, order, group = grouped
+            index = code.get(owner)
+            if index is None:
+                found = set()
+            else:
+                mine = order[group[index] : group[index + 1]]
+                starts = self._arrays.starts[mine].tolist()
+                found = set(starts)
+                self._range_weight.update(zip(starts, self._sums[mine].tolist(), strict=True))
             self._starts_of[owner] = found
         return found
 
@@ -396,17 +418,17 @@ class _Layout:
         return self._peaks
 
     def weight(self, start: int, end: int) -> float:
-        return float(self._weights[start : end + 1].sum())
+        return float(np.add.reduce(self._weights[start : end + 1]))
 
     def range_weight(self, index: int) -> float:
         """The weight of the range at list position ``index`` (remembered until the range changes)."""
-        start, end = self._starts[index], self._ends[index]
+        start = self._starts[index]
         found = self._range_weight.get(start)
         if found is None:
-            starts, ends, sums = self._first
-            at = bisect.bisect_left(starts, start)
-            unchanged = at < len(starts) and starts[at] == start and ends[at] == end
-            found = self._range_weight[start] = sums[at] if unchanged else self.weight(start, end)
+            self._starts_set(self._owners[index])  # weighs the owner's ranges as given, if not done yet
+            found = self._range_weight.get(start)
+            if found is None:
+                found = self._range_weight[start] = self.weight(start, self._ends[index])
         return found
 
     def range_peak(self, index: int) -> tuple[int, float]:
@@ -414,17 +436,17 @@ class _Layout:
         start = self._starts[index]
         found = self._range_peak.get(start)
         if found is None:
-            slot = start + int(np.argmax(self._weights[start : self._ends[index] + 1]))
+            slot = start + int(self._weights[start : self._ends[index] + 1].argmax())
             found = self._range_peak[start] = (slot, float(self._weights[slot]))
         return found
 
     def count(self, owner: str) -> int:
-        return len(self._starts_set(owner))
+        found = self._starts_of.get(owner)
+        return len(found if found is not None else self._starts_set(owner))
 
     def indexes_of(self, owner: str) -> list[int]:
         """The positions of ``owner``'s ranges in the lists, in hash order."""
-        starts = self._starts
-        return sorted(bisect.bisect_left(starts, start) for start in self._starts_set(owner))
+        return sorted(map(partial(bisect.bisect_left, self._starts), self._starts_set(owner)))
 
     def range_at(self, index: int) -> tuple[int, int, str] | None:
         """The range at list position ``index``, or None past either end of the space."""
@@ -434,27 +456,36 @@ class _Layout:
 
     def give(self, start: int, end: int, receiver: str) -> float:
         """Move ``[start, end]``, which lies inside one range, to ``receiver``; returns its weight."""
-        donor = self._owners[bisect.bisect_right(self._starts, start) - 1]
+        at = bisect.bisect_right(self._starts, start) - 1
+        donor = self._owners[at]
+        starts_of = self._starts_of
         for owner in (donor, receiver):
-            self._starts_set(owner)  # index both before the lists change
+            if owner not in starts_of:
+                self._starts_set(owner)  # index both before the lists change
+        # A range that gives its top keeps the head of its cumulative weights: the same sums, in the same order.
+        kept = self._running.get(self._starts[at]) if self._ends[at] == end and self._starts[at] < start else None
         spliced = splice(self._starts, self._ends, self._owners, (start, end, receiver))
         assert spliced is not None, f"[{start}, {end}] is {receiver!r}'s already"
         removed, added = spliced
+        range_weight, range_peak, running = self._range_weight, self._range_peak, self._running
         for range_start, _, owner in removed:
-            self._starts_of[owner].discard(range_start)
-            self._range_weight.pop(range_start, None)
-            self._range_peak.pop(range_start, None)
-            self._running.pop(range_start, None)
+            starts_of[owner].discard(range_start)
+            range_weight.pop(range_start, None)
+            range_peak.pop(range_start, None)
+            running.pop(range_start, None)
         for range_start, _, owner in added:
-            self._starts_of[owner].add(range_start)
+            starts_of[owner].add(range_start)
+        if kept is not None:
+            running[self._starts[at]] = kept[: start - self._starts[at]]
         self._no_piece.pop(donor, None)
         self._no_piece.pop(receiver, None)
-        heaviest = float(self._weights[start : end + 1].max())
+        piece = self._weights[start : end + 1]
+        heaviest = float(np.maximum.reduce(piece))
         if heaviest > self.peak_floor:
             if heaviest >= self._peaks.get(donor, 0.0):
                 self._stale.add(donor)
             self._peaks[receiver] = max(self._peaks.get(receiver, 0.0), heaviest)
-        weight = self.weight(start, end)
+        weight = float(np.add.reduce(piece))
         self.loads[donor] -= weight
         self.loads[receiver] = self.loads.get(receiver, 0.0) + weight
         self.moves.append((start, end, receiver))
@@ -465,43 +496,46 @@ class _Layout:
         start = self._starts[index]
         found = self._running.get(start)
         if found is None:
-            found = self._running[start] = np.cumsum(self._weights[start : self._ends[index] + 1])
+            found = self._running[start] = self._weights[start : self._ends[index] + 1].cumsum()
         return found
 
-    def cut(self, start: int, end: int, side: Side, amount: float, limit: float) -> _Piece | None:
-        """The piece at the ``side`` edge of ``[start, end]`` whose weight is nearest ``amount``, at most ``limit``.
+    def cut(self, index: int, side: Side, amount: float, limit: float) -> _Piece | None:
+        """The piece at the ``side`` edge of range ``index`` whose weight is nearest ``amount``, at most ``limit``.
 
         The piece never splits a slot; of two equally near pieces the narrower wins. A
         consumer's only range is never taken whole (it would own nothing without being a
         standby). None when even one slot weighs more than ``limit``, or the range is a
         consumer's only slot.
         """
-        if self._weights[start if side == "low" else end] > limit:
+        start, end = self._starts[index], self._ends[index]
+        if self._weights.item(start if side == "low" else end) > limit:
             return None  # the narrowest piece, the edge slot alone, is too heavy already
-        index = bisect.bisect_left(self._starts, start)
         run = self.running(index)  # run[k]: slots start .. start + k
         width = len(run)
-        longest = width - (1 if self.count(self._owners[index]) == 1 else 0)
+        longest = width - 1 if self.count(self._owners[index]) == 1 else width
         if longest < 1:
             return None
+        # Two candidates, the shorter first: the pieces whose weights bracket the amount.
         if side == "low":
             # The piece [start, start + k] weighs run[k], for k < longest.
             k = min(int(run.searchsorted(amount)), longest - 1)
-            ks = (max(k - 1, 0), k)
-            pieces = [(start, start + j, float(run[j])) for j in ks]
+            wider = _Piece(start, start + k, run.item(k))
+            shorter = _Piece(start, start + k - 1, run.item(k - 1)) if k else wider
         else:
             # The piece [start + j, end] weighs total - run[j - 1] (all of it for j = 0), for j >= width - longest.
-            total = float(run[-1])
+            total = run.item(-1)
             i = int(run.searchsorted(total - amount))
             lowest = width - longest
-            pieces = []
-            for j in (min(max(i + 1, lowest), width - 1), min(max(i, lowest), width - 1)):  # the shorter first
-                pieces.append((start + j, end, total - float(run[j - 1]) if j > 0 else total))
-        fitting = [piece for piece in pieces if piece[2] <= limit]
-        if not fitting:
-            return None
-        low, high, weight = min(fitting, key=lambda piece: (abs(piece[2] - amount), piece[1] - piece[0]))
-        return _Piece(low, high, weight)
+            j = min(max(i + 1, lowest), width - 1)
+            shorter = _Piece(start + j, end, total - run.item(j - 1) if j > 0 else total)
+            j = min(max(i, lowest), width - 1)
+            wider = _Piece(start + j, end, total - run.item(j - 1) if j > 0 else total)
+        if wider.weight > limit:
+            return shorter if shorter.weight <= limit else None
+        if shorter.weight > limit:
+            return wider
+        near_short = (abs(shorter.weight - amount), shorter.high - shorter.low)
+        return wider if (abs(wider.weight - amount), wider.high - wider.low) < near_short else shorter
 
     def transfer(self, gives: dict[str, float], takes: dict[str, float], grain: float) -> None:
         """Move weight from donors (``gives``) to receivers (``takes``), as far as both allow.
@@ -526,23 +560,41 @@ class _Layout:
         Walks the ranges of ``owners_of`` if given, else of whichever side owns fewer
         ranges (a join has one receiver, a leave one donor).
         """
-        donors = {d for d, amount in gives.items() if amount >= grain}
-        receivers = {r for r, amount in takes.items() if amount >= grain}
         if owners_of is None:
-            owners_of = donors if sum(map(self.count, donors)) <= sum(map(self.count, receivers)) else receivers
+            donors = [d for d, amount in gives.items() if amount >= grain]
+            receivers = [r for r, amount in takes.items() if amount >= grain]
+            owners_of = donors if self._own_at_least(receivers, sum(map(self.count, donors))) else receivers
         owners, starts = self._owners, self._starts
         last = len(owners) - 1
         found: list[tuple[int, Side]] = []
-        for owner in sorted(owners_of):  # a set of names iterates in a per-process order: sort it (G6)
+        # A donor gives at least the grain, a receiver takes at least the grain (grain >= 0 > -1).
+        for owner in sorted(owners_of):  # by name, whatever order they come in (G6)
+            gives_here = gives.get(owner, -1.0) >= grain
+            takes_here = takes.get(owner, -1.0) >= grain
+            if not (gives_here or takes_here):
+                continue
             for index in self.indexes_of(owner):
-                for other, side, across in ((index - 1, "low", "high"), (index + 1, "high", "low")):
-                    if not 0 <= other <= last:
-                        continue
-                    if owner in donors and owners[other] in receivers:
-                        found.append((starts[index], side))  # type: ignore[arg-type]
-                    elif owner in receivers and owners[other] in donors:
-                        found.append((starts[other], across))  # type: ignore[arg-type]
+                if index > 0:
+                    other = owners[index - 1]
+                    if gives_here and takes.get(other, -1.0) >= grain:
+                        found.append((starts[index], "low"))
+                    elif takes_here and gives.get(other, -1.0) >= grain:
+                        found.append((starts[index - 1], "high"))
+                if index < last:
+                    other = owners[index + 1]
+                    if gives_here and takes.get(other, -1.0) >= grain:
+                        found.append((starts[index], "high"))
+                    elif takes_here and gives.get(other, -1.0) >= grain:
+                        found.append((starts[index + 1], "low"))
         return found
+
+    def _own_at_least(self, owners: Iterable[str], ranges: int) -> bool:
+        """Whether ``owners`` own ``ranges`` ranges or more in all (counted only as far as needed)."""
+        for owner in owners:
+            ranges -= self.count(owner)
+            if ranges <= 0:
+                return True
+        return ranges <= 0
 
     def _boundaries(
         self,
@@ -553,7 +605,7 @@ class _Layout:
         overshoot: bool,
     ) -> None:
         """Move each of ``edges`` (a donor's range edge next to a receiver) by what both still allow."""
-        starts, ends, owners = self._starts, self._ends, self._owners
+        starts, owners = self._starts, self._owners
         for start, side in edges:
             index = bisect.bisect_left(starts, start)
             if index == len(starts) or starts[index] != start:
@@ -565,7 +617,7 @@ class _Layout:
             amount = min(gives.get(donor, 0.0), takes.get(receiver, 0.0))
             if amount < grain:
                 continue
-            piece = self.cut(start, ends[index], side, amount, (takes[receiver] if overshoot else amount) + grain)
+            piece = self.cut(index, side, amount, (takes[receiver] if overshoot else amount) + grain)
             if piece is not None:
                 self._moved(donor, receiver, self.give(piece.low, piece.high, receiver), gives, takes)
 
@@ -613,26 +665,29 @@ class _Layout:
         the piece nearest the amount, then the narrowest (fewest keys), then one next to
         another donor (the next piece continues it).
         """
-        owners = self._owners
-        indexes = sorted(self.indexes_of(donor), key=lambda i: -self.range_weight(i))
+        owners, starts, ends = self._owners, self._starts, self._ends
+        last = len(owners) - 1
+        ranges = self.count(donor)
+        band = amount - _HOT_BAND * grain
+        range_weight = self.range_weight
+        indexes = sorted(self.indexes_of(donor), key=lambda i: -range_weight(i))
         best: tuple[int, int, int, int, int] | None = None
         for index in indexes[:_CANDIDATES]:
-            start, end = self._starts[index], self._ends[index]
-            candidates: list[tuple[int, int, int, int, int]] = []
             for side, across in (("low", index - 1), ("high", index + 1)):
-                piece = self.cut(start, end, side, amount, limit)  # type: ignore[arg-type]
+                piece = self.cut(index, side, amount, limit)  # type: ignore[arg-type]
                 if piece is not None:
                     low, high, weight = piece
-                    continues = 0 if 0 <= across < len(owners) and gives.get(owners[across], 0.0) >= grain else 1
-                    error = self._error(weight, amount, grain)
-                    candidates.append((error, high - low, continues, low, high))
-            if (start == end and self.count(donor) > 1) or (start < end and self.count(donor) < self.max_ranges):
+                    continues = 0 if 0 <= across <= last and gives.get(owners[across], 0.0) >= grain else 1
+                    candidate = (self._error(weight, amount, grain), high - low, continues, low, high)
+                    if best is None or candidate < best:
+                        best = candidate
+            start, end = starts[index], ends[index]
+            if (start == end and ranges > 1) or (start < end and ranges < self.max_ranges):
                 hot, heat = self.range_peak(index)
-                if amount - _HOT_BAND * grain <= heat <= limit:
-                    candidates.append((0, 0, 0, hot, hot))
-            for candidate in candidates:
-                if best is None or candidate < best:
-                    best = candidate
+                if band <= heat <= limit:
+                    candidate = (0, 0, 0, hot, hot)
+                    if best is None or candidate < best:
+                        best = candidate
             if best is not None and best[0] == 0 and best[1] == 0:
                 break  # a single slot of the right weight: nothing lighter can beat it
         return None if best is None else (best[3], best[4])
@@ -666,33 +721,32 @@ class _Layout:
             below = self._owners[index - 1] if index > 0 else None
             above = self._owners[index + 1] if index + 1 < len(self._owners) else None
             order = [below] if below is not None and takes.get(below, 0.0) >= grain else []
-            order += [
+            # The middle receivers are taken lazily, until the range is used up: a give to one
+            # changes neither the amount nor the ranges of those after it.
+            middle = (
                 r for r in queue if takes[r] >= grain and r not in (below, above) and self.count(r) < self.max_ranges
-            ]
-            if above is not None and takes.get(above, 0.0) >= grain:
-                order.append(above)
-            if not order:
-                continue
+            )
+            to_above = above if above is not None and takes.get(above, 0.0) >= grain else None
             running = self.running(index)
-            wanted = np.cumsum([takes[r] for r in order])
-            # The slot boundary nearest each cumulative amount: piece i ends at slot cuts[i] - 1.
-            at = np.searchsorted(running, wanted)
-            lower = np.concatenate(([0.0], running))[np.minimum(at, len(running))]
-            upper = running[np.minimum(at, len(running) - 1)]
-            cuts = np.where(np.abs(upper - wanted) < np.abs(wanted - lower), at + 1, at)
-            cuts = np.minimum(cuts, len(running)).tolist()
-            if order[-1] == above and above is not None:
-                cuts[-1] = len(running)  # the neighbour above takes the rest: one boundary move
+            width = len(running)
+            wanted = 0.0  # what the receivers so far asked for in all, before this range
             first = start
-            for receiver, cut in zip(order, cuts, strict=True):
+            for receiver in itertools.chain(order, middle):
+                wanted += takes[receiver]
+                # The slot boundary nearest the amount: the piece ends at slot cut - 1.
+                at = int(running.searchsorted(wanted))
+                lower = running.item(min(at, width) - 1) if at else 0.0
+                upper = running.item(min(at, width - 1))
+                cut = min(at + 1 if abs(upper - wanted) < abs(wanted - lower) else at, width)
                 last = start + cut - 1
                 if last < first:
                     continue
-                weight = self.give(first, last, receiver)
-                takes[receiver] -= weight
+                takes[receiver] -= self.give(first, last, receiver)
                 first = last + 1
                 if first > end:
                     break
+            if to_above is not None and first <= end:
+                takes[to_above] -= self.give(first, end, to_above)  # the rest, to the neighbour above: a boundary move
 
     def give_idle(self, newcomer: str) -> None:
         """Give ``newcomer`` the upper half of the least used range that can spare a slot.
@@ -726,8 +780,8 @@ class _Layout:
             self.give(self._starts[index], self._ends[index], into)
 
     def plan(self, ranges: RangeMap) -> RangeMap:
-        """``ranges`` with every move applied, as one change."""
-        planned = ranges.copy()
-        if self.moves:
-            planned.reassign(self.moves)
-        return planned
+        """``ranges`` with every move applied, as one change (the layout's own lists: use it no more)."""
+        if not self.moves:
+            return ranges.copy()
+        counts = {owner: len(starts) for owner, starts in self._starts_of.items()}
+        return ranges._spliced_copy(self._starts, self._ends, self._owners, counts)

@@ -121,6 +121,34 @@ def test_a_resent_message_is_stored_once_and_last_sequence_id_comes_back(server:
     assert stats(server)["acme/app/dedup"] == 1
 
 
+def test_sends_written_together_are_each_stored_once_in_each_producers_order(server: ServerProcess) -> None:
+    """SENDs that arrive in one read are stored in few requests (a producer's SENDs in a row while their
+    sequence ids rise); one whose id is below the last (as key-based batching sends them) starts another.
+    Each SEND gets its own receipt with the position its message got, and each producer's messages are
+    stored in the order it sent them."""
+    topic = "persistent://acme/app/together"
+    sent = [(1, 10), (2, 1), (1, 11), (1, 5), (2, 2), (1, 12)]  # (producer id, sequence id)
+    with connected(server) as raw:
+        raw.send(producer_command(topic, producer_id=1, request_id=1, name="one"))
+        raw.send(producer_command(topic, producer_id=2, request_id=2, name="two"))
+        for _ in range(2):
+            raw.receive_type(BaseCommand.PRODUCER_SUCCESS)
+        raw.send(
+            *(send_frame(seq, f"{producer}/{seq}".encode(), f"k{seq}", producer_id=producer) for producer, seq in sent)
+        )
+        receipts = [raw.receive_type(BaseCommand.SEND_RECEIPT).send_receipt for _ in sent]
+        raw.send(send_frame(11, b"again", "k11", producer_id=1))
+        again = raw.receive_type(BaseCommand.SEND_RECEIPT).send_receipt
+    position = {(r.producer_id, r.sequence_id): r.message_id.entryId for r in receipts}
+    assert sorted(position) == sorted(sent)
+    assert sorted(position.values()) == list(range(1, len(sent) + 1))
+    for producer in (1, 2):
+        mine = [position[producer, seq] for p, seq in sent if p == producer]
+        assert mine == sorted(mine), f"producer {producer}'s messages stored out of its order"
+    assert again.message_id.entryId == position[1, 11]
+    assert stats(server)["acme/app/together"] == len(sent)
+
+
 def test_a_compressed_message_is_refused(server: ServerProcess) -> None:
     metadata = MessageMetadata(producer_name="z", sequence_id=0, publish_time=1, compression=LZ4)
     with connected(server) as raw:

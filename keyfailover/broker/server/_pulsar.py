@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import hmac
 import logging
 import secrets
@@ -146,6 +147,23 @@ class _Producer:
 
 
 @dataclass
+class _Send:
+    """A SEND checked and waiting for its connection's next store request."""
+
+    request: Any
+    producer: _Producer
+    messages: list[tuple[int | None, Key, bytes]]
+
+    def first_seq(self) -> int:
+        seq = self.messages[0][0]
+        return -1 if seq is None else seq
+
+    def last_seq(self) -> int:
+        seq = self.messages[-1][0]
+        return -1 if seq is None else seq
+
+
+@dataclass
 class _Consumer:
     session: Session
     partition: int
@@ -200,6 +218,7 @@ class PulsarConnection(asyncio.Protocol):
         self._keepalive: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._output: list[bytes] = []
+        self._sends: list[_Send] = []  # checked SENDs of the read being handled
         self._replied = False  # whether what is queued holds a reply, not only deliveries
 
     # -- asyncio.Protocol ------------------------------------------------------------
@@ -241,6 +260,8 @@ class PulsarConnection(asyncio.Protocol):
                 _log.exception("internal error handling Pulsar %s from %s", _type_name(frame.command), self.peer)
                 self.refuse(ErrorCode.INTERNAL, "internal server error")
                 return
+        if self._sends:
+            self._store_sends()
         if error is not None and not self._closed:
             code = ErrorCode.FRAME_TOO_LARGE if error.too_large else ErrorCode.MALFORMED_FRAME
             self.refuse(code, str(error))
@@ -538,8 +559,43 @@ class PulsarConnection(asyncio.Protocol):
             # ChecksumError fails this message at the client; any other error makes it reconnect and resend.
             self._send_error(request.producer_id, request.sequence_id, *_server_error(exc))
             return
-        stored = self._server.storage.append(producer.topic, producer.name, messages)
-        stored.add_done_callback(lambda done: self._receipt(request, producer, done))
+        self._sends.append(_Send(request, producer, messages))
+
+    def _store_sends(self) -> None:
+        """Store the SENDs of one read: a producer's SENDs in a row go in one store request while their
+        sequence ids rise (a key-based batcher's may not), each answered with its own receipt."""
+        sends, self._sends = self._sends, []
+        runs: list[list[_Send]] = []
+        last: dict[int, list[_Send]] = {}  # the run each producer id is filling
+        for send in sends:
+            run = last.get(send.request.producer_id)
+            if run is None or run[-1].producer is not send.producer or run[-1].last_seq() >= send.first_seq():
+                run = last[send.request.producer_id] = []
+                runs.append(run)
+            run.append(send)
+        storage = self._server.storage
+        for run in runs:
+            producer = run[0].producer
+            messages = [message for send in run for message in send.messages]
+            stored = storage.append(producer.topic, producer.name, messages)
+            stored.add_done_callback(functools.partial(self._receipts, run))
+
+    def _receipts(self, run: list[_Send], done: asyncio.Future[Result]) -> None:
+        """Answer each SEND of ``run``, stored together in ``done``."""
+        exc = done.exception()
+        if exc is not None:
+            if isinstance(exc, NotServedError):
+                error = ServiceNotReady
+            else:
+                error = UnknownError if isinstance(exc, KeyFailoverError) else PersistenceError
+            for send in run:
+                self._send_error(send.request.producer_id, send.request.sequence_id, error, f"not stored: {exc}")
+            return
+        results = done.result()
+        first = 0
+        for send in run:
+            self._receipt(send.request, send.producer, results[first][0])
+            first += len(send.messages)
 
     def _sent_messages(self, frame: PulsarFrame) -> list[tuple[int | None, Key, bytes]]:
         """The keyfailover messages a SEND carries: one, or each message of a batched entry with its own key."""
@@ -585,16 +641,8 @@ class PulsarConnection(asyncio.Protocol):
         command.send_error.message = message
         self._send(command)
 
-    def _receipt(self, request: Any, producer: _Producer, done: asyncio.Future[Result]) -> None:
-        exc = done.exception()
-        if exc is not None:
-            if isinstance(exc, NotServedError):
-                error = ServiceNotReady
-            else:
-                error = UnknownError if isinstance(exc, KeyFailoverError) else PersistenceError
-            self._send_error(request.producer_id, request.sequence_id, error, f"not stored: {exc}")
-            return
-        position, _ = done.result()[0]  # the first message's (position, duplicate)
+    def _receipt(self, request: Any, producer: _Producer, position: int) -> None:
+        """SEND_RECEIPT for ``request``, whose first message is stored at ``position``."""
         reply = _command(BaseCommand.SEND_RECEIPT)
         receipt = reply.send_receipt
         receipt.producer_id = request.producer_id

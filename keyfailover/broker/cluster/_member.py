@@ -2,9 +2,9 @@
 
 ZooKeeper layout under ``root``:
 
-- ``brokers/b-NNNNNNNNNN``: one ephemeral sequential znode per live broker (its id and
-  address). The lowest is the coordinator; every other broker watches the next lower one, so
-  a departure wakes one broker, not all.
+- ``brokers/b-NNNNNNNNNN``: one ephemeral sequential znode per live broker (its id and address,
+  and its admin and Pulsar endpoints when it has them). The lowest is the coordinator; every
+  other broker watches the next lower one, so a departure wakes one broker, not all.
 - ``epoch``: the coordinator epoch. A new coordinator bumps it with a versioned write, so
   two brokers can never both believe they won the same epoch.
 - ``assignment``: partitions -> brokers, with the coordinator's epoch and a generation (+1 at
@@ -187,6 +187,8 @@ class ClusterState:
     """Every topic and its partition count, as of the assignment it applied last."""
     addresses: dict[str, str]
     """Every broker's address by id, as of the assignment it applied last."""
+    pulsar_addresses: dict[str, str]
+    """The ``HOST:PORT`` of each broker's Pulsar protocol endpoint by id, for those that have one."""
 
 
 class ClusterMember:
@@ -221,6 +223,7 @@ class ClusterMember:
         on_released: Callable[[PartitionId], None] | None = None,
         admin: str | None = None,
         on_lease: Callable[[bool, float], None] | None = None,
+        pulsar: str | None = None,
     ) -> None:
         if not root.startswith("/") or root.endswith("/"):
             raise ConfigError(f"the cluster root must be a ZooKeeper path like /keyfailover, not {root!r}")
@@ -228,6 +231,7 @@ class ClusterMember:
             raise ConfigError(f"a broker id must be a non-empty str, not {broker_id!r}")
         self.hosts, self.root, self.broker_id, self.address = hosts, root, broker_id, address
         self.admin = admin  # the broker's admin endpoint URL, for cluster status
+        self.pulsar = pulsar  # HOST:PORT of the broker's Pulsar protocol endpoint, for Pulsar clients' lookups
         self.session_timeout = session_timeout
         self.min_rebalance_interval = min_rebalance_interval
         self._on_acquired = on_acquired or (lambda partition: None)
@@ -245,6 +249,7 @@ class ClusterMember:
         self._owned: set[PartitionId] = set()
         self._topics: dict[str, int] = {}
         self._addresses: dict[str, str] = {}
+        self._pulsar_addresses: dict[str, str] = {}
         self._waiting: set[PartitionId] = set()  # assigned to us, barrier still held by another
         self._assigned_at: dict[PartitionId, float] = {}  # time.monotonic() an assignment gave us one we wait for
         self._worker: threading.Thread | None = None
@@ -311,6 +316,7 @@ class ClusterMember:
                 frozenset(self._owned),
                 dict(self._topics),
                 dict(self._addresses),
+                dict(self._pulsar_addresses),
             )
 
     def assigned_at(self, partition: PartitionId) -> float | None:
@@ -420,6 +426,8 @@ class ClusterMember:
         record = {"id": self.broker_id, "address": self.address}
         if self.admin is not None:
             record["admin"] = self.admin
+        if self.pulsar is not None:
+            record["pulsar"] = self.pulsar
         data = json.dumps(record).encode()
         path = self._zk.create(f"{self.root}/brokers/b-", data, ephemeral=True, sequence=True)
         self._node = path.rsplit("/", 1)[1]
@@ -526,12 +534,13 @@ class ClusterMember:
         mine = set(assignment.partitions_of(self.broker_id))
         self._release(self._owned - mine)
         topics = _topics(self._zk, self.root)
-        addresses = {broker["id"]: broker["address"] for broker in _brokers(self._zk, self.root)}
+        brokers = _brokers(self._zk, self.root)
         with self._lock:
             self._applied = (epoch, assignment.generation)
             self._assignment = assignment
             self._topics = topics
-            self._addresses = addresses
+            self._addresses = {broker["id"]: broker["address"] for broker in brokers}
+            self._pulsar_addresses = {broker["id"]: broker["pulsar"] for broker in brokers if "pulsar" in broker}
         self._waiting = mine - self._owned
         now = time.monotonic()
         self._assigned_at = {partition: self._assigned_at.get(partition, now) for partition in self._waiting}

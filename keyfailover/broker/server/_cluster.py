@@ -86,9 +86,10 @@ class BrokerRole:
             raise ConfigError("the broker has not joined its cluster yet")
         return self._member
 
-    async def join(self, advertise: str, admin: str | None = None) -> None:
+    async def join(self, advertise: str, admin: str | None = None, pulsar: str | None = None) -> None:
         """Join the cluster as the broker clients reach at ``advertise`` (``HOST:PORT``), its admin
-        endpoint at ``admin`` (a URL, for ``cluster status``); its store is open."""
+        endpoint at ``admin`` (a URL, for ``cluster status``) and its Pulsar protocol endpoint at
+        ``pulsar`` (``HOST:PORT``, for Pulsar clients' lookups); its store is open."""
         self._loop = asyncio.get_running_loop()
         self.store.owner = self._broker_id or advertise
         member = ClusterMember(
@@ -102,6 +103,7 @@ class BrokerRole:
             on_released=self._released,
             admin=admin,
             on_lease=self._lease_changed,
+            pulsar=pulsar,
         )
         self._member = member  # before it starts: its worker may hand partitions over at once
         try:
@@ -206,8 +208,9 @@ class BrokerRole:
         self._server.learn_partitions(topic, partitions)
         return created
 
-    async def route(self, topic: str) -> list[str | None]:
-        """The address of the broker serving each partition of ``topic`` (created with one if new)."""
+    async def route(self, topic: str, pulsar: bool = False) -> list[str | None]:
+        """The address of the broker serving each partition of ``topic`` (created with one if new): its
+        native one, or with ``pulsar`` its Pulsar protocol endpoint's (None: no broker, or none there)."""
         state = self.member.state
         count = state.topics.get(topic)
         if count is None:
@@ -217,7 +220,8 @@ class BrokerRole:
             count = 1
         self._server.learn_partitions(topic, count)
         owners = state.assignment.owners
-        return [state.addresses.get(owners.get((topic, index), "")) for index in range(count)]
+        addresses = state.pulsar_addresses if pulsar else state.addresses
+        return [addresses.get(owners.get((topic, index), "")) for index in range(count)]
 
     async def _in_executor(self, call: Callable[[], Any]) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, call)

@@ -61,6 +61,7 @@ from keyfailover.broker.server._connection import ClientConnection, partial_sinc
 from keyfailover.broker.server._subscription import Session, Subscription
 from keyfailover.broker.storage._store import NotServedError, Result, Store
 from keyfailover.core.errors import ErrorCode, KeyFailoverError, ProtocolError
+from keyfailover.core.partitions import split_partition_topic
 
 __all__ = ["PulsarConnection"]
 
@@ -127,6 +128,11 @@ class _Host(Protocol):
 
     async def open_subscription(self, topic: str, name: str) -> Subscription: ...
 
+    async def route(self, topic: str, pulsar: bool = False) -> list[str | None]: ...
+
+    @property
+    def pulsar_advertised(self) -> str | None: ...
+
     def next_session_id(self) -> int: ...
 
 
@@ -187,6 +193,10 @@ def _message_key(metadata: MessageMetadata | SingleMessageMetadata) -> Key:
         except binascii.Error:
             raise _RefusedError(UnknownError, "partition key is flagged base64 but is not valid base64") from None
     return metadata.partition_key
+
+
+def _pulsar_url(host: str, port: int) -> str:
+    return f"pulsar://[{host}]:{port}" if ":" in host else f"pulsar://{host}:{port}"
 
 
 def _request_id(command: BaseCommand) -> int | None:
@@ -472,39 +482,73 @@ class PulsarConnection(asyncio.Protocol):
         """The answer to our keepalive PING: its arrival already counted as a sign of life."""
 
     def _partitioned_metadata(self, frame: PulsarFrame) -> None:
-        request = frame.command.partitionMetadata
+        self._spawn(self._answer_partitioned_metadata(frame.command.partitionMetadata))
+
+    async def _answer_partitioned_metadata(self, request: Any) -> None:
         reply = _command(BaseCommand.PARTITIONED_METADATA_RESPONSE)
         answer = reply.partitionMetadataResponse
         answer.request_id = request.request_id
         try:
-            count = self._server.partitions().get(keyfailover_topic(request.topic), 1)
+            count = len(await self._server.route(keyfailover_topic(request.topic)))
         except TopicNameError as exc:
             answer.response = CommandPartitionedTopicMetadataResponse.Failed
             answer.error = InvalidTopicName
             answer.message = str(exc)
+        except KeyFailoverError as exc:
+            answer.response = CommandPartitionedTopicMetadataResponse.Failed
+            answer.error = ServiceNotReady
+            answer.message = f"the topic's partitions cannot be read now: {exc}"
         else:
             answer.response = CommandPartitionedTopicMetadataResponse.Success
             answer.partitions = count if count > 1 else 0  # Pulsar's 0: a topic without partitions
         self._send(reply)
 
     def _lookup(self, frame: PulsarFrame) -> None:
-        request = frame.command.lookupTopic
+        self._spawn(self._answer_lookup(frame.command.lookupTopic))
+
+    async def _answer_lookup(self, request: Any) -> None:
+        """Connect here when this broker serves the topic (a single server serves all), else Redirect to
+        the Pulsar endpoint of the cluster's broker that does, authoritative either way."""
         reply = _command(BaseCommand.LOOKUP_RESPONSE)
         answer = reply.lookupTopicResponse
         answer.request_id = request.request_id
         try:
-            keyfailover_topic(request.topic)
+            owner = await self._owner(keyfailover_topic(request.topic))
         except TopicNameError as exc:
             answer.response = CommandLookupTopicResponse.Failed
             answer.error = InvalidTopicName
             answer.message = str(exc)
+        except KeyFailoverError as exc:
+            answer.response = CommandLookupTopicResponse.Failed
+            answer.error = ServiceNotReady
+            answer.message = f"the topic's broker cannot be looked up now: {exc}"
         else:
-            assert self._transport is not None
-            host, port = self._transport.get_extra_info("sockname")[:2]
-            answer.response = CommandLookupTopicResponse.Connect
-            answer.brokerServiceUrl = f"pulsar://[{host}]:{port}" if ":" in host else f"pulsar://{host}:{port}"
+            if owner is None:
+                answer.response = CommandLookupTopicResponse.Failed
+                answer.error = ServiceNotReady
+                answer.message = f"no broker with a Pulsar endpoint serves {request.topic} now; try again"
+            elif owner in ("", self._server.pulsar_advertised):
+                assert self._transport is not None
+                host, port = self._transport.get_extra_info("sockname")[:2]
+                answer.response = CommandLookupTopicResponse.Connect
+                answer.brokerServiceUrl = _pulsar_url(host, port)
+            else:
+                host, _, port = owner.rpartition(":")
+                answer.response = CommandLookupTopicResponse.Redirect
+                answer.brokerServiceUrl = _pulsar_url(host.strip("[]"), int(port))
             answer.authoritative = True
         self._send(reply)
+
+    async def _owner(self, served: str) -> str | None:
+        """The Pulsar endpoint serving ``served`` (a topic, or partition ``T-partition-p``): ``""`` this
+        broker as a single server, a cluster broker's ``HOST:PORT``, or None when none serves it now."""
+        split = split_partition_topic(served)
+        if split is not None:
+            topic, index = split
+            owners = await self._server.route(topic, pulsar=True)
+            if index < len(owners):
+                return owners[index]
+        return (await self._server.route(served, pulsar=True))[0]
 
     def _producer(self, frame: PulsarFrame) -> None:
         self._spawn(self._open_producer(frame.command))

@@ -131,6 +131,8 @@ class Server:
         self._broker: BrokerRole | None = None
         self._server: asyncio.base_events.Server | None = None
         self._pulsar: asyncio.base_events.Server | None = None
+        self.pulsar_advertised: str | None = None
+        """``HOST:PORT`` of the Pulsar endpoint a cluster's other brokers send Pulsar clients to."""
         self._subscriptions: dict[tuple[str, str], Subscription] = {}
         self._partitions: dict[str, int] = {}  # topics created with partitions, and how many
         self._opening: dict[tuple[str, str], asyncio.Future[Subscription]] = {}
@@ -226,7 +228,11 @@ class Server:
             if self._admin_address is not None:
                 scheme = "https" if self.config.tls_cert is not None else "http"
                 admin = "{}://{}:{}".format(scheme, *self._admin_address)
-            await self._broker.join(address, admin)
+            pulsar = None
+            if self.pulsar_address is not None:
+                self.pulsar_advertised = "{}:{}".format(address.rsplit(":", 1)[0], self.pulsar_address[1])
+                pulsar = self.pulsar_advertised
+            await self._broker.join(address, admin, pulsar)
             self._directory = self._broker
             self._partitions.update(await self._broker.partition_counts())
 
@@ -463,10 +469,11 @@ class Server:
         self._partitions[topic] = partitions
         return created
 
-    async def route(self, topic: str) -> list[str | None]:
-        """The broker serving each partition of ``topic`` (``""``: this one, a single server)."""
+    async def route(self, topic: str, pulsar: bool = False) -> list[str | None]:
+        """The broker serving each partition of ``topic`` (``""``: this one, a single server): its
+        address, or with ``pulsar`` its Pulsar protocol endpoint's (None: none now)."""
         if self._broker is not None:
-            return await self._broker.route(topic)
+            return await self._broker.route(topic, pulsar)
         return [""] * self._partitions.get(topic, 1)
 
     async def open_served(self, served: str) -> None:

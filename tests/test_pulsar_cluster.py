@@ -1,0 +1,127 @@
+"""Pulsar clients against a cluster: real ``keyfailover serve --cluster --pulsar-port`` brokers over the test
+session's ZooKeeper and PostgreSQL, and the real ``pulsar-client`` wheel.
+
+A client given one broker's Pulsar URL looks each partition up there: the broker answers Connect for
+a partition it serves and Redirect to the Pulsar endpoint of the broker that serves it otherwise, so a
+produce reaches each partition's owner (a broker refuses a partition it does not serve). When a broker
+is killed, its partitions move and the client, looking them up again, follows them.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+
+import pulsar
+import pytest
+
+from keyfailover.broker.pulsar import PROTOCOL_VERSION
+from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand, CommandLookupTopicResponse
+from keyfailover.core.partitions import partition_of_key, partition_topic
+from keyfailover.tools.services import PostgreSQL, ZooKeeper
+from tests.pulsar_wire import RawPulsar, command, connect_command
+from tests.server_process import ServerProcess, wait_until
+from tests.test_cluster_failover import running, served_by
+
+QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+PARTITIONS = 4
+
+
+@pytest.fixture
+def cluster(zookeeper: ZooKeeper) -> Iterator[str]:
+    """A fresh cluster root in the shared ZooKeeper."""
+    yield f"zk://{zookeeper.hosts}/kf-pulsar-{uuid.uuid4().hex[:8]}"
+
+
+def router(message: pulsar.Message, partitions: int) -> int:
+    """keyfailover's partition of the message's key (partition p holds a block of hash slots)."""
+    return partition_of_key(message.partition_key(), partitions)
+
+
+def lookup(broker: ServerProcess, topic: str) -> CommandLookupTopicResponse:
+    """LOOKUP of ``topic`` (a Pulsar name) asked of ``broker`` over a raw connection."""
+    with RawPulsar(broker.pulsar_url or "") as raw:
+        raw.send(connect_command(version=PROTOCOL_VERSION))
+        raw.receive_type(BaseCommand.CONNECTED)
+        raw.send(command(BaseCommand.LOOKUP, topic=topic, request_id=1))
+        answer: CommandLookupTopicResponse = raw.receive_type(BaseCommand.LOOKUP_RESPONSE).lookupTopicResponse
+        return answer
+
+
+def pulsar_of(broker: ServerProcess) -> str:
+    return (broker.pulsar_url or "").removeprefix("pulsar://")
+
+
+def test_a_lookup_redirects_to_the_pulsar_endpoint_of_the_partitions_broker(cluster: str, postgres: PostgreSQL) -> None:
+    with running(cluster, postgres, 2, PARTITIONS, "--pulsar-port", "0") as (topic, brokers):
+        owners = served_by(cluster)
+        by_id = {f"127.0.0.1:{b.port}": b for b in brokers}
+        for partition in range(PARTITIONS):
+            owner = by_id[owners[topic, partition]]
+            for asked in brokers:
+                answer = lookup(asked, f"persistent://public/default/{partition_topic(topic, partition, PARTITIONS)}")
+                assert answer.authoritative
+                assert answer.brokerServiceUrl == owner.pulsar_url
+                expected = CommandLookupTopicResponse.Connect if asked is owner else CommandLookupTopicResponse.Redirect
+                assert answer.response == expected
+
+
+def test_pulsar_clients_reach_each_partitions_broker_and_follow_a_killed_brokers_partitions(
+    cluster: str, postgres: PostgreSQL
+) -> None:
+    """A producer and a Key_Shared consumer given the first broker's URL: every message of every partition
+    is stored by the partition's owner (another broker refuses it) and consumed, each key in order; then the
+    second broker is killed mid-stream and its partitions' messages go on through the broker that takes them:
+    nothing confirmed is lost."""
+    count, keys = 600, 12
+    with running(cluster, postgres, 2, PARTITIONS, "--pulsar-port", "0") as (topic, brokers):
+        first, second = brokers
+        client = pulsar.Client(first.pulsar_url or "", operation_timeout_seconds=30, logger=QUIET)
+        try:
+            consumer = client.subscribe(topic, "all", consumer_type=pulsar.ConsumerType.KeyShared)
+            producer = client.create_producer(
+                topic, producer_name="steady", message_router=router, send_timeout_millis=0, block_if_queue_full=True
+            )
+            confirmed: list[int] = []
+            failed: list[str] = []
+            lock = threading.Lock()
+
+            def sent(index: int) -> object:
+                def done(result: pulsar.Result, _: pulsar.MessageId) -> None:
+                    with lock:
+                        if result == pulsar.Result.Ok:
+                            confirmed.append(index)
+                        else:
+                            failed.append(str(result))
+
+                return done
+
+            for index in range(count // 2):
+                producer.send_async(str(index).encode(), sent(index), partition_key=f"k{index % keys}")
+            producer.flush()
+            assert failed == [] and sorted(confirmed) == list(range(count // 2))
+            second.kill()
+            for index in range(count // 2, count):
+                producer.send_async(str(index).encode(), sent(index), partition_key=f"k{index % keys}")
+            producer.flush()
+            assert failed == [] and sorted(confirmed) == list(range(count))
+            wait_until(
+                lambda: set(served_by(cluster).values()) == {f"127.0.0.1:{first.port}"},
+                "the killed broker's partitions served by the other",
+            )
+            first_seen: dict[str, list[int]] = defaultdict(list)
+            seen: set[int] = set()
+            while len(seen) < count:
+                message = consumer.receive(timeout_millis=30_000)
+                index = int(message.data())
+                if index not in seen:
+                    seen.add(index)
+                    first_seen[message.partition_key()].append(index)
+                consumer.acknowledge(message)
+            for key, indexes in first_seen.items():
+                assert indexes == sorted(indexes), f"{key}: first deliveries out of order"
+        finally:
+            client.close()
+    assert "Traceback" not in first.errors(), first.errors()

@@ -19,6 +19,7 @@ from urllib.request import Request, urlopen
 
 import pulsar
 import pytest
+import trustme
 
 from keyfailover.broker.pulsar.PulsarApi_pb2 import AuthenticationError, BaseCommand, CommandSubscribe
 from keyfailover.client import Client, Timeout
@@ -315,6 +316,47 @@ def test_a_token_is_required_when_the_server_has_one(tmp_path: Path) -> None:
         assert [frame.command.type for frame in frames] == [BaseCommand.ERROR]
         assert frames[0].command.error.error == AuthenticationError
         assert "wrong or missing token" in frames[0].command.error.message
+
+
+def test_pulsar_ssl_with_a_token_and_a_client_that_trusts_another_authority(tmp_path: Path) -> None:
+    """``--tls-cert`` serves the Pulsar port as ``pulsar+ssl://``: a client trusting the server's CA produces
+    and consumes (its lookups answered with the TLS URL), one trusting another CA never connects."""
+    authority = trustme.CA()
+    issued = authority.issue_cert("127.0.0.1")
+    ca, other_ca, cert, key = (tmp_path / name for name in ("ca.pem", "other-ca.pem", "server.pem", "server.key"))
+    authority.cert_pem.write_to_path(str(ca))
+    trustme.CA().cert_pem.write_to_path(str(other_ca))
+    issued.cert_chain_pems[0].write_to_path(str(cert))
+    issued.private_key_pem.write_to_path(str(key))
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    options = ("--tls-cert", str(cert), "--tls-key", str(key), "--token-file", str(token_file), "--pulsar-port", "0")
+    with ServerProcess(tmp_path / "data", *options) as secured:
+        url = secured.pulsar_url or ""
+        assert url.startswith("pulsar+ssl://127.0.0.1:")
+        auth = pulsar.AuthenticationToken(TOKEN)
+        trusted = pulsar.Client(url, authentication=auth, tls_trust_certs_file_path=str(ca), logger=QUIET)
+        try:
+            consumer = trusted.subscribe("secure", "all", consumer_type=pulsar.ConsumerType.KeyShared)
+            producer = trusted.create_producer("secure")
+            for index in range(20):
+                producer.send(str(index).encode(), partition_key=f"k{index % 4}")
+            received = []
+            for _ in range(20):
+                message = consumer.receive(timeout_millis=10_000)
+                received.append(int(message.data()))
+                consumer.acknowledge(message)
+            assert sorted(received) == list(range(20))
+        finally:
+            trusted.close()
+        stranger = pulsar.Client(
+            url, authentication=auth, tls_trust_certs_file_path=str(other_ca), operation_timeout_seconds=3, logger=QUIET
+        )
+        try:
+            with pytest.raises(pulsar.PulsarException):
+                stranger.create_producer("secure")
+        finally:
+            stranger.close()
 
 
 @pytest.mark.parametrize(

@@ -53,7 +53,8 @@ async def run_server(config: ServerConfig) -> int:
         scheme = "https" if config.tls_cert is not None else "http"
         print(f"metrics on {scheme}://{admin_host}:{admin_port}", flush=True)
     if server.pulsar_address is not None:
-        print("pulsar protocol on pulsar://{}:{}".format(*server.pulsar_address), flush=True)
+        scheme = "pulsar+ssl" if config.tls_cert is not None else "pulsar"
+        print("pulsar protocol on {}://{}:{}".format(scheme, *server.pulsar_address), flush=True)
     try:
         await stop.wait()
     finally:

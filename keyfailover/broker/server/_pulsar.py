@@ -133,6 +133,9 @@ class _Host(Protocol):
     @property
     def pulsar_advertised(self) -> str | None: ...
 
+    @property
+    def pulsar_tls(self) -> bool: ...
+
     def next_session_id(self) -> int: ...
 
 
@@ -195,8 +198,8 @@ def _message_key(metadata: MessageMetadata | SingleMessageMetadata) -> Key:
     return metadata.partition_key
 
 
-def _pulsar_url(host: str, port: int) -> str:
-    return f"pulsar://[{host}]:{port}" if ":" in host else f"pulsar://{host}:{port}"
+def _pulsar_url(scheme: str, host: str, port: int) -> str:
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 def _request_id(command: BaseCommand) -> int | None:
@@ -527,15 +530,19 @@ class PulsarConnection(asyncio.Protocol):
                 answer.response = CommandLookupTopicResponse.Failed
                 answer.error = ServiceNotReady
                 answer.message = f"no broker with a Pulsar endpoint serves {request.topic} now; try again"
-            elif owner in ("", self._server.pulsar_advertised):
-                assert self._transport is not None
-                host, port = self._transport.get_extra_info("sockname")[:2]
-                answer.response = CommandLookupTopicResponse.Connect
-                answer.brokerServiceUrl = _pulsar_url(host, port)
             else:
-                host, _, port = owner.rpartition(":")
-                answer.response = CommandLookupTopicResponse.Redirect
-                answer.brokerServiceUrl = _pulsar_url(host.strip("[]"), int(port))
+                if owner in ("", self._server.pulsar_advertised):
+                    assert self._transport is not None
+                    host, port = self._transport.get_extra_info("sockname")[:2]
+                    answer.response = CommandLookupTopicResponse.Connect
+                else:
+                    host, _, found = owner.rpartition(":")
+                    host, port = host.strip("[]"), int(found)
+                    answer.response = CommandLookupTopicResponse.Redirect
+                # A TLS client takes brokerServiceUrlTls; the brokers of a cluster share one TLS setting.
+                answer.brokerServiceUrl = _pulsar_url("pulsar", host, port)
+                if self._server.pulsar_tls:
+                    answer.brokerServiceUrlTls = _pulsar_url("pulsar+ssl", host, port)
             answer.authoritative = True
         self._send(reply)
 

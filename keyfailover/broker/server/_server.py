@@ -132,6 +132,8 @@ class Server:
         self._server: asyncio.base_events.Server | None = None
         self._pulsar: asyncio.base_events.Server | None = None
         self.pulsar_advertised: str | None = None
+        self.pulsar_tls = False
+        """Whether the Pulsar endpoint speaks TLS (``pulsar+ssl://``): the server has a certificate."""
         """``HOST:PORT`` of the Pulsar endpoint a cluster's other brokers send Pulsar clients to."""
         self._subscriptions: dict[tuple[str, str], Subscription] = {}
         self._partitions: dict[str, int] = {}  # topics created with partitions, and how many
@@ -240,11 +242,15 @@ class Server:
         """Serve Apache Pulsar's binary protocol on ``port`` (docs/pulsar.md)."""
         from keyfailover.broker.server._pulsar import PulsarConnection
 
-        if tls is not None:
-            raise ConfigError("the Pulsar endpoint does not serve TLS yet; expected --pulsar-port without --tls-cert")
+        self.pulsar_tls = tls is not None
         try:
             self._pulsar = await asyncio.get_running_loop().create_server(
-                lambda: PulsarConnection(self), host, port, reuse_address=True
+                lambda: PulsarConnection(self),
+                host,
+                port,
+                reuse_address=True,
+                ssl=tls,
+                ssl_handshake_timeout=self.config.login_timeout if tls is not None else None,
             )
         except OSError as exc:
             raise KeyFailoverError(f"cannot serve the Pulsar protocol on {host}:{port} ({_reason(exc)})") from None

@@ -149,6 +149,20 @@ def test_sends_written_together_are_each_stored_once_in_each_producers_order(ser
     assert stats(server)["acme/app/together"] == len(sent)
 
 
+def test_a_connection_may_open_a_thousand_producers_and_no_more(server: ServerProcess) -> None:
+    with connected(server) as raw:
+        topic = "persistent://public/default/crowded"
+        raw.send(*(producer_command(topic, producer_id=i, request_id=i, name=f"p{i}") for i in range(1000)))
+        for _ in range(1000):
+            raw.receive_type(BaseCommand.PRODUCER_SUCCESS)
+        raw.send(producer_command(topic, producer_id=1000, request_id=1000, name="one-more"))
+        error = raw.receive_type(BaseCommand.ERROR).error
+        assert error.request_id == 1000 and error.error == NotAllowedError
+        assert "1000 producers open" in error.message
+        raw.send(command(BaseCommand.PING))
+        raw.receive_type(BaseCommand.PONG)  # the connection goes on
+
+
 def test_a_compressed_message_is_refused(server: ServerProcess) -> None:
     metadata = MessageMetadata(producer_name="z", sequence_id=0, publish_time=1, compression=LZ4)
     with connected(server) as raw:

@@ -68,6 +68,8 @@ __all__ = ["PulsarConnection"]
 _log = logging.getLogger("keyfailover.server")
 
 _SERVER_VERSION: Final = "keyfailover"
+_MAX_OPEN: Final = 1000
+"""Producers, consumers, and requests being answered, one connection may have at once (each costs memory)."""
 _NO_REQUEST: Final = 2**64 - 1
 """The request id of a command the broker sends unasked (Apache Pulsar's -1 as an unsigned 64-bit int)."""
 _SERVER_ERRORS: Final = {
@@ -418,6 +420,11 @@ class PulsarConnection(asyncio.Protocol):
     # -- commands --------------------------------------------------------------------
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        if len(self._tasks) >= _MAX_OPEN:
+            work.close()
+            raise _RefusedError(
+                ServiceNotReady, f"{_MAX_OPEN} requests of this connection are being answered; expected fewer at once"
+            )
         task = asyncio.get_running_loop().create_task(self._guarded(work))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -558,6 +565,11 @@ class PulsarConnection(asyncio.Protocol):
         return (await self._server.route(served, pulsar=True))[0]
 
     def _producer(self, frame: PulsarFrame) -> None:
+        if frame.command.producer.producer_id not in self._producers and len(self._producers) >= _MAX_OPEN:
+            raise _RefusedError(
+                NotAllowedError,
+                f"a connection may have {_MAX_OPEN} producers open; close one, or use another connection",
+            )
         self._spawn(self._open_producer(frame.command))
 
     async def _open_producer(self, command: BaseCommand) -> None:
@@ -707,6 +719,11 @@ class PulsarConnection(asyncio.Protocol):
         self._send(reply)
 
     def _subscribe(self, frame: PulsarFrame) -> None:
+        if frame.command.subscribe.consumer_id not in self._consumers and len(self._consumers) >= _MAX_OPEN:
+            raise _RefusedError(
+                NotAllowedError,
+                f"a connection may have {_MAX_OPEN} consumers open; close one, or use another connection",
+            )
         self._spawn(self._open_consumer(frame.command))
 
     async def _open_consumer(self, command: BaseCommand) -> None:

@@ -224,6 +224,16 @@ def test_a_partitioned_topic_with_a_router_that_follows_keyfailovers_partitions(
     assert sum(stored(server, f"split-partition-{p}") for p in range(3)) == 90
 
 
+def test_the_last_message_id_is_the_topics_last_position(server: ServerProcess) -> None:
+    with client(server.pulsar_url) as pc:
+        consumer = pc.subscribe("lastid", "all", consumer_type=pulsar.ConsumerType.KeyShared)
+        assert consumer.get_last_message_id().entry_id() == -1  # nothing stored yet
+        producer = pc.create_producer("lastid")
+        ids = [producer.send(str(index).encode(), partition_key="k") for index in range(5)]
+        last = consumer.get_last_message_id()
+        assert (last.ledger_id(), last.entry_id()) == (ids[-1].ledger_id(), ids[-1].entry_id()) == (0, 5)
+
+
 def test_a_native_and_a_pulsar_consumer_share_one_subscription(server: ServerProcess) -> None:
     """Pulsar's and keyfailover's clients meet in one subscription: its ranges tile the slots between them,
     and each key's messages (produced by the Pulsar client) go to one of the two, in order."""

@@ -71,6 +71,8 @@ _SERVER_VERSION: Final = "keyfailover"
 _MAX_OPEN: Final = 1000
 """Producers, consumers, and requests being answered, one connection may have at once (each costs memory)."""
 _NO_REQUEST: Final = 2**64 - 1
+_MINUS_ONE: Final = 2**64 - 1
+"""-1 in an unsigned 64-bit field, as Apache Pulsar's Java broker writes a long -1 there (read back as -1)."""
 """The request id of a command the broker sends unasked (Apache Pulsar's -1 as an unsigned 64-bit int)."""
 _SERVER_ERRORS: Final = {
     ErrorCode.NOT_OWNER: ServiceNotReady,
@@ -818,6 +820,27 @@ class PulsarConnection(asyncio.Protocol):
             consumer.session.subscription.detach(consumer.session, "closed", notify=False)
         self._success(request.request_id)
 
+    def _get_last_message_id(self, frame: PulsarFrame) -> None:
+        """The id of the topic's last stored message, and the consumer's mark-delete position (everything up to
+        it acked): ledger 0 and the log positions, or Pulsar's earliest id (-1, -1) for none."""
+        request = frame.command.getLastMessageId
+        consumer = self._consumers.get(request.consumer_id)
+        if consumer is None:
+            raise _RefusedError(UnknownError, f"consumer id {request.consumer_id} is not open on this connection")
+        subscription = consumer.session.subscription
+        reply = _command(BaseCommand.GET_LAST_MESSAGE_ID_RESPONSE)
+        answer = reply.getLastMessageIdResponse
+        answer.request_id = request.request_id
+        for field_name, position in (
+            ("last_message_id", self._server.storage.last_position(subscription.topic)),
+            ("consumer_mark_delete_position", subscription.cursor.mark_delete),
+        ):
+            message_id = getattr(answer, field_name)
+            message_id.ledgerId, message_id.entryId = (0, position) if position > 0 else (_MINUS_ONE, _MINUS_ONE)
+            if consumer.partition >= 0:
+                message_id.partition = consumer.partition
+        self._send(reply)
+
     _handlers: Final[dict[int, Callable[[PulsarConnection, PulsarFrame], None]]] = {
         BaseCommand.PING: _ping_command,
         BaseCommand.PONG: _pong,
@@ -831,6 +854,7 @@ class PulsarConnection(asyncio.Protocol):
         BaseCommand.REDELIVER_UNACKNOWLEDGED_MESSAGES: _redeliver,
         BaseCommand.CLOSE_PRODUCER: _close_producer,
         BaseCommand.CLOSE_CONSUMER: _close_consumer,
+        BaseCommand.GET_LAST_MESSAGE_ID: _get_last_message_id,
     }
 
 

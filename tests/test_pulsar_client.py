@@ -234,6 +234,58 @@ def test_the_last_message_id_is_the_topics_last_position(server: ServerProcess) 
         assert (last.ledger_id(), last.entry_id()) == (ids[-1].ledger_id(), ids[-1].entry_id()) == (0, 5)
 
 
+def test_a_reader_from_the_earliest_message_reads_the_log_in_order_and_follows_its_tail(server: ServerProcess) -> None:
+    with client(server.pulsar_url) as pc:
+        producer = pc.create_producer("readme")
+        for index in range(30):
+            producer.send(str(index).encode(), partition_key=f"k{index % 3}")
+        reader = pc.create_reader("readme", pulsar.MessageId.earliest)
+        taken = [reader.read_next(10_000) for _ in range(30)]
+        assert [m.message_id().entry_id() for m in taken] == list(range(1, 31))
+        assert [int(m.data()) for m in taken] == list(range(30))
+        assert not reader.has_message_available()
+        for index in range(30, 35):
+            producer.send(str(index).encode(), partition_key=f"k{index % 3}")
+        assert [int(reader.read_next(10_000).data()) for _ in range(5)] == list(range(30, 35))
+        reader.close()
+        again = pc.create_reader("readme", pulsar.MessageId.earliest)  # a reader keeps no cursor: from the start
+        assert int(again.read_next(10_000).data()) == 0
+
+
+def test_a_reader_of_a_partitioned_topic_reads_every_partition(server: ServerProcess) -> None:
+    created = Request(f"{server.admin_url}/topics?topic=readparts&partitions=3", method="POST")
+    with urlopen(created, timeout=10):
+        pass
+    with client(server.pulsar_url) as pc:
+        route = partition_of_key
+        producer = pc.create_producer("readparts", message_router=lambda message, n: route(message.partition_key(), n))
+        for index in range(30):
+            producer.send(str(index).encode(), partition_key=f"k{index % 5}")
+        reader = pc.create_reader("readparts", pulsar.MessageId.earliest)
+        by_key: dict[str, list[int]] = defaultdict(list)
+        for _ in range(30):
+            message = reader.read_next(10_000)
+            by_key[message.partition_key()].append(int(message.data()))
+    assert by_key == {f"k{k}": list(range(k, 30, 5)) for k in range(5)}
+
+
+def test_a_reader_from_the_latest_or_from_a_message_id(server: ServerProcess) -> None:
+    with client(server.pulsar_url) as pc:
+        producer = pc.create_producer("readfrom")
+        ids = [producer.send(str(index).encode(), partition_key="k") for index in range(20)]
+        latest = pc.create_reader("readfrom", pulsar.MessageId.latest)
+        after = pc.create_reader("readfrom", ids[9])
+        including = pc.create_reader("readfrom", ids[9], start_message_id_inclusive=True)
+        producer.send(b"new", partition_key="k")
+        producer.send(b"newer", partition_key="k")
+        assert [latest.read_next(10_000).data() for _ in range(2)] == [b"new", b"newer"]
+        assert [after.read_next(10_000).data() for _ in range(12)] == [str(i).encode() for i in range(10, 20)] + [
+            b"new",
+            b"newer",
+        ]
+        assert including.read_next(10_000).data() == b"9"
+
+
 def test_a_native_and_a_pulsar_consumer_share_one_subscription(server: ServerProcess) -> None:
     """Pulsar's and keyfailover's clients meet in one subscription: its ranges tile the slots between them,
     and each key's messages (produced by the Pulsar client) go to one of the two, in order."""

@@ -4,7 +4,7 @@ session's ZooKeeper and PostgreSQL, and the real ``pulsar-client`` wheel.
 A client given one broker's Pulsar URL looks each partition up there: the broker answers Connect for
 a partition it serves and Redirect to the Pulsar endpoint of the broker that serves it otherwise, so a
 produce reaches each partition's owner (a broker refuses a partition it does not serve). When a broker
-is killed, its partitions move and the client, looking them up again, follows them.
+is killed, its partitions move and the client, looking them up again, follows them; so does a Reader.
 """
 
 from __future__ import annotations
@@ -125,3 +125,28 @@ def test_pulsar_clients_reach_each_partitions_broker_and_follow_a_killed_brokers
         finally:
             client.close()
     assert "Traceback" not in first.errors(), first.errors()
+
+
+def test_a_reader_follows_its_partition_to_the_broker_that_takes_it(cluster: str, postgres: PostgreSQL) -> None:
+    """A Reader of one partition served by the broker that is then killed: after the move it goes on from
+    the message after the last one it took (it subscribes again from there), no gap and nothing twice."""
+    with running(cluster, postgres, 2, PARTITIONS, "--pulsar-port", "0") as (topic, brokers):
+        first, second = brokers
+        partition = next(p for (t, p), owner in served_by(cluster).items() if owner == f"127.0.0.1:{second.port}")
+        served = partition_topic(topic, partition, PARTITIONS)
+        client = pulsar.Client(first.pulsar_url or "", operation_timeout_seconds=30, logger=QUIET)
+        try:
+            producer = client.create_producer(served, producer_name="one")
+            for index in range(40):
+                producer.send(str(index).encode())
+            reader = client.create_reader(served, pulsar.MessageId.earliest)
+            taken = [int(reader.read_next(10_000).data()) for _ in range(20)]
+            second.kill()
+            wait_until(
+                lambda: served_by(cluster).get((topic, partition)) == f"127.0.0.1:{first.port}",
+                "the killed broker's partition served by the other",
+            )
+            taken += [int(reader.read_next(30_000).data()) for _ in range(20)]
+            assert taken == list(range(40))
+        finally:
+            client.close()

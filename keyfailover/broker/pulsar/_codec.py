@@ -21,12 +21,14 @@ from keyfailover.core.errors import KeyFailoverError
 __all__ = [
     "MAX_FRAME_PADDING",
     "PROTOCOL_VERSION",
+    "SERVER_NAME",
     "PulsarDecoder",
     "PulsarFrame",
     "PulsarFrameError",
     "SentMessage",
     "crc32c",
     "encode_command",
+    "encode_delivery",
     "encode_message",
     "parse_message",
     "split_batch",
@@ -39,6 +41,9 @@ a client is answered ``min(its version, this)``."""
 MAX_FRAME_PADDING: Final = 10 * 1024
 """Bytes of a frame kept for its command and metadata: the largest payload a client may send is the
 frame limit less this (Apache Pulsar keeps the same 10 KiB)."""
+
+SERVER_NAME: Final = "keyfailover"
+"""The server version CONNECTED announces, and the producer name of every message delivered."""
 
 _MAGIC: Final = b"\x0e\x01"
 _U32: Final = struct.Struct(">I")
@@ -177,6 +182,39 @@ def encode_message(command: BaseCommand, metadata: bytes, payload: bytes) -> byt
     checked = _U32.pack(len(metadata)) + metadata + payload
     total = 4 + len(body) + 6 + len(checked)
     return _U32_PAIR.pack(total, len(body)) + body + _MAGIC + _U32.pack(crc32c(checked)) + checked
+
+
+def encode_delivery(
+    consumer_id: int,
+    partition: int,
+    position: int,
+    key: str | bytes | None,
+    payload: bytes,
+    *,
+    redeliveries: int = 0,
+    published: int | None = None,
+) -> bytes:
+    """A MESSAGE frame for ``consumer_id``: message id ledger 0, entry ``position`` (and ``partition`` unless
+    it is -1); a str key as the partition key, a bytes key as the ordering key; ``published`` in µs."""
+    command = BaseCommand(type=BaseCommand.MESSAGE)
+    message = command.message
+    message.consumer_id = consumer_id
+    message.message_id.ledgerId = 0
+    message.message_id.entryId = position
+    if partition >= 0:
+        message.message_id.partition = partition
+    if redeliveries:
+        message.redelivery_count = redeliveries
+    metadata = MessageMetadata(
+        producer_name=SERVER_NAME,
+        sequence_id=position,
+        publish_time=0 if published is None else published // 1000,
+    )
+    if isinstance(key, str):
+        metadata.partition_key = key
+    elif key is not None:
+        metadata.ordering_key = key
+    return encode_message(command, metadata.SerializeToString(), payload)
 
 
 def parse_message(rest: bytes) -> SentMessage:

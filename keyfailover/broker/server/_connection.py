@@ -6,7 +6,7 @@ from typing import Protocol
 
 from keyfailover.core.errors import ErrorCode
 
-__all__ = ["ClientConnection", "partial_since"]
+__all__ = ["ClientConnection", "TailWatcher", "partial_since"]
 
 
 def partial_since(since: float | None, buffered: int, decoded: bool, now: float) -> float | None:
@@ -48,3 +48,13 @@ class ClientConnection(Protocol):
 
     def close(self) -> None:
         """Close it, ending its sessions."""
+
+
+class TailWatcher(Protocol):
+    """What follows a topic's log outside its subscriptions (a Pulsar reader), as the server tells it."""
+
+    def committed(self) -> None:
+        """Messages were committed to the topic."""
+
+    def topic_closed(self) -> None:
+        """This server stopped serving the topic (a partition moved to another broker)."""

@@ -27,12 +27,13 @@ from keyfailover.broker.protocol import ConsumerClosed, Frame, Key, Messages, st
 from keyfailover.broker.pulsar import (
     MAX_FRAME_PADDING,
     PROTOCOL_VERSION,
+    SERVER_NAME,
     PulsarDecoder,
     PulsarFrame,
     PulsarFrameError,
     TopicNameError,
     encode_command,
-    encode_message,
+    encode_delivery,
     keyfailover_topic,
     parse_message,
     split_batch,
@@ -57,7 +58,8 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     TopicNotFound,
     UnknownError,
 )
-from keyfailover.broker.server._connection import ClientConnection, partial_since
+from keyfailover.broker.server._connection import ClientConnection, TailWatcher, partial_since
+from keyfailover.broker.server._pulsar_reader import PulsarReader
 from keyfailover.broker.server._subscription import Session, Subscription
 from keyfailover.broker.storage._store import NotServedError, Result, Store
 from keyfailover.core.errors import ErrorCode, KeyFailoverError, ProtocolError
@@ -67,12 +69,14 @@ __all__ = ["PulsarConnection"]
 
 _log = logging.getLogger("keyfailover.server")
 
-_SERVER_VERSION: Final = "keyfailover"
 _MAX_OPEN: Final = 1000
 """Producers, consumers, and requests being answered, one connection may have at once (each costs memory)."""
 _NO_REQUEST: Final = 2**64 - 1
 _MINUS_ONE: Final = 2**64 - 1
-"""-1 in an unsigned 64-bit field, as Apache Pulsar's Java broker writes a long -1 there (read back as -1)."""
+"""-1 in an unsigned 64-bit field, as Apache Pulsar's Java broker writes a long -1 there (read back as -1):
+with it, the ledger of ``MessageId.earliest``."""
+_LATEST: Final = 2**63 - 1
+"""The ledger of ``MessageId.latest`` (Long.MAX_VALUE)."""
 """The request id of a command the broker sends unasked (Apache Pulsar's -1 as an unsigned 64-bit int)."""
 _SERVER_ERRORS: Final = {
     ErrorCode.NOT_OWNER: ServiceNotReady,
@@ -134,11 +138,17 @@ class _Host(Protocol):
 
     async def route(self, topic: str, pulsar: bool = False) -> list[str | None]: ...
 
+    async def partition_count(self, topic: str) -> int | None: ...
+
     @property
     def pulsar_advertised(self) -> str | None: ...
 
     @property
     def pulsar_tls(self) -> bool: ...
+
+    def watch(self, served: str, watcher: TailWatcher) -> None: ...
+
+    def unwatch(self, served: str, watcher: TailWatcher) -> None: ...
 
     def next_session_id(self) -> int: ...
 
@@ -228,6 +238,7 @@ class PulsarConnection(asyncio.Protocol):
         """The protocol version agreed at CONNECT: the lower of the client's and :data:`PROTOCOL_VERSION`."""
         self._producers: dict[int, _Producer] = {}
         self._consumers: dict[int, _Consumer] = {}
+        self._readers: dict[int, PulsarReader] = {}  # non-durable Exclusive subscriptions, by consumer id
         self._closed = False
         self.opened = self.last_seen = time.monotonic()
         self.partial_since: float | None = None
@@ -310,14 +321,18 @@ class PulsarConnection(asyncio.Protocol):
         self.close()
 
     def sessions_open(self) -> int:
-        return len(self._consumers)
+        return len(self._consumers) + len(self._readers)
 
     def expire_sessions(self, reason: str, notify: bool = True) -> None:
-        """End every consumer session; with ``notify`` each client consumer is sent CLOSE_CONSUMER (it
-        subscribes again), by :meth:`_deliver` as the subscription tells the session."""
+        """End every consumer session and reader; with ``notify`` each client consumer is sent CLOSE_CONSUMER
+        (it subscribes again), by :meth:`_deliver` as the subscription tells the session."""
         for consumer_id, consumer in list(self._consumers.items()):
             consumer.session.subscription.detach(consumer.session, reason, notify=notify)
             self._consumers.pop(consumer_id, None)
+        for reader in list(self._readers.values()):
+            self._drop_reader(reader)
+            if notify:
+                self._tell_closed(reader.consumer_id)
 
     # -- sending ---------------------------------------------------------------------
 
@@ -387,37 +402,39 @@ class PulsarConnection(asyncio.Protocol):
             return
         if isinstance(frame, Messages):
             chunks = []
+            partition = consumer.partition
             for position, key, payload, redeliveries, published in frame.messages:
-                command = _command(BaseCommand.MESSAGE)
-                message = command.message
-                message.consumer_id = consumer_id
-                message.message_id.ledgerId = 0
-                message.message_id.entryId = position
-                if consumer.partition >= 0:
-                    message.message_id.partition = consumer.partition
-                if redeliveries:
-                    message.redelivery_count = redeliveries
-                metadata = MessageMetadata(
-                    producer_name=_SERVER_VERSION,
-                    sequence_id=position,
-                    publish_time=0 if published is None else published // 1000,
+                chunks.append(
+                    encode_delivery(
+                        consumer_id, partition, position, key, payload, redeliveries=redeliveries, published=published
+                    )
                 )
-                if isinstance(key, str):
-                    metadata.partition_key = key
-                elif key is not None:
-                    metadata.ordering_key = key
-                chunks.append(encode_message(command, metadata.SerializeToString(), payload))
                 consumer.unacked.add(position)
             # Deliveries are bounded by the consumer's permits, not by max_output.
             self._write(b"".join(chunks), reply=False)
         elif isinstance(frame, ConsumerClosed):
             # The server ended the session (timeout, shutdown, partition moved): the client resubscribes.
             del self._consumers[consumer_id]
-            command = _command(BaseCommand.CLOSE_CONSUMER)
-            command.close_consumer.consumer_id = consumer_id
-            command.close_consumer.request_id = _NO_REQUEST
-            self._send(command)
+            self._tell_closed(consumer_id)
         # RangesChanged: Pulsar clients are not told their hash ranges under AUTO_SPLIT.
+
+    def _tell_closed(self, consumer_id: int) -> None:
+        """CLOSE_CONSUMER from the server: the client's consumer subscribes again (after a lookup)."""
+        command = _command(BaseCommand.CLOSE_CONSUMER)
+        command.close_consumer.consumer_id = consumer_id
+        command.close_consumer.request_id = _NO_REQUEST
+        self._send(command)
+
+    def _drop_reader(self, reader: PulsarReader) -> None:
+        reader.close()
+        self._readers.pop(reader.consumer_id, None)
+        self._server.unwatch(reader.topic, reader)
+
+    def _reader_ended(self, reader: PulsarReader) -> None:
+        """``reader`` can go on no more here (its topic moved, the log failed): the client subscribes again."""
+        if self._readers.get(reader.consumer_id) is reader:
+            self._drop_reader(reader)
+            self._tell_closed(reader.consumer_id)
 
     # -- commands --------------------------------------------------------------------
 
@@ -480,7 +497,7 @@ class PulsarConnection(asyncio.Protocol):
         max_frame = self._server.config.max_frame
         self._decoder.max_frame = max_frame
         reply = _command(BaseCommand.CONNECTED)
-        reply.connected.server_version = _SERVER_VERSION
+        reply.connected.server_version = SERVER_NAME
         reply.connected.protocol_version = self.version
         reply.connected.max_message_size = max(max_frame - MAX_FRAME_PADDING, 1)
         self._send(reply)
@@ -501,7 +518,8 @@ class PulsarConnection(asyncio.Protocol):
         answer = reply.partitionMetadataResponse
         answer.request_id = request.request_id
         try:
-            count = len(await self._server.route(keyfailover_topic(request.topic)))
+            served = keyfailover_topic(request.topic)
+            count = 1 if await self._partition_of(served) is not None else len(await self._server.route(served))
         except TopicNameError as exc:
             answer.response = CommandPartitionedTopicMetadataResponse.Failed
             answer.error = InvalidTopicName
@@ -558,13 +576,19 @@ class PulsarConnection(asyncio.Protocol):
     async def _owner(self, served: str) -> str | None:
         """The Pulsar endpoint serving ``served`` (a topic, or partition ``T-partition-p``): ``""`` this
         broker as a single server, a cluster broker's ``HOST:PORT``, or None when none serves it now."""
-        split = split_partition_topic(served)
-        if split is not None:
-            topic, index = split
-            owners = await self._server.route(topic, pulsar=True)
-            if index < len(owners):
-                return owners[index]
+        partition = await self._partition_of(served)
+        if partition is not None:
+            return (await self._server.route(partition[0], pulsar=True))[partition[1]]
         return (await self._server.route(served, pulsar=True))[0]
+
+    async def _partition_of(self, served: str) -> tuple[str, int] | None:
+        """``(topic, index)`` when ``served`` names partition ``index`` of a topic created with more
+        partitions, else None (it is a topic of its own; looking it up creates nothing else)."""
+        split = split_partition_topic(served)
+        if split is None:
+            return None
+        count = await self._server.partition_count(split[0])
+        return split if count is not None and split[1] < count else None
 
     def _producer(self, frame: PulsarFrame) -> None:
         if frame.command.producer.producer_id not in self._producers and len(self._producers) >= _MAX_OPEN:
@@ -730,6 +754,9 @@ class PulsarConnection(asyncio.Protocol):
 
     async def _open_consumer(self, command: BaseCommand) -> None:
         request = command.subscribe
+        if not request.durable:
+            self._open_reader(request)
+            return
         try:
             topic = keyfailover_topic(request.topic)
             _check_subscribe(request)
@@ -767,8 +794,70 @@ class PulsarConnection(asyncio.Protocol):
         self._consumers[consumer_id] = _Consumer(session, self._partition(topic))
         self._success(request.request_id)
 
+    def _open_reader(self, request: CommandSubscribe) -> None:
+        """A non-durable subscription: a Pulsar Reader (Exclusive), served from the log by a :class:`PulsarReader`."""
+        consumer_id = request.consumer_id
+        try:
+            topic = keyfailover_topic(request.topic)
+            if request.subType != CommandSubscribe.Exclusive:
+                kind = CommandSubscribe.SubType.Name(request.subType)
+                raise _RefusedError(
+                    NotAllowedError,
+                    f"a non-durable {kind} subscription is not served: keyfailover serves non-durable subscriptions "
+                    "as Readers (Exclusive, one consumer)",
+                )
+            if self._server.closing:
+                raise _RefusedError(ServiceNotReady, "the server is shutting down")
+            self._server.check_served(topic, "read")
+            known = self._readers.get(consumer_id)
+            if known is not None and known.topic == topic:
+                self._success(request.request_id)  # a SUBSCRIBE repeated (a client's retry)
+                return
+            if known is not None or consumer_id in self._consumers:
+                raise _RefusedError(ConsumerBusy, f"consumer id {consumer_id} is open already on this connection")
+            after = self._start_after(request, topic)
+        except (_RefusedError, KeyFailoverError) as exc:
+            self._error(request.request_id, *_server_error(exc))
+            return
+        reader = PulsarReader(
+            self._server.storage,
+            topic,
+            after,
+            consumer_id,
+            partition=self._partition(topic),
+            write=lambda data: self._write(data, reply=False),
+            ended=self._reader_ended,
+        )
+        self._readers[consumer_id] = reader
+        self._server.watch(topic, reader)
+        reader.start()
+        self._success(request.request_id)
+
+    def _start_after(self, request: CommandSubscribe, topic: str) -> int:
+        """The position a reader starts after: the start message id's entry less one (the client drops that
+        message itself unless it asked for it), or per Pulsar's earliest and latest ids and initial position."""
+        last = self._server.storage.last_position(topic)
+        if not request.HasField("start_message_id"):
+            return 0 if request.initialPosition == CommandSubscribe.Earliest else last
+        start = request.start_message_id
+        if start.ledgerId == _MINUS_ONE:
+            return 0
+        if start.ledgerId == _LATEST:
+            return last
+        if start.ledgerId != 0:
+            raise _RefusedError(
+                UnknownError,
+                f"start message id ({start.ledgerId}, {start.entryId}) is not one of this topic's: keyfailover's "
+                "message ids are ledger 0 and the message's log position",
+            )
+        return min(max(start.entryId - 1, 0), last)
+
     def _flow(self, frame: PulsarFrame) -> None:
         request = frame.command.flow
+        reader = self._readers.get(request.consumer_id)
+        if reader is not None:
+            reader.flow(request.messagePermits)
+            return
         consumer = self._consumers.get(request.consumer_id)
         if consumer is not None:
             consumer.session.subscription.flow(consumer.session, request.messagePermits)
@@ -776,7 +865,9 @@ class PulsarConnection(asyncio.Protocol):
     def _ack(self, frame: PulsarFrame) -> None:
         request = frame.command.ack
         consumer = self._consumers.get(request.consumer_id)
-        if request.ack_type == CommandAck.Cumulative:
+        if request.consumer_id in self._readers:
+            rejected = ""  # a reader keeps no cursor here: its acks change nothing
+        elif request.ack_type == CommandAck.Cumulative:
             rejected = "cumulative acks are not allowed on Key_Shared subscriptions; expected individual acks"
         elif consumer is None:
             rejected = f"consumer id {request.consumer_id} is not open on this connection"
@@ -815,6 +906,9 @@ class PulsarConnection(asyncio.Protocol):
 
     def _close_consumer(self, frame: PulsarFrame) -> None:
         request = frame.command.close_consumer
+        reader = self._readers.get(request.consumer_id)
+        if reader is not None:
+            self._drop_reader(reader)
         consumer = self._consumers.pop(request.consumer_id, None)
         if consumer is not None:
             consumer.session.subscription.detach(consumer.session, "closed", notify=False)
@@ -824,21 +918,26 @@ class PulsarConnection(asyncio.Protocol):
         """The id of the topic's last stored message, and the consumer's mark-delete position (everything up to
         it acked): ledger 0 and the log positions, or Pulsar's earliest id (-1, -1) for none."""
         request = frame.command.getLastMessageId
+        reader = self._readers.get(request.consumer_id)
         consumer = self._consumers.get(request.consumer_id)
-        if consumer is None:
+        if reader is not None:
+            topic, acked = reader.topic, reader.position
+        elif consumer is not None:
+            topic, acked = consumer.session.subscription.topic, consumer.session.subscription.cursor.mark_delete
+        else:
             raise _RefusedError(UnknownError, f"consumer id {request.consumer_id} is not open on this connection")
-        subscription = consumer.session.subscription
+        partition = self._partition(topic)
         reply = _command(BaseCommand.GET_LAST_MESSAGE_ID_RESPONSE)
         answer = reply.getLastMessageIdResponse
         answer.request_id = request.request_id
         for field_name, position in (
-            ("last_message_id", self._server.storage.last_position(subscription.topic)),
-            ("consumer_mark_delete_position", subscription.cursor.mark_delete),
+            ("last_message_id", self._server.storage.last_position(topic)),
+            ("consumer_mark_delete_position", acked),
         ):
             message_id = getattr(answer, field_name)
             message_id.ledgerId, message_id.entryId = (0, position) if position > 0 else (_MINUS_ONE, _MINUS_ONE)
-            if consumer.partition >= 0:
-                message_id.partition = consumer.partition
+            if partition >= 0:
+                message_id.partition = partition
         self._send(reply)
 
     _handlers: Final[dict[int, Callable[[PulsarConnection, PulsarFrame], None]]] = {
@@ -859,7 +958,7 @@ class PulsarConnection(asyncio.Protocol):
 
 
 def _check_subscribe(request: CommandSubscribe) -> None:
-    """Refuse what keyfailover does not serve in this step: other subscription types, STICKY, Readers."""
+    """Refuse what keyfailover does not serve in a durable subscription: other types than Key_Shared, STICKY."""
     if request.subType != CommandSubscribe.Key_Shared:
         kind = CommandSubscribe.SubType.Name(request.subType)
         raise _RefusedError(
@@ -872,8 +971,6 @@ def _check_subscribe(request: CommandSubscribe) -> None:
             NotAllowedError,
             "Key_Shared mode STICKY is not served yet: keyfailover assigns hash ranges itself; expected AUTO_SPLIT",
         )
-    if not request.durable:
-        raise _RefusedError(NotAllowedError, "non-durable subscriptions (Readers) are not served yet")
 
 
 def _server_error(exc: Exception) -> tuple[int, str]:

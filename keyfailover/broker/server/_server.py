@@ -48,7 +48,7 @@ from keyfailover.broker.protocol import (
     encode,
     stream_transport,
 )
-from keyfailover.broker.server._connection import ClientConnection, partial_since
+from keyfailover.broker.server._connection import ClientConnection, TailWatcher, partial_since
 from keyfailover.broker.server._http import AdminServer, Handler, Response, json_response
 from keyfailover.broker.server._subscription import DeliverySettings, Session, Subscription, SubscriptionConfig
 from keyfailover.broker.storage._executor import SQLiteStore
@@ -143,6 +143,7 @@ class Server:
         # no new message reaches once the broker has let the partition go.
         self._closing: set[str] = set()
         self._connections: set[ClientConnection] = set()
+        self._watchers: dict[str, set[TailWatcher]] = {}  # served topic -> what follows its log (Pulsar readers)
         # Session ids are never reused, across restarts too (they start at the wall clock in µs):
         # an ack of a session from before a restart must not land on a new one.
         self._session_ids = itertools.count(time.time_ns() // 1000)
@@ -475,6 +476,12 @@ class Server:
         self._partitions[topic] = partitions
         return created
 
+    async def partition_count(self, topic: str) -> int | None:
+        """How many partitions ``topic`` was created with (None: not created with partitions, or unknown)."""
+        if self._broker is not None:
+            return (await self._broker.partition_counts()).get(topic)
+        return self._partitions.get(topic)
+
     async def route(self, topic: str, pulsar: bool = False) -> list[str | None]:
         """The broker serving each partition of ``topic`` (``""``: this one, a single server): its
         address, or with ``pulsar`` its Pulsar protocol endpoint's (None: none now)."""
@@ -500,6 +507,8 @@ class Server:
         (``not_owner``) until :meth:`open_served` serves it again.
         """
         self._closing.add(served)
+        for watcher in self._watchers.pop(served, set()):
+            watcher.topic_closed()
         for key in [key for key in self._subscriptions if key[0] == served]:
             subscription = self._subscriptions.pop(key)
             await subscription.close(reason)
@@ -558,6 +567,19 @@ class Server:
         for (sub_topic, _), subscription in self._subscriptions.items():
             if sub_topic == topic:
                 subscription.committed(stored)
+        for watcher in list(self._watchers.get(topic, ())):
+            watcher.committed()
+
+    def watch(self, served: str, watcher: TailWatcher) -> None:
+        """Tell ``watcher`` of each commit to ``served`` and when this server stops serving it."""
+        self._watchers.setdefault(served, set()).add(watcher)
+
+    def unwatch(self, served: str, watcher: TailWatcher) -> None:
+        watchers = self._watchers.get(served)
+        if watchers is not None:
+            watchers.discard(watcher)
+            if not watchers:
+                del self._watchers[served]
 
     # -- admin endpoint ---------------------------------------------------------------
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Protocol
 
 from keyfailover.core.errors import ErrorCode
 
-__all__ = ["ClientConnection", "TailWatcher", "partial_since"]
+__all__ = ["ClientConnection", "ReadPausing", "TailWatcher", "partial_since"]
 
 
 def partial_since(since: float | None, buffered: int, decoded: bool, now: float) -> float | None:
@@ -58,3 +59,19 @@ class TailWatcher(Protocol):
 
     def topic_closed(self) -> None:
         """This server stopped serving the topic (a partition moved to another broker)."""
+
+
+class ReadPausing(asyncio.Protocol):
+    """A client connection that stops reading the client's requests while it does not read the replies
+    (past the transport's high-water mark), so unread replies cannot pile up without bound."""
+
+    _transport: asyncio.Transport | None
+    _closed: bool
+
+    def pause_writing(self) -> None:
+        if self._transport is not None and not self._closed:
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self._transport is not None and not self._closed:
+            self._transport.resume_reading()

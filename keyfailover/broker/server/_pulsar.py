@@ -19,7 +19,7 @@ import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -58,7 +58,7 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     TopicNotFound,
     UnknownError,
 )
-from keyfailover.broker.server._connection import ClientConnection, TailWatcher, partial_since
+from keyfailover.broker.server._connection import ClientConnection, ReadPausing, TailWatcher, partial_since
 from keyfailover.broker.server._pulsar_reader import PulsarReader
 from keyfailover.broker.server._subscription import Session, Subscription
 from keyfailover.broker.storage._store import NotServedError, Result, Store
@@ -225,7 +225,7 @@ def _request_id(command: BaseCommand) -> int | None:
     return None
 
 
-class PulsarConnection(asyncio.Protocol):
+class PulsarConnection(ReadPausing):
     """One Pulsar client connection: decodes commands, calls the server's subscriptions, writes replies."""
 
     def __init__(self, server: _Host) -> None:
@@ -261,15 +261,6 @@ class PulsarConnection(asyncio.Protocol):
             stream.close()
             return
         self._schedule_keepalive()
-
-    def pause_writing(self) -> None:
-        """The client does not read its replies: stop reading its requests until it does."""
-        if self._transport is not None and not self._closed:
-            self._transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self._transport is not None and not self._closed:
-            self._transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         self.last_seen = now = time.monotonic()
@@ -591,11 +582,7 @@ class PulsarConnection(asyncio.Protocol):
         return split if count is not None and split[1] < count else None
 
     def _producer(self, frame: PulsarFrame) -> None:
-        if frame.command.producer.producer_id not in self._producers and len(self._producers) >= _MAX_OPEN:
-            raise _RefusedError(
-                NotAllowedError,
-                f"a connection may have {_MAX_OPEN} producers open; close one, or use another connection",
-            )
+        _check_room("producers", self._producers, frame.command.producer.producer_id)
         self._spawn(self._open_producer(frame.command))
 
     async def _open_producer(self, command: BaseCommand) -> None:
@@ -745,11 +732,7 @@ class PulsarConnection(asyncio.Protocol):
         self._send(reply)
 
     def _subscribe(self, frame: PulsarFrame) -> None:
-        if frame.command.subscribe.consumer_id not in self._consumers and len(self._consumers) >= _MAX_OPEN:
-            raise _RefusedError(
-                NotAllowedError,
-                f"a connection may have {_MAX_OPEN} consumers open; close one, or use another connection",
-            )
+        _check_room("consumers", self._consumers.keys() | self._readers.keys(), frame.command.subscribe.consumer_id)
         self._spawn(self._open_consumer(frame.command))
 
     async def _open_consumer(self, command: BaseCommand) -> None:
@@ -955,6 +938,14 @@ class PulsarConnection(asyncio.Protocol):
         BaseCommand.CLOSE_CONSUMER: _close_consumer,
         BaseCommand.GET_LAST_MESSAGE_ID: _get_last_message_id,
     }
+
+
+def _check_room(what: str, open_ids: Collection[int], new_id: int) -> None:
+    """Refuse opening ``new_id`` when the connection has :data:`_MAX_OPEN` ``what`` open already."""
+    if new_id not in open_ids and len(open_ids) >= _MAX_OPEN:
+        raise _RefusedError(
+            NotAllowedError, f"a connection may have {_MAX_OPEN} {what} open; close one, or use another connection"
+        )
 
 
 def _check_subscribe(request: CommandSubscribe) -> None:

@@ -12,6 +12,7 @@ import os
 import ssl
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
@@ -48,7 +49,7 @@ from keyfailover.broker.protocol import (
     encode,
     stream_transport,
 )
-from keyfailover.broker.server._connection import ClientConnection, TailWatcher, partial_since
+from keyfailover.broker.server._connection import ClientConnection, ReadPausing, TailWatcher, partial_since
 from keyfailover.broker.server._http import AdminServer, Handler, Response, json_response
 from keyfailover.broker.server._subscription import DeliverySettings, Session, Subscription, SubscriptionConfig
 from keyfailover.broker.storage._executor import SQLiteStore
@@ -201,19 +202,14 @@ class Server:
         loop = asyncio.get_running_loop()
         host, port = self.config.host, self.config.port
         tls = self._tls()
-        try:
-            self._server = await loop.create_server(
-                lambda: _Connection(self),
-                host,
-                port,
-                reuse_address=True,
-                ssl=tls,
-                ssl_handshake_timeout=self.config.login_timeout if tls is not None else None,
-            )
-        except OSError as exc:
-            raise KeyFailoverError(f"cannot listen on {host}:{port} ({_reason(exc)})") from None
+        self._server = await self._listen(lambda: _Connection(self), host, port, tls, "listen on")
         if self.config.pulsar_port is not None:
-            await self._listen_pulsar(host, self.config.pulsar_port, tls)
+            from keyfailover.broker.server._pulsar import PulsarConnection
+
+            self.pulsar_tls = tls is not None
+            self._pulsar = await self._listen(
+                lambda: PulsarConnection(self), host, self.config.pulsar_port, tls, "serve the Pulsar protocol on"
+            )
         self._reaper = loop.create_task(self._reap_loop(), name="keyfailover-reaper")
         if self.config.metrics_port is not None:
             self._admin = AdminServer(self._routes, self.config.token, self._post_routes)
@@ -239,14 +235,14 @@ class Server:
             self._directory = self._broker
             self._partitions.update(await self._broker.partition_counts())
 
-    async def _listen_pulsar(self, host: str, port: int, tls: ssl.SSLContext | None) -> None:
-        """Serve Apache Pulsar's binary protocol on ``port`` (docs/pulsar.md)."""
-        from keyfailover.broker.server._pulsar import PulsarConnection
-
-        self.pulsar_tls = tls is not None
+    async def _listen(
+        self, protocol: Callable[[], asyncio.Protocol], host: str, port: int, tls: ssl.SSLContext | None, what: str
+    ) -> asyncio.base_events.Server:
+        """Accept connections of ``protocol`` on ``host:port`` (over TLS with ``tls``); ``what`` names it in
+        the error when the address cannot be had."""
         try:
-            self._pulsar = await asyncio.get_running_loop().create_server(
-                lambda: PulsarConnection(self),
+            return await asyncio.get_running_loop().create_server(
+                protocol,
                 host,
                 port,
                 reuse_address=True,
@@ -254,7 +250,7 @@ class Server:
                 ssl_handshake_timeout=self.config.login_timeout if tls is not None else None,
             )
         except OSError as exc:
-            raise KeyFailoverError(f"cannot serve the Pulsar protocol on {host}:{port} ({_reason(exc)})") from None
+            raise KeyFailoverError(f"cannot {what} {host}:{port} ({_reason(exc)})") from None
 
     async def _open_log(self) -> None:
         """Open the embedded log in the data dir, which this server locks for itself."""
@@ -846,7 +842,7 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(ReadPausing):
     """One client connection: decodes frames, calls the subscriptions, writes replies."""
 
     def __init__(self, server: Server) -> None:
@@ -876,15 +872,6 @@ class _Connection(asyncio.Protocol):
                 ErrorCode.TOO_MANY_CONNECTIONS,
                 f"the server has its maximum of {self._server.config.max_connections} connections; try later",
             )
-
-    def pause_writing(self) -> None:
-        """The client does not read its replies: stop reading its requests until it does."""
-        if self._transport is not None and not self._closed:
-            self._transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self._transport is not None and not self._closed:
-            self._transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         self.last_seen = now = time.monotonic()

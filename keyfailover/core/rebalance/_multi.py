@@ -68,8 +68,9 @@ little and cuts among them keep widths balanced (for keys not seen yet)."""
 
 Side = Literal["low", "high"]
 
-_CANDIDATES = 3
-"""Ranges of a donor searched for a new piece (its heaviest); more cost time and rarely win."""
+_CANDIDATES = 8
+"""Ranges of a donor searched for a new piece (its heaviest): half of ``max_ranges`` by default;
+the narrowest run carrying the amount is often in a lighter range (a warm key among cold ones)."""
 
 _PIN_FLOOR_DIVISOR = 4.0
 """Slots lighter than the mean load over this are not searched for hot slots at first: a
@@ -703,7 +704,7 @@ class _Layout:
                     candidate = (0, 0, 0, hot, hot)
                     if best is None or candidate < best:
                         best = candidate
-                elif start < end:
+                elif start < end and self.range_weight(index) >= band:
                     window = self.window(index, max(band, grain), limit)
                     if window is not None:
                         low, high = window

@@ -6,16 +6,22 @@ member by water-filling the measured traffic per slot (a consumer whose hottest 
 heavier than a fair share is *pinned* at that slot: a key never splits, so it keeps the key
 and little else), then moves weight from members above their share to members below it:
 
-- **join**: the newcomer takes from each consumer above the new fair share what brings it
-  down to it (the busiest first), so about ``1/(n+1)`` of the traffic moves, the least any
-  balanced result can move. A piece is cut at the edge of one of the donor's heaviest ranges
-  where the traffic splits, or is the range's hottest slot alone when that weighs what is
-  needed (one key instead of a run of cold ones); a piece cut next to another donor is
+- **join**: the newcomer takes from the consumers above the new fair share, the busiest
+  first, the low end of its tolerance band (``1 - tolerance`` times its fair share): about
+  ``1/(n+1)`` of the traffic moves, a little under the least any perfectly balanced result
+  can move. A piece is cut at the edge of one of the donor's heaviest ranges where the
+  traffic splits, or is the range's hottest slot alone when that weighs what is needed
+  (one key instead of a run of cold ones), or the narrowest run of slots inside the range
+  that weighs it when that is at most half as wide as the best edge piece (keys are spread
+  evenly over the slots, so a narrow run is few keys); a piece cut next to another donor is
   continued across the boundary (one range, not two); a surplus too small to be worth a
   range (under the tolerance) is taken from the busiest donors instead.
 - **leave**: the leaver's ranges are carved, each in one pass, into consecutive pieces: the
   bottom for the neighbour below and the top for the neighbour above (boundary moves), the
-  middle for the least busy consumers; only the leaver's share moves.
+  middle for the least busy consumers; only the leaver's share moves. A leaver's slot too
+  hot for any member's room first goes to the member owning the fewest slots among those
+  that can shed (its own hottest slot fits the room of another): what it sheds to make room
+  is keys moved, and the narrowest sheds the fewest.
 - **settle**: after a join or a leave, a member left over its cap (a hot slot that had to go
   somewhere) gives what it carries over its share to those under theirs, in the same change.
 - **shift**: the settle step alone, when a member carries more than ``threshold`` times its
@@ -62,8 +68,9 @@ little and cuts among them keep widths balanced (for keys not seen yet)."""
 
 Side = Literal["low", "high"]
 
-_CANDIDATES = 3
-"""Ranges of a donor searched for a new piece (its heaviest); more cost time and rarely win."""
+_CANDIDATES = 8
+"""Ranges of a donor searched for a new piece (its heaviest): half of ``max_ranges`` by default;
+the narrowest run carrying the amount is often in a lighter range (a warm key among cold ones)."""
 
 _PIN_FLOOR_DIVISOR = 4.0
 """Slots lighter than the mean load over this are not searched for hot slots at first: a
@@ -73,6 +80,10 @@ of the mean only when pinned keys carry most of the traffic (then the search is 
 _MIN_GRAIN = 0.0025
 """The least grain, as a share of a fair share: with threshold 1 the tolerance is 0, but a
 piece of a quarter of a percent of a fair share is still not worth a range."""
+
+_NARROWER = 2
+"""A run of slots from inside a range is taken only when at most 1/this as wide as the best edge piece
+(it splits the donor's range in two)."""
 
 _HOT_BAND = 4.0
 """How many grains lighter than the amount a donor's hottest slot may be and still be taken alone."""
@@ -123,7 +134,7 @@ class MultiRangePolicy(Policy):
         shares = _shares(layout, members, 1.0 + self.tolerance)
         excess = np.maximum(shares.load - shares.target, 0.0)
         excess[-1] = 0.0
-        gives = _from_the_top(excess, float(shares.target[-1]))
+        gives = _from_the_top(excess, float(shares.target[-1]) * (1.0 - self.tolerance))
         room = np.where(excess > 0.0, shares.load - shares.target * (1.0 - 2.0 * self.tolerance), 0.0)
         gives = _consolidate(gives, room, self.tolerance * shares.level)
         layout.transfer(_named(members, gives), {newcomer: float(gives.sum())}, self._grain(shares.level))
@@ -155,7 +166,10 @@ class MultiRangePolicy(Policy):
         room = np.where(shortfall > 0.0, shares.target * cap - shares.load, 0.0)
         takes = _consolidate(takes, room, self.tolerance * shares.level)
         grain = self._grain(shares.level)
-        layout.carve(leaver, _named(members, takes), grain)
+        receivers = _named(members, takes)
+        under_cap = dict(zip(members, (shares.target * cap - shares.load).tolist(), strict=True))
+        layout.rehome_hottest(leaver, under_cap, receivers)
+        layout.carve(leaver, receivers, grain)
         left = layout.loads[leaver]
         if left > grain and layout.count(leaver):
             # What did not fit the fair shares goes where there is room under the caps, the emptiest first.
@@ -658,12 +672,14 @@ class _Layout:
         """Where ``donor`` gives about ``amount`` (at most ``limit``) as a new range of a receiver.
 
         Candidates come from the donor's heaviest ranges: the piece at either edge nearest
-        the amount, and the range's hottest slot alone when it weighs within a few grains of
-        the amount (one key carrying a share of traffic moves far fewer keys than a run of
-        cold slots; taking it from inside a range splits the range, so only while the donor
-        owns fewer than ``max_ranges``). The hottest slot wins when it qualifies; otherwise
-        the piece nearest the amount, then the narrowest (fewest keys), then one next to
-        another donor (the next piece continues it).
+        the amount, the range's hottest slot alone when it weighs within a few grains of the
+        amount (one key carrying a share of traffic moves far fewer keys than a run of cold
+        slots), and otherwise the narrowest run of slots inside the range weighing that much
+        (:meth:`window`); taking from inside a range splits it, so these only while the donor
+        owns fewer than ``max_ranges``. The hottest slot wins when it qualifies; otherwise
+        the piece nearest the amount, then the narrowest (fewest keys; a run from inside
+        counts ``_NARROWER`` times its width), then one next to another donor (the next
+        piece continues it).
         """
         owners, starts, ends = self._owners, self._starts, self._ends
         last = len(owners) - 1
@@ -678,7 +694,7 @@ class _Layout:
                 if piece is not None:
                     low, high, weight = piece
                     continues = 0 if 0 <= across <= last and gives.get(owners[across], 0.0) >= grain else 1
-                    candidate = (self._error(weight, amount, grain), high - low, continues, low, high)
+                    candidate = (self._error(weight, amount, grain), high - low + 1, continues, low, high)
                     if best is None or candidate < best:
                         best = candidate
             start, end = starts[index], ends[index]
@@ -688,9 +704,34 @@ class _Layout:
                     candidate = (0, 0, 0, hot, hot)
                     if best is None or candidate < best:
                         best = candidate
+                elif start < end and self.range_weight(index) >= band:
+                    window = self.window(index, max(band, grain), limit)
+                    if window is not None:
+                        low, high = window
+                        candidate = (0, (high - low + 1) * _NARROWER, 0, low, high)
+                        if best is None or candidate < best:
+                            best = candidate
             if best is not None and best[0] == 0 and best[1] == 0:
                 break  # a single slot of the right weight: nothing lighter can beat it
         return None if best is None else (best[3], best[4])
+
+    def window(self, index: int, least: float, limit: float) -> tuple[int, int] | None:
+        """The narrowest run of slots in range ``index`` weighing from ``least`` to ``limit`` (the lowest such run).
+
+        One cumulative sum and one ``searchsorted``: for every first slot, the shortest run
+        from it that weighs ``least``. None when no run weighs within the bounds.
+        """
+        run = self.running(index)
+        width = len(run)
+        before = np.concatenate(((0.0,), run[:-1]))
+        last = np.minimum(run.searchsorted(before + least), width - 1)
+        fits = (run[last] - before >= least) & (run[last] - before <= limit)
+        if not fits.any():
+            return None
+        widths = np.where(fits, last - np.arange(width), width)
+        first = int(widths.argmin())
+        start = self._starts[index]
+        return start + first, start + int(last[first])
 
     @staticmethod
     def _error(weight: float, amount: float, grain: float) -> int:
@@ -747,6 +788,33 @@ class _Layout:
                     break
             if to_above is not None and first <= end:
                 takes[to_above] -= self.give(first, end, to_above)  # the rest, to the neighbour above: a boundary move
+
+    def rehome_hottest(self, leaver: str, room: dict[str, float], takes: dict[str, float]) -> None:
+        """Give ``leaver``'s hottest slot, if no member has ``room`` for it, to the narrowest member that can shed.
+
+        The member that takes such a slot must shed its other load (the settle step after
+        the leave), and every slot it sheds is keys moved: the member owning the fewest
+        slots sheds the fewest. It must be able to shed: its own hottest slot must fit the
+        second largest room (the largest may be its own). ``takes`` is lowered by what the
+        member received. Ties go to the name (G6).
+        """
+        indexes = self.indexes_of(leaver)
+        if len(room) < 2 or (len(indexes) == 1 and self._starts[indexes[0]] == self._ends[indexes[0]]):
+            return
+        hot, heat = max(map(self.range_peak, indexes), key=lambda peak: peak[1])
+        second, most = sorted(room.values())[-2:]
+        if heat <= most:
+            return
+        hottest = self.hottest()
+        able = {m for m in room if self.count(m) < self.max_ranges and hottest.get(m, 0.0) <= second}
+        if not able:
+            return
+        widths = dict.fromkeys(able, 0)
+        for start, end, owner in zip(self._starts, self._ends, self._owners, strict=True):
+            if owner in widths:
+                widths[owner] += end - start + 1
+        into = min(able, key=lambda member: (widths[member], member))
+        takes[into] = takes.get(into, 0.0) - self.give(hot, hot, into)
 
     def give_idle(self, newcomer: str) -> None:
         """Give ``newcomer`` the upper half of the least used range that can spare a slot.

@@ -17,6 +17,7 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     ChecksumError,
     CommandLookupTopicResponse,
     CommandPartitionedTopicMetadataResponse,
+    CommandSubscribe,
     ConsumerBusy,
     InvalidTopicName,
     MessageMetadata,
@@ -161,6 +162,20 @@ def test_a_connection_may_open_a_thousand_producers_and_no_more(server: ServerPr
         assert "1000 producers open" in error.message
         raw.send(command(BaseCommand.PING))
         raw.receive_type(BaseCommand.PONG)  # the connection goes on
+
+
+def test_a_consumer_id_open_as_a_reader_is_busy_for_a_durable_subscription(server: ServerProcess) -> None:
+    topic = "persistent://public/default/idclash"
+    with connected(server) as raw:
+        reader = subscribe_command(topic, request_id=1, consumer="reader")
+        reader.subscribe.durable = False
+        reader.subscribe.subType = CommandSubscribe.Exclusive
+        raw.send(reader)
+        assert raw.receive_type(BaseCommand.SUCCESS).success.request_id == 1
+        raw.send(subscribe_command(topic, request_id=2, consumer="durable"))  # the same consumer id, 1
+        busy = raw.receive_type(BaseCommand.ERROR).error
+    assert (busy.request_id, busy.error) == (2, ConsumerBusy)
+    assert "as a reader" in busy.message
 
 
 def test_a_compressed_message_is_refused(server: ServerProcess) -> None:

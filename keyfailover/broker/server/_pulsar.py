@@ -748,6 +748,10 @@ class PulsarConnection(ReadPausing):
                 raise _RefusedError(
                     UnknownError, "subscription and consumer names must be 1 to 256 characters without NUL"
                 )
+            if request.consumer_id in self._readers:
+                raise _RefusedError(
+                    ConsumerBusy, f"consumer id {request.consumer_id} is open already on this connection as a reader"
+                )
             subscription = await self._server.open_subscription(topic, request.subscription)
             if self._closed:
                 return

@@ -107,11 +107,13 @@ _SCHEMA = (
         replayed_at BIGINT,                   -- its position in the partition once re-published
         PRIMARY KEY (topic, partition, subscription, dlq_position)
     )""",
-    # Publish times (µs since the Unix epoch) came later: the tables of an older log gain the
-    # column, NULL (unknown) in the rows stored before, without a rewrite.
-    "ALTER TABLE kf_messages ADD COLUMN IF NOT EXISTS publish_time BIGINT",
-    "ALTER TABLE kf_dead_letters ADD COLUMN IF NOT EXISTS publish_time BIGINT",
 )
+
+_ADDED_COLUMNS = (("kf_messages", "publish_time", "BIGINT"), ("kf_dead_letters", "publish_time", "BIGINT"))
+"""Columns that came later (publish times, µs since the Unix epoch): the tables of an older log gain them,
+NULL (unknown) in the rows stored before, without a rewrite. Added only where missing: ALTER TABLE takes
+an exclusive lock on the table even when the column is there, which would stall (and, queued between
+the locks of other brokers' appends, deadlock) every write while a broker starts."""
 
 
 class FencedError(NotServedError):
@@ -147,6 +149,15 @@ class PostgresLog:
             await connection.execute("SELECT pg_advisory_xact_lock(7415)")  # one schema creator at a time
             for statement in _SCHEMA:
                 await connection.execute(statement)
+            for table, column, kind in _ADDED_COLUMNS:
+                found = await connection.fetchval(
+                    "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+                    "AND table_name = $1 AND column_name = $2",
+                    table,
+                    column,
+                )
+                if found is None:
+                    await connection.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         return cls(pool)
 
     @property
@@ -277,6 +288,10 @@ class PostgresLog:
                 below = highest[producer]
                 wanted[producer].update(row[0] for row in rows if row[0] is not None and row[0] <= below)
         stored: dict[tuple[str, int], int] = {}
+        if any(wanted.values()):
+            # The lock the COPY after this takes, taken first: reading the table first and upgrading after
+            # could deadlock with another transaction's waiting request for a stronger lock.
+            await connection.execute("LOCK TABLE kf_messages IN ROW EXCLUSIVE MODE")
         for producer, seqs in sorted(wanted.items()):
             found = await connection.fetch(
                 """SELECT seq, position FROM kf_messages

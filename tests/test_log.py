@@ -448,6 +448,7 @@ def test_save_cursors_stores_many_and_overwrites(log: Log) -> None:
     assert log.subscriptions("u") == ["a"]
     assert log.load_cursor("t", "b") == Cursor(3, [7, 8])
     assert log.load_cursor("u", "a") == Cursor(9)
+    assert log.has_cursor("t", "a") and not log.has_cursor("u", "b")  # a saved cursor at 0 is one
 
 
 def test_delete_subscription(log: Log) -> None:

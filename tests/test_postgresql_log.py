@@ -171,7 +171,9 @@ def test_a_store_groups_requests_of_several_producers_and_serves_only_what_it_le
         ]
         assert [m.payload for m in await b1.read(served, 0, 10)] == [b"1", b"2", b"3", b"4"]
         assert set(await b1.read_positions(served, [2, 4, 9])) == {2, 4}
+        assert not await b1.has_cursor(served, "s")
         await b1.save_cursors([(served, "s", Cursor(2, []))])
+        assert await b1.has_cursor(served, "s")
         assert await b1.subscriptions(served) == ["s"]
         assert await b1.load_cursor(served, "s") == Cursor(2, [])
         b1.release(served)

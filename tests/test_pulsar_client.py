@@ -286,6 +286,35 @@ def test_a_reader_from_the_latest_or_from_a_message_id(server: ServerProcess) ->
         assert including.read_next(10_000).data() == b"9"
 
 
+def test_a_new_subscription_starts_at_the_initial_position_the_consumer_asks_for(server: ServerProcess) -> None:
+    """Latest (Pulsar's default): only what comes after the subscription was made, kept for it while no
+    consumer is there; Earliest: the whole log. An existing subscription keeps its place either way."""
+    with client(server.pulsar_url) as pc:
+        producer = pc.create_producer("positions")
+        for index in range(5):
+            producer.send(f"old-{index}".encode(), partition_key="k")
+        latest = pc.subscribe("positions", "latest", consumer_type=pulsar.ConsumerType.KeyShared)
+        earliest = pc.subscribe(
+            "positions",
+            "earliest",
+            consumer_type=pulsar.ConsumerType.KeyShared,
+            initial_position=pulsar.InitialPosition.Earliest,
+        )
+        latest.close()  # the subscription stays: what comes now is kept for it
+        producer.send(b"new", partition_key="k")
+        assert [earliest.receive(timeout_millis=10_000).data() for _ in range(6)] == [
+            *(f"old-{index}".encode() for index in range(5)),
+            b"new",
+        ]
+        again = pc.subscribe(
+            "positions",
+            "latest",
+            consumer_type=pulsar.ConsumerType.KeyShared,
+            initial_position=pulsar.InitialPosition.Earliest,  # it exists: its own place, not the earliest
+        )
+        assert again.receive(timeout_millis=10_000).data() == b"new"
+
+
 def test_a_native_and_a_pulsar_consumer_share_one_subscription(server: ServerProcess) -> None:
     """Pulsar's and keyfailover's clients meet in one subscription: its ranges tile the slots between them,
     and each key's messages (produced by the Pulsar client) go to one of the two, in order."""
@@ -351,7 +380,12 @@ def test_a_server_crash_mid_stream_loses_nothing_and_stores_nothing_twice(tmp_pa
                 producer.flush()
                 assert (len(confirmed), failed) == (600, [])
                 assert stored(second, "crash") == 600
-                consumer = pc.subscribe("crash", "all", consumer_type=pulsar.ConsumerType.KeyShared)
+                consumer = pc.subscribe(
+                    "crash",
+                    "all",
+                    consumer_type=pulsar.ConsumerType.KeyShared,
+                    initial_position=pulsar.InitialPosition.Earliest,
+                )
                 payloads = []
                 for _ in range(600):
                     message = consumer.receive(timeout_millis=10_000)

@@ -134,7 +134,7 @@ class _Host(Protocol):
 
     def check_produce(self, topic: str, messages: list[tuple[int | None, Key, bytes]]) -> None: ...
 
-    async def open_subscription(self, topic: str, name: str) -> Subscription: ...
+    async def open_subscription(self, topic: str, name: str, at_end: bool = False) -> Subscription: ...
 
     async def route(self, topic: str, pulsar: bool = False) -> list[str | None]: ...
 
@@ -752,7 +752,8 @@ class PulsarConnection(ReadPausing):
                 raise _RefusedError(
                     ConsumerBusy, f"consumer id {request.consumer_id} is open already on this connection as a reader"
                 )
-            subscription = await self._server.open_subscription(topic, request.subscription)
+            at_end = request.initialPosition == CommandSubscribe.Latest  # a new subscription's start
+            subscription = await self._server.open_subscription(topic, request.subscription, at_end)
             if self._closed:
                 return
             known = self._consumers.get(request.consumer_id)

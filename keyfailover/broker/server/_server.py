@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
+from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.protocol import (
     DEFAULT_MAX_FRAME,
     MAX_NAME_LENGTH,
@@ -393,8 +394,9 @@ class Server:
 
     # -- subscriptions ---------------------------------------------------------------
 
-    async def subscription(self, topic: str, name: str) -> Subscription:
-        """The live subscription, loading its cursor on first use (created if new)."""
+    async def subscription(self, topic: str, name: str, at_end: bool = False) -> Subscription:
+        """The live subscription, loading its cursor on first use (created if new: with ``at_end`` after the
+        topic's last message, its cursor saved at once, else at the start)."""
         key = (topic, name)
         found = self._subscriptions.get(key)
         if found is not None:
@@ -407,6 +409,10 @@ class Server:
         try:
             base, index, count = self.partition_of(topic)
             cursor = await self.storage.load_cursor(topic, name)
+            if at_end and not await self.storage.has_cursor(topic, name):
+                # Saved now: the subscription exists from here on, and what comes after is kept for it.
+                cursor = Cursor(self.storage.last_position(topic))
+                await self.storage.save_cursors([(topic, name, cursor)])
             saved = await self.storage.load_consume_mode(base, name)
             mode = self.config.subscription.consume_mode if saved is None else check_consume_mode(saved)
             async with self._settings_lock:  # a change of its settings is saved before or applied after
@@ -542,8 +548,9 @@ class Server:
         if block is not None:
             _check_keys(topic, messages, *block)
 
-    async def open_subscription(self, topic: str, name: str) -> Subscription:
-        """The live subscription a consumer subscribes to, or the :class:`ProtocolError` that refuses it."""
+    async def open_subscription(self, topic: str, name: str, at_end: bool = False) -> Subscription:
+        """The live subscription a consumer subscribes to, or the :class:`ProtocolError` that refuses it; a new
+        one starts after the topic's last message with ``at_end``, else at its first."""
         if self.closing:
             raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
         self.check_served(topic, "subscribe to")
@@ -554,7 +561,7 @@ class Server:
                 f"the dead-letter topic name {dlq[:40]!r}... would be {len(dlq)} characters; expected topic "
                 f"and subscription names short enough for <topic>-<subscription>-DLQ to fit {MAX_NAME_LENGTH}",
             )
-        return await self.subscription(topic, name)
+        return await self.subscription(topic, name, at_end)
 
     def next_session_id(self) -> int:
         return next(self._session_ids)

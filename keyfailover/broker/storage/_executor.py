@@ -74,6 +74,9 @@ class SQLiteStore(Store):
     async def load_cursor(self, topic: str, subscription: str) -> Cursor:
         return await self._call(self._log.load_cursor, topic, subscription)
 
+    async def has_cursor(self, topic: str, subscription: str) -> bool:
+        return await self._call(self._log.has_cursor, topic, subscription)
+
     async def save_cursors(self, cursors: Sequence[tuple[str, str, Cursor]]) -> None:
         await self._call(self._log.save_cursors, cursors)
 

@@ -112,6 +112,10 @@ class Store(ABC):
         """The subscription's saved cursor; a new subscription's is at 0."""
 
     @abstractmethod
+    async def has_cursor(self, topic: str, subscription: str) -> bool:
+        """Whether the subscription has a saved cursor (it was created here before)."""
+
+    @abstractmethod
     async def save_cursors(self, cursors: Sequence[tuple[str, str, Cursor]]) -> None:
         """Save ``(topic, subscription, cursor)`` triples."""
 

@@ -499,6 +499,16 @@ class PostgresStore(Store):
         )
         return [str(row["subscription"]) for row in rows]
 
+    async def has_cursor(self, topic: str, subscription: str) -> bool:
+        name, partition = self._locate(topic)
+        found = await self.log.pool.fetchval(
+            "SELECT 1 FROM kf_cursors WHERE topic = $1 AND partition = $2 AND subscription = $3",
+            name,
+            partition,
+            subscription,
+        )
+        return found is not None
+
     async def load_cursor(self, topic: str, subscription: str) -> Cursor:
         name, partition = self._locate(topic)
         try:

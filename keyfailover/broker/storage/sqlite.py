@@ -414,6 +414,12 @@ class Log:
         )
         return [name for (name,) in rows]
 
+    def has_cursor(self, topic: str, subscription: str) -> bool:
+        """Whether the subscription has a saved cursor."""
+        key = _subscription_key(topic, subscription)
+        found = self._connection().execute("SELECT 1 FROM cursors WHERE topic = ? AND subscription = ?", key)
+        return found.fetchone() is not None
+
     def load_cursor(self, topic: str, subscription: str) -> Cursor:
         """The saved cursor of the subscription; a new one gets a cursor at 0 (nothing consumed).
 

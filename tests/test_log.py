@@ -449,6 +449,9 @@ def test_save_cursors_stores_many_and_overwrites(log: Log) -> None:
     assert log.load_cursor("t", "b") == Cursor(3, [7, 8])
     assert log.load_cursor("u", "a") == Cursor(9)
     assert log.has_cursor("t", "a") and not log.has_cursor("u", "b")  # a saved cursor at 0 is one
+    assert log.delete_cursor("t", "b") is True
+    assert log.delete_cursor("t", "b") is False
+    assert not log.has_cursor("t", "b") and log.load_cursor("t", "b") == Cursor()
 
 
 def test_delete_subscription(log: Log) -> None:

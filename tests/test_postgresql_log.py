@@ -176,6 +176,10 @@ def test_a_store_groups_requests_of_several_producers_and_serves_only_what_it_le
         assert await b1.has_cursor(served, "s")
         assert await b1.subscriptions(served) == ["s"]
         assert await b1.load_cursor(served, "s") == Cursor(2, [])
+        await b1.save_cursors([(served, "gone", Cursor(1, []))])
+        assert await b1.delete_cursor(served, "gone") is True
+        assert await b1.delete_cursor(served, "gone") is False
+        assert await b1.subscriptions(served) == ["s"]
         b1.release(served)
         with pytest.raises(NotServedError):
             await b1.save_cursors([(served, "s", Cursor(3, []))])

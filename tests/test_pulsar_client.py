@@ -315,6 +315,24 @@ def test_a_new_subscription_starts_at_the_initial_position_the_consumer_asks_for
         assert again.receive(timeout_millis=10_000).data() == b"new"
 
 
+def live_subscriptions(server: ServerProcess, topic: str) -> list[str]:
+    with urlopen(f"{server.admin_url}/stats", timeout=10) as response:
+        found = json.loads(response.read())["subscriptions"]
+    return [s["subscription"] for s in found if s["topic"] == topic]
+
+
+def test_unsubscribe_ends_the_subscription_and_is_refused_while_it_has_other_consumers(server: ServerProcess) -> None:
+    with client(server.pulsar_url) as pc:
+        first = pc.subscribe("leaving", "sub", consumer_type=pulsar.ConsumerType.KeyShared, consumer_name="first")
+        second = pc.subscribe("leaving", "sub", consumer_type=pulsar.ConsumerType.KeyShared, consumer_name="second")
+        with pytest.raises(pulsar.PulsarException):
+            first.unsubscribe()  # second is still there: refused, nothing changes
+        assert live_subscriptions(server, "leaving") == ["sub"]
+        second.close()
+        first.unsubscribe()  # the last consumer: the subscription ends
+        assert live_subscriptions(server, "leaving") == []
+
+
 def test_a_native_and_a_pulsar_consumer_share_one_subscription(server: ServerProcess) -> None:
     """Pulsar's and keyfailover's clients meet in one subscription: its ranges tile the slots between them,
     and each key's messages (produced by the Pulsar client) go to one of the two, in order."""

@@ -19,6 +19,7 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     CommandPartitionedTopicMetadataResponse,
     CommandSubscribe,
     ConsumerBusy,
+    ConsumerNotFound,
     InvalidTopicName,
     MessageMetadata,
     NotAllowedError,
@@ -176,6 +177,20 @@ def test_a_consumer_id_open_as_a_reader_is_busy_for_a_durable_subscription(serve
         busy = raw.receive_type(BaseCommand.ERROR).error
     assert (busy.request_id, busy.error) == (2, ConsumerBusy)
     assert "as a reader" in busy.message
+
+
+def test_unsubscribe_ends_a_reader_and_an_unknown_consumer_is_not_found(server: ServerProcess) -> None:
+    with connected(server) as raw:
+        reader = subscribe_command("persistent://public/default/readgone", request_id=1, consumer="reader")
+        reader.subscribe.durable = False
+        reader.subscribe.subType = CommandSubscribe.Exclusive
+        raw.send(reader)
+        raw.receive_type(BaseCommand.SUCCESS)
+        raw.send(command(BaseCommand.UNSUBSCRIBE, consumer_id=1, request_id=2))
+        assert raw.receive_type(BaseCommand.SUCCESS).success.request_id == 2
+        raw.send(command(BaseCommand.UNSUBSCRIBE, consumer_id=1, request_id=3))
+        error = raw.receive_type(BaseCommand.ERROR).error
+    assert (error.request_id, error.error) == (3, ConsumerNotFound)
 
 
 def test_a_compressed_message_is_refused(server: ServerProcess) -> None:

@@ -48,6 +48,7 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     CommandPartitionedTopicMetadataResponse,
     CommandSubscribe,
     ConsumerBusy,
+    ConsumerNotFound,
     InvalidTopicName,
     KeySharedMode,
     MessageMetadata,
@@ -135,6 +136,8 @@ class _Host(Protocol):
     def check_produce(self, topic: str, messages: list[tuple[int | None, Key, bytes]]) -> None: ...
 
     async def open_subscription(self, topic: str, name: str, at_end: bool = False) -> Subscription: ...
+
+    async def unsubscribe(self, subscription: Subscription) -> None: ...
 
     async def route(self, topic: str, pulsar: bool = False) -> list[str | None]: ...
 
@@ -902,6 +905,38 @@ class PulsarConnection(ReadPausing):
             consumer.session.subscription.detach(consumer.session, "closed", notify=False)
         self._success(request.request_id)
 
+    def _unsubscribe(self, frame: PulsarFrame) -> None:
+        """UNSUBSCRIBE: a reader just ends; a durable subscription whose only consumer this is ends for good
+        (its cursor forgotten), one with other consumers is refused (``ConsumerBusy``) and goes on."""
+        request = frame.command.unsubscribe
+        reader = self._readers.get(request.consumer_id)
+        if reader is not None:
+            self._drop_reader(reader)
+            self._success(request.request_id)
+            return
+        consumer = self._consumers.get(request.consumer_id)
+        if consumer is None:
+            raise _RefusedError(ConsumerNotFound, f"consumer id {request.consumer_id} is not open on this connection")
+        session = consumer.session
+        subscription = session.subscription
+        others = [name for name, other in subscription.sessions.items() if other is not session]
+        if others:
+            raise _RefusedError(
+                ConsumerBusy,
+                f"subscription {subscription.name!r} has {len(others)} other consumer(s); expected none to unsubscribe",
+            )
+        self._spawn(self._end_subscription(request.request_id, subscription))  # runs after this returns
+        subscription.detach(session, "unsubscribed", notify=False)
+        del self._consumers[request.consumer_id]
+
+    async def _end_subscription(self, request_id: int, subscription: Subscription) -> None:
+        try:
+            await self._server.unsubscribe(subscription)
+        except KeyFailoverError as exc:
+            self._error(request_id, *_server_error(exc))
+            return
+        self._success(request_id)
+
     def _get_last_message_id(self, frame: PulsarFrame) -> None:
         """The id of the topic's last stored message, and the consumer's mark-delete position (everything up to
         it acked): ledger 0 and the log positions, or Pulsar's earliest id (-1, -1) for none."""
@@ -942,6 +977,7 @@ class PulsarConnection(ReadPausing):
         BaseCommand.CLOSE_PRODUCER: _close_producer,
         BaseCommand.CLOSE_CONSUMER: _close_consumer,
         BaseCommand.GET_LAST_MESSAGE_ID: _get_last_message_id,
+        BaseCommand.UNSUBSCRIBE: _unsubscribe,
     }
 
 

@@ -563,6 +563,22 @@ class Server:
             )
         return await self.subscription(topic, name, at_end)
 
+    async def unsubscribe(self, subscription: Subscription) -> None:
+        """End ``subscription`` for good (its last consumer asked): it stops, leaves service and its saved
+        cursor is forgotten, so a subscribe with its name starts a new one. A :class:`ProtocolError`
+        (``consumer_busy``), changing nothing, while it has consumers."""
+        if subscription.sessions:
+            raise ProtocolError(
+                ErrorCode.CONSUMER_BUSY,
+                f"subscription {subscription.name!r} of {subscription.topic!r} has {len(subscription.sessions)} "
+                "consumer(s); expected none but the one unsubscribing",
+            )
+        key = (subscription.topic, subscription.name)
+        if self._subscriptions.get(key) is subscription:
+            del self._subscriptions[key]
+        await subscription.close("unsubscribed")
+        await self.storage.delete_cursor(subscription.topic, subscription.name)
+
     def next_session_id(self) -> int:
         return next(self._session_ids)
 

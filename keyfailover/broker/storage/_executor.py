@@ -77,6 +77,9 @@ class SQLiteStore(Store):
     async def has_cursor(self, topic: str, subscription: str) -> bool:
         return await self._call(self._log.has_cursor, topic, subscription)
 
+    async def delete_cursor(self, topic: str, subscription: str) -> bool:
+        return await self._call(self._log.delete_cursor, topic, subscription)
+
     async def save_cursors(self, cursors: Sequence[tuple[str, str, Cursor]]) -> None:
         await self._call(self._log.save_cursors, cursors)
 

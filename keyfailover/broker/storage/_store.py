@@ -116,6 +116,10 @@ class Store(ABC):
         """Whether the subscription has a saved cursor (it was created here before)."""
 
     @abstractmethod
+    async def delete_cursor(self, topic: str, subscription: str) -> bool:
+        """Forget the subscription's saved cursor (an unsubscribe); whether it had one."""
+
+    @abstractmethod
     async def save_cursors(self, cursors: Sequence[tuple[str, str, Cursor]]) -> None:
         """Save ``(topic, subscription, cursor)`` triples."""
 

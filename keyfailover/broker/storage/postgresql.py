@@ -330,6 +330,19 @@ class PostgresLog:
                 cursor.to_bytes(),
             )
 
+    async def delete_cursor(self, lease: Lease, subscription: str) -> bool:
+        """Forget a subscription's cursor of the leased partition; whether it had one (:class:`FencedError`
+        if the lease is stale)."""
+        async with self._pool.acquire() as connection, connection.transaction():
+            await self.check_lease(connection, lease)
+            deleted = await connection.execute(
+                "DELETE FROM kf_cursors WHERE topic = $1 AND partition = $2 AND subscription = $3",
+                lease.topic,
+                lease.partition,
+                subscription,
+            )
+            return str(deleted) != "DELETE 0"
+
     async def load_cursor(self, topic: str, partition: int, subscription: str) -> Cursor:
         """The saved cursor of ``subscription`` on the partition (a new one at position 0 if none)."""
         state = await self._pool.fetchval(
@@ -498,6 +511,14 @@ class PostgresStore(Store):
             partition,
         )
         return [str(row["subscription"]) for row in rows]
+
+    async def delete_cursor(self, topic: str, subscription: str) -> bool:
+        lease = self._lease(topic)
+        try:
+            return await self.log.delete_cursor(lease, subscription)
+        except FencedError:
+            self._fenced(topic, lease)
+            raise
 
     async def has_cursor(self, topic: str, subscription: str) -> bool:
         name, partition = self._locate(topic)

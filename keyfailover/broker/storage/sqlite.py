@@ -502,6 +502,12 @@ class Log:
                 (*key, json.dumps(dict(settings), sort_keys=True)),
             )
 
+    def delete_cursor(self, topic: str, subscription: str) -> bool:
+        """Forget the subscription's cursor (its settings stay); whether it had one."""
+        key = _subscription_key(topic, subscription)
+        with self._transaction() as db:
+            return db.execute("DELETE FROM cursors WHERE topic = ? AND subscription = ?", key).rowcount > 0
+
     def delete_subscription(self, topic: str, subscription: str) -> bool:
         """Forget the subscription's cursor and settings; whether it had a cursor."""
         key = _subscription_key(topic, subscription)

@@ -118,6 +118,10 @@ def main() -> None:
                 ("keyfailover client", lambda: native_run(native_url, count)),
                 ("pulsar-client, batching off", lambda: pulsar_run(pulsar_url, count, "bench-off")),
                 (
+                    "pulsar-client, default batching",
+                    lambda: pulsar_run(pulsar_url, count, "bench-batched", batching_enabled=True),
+                ),
+                (
                     "pulsar-client, key-based batching",
                     lambda: pulsar_run(
                         pulsar_url,

@@ -72,13 +72,11 @@ _log = logging.getLogger("keyfailover.server")
 
 _MAX_OPEN: Final = 1000
 """Producers, consumers, and requests being answered, one connection may have at once (each costs memory)."""
-_NO_REQUEST: Final = 2**64 - 1
 _MINUS_ONE: Final = 2**64 - 1
 """-1 in an unsigned 64-bit field, as Apache Pulsar's Java broker writes a long -1 there (read back as -1):
-with it, the ledger of ``MessageId.earliest``."""
+the request id of a command the broker sends unasked, and the ledger and entry of ``MessageId.earliest``."""
 _LATEST: Final = 2**63 - 1
 """The ledger of ``MessageId.latest`` (Long.MAX_VALUE)."""
-"""The request id of a command the broker sends unasked (Apache Pulsar's -1 as an unsigned 64-bit int)."""
 _SERVER_ERRORS: Final = {
     ErrorCode.NOT_OWNER: ServiceNotReady,
     ErrorCode.SHUTTING_DOWN: ServiceNotReady,
@@ -128,8 +126,6 @@ class _Host(Protocol):
     def disconnected(self, connection: ClientConnection) -> None: ...
 
     def partition_of(self, served: str) -> tuple[str, int, int]: ...
-
-    def partitions(self) -> dict[str, int]: ...
 
     def check_served(self, served: str, action: str) -> tuple[int, int] | None: ...
 
@@ -416,7 +412,7 @@ class PulsarConnection(ReadPausing):
         """CLOSE_CONSUMER from the server: the client's consumer subscribes again (after a lookup)."""
         command = _command(BaseCommand.CLOSE_CONSUMER)
         command.close_consumer.consumer_id = consumer_id
-        command.close_consumer.request_id = _NO_REQUEST
+        command.close_consumer.request_id = _MINUS_ONE
         self._send(command)
 
     def _drop_reader(self, reader: PulsarReader) -> None:
@@ -479,7 +475,7 @@ class PulsarConnection(ReadPausing):
             if not hmac.compare_digest(given, token.encode()):
                 method = connect.auth_method_name or "none"
                 self._error(
-                    _NO_REQUEST,
+                    _MINUS_ONE,
                     AuthenticationError,
                     f"wrong or missing token (authentication method {method!r}); expected the server's token with "
                     "AuthenticationToken",

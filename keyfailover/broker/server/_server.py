@@ -408,11 +408,12 @@ class Server:
         self._opening[key] = future
         try:
             base, index, count = self.partition_of(topic)
-            cursor = await self.storage.load_cursor(topic, name)
             if at_end and not await self.storage.has_cursor(topic, name):
                 # Saved now: the subscription exists from here on, and what comes after is kept for it.
                 cursor = Cursor(self.storage.last_position(topic))
                 await self.storage.save_cursors([(topic, name, cursor)])
+            else:
+                cursor = await self.storage.load_cursor(topic, name)
             saved = await self.storage.load_consume_mode(base, name)
             mode = self.config.subscription.consume_mode if saved is None else check_consume_mode(saved)
             async with self._settings_lock:  # a change of its settings is saved before or applied after
@@ -1028,13 +1029,11 @@ class _Connection(ReadPausing):
             raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the server is shutting down; nothing was stored")
         self._check_resend(frame)
         try:
-            block = self._server.check_served(frame.topic, "produce to")
+            self._server.check_produce(frame.topic, frame.messages)
         except ProtocolError as exc:
             if exc.code == ErrorCode.NOT_OWNER:
                 self._refuse_after(frame)
             raise
-        if block is not None:
-            _check_keys(frame.topic, frame.messages, *block)
         future = self._server.storage.append(frame.topic, frame.producer, frame.messages)
         req = frame.req
 

@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from keyfailover.broker.pulsar import PulsarDecoder, PulsarFrame, encode_command, encode_message
-from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand, CommandSubscribe, MessageMetadata
+from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand, CommandSubscribe, KeySharedMode, MessageMetadata
 
 __all__ = ["RawPulsar", "command", "connect_command", "producer_command", "send_frame", "subscribe_command"]
 
@@ -60,6 +60,18 @@ def subscribe_command(
         request_id=request_id,
         consumer_name=consumer,
     )
+
+
+def sticky_subscribe(
+    topic: str, ranges: list[tuple[int, int]], consumer: str, *, consumer_id: int = 1, request_id: int = 1
+) -> BaseCommand:
+    """A Key_Shared STICKY SUBSCRIBE of ``topic``'s subscription "raw" declaring ``ranges``."""
+    built = subscribe_command(topic, request_id=request_id, consumer=consumer)
+    built.subscribe.consumer_id = consumer_id
+    built.subscribe.keySharedMeta.keySharedMode = KeySharedMode.STICKY
+    for start, end in ranges:
+        built.subscribe.keySharedMeta.hashRanges.add(start=start, end=end)
+    return built
 
 
 def send_frame(sequence_id: int, payload: bytes, key: str | None = None, *, producer_id: int = 1) -> bytes:

@@ -34,6 +34,8 @@ from keyfailover.core.clock import ManualClock
 from keyfailover.core.dispatcher import DeadLetter
 from keyfailover.core.errors import (
     BufferFullError,
+    ConfigError,
+    ConsumerError,
     DuplicateConsumerError,
     InvalidKeyError,
     KeyFailoverError,
@@ -45,7 +47,7 @@ from keyfailover.core.errors import (
 )
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_bytes, key_hash
 from keyfailover.core.ranges import RangeMap
-from keyfailover.core.rebalance import MultiRangePolicy
+from keyfailover.core.rebalance import UNASSIGNED, MultiRangePolicy, StickyPolicy
 
 Key = str | bytes | None
 
@@ -261,9 +263,9 @@ def parked_positions(d: Dispatcher, model: Model) -> set[int]:
 
 
 def owner_lookup(ranges: list[tuple[int, int, str]]) -> Callable[[int], str | None]:
-    """Who owns a slot according to ``ranges`` (as returned by ``Dispatcher.ranges``)."""
+    """Who owns a slot according to ``ranges`` (as returned by ``Dispatcher.ranges``); None for an unassigned one."""
     ends = [end for _, end, _ in ranges]
-    owners = [consumer for _, _, consumer in ranges]
+    owners = [None if consumer == UNASSIGNED else consumer for _, _, consumer in ranges]
 
     def owner(slot: int) -> str | None:
         return owners[bisect.bisect_left(ends, slot)] if owners else None
@@ -402,9 +404,17 @@ def check_nothing_held_back(d: Dispatcher, model: Model) -> None:
 
 def check_ranges(d: Dispatcher, model: Model) -> None:
     """The range map tiles the space; the contiguous policy gives one range per consumer, the
-    multi-range policy at most max_ranges, never two adjacent ones of one consumer."""
+    multi-range policy at most max_ranges, never two adjacent ones of one consumer; under the
+    sticky policy every consumer owns exactly what it declared (of the block), the rest is unassigned."""
     ranges = d.ranges()
     first, last = d.slots
+    policy = d.policy
+    if isinstance(policy, StickyPolicy):
+        declared = {c: d.declared_ranges(c) for c in model.consumers}
+        for consumer, theirs in declared.items():
+            owned = [(start, end) for start, end, c in ranges if c == consumer]
+            expected = merged(theirs or []) if consumer not in model.stuck else []
+            assert owned == expected, f"{consumer} owns {owned}, declared {theirs}"
     if not set(model.consumers) - model.stuck:
         assert ranges == []
     else:
@@ -414,8 +424,7 @@ def check_ranges(d: Dispatcher, model: Model) -> None:
             assert start == end + 1, f"ranges do not tile: {ranges}"
             assert below != above, f"two adjacent ranges of {below}: {ranges}"
         assert all(start <= end for start, end, _ in ranges)
-        counts = Counter(consumer for _, _, consumer in ranges)
-        policy = d.policy
+        counts = Counter(consumer for _, _, consumer in ranges if consumer != UNASSIGNED)
         limit = policy.range_limit
         assert max(counts.values()) <= limit, f"more than {limit} range(s) for one consumer: {ranges}"
         # Every consumer owns a range, is a standby, which owns none, or is stuck (G7), which owns
@@ -428,6 +437,14 @@ def check_ranges(d: Dispatcher, model: Model) -> None:
         if standby:
             event("a join left a consumer a standby")
             assert isinstance(policy, MultiRangePolicy), f"standby {standby} under {policy}"
+
+
+def merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted ``ranges`` with adjacent ones joined (as a range map holds them)."""
+    joined: list[tuple[int, int]] = []
+    for start, end in sorted(ranges):
+        joined.append((joined.pop()[0], end) if joined and joined[-1][1] + 1 == start else (start, end))
+    return joined
 
 
 def check_state(d: Dispatcher, model: Model) -> None:
@@ -885,6 +902,109 @@ class BlockMachine(SpillMachine):
     SLOTS = (1094, 58351)
 
 
+TERRITORY = HASH_RANGE_SIZE // len(NAMES)
+
+
+def declared_ranges(name: str) -> st.SearchStrategy[list[tuple[int, int]]]:
+    """One to three disjoint ranges inside ``name``'s quarter of the space (so that members never
+    conflict), at random gaps and widths: some pool keys fall in them, others stay unassigned."""
+    low = NAMES.index(name) * TERRITORY
+
+    def ranges(gaps_and_widths: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        found, at, high = [], low, low + TERRITORY - 1
+        for gap, width in gaps_and_widths:
+            if at + gap <= high:
+                found.append((at + gap, min(at + gap + width, high)))
+            at += gap + width + 2  # two ranges never touch: each stays one range of the map
+        return found
+
+    sizes = st.tuples(st.integers(0, 2500), st.integers(0, 8000))
+    return st.lists(sizes, min_size=1, max_size=3).map(ranges)
+
+
+class StickyMachine(SpillMachine):
+    """Key_Shared STICKY: each consumer declares its own ranges (leases, modes and spilling as the spill
+    machine); keys in undeclared slots wait, and overlapping or missing declarations are refused."""
+
+    def make(self, clock: ManualClock) -> Dispatcher:
+        d = super().make(clock)
+        d.set_policy("sticky")
+        return d
+
+    @initialize(
+        names=st.lists(st.sampled_from(NAMES), min_size=1, max_size=3, unique=True),
+        permits=st.integers(0, 5),
+        keys=st.lists(st.sampled_from(KEY_POOL), max_size=8),
+        data=st.data(),
+    )
+    def start(self, names: list[str], permits: int, keys: list[Key], data: st.DataObject) -> None:
+        for name in names:
+            self.d.add_consumer(name, data.draw(declared_ranges(name), label=name))
+            self.model.add(name)
+            self.d.flow(name, permits)
+            self.model.permits[name] += permits
+        for key in keys:
+            self.publish_one(key, 1)
+
+    @precondition(lambda self: len(self.model.consumers) < len(NAMES))
+    @rule(data=st.data())
+    def add_consumer(self, data: st.DataObject) -> None:
+        absent = [name for name in NAMES if name not in self.model.consumers]
+        name = data.draw(st.sampled_from(absent), label="add")
+        self.d.add_consumer(name, data.draw(declared_ranges(name), label="declared"))
+        self.model.add(name)
+
+    @rule(data=st.data(), kind=st.sampled_from(("overlap", "none", "malformed", "switch policy")))
+    def refused_declaration(self, data: st.DataObject, kind: str) -> None:
+        """A join whose ranges overlap a member's, or that declares none or malformed ones, and a policy
+        switch while consumers are present: refused, nothing changed."""
+        d, model = self.d, self.model
+        absent = [name for name in NAMES if name not in model.consumers]
+        event(f"refused: {kind}")
+        if kind == "switch policy" and model.consumers:
+            self.rejected(ConfigError, lambda: d.set_policy("multi"))
+        elif absent and kind != "switch policy":
+            name = data.draw(st.sampled_from(absent), label="joiner")
+            bad: Any
+            if kind == "overlap" and model.consumers:
+                member = data.draw(st.sampled_from(model.consumers), label="member")
+                start, end = data.draw(st.sampled_from(d.declared_ranges(member) or []), label="theirs")
+                slot = data.draw(st.integers(start, end), label="slot")
+                bad = [(slot, min(slot + data.draw(st.integers(0, 100)), HASH_RANGE_SIZE - 1))]
+            elif kind == "none":
+                bad = data.draw(st.sampled_from((None, [])), label="none")
+            else:
+                bad = data.draw(
+                    st.sampled_from(([(5, 4)], [(0, HASH_RANGE_SIZE)], [(-1, 3)], [(1.0, 2)], "0-9", [(1, 5), (5, 9)])),
+                    label="malformed",
+                )
+            self.rejected(ConsumerError, lambda: d.add_consumer(name, bad))
+
+    @invariant()
+    def unassigned_keys_wait(self) -> None:
+        """No delivery of a key whose slot no consumer declared (poll_and_check checks owners); seen happen."""
+        owner = owner_lookup(self.d.ranges())
+        if self.model.consumers and any(
+            owner(key_hash(kb)) is None for p in self.model.pending() if (kb := self.model.messages[p].kb) is not None
+        ):
+            event("a key waits in a slot no consumer declared")
+        if any(self.model.messages[p].kb is not None for p in self.model.holder):
+            event("a keyed message is in flight")
+
+    def teardown(self) -> None:
+        """G3 as the other machines check it, once the members made way for one consumer declaring the whole space."""
+        d, model = self.d, self.model
+        for position, consumer in sorted(model.holder.items()):
+            d.ack(consumer, position)
+            model.ack(consumer, position)
+        for consumer in list(model.consumers):
+            d.remove_consumer(consumer)
+            model.remove(consumer)
+        d.add_consumer("drainer", [(0, HASH_RANGE_SIZE - 1)])
+        model.add("drainer")
+        super().teardown()
+
+
 class MultiShiftingMachine(DispatcherMachine):
     """The multi-range policy with at most two ranges each and shifts that fire on little traffic."""
 
@@ -934,6 +1054,8 @@ LeaseMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=
 ModeMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=100, deadline=None)
 SpillMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=100, deadline=None)
 BlockMachine.TestCase.settings = settings(max_examples=75, stateful_step_count=100, deadline=None)
+StickyMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=100, deadline=None)
+TestStickyMachine = StickyMachine.TestCase
 TestBlockMachine = BlockMachine.TestCase
 TestSpillMachine = SpillMachine.TestCase
 TestModeMachine = ModeMachine.TestCase
@@ -956,7 +1078,7 @@ def _plant(d: Dispatcher, ranges: list[tuple[int, int, str]]) -> None:
     planted._counts = dict(Counter(planted._owners))
     d._map = planted
     d._ends, owners = planted.lookup_table()
-    d._owners = [d._consumers[cid] for cid in owners]
+    d._owners = [None if cid == UNASSIGNED else d._consumers[cid] for cid in owners]
 
 
 END = HASH_RANGE_SIZE - 1
@@ -984,6 +1106,27 @@ def test_the_range_checker_catches_a_planted_violation(
     check_ranges(d, model)
     _plant(d, ranges)
     with pytest.raises(AssertionError, match=message):
+        check_ranges(d, model)
+
+
+@pytest.mark.parametrize(
+    "ranges",
+    [
+        pytest.param([(0, 149, "c1"), (150, 199, UNASSIGNED), (200, 299, "c2"), (300, END, UNASSIGNED)], id="wider"),
+        pytest.param([(0, 99, "c1"), (100, 299, UNASSIGNED), (300, END, "c2")], id="another-range"),
+    ],
+)
+def test_the_range_checker_catches_a_sticky_consumer_owning_what_it_did_not_declare(
+    ranges: list[tuple[int, int, str]],
+) -> None:
+    d = Dispatcher(clock=ManualClock(1000.0), policy="sticky")
+    model = Model(MAX_REPLAY)
+    for name, declared in (("c1", [(0, 99)]), ("c2", [(200, 299)])):
+        d.add_consumer(name, declared)
+        model.add(name)
+    check_ranges(d, model)
+    _plant(d, ranges)
+    with pytest.raises(AssertionError, match="owns"):
         check_ranges(d, model)
 
 

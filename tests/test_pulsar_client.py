@@ -21,10 +21,17 @@ import pulsar
 import pytest
 import trustme
 
-from keyfailover.broker.pulsar.PulsarApi_pb2 import AuthenticationError, BaseCommand, CommandSubscribe
+from keyfailover.broker.pulsar.PulsarApi_pb2 import (
+    AuthenticationError,
+    BaseCommand,
+    CommandSubscribe,
+    ConsumerAssignError,
+)
 from keyfailover.client import Client, Timeout
+from keyfailover.core.hashing import key_hash
 from keyfailover.core.partitions import partition_of_key
-from tests.pulsar_wire import RawPulsar, connect_command, subscribe_command
+from keyfailover.core.rebalance import UNASSIGNED
+from tests.pulsar_wire import RawPulsar, connect_command, sticky_subscribe, subscribe_command
 from tests.server_process import ServerProcess, wait_until
 
 TOKEN = "pulsar-token-for-tests"
@@ -494,10 +501,88 @@ def test_other_subscription_types_are_refused_with_a_clear_error(
     assert "Key_Shared" in error.message
 
 
-def test_sticky_key_shared_is_refused(server: ServerProcess) -> None:
-    policy = pulsar.ConsumerKeySharedPolicy(key_shared_mode=pulsar.KeySharedMode.Sticky, sticky_ranges=[(0, 65535)])
-    with client(server.pulsar_url) as pc, pytest.raises(pulsar.PulsarException):
-        pc.subscribe("sticky", "s", consumer_type=pulsar.ConsumerType.KeyShared, key_shared_policy=policy)
+def sticky(name: str, pc: pulsar.Client, topic: str, *ranges: tuple[int, int]) -> pulsar.Consumer:
+    """A Key_Shared STICKY consumer ``name`` of ``topic``'s subscription "s" declaring ``ranges``."""
+    policy = pulsar.ConsumerKeySharedPolicy(key_shared_mode=pulsar.KeySharedMode.Sticky, sticky_ranges=list(ranges))
+    return pc.subscribe(
+        topic, "s", consumer_type=pulsar.ConsumerType.KeyShared, consumer_name=name, key_shared_policy=policy
+    )
+
+
+def take(consumer: pulsar.Consumer, count: int) -> list[tuple[str, int]]:
+    """``count`` messages of ``consumer`` as (key, index), each acked."""
+    taken = []
+    for _ in range(count):
+        message = consumer.receive(timeout_millis=10_000)
+        taken.append((message.partition_key(), int(message.data())))
+        consumer.acknowledge(message)
+    return taken
+
+
+def test_sticky_consumers_get_the_keys_of_their_own_ranges_and_undeclared_ones_wait(server: ServerProcess) -> None:
+    """STICKY: each consumer gets exactly the keys whose hash lies in the ranges it declared, in order;
+    the keys of a range nobody declared wait (nothing lost) until a consumer declaring it joins."""
+    topic = "sticky-split"
+    keys = [f"account-{i}" for i in range(40)]
+    produced = [(keys[i % len(keys)], i) for i in range(200)]
+    low_half = [(key, i) for key, i in produced if key_hash(key) <= 32767]
+    high_half = [(key, i) for key, i in produced if key_hash(key) > 32767]
+    assert low_half and high_half
+    with client(server.pulsar_url) as pc:
+        low = sticky("low", pc, topic, (0, 9999), (10000, 32767))
+        producer = pc.create_producer(topic)
+        for key, i in produced:
+            producer.send(str(i).encode(), partition_key=key)
+        assert take(low, len(low_half)) == low_half  # position order is each key's order
+        assert owners(server, topic) == [(0, 32767, "low"), (32768, 65535, UNASSIGNED)]
+        high = sticky("high", pc, topic, (32768, 65535))
+        assert take(high, len(high_half)) == high_half
+        assert owners(server, topic) == [(0, 32767, "low"), (32768, 65535, "high")]
+        with pytest.raises(pulsar.Timeout):
+            low.receive(timeout_millis=300)
+
+
+def owners(server: ServerProcess, topic: str) -> list[tuple[int, int, str]]:
+    """The range map of ``topic``'s subscription "s", from the admin endpoint."""
+    with urlopen(f"{server.admin_url}/ranges?topic={topic}&subscription=s", timeout=10) as response:
+        snapshot = json.loads(response.read())
+    return [(r["start"], r["end"], r["consumer"]) for r in snapshot["ranges"]]
+
+
+def test_a_sticky_consumer_overlapping_another_is_refused_and_changes_nothing(server: ServerProcess) -> None:
+    topic = "sticky-overlap"
+    with client(server.pulsar_url) as pc:
+        first = sticky("first", pc, topic, (0, 40000))
+        with pytest.raises(pulsar.ConsumerAssignError):
+            sticky("second", pc, topic, (30000, 65535))
+        producer = pc.create_producer(topic)
+        key = next(f"k{i}" for i in range(1000) if key_hash(f"k{i}") <= 40000)
+        producer.send(b"1", partition_key=key)
+        assert take(first, 1) == [(key, 1)]
+    with RawPulsar(server.pulsar_url or "") as raw:
+        raw.send(connect_command(), sticky_subscribe(f"persistent://public/default/{topic}", [(0, 10)], "raw"))
+        raw.receive_type(BaseCommand.SUCCESS)
+        raw.send(
+            sticky_subscribe(f"persistent://public/default/{topic}", [(5, 20)], "raw2", consumer_id=2, request_id=2)
+        )
+        error = raw.receive_type(BaseCommand.ERROR).error
+    assert error.error == ConsumerAssignError
+    assert "overlaps [0, 10] of consumer 'raw'" in error.message
+
+
+def test_an_auto_split_consumer_waits_until_the_sticky_ones_have_left(server: ServerProcess) -> None:
+    topic = "sticky-then-auto"
+    with client(server.pulsar_url) as pc:
+        only = sticky("only", pc, topic, (0, 100))
+        with pytest.raises(pulsar.ConsumerBusy):
+            pc.subscribe(topic, "s", consumer_type=pulsar.ConsumerType.KeyShared, consumer_name="auto")
+        producer = pc.create_producer(topic)
+        for i in range(20):
+            producer.send(str(i).encode(), partition_key=f"key-{i}")
+        only.close()
+        auto = pc.subscribe(topic, "s", consumer_type=pulsar.ConsumerType.KeyShared, consumer_name="auto")
+        taken = take(auto, 20)  # every key, the undeclared ones included: nothing was lost
+    assert sorted(i for _, i in taken) == list(range(20))
 
 
 def test_the_server_logged_no_traceback(server: ServerProcess) -> None:

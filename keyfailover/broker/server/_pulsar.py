@@ -47,6 +47,7 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     CommandLookupTopicResponse,
     CommandPartitionedTopicMetadataResponse,
     CommandSubscribe,
+    ConsumerAssignError,
     ConsumerBusy,
     ConsumerNotFound,
     InvalidTopicName,
@@ -63,7 +64,7 @@ from keyfailover.broker.server._connection import ClientConnection, ReadPausing,
 from keyfailover.broker.server._pulsar_reader import PulsarReader
 from keyfailover.broker.server._subscription import Session, Subscription
 from keyfailover.broker.storage._store import NotServedError, Result, Store
-from keyfailover.core.errors import ErrorCode, KeyFailoverError, ProtocolError
+from keyfailover.core.errors import ConsumerError, ErrorCode, KeyFailoverError, ProtocolError
 from keyfailover.core.partitions import split_partition_topic
 
 __all__ = ["PulsarConnection"]
@@ -741,7 +742,7 @@ class PulsarConnection(ReadPausing):
             return
         try:
             topic = keyfailover_topic(request.topic)
-            _check_subscribe(request)
+            sticky = _check_subscribe(request)
             consumer = request.consumer_name or f"pulsar-{secrets.token_hex(8)}"
             if not valid_name(consumer) or not valid_name(request.subscription):
                 raise _RefusedError(
@@ -774,7 +775,7 @@ class PulsarConnection(ReadPausing):
                 lambda frame: self._deliver(consumer_id, frame),
             )
             # Permits come with the client's FLOW, right after SUCCESS.
-            subscription.attach(session, 0)
+            subscription.attach(session, 0, sticky=sticky)
         except (_RefusedError, KeyFailoverError) as exc:
             self._error(request.request_id, *_server_error(exc))
             return
@@ -985,8 +986,9 @@ def _check_room(what: str, open_ids: Collection[int], new_id: int) -> None:
         )
 
 
-def _check_subscribe(request: CommandSubscribe) -> None:
-    """Refuse what keyfailover does not serve in a durable subscription: other types than Key_Shared, STICKY."""
+def _check_subscribe(request: CommandSubscribe) -> list[tuple[int, int]] | None:
+    """Refuse what keyfailover does not serve in a durable subscription (other types than Key_Shared);
+    the hash ranges a STICKY consumer declares, None for AUTO_SPLIT."""
     if request.subType != CommandSubscribe.Key_Shared:
         kind = CommandSubscribe.SubType.Name(request.subType)
         raise _RefusedError(
@@ -994,11 +996,9 @@ def _check_subscribe(request: CommandSubscribe) -> None:
             f"subscription type {kind} is not served: keyfailover serves Key_Shared subscriptions "
             "(consumer_type=ConsumerType.KeyShared)",
         )
-    if request.HasField("keySharedMeta") and request.keySharedMeta.keySharedMode == KeySharedMode.STICKY:
-        raise _RefusedError(
-            NotAllowedError,
-            "Key_Shared mode STICKY is not served yet: keyfailover assigns hash ranges itself; expected AUTO_SPLIT",
-        )
+    if not request.HasField("keySharedMeta") or request.keySharedMeta.keySharedMode != KeySharedMode.STICKY:
+        return None
+    return [(hash_range.start, hash_range.end) for hash_range in request.keySharedMeta.hashRanges]
 
 
 def _server_error(exc: Exception) -> tuple[int, str]:
@@ -1009,6 +1009,8 @@ def _server_error(exc: Exception) -> tuple[int, str]:
         return InvalidTopicName, str(exc)
     if isinstance(exc, ProtocolError):
         return _SERVER_ERRORS.get(exc.code, UnknownError), exc.message
+    if isinstance(exc, ConsumerError):  # a STICKY consumer's ranges: none, malformed, or another's
+        return ConsumerAssignError, str(exc)
     return UnknownError, str(exc)
 
 

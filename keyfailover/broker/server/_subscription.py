@@ -36,11 +36,11 @@ from keyfailover.core.dispatcher import (
     check_consume_mode,
     check_delivery_settings,
 )
-from keyfailover.core.errors import ErrorCode, NotInFlightError, ProtocolError
+from keyfailover.core.errors import ErrorCode, KeyFailoverError, NotInFlightError, ProtocolError
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
 from keyfailover.core.histogram import DEFAULT_BUCKETS, Histogram
 from keyfailover.core.ranges import Range
-from keyfailover.core.rebalance import DEFAULT_MAX_RANGES, check_policy_choice
+from keyfailover.core.rebalance import DEFAULT_MAX_RANGES, StickyPolicy, check_policy_choice
 
 __all__ = ["DeliverySettings", "Session", "Subscription", "SubscriptionConfig"]
 
@@ -234,23 +234,42 @@ class Subscription:
 
     # -- membership ------------------------------------------------------------------
 
-    def attach(self, session: Session, permits: int, secret: str | None = None) -> Session | None:
+    def attach(
+        self,
+        session: Session,
+        permits: int,
+        secret: str | None = None,
+        sticky: list[tuple[int, int]] | None = None,
+    ) -> Session | None:
         """Add ``session``; returns the session it superseded, if any (already detached).
 
         A consumer name with a live session is taken over only by a subscribe that presents
         that session's secret (the same consumer, resuming over a new connection); any other
-        is refused with ``consumer_busy`` and changes nothing.
+        is refused with ``consumer_busy`` and changes nothing. ``sticky``: the hash ranges a
+        Key_Shared STICKY consumer declares (whole-space slots); a subscription without
+        consumers becomes sticky for it, or back to the configured policy for a consumer
+        without; a joiner of the other kind than the present consumers is refused with
+        ``consumer_busy``; ranges that overlap a present consumer's are the dispatcher's
+        :class:`ConsumerError`, and nothing changes.
         """
         old = self.sessions.get(session.consumer)
+        if old is not None and (secret is None or not hmac.compare_digest(secret, old.secret)):
+            raise ProtocolError(
+                ErrorCode.CONSUMER_BUSY,
+                f"consumer {session.consumer!r} of {self.topic!r}/{self.name!r} has a live session; "
+                "expected another consumer name, or the secret of that session's subscribe to resume it",
+            )
+        self._check_kind(session.consumer, sticky, old)
         if old is not None:
-            if secret is None or not hmac.compare_digest(secret, old.secret):
-                raise ProtocolError(
-                    ErrorCode.CONSUMER_BUSY,
-                    f"consumer {session.consumer!r} of {self.topic!r}/{self.name!r} has a live session; "
-                    "expected another consumer name, or the secret of that session's subscribe to resume it",
-                )
             self.detach(old, "superseded")
-        self.dispatcher.add_consumer(session.consumer)
+        dispatcher = self.dispatcher
+        policy = dispatcher.policy.name
+        dispatcher.set_policy(self._config.policy if sticky is None else StickyPolicy.name)
+        try:
+            dispatcher.add_consumer(session.consumer, sticky)
+        except KeyFailoverError:
+            dispatcher.set_policy(policy)
+            raise
         self.dispatcher.flow(session.consumer, permits)
         self.sessions[session.consumer] = session
         _log.info(
@@ -265,6 +284,22 @@ class Subscription:
         self.announce_ranges(skip=session)
         self.wake()
         return old
+
+    def _check_kind(self, consumer: str, sticky: list[tuple[int, int]] | None, old: Session | None) -> None:
+        """Refuse a STICKY joiner of an AUTO subscription with consumers (and the other way round)."""
+        dispatcher = self.dispatcher
+        others = [cid for cid in dispatcher.consumers() if old is None or cid != old.consumer]
+        if not others:
+            return
+        is_sticky = dispatcher.policy.name == StickyPolicy.name
+        if is_sticky != (sticky is not None):
+            own, auto = "declaring their own hash ranges (Key_Shared STICKY)", "taking ranges from the policy"
+            kind, theirs = (own, auto) if sticky is not None else (auto, own)
+            raise ProtocolError(
+                ErrorCode.CONSUMER_BUSY,
+                f"consumer {consumer!r} joins {kind}, but {self.topic!r}/{self.name!r} has {len(others)} "
+                f"consumer(s) {theirs}; expected a consumer of their kind, or a subscribe after they have left",
+            )
 
     def detach(self, session: Session, reason: str, req: int | None = None, notify: bool = True) -> None:
         """Remove ``session``: its unacked messages go back to pending and to the new owner."""

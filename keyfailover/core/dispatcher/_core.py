@@ -56,6 +56,7 @@ from __future__ import annotations
 import bisect
 import functools
 import heapq
+import itertools
 import math
 import time
 from array import array
@@ -87,11 +88,13 @@ from keyfailover.core.ranges import Range, RangeMap
 from keyfailover.core.rebalance import (
     DEFAULT_MAX_RANGES,
     SPLIT_MODES,
+    UNASSIGNED,
     ContiguousPolicy,
     Load,
     MultiRangePolicy,
     Policy,
     SplitMode,
+    StickyPolicy,
     check_policy_choice,
     moved_slots,
     reassign_rates,
@@ -436,8 +439,9 @@ class Dispatcher:
         split: for the contiguous policy, ``"traffic"`` (cut where recent traffic halves)
             or ``"midpoint"``.
         policy: ``"multi"`` (several ranges per consumer, the default: see
-            :class:`~keyfailover.core.rebalance.MultiRangePolicy`) or ``"contiguous"`` (one
-            range each, PIP-34 literally).
+            :class:`~keyfailover.core.rebalance.MultiRangePolicy`), ``"contiguous"`` (one
+            range each, PIP-34 literally) or ``"sticky"`` (each consumer owns the ranges it
+            declares to :meth:`add_consumer`: Pulsar's Key_Shared STICKY; see :meth:`set_policy`).
         max_ranges: for the multi-range policy, the most ranges one consumer may own.
         half_life: seconds over which measured rates and traffic lose half their weight.
         shift_threshold: traffic max/mean above which a boundary shift is considered;
@@ -510,7 +514,7 @@ class Dispatcher:
         _check_number("shift_interval", shift_interval, 0.0)
         _check_number("shift_min_traffic", shift_min_traffic, 0.0)
         _check_int("history", history, 0)
-        check_policy_choice(policy, max_ranges)
+        check_policy_choice(policy, max_ranges, sticky=True)
         check_delivery_settings(ack_timeout, max_redeliveries, max_unacked_per_consumer, nack_backoff, nack_backoff_max)
         check_consume_mode(consume_mode)
         if type(spill) is not bool:
@@ -532,21 +536,22 @@ class Dispatcher:
         self._clock = clock
         self._max_replay = max_replay
         self._held_bound = max_replay  # what held may be: max_replay, or more when it was lowered under held
-        threshold = 1.1 if shift_threshold is None else float(shift_threshold)
-        self._policy: Policy = (
-            MultiRangePolicy(max_ranges, threshold, shift_min_traffic)
-            if policy == "multi"
-            else ContiguousPolicy(split, threshold, shift_min_traffic)
-        )
+        self._split = split
+        self._max_ranges = max_ranges
+        self._shift_min_traffic = shift_min_traffic
+        # The ranges each consumer of a sticky subscription declared, in slots of the whole space.
+        self._declared: dict[str, list[tuple[int, int]]] = {}
+        self._declared_here: dict[str, list[tuple[int, int]]] = {}  # the same, of the block, counted from first
         self._shift_threshold = shift_threshold
         self._shift_interval = shift_interval
         self._first = slots[0]
         self._size = slots[1] - slots[0] + 1
+        self._policy = self._make_policy(policy)
         self._meter = LoadMeter(self._size, half_life)
 
         self._map = RangeMap(self._size)
         self._ends: list[int] = []
-        self._owners: list[_Consumer] = []
+        self._owners: list[_Consumer | None] = []  # None: unassigned (a sticky subscription's undeclared slots)
         self._consumers: dict[str, _Consumer] = {}
         self._round_robin: list[_Consumer] = []  # join order, for keyless messages
         self._standby: list[str] = []
@@ -602,13 +607,27 @@ class Dispatcher:
 
     # -- consumers -------------------------------------------------------------------
 
-    def add_consumer(self, cid: str) -> None:
-        """Add a consumer; it takes its share of the hash space from the busiest consumers (G1 applies)."""
+    def add_consumer(self, cid: str, ranges: Sequence[tuple[int, int]] | None = None) -> None:
+        """Add a consumer; it takes its share of the hash space from the busiest consumers (G1 applies).
+
+        Under the sticky policy it declares ``ranges`` instead: inclusive ``(first, last)`` hash
+        slots of the whole space (not only of :attr:`slots`), disjoint from each other and from
+        every other consumer's; it owns their part of :attr:`slots` and nothing else, and keys
+        there move to it from nobody (a sticky subscription's undeclared slots have no owner and
+        their messages wait). Ranges under another policy, none under sticky, or an overlap are
+        refused (:class:`ConsumerError`, naming the consumer whose range it overlaps) and change
+        nothing.
+        """
         if not isinstance(cid, str) or not cid:
             raise ConsumerError(f"consumer id must be a non-empty str, not {cid!r}")
+        if cid == UNASSIGNED:
+            raise ConsumerError(f"consumer id {cid!r} is reserved for the slots no sticky consumer declared")
         if cid in self._consumers:
             raise DuplicateConsumerError(f"consumer {cid!r} is already present; expected a new id")
+        declared = self._check_declared(cid, ranges)
         now = self._sample()
+        if declared is not None:
+            self._declare(cid, declared)
         planned = self._policy.join(self._map, cid, self._load())
         consumer = _Consumer(cid)
         self._consumers[cid] = consumer
@@ -631,6 +650,8 @@ class Dispatcher:
         planned = self._leave_plan(cid)
         returned = self._return_inflight(consumer, list(consumer.inflight.values()), "consumer removed")
         del self._consumers[cid]
+        self._declared.pop(cid, None)
+        self._declared_here.pop(cid, None)
         self._round_robin.remove(consumer)
         self._rr = 0
         self._wake.pop(consumer, None)
@@ -1036,6 +1057,89 @@ class Dispatcher:
         """The rebalance policy deciding every range change."""
         return self._policy
 
+    def set_policy(self, policy: str) -> None:
+        """Switch to another rebalance policy (a name as the constructor takes); only without consumers.
+
+        A Pulsar Key_Shared subscription is AUTO_SPLIT (a load-aware policy) or STICKY (each
+        consumer declares its ranges) as its first consumer says; the server switches an
+        empty subscription to what a joiner asks. Measured load, held messages and history
+        carry over. Refused (:class:`ConfigError`, nothing changed) while a consumer is present.
+        """
+        check_policy_choice(policy, self._max_ranges, sticky=True)
+        if policy == self._policy.name:
+            return
+        if self._consumers:
+            raise ConfigError(
+                f"cannot switch to policy {policy!r} while {len(self._consumers)} consumer(s) are present; "
+                "expected a subscription without consumers"
+            )
+        self._policy = self._make_policy(policy)
+
+    def _make_policy(self, name: str) -> Policy:
+        threshold = 1.1 if self._shift_threshold is None else float(self._shift_threshold)
+        if name == MultiRangePolicy.name:
+            return MultiRangePolicy(self._max_ranges, threshold, self._shift_min_traffic)
+        if name == ContiguousPolicy.name:
+            return ContiguousPolicy(self._split, threshold, self._shift_min_traffic)
+        return StickyPolicy(self._declared_here)
+
+    def declared_ranges(self, cid: str) -> list[tuple[int, int]] | None:
+        """The ranges sticky consumer ``cid`` declared (whole-space slots), None for a consumer of another policy."""
+        self._consumer(cid)
+        found = self._declared.get(cid)
+        return None if found is None else list(found)
+
+    def _check_declared(self, cid: str, ranges: object) -> list[tuple[int, int]] | None:
+        """``ranges`` checked as :meth:`add_consumer` documents, sorted; None when the policy takes none."""
+        if self._policy.name != StickyPolicy.name:
+            if ranges is not None:
+                raise ConsumerError(
+                    f"consumer {cid!r} declared hash ranges, but policy {self._policy.name!r} assigns them; "
+                    "expected ranges only under the sticky policy"
+                )
+            return None
+        if ranges is None or isinstance(ranges, (str, bytes)) or not isinstance(ranges, Sequence) or not ranges:
+            raise ConsumerError(
+                f"consumer {cid!r} of a sticky subscription must declare its hash ranges: expected a non-empty "
+                f"sequence of (first, last) slots, not {ranges!r}"
+            )
+        checked = []
+        for item in ranges:
+            if (
+                not isinstance(item, (tuple, list))
+                or len(item) != 2
+                or not all(type(bound) is int for bound in item)
+                or not 0 <= item[0] <= item[1] < HASH_RANGE_SIZE
+            ):
+                raise ConsumerError(
+                    f"consumer {cid!r} declared range {item!r}; expected (first, last) ints with "
+                    f"0 <= first <= last <= {HASH_RANGE_SIZE - 1}"
+                )
+            checked.append((item[0], item[1]))
+        checked.sort()
+        for (_, last), (first, _) in itertools.pairwise(checked):
+            if first <= last:
+                raise ConsumerError(f"consumer {cid!r} declared overlapping ranges {checked}; expected disjoint ones")
+        for other, theirs in self._declared.items():
+            for first, last in checked:
+                for their_first, their_last in theirs:
+                    if first <= their_last and their_first <= last:
+                        raise ConsumerError(
+                            f"consumer {cid!r}'s range [{first}, {last}] overlaps [{their_first}, {their_last}] "
+                            f"of consumer {other!r}; expected ranges no other consumer declared"
+                        )
+        return checked
+
+    def _declare(self, cid: str, ranges: list[tuple[int, int]]) -> None:
+        """Record sticky ``ranges`` of ``cid``, and their parts in this dispatcher's block."""
+        first, size = self._first, self._size
+        self._declared[cid] = ranges
+        self._declared_here[cid] = [
+            (max(start - first, 0), min(end - first, size - 1))
+            for start, end in ranges
+            if end >= first and start < first + size
+        ]
+
     @property
     def consume_mode(self) -> ConsumeMode:
         """``"ordered"`` (key ranges, per-key order) or ``"unordered"`` (pop: any consumer with permits)."""
@@ -1165,7 +1269,8 @@ class Dispatcher:
         return self._map.copy()
 
     def owner_of(self, key: str | bytes) -> str | None:
-        """The consumer whose range holds ``key``'s hash, or None without consumers.
+        """The consumer whose range holds ``key``'s hash, or None when none does (no consumers, or a
+        sticky subscription's undeclared slot).
 
         Raises :class:`WrongPartitionError` for a key whose slot is outside :attr:`slots`.
         """
@@ -1174,9 +1279,8 @@ class Dispatcher:
         if not 0 <= slot < self._size:
             raise _wrong_partition(key, slot + self._first, self._first, self._size)
         owners = self._owners
-        if not owners:
-            return None
-        return owners[bisect.bisect_left(self._ends, slot)].cid
+        owner = owners[bisect.bisect_left(self._ends, slot)] if owners else None
+        return None if owner is None else owner.cid
 
     def snapshot(self) -> dict[str, Any]:
         """The range map snapshot (``RangeMap.snapshot`` format; of a block, counted from its first slot)."""
@@ -1727,7 +1831,8 @@ class Dispatcher:
         self._map = planned
         ends, owner_ids = planned.lookup_table()
         self._ends = ends
-        self._owners = [self._consumers[cid] for cid in owner_ids]
+        consumers = self._consumers
+        self._owners = [None if cid == UNASSIGNED else consumers[cid] for cid in owner_ids]
         for first, last, _, _ in moved:
             for state in self._keys_in(first, last):
                 self._reroute(state)
@@ -1939,7 +2044,15 @@ class Dispatcher:
         assert all(last is not None and first <= last + 1 for first in self._parked.values()), "parked past the end"
         assert self._held <= self._held_bound, f"held {self._held} above max_replay {self._max_replay}"
         stuck = {cid for cid, consumer in self._consumers.items() if consumer.stuck}
-        assert set(self._consumers) == set(self._map.consumers()) | set(self._standby) | stuck, "membership"
+        owning = set(self._map.consumers()) - {UNASSIGNED}
+        assert set(self._consumers) == owning | set(self._standby) | stuck, "membership"
+        assert set(self._declared) == set(self._declared_here), "declared in the block"
+        assert set(self._declared) <= set(self._consumers), "declared by a consumer that left"
+        for cid in owning if self._policy.name == StickyPolicy.name else ():
+            joined: list[tuple[int, int]] = []
+            for start, end in self._declared_here[cid]:
+                joined.append((joined.pop()[0], end) if joined and joined[-1][1] + 1 == start else (start, end))
+            assert self._map.ranges_of(cid) == joined, f"{cid}: owns {self._map.ranges_of(cid)}, declared {joined}"
 
     def _consumer(self, cid: str) -> _Consumer:
         try:

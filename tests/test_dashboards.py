@@ -232,9 +232,10 @@ def test_dashboard_has_the_time_series_panels_the_issue_lists(metric: str, per_c
 
 def test_range_ownership_is_a_stacked_chart_of_range_share() -> None:
     (ownership,) = [p for p in panels(dashboard()) if p.get("title") == "Range ownership" and p["type"] == "timeseries"]
-    (target,) = ownership["targets"]
+    target, unassigned = ownership["targets"]
     assert metric_names(target["expr"]) == {"keyfailover_range_share"}
     assert target["legendFormat"] == "{{consumer}}"
+    assert metric_names(unassigned["expr"]) == {"keyfailover_unassigned_share"}, "a sticky subscription's gaps"
     defaults = ownership["fieldConfig"]["defaults"]
     assert defaults["custom"]["stacking"]["mode"] == "normal", "the shares must stack up to the whole hash space"
     assert (defaults["min"], defaults["max"]) == (0, 1), "the axis must show the whole hash space, 0 to 1"

@@ -56,6 +56,7 @@ SPEC: dict[str, tuple[str, tuple[str, ...]]] = {
     "keyfailover_consumer_stuck": ("gauge", CONSUMER),
     "keyfailover_leases_expired": ("counter", CONSUMER),
     "keyfailover_backlog_messages": ("gauge", ()),
+    "keyfailover_unassigned_share": ("gauge", ()),
     "keyfailover_delivery_latency_seconds": ("histogram", ()),
     "keyfailover_rebalances": ("counter", ("reason",)),
     "keyfailover_rebalance_duration_seconds": ("histogram", ()),
@@ -380,6 +381,24 @@ def test_each_subscription_sums_to_one_and_one_without_consumers_reports_zero() 
         "a": 0.0,
         "b": 0.0,
     }
+
+
+def test_a_sticky_subscription_reports_what_its_consumers_declared_and_what_nobody_did() -> None:
+    sticky = Dispatcher(policy="sticky")
+    sticky.add_consumer("low", [(0, 8191), (8192, 16383)])  # adjacent: one range of the map
+    sticky.add_consumer("third", [(32768, 49151)])
+    auto = Recorder()
+    auto.join("a", "b")
+    families = scrape(
+        lambda: [SubscriptionView("orders", "sticky", sticky), SubscriptionView("orders", "auto", auto.dispatcher)]
+    )
+    labels = {"topic": "orders", "partition": "", "subscription": "sticky"}
+    shares = values(families, "keyfailover_range_share", "consumer", **labels)
+    assert shares == {"low": 0.25, "third": 0.25}
+    assert value(families, "keyfailover_unassigned_share", **labels) == 0.5
+    assert value(families, "keyfailover_consumer_ranges", consumer="low", **labels) == 1
+    assert value(families, "keyfailover_rebalance_policy_info", policy="sticky", max_ranges="2", **labels) == 1
+    assert value(families, "keyfailover_unassigned_share", topic="orders", partition="", subscription="auto") == 0
 
 
 # -- per-consumer counters and gauges ---------------------------------------------------

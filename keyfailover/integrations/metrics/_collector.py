@@ -44,6 +44,7 @@ from prometheus_client.registry import Collector
 from keyfailover.core.dispatcher import Dispatcher
 from keyfailover.core.hashing import HASH_RANGE_SIZE
 from keyfailover.core.histogram import Histogram
+from keyfailover.core.rebalance import UNASSIGNED
 
 __all__ = ["METRIC_NAMES", "ClusterView", "KeyFailoverCollector", "ServedPartition", "ServerView", "SubscriptionView"]
 
@@ -200,6 +201,11 @@ _SPECS: dict[str, tuple[str, str, list[str]]] = {
     ),
     "keyfailover_load_imbalance": ("gauge", "Recent traffic of the busiest consumer over the mean (1 is even).", _SUB),
     "keyfailover_consumers": ("gauge", "Consumers attached to the subscription (standbys included).", _SUB),
+    "keyfailover_unassigned_share": (
+        "gauge",
+        "Fraction of the 65536-slot hash space a sticky subscription's consumers did not declare: its keys wait.",
+        _SUB,
+    ),
     "keyfailover_range_map_epoch": ("gauge", "Range map epoch: +1 at every change.", _SUB),
     "keyfailover_rebalance_policy": (
         "info",
@@ -388,6 +394,8 @@ def _subscription(families: _Families, view: SubscriptionView) -> None:
     mean = sum(loads) / len(loads) if loads else 0.0
     families.add("keyfailover_load_imbalance", sub, max(loads) / mean if mean > 0 else 1.0)
     families.add("keyfailover_consumers", sub, len(stats["consumers"]))
+    unassigned = sum(end - start + 1 for start, end, owner in dispatcher.ranges() if owner == UNASSIGNED)
+    families.add("keyfailover_unassigned_share", sub, unassigned / HASH_RANGE_SIZE)
     families.add("keyfailover_range_map_epoch", sub, stats["epoch"])
     families.add("keyfailover_dead_lettered", sub, stats["dead_lettered"])
     families.add("keyfailover_dead_letters_unconfirmed", sub, stats["dead_letters_unconfirmed"])

@@ -1,0 +1,180 @@
+"""The sticky policy (Pulsar's Key_Shared STICKY) in the core: each consumer owns the ranges it declared.
+
+The first tests port the expectations of Apache Pulsar's
+``HashRangeExclusiveStickyKeyConsumerSelectorTest`` (its hash space of 10 slots is the first 10
+of keyfailover's 65536; the rest is unassigned); the others pin what keyfailover adds: keys of
+undeclared slots wait and nothing is lost, a partition's block, stuck consumers, switching policy.
+The guarantees G1-G7 under this policy are the property machine ``StickyMachine`` in
+tests/test_dispatcher_properties.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from keyfailover.core.clock import ManualClock
+from keyfailover.core.dispatcher import Delivery, Dispatcher
+from keyfailover.core.errors import ConfigError, ConsumerError
+from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
+from keyfailover.core.rebalance import UNASSIGNED
+
+END = HASH_RANGE_SIZE - 1
+
+
+def owner(d: Dispatcher, slot: int) -> str | None:
+    """Who owns ``slot`` in ``d``'s ranges (None: unassigned, or no map)."""
+    for start, end, consumer in d.ranges():
+        if start <= slot <= end:
+            return None if consumer == UNASSIGNED else consumer
+    return None
+
+
+def key_in(first: int, last: int, avoid: frozenset[str] = frozenset()) -> str:
+    """A key whose slot lies in ``[first, last]``."""
+    return next(k for i in range(1_000_000) if first <= key_hash(k := f"key-{i}") <= last and k not in avoid)
+
+
+# -- Pulsar's HashRangeExclusiveStickyKeyConsumerSelectorTest ------------------------------------
+
+
+def test_consumer_select() -> None:
+    """testConsumerSelect: consumer1 [0, 2], consumer2 [3, 9]; slots nobody declared have no consumer."""
+    d = Dispatcher(policy="sticky")
+    d.add_consumer("consumer1", [(0, 2)])
+    assert [owner(d, slot) for slot in range(3)] == ["consumer1"] * 3
+    assert owner(d, 4) is None
+    d.add_consumer("consumer2", [(3, 9)])
+    assert [owner(d, slot) for slot in range(3, 10)] == ["consumer2"] * 7
+    assert [owner(d, slot) for slot in range(3)] == ["consumer1"] * 3
+    d.remove_consumer("consumer1")
+    assert owner(d, 1) is None
+    d.remove_consumer("consumer2")
+    assert owner(d, 5) is None
+    assert d.ranges() == []
+
+
+def test_empty_ranges_are_refused() -> None:
+    """testEmptyRanges and testNullKeySharedMeta: a sticky consumer must declare ranges."""
+    d = Dispatcher(policy="sticky")
+    for declared in ([], None):
+        with pytest.raises(ConsumerError, match="must declare its hash ranges"):
+            d.add_consumer("consumer", declared)
+    assert d.consumers() == []
+
+
+def test_get_consumer_key_hash_ranges() -> None:
+    """testGetConsumerKeyHashRanges: each consumer's ranges are what it declared."""
+    d = Dispatcher(policy="sticky")
+    declared = {"consumer1": (0, 2), "consumer2": (3, 7), "consumer3": (9, 12), "consumer4": (15, 20)}
+    for name, declared_range in declared.items():
+        d.add_consumer(name, [declared_range])
+    assert {name: d.ranges_of(name) for name in declared} == {name: [r] for name, r in declared.items()}
+    assert d.ranges() == [
+        (0, 2, "consumer1"),
+        (3, 7, "consumer2"),
+        (8, 8, UNASSIGNED),
+        (9, 12, "consumer3"),
+        (13, 14, UNASSIGNED),
+        (15, 20, "consumer4"),
+        (21, END, UNASSIGNED),
+    ]
+
+
+@pytest.mark.parametrize("declared", [(4, 6), (1, 3), (2, 2), (5, 5), (1, 5), (2, 6), (2, 5), (1, 6)])
+def test_single_range_conflict(declared: tuple[int, int]) -> None:
+    """testSingleRangeConflict: any overlap with consumer1's [2, 5] is refused and changes nothing."""
+    d = Dispatcher(policy="sticky")
+    d.add_consumer("consumer1", [(2, 5)])
+    before = d.ranges()
+    with pytest.raises(ConsumerError, match=r"overlaps \[2, 5\] of consumer 'consumer1'"):
+        d.add_consumer("consumer", [declared])
+    assert d.ranges() == before and d.consumers() == ["consumer1"]
+
+
+def test_a_range_whose_start_is_after_its_end_is_refused() -> None:
+    """testSingleRangeConflict's last case, [8, 6]: malformed."""
+    d = Dispatcher(policy="sticky")
+    with pytest.raises(ConsumerError, match="expected \\(first, last\\) ints"):
+        d.add_consumer("consumer", [(8, 6)])
+
+
+@pytest.mark.parametrize("declared", [[(2, 2), (3, 3), (4, 5)], [(0, 0), (1, 2)]])
+def test_multiple_range_conflict(declared: list[tuple[int, int]]) -> None:
+    """testMultipleRangeConflict: one overlapping range of several refuses them all."""
+    d = Dispatcher(policy="sticky")
+    d.add_consumer("consumer1", [(2, 5)])
+    with pytest.raises(ConsumerError, match="overlaps"):
+        d.add_consumer("consumer", declared)
+    assert d.consumers() == ["consumer1"]
+
+
+# -- what keyfailover adds ----------------------------------------------------------------------
+
+
+def test_keys_nobody_declared_wait_and_go_to_the_consumer_that_declares_them() -> None:
+    d = Dispatcher(clock=ManualClock(0.0), policy="sticky")
+    low, high = key_in(0, 32767), key_in(32768, END)
+    d.add_consumer("low", [(0, 32767)])
+    d.flow("low", 10)
+    d.publish(1, high, "h1")
+    d.publish(2, low, "l2")
+    d.publish(3, high, "h3")
+    assert d.poll() == [Delivery("low", 2, low, "l2", 0)]
+    assert d.stats()["replay"] == 2  # held, not lost
+    d.add_consumer("high", [(32768, END)])
+    d.flow("high", 10)
+    assert d.poll() == [Delivery("high", 1, high, "h1", 0), Delivery("high", 3, high, "h3", 0)]
+
+
+def test_a_partitions_dispatcher_owns_the_part_of_the_declared_ranges_in_its_block() -> None:
+    d = Dispatcher(policy="sticky", slots=(1000, 1999))
+    d.add_consumer("a", [(0, 1499)])
+    d.add_consumer("b", [(1700, 5000)])
+    d.add_consumer("elsewhere", [(30000, 40000)])  # nothing in this block: a member without ranges
+    assert d.ranges() == [(1000, 1499, "a"), (1500, 1699, UNASSIGNED), (1700, 1999, "b")]
+    assert d.declared_ranges("elsewhere") == [(30000, 40000)]
+    assert d.stats()["consumers"]["elsewhere"]["ranges"] == []
+    with pytest.raises(ConsumerError, match="overlaps"):  # overlaps are across the whole space, as in Pulsar
+        d.add_consumer("c", [(35000, 35000)])
+
+
+def test_a_stuck_sticky_consumer_loses_its_ranges_to_nobody_and_gets_them_back_when_it_recovers() -> None:
+    clock = ManualClock(0.0)
+    d = Dispatcher(clock=clock, policy="sticky", ack_timeout=1.0)
+    key = key_in(0, 100)
+    d.add_consumer("only", [(0, 100)])
+    d.flow("only", 1)
+    d.publish(1, key, "m")
+    assert d.poll() == [Delivery("only", 1, key, "m", 0)]
+    clock.advance(2.0)
+    assert d.poll() == []  # taken back, and nobody else may have the key
+    assert owner(d, key_hash(key)) is None and d.stats()["consumers"]["only"]["stuck"]
+    d.flow("only", 1)  # progress: it recovers its declared ranges
+    assert d.ranges_of("only") == [(0, 100)]
+    assert d.poll() == [Delivery("only", 1, key, "m", 1)]
+
+
+def test_the_policy_switches_only_without_consumers() -> None:
+    d = Dispatcher(policy="multi")
+    with pytest.raises(ConsumerError, match="only under the sticky policy"):
+        d.add_consumer("a", [(0, 10)])
+    d.add_consumer("a")
+    with pytest.raises(ConfigError, match="while 1 consumer"):
+        d.set_policy("sticky")
+    assert d.policy.name == "multi"
+    d.remove_consumer("a")
+    d.set_policy("sticky")
+    d.add_consumer("a", [(0, 10)])
+    assert d.ranges()[0] == (0, 10, "a")
+    d.remove_consumer("a")
+    d.set_policy("contiguous")
+    d.add_consumer("b")
+    assert d.ranges() == [(0, END, "b")]
+    with pytest.raises(ConfigError, match="policy must be one of"):
+        d.set_policy("ring")
+
+
+def test_the_reserved_owner_is_not_a_consumer_id() -> None:
+    d = Dispatcher(policy="sticky")
+    with pytest.raises(ConsumerError, match="reserved"):
+        d.add_consumer(UNASSIGNED, [(0, 10)])

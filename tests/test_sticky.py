@@ -56,7 +56,8 @@ def test_consumer_select() -> None:
 def test_empty_ranges_are_refused() -> None:
     """testEmptyRanges and testNullKeySharedMeta: a sticky consumer must declare ranges."""
     d = Dispatcher(policy="sticky")
-    for declared in ([], None):
+    nothing: tuple[list[tuple[int, int]] | None, ...] = ([], None)
+    for declared in nothing:
         with pytest.raises(ConsumerError, match="must declare its hash ranges"):
             d.add_consumer("consumer", declared)
     assert d.consumers() == []

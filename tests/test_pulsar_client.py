@@ -32,7 +32,7 @@ from keyfailover.core.hashing import key_hash
 from keyfailover.core.partitions import partition_of_key
 from keyfailover.core.rebalance import UNASSIGNED
 from tests.pulsar_wire import RawPulsar, connect_command, sticky_subscribe, subscribe_command
-from tests.server_process import ServerProcess, wait_until
+from tests.server_process import ServerProcess, run_cli, wait_until
 
 TOKEN = "pulsar-token-for-tests"
 QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
@@ -540,6 +540,20 @@ def test_sticky_consumers_get_the_keys_of_their_own_ranges_and_undeclared_ones_w
         assert owners(server, topic) == [(0, 32767, "low"), (32768, 65535, "high")]
         with pytest.raises(pulsar.Timeout):
             low.receive(timeout_millis=300)
+
+
+def test_ranges_pulsar_sticky_gives_back_what_sticky_consumers_declared(server: ServerProcess) -> None:
+    """``keyfailover ranges --pulsar-sticky`` of a STICKY subscription: each consumer's declared ranges
+    (adjacent ones as one), the unassigned slots left out."""
+    topic = "sticky-export"
+    with client(server.pulsar_url) as pc:
+        sticky("a", pc, topic, (0, 99), (100, 199), (5000, 5999))
+        sticky("b", pc, topic, (60000, 65535))
+        assert server.admin_url is not None
+        where = ["--admin-url", server.admin_url, "--topic", topic, "--subscription", "s"]
+        done = run_cli("ranges", *where, "--pulsar-sticky")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"a": [[0, 199], [5000, 5999]], "b": [[60000, 65535]]}
 
 
 def owners(server: ServerProcess, topic: str) -> list[tuple[int, int, str]]:

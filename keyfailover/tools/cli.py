@@ -689,11 +689,15 @@ def _pulsar_sticky(snapshot: dict[str, Any]) -> str:
     """Each consumer's ranges of a range map snapshot as Pulsar Key_Shared STICKY hash ranges: JSON, a consumer a line.
 
     Pulsar's ``Range.of(start, end)`` is inclusive like ours, and a snapshot lists ranges in
-    hash order, so each consumer's list comes out sorted.
+    hash order, so each consumer's list comes out sorted. A sticky subscription's unassigned
+    slots belong to no consumer and are left out.
     """
+    from keyfailover.core.rebalance import UNASSIGNED
+
     sticky: dict[str, list[list[int]]] = {}
     for entry in snapshot["ranges"]:
-        sticky.setdefault(entry["consumer"], []).append([entry["start"], entry["end"]])
+        if entry["consumer"] != UNASSIGNED:
+            sticky.setdefault(entry["consumer"], []).append([entry["start"], entry["end"]])
     lines = [f"  {json.dumps(consumer)}: {json.dumps(pairs)}" for consumer, pairs in sorted(sticky.items())]
     return "{\n" + ",\n".join(lines) + "\n}" if lines else "{}"
 

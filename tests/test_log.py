@@ -366,6 +366,17 @@ def test_read_returns_positions_after_up_to_limit(log: Log) -> None:
     assert log.read("t", 4, 1) == [StoredMessage(5, "k5", b"5", 7)]
 
 
+def test_position_at_time_is_the_first_message_published_at_or_after_it(log: Log) -> None:
+    for publish_time in (10, 20, 20, 30, 5):  # the last one is older: a replayed dead letter keeps its time
+        log.append([("t", None, [(None, "k", b"%d" % publish_time)])], publish_time=publish_time)
+    log.append([("u", None, [(None, "k", b"x")])], publish_time=99)
+    assert [log.position_at_time("t", at) for at in (0, 5, 10, 11, 20, 21, 30)] == [1, 1, 1, 2, 2, 4, 4]
+    assert log.position_at_time("t", 31) is None
+    assert log.position_at_time("unknown", 0) is None
+    with pytest.raises(LogError, match="publish time must be an int"):
+        log.position_at_time("t", -1)
+
+
 def test_topics_never_see_each_others_messages(log: Log) -> None:
     log.append(
         [("a", None, [(None, None, b"a")]), ("b", None, [(None, None, b"b1"), (None, None, b"b2")])], publish_time=3

@@ -171,6 +171,8 @@ def test_a_store_groups_requests_of_several_producers_and_serves_only_what_it_le
         ]
         assert [m.payload for m in await b1.read(served, 0, 10)] == [b"1", b"2", b"3", b"4"]
         assert set(await b1.read_positions(served, [2, 4, 9])) == {2, 4}
+        assert await b1.position_at_time(served, 0) == 1
+        assert await b1.position_at_time(served, publish_clock() + 60_000_000) is None
         assert not await b1.has_cursor(served, "s")
         await b1.save_cursors([(served, "s", Cursor(2, []))])
         assert await b1.has_cursor(served, "s")
@@ -201,6 +203,24 @@ def test_the_last_sequence_of_a_producer(postgres: PostgreSQL) -> None:
         assert await b1.last_sequence(served, "q") == 9
 
     run_store(postgres, body)
+
+
+def test_position_at_time_is_the_first_message_of_the_partition_published_at_or_after_it(
+    postgres: PostgreSQL,
+) -> None:
+    async def body(log: PostgresLog, topic: str) -> None:
+        lease = await log.open_partition(topic, 0, "b1")
+        other = await log.open_partition(topic, 1, "b1")
+        for publish_time in (10, 20, 20, 30, 5):  # the last one is older: a replayed dead letter keeps its time
+            await log.append(lease, None, [(None, "k", b"%d" % publish_time)], publish_time=publish_time)
+        await log.append(other, None, [(None, "k", b"x")], publish_time=99)
+        found = [await log.position_at_time(topic, 0, at) for at in (0, 5, 10, 11, 20, 21, 30)]
+        assert found == [1, 1, 1, 2, 2, 4, 4]
+        assert await log.position_at_time(topic, 0, 31) is None
+        assert await log.position_at_time(topic, 1, 31) == 1
+        assert await log.position_at_time(topic, 2, 0) is None
+
+    run(postgres, body)
 
 
 def test_a_sequence_id_below_the_highest_never_stored_is_stored_late(postgres: PostgreSQL) -> None:

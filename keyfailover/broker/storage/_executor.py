@@ -65,6 +65,9 @@ class SQLiteStore(Store):
     async def read_positions(self, topic: str, positions: Iterable[int]) -> dict[int, StoredMessage]:
         return await self._call(self._log.read_positions, topic, positions)
 
+    async def position_at_time(self, topic: str, publish_time: int) -> int | None:
+        return await self._call(self._log.position_at_time, topic, publish_time)
+
     async def last_sequence(self, topic: str, producer: str) -> int:
         return await self._call(self._log.last_sequence, topic, producer)
 

@@ -100,6 +100,11 @@ class Store(ABC):
         """The messages of ``topic`` at ``positions`` (those that exist)."""
 
     @abstractmethod
+    async def position_at_time(self, topic: str, publish_time: int) -> int | None:
+        """The first position of ``topic`` whose publish time is at or after ``publish_time`` (µs since the
+        Unix epoch), None when there is none (a seek by time: messages without a publish time count as older)."""
+
+    @abstractmethod
     async def last_sequence(self, topic: str, producer: str) -> int:
         """The highest sequence id ``producer`` stored in ``topic``; -1 when it stored none."""
 

@@ -317,6 +317,20 @@ class PostgresLog:
         )
         return [_stored_message(r) for r in rows]
 
+    async def position_at_time(self, topic: str, partition: int, publish_time: int) -> int | None:
+        """The first position of the partition whose publish time is at or after ``publish_time`` (µs since
+        the Unix epoch), None when there is none; messages without a publish time count as older. The primary
+        key walked in position order from the start: O(messages before it)."""
+        _check_partition(topic, partition)
+        found = await self._pool.fetchval(
+            """SELECT position FROM kf_messages WHERE topic = $1 AND partition = $2 AND publish_time >= $3
+               ORDER BY position LIMIT 1""",
+            topic,
+            partition,
+            publish_time,
+        )
+        return None if found is None else int(found)
+
     async def save_cursor(self, lease: Lease, subscription: str, cursor: Cursor) -> None:
         """Save a subscription's cursor of the leased partition; :class:`FencedError` if the lease is stale."""
         async with self._pool.acquire() as connection, connection.transaction():
@@ -481,6 +495,10 @@ class PostgresStore(Store):
     async def read(self, topic: str, after: int, limit: int) -> list[StoredMessage]:
         name, partition = self._locate(topic)
         return await self.log.read(name, partition, after, limit)
+
+    async def position_at_time(self, topic: str, publish_time: int) -> int | None:
+        name, partition = self._locate(topic)
+        return await self.log.position_at_time(name, partition, publish_time)
 
     async def last_sequence(self, topic: str, producer: str) -> int:
         name, partition = self._locate(topic)

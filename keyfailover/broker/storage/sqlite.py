@@ -327,6 +327,24 @@ class Log:
         topic_id = self._topic_id(_name(topic, "topic"))
         return 1 if topic_id is None else _edge(self._connection(), "min", topic_id, 1)
 
+    def position_at_time(self, topic: str, publish_time: int) -> int | None:
+        """The first position of ``topic`` whose publish time is at or after ``publish_time`` (µs since the
+        Unix epoch); None when there is none. Messages without a publish time (stored before the log had
+        them) count as older. A scan in position order from the topic's start: O(messages before it)."""
+        topic_id = self._topic_id(_name(topic, "topic"))
+        if topic_id is None:
+            return None
+        base = topic_id << _POSITION_BITS
+        row = (
+            self._connection()
+            .execute(
+                "SELECT id - ? FROM messages WHERE id > ? AND id <= ? AND publish_time >= ? ORDER BY id LIMIT 1",
+                (base, base, base + MAX_POSITION, _publish_time(publish_time)),
+            )
+            .fetchone()
+        )
+        return None if row is None else int(row[0])
+
     def topics(self) -> list[str]:
         """Every topic that holds messages, sorted."""
         return [name for (name,) in self._connection().execute("SELECT name FROM topics ORDER BY name")]

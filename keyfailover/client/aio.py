@@ -1197,6 +1197,9 @@ class _PartConsumer(_Part):
             if frame.reason == "timeout" and not self._closed:
                 _log.warning("consumer %r timed out on the server; subscribing again", self.consumer_name)
                 self._subscribe()
+            elif frame.reason == "seek" and not self._closed:
+                _log.info("subscription of consumer %r was reset (a seek); subscribing again", self.consumer_name)
+                self._subscribe()
             elif frame.reason == "superseded":
                 self._end(ConsumerClosedError(f"consumer {self.consumer_name!r} was superseded by another of its name"))
             elif frame.reason == "moved":

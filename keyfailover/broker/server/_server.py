@@ -12,10 +12,10 @@ import os
 import ssl
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO, cast
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar, cast
 
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.protocol import (
@@ -75,6 +75,7 @@ if TYPE_CHECKING:
 __all__ = ["Server", "ServerConfig"]
 
 _log = logging.getLogger("keyfailover.server")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,8 @@ class Server:
         """``HOST:PORT`` of the Pulsar endpoint a cluster's other brokers send Pulsar clients to."""
         self._subscriptions: dict[tuple[str, str], Subscription] = {}
         self._partitions: dict[str, int] = {}  # topics created with partitions, and how many
-        self._opening: dict[tuple[str, str], asyncio.Future[Subscription]] = {}
+        # The subscriptions being opened or reset (a seek) now: anyone else wants them after that ends.
+        self._busy: dict[tuple[str, str], asyncio.Event] = {}
         # Topics (partitions) whose serving is ending: nothing new opens on them until served again,
         # or a consumer told "moved" that subscribes here again at once would stay on a subscription
         # no new message reaches once the broker has let the partition go.
@@ -398,52 +400,54 @@ class Server:
         """The live subscription, loading its cursor on first use (created if new: with ``at_end`` after the
         topic's last message, its cursor saved at once, else at the start)."""
         key = (topic, name)
-        found = self._subscriptions.get(key)
-        if found is not None:
-            return found
-        opening = self._opening.get(key)
-        if opening is not None:
-            return await opening
-        future: asyncio.Future[Subscription] = asyncio.get_running_loop().create_future()
-        self._opening[key] = future
+        while (found := self._subscriptions.get(key)) is None:
+            busy = self._busy.get(key)
+            if busy is None:
+                return await self._exclusively(key, self._load(topic, name, at_end))
+            await busy.wait()  # opened or reset meanwhile: looked up again
+        return found
+
+    async def _exclusively(self, key: tuple[str, str], work: Coroutine[Any, Any, _T]) -> _T:
+        """Run ``work``, the one opening or reset of subscription ``key`` now; others wait till it ends."""
+        done = self._busy[key] = asyncio.Event()
         try:
-            base, index, count = self.partition_of(topic)
-            if at_end and not await self.storage.has_cursor(topic, name):
-                # Saved now: the subscription exists from here on, and what comes after is kept for it.
-                cursor = Cursor(self.storage.last_position(topic))
-                await self.storage.save_cursors([(topic, name, cursor)])
-            else:
-                cursor = await self.storage.load_cursor(topic, name)
-            saved = await self.storage.load_consume_mode(base, name)
-            mode = self.config.subscription.consume_mode if saved is None else check_consume_mode(saved)
-            async with self._settings_lock:  # a change of its settings is saved before or applied after
-                own = await self._own_settings(base, name)
-                subscription = Subscription(
-                    topic,
-                    name,
-                    cursor,
-                    self.storage,
-                    self.config.subscription,
-                    consume_mode=mode,
-                    own_settings=own,
-                    slots=partition_slots(index, count),
-                    settings_topic=base,
-                    may_act=None if self._broker is None else self._broker.lease_valid,
-                )
-                if not self.storage.serves(topic) or topic in self._closing:  # it moved away while loading
-                    raise ProtocolError(
-                        ErrorCode.NOT_OWNER, f"this broker stopped serving {topic!r}; look the topic up again"
-                    )
-                subscription.start()
-                self._subscriptions[key] = subscription
-            future.set_result(subscription)
-            return subscription
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: raised here, and to any other waiter (else logged when collected)
-            raise
+            return await work
         finally:
-            del self._opening[key]
+            del self._busy[key]
+            done.set()
+
+    async def _load(self, topic: str, name: str, at_end: bool = False) -> Subscription:
+        """Open the subscription from the store and make it live."""
+        base, index, count = self.partition_of(topic)
+        if at_end and not await self.storage.has_cursor(topic, name):
+            # Saved now: the subscription exists from here on, and what comes after is kept for it.
+            cursor = Cursor(self.storage.last_position(topic))
+            await self.storage.save_cursors([(topic, name, cursor)])
+        else:
+            cursor = await self.storage.load_cursor(topic, name)
+        saved = await self.storage.load_consume_mode(base, name)
+        mode = self.config.subscription.consume_mode if saved is None else check_consume_mode(saved)
+        async with self._settings_lock:  # a change of its settings is saved before or applied after
+            own = await self._own_settings(base, name)
+            subscription = Subscription(
+                topic,
+                name,
+                cursor,
+                self.storage,
+                self.config.subscription,
+                consume_mode=mode,
+                own_settings=own,
+                slots=partition_slots(index, count),
+                settings_topic=base,
+                may_act=None if self._broker is None else self._broker.lease_valid,
+            )
+            if not self.storage.serves(topic) or topic in self._closing:  # it moved away while loading
+                raise ProtocolError(
+                    ErrorCode.NOT_OWNER, f"this broker stopped serving {topic!r}; look the topic up again"
+                )
+            subscription.start()
+            self._subscriptions[(topic, name)] = subscription
+        return subscription
 
     # -- partitions ------------------------------------------------------------------
 
@@ -579,6 +583,46 @@ class Server:
             del self._subscriptions[key]
         await subscription.close("unsubscribed")
         await self.storage.delete_cursor(subscription.topic, subscription.name)
+
+    async def seek(self, topic: str, name: str, position: int) -> int:
+        """Reset subscription ``name`` of ``topic`` (a topic or partition this broker serves) so that its next
+        deliveries start at ``position``: everything before it counts as acked, everything from it on as not.
+
+        A position before the topic's first message is its first, one past its last message is its end
+        (what comes later). Every consumer session ends (``consumer_closed`` with reason ``"seek"``; a
+        Pulsar consumer is sent CLOSE_CONSUMER) and the subscription opens again from the store with the new
+        cursor: nothing held or in flight in the old dispatcher carries over. Returns the position the
+        subscription starts at. A :class:`ProtocolError`, changing nothing, for a subscription that does not
+        exist (``unknown_subscription``) or a topic this broker does not serve (``not_owner``); a seek that
+        fails to save its cursor leaves the one the subscription had (its consumers subscribe again).
+        """
+        if self.closing:
+            raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the server is shutting down; nothing was changed")
+        self.check_served(topic, "seek")
+        key = (topic, name)
+        while (busy := self._busy.get(key)) is not None:
+            await busy.wait()  # an opening or another seek of it: this one comes after
+        return await self._exclusively(key, self._reset(topic, name, position))
+
+    async def _reset(self, topic: str, name: str, position: int) -> int:
+        """The body of :meth:`seek`, while the subscription is busy (no subscribe opens it meanwhile)."""
+        old = self._subscriptions.get((topic, name))
+        if old is None and not await self.storage.has_cursor(topic, name):
+            raise ProtocolError(
+                ErrorCode.UNKNOWN_SUBSCRIPTION,
+                f"subscription {name!r} of {topic!r} does not exist; expected one with consumers or a saved cursor",
+            )
+        start = min(max(position, 1), self.storage.last_position(topic) + 1)
+        if old is not None:
+            del self._subscriptions[(topic, name)]
+            await old.close("seek")  # its sessions end, its pump stops, its cursor is saved
+        try:
+            await self.storage.save_cursors([(topic, name, Cursor(start - 1))])
+        finally:  # live again: with the new cursor, or with the one it had when the save failed
+            if not self.closing and self.storage.serves(topic) and topic not in self._closing:
+                await self._load(topic, name)
+        _log.info("subscription %s/%s reset: its next deliveries start at position %d", topic, name, start)
+        return start
 
     def next_session_id(self) -> int:
         return next(self._session_ids)

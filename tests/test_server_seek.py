@@ -1,0 +1,145 @@
+"""``Server.seek``: a subscription's cursor reset to a position, for every consumer, under concurrency.
+
+The server is run in this process (its embedded log in a temporary folder) so that a seek can be
+interleaved with a subscribe exactly; sessions are the server's own, their frames collected in lists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from keyfailover.broker.cursor import Cursor
+from keyfailover.broker.protocol import ConsumerClosed, Frame, Messages
+from keyfailover.broker.server import Server, ServerConfig
+from keyfailover.broker.server._subscription import Session, Subscription
+from keyfailover.core.errors import ErrorCode, ProtocolError
+
+
+def run(tmp_path: Path, body: Callable[[Server], Awaitable[None]]) -> None:
+    async def main() -> None:
+        server = Server(ServerConfig(data_dir=tmp_path))
+        await server.start()
+        try:
+            await body(server)
+        finally:
+            await server.close()
+
+    asyncio.run(main())
+
+
+class Inbox:
+    """A session's frames, and a way to wait for the deliveries of some positions."""
+
+    def __init__(self) -> None:
+        self.frames: list[Frame] = []
+        self._arrived = asyncio.Event()
+
+    def send(self, frame: Frame) -> None:
+        self.frames.append(frame)
+        self._arrived.set()
+
+    def positions(self) -> list[int]:
+        return [item[0] for frame in self.frames if isinstance(frame, Messages) for item in frame.messages]
+
+    async def until(self, count: int) -> list[int]:
+        while len(self.positions()) < count:
+            self._arrived.clear()
+            await self._arrived.wait()
+        return self.positions()
+
+
+def attach(server: Server, subscription: Subscription, consumer: str) -> Inbox:
+    inbox = Inbox()
+    session = Session(server.next_session_id(), consumer, subscription, inbox.send)
+    subscription.attach(session, 100)
+    return inbox
+
+
+async def produce(server: Server, topic: str, count: int) -> None:
+    await server.storage.append(topic, None, [(None, f"k{i % 3}", b"%d" % i) for i in range(count)])
+
+
+def test_a_seek_ends_every_session_and_the_subscription_starts_again_at_the_position(tmp_path: Path) -> None:
+    async def body(server: Server) -> None:
+        await produce(server, "orders", 10)
+        old = await server.subscription("orders", "billing")
+        first = attach(server, old, "a")
+        assert sorted(await first.until(10)) == list(range(1, 11))  # all in flight on the old dispatcher
+        second = attach(server, old, "b")
+        assert await server.seek("orders", "billing", 4) == 4
+        for inbox in (first, second):
+            assert [f.reason for f in inbox.frames if isinstance(f, ConsumerClosed)] == ["seek"]
+        new = server.subscriptions()[("orders", "billing")]
+        assert new is not old and not new.sessions
+        assert new.cursor == Cursor(3) and await server.storage.load_cursor("orders", "billing") == Cursor(3)
+        again = attach(server, new, "a")
+        assert sorted(await again.until(7)) == [4, 5, 6, 7, 8, 9, 10]  # nothing in flight before leaks
+
+    run(tmp_path, body)
+
+
+def test_a_position_before_the_start_is_the_start_and_one_past_the_end_is_the_end(tmp_path: Path) -> None:
+    async def body(server: Server) -> None:
+        await produce(server, "orders", 5)
+        subscription = await server.subscription("orders", "billing")
+        inbox = attach(server, subscription, "a")
+        await inbox.until(5)
+        subscription.ack(subscription.sessions["a"], [1, 2, 3, 4, 5])
+        assert await server.seek("orders", "billing", 0) == 1
+        assert server.subscriptions()[("orders", "billing")].cursor == Cursor(0)
+        assert await server.seek("orders", "billing", 1000) == 6
+        assert server.subscriptions()[("orders", "billing")].cursor == Cursor(5)
+        await produce(server, "orders", 1)
+        late = attach(server, server.subscriptions()[("orders", "billing")], "a")
+        assert await late.until(1) == [6]  # what came after the seek to the end
+
+    run(tmp_path, body)
+
+
+def test_a_seek_of_an_unknown_subscription_or_topic_not_served_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    async def body(server: Server) -> None:
+        await produce(server, "orders", 3)
+        with pytest.raises(ProtocolError) as refused:
+            await server.seek("orders", "nobody", 2)
+        assert refused.value.code == ErrorCode.UNKNOWN_SUBSCRIPTION
+        assert "'nobody'" in refused.value.message
+        assert ("orders", "nobody") not in server.subscriptions()
+        assert not await server.storage.has_cursor("orders", "nobody")
+        await server.subscription("orders", "billing")
+        await server.close_served("orders", "moved")
+        with pytest.raises(ProtocolError) as refused:
+            await server.seek("orders", "billing", 2)
+        assert refused.value.code == ErrorCode.NOT_OWNER
+
+    run(tmp_path, body)
+
+
+def test_a_subscribe_during_a_seek_gets_the_subscription_after_it(tmp_path: Path) -> None:
+    async def body(server: Server) -> None:
+        await produce(server, "orders", 6)
+        old = await server.subscription("orders", "billing")
+        seek = asyncio.create_task(server.seek("orders", "billing", 3))
+        subscribe = asyncio.create_task(server.subscription("orders", "billing"))
+        second_seek = asyncio.create_task(server.seek("orders", "billing", 5))
+        assert await seek == 3
+        after_first = await subscribe
+        assert after_first is not old and after_first.cursor.mark_delete in (2, 4)
+        assert await second_seek == 5  # waited for the first one, then came after it
+        assert server.subscriptions()[("orders", "billing")].cursor == Cursor(4)
+
+    run(tmp_path, body)
+
+
+def test_a_seek_of_a_stored_subscription_not_live_reloads_it(tmp_path: Path) -> None:
+    async def body(server: Server) -> None:
+        await produce(server, "orders", 4)
+        await server.storage.save_cursors([("orders", "billing", Cursor(4))])
+        assert ("orders", "billing") not in server.subscriptions()
+        assert await server.seek("orders", "billing", 2) == 2
+        assert server.subscriptions()[("orders", "billing")].cursor == Cursor(1)
+
+    run(tmp_path, body)

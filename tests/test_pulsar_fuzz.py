@@ -57,6 +57,15 @@ def ack(entries: list[int]) -> bytes:
     return encode_command(built)
 
 
+def seek(request_id: int, entry: int | None, publish_time: int | None) -> bytes:
+    built = command(BaseCommand.SEEK, consumer_id=1, request_id=request_id)
+    if entry is not None:
+        built.seek.message_id.ledgerId, built.seek.message_id.entryId = 0, entry
+    if publish_time is not None:
+        built.seek.message_publish_time = publish_time
+    return encode_command(built)
+
+
 valid_commands = st.one_of(
     st.builds(lambda t, p: encode_command(producer_command(t, producer_id=p)), topics, ids),
     st.builds(send_frame, st.integers(0, 20), st.binary(max_size=16), st.none() | st.text(max_size=4)),
@@ -66,7 +75,7 @@ valid_commands = st.one_of(
     st.just(encode_command(command(BaseCommand.REDELIVER_UNACKNOWLEDGED_MESSAGES, consumer_id=1))),
     st.builds(lambda r: encode_command(command(BaseCommand.CLOSE_CONSUMER, consumer_id=1, request_id=r)), ids),
     st.builds(lambda r: encode_command(command(BaseCommand.CLOSE_PRODUCER, producer_id=1, request_id=r)), ids),
-    st.builds(lambda r: encode_command(command(BaseCommand.SEEK, consumer_id=1, request_id=r)), ids),
+    st.builds(seek, ids, st.none() | st.integers(0, 12), st.none() | st.integers(0, 2**64 - 1)),
     st.just(encode_command(command(BaseCommand.PING))),
     st.just(CONNECT),
 )

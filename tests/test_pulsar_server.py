@@ -208,11 +208,12 @@ def test_a_compressed_message_is_refused(server: ServerProcess) -> None:
 
 def test_an_unsupported_command_is_answered_and_the_connection_goes_on(server: ServerProcess) -> None:
     with connected(server) as raw:
-        raw.send(command(BaseCommand.SEEK, consumer_id=1, request_id=77), command(BaseCommand.PING))
+        schema = command(BaseCommand.GET_SCHEMA, topic="persistent://public/default/typed", request_id=77)
+        raw.send(schema, command(BaseCommand.PING))
         error = raw.receive_type(BaseCommand.ERROR).error
         raw.receive_type(BaseCommand.PONG)
     assert (error.request_id, error.error) == (77, NotAllowedError)
-    assert "SEEK is not supported" in error.message
+    assert "GET_SCHEMA is not supported" in error.message
 
 
 def test_no_traceback_in_the_server_log(server: ServerProcess) -> None:

@@ -53,6 +53,7 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     InvalidTopicName,
     KeySharedMode,
     MessageMetadata,
+    MetadataError,
     NotAllowedError,
     PersistenceError,
     ServiceNotReady,
@@ -135,6 +136,8 @@ class _Host(Protocol):
     async def open_subscription(self, topic: str, name: str, at_end: bool = False) -> Subscription: ...
 
     async def unsubscribe(self, subscription: Subscription) -> None: ...
+
+    async def seek(self, topic: str, name: str, position: int) -> int: ...
 
     async def route(self, topic: str, pulsar: bool = False) -> list[str | None]: ...
 
@@ -239,6 +242,8 @@ class PulsarConnection(ReadPausing):
         self._producers: dict[int, _Producer] = {}
         self._consumers: dict[int, _Consumer] = {}
         self._readers: dict[int, PulsarReader] = {}  # non-durable Exclusive subscriptions, by consumer id
+        # Readers that seeked, by consumer id: their topic and the position their next SUBSCRIBE starts after.
+        self._reader_seeks: dict[int, tuple[str, int]] = {}
         self._closed = False
         self.opened = self.last_seen = time.monotonic()
         self.partial_since: float | None = None
@@ -732,7 +737,8 @@ class PulsarConnection(ReadPausing):
         self._send(reply)
 
     def _subscribe(self, frame: PulsarFrame) -> None:
-        _check_room("consumers", self._consumers.keys() | self._readers.keys(), frame.command.subscribe.consumer_id)
+        open_ids = self._consumers.keys() | self._readers.keys() | self._reader_seeks.keys()
+        _check_room("consumers", open_ids, frame.command.subscribe.consumer_id)
         self._spawn(self._open_consumer(frame.command))
 
     async def _open_consumer(self, command: BaseCommand) -> None:
@@ -803,7 +809,8 @@ class PulsarConnection(ReadPausing):
                 return
             if known is not None or consumer_id in self._consumers:
                 raise _RefusedError(ConsumerBusy, f"consumer id {consumer_id} is open already on this connection")
-            after = self._start_after(request, topic)
+            seeked = self._reader_seeks.pop(consumer_id, None)
+            after = seeked[1] if seeked is not None and seeked[0] == topic else self._start_after(request, topic)
         except (_RefusedError, KeyFailoverError) as exc:
             self._error(request.request_id, *_server_error(exc))
             return
@@ -894,6 +901,7 @@ class PulsarConnection(ReadPausing):
 
     def _close_consumer(self, frame: PulsarFrame) -> None:
         request = frame.command.close_consumer
+        self._reader_seeks.pop(request.consumer_id, None)
         reader = self._readers.get(request.consumer_id)
         if reader is not None:
             self._drop_reader(reader)
@@ -932,6 +940,85 @@ class PulsarConnection(ReadPausing):
         except KeyFailoverError as exc:
             self._error(request_id, *_server_error(exc))
             return
+        self._success(request_id)
+
+    def _seek(self, frame: PulsarFrame) -> None:
+        """SEEK: reset the consumer's subscription so that its next deliveries start at a message id (that message
+        comes again) or at the first message published at or after a time (ms); every consumer of it is sent
+        CLOSE_CONSUMER and subscribes again (:meth:`Server.seek`). A reader starts again from there."""
+        request = frame.command.seek
+        reader = self._readers.get(request.consumer_id)
+        consumer = self._consumers.get(request.consumer_id)
+        if reader is not None:
+            topic = reader.topic
+        elif consumer is not None:
+            topic = consumer.session.subscription.topic
+        else:
+            raise _RefusedError(ConsumerNotFound, f"consumer id {request.consumer_id} is not open on this connection")
+        if request.HasField("message_id"):
+            position: int | None = self._seek_position(request.message_id, topic)
+            publish_time = 0
+        elif request.HasField("message_publish_time"):
+            position, publish_time = None, min(request.message_publish_time * 1000, _LATEST)  # ms to µs
+        else:
+            raise _RefusedError(MetadataError, "SEEK has neither a message id nor a publish time; expected one of them")
+        if reader is not None:
+            self._spawn(self._seek_reader(request.request_id, reader, position, publish_time))
+        elif consumer is not None:
+            subscription = consumer.session.subscription
+            self._spawn(self._seek_subscription(request.request_id, subscription, position, publish_time))
+
+    def _seek_position(self, message_id: Any, topic: str) -> int:
+        """The position a SEEK to ``message_id`` starts at: its entry, Pulsar's earliest id the first position,
+        its latest id the end (what comes after the last message)."""
+        if message_id.ledgerId == _MINUS_ONE:
+            return 1
+        if message_id.ledgerId == _LATEST:
+            return self._server.storage.last_position(topic) + 1
+        if message_id.ledgerId != 0:
+            raise _RefusedError(
+                UnknownError,
+                f"message id ({message_id.ledgerId}, {message_id.entryId}) is not one of this topic's: keyfailover's "
+                "message ids are ledger 0 and the message's log position",
+            )
+        return min(int(message_id.entryId), _LATEST)
+
+    async def _seek_start(self, topic: str, position: int | None, publish_time: int) -> int:
+        """``position``, or without one the position of the first message published at or after ``publish_time``
+        (µs), the end of the topic when there is none."""
+        if position is not None:
+            return position
+        found = await self._server.storage.position_at_time(topic, publish_time)
+        return self._server.storage.last_position(topic) + 1 if found is None else found
+
+    async def _seek_subscription(
+        self, request_id: int, subscription: Subscription, position: int | None, publish_time: int
+    ) -> None:
+        try:
+            start = await self._seek_start(subscription.topic, position, publish_time)
+            await self._server.seek(subscription.topic, subscription.name, start)
+        except KeyFailoverError as exc:
+            self._error(request_id, *_server_error(exc))
+            return
+        self._success(request_id)
+
+    async def _seek_reader(
+        self, request_id: int, reader: PulsarReader, position: int | None, publish_time: int
+    ) -> None:
+        """Restart ``reader`` from the seek's position: it ends (CLOSE_CONSUMER) and its next SUBSCRIBE on this
+        connection starts there, whatever start message id it asks for (a seek by time has none)."""
+        try:
+            start = await self._seek_start(reader.topic, position, publish_time)
+        except KeyFailoverError as exc:
+            self._error(request_id, *_server_error(exc))
+            return
+        if self._readers.get(reader.consumer_id) is not reader:  # closed or ended meanwhile
+            self._error(request_id, ConsumerNotFound, f"consumer id {reader.consumer_id} was closed during the seek")
+            return
+        last = self._server.storage.last_position(reader.topic)
+        self._drop_reader(reader)
+        self._reader_seeks[reader.consumer_id] = (reader.topic, min(max(start - 1, 0), last))
+        self._tell_closed(reader.consumer_id)
         self._success(request_id)
 
     def _get_last_message_id(self, frame: PulsarFrame) -> None:
@@ -975,6 +1062,7 @@ class PulsarConnection(ReadPausing):
         BaseCommand.CLOSE_CONSUMER: _close_consumer,
         BaseCommand.GET_LAST_MESSAGE_ID: _get_last_message_id,
         BaseCommand.UNSUBSCRIBE: _unsubscribe,
+        BaseCommand.SEEK: _seek,
     }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +22,12 @@ import pulsar
 import pytest
 
 from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand, ConsumerNotFound, MetadataError
+from keyfailover.client import Client, Timeout
+from keyfailover.core.partitions import partition_of_key
+from keyfailover.tools.services import PostgreSQL, ZooKeeper
 from tests.pulsar_wire import RawPulsar, command, connect_command
 from tests.server_process import ServerProcess, wait_until
+from tests.test_cluster_failover import running
 
 QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 KEYS = [f"account-{i}" for i in range(12)]
@@ -172,6 +177,40 @@ def test_a_seek_ends_every_consumer_of_the_subscription_and_both_get_the_message
         )
 
 
+def test_a_native_consumer_of_the_subscription_subscribes_again_after_a_pulsar_seek(server: ServerProcess) -> None:
+    with client(server) as pc, Client(server.url, connect_timeout=5.0) as kc:
+        ids = produce(pc, "seek-mixed", 0, 60)
+        native = kc.subscribe("seek-mixed", "seeking", "native")
+        foreign = subscribe(pc, "seek-mixed", "pulsar", inclusive=True)
+        got: list[tuple[str, str, int]] = []
+
+        def take(count: int) -> None:
+            deadline = time.monotonic() + 60
+            while len(got) < count:
+                assert time.monotonic() < deadline, f"received {len(got)} of {count} messages"
+                with contextlib.suppress(Timeout):
+                    message = native.receive(timeout=0.05)
+                    assert isinstance(message.key, str)
+                    got.append(("native", message.key, int(message.payload)))
+                    native.acknowledge(message)
+                with contextlib.suppress(pulsar.Timeout):
+                    received = foreign.receive(timeout_millis=50)
+                    got.append(("pulsar", received.partition_key(), int(received.data())))
+                    foreign.acknowledge(received)
+
+        take(60)
+        all_acked(server, "seek-mixed", 60)
+        got.clear()
+        foreign.seek(ids[30])
+        take(30)
+        assert per_key([(0, key, index) for _, key, index in got]) == expected(range(30, 60))
+        assert "native" in {by for by, _, _ in got}  # the native consumer subscribed again
+        wait_until(
+            lambda: sorted(subscription_stats(server, "seek-mixed")["dispatcher"]["consumers"]) == ["native", "pulsar"],
+            "both consumers subscribed again",
+        )
+
+
 def test_a_seek_on_an_unknown_consumer_id_or_with_nothing_to_seek_to_is_refused_and_changes_nothing(
     server: ServerProcess,
 ) -> None:
@@ -233,6 +272,42 @@ def test_a_reader_seeks_to_a_message_id_and_to_a_time(server: ServerProcess) -> 
         with pytest.raises(pulsar.Timeout):
             reader.read_next(300)
         reader.close()
+
+
+def test_a_partitioned_consumer_seeks_by_time_on_every_partition_of_a_cluster(
+    zookeeper: ZooKeeper, postgres: PostgreSQL
+) -> None:
+    """Each partition's seek goes to the broker serving it, which finds the position in PostgreSQL."""
+    cluster = f"zk://{zookeeper.hosts}/kf-seek-{uuid.uuid4().hex[:8]}"
+    with running(cluster, postgres, 2, 4, "--pulsar-port", "0") as (topic, brokers):
+        pc = pulsar.Client(brokers[0].pulsar_url or "", operation_timeout_seconds=30, logger=QUIET)
+        try:
+            consumer = pc.subscribe(
+                topic,
+                "seeking",
+                consumer_type=pulsar.ConsumerType.KeyShared,
+                initial_position=pulsar.InitialPosition.Earliest,
+            )
+            producer = pc.create_producer(topic, message_router=router)
+            for index in range(40):
+                producer.send(b"%d" % index, partition_key=KEYS[index % len(KEYS)])
+            receive([consumer], 40)
+            last_ms = time.time_ns() // 1_000_000
+            wait_until(lambda: time.time_ns() // 1_000_000 > last_ms, "the next millisecond")
+            for index in range(40, 80):
+                producer.send(b"%d" % index, partition_key=KEYS[index % len(KEYS)])
+            receive([consumer], 40)
+            consumer.seek(last_ms + 1)
+            assert per_key(receive([consumer], 40)) == expected(range(40, 80))
+        finally:
+            pc.close()
+    for broker in brokers:
+        assert "Traceback" not in broker.errors(), broker.errors()
+
+
+def router(message: pulsar.Message, partitions: int) -> int:
+    """keyfailover's partition of the message's key (partition p holds a block of hash slots)."""
+    return partition_of_key(message.partition_key(), partitions)
 
 
 def test_no_traceback_in_the_server_log(server: ServerProcess) -> None:

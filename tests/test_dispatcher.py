@@ -515,13 +515,18 @@ def test_a_range_change_visits_only_the_keys_of_the_moved_slots(policy: str, mon
         stream.publish(key)
     out = d.poll()
     visited: Counter[bytes] = Counter()
-    reroute = d._reroute
+    reroute, reroute_slots = d._reroute, d._reroute_slots
 
     def counting(state: Any) -> None:
         visited[state.kb] += 1
         reroute(state)
 
+    def counting_slots(first: int, last: int, owner: Any) -> None:
+        visited.update(state.kb for state in d._keys_in(first, last))
+        reroute_slots(first, last, owner)
+
     monkeypatch.setattr(d, "_reroute", counting)
+    monkeypatch.setattr(d, "_reroute_slots", counting_slots)
     monkeypatch.setattr(d, "_keys", UnwalkableKeys(d._keys))
 
     before = d.range_map()

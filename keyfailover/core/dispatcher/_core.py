@@ -1528,14 +1528,9 @@ class Dispatcher:
     def _queue(self, state: _KeyState, owner: _Consumer | None) -> None:
         """Put ``state``'s head on ``owner``'s ready heap (None: no consumer, wait for one)."""
         state.queued_on = owner
-        if owner is None:
-            return
-        ready = owner.ready
-        heapq.heappush(ready, (state.pending[0].position, state.kb))
-        if len(ready) > 64 and len(ready) > 4 * len(self._keys):
-            self._compact(owner)
-        if owner.permits:
-            self._wake[owner] = None
+        if owner is not None:
+            heapq.heappush(owner.ready, (state.pending[0].position, state.kb))
+            self._pushed(owner)
 
     def _compact(self, consumer: _Consumer) -> None:
         keys = self._keys
@@ -1833,23 +1828,66 @@ class Dispatcher:
         self._ends = ends
         consumers = self._consumers
         self._owners = [None if cid == UNASSIGNED else consumers[cid] for cid in owner_ids]
-        for first, last, _, _ in moved:
-            for state in self._keys_in(first, last):
-                self._reroute(state)
+        for first, last, _, to in moved:
+            self._reroute_slots(first, last, None if to is None or to == UNASSIGNED else consumers[to])
         for state in returned:
             self._reroute(state)
         if planned.epoch != old.epoch:
             self._record(old, planned, moved, now=now, reason=reason, consumer=consumer)
 
+    def _reroute_slots(self, first: int, last: int, owner: _Consumer | None) -> None:
+        """Re-route the keys of slots ``first..last``, which all belong to ``owner`` now (G1): the hot loop
+        of a change, walking the slots' key lists, with the owner's heap pushes and wake-up done once."""
+        heads: list[tuple[int, bytes]] = []
+        append = heads.append
+        for head in filter(None, self._slot_keys[first : last + 1]):
+            state: _KeyState | None = head
+            while state is not None:
+                if state.inflight:
+                    if state.holder is not owner:
+                        self._drain(state)
+                        state = state.next
+                        continue
+                    if state.draining:
+                        self._release(state)
+                if state.queued_on is not owner and state.pending and not (state.loose or state.backoff):
+                    state.queued_on = owner
+                    append((state.pending[0].position, state.kb))
+                state = state.next
+        if owner is not None and heads:
+            self._push_ready(owner, heads)
+
+    def _drain(self, state: _KeyState) -> None:
+        """``state``'s key is in flight on a consumer that no longer owns it: it waits for those acks (G1)."""
+        if not state.draining:
+            state.draining = True
+            state.drain_seq = self._changes + 1
+            self._draining_since[state.drain_seq] = self._draining_since.get(state.drain_seq, 0) + 1
+        state.queued_on = None
+
+    def _push_ready(self, owner: _Consumer, heads: list[tuple[int, bytes]]) -> None:
+        """Put keys' ``(head position, key)`` on ``owner``'s ready heap (their ``queued_on`` is set)."""
+        ready = owner.ready
+        if len(heads) > len(ready):
+            ready += heads
+            heapq.heapify(ready)
+        else:
+            for entry in heads:
+                heapq.heappush(ready, entry)
+        self._pushed(owner)
+
+    def _pushed(self, owner: _Consumer) -> None:
+        """Keys went on ``owner``'s ready heap: compact it when stale entries dominate, and wake it."""
+        if len(owner.ready) > 64 and len(owner.ready) > 4 * len(self._keys):
+            self._compact(owner)
+        if owner.permits:
+            self._wake[owner] = None
+
     def _reroute(self, state: _KeyState) -> None:
         owner = self._owner_of_slot(state.slot)
         if state.inflight:
             if state.holder is not owner:
-                if not state.draining:
-                    state.draining = True
-                    state.drain_seq = self._changes + 1
-                    self._draining_since[state.drain_seq] = self._draining_since.get(state.drain_seq, 0) + 1
-                state.queued_on = None
+                self._drain(state)
                 return
             if state.draining:
                 self._release(state)

@@ -134,7 +134,9 @@ class RawPulsar:
         frames, error = self._decoder.feed(data)
         if error is not None:
             raise error
-        self._frames.extend(frames)
+        for frame in frames:
+            assert isinstance(frame, PulsarFrame), f"the server sent a SEND: {frame}"
+            self._frames.append(frame)
         return True
 
     def __enter__(self) -> RawPulsar:

@@ -10,15 +10,20 @@ from hypothesis import strategies as st
 
 from keyfailover.broker.pulsar import (
     PulsarDecoder,
+    PulsarFrame,
     PulsarFrameError,
+    SendCommand,
+    SendFrame,
     TopicNameError,
     crc32c,
     encode_command,
     encode_message,
+    encode_receipt,
     keyfailover_topic,
     parse_message,
     split_batch,
 )
+from keyfailover.broker.pulsar._wire import decode_send, send_fields
 from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand, MessageMetadata, SingleMessageMetadata
 from tests.pulsar_wire import command, connect_command, send_frame
 
@@ -28,11 +33,10 @@ def test_crc32c_is_castagnoli() -> None:
 
 
 def test_a_send_frame_round_trips_with_its_checksum() -> None:
-    frame = send_frame(7, b"payload", "key")
-    frames, error = PulsarDecoder(1 << 20).feed(frame)
+    frames, error = PulsarDecoder(1 << 20).feed(send_frame(7, b"payload", "key"))
     assert error is None
-    [(decoded, rest)] = frames
-    assert (decoded.type, decoded.send.sequence_id) == (BaseCommand.SEND, 7)
+    [(send, rest)] = frames
+    assert send == SendCommand(1, 7, None, False, False)
     sent = parse_message(rest)
     assert (sent.payload, sent.metadata.partition_key, sent.checksum_ok) == (b"payload", "key", True)
 
@@ -58,7 +62,11 @@ def test_any_split_of_the_stream_gives_the_same_frames(cut: list[int]) -> None:
         assert error is None
         frames += got
         start = at
-    assert [f.command.type for f in frames] == [BaseCommand.CONNECT, BaseCommand.SEND, BaseCommand.PING]
+    assert [BaseCommand.SEND if isinstance(f, SendFrame) else f.command.type for f in frames] == [
+        BaseCommand.CONNECT,
+        BaseCommand.SEND,
+        BaseCommand.PING,
+    ]
     assert decoder.buffered == 0
 
 
@@ -171,3 +179,108 @@ def test_other_topic_names_are_refused(name: str, expected: str) -> None:
 def test_a_topic_name_that_is_not_utf8_is_refused() -> None:
     with pytest.raises(TopicNameError, match="not valid UTF-8"):
         keyfailover_topic(b"persistent://public/default/\xff")  # type: ignore[arg-type]
+
+
+# -- the SEND and SEND_RECEIPT commands by hand (keyfailover.broker.pulsar._wire) ---------------------
+
+uint64 = st.integers(0, 2**64 - 1)
+
+
+@st.composite
+def send_commands(draw: st.DrawFn) -> BaseCommand:
+    """A valid SEND command with any of CommandSend's fields set."""
+    built = command(BaseCommand.SEND, producer_id=draw(uint64), sequence_id=draw(uint64))
+    send = built.send
+    if draw(st.booleans()):
+        send.num_messages = draw(st.integers(-(2**31), 2**31 - 1))
+    if draw(st.booleans()):
+        send.highest_sequence_id = draw(uint64)
+    for name in ("txnid_least_bits", "txnid_most_bits"):
+        if draw(st.integers(0, 4)) == 0:
+            setattr(send, name, draw(uint64))
+    for name in ("is_chunk", "marker"):
+        if draw(st.integers(0, 4)) == 0:
+            setattr(send, name, draw(st.booleans()))
+    if draw(st.integers(0, 4)) == 0:
+        send.message_id.ledgerId, send.message_id.entryId = draw(uint64), draw(uint64)
+    return built
+
+
+def protobuf_send(body: bytes) -> SendCommand:
+    parsed = BaseCommand()
+    parsed.ParseFromString(body)
+    return send_fields(parsed.send)
+
+
+@given(sent=send_commands())
+def test_a_send_read_by_hand_is_what_protobuf_reads(sent: BaseCommand) -> None:
+    body = sent.SerializeToString()
+    by_hand = decode_send(body, 0, len(body))
+    fields = dict((field.name, value) for field, value in sent.send.ListFields())
+    # As Pulsar's clients write a SEND: these fields only, each varint at most 9 bytes (below 2**63).
+    if fields.keys() <= {"producer_id", "sequence_id", "num_messages", "highest_sequence_id"} and all(
+        0 <= value < 2**63 for value in fields.values()
+    ):
+        assert by_hand is not None, "a SEND as clients write it is read by hand"
+    if by_hand is not None:
+        assert by_hand == protobuf_send(body)
+    [frame], error = PulsarDecoder(1 << 20).feed(encode_message(sent, b"", b""))
+    assert error is None and isinstance(frame, SendFrame)
+    assert frame.send == protobuf_send(body)
+
+
+@given(sent=send_commands(), data=st.data())
+def test_a_mutated_send_read_by_hand_is_what_protobuf_reads(sent: BaseCommand, data: st.DataObject) -> None:
+    body = bytearray(sent.SerializeToString())
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(body) - 1))
+        body[at] = data.draw(st.integers(0, 255))
+    by_hand = decode_send(body, 0, len(body))
+    if by_hand is not None:  # anything it reads, protobuf reads the same
+        assert by_hand == protobuf_send(bytes(body))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"\x08\x06\x32\x04\x08\x01\x10\x02\x00",  # a byte after the body
+        b"\x08\x06\x32\x0d\x08\x01\x10" + b"\xff" * 9 + b"\x01",  # a sequence id of 10 bytes
+        b"\x08\x06\x32\x04\x10\x02\x08\x01",  # fields out of order
+        b"\x08\x06\x32\x02\x08\x01",  # no sequence id
+        b"\x08\x07\x3a\x04\x08\x01\x10\x02",  # a SEND_RECEIPT
+    ],
+)
+def test_a_send_not_as_clients_write_it_is_left_to_protobuf(body: bytes) -> None:
+    assert decode_send(body, 0, len(body)) is None
+
+
+def test_a_send_with_a_ten_byte_sequence_id_is_read_by_protobuf() -> None:
+    sent = command(BaseCommand.SEND, producer_id=3, sequence_id=2**64 - 1)
+    [frame], error = PulsarDecoder(1 << 20).feed(encode_message(sent, b"", b""))
+    assert error is None
+    assert frame == SendFrame(SendCommand(3, 2**64 - 1, None, False, False), frame.rest)
+
+
+@given(
+    producer_id=uint64,
+    sequence_id=uint64,
+    highest=st.none() | uint64,
+    entry=uint64,
+    partition=st.integers(-1, 2**31 - 1),
+)
+def test_a_receipt_by_hand_is_what_protobuf_writes(
+    producer_id: int, sequence_id: int, highest: int | None, entry: int, partition: int
+) -> None:
+    expected = command(BaseCommand.SEND_RECEIPT, producer_id=producer_id, sequence_id=sequence_id)
+    receipt = expected.send_receipt
+    receipt.message_id.ledgerId = 0
+    receipt.message_id.entryId = entry
+    if partition >= 0:
+        receipt.message_id.partition = partition
+    if highest is not None:
+        receipt.highest_sequence_id = highest
+    encoded = encode_receipt(producer_id, sequence_id, highest, entry, partition)
+    assert encoded == encode_command(expected)
+    [frame], error = PulsarDecoder(1 << 20).feed(encoded)
+    assert error is None and isinstance(frame, PulsarFrame)
+    assert frame.command == expected

@@ -24,6 +24,8 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     MessageMetadata,
     NotAllowedError,
 )
+from keyfailover.core.hashing import key_hash
+from keyfailover.core.partitions import partition_slots
 from tests.pulsar_wire import RawPulsar, command, connect_command, producer_command, send_frame, subscribe_command
 from tests.server_process import ServerProcess
 
@@ -149,6 +151,29 @@ def test_sends_written_together_are_each_stored_once_in_each_producers_order(ser
         assert mine == sorted(mine), f"producer {producer}'s messages stored out of its order"
     assert again.message_id.entryId == position[1, 11]
     assert stats(server)["acme/app/together"] == len(sent)
+
+
+def test_a_key_of_another_partition_fails_its_send_only(server: ServerProcess) -> None:
+    """SENDs checked together (one read, one producer): when one message's key belongs to another
+    partition, that SEND alone is refused with why, and the others are stored with their receipts."""
+    created = Request(f"{server.admin_url}/topics?topic=halves&partitions=2", method="POST")
+    with urlopen(created, timeout=10):
+        pass
+    first, last = partition_slots(0, 2)
+    keys = [f"k{i}" for i in range(100)]
+    mine = [key for key in keys if first <= key_hash(key) <= last][:2]
+    other = next(key for key in keys if not first <= key_hash(key) <= last)
+    with connected(server) as raw:
+        raw.send(producer_command("persistent://public/default/halves-partition-0", name="halves"))
+        raw.receive_type(BaseCommand.PRODUCER_SUCCESS)
+        raw.send(send_frame(0, b"a", mine[0]), send_frame(1, b"b", other), send_frame(2, b"c", mine[1]))
+        answers = [raw.receive() for _ in range(3)]
+    refused = [frame.command.send_error for frame in answers if frame.command.type == BaseCommand.SEND_ERROR]
+    receipts = [frame.command.send_receipt for frame in answers if frame.command.type == BaseCommand.SEND_RECEIPT]
+    assert [(error.sequence_id, error.error) for error in refused] == [(1, NotAllowedError)]
+    assert "message 0's key" in refused[0].message and "nothing was stored" in refused[0].message
+    assert [(r.sequence_id, r.message_id.entryId, r.message_id.partition) for r in receipts] == [(0, 1, 0), (2, 2, 0)]
+    assert stats(server)["halves-partition-0"] == 2
 
 
 def test_a_connection_may_open_a_thousand_producers_and_no_more(server: ServerProcess) -> None:

@@ -15,6 +15,7 @@ from keyfailover.broker.pulsar._codec import (
     PulsarDecoder,
     PulsarFrame,
     PulsarFrameError,
+    SendFrame,
     SentMessage,
     crc32c,
     encode_command,
@@ -24,6 +25,7 @@ from keyfailover.broker.pulsar._codec import (
     split_batch,
 )
 from keyfailover.broker.pulsar._topics import TopicNameError, keyfailover_topic
+from keyfailover.broker.pulsar._wire import SendCommand, encode_receipt
 
 __all__ = [
     "MAX_FRAME_PADDING",
@@ -32,12 +34,15 @@ __all__ = [
     "PulsarDecoder",
     "PulsarFrame",
     "PulsarFrameError",
+    "SendCommand",
+    "SendFrame",
     "SentMessage",
     "TopicNameError",
     "crc32c",
     "encode_command",
     "encode_delivery",
     "encode_message",
+    "encode_receipt",
     "keyfailover_topic",
     "parse_message",
     "split_batch",

@@ -4,7 +4,9 @@ A frame is ``[total size: 4][command size: 4][BaseCommand]``, and for SEND and M
 ``[0x0e01: 2][CRC32C: 4][metadata size: 4][MessageMetadata][payload]`` with the CRC32C over
 everything after it (all integers big-endian). :class:`PulsarDecoder` trusts nothing and
 holds at most ``4 + max_frame`` bytes; a malformed frame is a fatal :class:`PulsarFrameError`
-(the stream cannot be resynchronised), a malformed message part only fails its SEND.
+(the stream cannot be resynchronised), a malformed message part only fails its SEND. A SEND
+comes out as a :class:`SendFrame` (read by hand when it can be, see ``_wire``), every other
+command as a :class:`PulsarFrame`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Final, NamedTuple
 import google_crc32c
 from google.protobuf.message import DecodeError
 
+from keyfailover.broker.pulsar._wire import SendCommand, decode_send, send_fields
 from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand, MessageMetadata, SingleMessageMetadata
 from keyfailover.core.errors import KeyFailoverError
 
@@ -25,6 +28,7 @@ __all__ = [
     "PulsarDecoder",
     "PulsarFrame",
     "PulsarFrameError",
+    "SendFrame",
     "SentMessage",
     "crc32c",
     "encode_command",
@@ -67,9 +71,16 @@ def crc32c(data: bytes | memoryview) -> int:
 
 
 class PulsarFrame(NamedTuple):
-    """One decoded frame: its command and, for SEND, the bytes after the command (magic, checksum, message)."""
+    """One decoded frame but a SEND: its command, and the bytes after the command (none but for MESSAGE)."""
 
     command: BaseCommand
+    rest: bytes
+
+
+class SendFrame(NamedTuple):
+    """One decoded SEND: its command's fields, and the bytes after the command (magic, checksum, message)."""
+
+    send: SendCommand
     rest: bytes
 
 
@@ -103,9 +114,9 @@ class PulsarDecoder:
         """Bytes received but not decoded yet (part of one frame)."""
         return len(self._buffer)
 
-    def feed(self, data: bytes) -> tuple[list[PulsarFrame], PulsarFrameError | None]:
+    def feed(self, data: bytes) -> tuple[list[PulsarFrame | SendFrame], PulsarFrameError | None]:
         """Take the next bytes; return the frames they complete and the error that stopped decoding, if any."""
-        frames: list[PulsarFrame] = []
+        frames: list[PulsarFrame | SendFrame] = []
         if self._error is None:
             try:
                 self._feed(data, frames)
@@ -114,7 +125,7 @@ class PulsarDecoder:
                 self._buffer = bytearray()
         return frames, self._error
 
-    def _feed(self, data: bytes, frames: list[PulsarFrame]) -> None:
+    def _feed(self, data: bytes, frames: list[PulsarFrame | SendFrame]) -> None:
         buffer = self._buffer
         buffer += data
         offset = 0
@@ -138,13 +149,21 @@ class PulsarDecoder:
                         f"{total - 4}"
                     )
                 start = offset + 8
-                command = BaseCommand()
-                try:
-                    command.ParseFromString(view[start : start + command_size].tobytes())
-                except DecodeError as exc:
-                    raise PulsarFrameError(f"command is not a valid BaseCommand ({exc})") from None
-                _check_command(command)
-                frames.append(PulsarFrame(command, view[start + command_size : end].tobytes()))
+                rest = view[start + command_size : end].tobytes()
+                send = decode_send(buffer, start, start + command_size)
+                if send is None:
+                    command = BaseCommand()
+                    try:
+                        command.ParseFromString(view[start : start + command_size].tobytes())
+                    except DecodeError as exc:
+                        raise PulsarFrameError(f"command is not a valid BaseCommand ({exc})") from None
+                    _check_command(command)
+                    if command.type == BaseCommand.SEND:
+                        frames.append(SendFrame(send_fields(command.send), rest))
+                    else:
+                        frames.append(PulsarFrame(command, rest))
+                else:
+                    frames.append(SendFrame(send, rest))
                 offset = end
         del buffer[:offset]
 

@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 from keyfailover.broker.protocol import ConsumerClosed, Frame, Key, Messages, stream_transport, valid_name
 from keyfailover.broker.pulsar import (
@@ -31,9 +31,12 @@ from keyfailover.broker.pulsar import (
     PulsarDecoder,
     PulsarFrame,
     PulsarFrameError,
+    SendCommand,
+    SendFrame,
     TopicNameError,
     encode_command,
     encode_delivery,
+    encode_receipt,
     keyfailover_topic,
     parse_message,
     split_batch,
@@ -172,21 +175,14 @@ class _Producer:
     partition: int
 
 
-@dataclass
-class _Send:
-    """A SEND checked and waiting for its connection's next store request."""
+class _Send(NamedTuple):
+    """A SEND read and waiting for its connection's next store request."""
 
-    request: Any
+    request: SendCommand
     producer: _Producer
     messages: list[tuple[int | None, Key, bytes]]
-
-    def first_seq(self) -> int:
-        seq = self.messages[0][0]
-        return -1 if seq is None else seq
-
-    def last_seq(self) -> int:
-        seq = self.messages[-1][0]
-        return -1 if seq is None else seq
+    first_seq: int
+    last_seq: int
 
 
 @dataclass
@@ -277,11 +273,12 @@ class PulsarConnection(ReadPausing):
             try:
                 self._handle(frame)
             except _RefusedError as refused:
-                request_id = _request_id(frame.command)
+                request_id = None if isinstance(frame, SendFrame) else _request_id(frame.command)
                 if request_id is not None:
                     self._error(request_id, *_server_error(refused))
             except Exception:
-                _log.exception("internal error handling Pulsar %s from %s", _type_name(frame.command), self.peer)
+                kind = "SEND" if isinstance(frame, SendFrame) else _type_name(frame.command)
+                _log.exception("internal error handling Pulsar %s from %s", kind, self.peer)
                 self.refuse(ErrorCode.INTERNAL, "internal server error")
                 return
         if self._sends:
@@ -452,7 +449,13 @@ class PulsarConnection(ReadPausing):
             _log.exception("internal error serving a Pulsar request from %s", self.peer)
             self.refuse(ErrorCode.INTERNAL, "internal server error")
 
-    def _handle(self, frame: PulsarFrame) -> None:
+    def _handle(self, frame: PulsarFrame | SendFrame) -> None:
+        if isinstance(frame, SendFrame):
+            if self.authenticated:
+                self._send_command(frame)
+            else:
+                self.refuse(ErrorCode.NOT_CONNECTED, "expected CONNECT first, got SEND")
+            return
         command = frame.command
         kind = command.type
         if kind == BaseCommand.CONNECT:
@@ -626,8 +629,8 @@ class PulsarConnection(ReadPausing):
         _, index, count = self._server.partition_of(topic)
         return index if count > 1 else -1
 
-    def _send_command(self, frame: PulsarFrame) -> None:
-        request = frame.command.send
+    def _send_command(self, frame: SendFrame) -> None:
+        request = frame.send
         producer = self._producers.get(request.producer_id)
         try:
             if producer is None:
@@ -635,34 +638,57 @@ class PulsarConnection(ReadPausing):
             messages = self._sent_messages(frame)
             if self._server.closing:
                 raise _RefusedError(ServiceNotReady, "the server is shutting down; nothing was stored")
-            self._server.check_produce(producer.topic, messages)
         except (_RefusedError, KeyFailoverError) as exc:
             # ChecksumError fails this message at the client; any other error makes it reconnect and resend.
             self._send_error(request.producer_id, request.sequence_id, *_server_error(exc))
             return
-        self._sends.append(_Send(request, producer, messages))
+        first, last = messages[0][0], messages[-1][0]
+        self._sends.append(
+            _Send(request, producer, messages, -1 if first is None else first, -1 if last is None else last)
+        )
 
     def _store_sends(self) -> None:
         """Store the SENDs of one read: a producer's SENDs in a row go in one store request while their
-        sequence ids rise (a key-based batcher's may not), each answered with its own receipt."""
+        sequence ids rise (a key-based batcher's may not), answered together when it is stored."""
         sends, self._sends = self._sends, []
         runs: list[list[_Send]] = []
         last: dict[int, list[_Send]] = {}  # the run each producer id is filling
         for send in sends:
             run = last.get(send.request.producer_id)
-            if run is None or run[-1].producer is not send.producer or run[-1].last_seq() >= send.first_seq():
+            if run is None or run[-1].producer is not send.producer or run[-1].last_seq >= send.first_seq:
                 run = last[send.request.producer_id] = []
                 runs.append(run)
             run.append(send)
         storage = self._server.storage
-        for run in runs:
-            producer = run[0].producer
-            messages = [message for send in run for message in send.messages]
+        for sent in runs:
+            producer = sent[0].producer
+            messages = sent[0].messages if len(sent) == 1 else [message for send in sent for message in send.messages]
+            try:
+                self._server.check_produce(producer.topic, messages)
+                run = sent
+            except KeyFailoverError:
+                run = self._checked(sent)
+                if not run:
+                    continue
+                messages = [message for send in run for message in send.messages]
             stored = storage.append(producer.topic, producer.name, messages)
             stored.add_done_callback(functools.partial(self._receipts, run))
 
+    def _checked(self, run: list[_Send]) -> list[_Send]:
+        """The SENDs of ``run`` the server takes, each checked alone (as a whole the run was refused): a
+        refused one is answered with why."""
+        kept = []
+        for send in run:
+            try:
+                self._server.check_produce(send.producer.topic, send.messages)
+            except KeyFailoverError as exc:
+                self._send_error(send.request.producer_id, send.request.sequence_id, *_server_error(exc))
+            else:
+                kept.append(send)
+        return kept
+
     def _receipts(self, run: list[_Send], done: asyncio.Future[Result]) -> None:
-        """Answer each SEND of ``run``, stored together in ``done``."""
+        """Answer each SEND of ``run``, stored together in ``done``, in one write."""
         exc = done.exception()
         if exc is not None:
             if isinstance(exc, NotServedError):
@@ -673,14 +699,24 @@ class PulsarConnection(ReadPausing):
                 self._send_error(send.request.producer_id, send.request.sequence_id, error, f"not stored: {exc}")
             return
         results = done.result()
+        receipts = []
         first = 0
-        for send in run:
-            self._receipt(send.request, send.producer, results[first][0])
-            first += len(send.messages)
+        for request, producer, messages, _, _ in run:
+            receipts.append(
+                encode_receipt(
+                    request.producer_id,
+                    request.sequence_id,
+                    request.highest_sequence_id,
+                    results[first][0],
+                    producer.partition,
+                )
+            )
+            first += len(messages)
+        self._write(b"".join(receipts))
 
-    def _sent_messages(self, frame: PulsarFrame) -> list[tuple[int | None, Key, bytes]]:
+    def _sent_messages(self, frame: SendFrame) -> list[tuple[int | None, Key, bytes]]:
         """The keyfailover messages a SEND carries: one, or each message of a batched entry with its own key."""
-        request = frame.command.send
+        request = frame.send
         try:
             sent = parse_message(frame.rest)
         except PulsarFrameError as exc:
@@ -694,7 +730,7 @@ class PulsarConnection(ReadPausing):
             raise _RefusedError(NotAllowedError, "compressed messages are not supported; expected compression NONE")
         if metadata.encryption_keys or request.is_chunk or metadata.num_chunks_from_msg > 1:
             raise _RefusedError(NotAllowedError, "encrypted and chunked messages are not supported")
-        if request.txnid_most_bits or request.txnid_least_bits or request.marker:
+        if request.transactional:
             raise _RefusedError(NotAllowedError, "transactions and markers are not supported")
         if not metadata.HasField("num_messages_in_batch"):
             return [(request.sequence_id, _message_key(metadata), sent.payload)]
@@ -721,20 +757,6 @@ class PulsarConnection(ReadPausing):
         command.send_error.error = error  # type: ignore[assignment]
         command.send_error.message = message
         self._send(command)
-
-    def _receipt(self, request: Any, producer: _Producer, position: int) -> None:
-        """SEND_RECEIPT for ``request``, whose first message is stored at ``position``."""
-        reply = _command(BaseCommand.SEND_RECEIPT)
-        receipt = reply.send_receipt
-        receipt.producer_id = request.producer_id
-        receipt.sequence_id = request.sequence_id
-        if request.HasField("highest_sequence_id"):
-            receipt.highest_sequence_id = request.highest_sequence_id
-        receipt.message_id.ledgerId = 0
-        receipt.message_id.entryId = position
-        if producer.partition >= 0:
-            receipt.message_id.partition = producer.partition
-        self._send(reply)
 
     def _subscribe(self, frame: PulsarFrame) -> None:
         open_ids = self._consumers.keys() | self._readers.keys() | self._reader_seeks.keys()
@@ -1053,7 +1075,6 @@ class PulsarConnection(ReadPausing):
         BaseCommand.PARTITIONED_METADATA: _partitioned_metadata,
         BaseCommand.LOOKUP: _lookup,
         BaseCommand.PRODUCER: _producer,
-        BaseCommand.SEND: _send_command,
         BaseCommand.SUBSCRIBE: _subscribe,
         BaseCommand.FLOW: _flow,
         BaseCommand.ACK: _ack,

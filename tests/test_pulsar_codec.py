@@ -9,11 +9,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from keyfailover.broker.pulsar import (
+    MessageFields,
     PulsarDecoder,
     PulsarFrame,
     PulsarFrameError,
-    SendCommand,
     SendFrame,
+    SingleFields,
     TopicNameError,
     crc32c,
     encode_command,
@@ -23,7 +24,8 @@ from keyfailover.broker.pulsar import (
     parse_message,
     split_batch,
 )
-from keyfailover.broker.pulsar._wire import decode_send, send_fields
+from keyfailover.broker.pulsar._codec import metadata_fields, single_fields
+from keyfailover.broker.pulsar._wire import decode_metadata, decode_send, decode_single
 from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand, MessageMetadata, SingleMessageMetadata
 from tests.pulsar_wire import command, connect_command, send_frame
 
@@ -35,18 +37,18 @@ def test_crc32c_is_castagnoli() -> None:
 def test_a_send_frame_round_trips_with_its_checksum() -> None:
     frames, error = PulsarDecoder(1 << 20).feed(send_frame(7, b"payload", "key"))
     assert error is None
-    [(send, rest)] = frames
-    assert send == SendCommand(1, 7, None, False, False)
-    sent = parse_message(rest)
+    [frame] = frames
+    assert frame == SendFrame(1, 7, None, False, False, frame.rest)
+    sent = parse_message(frame.rest)
     assert (sent.payload, sent.metadata.partition_key, sent.checksum_ok) == (b"payload", "key", True)
 
 
 def test_a_flipped_payload_bit_fails_the_checksum_only() -> None:
     frame = bytearray(send_frame(7, b"payload"))
     frame[-1] ^= 1
-    [(_, rest)], error = PulsarDecoder(1 << 20).feed(bytes(frame))
+    [decoded], error = PulsarDecoder(1 << 20).feed(bytes(frame))
     assert error is None
-    assert parse_message(rest).checksum_ok is False
+    assert parse_message(decoded.rest).checksum_ok is False
 
 
 @given(cut=st.lists(st.integers(0, 200), max_size=5))
@@ -112,7 +114,7 @@ def batch(*messages: tuple[str | None, bytes]) -> bytes:
 def test_a_batched_entry_splits_into_its_messages_with_their_own_keys() -> None:
     entry = batch(("a", b"1"), (None, b"22"), ("b", b""))
     split = split_batch(entry, 3)
-    assert [(s.partition_key if s.HasField("partition_key") else None, p) for s, p in split] == [
+    assert [(single.partition_key, payload) for single, payload in split] == [
         ("a", b"1"),
         (None, b"22"),
         ("b", b""),
@@ -143,8 +145,8 @@ def test_a_message_part_without_metadata_is_refused() -> None:
 def test_encode_message_is_what_parse_message_reads() -> None:
     metadata = MessageMetadata(producer_name="p", sequence_id=1, publish_time=2, ordering_key=b"\x00k")
     frame = encode_message(command(BaseCommand.SEND, producer_id=1, sequence_id=1), metadata.SerializeToString(), b"x")
-    [(_, rest)], _ = PulsarDecoder(1 << 20).feed(frame)
-    sent = parse_message(rest)
+    [decoded], _ = PulsarDecoder(1 << 20).feed(frame)
+    sent = parse_message(decoded.rest)
     assert (sent.metadata.ordering_key, sent.payload, sent.checksum_ok) == (b"\x00k", b"x", True)
 
 
@@ -206,27 +208,35 @@ def send_commands(draw: st.DrawFn) -> BaseCommand:
     return built
 
 
-def protobuf_send(body: bytes) -> SendCommand:
-    parsed = BaseCommand()
-    parsed.ParseFromString(body)
-    return send_fields(parsed.send)
+def protobuf_send(body: bytes) -> tuple[int, int, int | None, bool, bool]:
+    """What the server reads of a SEND, read by protobuf."""
+    send = BaseCommand.FromString(body).send
+    highest = send.highest_sequence_id if send.HasField("highest_sequence_id") else None
+    transactional = bool(send.txnid_least_bits or send.txnid_most_bits or send.marker)
+    return send.producer_id, send.sequence_id, highest, send.is_chunk, transactional
+
+
+def by_hand(body: bytes | bytearray) -> tuple[int, int, int | None, bool, bool] | None:
+    """What the server reads of a SEND read by hand (a SEND read by hand has no chunk or transaction fields)."""
+    ids = decode_send(body, 0, len(body))
+    return None if ids is None else (*ids, False, False)
 
 
 @given(sent=send_commands())
 def test_a_send_read_by_hand_is_what_protobuf_reads(sent: BaseCommand) -> None:
     body = sent.SerializeToString()
-    by_hand = decode_send(body, 0, len(body))
+    read = by_hand(body)
     fields = dict((field.name, value) for field, value in sent.send.ListFields())
     # As Pulsar's clients write a SEND: these fields only, each varint at most 9 bytes (below 2**63).
     if fields.keys() <= {"producer_id", "sequence_id", "num_messages", "highest_sequence_id"} and all(
         0 <= value < 2**63 for value in fields.values()
     ):
-        assert by_hand is not None, "a SEND as clients write it is read by hand"
-    if by_hand is not None:
-        assert by_hand == protobuf_send(body)
+        assert read is not None, "a SEND as clients write it is read by hand"
+    if read is not None:
+        assert read == protobuf_send(body)
     [frame], error = PulsarDecoder(1 << 20).feed(encode_message(sent, b"", b""))
     assert error is None and isinstance(frame, SendFrame)
-    assert frame.send == protobuf_send(body)
+    assert frame[:-1] == protobuf_send(body)
 
 
 @given(sent=send_commands(), data=st.data())
@@ -235,9 +245,9 @@ def test_a_mutated_send_read_by_hand_is_what_protobuf_reads(sent: BaseCommand, d
     for _ in range(data.draw(st.integers(1, 3))):
         at = data.draw(st.integers(0, len(body) - 1))
         body[at] = data.draw(st.integers(0, 255))
-    by_hand = decode_send(body, 0, len(body))
-    if by_hand is not None:  # anything it reads, protobuf reads the same
-        assert by_hand == protobuf_send(bytes(body))
+    read = by_hand(body)
+    if read is not None:  # anything it reads, protobuf reads the same
+        assert read == protobuf_send(bytes(body))
 
 
 @pytest.mark.parametrize(
@@ -258,7 +268,7 @@ def test_a_send_with_a_ten_byte_sequence_id_is_read_by_protobuf() -> None:
     sent = command(BaseCommand.SEND, producer_id=3, sequence_id=2**64 - 1)
     [frame], error = PulsarDecoder(1 << 20).feed(encode_message(sent, b"", b""))
     assert error is None
-    assert frame == SendFrame(SendCommand(3, 2**64 - 1, None, False, False), frame.rest)
+    assert frame == SendFrame(3, 2**64 - 1, None, False, False, frame.rest)
 
 
 @given(
@@ -284,3 +294,151 @@ def test_a_receipt_by_hand_is_what_protobuf_writes(
     [frame], error = PulsarDecoder(1 << 20).feed(encoded)
     assert error is None and isinstance(frame, PulsarFrame)
     assert frame.command == expected
+
+
+short_text = st.text(max_size=20)
+
+
+@st.composite
+def metadatas(draw: st.DrawFn) -> MessageMetadata:
+    """A valid MessageMetadata with some of the fields the server reads or skips, and now and then others."""
+    metadata = MessageMetadata(producer_name=draw(short_text), sequence_id=draw(uint64), publish_time=draw(uint64))
+    if draw(st.booleans()):
+        metadata.partition_key = draw(st.text(max_size=200))
+    for name, number in (
+        ("uncompressed_size", st.integers(0, 2**32 - 1)),
+        ("num_messages_in_batch", st.integers(-(2**31), 2**31 - 1)),
+        ("event_time", uint64),
+    ):
+        if draw(st.booleans()):
+            setattr(metadata, name, draw(number))
+    rare: list[tuple[str, st.SearchStrategy[object]]] = [
+        ("partition_key_b64_encoded", st.booleans()),
+        ("ordering_key", st.binary(max_size=8)),
+        ("compression", st.sampled_from([0, 1, 2])),
+        ("num_chunks_from_msg", st.integers(0, 3)),
+        ("replicated_from", short_text),
+        ("uuid", short_text),
+    ]
+    for name, values in rare:
+        if draw(st.integers(0, 5)) == 0:
+            setattr(metadata, name, draw(values))
+    if draw(st.integers(0, 5)) == 0:
+        metadata.properties.add(key=draw(short_text), value=draw(short_text))
+    if draw(st.integers(0, 8)) == 0:
+        metadata.encryption_keys.add(key=draw(short_text), value=draw(st.binary(max_size=4)))
+    return metadata
+
+
+@st.composite
+def singles(draw: st.DrawFn) -> SingleMessageMetadata:
+    """A valid SingleMessageMetadata with some of the fields the server reads or skips, and now and then others."""
+    single = SingleMessageMetadata(payload_size=draw(st.integers(-(2**31), 2**31 - 1)))
+    if draw(st.booleans()):
+        single.partition_key = draw(st.text(max_size=200))
+    if draw(st.booleans()):
+        single.event_time = draw(uint64)
+    if draw(st.booleans()):
+        single.sequence_id = draw(uint64)
+    rare: list[tuple[str, st.SearchStrategy[object]]] = [
+        ("partition_key_b64_encoded", st.booleans()),
+        ("ordering_key", st.binary(max_size=8)),
+        ("compacted_out", st.booleans()),
+        ("null_value", st.booleans()),
+    ]
+    for name, values in rare:
+        if draw(st.integers(0, 5)) == 0:
+            setattr(single, name, draw(values))
+    return single
+
+
+def metadata_by_hand(body: bytes | bytearray) -> MessageFields | None:
+    read = decode_metadata(bytes(body), 0, len(body))
+    return None if read is None else MessageFields(read[0], False, None, 0, False, 0, read[1])
+
+
+def single_by_hand(body: bytes | bytearray) -> SingleFields | None:
+    read = decode_single(bytes(body), 0, len(body))
+    return None if read is None else SingleFields(read[0], False, None, read[2], read[1])
+
+
+def plain(message: MessageMetadata | SingleMessageMetadata, names: set[str]) -> bool:
+    """Whether ``message`` is written as clients write it: only fields in ``names``, strings of at most 127
+    bytes, varints of at most 9 bytes (no negative ints, nothing from 2**63)."""
+    for field, value in message.ListFields():
+        if field.name not in names:
+            return False
+        if isinstance(value, str) and len(value.encode()) > 127:
+            return False
+        limit = 2**31 if field.name in {"payload_size", "num_messages_in_batch"} else 2**63
+        if isinstance(value, int) and not 0 <= value < limit:
+            return False
+    return True
+
+
+@given(metadata=metadatas())
+def test_metadata_read_by_hand_is_what_protobuf_reads(metadata: MessageMetadata) -> None:
+    body = metadata.SerializeToString()
+    read = metadata_by_hand(body)
+    names = {"producer_name", "sequence_id", "publish_time", "partition_key", "uncompressed_size"}
+    if plain(metadata, names | {"num_messages_in_batch", "event_time"}):
+        assert read is not None, "metadata as clients write it is read by hand"
+    if read is not None:
+        assert read == metadata_fields(metadata)
+    message = parse_message(struct.pack(">I", len(body)) + body + b"payload")
+    assert (message.metadata, message.payload) == (metadata_fields(metadata), b"payload")
+
+
+@given(single=singles())
+def test_a_batched_messages_metadata_read_by_hand_is_what_protobuf_reads(single: SingleMessageMetadata) -> None:
+    body = single.SerializeToString()
+    read = single_by_hand(body)
+    if plain(single, {"partition_key", "payload_size", "event_time", "sequence_id"}):
+        assert read is not None, "a batched message's metadata as clients write it is read by hand"
+    if read is not None:
+        assert read == single_fields(single)
+
+
+def mutated(data: st.DataObject, message: MessageMetadata | SingleMessageMetadata) -> bytearray:
+    """``message`` serialized, with one to three bytes set to anything."""
+    body = bytearray(message.SerializeToString())
+    for _ in range(data.draw(st.integers(1, 3)) if body else 0):
+        body[data.draw(st.integers(0, len(body) - 1))] = data.draw(st.integers(0, 255))
+    return body
+
+
+@given(metadata=metadatas(), data=st.data())
+def test_mutated_metadata_read_by_hand_is_what_protobuf_reads(metadata: MessageMetadata, data: st.DataObject) -> None:
+    body = mutated(data, metadata)
+    read = metadata_by_hand(body)
+    if read is not None:  # anything read by hand, protobuf reads the same, and finds complete
+        parsed = MessageMetadata.FromString(bytes(body))
+        assert parsed.IsInitialized()
+        assert read == metadata_fields(parsed)
+
+
+@given(single=singles(), data=st.data())
+def test_a_mutated_batched_messages_metadata_read_by_hand_is_what_protobuf_reads(
+    single: SingleMessageMetadata, data: st.DataObject
+) -> None:
+    body = mutated(data, single)
+    read = single_by_hand(body)
+    if read is not None:
+        parsed = SingleMessageMetadata.FromString(bytes(body))
+        assert parsed.IsInitialized()
+        assert read == single_fields(parsed)
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (b"\x0a\x01p\x10\x01\x18\x02\x32\x02\xff\xfe", "a partition key that is not UTF-8"),
+        (b"\x0a\x01p\x10\x01\x18\x02\x32\x09k", "a partition key past the end"),
+        (b"\x0a\x01p\x10\x01", "no publish time"),
+        (b"\x0a\x01p\x10\x01\x18\x02\x58\xff\xff\xff\xff\x0f", "a batch of -1 messages (10-byte varint)"),
+        (b"\x0a\x01p\x10\x01\x18\x02\x40\x01", "compression LZ4"),
+        (b"\x10\x01\x18\x02\x0a\x01p", "fields out of order"),
+    ],
+)
+def test_metadata_not_as_clients_write_it_is_left_to_protobuf(body: bytes, expected: str) -> None:
+    assert decode_metadata(body, 0, len(body)) is None, expected

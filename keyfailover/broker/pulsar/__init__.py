@@ -12,11 +12,13 @@ from keyfailover.broker.pulsar._codec import (
     MAX_FRAME_PADDING,
     PROTOCOL_VERSION,
     SERVER_NAME,
+    MessageFields,
     PulsarDecoder,
     PulsarFrame,
     PulsarFrameError,
     SendFrame,
     SentMessage,
+    SingleFields,
     crc32c,
     encode_command,
     encode_delivery,
@@ -25,18 +27,19 @@ from keyfailover.broker.pulsar._codec import (
     split_batch,
 )
 from keyfailover.broker.pulsar._topics import TopicNameError, keyfailover_topic
-from keyfailover.broker.pulsar._wire import SendCommand, encode_receipt
+from keyfailover.broker.pulsar._wire import encode_receipt
 
 __all__ = [
     "MAX_FRAME_PADDING",
     "PROTOCOL_VERSION",
     "SERVER_NAME",
+    "MessageFields",
     "PulsarDecoder",
     "PulsarFrame",
     "PulsarFrameError",
-    "SendCommand",
     "SendFrame",
     "SentMessage",
+    "SingleFields",
     "TopicNameError",
     "crc32c",
     "encode_command",

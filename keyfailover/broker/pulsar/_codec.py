@@ -17,19 +17,27 @@ from typing import Final, NamedTuple
 import google_crc32c
 from google.protobuf.message import DecodeError
 
-from keyfailover.broker.pulsar._wire import SendCommand, decode_send, send_fields
-from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand, MessageMetadata, SingleMessageMetadata
+from keyfailover.broker.pulsar._wire import decode_metadata, decode_send, decode_single
+from keyfailover.broker.pulsar.PulsarApi_pb2 import (
+    NONE,
+    BaseCommand,
+    CommandSend,
+    MessageMetadata,
+    SingleMessageMetadata,
+)
 from keyfailover.core.errors import KeyFailoverError
 
 __all__ = [
     "MAX_FRAME_PADDING",
     "PROTOCOL_VERSION",
     "SERVER_NAME",
+    "MessageFields",
     "PulsarDecoder",
     "PulsarFrame",
     "PulsarFrameError",
     "SendFrame",
     "SentMessage",
+    "SingleFields",
     "crc32c",
     "encode_command",
     "encode_delivery",
@@ -67,7 +75,7 @@ class PulsarFrameError(KeyFailoverError, ValueError):
 
 def crc32c(data: bytes | memoryview) -> int:
     """CRC32C (Castagnoli) of ``data``: Pulsar's frame checksum."""
-    return int(google_crc32c.value(bytes(data)))
+    return int(google_crc32c.value(data if type(data) is bytes else bytes(data)))
 
 
 class PulsarFrame(NamedTuple):
@@ -78,19 +86,84 @@ class PulsarFrame(NamedTuple):
 
 
 class SendFrame(NamedTuple):
-    """One decoded SEND: its command's fields, and the bytes after the command (magic, checksum, message)."""
+    """One decoded SEND: what the server reads of its command, and the bytes after the command (magic,
+    checksum, message)."""
 
-    send: SendCommand
+    producer_id: int
+    sequence_id: int
+    highest_sequence_id: int | None
+    is_chunk: bool
+    transactional: bool
+    """A transaction id or the marker flag is set (neither is served)."""
     rest: bytes
+
+
+def _send_frame(send: CommandSend, rest: bytes) -> SendFrame:
+    """The SendFrame of a SEND parsed by protobuf."""
+    return SendFrame(
+        send.producer_id,
+        send.sequence_id,
+        send.highest_sequence_id if send.HasField("highest_sequence_id") else None,
+        send.is_chunk,
+        bool(send.txnid_least_bits or send.txnid_most_bits or send.marker),
+        rest,
+    )
+
+
+class MessageFields(NamedTuple):
+    """What the server reads of a SEND's MessageMetadata (None: the field is not set)."""
+
+    partition_key: str | None
+    partition_key_b64_encoded: bool
+    ordering_key: bytes | None
+    compression: int
+    encrypted: bool
+    """It has encryption keys."""
+    num_chunks_from_msg: int
+    num_messages_in_batch: int | None
+
+
+class SingleFields(NamedTuple):
+    """What the server reads of a batched message's SingleMessageMetadata (None: the field is not set)."""
+
+    partition_key: str | None
+    partition_key_b64_encoded: bool
+    ordering_key: bytes | None
+    sequence_id: int | None
+    payload_size: int
 
 
 class SentMessage(NamedTuple):
     """The message part of a SEND: its metadata and payload, and whether its checksum matched
     (None: the client sent none, as Pulsar clients before protocol version 6 did)."""
 
-    metadata: MessageMetadata
+    metadata: MessageFields
     payload: bytes
     checksum_ok: bool | None
+
+
+def metadata_fields(metadata: MessageMetadata) -> MessageFields:
+    """What the server reads of a MessageMetadata parsed by protobuf."""
+    return MessageFields(
+        metadata.partition_key if metadata.HasField("partition_key") else None,
+        metadata.partition_key_b64_encoded,
+        metadata.ordering_key if metadata.HasField("ordering_key") else None,
+        metadata.compression,
+        len(metadata.encryption_keys) > 0,
+        metadata.num_chunks_from_msg,
+        metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch") else None,
+    )
+
+
+def single_fields(single: SingleMessageMetadata) -> SingleFields:
+    """What the server reads of a SingleMessageMetadata parsed by protobuf."""
+    return SingleFields(
+        single.partition_key if single.HasField("partition_key") else None,
+        single.partition_key_b64_encoded,
+        single.ordering_key if single.HasField("ordering_key") else None,
+        single.sequence_id if single.HasField("sequence_id") else None,
+        single.payload_size,
+    )
 
 
 class PulsarDecoder:
@@ -150,8 +223,8 @@ class PulsarDecoder:
                     )
                 start = offset + 8
                 rest = view[start + command_size : end].tobytes()
-                send = decode_send(buffer, start, start + command_size)
-                if send is None:
+                ids = decode_send(buffer, start, start + command_size)
+                if ids is None:
                     command = BaseCommand()
                     try:
                         command.ParseFromString(view[start : start + command_size].tobytes())
@@ -159,11 +232,11 @@ class PulsarDecoder:
                         raise PulsarFrameError(f"command is not a valid BaseCommand ({exc})") from None
                     _check_command(command)
                     if command.type == BaseCommand.SEND:
-                        frames.append(SendFrame(send_fields(command.send), rest))
+                        frames.append(_send_frame(command.send, rest))
                     else:
                         frames.append(PulsarFrame(command, rest))
                 else:
-                    frames.append(SendFrame(send, rest))
+                    frames.append(SendFrame(*ids, False, False, rest))
                 offset = end
         del buffer[:offset]
 
@@ -239,7 +312,7 @@ def encode_delivery(
 def parse_message(rest: bytes) -> SentMessage:
     """The message part of a SEND frame; :class:`PulsarFrameError` when it is malformed."""
     checksum_ok: bool | None = None
-    if rest[:2] == _MAGIC:
+    if rest.startswith(_MAGIC):
         if len(rest) < 6:
             raise PulsarFrameError(f"message part of {len(rest)} bytes ends inside its checksum")
         (expected,) = _U32.unpack_from(rest, 2)
@@ -250,16 +323,21 @@ def parse_message(rest: bytes) -> SentMessage:
     (size,) = _U32.unpack_from(rest, 0)
     if size > len(rest) - 4:
         raise PulsarFrameError(f"metadata size {size} is over the {len(rest) - 4} bytes that follow it")
-    metadata = MessageMetadata()
-    try:
-        metadata.ParseFromString(rest[4 : 4 + size])
-    except DecodeError as exc:
-        raise PulsarFrameError(f"message metadata is not a valid MessageMetadata ({exc})") from None
-    _check_metadata(metadata, "message metadata")
-    return SentMessage(metadata, rest[4 + size :], checksum_ok)
+    plain = decode_metadata(rest, 4, 4 + size)
+    if plain is None:
+        metadata = MessageMetadata()
+        try:
+            metadata.ParseFromString(rest[4 : 4 + size])
+        except DecodeError as exc:
+            raise PulsarFrameError(f"message metadata is not a valid MessageMetadata ({exc})") from None
+        _check_metadata(metadata, "message metadata")
+        fields = metadata_fields(metadata)
+    else:
+        fields = MessageFields(plain[0], False, None, NONE, False, 0, plain[1])
+    return SentMessage(fields, rest[4 + size :], checksum_ok)
 
 
-def split_batch(payload: bytes, count: int) -> list[tuple[SingleMessageMetadata, bytes]]:
+def split_batch(payload: bytes, count: int) -> list[tuple[SingleFields, bytes]]:
     """The ``count`` messages of a batched entry: ``[size: 4][SingleMessageMetadata][payload]`` each."""
     messages = []
     offset = 0
@@ -270,20 +348,28 @@ def split_batch(payload: bytes, count: int) -> list[tuple[SingleMessageMetadata,
         offset += 4
         if size > len(payload) - offset:
             raise PulsarFrameError(f"batch message {index}'s metadata size {size} runs past the end of the entry")
-        single = SingleMessageMetadata()
-        try:
-            single.ParseFromString(payload[offset : offset + size])
-        except DecodeError as exc:
-            raise PulsarFrameError(f"batch message {index}'s metadata is not a SingleMessageMetadata ({exc})") from None
-        _check_metadata(single, f"batch message {index}'s metadata")
+        plain = decode_single(payload, offset, offset + size)
+        if plain is None:
+            single = SingleMessageMetadata()
+            try:
+                single.ParseFromString(payload[offset : offset + size])
+            except DecodeError as exc:
+                raise PulsarFrameError(
+                    f"batch message {index}'s metadata is not a SingleMessageMetadata ({exc})"
+                ) from None
+            _check_metadata(single, f"batch message {index}'s metadata")
+            fields = single_fields(single)
+        else:
+            key, length, sequence_id = plain
+            fields = SingleFields(key, False, None, sequence_id, length)
         offset += size
-        length = single.payload_size
+        length = fields.payload_size
         if not 0 <= length <= len(payload) - offset:
             raise PulsarFrameError(
                 f"batch message {index}'s payload size {length} runs past the end of the entry "
                 f"({len(payload) - offset} bytes left)"
             )
-        messages.append((single, payload[offset : offset + length]))
+        messages.append((fields, payload[offset : offset + length]))
         offset += length
     if offset != len(payload):
         raise PulsarFrameError(f"batched entry has {len(payload) - offset} bytes after its {count} messages")

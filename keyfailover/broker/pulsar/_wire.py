@@ -1,45 +1,24 @@
-"""The two commands of the produce path by hand: SEND in, SEND_RECEIPT out.
+"""The produce path's protobuf by hand: a SEND and its message metadata in, a SEND_RECEIPT out.
 
-Every unbatched message a Pulsar client produces is one SEND answered with one SEND_RECEIPT;
-a protobuf BaseCommand parsed, checked and read for each costs more than the rest of the
-command. :func:`decode_send` reads a SEND as clients write it (type, then a body of plain
-varint fields) with one regular expression, and returns None for anything else (another
-command, a field it does not know, a varint of 10 bytes, bytes after the body), which the
-decoder then parses with protobuf: a value it returns is the one protobuf would give.
-:func:`encode_receipt` writes what ``SerializeToString`` writes, byte for byte.
+Every unbatched message a Pulsar client produces is one SEND with its own MessageMetadata,
+answered with one SEND_RECEIPT; protobuf objects built, checked and read for each cost more
+than the rest of the produce path. The decoders here read these messages as Pulsar's clients
+write them (the fields the server reads or skips, in field order, short strings, varints of at
+most 9 bytes) with regular expressions, and return None for anything else (another command, a
+field they do not know, a string that is not UTF-8, ...), which the caller then parses with
+protobuf: a value they return is the one protobuf would give. :func:`encode_receipt` writes
+what ``SerializeToString`` writes, byte for byte.
 """
 
 from __future__ import annotations
 
 import re
 import struct
-from typing import Final, NamedTuple
+from typing import Final
 
-from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand, CommandSend
+from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand
 
-__all__ = ["SendCommand", "decode_send", "encode_receipt", "send_fields"]
-
-
-class SendCommand(NamedTuple):
-    """What the server reads of a CommandSend."""
-
-    producer_id: int
-    sequence_id: int
-    highest_sequence_id: int | None
-    is_chunk: bool
-    transactional: bool
-    """A transaction id or the marker flag is set (neither is served)."""
-
-
-def send_fields(send: CommandSend) -> SendCommand:
-    """The fields of a SEND parsed by protobuf."""
-    return SendCommand(
-        send.producer_id,
-        send.sequence_id,
-        send.highest_sequence_id if send.HasField("highest_sequence_id") else None,
-        send.is_chunk,
-        bool(send.txnid_least_bits or send.txnid_most_bits or send.marker),
-    )
+__all__ = ["decode_metadata", "decode_send", "decode_single", "encode_receipt"]
 
 
 _VARINT: Final = rb"([\x80-\xff]{0,8}[\x00-\x7f])"
@@ -56,20 +35,100 @@ _SEND: Final = re.compile(
 CommandSend (transactions, chunks, markers, message_id) are left to protobuf."""
 
 
-def decode_send(data: bytes | bytearray, start: int, end: int) -> SendCommand | None:
-    """The SEND command that is the BaseCommand ``data[start:end]``, or None when it is another command or
-    a SEND this does not read (then protobuf parses it)."""
+def decode_send(data: bytes | bytearray, start: int, end: int) -> tuple[int, int, int | None] | None:
+    """``(producer_id, sequence_id, highest_sequence_id or None)`` of the SEND that is the BaseCommand
+    ``data[start:end]`` (it has no other fields), or None when it is another command or a SEND this does
+    not read (then protobuf parses it)."""
     match = _SEND.fullmatch(data, start, end)
     if match is None or data[start + 3] != end - start - 4:
         return None  # the body's length byte must span the rest of the command
     producer, sequence, _, highest = match.groups()
-    return SendCommand(_int(producer), _int(sequence), None if highest is None else _int(highest), False, False)
+    return _int(producer), _int(sequence), None if highest is None else _int(highest)
+
+
+_METADATA_IDS: Final = re.compile(rb"\x10[\x80-\xff]{0,8}[\x00-\x7f]\x18[\x80-\xff]{0,8}[\x00-\x7f]")
+"""MessageMetadata's sequence_id (2) and publish_time (3), after its producer_name (1)."""
+_METADATA_TAIL: Final = re.compile(
+    rb"(?:\x48[\x80-\xff]{0,8}[\x00-\x7f])?"  # uncompressed_size
+    rb"(?:\x58" + _VARINT + rb")?"  # num_messages_in_batch
+    rb"(?:\x60[\x80-\xff]{0,8}[\x00-\x7f])?",  # event_time
+    re.DOTALL,
+)
+"""MessageMetadata's fields after its partition_key (6) that a client writes for a plain message."""
+_SINGLE: Final = re.compile(
+    rb"\x18" + _VARINT + rb"(?:\x28[\x80-\xff]{0,8}[\x00-\x7f])?(?:\x40" + _VARINT + rb")?",  # payload_size,
+    re.DOTALL,  # event_time, sequence_id
+)
+"""SingleMessageMetadata's fields after its partition_key (2) that a client writes for a plain message."""
+_INT32: Final = 1 << 31
+
+
+def decode_metadata(data: bytes, start: int, end: int) -> tuple[str | None, int | None] | None:
+    """``(partition_key, num_messages_in_batch)``, None for each not set, of the MessageMetadata in
+    ``data[start:end]`` when it holds no other fields than those and producer_name, sequence_id,
+    publish_time, uncompressed_size and event_time; else None (then protobuf parses it)."""
+    if end - start < 2 or data[start] != 0x0A or data[start + 1] >= 0x80:  # producer_name
+        return None
+    ids = _METADATA_IDS.match(data, start + 2 + data[start + 1], end)
+    if ids is None:
+        return None
+    read = _string(data, ids.end(), end, 0x32)
+    if read is None:
+        return None
+    key, offset = read
+    tail = _METADATA_TAIL.fullmatch(data, offset, end)
+    if tail is None:
+        return None
+    batch = tail.group(1)
+    if batch is None:
+        return key, None
+    count = _int(batch)
+    return None if count >= _INT32 else (key, count)
+
+
+def decode_single(data: bytes, start: int, end: int) -> tuple[str | None, int, int | None] | None:
+    """``(partition_key, payload_size, sequence_id)``, None for each not set, of the SingleMessageMetadata
+    in ``data[start:end]`` when it holds no other fields than those and event_time; else None."""
+    read = _string(data, start, end, 0x12)
+    if read is None:
+        return None
+    key, offset = read
+    fields = _SINGLE.fullmatch(data, offset, end)
+    if fields is None:
+        return None
+    size_varint, sequence = fields.groups()
+    size = _int(size_varint)
+    if size >= _INT32:
+        return None
+    return key, size, None if sequence is None else _int(sequence)
+
+
+def _string(data: bytes, offset: int, end: int, tag: int) -> tuple[str | None, int] | None:
+    """The string field ``tag`` at ``offset`` if it is there (None if not) and where the next field starts;
+    None when it is longer than 127 bytes, runs past ``end`` or is not UTF-8 (protobuf gives such a value
+    as bytes)."""
+    if offset >= end or data[offset] != tag:
+        return None, offset
+    if offset + 1 >= end or data[offset + 1] >= 0x80:
+        return None
+    after = offset + 2 + data[offset + 1]
+    if after > end:
+        return None
+    try:
+        return data[offset + 2 : after].decode(), after
+    except UnicodeDecodeError:
+        return None
 
 
 def _int(varint: bytes) -> int:
-    """The value of a varint of at most 9 bytes."""
-    if len(varint) == 1:
+    """The value of a varint of at most 9 bytes (every byte but the last has its high bit set)."""
+    size = len(varint)
+    if size == 1:
         return varint[0]
+    if size == 2:
+        return varint[0] - 0x80 | varint[1] << 7
+    if size == 3:
+        return varint[0] - 0x80 | (varint[1] - 0x80) << 7 | varint[2] << 14
     value = 0
     for index, byte in enumerate(varint):
         value |= (byte & 0x7F) << 7 * index

@@ -21,18 +21,19 @@ import time
 from collections import Counter
 from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Final, NamedTuple, Protocol
+from typing import Any, Final, Protocol
 
 from keyfailover.broker.protocol import ConsumerClosed, Frame, Key, Messages, stream_transport, valid_name
 from keyfailover.broker.pulsar import (
     MAX_FRAME_PADDING,
     PROTOCOL_VERSION,
     SERVER_NAME,
+    MessageFields,
     PulsarDecoder,
     PulsarFrame,
     PulsarFrameError,
-    SendCommand,
     SendFrame,
+    SingleFields,
     TopicNameError,
     encode_command,
     encode_delivery,
@@ -55,12 +56,10 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     ConsumerNotFound,
     InvalidTopicName,
     KeySharedMode,
-    MessageMetadata,
     MetadataError,
     NotAllowedError,
     PersistenceError,
     ServiceNotReady,
-    SingleMessageMetadata,
     TopicNotFound,
     UnknownError,
 )
@@ -175,14 +174,9 @@ class _Producer:
     partition: int
 
 
-class _Send(NamedTuple):
-    """A SEND read and waiting for its connection's next store request."""
-
-    request: SendCommand
-    producer: _Producer
-    messages: list[tuple[int | None, Key, bytes]]
-    first_seq: int
-    last_seq: int
+_Send = tuple[SendFrame, _Producer, list[tuple[int | None, Key, bytes]], int, int]
+"""A SEND read and waiting for its connection's next store request: the SEND, its producer, its messages,
+and the first and last of their sequence ids (-1: none)."""
 
 
 @dataclass
@@ -197,18 +191,17 @@ def _command(kind: int) -> BaseCommand:
     return BaseCommand(type=kind)  # type: ignore[arg-type]
 
 
-def _message_key(metadata: MessageMetadata | SingleMessageMetadata) -> Key:
+def _message_key(metadata: MessageFields | SingleFields) -> Key:
     """Pulsar's sticky key: the ordering key if set, else the partition key (decoded when base64); None: keyless."""
-    if metadata.HasField("ordering_key"):
+    if metadata.ordering_key is not None:
         return metadata.ordering_key
-    if not metadata.HasField("partition_key"):
-        return None
-    if metadata.partition_key_b64_encoded:
+    key = metadata.partition_key
+    if key is not None and metadata.partition_key_b64_encoded:
         try:
-            return base64.b64decode(metadata.partition_key, validate=True)
+            return base64.b64decode(key, validate=True)
         except binascii.Error:
             raise _RefusedError(UnknownError, "partition key is flagged base64 but is not valid base64") from None
-    return metadata.partition_key
+    return key
 
 
 def _pulsar_url(scheme: str, host: str, port: int) -> str:
@@ -630,22 +623,19 @@ class PulsarConnection(ReadPausing):
         return index if count > 1 else -1
 
     def _send_command(self, frame: SendFrame) -> None:
-        request = frame.send
-        producer = self._producers.get(request.producer_id)
+        producer = self._producers.get(frame.producer_id)
         try:
             if producer is None:
-                raise _RefusedError(UnknownError, f"producer id {request.producer_id} is not open on this connection")
+                raise _RefusedError(UnknownError, f"producer id {frame.producer_id} is not open on this connection")
             messages = self._sent_messages(frame)
             if self._server.closing:
                 raise _RefusedError(ServiceNotReady, "the server is shutting down; nothing was stored")
         except (_RefusedError, KeyFailoverError) as exc:
             # ChecksumError fails this message at the client; any other error makes it reconnect and resend.
-            self._send_error(request.producer_id, request.sequence_id, *_server_error(exc))
+            self._send_error(frame.producer_id, frame.sequence_id, *_server_error(exc))
             return
         first, last = messages[0][0], messages[-1][0]
-        self._sends.append(
-            _Send(request, producer, messages, -1 if first is None else first, -1 if last is None else last)
-        )
+        self._sends.append((frame, producer, messages, -1 if first is None else first, -1 if last is None else last))
 
     def _store_sends(self) -> None:
         """Store the SENDs of one read: a producer's SENDs in a row go in one store request while their
@@ -654,15 +644,16 @@ class PulsarConnection(ReadPausing):
         runs: list[list[_Send]] = []
         last: dict[int, list[_Send]] = {}  # the run each producer id is filling
         for send in sends:
-            run = last.get(send.request.producer_id)
-            if run is None or run[-1].producer is not send.producer or run[-1].last_seq >= send.first_seq:
-                run = last[send.request.producer_id] = []
+            frame, producer, _, first_seq, _ = send
+            run = last.get(frame.producer_id)
+            if run is None or run[-1][1] is not producer or run[-1][4] >= first_seq:
+                run = last[frame.producer_id] = []
                 runs.append(run)
             run.append(send)
         storage = self._server.storage
         for sent in runs:
-            producer = sent[0].producer
-            messages = sent[0].messages if len(sent) == 1 else [message for send in sent for message in send.messages]
+            producer = sent[0][1]
+            messages = sent[0][2] if len(sent) == 1 else [message for send in sent for message in send[2]]
             try:
                 self._server.check_produce(producer.topic, messages)
                 run = sent
@@ -670,7 +661,7 @@ class PulsarConnection(ReadPausing):
                 run = self._checked(sent)
                 if not run:
                     continue
-                messages = [message for send in run for message in send.messages]
+                messages = [message for send in run for message in send[2]]
             stored = storage.append(producer.topic, producer.name, messages)
             stored.add_done_callback(functools.partial(self._receipts, run))
 
@@ -679,10 +670,11 @@ class PulsarConnection(ReadPausing):
         refused one is answered with why."""
         kept = []
         for send in run:
+            frame, producer, messages, _, _ = send
             try:
-                self._server.check_produce(send.producer.topic, send.messages)
+                self._server.check_produce(producer.topic, messages)
             except KeyFailoverError as exc:
-                self._send_error(send.request.producer_id, send.request.sequence_id, *_server_error(exc))
+                self._send_error(frame.producer_id, frame.sequence_id, *_server_error(exc))
             else:
                 kept.append(send)
         return kept
@@ -695,18 +687,18 @@ class PulsarConnection(ReadPausing):
                 error = ServiceNotReady
             else:
                 error = UnknownError if isinstance(exc, KeyFailoverError) else PersistenceError
-            for send in run:
-                self._send_error(send.request.producer_id, send.request.sequence_id, error, f"not stored: {exc}")
+            for frame, _, _, _, _ in run:
+                self._send_error(frame.producer_id, frame.sequence_id, error, f"not stored: {exc}")
             return
         results = done.result()
         receipts = []
         first = 0
-        for request, producer, messages, _, _ in run:
+        for frame, producer, messages, _, _ in run:
             receipts.append(
                 encode_receipt(
-                    request.producer_id,
-                    request.sequence_id,
-                    request.highest_sequence_id,
+                    frame.producer_id,
+                    frame.sequence_id,
+                    frame.highest_sequence_id,
                     results[first][0],
                     producer.partition,
                 )
@@ -716,7 +708,6 @@ class PulsarConnection(ReadPausing):
 
     def _sent_messages(self, frame: SendFrame) -> list[tuple[int | None, Key, bytes]]:
         """The keyfailover messages a SEND carries: one, or each message of a batched entry with its own key."""
-        request = frame.send
         try:
             sent = parse_message(frame.rest)
         except PulsarFrameError as exc:
@@ -728,13 +719,13 @@ class PulsarConnection(ReadPausing):
         metadata = sent.metadata
         if metadata.compression != NONE:
             raise _RefusedError(NotAllowedError, "compressed messages are not supported; expected compression NONE")
-        if metadata.encryption_keys or request.is_chunk or metadata.num_chunks_from_msg > 1:
+        if metadata.encrypted or frame.is_chunk or metadata.num_chunks_from_msg > 1:
             raise _RefusedError(NotAllowedError, "encrypted and chunked messages are not supported")
-        if request.transactional:
+        if frame.transactional:
             raise _RefusedError(NotAllowedError, "transactions and markers are not supported")
-        if not metadata.HasField("num_messages_in_batch"):
-            return [(request.sequence_id, _message_key(metadata), sent.payload)]
         count = metadata.num_messages_in_batch
+        if count is None:
+            return [(frame.sequence_id, _message_key(metadata), sent.payload)]
         if count < 1:
             raise _RefusedError(UnknownError, f"a batched entry of {count} messages; expected at least 1")
         try:
@@ -743,7 +734,7 @@ class PulsarConnection(ReadPausing):
             raise _RefusedError(UnknownError, f"{exc}; nothing was stored") from None
         return [
             (
-                single.sequence_id if single.HasField("sequence_id") else request.sequence_id + index,
+                frame.sequence_id + index if single.sequence_id is None else single.sequence_id,
                 _message_key(single),
                 payload,
             )

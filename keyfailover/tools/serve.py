@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -42,6 +43,9 @@ async def run_server(config: ServerConfig) -> int:
     server = Server(config)
     serve_metrics(server)
     await server.start()
+    # What is alive now (modules, protobuf descriptors, the opened log) lives as long as the server: kept out
+    # of the garbage collector's full collections, which a steady produce otherwise makes cost ~1 us/message.
+    gc.freeze()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -143,8 +143,13 @@ length-delimited)."""
 
 
 def _varint(value: int) -> bytes:
+    """``value`` (0 to 2**64 - 1) as a varint."""
     if value < 0x80:
         return _SMALL[value]
+    if value < 0x4000:
+        return bytes((value & 0x7F | 0x80, value >> 7))
+    if value < 0x200000:
+        return bytes((value & 0x7F | 0x80, value >> 7 & 0x7F | 0x80, value >> 14))
     out = bytearray()
     while value >= 0x80:
         out.append(value & 0x7F | 0x80)
@@ -158,12 +163,12 @@ def encode_receipt(
 ) -> bytes:
     """The SEND_RECEIPT frame for a message stored at ledger 0, ``entry`` (of ``partition`` unless it is -1):
     what :func:`~keyfailover.broker.pulsar.encode_command` makes of the same BaseCommand."""
-    message_id = b"\x08\x00\x10" + _varint(entry)  # ledgerId 0, entryId
-    if partition >= 0:
-        message_id += b"\x18" + _varint(partition)
-    body = b"\x08" + _varint(producer_id) + b"\x10" + _varint(sequence_id) + b"\x1a" + _SMALL[len(message_id)]
-    body += message_id
+    if partition < 0:
+        message_id = b"\x08\x00\x10" + _varint(entry)  # ledgerId 0, entryId
+    else:
+        message_id = b"\x08\x00\x10%b\x18%b" % (_varint(entry), _varint(partition))
+    body = b"\x08%b\x10%b\x1a%b%b" % (_varint(producer_id), _varint(sequence_id), _SMALL[len(message_id)], message_id)
     if highest_sequence_id is not None:
         body += b"\x20" + _varint(highest_sequence_id)
-    command = _RECEIPT_TYPE + _varint(len(body)) + body
-    return _U32_PAIR.pack(len(command) + 4, len(command)) + command
+    size = len(body)  # at most 54 bytes (three varints of 10 bytes, the message id of 19): a one-byte length
+    return _U32_PAIR.pack(size + 8, size + 4) + _RECEIPT_TYPE + _SMALL[size] + body

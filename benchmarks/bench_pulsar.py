@@ -6,20 +6,27 @@ keyed messages (1,000 keys, 100-byte payloads) as fast as the client pipelines t
 Key_Shared consumer receives and acks all N. Rates are printed, never asserted; each key's
 order is checked. ``send_async calls/s`` is how fast the Python client took the messages into
 its queue (10,000 pending at most): when it is close to the produce rate, the queue was full and
-the broker's receipts set the pace.
+the broker's receipts set the pace. ``server CPU us/msg`` is the CPU time (user and system, all
+its threads, from /proc) the server spent per message while they were produced: steadier than
+the rates when other work shares the machine ("-" where /proc is not there).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
 
 import pulsar
 from _common import format_count, parse_quick, print_table, timed
 
 from keyfailover.client import Client
+
+T = TypeVar("T")
 
 KEYS = 1000
 PAYLOAD = b"x" * 92
@@ -35,6 +42,29 @@ def start_server(data_dir: str) -> tuple[subprocess.Popen[str], str, str]:
     return process, f"kf://{native}", foreign
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User and system CPU seconds process ``pid`` used so far (all its threads); None without /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+Run = tuple[float, float, float | None, float | None]
+"""Produce and consume rates, the rate of ``send_async`` calls (None: not the Python client), and the
+server's CPU microseconds per produced message (None: not measured)."""
+
+
+def produced(server: int, count: int, produce: Callable[[], T]) -> tuple[float, T, float | None]:
+    """Seconds ``produce()`` took, what it returned, and the server's CPU microseconds per message meanwhile."""
+    before = cpu_seconds(server)
+    seconds, result = timed(produce)
+    after = cpu_seconds(server)
+    used = None if before is None or after is None else (after - before) / count * 1e6
+    return seconds, result, used
+
+
 def payload(index: int) -> bytes:
     return index.to_bytes(8, "big") + PAYLOAD
 
@@ -47,7 +77,7 @@ def check_order(received: list[tuple[str, int]], count: int) -> None:
     assert len(received) == count, f"received {len(received)} of {count}"
 
 
-def native_run(url: str, count: int) -> tuple[float, float, float | None]:
+def native_run(url: str, server: int, count: int) -> Run:
     with Client(url) as client:
         consumer = client.subscribe("bench-native", "bench", "c")
         producer = client.create_producer("bench-native", "p")
@@ -65,13 +95,13 @@ def native_run(url: str, count: int) -> tuple[float, float, float | None]:
                 consumer.acknowledge(message)
             return received
 
-        produced, _ = timed(produce)
+        seconds, _, used = produced(server, count, produce)
         consumed, received = timed(consume)
     check_order(received, count)
-    return count / produced, count / consumed, None
+    return count / seconds, count / consumed, None, used
 
 
-def pulsar_run(url: str, count: int, topic: str, **producer_options: object) -> tuple[float, float, float | None]:
+def pulsar_run(url: str, server: int, count: int, topic: str, **producer_options: object) -> Run:
     """Produce and consume rates, and the rate of the client's ``send_async`` calls alone (its own bound)."""
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     try:
@@ -100,12 +130,12 @@ def pulsar_run(url: str, count: int, topic: str, **producer_options: object) -> 
                 consumer.acknowledge(message)
             return received
 
-        produced, queueing = timed(produce)
+        seconds, queueing, used = produced(server, count, produce)
         consumed, received = timed(consume)
     finally:
         client.close()
     check_order(received, count)
-    return count / produced, count / consumed, count / queueing
+    return count / seconds, count / consumed, count / queueing, used
 
 
 def main() -> None:
@@ -114,17 +144,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-pulsar-") as data_dir:
         process, native_url, pulsar_url = start_server(data_dir)
         try:
-            runs: list[tuple[str, Callable[[], tuple[float, float, float | None]]]] = [
-                ("keyfailover client", lambda: native_run(native_url, count)),
-                ("pulsar-client, batching off", lambda: pulsar_run(pulsar_url, count, "bench-off")),
+            server = process.pid
+            runs: list[tuple[str, Callable[[], Run]]] = [
+                ("keyfailover client", lambda: native_run(native_url, server, count)),
+                ("pulsar-client, batching off", lambda: pulsar_run(pulsar_url, server, count, "bench-off")),
                 (
                     "pulsar-client, default batching",
-                    lambda: pulsar_run(pulsar_url, count, "bench-batched", batching_enabled=True),
+                    lambda: pulsar_run(pulsar_url, server, count, "bench-batched", batching_enabled=True),
                 ),
                 (
                     "pulsar-client, key-based batching",
                     lambda: pulsar_run(
                         pulsar_url,
+                        server,
                         count,
                         "bench-keyed",
                         batching_enabled=True,
@@ -136,7 +168,7 @@ def main() -> None:
         finally:
             process.terminate()
             process.wait(timeout=30)
-    base_produce, base_consume, _ = results[0][1]
+    base_produce, base_consume, _, _ = results[0][1]
     print_table(
         f"Produce then consume {count:,} keyed messages ({KEYS:,} keys) on one server, SQLite --sync normal",
         [
@@ -147,6 +179,7 @@ def main() -> None:
             "produce vs native",
             "consume vs native",
             "send_async calls/s",
+            "server CPU us/msg",
         ],
         [
             [
@@ -157,8 +190,9 @@ def main() -> None:
                 f"{produce / base_produce:.2f}x",
                 f"{consume / base_consume:.2f}x",
                 "-" if queueing is None else format_count(queueing),
+                "-" if used is None else f"{used:.1f}",
             ]
-            for name, (produce, consume, queueing) in results
+            for name, (produce, consume, queueing, used) in results
         ],
     )
     print("per-key order held in every run")

@@ -21,15 +21,27 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand
 __all__ = ["decode_metadata", "decode_send", "decode_single", "encode_receipt"]
 
 
-_VARINT: Final = rb"([\x80-\xff]{0,8}[\x00-\x7f])"
-"""A varint below 2**63 (at most 9 bytes)."""
+_SKIPPED: Final = rb"[\x80-\xff]{0,8}[\x00-\x7f]"
+"""A varint below 2**63 (at most 9 bytes), not read."""
+_VARINT: Final = b"(" + _SKIPPED + b")"
+"""A varint below 2**63, read."""
+
+
+def _optional(tag: bytes, value: bytes) -> bytes:
+    """A pattern for an optional field: its ``tag`` and ``value``."""
+    return b"(?:" + tag + value + b")?"
+
+
 _SEND: Final = re.compile(
-    rb"\x08\x06\x32[\x00-\x7f]"  # type SEND, then the send body (its length checked apart)
-    rb"(?:\x08" + _VARINT + rb")"  # producer_id
-    rb"(?:\x10" + _VARINT + rb")"  # sequence_id
-    rb"(?:\x18" + _VARINT + rb")?"  # num_messages (not read)
-    rb"(?:\x30" + _VARINT + rb")?",  # highest_sequence_id
-    re.DOTALL,
+    b"".join(
+        [
+            rb"\x08\x06\x32[\x00-\x7f]",  # type SEND, then the send body (its length checked apart)
+            rb"\x08" + _VARINT,  # producer_id (1)
+            rb"\x10" + _VARINT,  # sequence_id (2)
+            _optional(rb"\x18", _SKIPPED),  # num_messages (3)
+            _optional(rb"\x30", _VARINT),  # highest_sequence_id (6)
+        ]
+    )
 )
 """A SEND command as protobuf (and Pulsar's clients) write it, in field order; the other fields of
 CommandSend (transactions, chunks, markers, message_id) are left to protobuf."""
@@ -42,22 +54,30 @@ def decode_send(data: bytes | bytearray, start: int, end: int) -> tuple[int, int
     match = _SEND.fullmatch(data, start, end)
     if match is None or data[start + 3] != end - start - 4:
         return None  # the body's length byte must span the rest of the command
-    producer, sequence, _, highest = match.groups()
+    producer, sequence, highest = match.groups()
     return _int(producer), _int(sequence), None if highest is None else _int(highest)
 
 
-_METADATA_IDS: Final = re.compile(rb"\x10[\x80-\xff]{0,8}[\x00-\x7f]\x18[\x80-\xff]{0,8}[\x00-\x7f]")
+_METADATA_IDS: Final = re.compile(rb"\x10" + _SKIPPED + rb"\x18" + _SKIPPED)
 """MessageMetadata's sequence_id (2) and publish_time (3), after its producer_name (1)."""
 _METADATA_TAIL: Final = re.compile(
-    rb"(?:\x48[\x80-\xff]{0,8}[\x00-\x7f])?"  # uncompressed_size
-    rb"(?:\x58" + _VARINT + rb")?"  # num_messages_in_batch
-    rb"(?:\x60[\x80-\xff]{0,8}[\x00-\x7f])?",  # event_time
-    re.DOTALL,
+    b"".join(
+        [
+            _optional(rb"\x48", _SKIPPED),  # uncompressed_size (9)
+            _optional(rb"\x58", _VARINT),  # num_messages_in_batch (11)
+            _optional(rb"\x60", _SKIPPED),  # event_time (12)
+        ]
+    )
 )
 """MessageMetadata's fields after its partition_key (6) that a client writes for a plain message."""
 _SINGLE: Final = re.compile(
-    rb"\x18" + _VARINT + rb"(?:\x28[\x80-\xff]{0,8}[\x00-\x7f])?(?:\x40" + _VARINT + rb")?",  # payload_size,
-    re.DOTALL,  # event_time, sequence_id
+    b"".join(
+        [
+            rb"\x18" + _VARINT,  # payload_size (3)
+            _optional(rb"\x28", _SKIPPED),  # event_time (5)
+            _optional(rb"\x40", _VARINT),  # sequence_id (8)
+        ]
+    )
 )
 """SingleMessageMetadata's fields after its partition_key (2) that a client writes for a plain message."""
 _INT32: Final = 1 << 31

@@ -92,13 +92,10 @@ def decode_metadata(data: bytes, start: int, end: int) -> tuple[str | None, int 
     ids = _METADATA_IDS.match(data, start + 2 + data[start + 1], end)
     if ids is None:
         return None
-    read = _string(data, ids.end(), end, 0x32)
+    read = _key_then(data, ids.end(), end, 0x32, _METADATA_TAIL)
     if read is None:
         return None
-    key, offset = read
-    tail = _METADATA_TAIL.fullmatch(data, offset, end)
-    if tail is None:
-        return None
+    key, tail = read
     batch = tail.group(1)
     if batch is None:
         return key, None
@@ -109,13 +106,10 @@ def decode_metadata(data: bytes, start: int, end: int) -> tuple[str | None, int 
 def decode_single(data: bytes, start: int, end: int) -> tuple[str | None, int, int | None] | None:
     """``(partition_key, payload_size, sequence_id)``, None for each not set, of the SingleMessageMetadata
     in ``data[start:end]`` when it holds no other fields than those and event_time; else None."""
-    read = _string(data, start, end, 0x12)
+    read = _key_then(data, start, end, 0x12, _SINGLE)
     if read is None:
         return None
-    key, offset = read
-    fields = _SINGLE.fullmatch(data, offset, end)
-    if fields is None:
-        return None
+    key, fields = read
     size_varint, sequence = fields.groups()
     size = _int(size_varint)
     if size >= _INT32:
@@ -123,21 +117,26 @@ def decode_single(data: bytes, start: int, end: int) -> tuple[str | None, int, i
     return key, size, None if sequence is None else _int(sequence)
 
 
-def _string(data: bytes, offset: int, end: int, tag: int) -> tuple[str | None, int] | None:
-    """The string field ``tag`` at ``offset`` if it is there (None if not) and where the next field starts;
-    None when it is longer than 127 bytes, runs past ``end`` or is not UTF-8 (protobuf gives such a value
-    as bytes)."""
-    if offset >= end or data[offset] != tag:
-        return None, offset
-    if offset + 1 >= end or data[offset + 1] >= 0x80:
-        return None
-    after = offset + 2 + data[offset + 1]
-    if after > end:
-        return None
-    try:
-        return data[offset + 2 : after].decode(), after
-    except UnicodeDecodeError:
-        return None
+def _key_then(
+    data: bytes, offset: int, end: int, tag: int, rest: re.Pattern[bytes]
+) -> tuple[str | None, re.Match[bytes]] | None:
+    """The partition key (string field ``tag``) at ``offset`` if it is there (None if not), and ``rest``
+    matched on the fields after it up to ``end``; None when they do not match or the key is longer than
+    127 bytes, runs past ``end`` or is not UTF-8 (protobuf gives such a value as bytes)."""
+    key = None
+    if offset < end and data[offset] == tag:
+        if offset + 1 >= end or data[offset + 1] >= 0x80:
+            return None
+        after = offset + 2 + data[offset + 1]
+        if after > end:
+            return None
+        try:
+            key = data[offset + 2 : after].decode()
+        except UnicodeDecodeError:
+            return None
+        offset = after
+    match = rest.fullmatch(data, offset, end)
+    return None if match is None else (key, match)
 
 
 def _int(varint: bytes) -> int:

@@ -523,24 +523,27 @@ class DispatcherMachine(RuleBasedStateMachine):
         names=st.lists(st.sampled_from(NAMES), min_size=1, max_size=3, unique=True),
         permits=st.integers(0, 5),
         keys=st.lists(st.sampled_from(KEY_POOL), max_size=8),
+        data=st.data(),
     )
-    def start(self, names: list[str], permits: int, keys: list[Key]) -> None:
+    def start(self, names: list[str], permits: int, keys: list[Key], data: st.DataObject) -> None:
         """Consumers with a few permits and a few messages, so that every run has work to do."""
         for name in names:
-            self.d.add_consumer(name)
-            self.model.add(name)
+            self.join(name, data)
             self.d.flow(name, permits)
             self.model.permits[name] += permits
         for key in keys:
             self.publish_one(key, 1)
 
+    def join(self, name: str, data: st.DataObject) -> None:
+        """``name`` joins the dispatcher and the model."""
+        self.d.add_consumer(name)
+        self.model.add(name)
+
     @precondition(lambda self: len(self.model.consumers) < len(NAMES))
     @rule(data=st.data())
     def add_consumer(self, data: st.DataObject) -> None:
         absent = [name for name in NAMES if name not in self.model.consumers]
-        name = data.draw(st.sampled_from(absent), label="add")
-        self.d.add_consumer(name)
-        self.model.add(name)
+        self.join(data.draw(st.sampled_from(absent), label="add"), data)
 
     @precondition(lambda self: bool(self.model.consumers))
     @rule(data=st.data())
@@ -931,27 +934,9 @@ class StickyMachine(SpillMachine):
         d.set_policy("sticky")
         return d
 
-    @initialize(
-        names=st.lists(st.sampled_from(NAMES), min_size=1, max_size=3, unique=True),
-        permits=st.integers(0, 5),
-        keys=st.lists(st.sampled_from(KEY_POOL), max_size=8),
-        data=st.data(),
-    )
-    def start(self, names: list[str], permits: int, keys: list[Key], data: st.DataObject) -> None:
-        for name in names:
-            self.d.add_consumer(name, data.draw(declared_ranges(name), label=name))
-            self.model.add(name)
-            self.d.flow(name, permits)
-            self.model.permits[name] += permits
-        for key in keys:
-            self.publish_one(key, 1)
-
-    @precondition(lambda self: len(self.model.consumers) < len(NAMES))
-    @rule(data=st.data())
-    def add_consumer(self, data: st.DataObject) -> None:
-        absent = [name for name in NAMES if name not in self.model.consumers]
-        name = data.draw(st.sampled_from(absent), label="add")
-        self.d.add_consumer(name, data.draw(declared_ranges(name), label="declared"))
+    def join(self, name: str, data: st.DataObject) -> None:
+        """``name`` joins declaring ranges of its own quarter of the space."""
+        self.d.add_consumer(name, data.draw(declared_ranges(name), label=f"{name} declares"))
         self.model.add(name)
 
     @rule(data=st.data(), kind=st.sampled_from(("overlap", "none", "malformed", "switch policy")))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -280,3 +281,36 @@ def test_the_loops_thread_holds_off_ctrl_c_and_sigterm_so_they_reach_the_callers
     assert {signal.SIGINT, signal.SIGTERM} <= masks[0]
     assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
     assert signal.SIGINT not in before
+
+
+def test_a_lookup_naming_a_broker_that_just_died_is_asked_again(tmp_path: Path) -> None:
+    """Right after a failover a broker's view of the cluster may still name the dead broker as a partition's
+    owner: the client's connection to it is refused. create_producer and subscribe look the topic up again
+    (within the connect timeout) instead of failing. The first lookup here answers a port nothing listens on."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{closed.getsockname()[1]}"
+
+    async def scenario(server: ServerProcess) -> tuple[int, list[bytes]]:
+        async with AsyncClient(server.url) as client:
+            lookup = client._lookup
+            asked = 0
+
+            async def stale_first(topic: str) -> list[str | None]:
+                nonlocal asked
+                asked += 1
+                return [dead] if asked == 1 else await lookup(topic)
+
+            client._lookup = stale_first  # type: ignore[method-assign]
+            producer = await client.create_producer("orders", "p")
+            await producer.send(b"after the failover", "k")
+            asked_by_producer = asked
+            asked = 0
+            consumer = await client.subscribe("orders", "s")
+            message = await consumer.receive()
+            return asked_by_producer + asked, [message.payload]
+
+    with ServerProcess(tmp_path / "data") as server:
+        lookups, received = asyncio.run(scenario(server))
+    assert lookups == 4  # each of the two asked twice: the stale answer, then the live one
+    assert received == [b"after the failover"]

@@ -492,12 +492,11 @@ class AsyncClient:
             check_name("producer_name", producer_name)
         await self.connect()
         self._check_usable()
-        brokers = await self._served(topic)
+        links = await self._served(topic)
         name = producer_name or f"producer-{uuid.uuid4().hex}"
         parts = []
-        for index, address in enumerate(brokers):
-            link = await self._link(address)
-            part = _PartProducer(link, topic, index, len(brokers), name=name, on_lost=self._lost)
+        for index, link in enumerate(links):
+            part = _PartProducer(link, topic, index, len(links), name=name, on_lost=self._lost)
             link.parties.append(part)
             parts.append(part)
         return AsyncProducer(topic, name, parts)
@@ -524,16 +523,15 @@ class AsyncClient:
             check_name("consumer_name", consumer_name)
         await self.connect()
         self._check_usable()
-        brokers = await self._served(topic)
+        links = await self._served(topic)
         name = consumer_name or f"consumer-{uuid.uuid4().hex[:12]}"
         consumer = AsyncConsumer(topic, subscription_name, name, on_ranges_changed)
-        for index, address in enumerate(brokers):
-            link = await self._link(address)
+        for index, link in enumerate(links):
             part = _PartConsumer(
                 link,
                 topic,
                 index,
-                len(brokers),
+                len(links),
                 subscription=subscription_name,
                 name=name,
                 receiver_queue_size=receiver_queue_size,
@@ -662,17 +660,24 @@ class AsyncClient:
             raise ClientClosed(f"the connection to {link.address} dropped before the lookup of {topic!r} was answered")
         return [link.address if broker == "" else broker for broker in reply.brokers]
 
-    async def _served(self, topic: str) -> list[Address]:
-        """The broker of every partition of ``topic``, waiting (up to the connect timeout) while
-        a failover leaves some partition without one."""
+    async def _served(self, topic: str) -> list[_Link]:
+        """The connection to the broker of every partition of ``topic``, waiting (up to the connect
+        timeout) while a failover leaves some partition without one, or a lookup names a broker that
+        has just died (its connection refused: the brokers' view had not caught up yet)."""
         deadline = time.monotonic() + self._connect_timeout
         delay = _MIN_BACKOFF
         while True:
             brokers = await self._lookup(topic)
             served = [broker for broker in brokers if broker is not None]
+            refused: OSError | None = None
             if len(served) == len(brokers):
-                return served
+                try:
+                    return [await self._link(address) for address in served]
+                except OSError as exc:
+                    refused = exc
             if time.monotonic() + delay > deadline:
+                if refused is not None:
+                    raise refused
                 missing = [index for index, broker in enumerate(brokers) if broker is None]
                 raise Timeout(
                     f"partitions {missing[:10]} of {topic!r} had no broker for {self._connect_timeout} s; "

@@ -10,6 +10,8 @@ tests/test_dispatcher_properties.py.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from keyfailover.core.clock import ManualClock
@@ -29,9 +31,15 @@ def owner(d: Dispatcher, slot: int) -> str | None:
     return None
 
 
-def key_in(first: int, last: int, avoid: frozenset[str] = frozenset()) -> str:
+def keys_in(first: int, last: int, count: int) -> list[str]:
+    """``count`` distinct keys whose slots lie in ``[first, last]``."""
+    found = (key for key in (f"key-{i}" for i in itertools.count()) if first <= key_hash(key) <= last)
+    return list(itertools.islice(found, count))
+
+
+def key_in(first: int, last: int) -> str:
     """A key whose slot lies in ``[first, last]``."""
-    return next(k for i in range(1_000_000) if first <= key_hash(k := f"key-{i}") <= last and k not in avoid)
+    return keys_in(first, last, 1)[0]
 
 
 # -- Pulsar's HashRangeExclusiveStickyKeyConsumerSelectorTest ------------------------------------
@@ -139,6 +147,20 @@ def test_a_partitions_dispatcher_owns_the_part_of_the_declared_ranges_in_its_blo
         d.add_consumer("c", [(35000, 35000)])
 
 
+def test_a_partition_nobody_declared_is_unassigned_while_consumers_are_present() -> None:
+    """A block none of the consumers' ranges reach is all unassigned (not an empty map, which means no
+    consumers): its keys wait, and the metrics and alerts see the gap. Empty again once all have left."""
+    d = Dispatcher(policy="sticky", slots=(32768, END))
+    d.add_consumer("a", [(0, 32767)])
+    assert d.ranges() == [(32768, END, UNASSIGNED)]
+    assert d.stats()["consumers"]["a"]["standby"]
+    d.add_consumer("b", [(40000, 40999)])
+    d.remove_consumer("b")
+    assert d.ranges() == [(32768, END, UNASSIGNED)]
+    d.remove_consumer("a")
+    assert d.ranges() == []
+
+
 def test_a_stuck_sticky_consumer_loses_its_ranges_to_nobody_and_gets_them_back_when_it_recovers() -> None:
     clock = ManualClock(0.0)
     d = Dispatcher(clock=clock, policy="sticky", ack_timeout=1.0)
@@ -150,6 +172,7 @@ def test_a_stuck_sticky_consumer_loses_its_ranges_to_nobody_and_gets_them_back_w
     clock.advance(2.0)
     assert d.poll() == []  # taken back, and nobody else may have the key
     assert owner(d, key_hash(key)) is None and d.stats()["consumers"]["only"]["stuck"]
+    assert d.ranges() == [(0, END, UNASSIGNED)]  # a consumer is present: the space is unassigned, not unmapped
     d.flow("only", 1)  # progress: it recovers its declared ranges
     assert d.ranges_of("only") == [(0, 100)]
     assert d.poll() == [Delivery("only", 1, key, "m", 1)]
@@ -179,3 +202,50 @@ def test_the_reserved_owner_is_not_a_consumer_id() -> None:
     d = Dispatcher(policy="sticky")
     with pytest.raises(ConsumerError, match="reserved"):
         d.add_consumer(UNASSIGNED, [(0, 10)])
+
+
+def test_keys_nobody_declared_are_parked_so_they_never_stop_the_declared_ones() -> None:
+    """G5 under the sticky policy, with spill as the server runs it: the messages of an undeclared range
+    do not fill the buffer (they are parked, left in the log), so the declared consumer gets every message
+    of its keys however many wait; a consumer declaring the rest then gets them all, each key in order
+    (G2, G3), re-read from the log."""
+    d = Dispatcher(clock=ManualClock(0.0), policy="sticky", spill=True, max_replay=10)
+    low_keys, high_keys = keys_in(0, 32767, 3), keys_in(32768, END, 3)
+    d.add_consumer("low", [(0, 32767)])
+    d.flow("low", 1000)
+    log: dict[int, str] = {}
+    got: dict[str, list[int]] = {"low": [], "high": []}
+    for position in range(1, 201):
+        key = (low_keys if position % 4 == 0 else high_keys)[position % 3]
+        assert d.wants(), f"the buffer filled up at position {position}"
+        d.publish(position, key)
+        log[position] = key
+        for delivery in d.poll():
+            got[delivery.consumer].append(delivery.position)
+            d.ack(delivery.consumer, delivery.position)
+    assert got["low"] == [p for p, k in log.items() if k in low_keys]
+    d.add_consumer("high", [(32768, END)])
+    d.flow("high", 1000)
+    for _ in range(200):
+        for delivery in d.poll():
+            got[delivery.consumer].append(delivery.position)
+            d.ack(delivery.consumer, delivery.position)
+        due = d.rereads()
+        if not due:
+            if len(got["high"]) == sum(k in high_keys for k in log.values()):
+                break
+            continue
+        through = 0
+        for position in range(min(due.values()), max(log) + 1):
+            if key_hash(log[position]) in due and position >= due[key_hash(log[position])]:
+                if not d.wants():
+                    break
+                d.restore(position, log[position])
+            through = position
+        d.restored(due, through)
+    expected = [p for p, k in log.items() if k in high_keys]
+    assert sorted(got["high"]) == expected  # every one, once
+    for key in high_keys:
+        mine = [p for p in got["high"] if log[p] == key]
+        assert mine == sorted(mine), f"{key} out of order: {mine}"
+    d._audit()

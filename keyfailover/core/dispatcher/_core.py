@@ -647,11 +647,11 @@ class Dispatcher:
         if reason not in ("leave", "timeout"):
             raise KeyFailoverError(f"removal reason must be 'leave' or 'timeout', not {reason!r}")
         now = self._sample()
+        self._declared.pop(cid, None)
+        self._declared_here.pop(cid, None)  # before the plan: a sticky leave keeps the slots of who remains
         planned = self._leave_plan(cid)
         returned = self._return_inflight(consumer, list(consumer.inflight.values()), "consumer removed")
         del self._consumers[cid]
-        self._declared.pop(cid, None)
-        self._declared_here.pop(cid, None)
         self._round_robin.remove(consumer)
         self._rr = 0
         self._wake.pop(consumer, None)
@@ -815,7 +815,9 @@ class Dispatcher:
         """Whether a fresh message of ``slot`` (its key's ``state``) would wait for a while: park it."""
         owner = self._owner_of_slot(slot)
         if owner is None:
-            return False  # nobody to take anything: parking would not let others go on
+            # No owner while consumers are present (a sticky subscription's undeclared slot, or every
+            # consumer stuck): park, so others go on (G5). Without consumers nobody could go on anyway.
+            return bool(self._consumers)
         return not owner.permits or (state is not None and bool(state.draining or state.loose or state.backoff))
 
     def _park(self, message: _Message) -> None:
@@ -1081,7 +1083,7 @@ class Dispatcher:
             return MultiRangePolicy(self._max_ranges, threshold, self._shift_min_traffic)
         if name == ContiguousPolicy.name:
             return ContiguousPolicy(self._split, threshold, self._shift_min_traffic)
-        return StickyPolicy(self._declared_here)
+        return StickyPolicy(self._declared_here, self._size)
 
     def declared_ranges(self, cid: str) -> list[tuple[int, int]] | None:
         """The ranges sticky consumer ``cid`` declared (whole-space slots), None for a consumer of another policy."""

@@ -25,21 +25,26 @@ UNASSIGNED: Final = "<unassigned>"
 
 
 class StickyPolicy(Policy):
-    """Every consumer owns the ranges ``declared[consumer]`` (inclusive slots of the map's space).
+    """Every consumer owns the ranges ``declared[consumer]`` (inclusive slots of the map's space, of
+    ``range_size`` slots).
 
-    ``declared`` must hold non-overlapping ranges for every consumer that joins; the policy
-    reads it at each join and leave and never changes it.
+    ``declared`` holds the non-overlapping ranges of every present consumer (an empty list for one
+    with nothing in this space), and of no consumer that left: while it holds anyone, the map is
+    not empty (all of it unassigned, if need be); empty, the map is. The policy reads it at each
+    join and leave and never changes it.
     """
 
     name: ClassVar[str] = "sticky"
     reads_rates: ClassVar[bool] = False
 
-    def __init__(self, declared: Mapping[str, Sequence[tuple[int, int]]]) -> None:
+    def __init__(self, declared: Mapping[str, Sequence[tuple[int, int]]], range_size: int) -> None:
         self._declared = declared
+        self._limit = (range_size + 1) // 2
 
     @property
     def range_limit(self) -> int:
-        return max((len(ranges) for ranges in self._declared.values()), default=1)
+        """Whatever a consumer declares: the most ranges of the space no two of which touch."""
+        return self._limit
 
     def join(self, ranges: RangeMap, newcomer: str, load: Load) -> RangeMap:
         """The map with ``newcomer``'s declared ranges given to it (from :data:`UNASSIGNED`)."""
@@ -50,7 +55,7 @@ class StickyPolicy(Policy):
         return self._tiling(ranges, [*_members(ranges), newcomer])
 
     def leave(self, ranges: RangeMap, leaver: str, load: Load, standby: Sequence[str] = ()) -> RangeMap:
-        """The map with ``leaver``'s ranges unassigned; empty when no consumer owns a range any more."""
+        """The map with ``leaver``'s ranges unassigned; empty once no consumer is left."""
         return self._tiling(ranges, [member for member in _members(ranges) if member != leaver])
 
     def shift(self, ranges: RangeMap, load: Load) -> RangeMap | None:
@@ -75,7 +80,7 @@ class StickyPolicy(Policy):
                 tiles.append((at, start - 1, UNASSIGNED))
             tiles.append((start, end, member))
             at = end + 1
-        if tiles and at < size:
+        if at < size and (tiles or self._declared):
             tiles.append((at, size - 1, UNASSIGNED))
         planned = RangeMap.from_ranges(tiles, size, ranges.epoch + 1)
         return ranges.copy() if planned.ranges() == ranges.ranges() else planned

@@ -9,6 +9,11 @@ its queue (10,000 pending at most): when it is close to the produce rate, the qu
 the broker's receipts set the pace. ``server CPU us/msg`` is the CPU time (user and system, all
 its threads, from /proc) the server spent per message while they were produced: steadier than
 the rates when other work shares the machine ("-" where /proc is not there).
+
+The rows "against an endpoint that stores nothing" produce with the same client settings to
+``_null_pulsar.py`` (another process answering each SEND at once, storing nothing): the most
+that client can produce on this machine whatever the broker does, its ceiling. "vs ceiling" is
+the rate through keyfailover over that ceiling.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pulsar
-from _common import format_count, parse_quick, print_table, timed
+from _common import format_count, parse_quick, print_goals, print_table, timed
 
 from keyfailover.client import Client
 
@@ -30,6 +35,9 @@ T = TypeVar("T")
 
 KEYS = 1000
 PAYLOAD = b"x" * 92
+
+
+HERE = Path(__file__).resolve().parent
 
 
 def start_server(data_dir: str) -> tuple[subprocess.Popen[str], str, str]:
@@ -42,6 +50,13 @@ def start_server(data_dir: str) -> tuple[subprocess.Popen[str], str, str]:
     return process, f"kf://{native}", foreign
 
 
+def start_null_endpoint() -> tuple[subprocess.Popen[str], str]:
+    """``_null_pulsar.py`` in its own process; the process and its Pulsar URL."""
+    process = subprocess.Popen([sys.executable, str(HERE / "_null_pulsar.py")], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    return process, process.stdout.readline().rsplit(" ", 1)[1].strip()
+
+
 def cpu_seconds(pid: int) -> float | None:
     """User and system CPU seconds process ``pid`` used so far (all its threads); None without /proc."""
     try:
@@ -51,9 +66,9 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-Run = tuple[float, float, float | None, float | None]
-"""Produce and consume rates, the rate of ``send_async`` calls (None: not the Python client), and the
-server's CPU microseconds per produced message (None: not measured)."""
+Run = tuple[float, float | None, float | None, float | None]
+"""Produce and consume rates (None: nothing consumed), the rate of ``send_async`` calls (None: not the
+Python client), and the server's CPU microseconds per produced message (None: not measured)."""
 
 
 def produced(server: int, count: int, produce: Callable[[], T]) -> tuple[float, T, float | None]:
@@ -101,11 +116,16 @@ def native_run(url: str, server: int, count: int) -> Run:
     return count / seconds, count / consumed, None, used
 
 
-def pulsar_run(url: str, server: int, count: int, topic: str, **producer_options: object) -> Run:
-    """Produce and consume rates, and the rate of the client's ``send_async`` calls alone (its own bound)."""
+def pulsar_run(url: str, server: int | None, count: int, topic: str, **producer_options: object) -> Run:
+    """Produce and consume rates, and the rate of the client's ``send_async`` calls alone (its own bound).
+
+    ``server`` None: the null endpoint, which is only produced to (nothing comes back to consume).
+    """
     client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     try:
-        consumer = client.subscribe(topic, "bench", consumer_type=pulsar.ConsumerType.KeyShared)
+        consumer = None
+        if server is not None:
+            consumer = client.subscribe(topic, "bench", consumer_type=pulsar.ConsumerType.KeyShared)
         producer = client.create_producer(
             topic,
             producer_name="p",
@@ -123,6 +143,7 @@ def pulsar_run(url: str, server: int, count: int, topic: str, **producer_options
             return queued[0]
 
         def consume() -> list[tuple[str, int]]:
+            assert consumer is not None
             received = []
             for _ in range(count):
                 message = consumer.receive(timeout_millis=30_000)
@@ -130,6 +151,9 @@ def pulsar_run(url: str, server: int, count: int, topic: str, **producer_options
                 consumer.acknowledge(message)
             return received
 
+        if server is None:
+            seconds, queueing = timed(produce)
+            return count / seconds, None, count / queueing, None
         seconds, queueing, used = produced(server, count, produce)
         consumed, received = timed(consume)
     finally:
@@ -138,64 +162,82 @@ def pulsar_run(url: str, server: int, count: int, topic: str, **producer_options
     return count / seconds, count / consumed, count / queueing, used
 
 
+SETTINGS: list[tuple[str, dict[str, object]]] = [
+    ("batching off", {}),
+    ("default batching", {"batching_enabled": True}),
+    ("key-based batching", {"batching_enabled": True, "batching_type": pulsar.BatchingType.KeyBased}),
+]
+"""The Pulsar producer's settings measured: the Python wrapper's default (off), its batcher, key-based."""
+
+
 def main() -> None:
     quick = parse_quick(__doc__ or "")
     count = 2000 if quick else 50_000
     with tempfile.TemporaryDirectory(prefix="bench-pulsar-") as data_dir:
         process, native_url, pulsar_url = start_server(data_dir)
+        null, null_url = start_null_endpoint()
         try:
             server = process.pid
-            runs: list[tuple[str, Callable[[], Run]]] = [
-                ("keyfailover client", lambda: native_run(native_url, server, count)),
-                ("pulsar-client, batching off", lambda: pulsar_run(pulsar_url, server, count, "bench-off")),
+            native = native_run(native_url, server, count)
+            measured = [
                 (
-                    "pulsar-client, default batching",
-                    lambda: pulsar_run(pulsar_url, server, count, "bench-batched", batching_enabled=True),
-                ),
-                (
-                    "pulsar-client, key-based batching",
-                    lambda: pulsar_run(
-                        pulsar_url,
-                        server,
-                        count,
-                        "bench-keyed",
-                        batching_enabled=True,
-                        batching_type=pulsar.BatchingType.KeyBased,
-                    ),
-                ),
+                    setting,
+                    pulsar_run(pulsar_url, server, count, f"bench-{index}", **options),
+                    pulsar_run(null_url, None, count, f"bench-{index}", **options),
+                )
+                for index, (setting, options) in enumerate(SETTINGS)
             ]
-            results = [(name, run()) for name, run in runs]
         finally:
-            process.terminate()
-            process.wait(timeout=30)
-    base_produce, base_consume, _, _ = results[0][1]
+            for started in (process, null):
+                started.terminate()
+                started.wait(timeout=30)
+    base_produce, base_consume, _, _ = native
+    base_consume = base_consume or 1.0
+
+    def row(name: str, run: Run, ceiling: float | None) -> list[str]:
+        produce, consume, queueing, used = run
+        return [
+            name,
+            format_count(produce),
+            "-" if consume is None else format_count(consume),
+            f"{produce / base_produce:.2f}x",
+            "-" if consume is None else f"{consume / base_consume:.2f}x",
+            "-" if ceiling is None else f"{produce / ceiling:.2f}x",
+            "-" if queueing is None else format_count(queueing),
+            "-" if used is None else f"{used:.1f}",
+        ]
+
+    rows = [row("keyfailover client", native, None)]
+    for setting, through, ceiling in measured:
+        rows.append(row(f"pulsar-client, {setting}", through, ceiling[0]))
+        rows.append(row(f"pulsar-client, {setting}, against an endpoint that stores nothing", ceiling, None))
     print_table(
         f"Produce then consume {count:,} keyed messages ({KEYS:,} keys) on one server, SQLite --sync normal",
         [
             "client",
-            "messages",
             "produce msgs/s",
             "consume msgs/s",
             "produce vs native",
             "consume vs native",
+            "vs ceiling",
             "send_async calls/s",
             "server CPU us/msg",
         ],
-        [
-            [
-                name,
-                format_count(count),
-                format_count(produce),
-                format_count(consume),
-                f"{produce / base_produce:.2f}x",
-                f"{consume / base_consume:.2f}x",
-                "-" if queueing is None else format_count(queueing),
-                "-" if used is None else f"{used:.1f}",
-            ]
-            for name, (produce, consume, queueing, used) in results
-        ],
+        rows,
     )
     print("per-key order held in every run")
+    print()
+    goals = []
+    for setting, (produce, consume, _, _), _ in measured:
+        assert consume is not None
+        goals.append(
+            (
+                f"pulsar-client, {setting}: produce and consume within 2x of the native client (issue 17)",
+                f"{produce / base_produce:.2f}x / {consume / base_consume:.2f}x",
+                produce * 2 >= base_produce and consume * 2 >= base_consume,
+            )
+        )
+    print_goals(goals)
 
 
 if __name__ == "__main__":

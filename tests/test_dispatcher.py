@@ -672,6 +672,24 @@ def test_nack_returns_the_position_and_every_later_delivery_of_the_key() -> None
     assert d.poll() == []
 
 
+def test_failures_count_only_the_deliveries_that_came_back_as_the_oldest_of_their_key() -> None:
+    d = Dispatcher(clock=ManualClock(100.0))
+    d.add_consumer("c1")
+    d.flow("c1", 10)
+    for position in (1, 2, 3):
+        d.publish(position, "k", position)
+    d.poll()
+    assert [d.failures("c1", p) for p in (1, 2, 3)] == [0, 0, 0]
+    d.nack("c1", 2)  # 2 failed; 3 comes back only to keep the key's order
+    out = d.poll()
+    assert [(x.position, x.redelivery_count, d.failures("c1", x.position)) for x in out] == [(2, 1, 1), (3, 1, 0)]
+    d.nack("c1", 3)
+    assert d.failures("c1", 3) is None  # not in flight
+    assert [(x.position, x.redelivery_count, d.failures("c1", x.position)) for x in d.poll()] == [(3, 2, 1)]
+    with pytest.raises(UnknownConsumerError):
+        d.failures("nobody", 1)
+
+
 def test_nack_of_a_keyless_message_returns_only_that_message() -> None:
     d = Dispatcher(clock=ManualClock(100.0))
     d.add_consumer("c1")

@@ -181,6 +181,49 @@ def test_a_nacked_message_comes_back_with_a_growing_redelivery_count(server: Ser
     assert (message.data(), message.redelivery_count()) == (b"poison", 3)
 
 
+def test_the_clients_dead_letter_policy_takes_only_the_message_that_failed(server: ServerProcess) -> None:
+    """The client dead-letters a message whose redelivery count reached its ``max_redeliver_count``
+    when it fails again. A nack takes the key's later message back too (G2): that one comes again
+    with the count of its own failures (0), not of its deliveries, so it is retried, not dead-lettered."""
+    topic, dlq = "persistent://public/default/client-dlq", "persistent://public/default/client-dlq-poison"
+    with client(server.pulsar_url) as pc:
+        consumer = pc.subscribe(
+            topic,
+            "work",
+            consumer_type=pulsar.ConsumerType.KeyShared,
+            negative_ack_redelivery_delay_ms=10,
+            dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=1, dead_letter_topic=dlq),
+        )
+        dead = pc.subscribe(
+            dlq,
+            "inspect",
+            consumer_type=pulsar.ConsumerType.KeyShared,
+            initial_position=pulsar.InitialPosition.Earliest,
+        )
+        producer = pc.create_producer(topic)
+        for payload in (b"poison", b"next"):
+            producer.send(payload, partition_key="k")
+        seen = []
+
+        def receive() -> pulsar.Message:
+            message = consumer.receive(timeout_millis=10_000)
+            seen.append((message.data(), message.redelivery_count()))
+            return message
+
+        consumer.negative_acknowledge(receive())  # poison, its first failure
+        held = receive()  # next, held unacked while poison's nack takes it back
+        consumer.negative_acknowledge(receive())  # poison again: over the limit, to the dead-letter topic
+        consumer.negative_acknowledge(receive())  # next, its first failure: retried
+        consumer.acknowledge(receive())  # next, acked
+        letter = dead.receive(timeout_millis=10_000)
+        dead.acknowledge(letter)
+        with pytest.raises(pulsar.Timeout):
+            dead.receive(timeout_millis=500)
+    assert held.data() == b"next"
+    assert seen == [(b"poison", 0), (b"next", 0), (b"poison", 1), (b"next", 0), (b"next", 1)]
+    assert letter.data() == b"poison"
+
+
 @pytest.mark.parametrize("batching", ["off", "default", "key-based"])
 def test_batched_entries_are_split_so_each_message_goes_by_its_own_key(server: ServerProcess, batching: str) -> None:
     """The default batcher packs several keys in one entry; every message still arrives with its own key."""

@@ -792,6 +792,7 @@ class PulsarConnection(ReadPausing):
                 consumer,
                 subscription,
                 lambda frame: self._deliver(consumer_id, frame),
+                counts_failures=True,  # the client's dead-letter policy counts redeliveries
             )
             # Permits come with the client's FLOW, right after SUCCESS.
             subscription.attach(session, 0, sticky=sticky)

@@ -126,19 +126,29 @@ class Session:
     """One consumer's attachment to a subscription through one connection.
 
     ``ranges`` is what the session was last told it owns: inclusive, sorted ``(start, end)``
-    pairs, empty for a standby.
+    pairs, empty for a standby. ``counts_failures``: each delivery's redelivery count is the
+    number of its earlier deliveries that *failed* (:meth:`Dispatcher.failures`), not of all of
+    them: what a Pulsar client's dead-letter policy expects, so that a message taken back only to
+    keep its key's order behind a nacked one is not dead-lettered with it.
     """
 
-    __slots__ = ("consumer", "id", "ranges", "secret", "send", "subscription")
+    __slots__ = ("consumer", "counts_failures", "id", "ranges", "secret", "send", "subscription")
 
     def __init__(
-        self, session_id: int, consumer: str, subscription: Subscription, send: Callable[[Frame], None]
+        self,
+        session_id: int,
+        consumer: str,
+        subscription: Subscription,
+        send: Callable[[Frame], None],
+        *,
+        counts_failures: bool = False,
     ) -> None:
         self.id = session_id
         self.consumer = consumer
         self.secret = secrets.token_hex(16)  # proves a later subscribe is this consumer resuming
         self.subscription = subscription
         self.send = send
+        self.counts_failures = counts_failures
         self.ranges: list[tuple[int, int]] = []
 
 
@@ -602,7 +612,7 @@ class Subscription:
         by_consumer: dict[str, list[Delivered]] = {}
         first_published: list[int] = []  # of first deliveries: their latency is observed
         get = cache.get
-        for consumer, position, _, _, count in deliveries:
+        for consumer, position, _, _, redeliveries in deliveries:
             cached = get(position)
             if cached is None:
                 _log.error("position %d of %s is not in the log", position, self.topic)
@@ -611,8 +621,13 @@ class Subscription:
             if items is None:
                 items = by_consumer[consumer] = []
             published = cached.publish_time
-            if published is not None and not count:
-                first_published.append(published)
+            count = redeliveries
+            if not count:
+                if published is not None:
+                    first_published.append(published)
+            elif (session := sessions.get(consumer)) is not None and session.counts_failures:
+                failed = self.dispatcher.failures(consumer, position)
+                count = count if failed is None else failed  # None: taken back meanwhile, its ack will be refused
             items.append((position, cached.key, cached.payload, count, published))
         if first_published:
             waited = publish_clock() - np.array(first_published, dtype=np.int64)

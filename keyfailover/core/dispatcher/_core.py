@@ -931,6 +931,13 @@ class Dispatcher:
         """
         return position in self._consumer(cid).expired
 
+    def failures(self, cid: str, position: int) -> int | None:
+        """How many earlier deliveries of the message in flight at ``position`` on ``cid`` failed (came
+        back as the oldest of its key, or keyless: what ``max_redeliveries`` counts), where its
+        ``redelivery_count`` counts every earlier delivery; None when it is not in flight there. O(1)."""
+        message = self._consumer(cid).inflight.get(position)
+        return None if message is None else message.failures()
+
     def next_deadline(self) -> float | None:
         """The clock reading at which :meth:`poll` may next have work of its own: a lease to take
         back or a nack backoff that ends; None when nothing is leased or backing off.

@@ -7,6 +7,7 @@ interleaved with a subscribe exactly; sessions are the server's own, their frame
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.protocol import ConsumerClosed, Frame, Messages
 from keyfailover.broker.server import Server, ServerConfig
 from keyfailover.broker.server._subscription import Session, Subscription
+from keyfailover.client.aio import AsyncClient
 from keyfailover.core.errors import ErrorCode, ProtocolError
 
 
@@ -141,5 +143,28 @@ def test_a_seek_of_a_stored_subscription_not_live_reloads_it(tmp_path: Path) -> 
         assert ("orders", "billing") not in server.subscriptions()
         assert await server.seek("orders", "billing", 2) == 2
         assert server.subscriptions()[("orders", "billing")].cursor == Cursor(1)
+
+    run(tmp_path, body)
+
+
+def test_a_native_connection_forgets_the_sessions_a_seek_ended(tmp_path: Path) -> None:
+    """A seek ends every session and replaces the subscription: the consumer's connection must let go of
+    the ended session, or each seek would keep a whole old subscription (its dispatcher, its payloads)."""
+
+    async def body(server: Server) -> None:
+        host, port = server.address
+        async with AsyncClient(f"kf://{host}:{port}") as client:
+            producer = await client.create_producer("orders", "p")
+            for index in range(3):
+                await producer.send(b"x", f"k{index}")
+            consumer = await client.subscribe("orders", "billing", "c")
+            for _ in range(3):
+                await consumer.receive(timeout=10)
+            for _ in range(5):
+                await server.seek("orders", "billing", 1)
+                assert [(await consumer.receive(timeout=10)).position for _ in range(3)] == [1, 2, 3]
+            gc.collect()
+            alive = [o for o in gc.get_objects() if isinstance(o, Subscription) and o.topic == "orders"]
+            assert alive == [server.subscriptions()[("orders", "billing")]]
 
     run(tmp_path, body)

@@ -28,6 +28,7 @@ from keyfailover.broker.protocol import (
     CloseConsumer,
     Connect,
     Connected,
+    ConsumerClosed,
     Decoder,
     Error,
     ErrorCode,
@@ -974,6 +975,10 @@ class _Connection(ReadPausing):
     def send(self, frame: Frame) -> None:
         if type(frame) is Error:
             self._server.protocol_errors[frame.code] += 1
+        elif type(frame) is ConsumerClosed:
+            # The server ended the session (seek, partition moved, superseded, shutdown): forget it,
+            # so it no longer holds its subscription (a seek replaces the subscription) in memory.
+            self._sessions.pop(frame.session, None)
         transport = self._transport
         if not self._closed and transport is not None:
             transport.write(encode(frame, self.version))

@@ -720,6 +720,8 @@ class Subscription:
         for session in list(self.sessions.values()):
             session.send(ConsumerClosed(session=session.id, reason=reason, req=None))
         self.sessions.clear()
+        self._cache.clear()  # payloads: a closed subscription is not read again (a seek opens a new one)
+        self._tail.clear()
         self._cursor_dirty = True
         with contextlib.suppress(NotServedError):  # fenced out: acks since the last flush are redelivered
             await self.flush_cursor()

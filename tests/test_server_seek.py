@@ -8,13 +8,26 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from keyfailover.broker.cursor import Cursor
-from keyfailover.broker.protocol import ConsumerClosed, Frame, Messages
+from keyfailover.broker.protocol import (
+    PROTOCOL_VERSION,
+    Ack,
+    Connect,
+    ConsumerClosed,
+    Decoder,
+    Error,
+    Frame,
+    Messages,
+    Subscribe,
+    Subscribed,
+    encode,
+)
 from keyfailover.broker.server import Server, ServerConfig
 from keyfailover.broker.server._subscription import Session, Subscription
 from keyfailover.client.aio import AsyncClient
@@ -166,5 +179,52 @@ def test_a_native_connection_forgets_the_sessions_a_seek_ended(tmp_path: Path) -
             gc.collect()
             alive = [o for o in gc.get_objects() if isinstance(o, Subscription) and o.topic == "orders"]
             assert alive == [server.subscriptions()[("orders", "billing")]]
+
+    run(tmp_path, body)
+
+
+def test_an_ack_that_arrives_during_a_seek_is_told_its_session_ended(tmp_path: Path) -> None:
+    """While a seek replaces the subscription it is in nobody's hands; an ack sent before the consumer
+    learned of the seek is refused as an ended session's (not as an unknown subscription's)."""
+
+    async def body(server: Server) -> None:
+        await produce(server, "orders", 2)
+        host, port = server.address
+        reader, writer = await asyncio.open_connection(host, port)
+        decoder = Decoder(1 << 20, accept="client")
+        frames: list[Frame] = []
+
+        async def next_frame(kind: type[Frame]) -> Frame:
+            while not any(isinstance(f, kind) for f in frames):
+                frames.extend(decoder.feed(await reader.read(65536)))
+            found = next(f for f in frames if isinstance(f, kind))
+            frames.remove(found)
+            return found
+
+        writer.write(encode(Connect(version=PROTOCOL_VERSION, token=None, client="raw")))
+        writer.write(encode(Subscribe(req=1, topic="orders", subscription="billing", consumer="c", receiver_queue=10)))
+        subscribed = cast(Subscribed, await next_frame(Subscribed))
+        await next_frame(Messages)
+        saving = asyncio.Event()
+        release = asyncio.Event()
+        save = server.storage.save_cursors
+
+        async def slow_save(cursors: Sequence[tuple[str, str, Cursor]]) -> None:
+            saving.set()
+            await release.wait()
+            await save(cursors)
+
+        server.storage.save_cursors = slow_save  # type: ignore[method-assign]
+        seek = asyncio.create_task(server.seek("orders", "billing", 1))
+        await saving.wait()  # the old subscription is closed, the new one not open yet
+        writer.write(
+            encode(Ack(topic="orders", subscription="billing", session=subscribed.session, positions=[1], req=2))
+        )
+        error = cast(Error, await next_frame(Error))
+        assert (error.code, error.req) == (ErrorCode.UNKNOWN_SESSION, 2)
+        assert "being opened again (a seek)" in error.message
+        release.set()
+        assert await seek == 1
+        writer.close()
 
     run(tmp_path, body)

@@ -350,6 +350,10 @@ class Server:
     def subscriptions(self) -> dict[tuple[str, str], Subscription]:
         return dict(self._subscriptions)
 
+    def opening(self, topic: str, name: str) -> bool:
+        """Whether subscription ``name`` of ``topic`` is being opened or reset by a seek right now."""
+        return (topic, name) in self._busy
+
     @property
     def broker(self) -> BrokerRole | None:
         """This server's part in its cluster (``--cluster``); None for a single server."""
@@ -1163,6 +1167,12 @@ class _Connection(ReadPausing):
     def _session_for(self, topic: str, name: str, session_id: int) -> Session:
         subscription = self._server.subscriptions().get((topic, name))
         if subscription is None:
+            if self._server.opening(topic, name):
+                raise ProtocolError(
+                    ErrorCode.UNKNOWN_SESSION,
+                    f"session {session_id} of {topic!r}/{name!r} has ended: the subscription is being opened "
+                    "again (a seek); nothing was changed, its messages come again to the consumer's next session",
+                )
             if not self._server.storage.serves(topic):
                 raise ProtocolError(
                     ErrorCode.NOT_OWNER, f"this broker does not serve {topic!r} now; look the topic up again"

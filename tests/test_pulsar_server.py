@@ -18,12 +18,18 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     CommandLookupTopicResponse,
     CommandPartitionedTopicMetadataResponse,
     CommandSubscribe,
+    ConsumerAssignError,
     ConsumerBusy,
     ConsumerNotFound,
     InvalidTopicName,
     MessageMetadata,
     NotAllowedError,
+    ServiceNotReady,
+    UnknownError,
 )
+from keyfailover.broker.server._pulsar import _server_error
+from keyfailover.broker.storage._store import NotServedError
+from keyfailover.core.errors import ConsumerError, ErrorCode, KeyFailoverError, ProtocolError
 from keyfailover.core.hashing import key_hash
 from keyfailover.core.partitions import partition_slots
 from tests.pulsar_wire import RawPulsar, command, connect_command, producer_command, send_frame, subscribe_command
@@ -282,3 +288,12 @@ def test_a_repeated_producer_or_subscribe_is_answered_as_the_first_and_a_taken_c
         busy = other.receive_type(BaseCommand.ERROR).error
     assert (busy.request_id, busy.error) == (5, ConsumerBusy)
     assert "has a live session" in busy.message
+
+
+def test_each_refusal_is_the_pulsar_error_a_client_acts_on() -> None:
+    """A partition that moved away while a request was served (the store fenced the write) is
+    ServiceNotReady, on which the client looks the topic up again, as for a broker not serving it."""
+    assert _server_error(NotServedError("moved")) == (ServiceNotReady, "moved")
+    assert _server_error(ProtocolError(ErrorCode.NOT_OWNER, "elsewhere")) == (ServiceNotReady, "elsewhere")
+    assert _server_error(ConsumerError("overlap")) == (ConsumerAssignError, "overlap")
+    assert _server_error(KeyFailoverError("other")) == (UnknownError, "other")

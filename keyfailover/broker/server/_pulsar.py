@@ -1112,6 +1112,8 @@ def _server_error(exc: Exception) -> tuple[int, str]:
         return _SERVER_ERRORS.get(exc.code, UnknownError), exc.message
     if isinstance(exc, ConsumerError):  # a STICKY consumer's ranges: none, malformed, or another's
         return ConsumerAssignError, str(exc)
+    if isinstance(exc, NotServedError):  # the partition moved away meanwhile: the client looks it up again
+        return ServiceNotReady, str(exc)
     return UnknownError, str(exc)
 
 

@@ -228,3 +228,36 @@ def test_an_ack_that_arrives_during_a_seek_is_told_its_session_ended(tmp_path: P
         writer.close()
 
     run(tmp_path, body)
+
+
+def test_a_server_closing_during_a_seek_lets_the_seek_save_its_cursor_first(tmp_path: Path) -> None:
+    async def body(server: Server) -> None:
+        await produce(server, "orders", 3)
+        await server.subscription("orders", "billing")
+        saving, release = asyncio.Event(), asyncio.Event()
+        save = server.storage.save_cursors
+
+        async def slow_save(cursors: Sequence[tuple[str, str, Cursor]]) -> None:
+            saving.set()
+            await release.wait()
+            await save(cursors)
+
+        server.storage.save_cursors = slow_save  # type: ignore[method-assign]
+        seek = asyncio.create_task(server.seek("orders", "billing", 3))
+        await saving.wait()
+        closing = asyncio.create_task(server.close())
+        release.set()
+        assert await seek == 3
+        await closing
+
+    run(tmp_path, body)
+    reopened = Server(ServerConfig(data_dir=tmp_path))
+
+    async def saved() -> Cursor | None:
+        await reopened.start()
+        try:
+            return (await reopened.subscription("orders", "billing")).cursor
+        finally:
+            await reopened.close()
+
+    assert asyncio.run(saved()) == Cursor(2)

@@ -383,6 +383,8 @@ class Server:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
+        while self._busy:  # a subscription being opened or reset by a seek: its store calls end first
+            await next(iter(self._busy.values())).wait()
         if self._broker is not None:  # its partitions are closed (cursors saved) before it leaves
             await self._broker.stop()
         for subscription in list(self._subscriptions.values()):

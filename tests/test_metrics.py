@@ -397,7 +397,7 @@ def test_a_sticky_subscription_reports_what_its_consumers_declared_and_what_nobo
     assert shares == {"low": 0.25, "third": 0.25}
     assert value(families, "keyfailover_unassigned_share", **labels) == 0.5
     assert value(families, "keyfailover_consumer_ranges", consumer="low", **labels) == 1
-    assert value(families, "keyfailover_rebalance_policy_info", policy="sticky", max_ranges="32768", **labels) == 1
+    assert value(families, "keyfailover_rebalance_policy_info", policy="sticky", max_ranges="1024", **labels) == 1
     assert value(families, "keyfailover_unassigned_share", topic="orders", partition="", subscription="auto") == 0
 
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from keyfailover.core.clock import ManualClock
 from keyfailover.core.dispatcher import Delivery, Dispatcher
 from keyfailover.core.errors import ConfigError, ConsumerError
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
-from keyfailover.core.rebalance import UNASSIGNED
+from keyfailover.core.rebalance import MAX_STICKY_RANGES, UNASSIGNED
 
 END = HASH_RANGE_SIZE - 1
 
@@ -249,3 +251,47 @@ def test_keys_nobody_declared_are_parked_so_they_never_stop_the_declared_ones() 
         mine = [p for p in got["high"] if log[p] == key]
         assert mine == sorted(mine), f"{key} out of order: {mine}"
     d._audit()
+
+
+def test_a_consumer_declaring_more_ranges_than_the_cap_is_refused_and_changes_nothing() -> None:
+    d = Dispatcher(policy="sticky")
+    d.add_consumer("a", [(0, 9)])
+    too_many = [(2 * i + 100, 2 * i + 100) for i in range(MAX_STICKY_RANGES + 1)]
+    with pytest.raises(ConsumerError, match=f"declared {MAX_STICKY_RANGES + 1} hash ranges; expected at most"):
+        d.add_consumer("b", too_many)
+    assert d.consumers() == ["a"]
+    d.add_consumer("b", too_many[:MAX_STICKY_RANGES])  # at the cap: accepted
+    assert len(d.ranges_of("b")) == MAX_STICKY_RANGES
+    d._audit()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 200), st.integers(0, 20)), min_size=1, max_size=6), max_size=8))
+def test_a_declaration_is_refused_exactly_when_it_overlaps_a_present_consumers(
+    joins: list[list[tuple[int, int]]],
+) -> None:
+    """The overlap check (an index of every declared range) against a check of every pair."""
+    d = Dispatcher(policy="sticky", slots=(0, END))
+    present: dict[str, list[tuple[int, int]]] = {}
+    for index, spans in enumerate(joins):
+        ranges = sorted({(start, start + width) for start, width in spans})
+        own_overlap = any(b[0] <= a[1] for a, b in itertools.pairwise(ranges))
+        other_overlap = any(
+            first <= their_last and their_first <= last
+            for theirs in present.values()
+            for their_first, their_last in theirs
+            for first, last in ranges
+        )
+        cid = f"c{index}"
+        if own_overlap or other_overlap:
+            with pytest.raises(ConsumerError, match="overlap"):
+                d.add_consumer(cid, ranges)
+        else:
+            d.add_consumer(cid, ranges)
+            present[cid] = ranges
+        if index % 3 == 2 and present:
+            leaver = sorted(present)[0]
+            d.remove_consumer(leaver)
+            del present[leaver]
+        d._audit()
+    assert sorted(d.consumers()) == sorted(present)

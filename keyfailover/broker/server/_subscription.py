@@ -54,6 +54,8 @@ _FLUSH_SHARE = 0.1
 _READ_BATCH = 2000
 _SEND_BATCH = 1000
 _SEND_BYTES = 2 * 1024 * 1024  # well under the protocol's default 5 MiB frame limit
+_HISTORY_RANGES = 200_000
+"""The most ranges the recent range maps kept for plots hold in all (besides ``history`` maps at most)."""
 _DELIVERY_BUCKETS = (0.0005, *DEFAULT_BUCKETS, 600.0, 1800.0, 3600.0)
 """Publish to first delivery: from a consumer keeping up (below a millisecond) to one catching up on an hour."""
 
@@ -201,7 +203,8 @@ class Subscription:
         self._wake = asyncio.Event()
         self._tail: deque[StoredMessage] = deque()  # committed, not yet read: spares re-reading the log
         self._cursor_dirty = False
-        self._history: deque[tuple[float, int, list[Range]]] = deque(maxlen=config.history)
+        self._history: deque[tuple[float, int, list[Range]]] = deque()
+        self._history_ranges = 0  # ranges in all of _history's maps
         self._closed = False
         self._task: asyncio.Task[None] | None = None
         self._flusher: asyncio.Task[None] | None = None
@@ -348,8 +351,13 @@ class Subscription:
         telling n sessions costs O(r + n), not O(n * r).
         """
         epoch = self.dispatcher.epoch
-        if not self._history or self._history[-1][1] != epoch:
-            self._history.append((time.time(), epoch, self.dispatcher.ranges()))
+        history = self._history
+        if not history or history[-1][1] != epoch:
+            ranges = self.dispatcher.ranges()
+            history.append((time.time(), epoch, ranges))
+            self._history_ranges += len(ranges)
+            while len(history) > 1 and (len(history) > self._config.history or self._history_ranges > _HISTORY_RANGES):
+                self._history_ranges -= len(history.popleft()[2])
         for session in self.sessions.values():
             now = self.dispatcher.ranges_of(session.consumer)
             if now != session.ranges:

@@ -67,6 +67,7 @@ from typing import Any, Literal, NamedTuple
 
 import mmh3
 import numpy as np
+from sortedcontainers import SortedDict
 
 from keyfailover.core.dispatcher._load import LoadMeter
 from keyfailover.core.errors import (
@@ -87,6 +88,7 @@ from keyfailover.core.histogram import Histogram
 from keyfailover.core.ranges import Range, RangeMap
 from keyfailover.core.rebalance import (
     DEFAULT_MAX_RANGES,
+    MAX_STICKY_RANGES,
     SPLIT_MODES,
     UNASSIGNED,
     ContiguousPolicy,
@@ -541,6 +543,7 @@ class Dispatcher:
         self._shift_min_traffic = shift_min_traffic
         # The ranges each consumer of a sticky subscription declared, in slots of the whole space.
         self._declared: dict[str, list[tuple[int, int]]] = {}
+        self._declared_index = SortedDict()  # every declared range's first slot -> (last slot, consumer)
         self._declared_here: dict[str, list[tuple[int, int]]] = {}  # the same, of the block, counted from first
         self._shift_threshold = shift_threshold
         self._shift_interval = shift_interval
@@ -647,7 +650,8 @@ class Dispatcher:
         if reason not in ("leave", "timeout"):
             raise KeyFailoverError(f"removal reason must be 'leave' or 'timeout', not {reason!r}")
         now = self._sample()
-        self._declared.pop(cid, None)
+        for start, _ in self._declared.pop(cid, ()):
+            del self._declared_index[start]
         self._declared_here.pop(cid, None)  # before the plan: a sticky leave keeps the slots of who remains
         planned = self._leave_plan(cid)
         returned = self._return_inflight(consumer, list(consumer.inflight.values()), "consumer removed")
@@ -1090,7 +1094,7 @@ class Dispatcher:
             return MultiRangePolicy(self._max_ranges, threshold, self._shift_min_traffic)
         if name == ContiguousPolicy.name:
             return ContiguousPolicy(self._split, threshold, self._shift_min_traffic)
-        return StickyPolicy(self._declared_here, self._size)
+        return StickyPolicy(self._declared_here)
 
     def declared_ranges(self, cid: str) -> list[tuple[int, int]] | None:
         """The ranges sticky consumer ``cid`` declared (whole-space slots), None for a consumer of another policy."""
@@ -1110,7 +1114,11 @@ class Dispatcher:
         if ranges is None or isinstance(ranges, (str, bytes)) or not isinstance(ranges, Sequence) or not ranges:
             raise ConsumerError(
                 f"consumer {cid!r} of a sticky subscription must declare its hash ranges: expected a non-empty "
-                f"sequence of (first, last) slots, not {ranges!r}"
+                f"sequence of (first, last) slots, not {ranges!r:.200}"
+            )
+        if len(ranges) > MAX_STICKY_RANGES:
+            raise ConsumerError(
+                f"consumer {cid!r} declared {len(ranges)} hash ranges; expected at most {MAX_STICKY_RANGES}"
             )
         checked = []
         for item in ranges:
@@ -1121,28 +1129,34 @@ class Dispatcher:
                 or not 0 <= item[0] <= item[1] < HASH_RANGE_SIZE
             ):
                 raise ConsumerError(
-                    f"consumer {cid!r} declared range {item!r}; expected (first, last) ints with "
+                    f"consumer {cid!r} declared range {item!r:.80}; expected (first, last) ints with "
                     f"0 <= first <= last <= {HASH_RANGE_SIZE - 1}"
                 )
             checked.append((item[0], item[1]))
         checked.sort()
-        for (_, last), (first, _) in itertools.pairwise(checked):
-            if first <= last:
-                raise ConsumerError(f"consumer {cid!r} declared overlapping ranges {checked}; expected disjoint ones")
-        for other, theirs in self._declared.items():
-            for first, last in checked:
-                for their_first, their_last in theirs:
-                    if first <= their_last and their_first <= last:
-                        raise ConsumerError(
-                            f"consumer {cid!r}'s range [{first}, {last}] overlaps [{their_first}, {their_last}] "
-                            f"of consumer {other!r}; expected ranges no other consumer declared"
-                        )
+        for low, high in itertools.pairwise(checked):
+            if high[0] <= low[1]:
+                raise ConsumerError(
+                    f"consumer {cid!r} declared overlapping ranges {list(low)} and {list(high)}; expected disjoint ones"
+                )
+        index = self._declared_index
+        for first, last in checked:
+            # Declared ranges are disjoint: the only one that may reach [first, last] is the last to start by `last`.
+            below = index.bisect_right(last) - 1
+            if below >= 0:
+                their_first, (their_last, other) = index.peekitem(below)
+                if their_last >= first:
+                    raise ConsumerError(
+                        f"consumer {cid!r}'s range [{first}, {last}] overlaps [{their_first}, {their_last}] "
+                        f"of consumer {other!r}; expected ranges no other consumer declared"
+                    )
         return checked
 
     def _declare(self, cid: str, ranges: list[tuple[int, int]]) -> None:
         """Record sticky ``ranges`` of ``cid``, and their parts in this dispatcher's block."""
         first, size = self._first, self._size
         self._declared[cid] = ranges
+        self._declared_index.update((start, (end, cid)) for start, end in ranges)
         self._declared_here[cid] = [
             (max(start - first, 0), min(end - first, size - 1))
             for start, end in ranges
@@ -2094,6 +2108,8 @@ class Dispatcher:
         owning = set(self._map.consumers()) - {UNASSIGNED}
         assert set(self._consumers) == owning | set(self._standby) | stuck, "membership"
         assert set(self._declared) == set(self._declared_here), "declared in the block"
+        indexed = sorted((start, (end, cid)) for cid, ranges in self._declared.items() for start, end in ranges)
+        assert list(self._declared_index.items()) == indexed, "the declared ranges' index"
         assert set(self._declared) <= set(self._consumers), "declared by a consumer that left"
         for cid in owning if self._policy.name == StickyPolicy.name else ():
             joined: list[tuple[int, int]] = []

@@ -17,10 +17,11 @@ from keyfailover.core.errors import ConfigError
 from keyfailover.core.rebalance._common import Load, Policy, moved_slots, range_traffic, reassign_rates
 from keyfailover.core.rebalance._contiguous import SPLIT_MODES, ContiguousPolicy, SplitMode, balanced_cut
 from keyfailover.core.rebalance._multi import DEFAULT_MAX_RANGES, MultiRangePolicy
-from keyfailover.core.rebalance._sticky import UNASSIGNED, StickyPolicy
+from keyfailover.core.rebalance._sticky import MAX_STICKY_RANGES, UNASSIGNED, StickyPolicy
 
 __all__ = [
     "DEFAULT_MAX_RANGES",
+    "MAX_STICKY_RANGES",
     "POLICIES",
     "SPLIT_MODES",
     "UNASSIGNED",

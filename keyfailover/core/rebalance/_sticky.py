@@ -18,15 +18,18 @@ from keyfailover.core.errors import RangeMapError
 from keyfailover.core.ranges import Range, RangeMap
 from keyfailover.core.rebalance._common import Load, Policy
 
-__all__ = ["UNASSIGNED", "StickyPolicy"]
+__all__ = ["MAX_STICKY_RANGES", "UNASSIGNED", "StickyPolicy"]
 
 UNASSIGNED: Final = "<unassigned>"
 """The owner of the slots no consumer of a sticky subscription declared; never a consumer's id."""
 
+MAX_STICKY_RANGES: Final = 1024
+"""The most hash ranges one sticky consumer may declare: each costs the range map, its snapshots and
+the metrics a range, and a subscribe is checked against every other consumer's."""
+
 
 class StickyPolicy(Policy):
-    """Every consumer owns the ranges ``declared[consumer]`` (inclusive slots of the map's space, of
-    ``range_size`` slots).
+    """Every consumer owns the ranges ``declared[consumer]`` (inclusive slots of the map's space).
 
     ``declared`` holds the non-overlapping ranges of every present consumer (an empty list for one
     with nothing in this space), and of no consumer that left: while it holds anyone, the map is
@@ -37,14 +40,13 @@ class StickyPolicy(Policy):
     name: ClassVar[str] = "sticky"
     reads_rates: ClassVar[bool] = False
 
-    def __init__(self, declared: Mapping[str, Sequence[tuple[int, int]]], range_size: int) -> None:
+    def __init__(self, declared: Mapping[str, Sequence[tuple[int, int]]]) -> None:
         self._declared = declared
-        self._limit = (range_size + 1) // 2
 
     @property
     def range_limit(self) -> int:
-        """Whatever a consumer declares: the most ranges of the space no two of which touch."""
-        return self._limit
+        """Whatever a consumer declares: at most :data:`MAX_STICKY_RANGES` (fewer once touching ones merge)."""
+        return MAX_STICKY_RANGES
 
     def join(self, ranges: RangeMap, newcomer: str, load: Load) -> RangeMap:
         """The map with ``newcomer``'s declared ranges given to it (from :data:`UNASSIGNED`)."""

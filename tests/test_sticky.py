@@ -295,3 +295,97 @@ def test_a_declaration_is_refused_exactly_when_it_overlaps_a_present_consumers(
             del present[leaver]
         d._audit()
     assert sorted(d.consumers()) == sorted(present)
+
+
+class Pump:
+    """The server's read loop in miniature over a log in memory: poll, re-read parked slots, read on
+    one message at a time (live traffic), skipping what was acked as the server's cursor does."""
+
+    def __init__(self, d: Dispatcher) -> None:
+        self.d = d
+        self.log: list[str] = []  # the key of position i + 1
+        self.read = 0
+        self.acked: set[int] = set()
+
+    def turn(self) -> list[Delivery]:
+        d, out = self.d, []
+        for _ in range(10_000):
+            out += d.poll()
+            due = d.rereads()
+            if due:
+                last = d.last_position
+                assert last is not None
+                through = last
+                for position in range(min(due.values()), last + 1):
+                    key = self.log[position - 1]
+                    if position < due.get(key_hash(key), position + 1) or position in self.acked:
+                        continue
+                    if not d.wants():
+                        through = position - 1
+                        break
+                    d.restore(position, key)
+                d.restored(due, through)
+                continue
+            if not d.wants() or self.read >= len(self.log):
+                return out
+            self.read += 1
+            d.publish(self.read, self.log[self.read - 1])
+        raise AssertionError("the pump never settled")
+
+    def ack(self, deliveries: list[Delivery]) -> None:
+        for delivery in deliveries:
+            self.d.ack(delivery.consumer, delivery.position)
+            self.acked.add(delivery.position)
+
+
+def test_a_sticky_consumers_keys_are_parked_when_it_leaves_so_the_others_go_on() -> None:
+    """G4/G5: the messages a leaving sticky consumer held (now nobody's) leave the bounded buffer for the
+    log, so the one that stays gets every message of its keys; a consumer declaring the leaver's range
+    later gets the leaver's messages, each once more, counted as redelivered (G3)."""
+    d = Dispatcher(clock=ManualClock(0.0), policy="sticky", spill=True, max_replay=10)
+    d.add_consumer("a", [(0, 32767)])
+    d.add_consumer("b", [(32768, END)])
+    pump = Pump(d)
+    pump.log += keys_in(32768, END, 6)
+    d.flow("b", 6)
+    assert len(pump.turn()) == 6  # six of b's keys in flight on b
+    d.remove_consumer("b")  # its six come back, to nobody
+    pump.log += keys_in(0, 32767, 20)
+    got = []
+    for _ in range(100):
+        d.flow("a", 1)
+        deliveries = pump.turn()
+        pump.ack(deliveries)
+        got += [delivery.position for delivery in deliveries]
+    assert got == list(range(7, 27))
+    d.add_consumer("c", [(32768, END)])
+    d.flow("c", 10)
+    back = pump.turn()
+    assert [(x.consumer, x.position, x.redelivery_count) for x in back] == [("c", p, 1) for p in range(1, 7)]
+    d._audit()
+
+
+def test_a_stuck_sticky_consumers_keys_are_parked_until_it_recovers() -> None:
+    clock = ManualClock(0.0)
+    d = Dispatcher(clock=clock, policy="sticky", spill=True, max_replay=10, ack_timeout=1.0)
+    d.add_consumer("a", [(0, 32767)])
+    d.add_consumer("b", [(32768, END)])
+    pump = Pump(d)
+    pump.log += keys_in(32768, END, 6)
+    d.flow("b", 6)
+    assert len(pump.turn()) == 6
+    clock.advance(2.0)  # b's leases expire: it is stuck, its range nobody's
+    pump.log += keys_in(0, 32767, 20)
+    got = []
+    for _ in range(100):
+        d.flow("a", 1)
+        deliveries = pump.turn()
+        pump.ack(deliveries)
+        got += [delivery.position for delivery in deliveries]
+        clock.advance(0.1)
+    assert got == list(range(7, 27))
+    assert d.stats()["consumers"]["b"]["stuck"]
+    d.flow("b", 10)  # progress: b takes its range back, and its six again
+    back = pump.turn()
+    assert [(x.consumer, x.position, x.redelivery_count) for x in back] == [("b", p, 1) for p in range(1, 7)]
+    d._audit()

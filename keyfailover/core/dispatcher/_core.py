@@ -36,7 +36,9 @@ keyless; the later ones of the key, returned only to keep the key's order, do no
 With ``spill`` (for an IO layer that keeps a log), a bounded buffer never stops reading for
 everyone because of the keys some consumers cannot take: once half of ``max_replay`` is
 held, a fresh message whose owner has no permits (or whose key is blocked) is not held; its
-slot is *parked* from that position, and every later message of the slot too. The dispatcher
+slot is *parked* from that position, and every later message of the slot too. A slot left with
+no owner while consumers are present (a sticky subscription's undeclared slots, every consumer
+stuck) has its waiting messages parked at the next poll, whatever is held. The dispatcher
 then keeps one position per parked slot, not the messages. When an owner can take again,
 :meth:`rereads` names the slots and where to re-read them from; the IO layer re-reads its log
 and hands the messages back with :meth:`restore`, then :meth:`restored` says how far it got.
@@ -597,6 +599,8 @@ class Dispatcher:
         self._park_at = max(max_replay // 2, 1)
         self._parked: dict[int, int] = {}  # slot -> the first position of it not held (re-read from the log)
         self._parked_total = 0  # messages not held because their slot was parked
+        self._unowned: set[int] = set()  # slots whose waiting keys lost their owner since the last poll: to spill
+        self._spilled_returns: dict[int, _Returns] = {}  # spilled messages that had come back: restored with them
         self._reread_due = False  # something changed that may let a parked slot go out
         self._backlog_interval = None if shift_threshold is None else backlog_interval
         self._last_backlog = now
@@ -746,8 +750,9 @@ class Dispatcher:
         """Parked slots whose messages may go out now: ``{slot: first position to re-read}``.
 
         Call it after :meth:`poll`; re-read the log from each position on (up to the last
-        published one), :meth:`restore` each message of those slots in position order while
-        :meth:`wants` allows, then call :meth:`restored`. Empty unless something changed since
+        published one), :meth:`restore` each message of those slots in position order, but those
+        acknowledged or stored as dead letters already, while :meth:`wants` allows, then call
+        :meth:`restored`. Empty unless something changed since
         the last call that lets a parked slot's owner take messages.
         """
         if not self._parked or not self._reread_due or self._fresh or self._held >= self._park_at:
@@ -784,6 +789,8 @@ class Dispatcher:
         self._check_room()
         self._held += 1
         self._parked[message.slot] = position + 1
+        if self._spilled_returns:
+            message.back = self._spilled_returns.pop(position, None)  # its redeliveries and failures
         if self._unordered:
             self._keyless.append(message)
             return
@@ -829,6 +836,45 @@ class Dispatcher:
         self._parked.setdefault(message.slot, message.position)
         self._parked_total += 1
 
+    def _spill_unowned(self) -> None:
+        """Park the waiting messages of slots left with no owner while consumers are present (a sticky
+        subscription's undeclared slots, every consumer stuck): they leave the buffer for the log, so
+        that the owned keys go on (G4, G5), and come back through :meth:`rereads` once a consumer owns
+        them, with their redelivery counts. A slot with a key in flight, loose or backing off, or with a
+        dead letter not yet confirmed, stays held: re-reading it could bring one of those back twice. Its
+        key is queued again, and the slot looked at again, when that ends."""
+        slots = sorted(self._unowned)
+        self._unowned.clear()
+        if self._unordered or not self._consumers:
+            return  # nothing goes by owner, or nobody could go on: nothing is parked (as for fresh messages)
+        letters = [*self._dead_out, *self._dead_unconfirmed.values()]
+        dead = {_make_message(0, letter.key, None, self._first, self._size).slot for letter in letters}
+        returns = self._spilled_returns
+        for slot in slots:
+            if slot in dead or self._owner_of_slot(slot) is not None:
+                continue
+            states = self._keys_in(slot, slot)
+            if any(state.inflight or state.loose or state.backoff for state in states):
+                continue
+            first: int | None = None
+            for state in states:
+                pending = state.pending
+                if not pending:
+                    continue
+                for message in pending:
+                    if message.back is not None:
+                        returns[message.position] = message.back
+                head = pending[0].position
+                first = head if first is None else min(first, head)
+                self._held -= len(pending)
+                self._parked_total += len(pending)
+                state.pending = _NO_PENDING
+                state.queued_on = None
+                self._drop_key(state)
+            if first is not None:
+                parked = self._parked.get(slot)
+                self._parked[slot] = first if parked is None else min(parked, first)
+
     def poll(self) -> list[Delivery]:
         """Route everything that can go out now and return the deliveries.
 
@@ -872,6 +918,8 @@ class Dispatcher:
             self._serve_keyless(out)
         if self._fresh:
             self._route_fresh(out)
+        if self._unowned:
+            self._spill_unowned()
         return out
 
     def ack(self, cid: str, position: int) -> None:
@@ -1554,6 +1602,8 @@ class Dispatcher:
         if owner is not None:
             heapq.heappush(owner.ready, (state.pending[0].position, state.kb))
             self._pushed(owner)
+        elif self._spill:
+            self._unowned.add(state.slot)
 
     def _compact(self, consumer: _Consumer) -> None:
         keys = self._keys
@@ -1873,12 +1923,20 @@ class Dispatcher:
                         continue
                     if state.draining:
                         self._release(state)
-                if state.queued_on is not owner and state.pending and not (state.loose or state.backoff):
+                if (
+                    state.pending
+                    and not (state.loose or state.backoff)
+                    and (owner is None or state.queued_on is not owner)
+                ):
                     state.queued_on = owner
                     append((state.pending[0].position, state.kb))
                 state = state.next
-        if owner is not None and heads:
-            self._push_ready(owner, heads)
+        if heads:
+            if owner is not None:
+                self._push_ready(owner, heads)
+            elif self._spill:
+                keys = self._keys
+                self._unowned.update(keys[kb].slot for _, kb in heads)
 
     def _drain(self, state: _KeyState) -> None:
         """``state``'s key is in flight on a consumer that no longer owns it: it waits for those acks (G1)."""
@@ -1914,7 +1972,7 @@ class Dispatcher:
                 return
             if state.draining:
                 self._release(state)
-        if state.pending and state.queued_on is not owner and not (state.loose or state.backoff):
+        if state.pending and (owner is None or state.queued_on is not owner) and not (state.loose or state.backoff):
             self._queue(state, owner)
 
     def _record(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sqlite3
@@ -17,6 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keyfailover.broker.cursor import Cursor
+from keyfailover.broker.storage import _executor as executor_module
+from keyfailover.broker.storage._executor import SQLiteStore
 from keyfailover.broker.storage.sqlite import (
     MAX_POSITION,
     SCHEMA_VERSION,
@@ -375,6 +378,30 @@ def test_position_at_time_is_the_first_message_published_at_or_after_it(log: Log
     assert log.position_at_time("unknown", 0) is None
     with pytest.raises(LogError, match="publish time must be an int"):
         log.position_at_time("t", -1)
+    # Within (after, through]: what a seek scans per call, chunk by chunk.
+    assert [log.position_at_time("t", 0, after, after + 2) for after in (0, 2, 4)] == [1, 3, 5]
+    assert log.position_at_time("t", 21, 0, 3) is None
+    assert log.position_at_time("t", 21, 3, 5) == 4
+
+
+def test_a_seek_by_time_over_the_embedded_log_finds_the_same_position_chunk_by_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(executor_module, "SEEK_CHUNK", 3)
+    written = Log(tmp_path / "log.db")
+    for publish_time in (10, 20, 20, 30, 5, 40, 50):
+        written.append([("t", None, [(None, "k", b"x")])], publish_time=publish_time)
+    written.close()
+
+    async def found() -> list[int | None]:
+        store = SQLiteStore(Log(tmp_path / "log.db"))
+        await store.start()
+        try:
+            return [await store.position_at_time("t", at) for at in (0, 11, 21, 31, 41, 50, 51)]
+        finally:
+            await store.close()
+
+    assert asyncio.run(found()) == [1, 2, 4, 6, 7, 7, None]
 
 
 def test_topics_never_see_each_others_messages(log: Log) -> None:

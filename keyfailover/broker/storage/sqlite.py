@@ -327,10 +327,12 @@ class Log:
         topic_id = self._topic_id(_name(topic, "topic"))
         return 1 if topic_id is None else _edge(self._connection(), "min", topic_id, 1)
 
-    def position_at_time(self, topic: str, publish_time: int) -> int | None:
-        """The first position of ``topic`` whose publish time is at or after ``publish_time`` (µs since the
-        Unix epoch); None when there is none. Messages without a publish time (stored before the log had
-        them) count as older. A scan in position order from the topic's start: O(messages before it)."""
+    def position_at_time(
+        self, topic: str, publish_time: int, after: int = 0, through: int = MAX_POSITION
+    ) -> int | None:
+        """The first position of ``topic`` in ``(after, through]`` whose publish time is at or after
+        ``publish_time`` (µs since the Unix epoch); None when there is none. Messages without a publish time
+        (stored before the log had them) count as older. A scan in position order: O(positions before it)."""
         topic_id = self._topic_id(_name(topic, "topic"))
         if topic_id is None:
             return None
@@ -339,7 +341,7 @@ class Log:
             self._connection()
             .execute(
                 "SELECT id - ? FROM messages WHERE id > ? AND id <= ? AND publish_time >= ? ORDER BY id LIMIT 1",
-                (base, base, base + MAX_POSITION, _publish_time(publish_time)),
+                (base, base + max(after, 0), base + min(through, MAX_POSITION), _publish_time(publish_time)),
             )
             .fetchone()
         )

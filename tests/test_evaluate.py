@@ -19,6 +19,7 @@ from keyfailover.tools.evaluate import (
     BOUND,
     JSON_KEYS,
     SCENARIOS,
+    SEED,
     STRATEGIES,
     FlinkKeyGroups,
     Join,
@@ -329,6 +330,17 @@ def test_scenarios_are_seeded_and_unknown_names_are_refused() -> None:
         build_scenario("nope")
 
 
+def test_another_seed_draws_other_windows_and_other_random_changes() -> None:
+    default, same = build_scenario("random", quick=True), build_scenario("random", quick=True, seed=SEED)
+    assert default.events == same.events
+    other = build_scenario("random", quick=True, seed=SEED + 1)
+    assert other.events != default.events
+    assert not np.array_equal(other.windows[0], default.windows[0])
+    assert other.population.traffic.sum() == pytest.approx(default.population.traffic.sum())  # the same keys
+    with pytest.raises(ValueError, match="seed must be an int >= 0, not -1"):
+        build_scenario("random", seed=-1)
+
+
 def test_rolling_restart_rejoins_each_consumer_after_it_left() -> None:
     built = build_scenario("rolling-restart", quick=True)
     starting = [event.consumer for event in built.setup]
@@ -434,6 +446,19 @@ def test_plot_writes_a_png_and_the_tables_name_each_strategy(tmp_path: Path) -> 
     assert all(f"\n{name} " in done.stdout for name in STRATEGIES)
     assert "goals for keyfailover" in done.stdout
     assert "uniform:" not in done.stdout
+
+
+def test_seed_runs_the_scenarios_drawn_with_it_and_refuses_a_negative_one() -> None:
+    done = _run("--quick", "--json", "--scenario", "random", "--seed", str(SEED + 1))
+    assert done.returncode == 0, done.stderr
+    row = next(r for r in json.loads(done.stdout) if r["strategy"] == "pulsar-consistent")
+    drawn = run_strategy(PulsarConsistent(), build_scenario("random", quick=True, seed=SEED + 1))
+    assert row["stickiness_mean"] == drawn.stickiness_mean
+    default = run_strategy(PulsarConsistent(), build_scenario("random", quick=True))
+    assert row["stickiness_mean"] != default.stickiness_mean
+    refused = _run("--seed", "-1")
+    assert refused.returncode == 2
+    assert "expected an integer >= 0, got '-1'" in refused.stderr
 
 
 def test_an_unknown_scenario_is_a_clear_error() -> None:

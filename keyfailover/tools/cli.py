@@ -324,7 +324,8 @@ def _evaluate(args: argparse.Namespace) -> int:
         print(f"keyfailover evaluate: {step} ...", file=sys.stderr, flush=True)
 
     names = ev.SCENARIOS if args.scenario == "all" else (args.scenario,)
-    results = ev.evaluate(names, quick=args.quick, progress=progress)
+    seed = ev.SEED if args.seed is None else args.seed
+    results = ev.evaluate(names, quick=args.quick, progress=progress, seed=seed)
     if args.plot is not None:
         progress(f"drawing {args.plot}")
         try:
@@ -339,14 +340,14 @@ def _evaluate(args: argparse.Namespace) -> int:
             return 0
     consumers = 16 if args.quick else 64
     progress(f"timing reassignments with {consumers} consumers")
-    timing_scenario = ev.build_scenario("random", args.quick)
+    timing_scenario = ev.build_scenario("random", args.quick, seed)
     timings = [ev.time_reassignments(strategy(), timing_scenario, consumers) for strategy in ev.STRATEGIES.values()]
     found = ev.goals(results, timings)
     if not args.json:
         progress("measuring drain times in the dispatcher")
         drains = ev.drain_table(ev.drain_times(args.quick))
         for name in names:
-            scenario = ev.build_scenario(name, args.quick)
+            scenario = ev.build_scenario(name, args.quick, seed)
             print(f"\n{name}: {scenario.summary}\n")
             print(ev.scenario_table([result for result in results if result.scenario == name]))
         print(f"\nreassignment time with {consumers} consumers (Zipf traffic; medians, p95)\n")
@@ -1014,6 +1015,12 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", action="store_true", help="print the results as a JSON list instead of tables")
     evaluate.add_argument("--plot", metavar="FILE.png", default=None, help="draw a comparison chart (needs matplotlib)")
     evaluate.add_argument("--quick", action="store_true", help="small scenarios that finish in seconds")
+    evaluate.add_argument(
+        "--seed",
+        type=_int_at_least(0),
+        default=None,
+        help="the scenarios' seed: traffic windows and random joins and leaves (default 6, docs/evaluation.md's)",
+    )
     evaluate.add_argument(
         "--check",
         action="store_true",

@@ -30,7 +30,7 @@ from keyfailover.tools.evaluate._run import (
     run_strategy,
     time_reassignments,
 )
-from keyfailover.tools.evaluate._scenarios import SCENARIOS, Population, Scenario, build_scenario
+from keyfailover.tools.evaluate._scenarios import SCENARIOS, SEED, Population, Scenario, build_scenario
 from keyfailover.tools.evaluate._strategies import (
     STRATEGIES,
     Event,
@@ -53,6 +53,7 @@ __all__ = [
     "BOUND",
     "JSON_KEYS",
     "SCENARIOS",
+    "SEED",
     "SHIFTS_PER_EVENT",
     "STRATEGIES",
     "Balance",
@@ -98,9 +99,12 @@ __all__ = [
 
 
 def evaluate(
-    scenarios: tuple[str, ...] = SCENARIOS, quick: bool = False, progress: Callable[[str], None] | None = None
+    scenarios: tuple[str, ...] = SCENARIOS,
+    quick: bool = False,
+    progress: Callable[[str], None] | None = None,
+    seed: int = SEED,
 ) -> list[Result]:
-    """Every strategy through each of ``scenarios`` and the lower bound, in table order.
+    """Every strategy through each of ``scenarios`` (drawn with ``seed``) and the lower bound, in table order.
 
     ``progress`` hears of each scenario.
     """
@@ -108,7 +112,7 @@ def evaluate(
     for number, name in enumerate(scenarios, 1):
         if progress is not None:
             progress(f"scenario {number}/{len(scenarios)}: {name}, {len(STRATEGIES)} strategies")
-        scenario = build_scenario(name, quick)
+        scenario = build_scenario(name, quick, seed)
         results.extend(run_strategy(strategy(), scenario) for strategy in STRATEGIES.values())
         results.append(ideal(scenario))
     return results

@@ -67,6 +67,23 @@ class Inbox:
         return self.positions()
 
 
+class HeldSave:
+    """The server's store with its cursor saves held: ``saving`` is set when one starts, and it goes on
+    once ``release`` is set (so a seek can be caught between closing the old subscription and opening
+    the new one)."""
+
+    def __init__(self, server: Server) -> None:
+        self.saving, self.release = asyncio.Event(), asyncio.Event()
+        save = server.storage.save_cursors
+
+        async def held(cursors: Sequence[tuple[str, str, Cursor]]) -> None:
+            self.saving.set()
+            await self.release.wait()
+            await save(cursors)
+
+        server.storage.save_cursors = held  # type: ignore[method-assign]
+
+
 def attach(server: Server, subscription: Subscription, consumer: str) -> Inbox:
     inbox = Inbox()
     session = Session(server.next_session_id(), consumer, subscription, inbox.send)
@@ -205,25 +222,16 @@ def test_an_ack_that_arrives_during_a_seek_is_told_its_session_ended(tmp_path: P
         writer.write(encode(Subscribe(req=1, topic="orders", subscription="billing", consumer="c", receiver_queue=10)))
         subscribed = cast(Subscribed, await next_frame(Subscribed))
         await next_frame(Messages)
-        saving = asyncio.Event()
-        release = asyncio.Event()
-        save = server.storage.save_cursors
-
-        async def slow_save(cursors: Sequence[tuple[str, str, Cursor]]) -> None:
-            saving.set()
-            await release.wait()
-            await save(cursors)
-
-        server.storage.save_cursors = slow_save  # type: ignore[method-assign]
+        held = HeldSave(server)
         seek = asyncio.create_task(server.seek("orders", "billing", 1))
-        await saving.wait()  # the old subscription is closed, the new one not open yet
+        await held.saving.wait()  # the old subscription is closed, the new one not open yet
         writer.write(
             encode(Ack(topic="orders", subscription="billing", session=subscribed.session, positions=[1], req=2))
         )
         error = cast(Error, await next_frame(Error))
         assert (error.code, error.req) == (ErrorCode.UNKNOWN_SESSION, 2)
         assert "being opened again (a seek)" in error.message
-        release.set()
+        held.release.set()
         assert await seek == 1
         writer.close()
 
@@ -234,19 +242,11 @@ def test_a_server_closing_during_a_seek_lets_the_seek_save_its_cursor_first(tmp_
     async def body(server: Server) -> None:
         await produce(server, "orders", 3)
         await server.subscription("orders", "billing")
-        saving, release = asyncio.Event(), asyncio.Event()
-        save = server.storage.save_cursors
-
-        async def slow_save(cursors: Sequence[tuple[str, str, Cursor]]) -> None:
-            saving.set()
-            await release.wait()
-            await save(cursors)
-
-        server.storage.save_cursors = slow_save  # type: ignore[method-assign]
+        held = HeldSave(server)
         seek = asyncio.create_task(server.seek("orders", "billing", 3))
-        await saving.wait()
+        await held.saving.wait()
         closing = asyncio.create_task(server.close())
-        release.set()
+        held.release.set()
         assert await seek == 3
         await closing
 

@@ -11,6 +11,7 @@ tests/test_dispatcher_properties.py.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -338,26 +339,38 @@ class Pump:
             self.acked.add(delivery.position)
 
 
-def test_a_sticky_consumers_keys_are_parked_when_it_leaves_so_the_others_go_on() -> None:
-    """G4/G5: the messages a leaving sticky consumer held (now nobody's) leave the bounded buffer for the
-    log, so the one that stays gets every message of its keys; a consumer declaring the leaver's range
-    later gets the leaver's messages, each once more, counted as redelivered (G3)."""
-    d = Dispatcher(clock=ManualClock(0.0), policy="sticky", spill=True, max_replay=10)
+def two_with_six_on_b(d: Dispatcher) -> Pump:
+    """Sticky consumers "a" (the low half) and "b" (the high half) of ``d``, six of b's keys in flight on b."""
     d.add_consumer("a", [(0, 32767)])
     d.add_consumer("b", [(32768, END)])
     pump = Pump(d)
     pump.log += keys_in(32768, END, 6)
     d.flow("b", 6)
-    assert len(pump.turn()) == 6  # six of b's keys in flight on b
-    d.remove_consumer("b")  # its six come back, to nobody
+    assert len(pump.turn()) == 6
+    return pump
+
+
+def a_takes_twenty(pump: Pump, between: Callable[[], None]) -> list[int]:
+    """Twenty messages of a's keys produced, a taking and acking one at a time; the positions a got."""
     pump.log += keys_in(0, 32767, 20)
     got = []
     for _ in range(100):
-        d.flow("a", 1)
+        pump.d.flow("a", 1)
         deliveries = pump.turn()
         pump.ack(deliveries)
         got += [delivery.position for delivery in deliveries]
-    assert got == list(range(7, 27))
+        between()
+    return got
+
+
+def test_a_sticky_consumers_keys_are_parked_when_it_leaves_so_the_others_go_on() -> None:
+    """G4/G5: the messages a leaving sticky consumer held (now nobody's) leave the bounded buffer for the
+    log, so the one that stays gets every message of its keys; a consumer declaring the leaver's range
+    later gets the leaver's messages, each once more, counted as redelivered (G3)."""
+    d = Dispatcher(clock=ManualClock(0.0), policy="sticky", spill=True, max_replay=10)
+    pump = two_with_six_on_b(d)
+    d.remove_consumer("b")  # its six come back, to nobody
+    assert a_takes_twenty(pump, lambda: None) == list(range(7, 27))
     d.add_consumer("c", [(32768, END)])
     d.flow("c", 10)
     back = pump.turn()
@@ -368,22 +381,9 @@ def test_a_sticky_consumers_keys_are_parked_when_it_leaves_so_the_others_go_on()
 def test_a_stuck_sticky_consumers_keys_are_parked_until_it_recovers() -> None:
     clock = ManualClock(0.0)
     d = Dispatcher(clock=clock, policy="sticky", spill=True, max_replay=10, ack_timeout=1.0)
-    d.add_consumer("a", [(0, 32767)])
-    d.add_consumer("b", [(32768, END)])
-    pump = Pump(d)
-    pump.log += keys_in(32768, END, 6)
-    d.flow("b", 6)
-    assert len(pump.turn()) == 6
+    pump = two_with_six_on_b(d)
     clock.advance(2.0)  # b's leases expire: it is stuck, its range nobody's
-    pump.log += keys_in(0, 32767, 20)
-    got = []
-    for _ in range(100):
-        d.flow("a", 1)
-        deliveries = pump.turn()
-        pump.ack(deliveries)
-        got += [delivery.position for delivery in deliveries]
-        clock.advance(0.1)
-    assert got == list(range(7, 27))
+    assert a_takes_twenty(pump, lambda: clock.advance(0.1)) == list(range(7, 27))
     assert d.stats()["consumers"]["b"]["stuck"]
     d.flow("b", 10)  # progress: b takes its range back, and its six again
     back = pump.turn()

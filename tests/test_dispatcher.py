@@ -501,19 +501,25 @@ def held_in_moved_slots(before: RangeMap, after: RangeMap, keys: list[str]) -> s
     return {key.encode() for key in keys if any(first <= key_hash(key) <= last for first, last, _, _ in moved)}
 
 
-@pytest.mark.parametrize("policy", ["multi", "contiguous"])
-def test_a_range_change_visits_only_the_keys_of_the_moved_slots(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A join or a leave re-routes the keys of the moved slots, each once (a leaver's returned keys
-    once more), and never walks the other held keys."""
+def holding(policy: str, permits: int, keys: list[str], again: list[str]) -> tuple[Dispatcher, list[Delivery]]:
+    """A dispatcher of ``policy`` whose consumers c1, c2 and c3 have ``permits`` each, given a message of
+    each of ``keys`` and then one of each of ``again``; returns it and what its first poll delivered."""
     d = Dispatcher(clock=ManualClock(100.0), policy=policy, max_replay=10_000)
     stream = Stream(d)
     for name in ("c1", "c2", "c3"):
         d.add_consumer(name)
-        d.flow(name, 500)
-    keys = [f"held-{i}" for i in range(1500)]
-    for key in keys + keys[:700]:  # in flight, and some pending behind them
+        d.flow(name, permits)
+    for key in keys + again:
         stream.publish(key)
-    out = d.poll()
+    return d, d.poll()
+
+
+@pytest.mark.parametrize("policy", ["multi", "contiguous"])
+def test_a_range_change_visits_only_the_keys_of_the_moved_slots(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A join or a leave re-routes the keys of the moved slots, each once (a leaver's returned keys
+    once more), and never walks the other held keys."""
+    keys = [f"held-{i}" for i in range(1500)]
+    d, out = holding(policy, 500, keys, keys[:700])  # in flight, and some pending behind them
     visited: Counter[bytes] = Counter()
     reroute, reroute_slots = d._reroute, d._reroute_slots
 
@@ -625,15 +631,8 @@ def test_a_range_change_reads_the_moved_keys_states_only(policy: str) -> None:
     """A join or a leave sets each moved key's state and never reads its queue or head message (scattered
     over what is held); the new owner's next poll serves the moved keys as if they had been queued at the
     change: its smallest pending positions, in order."""
-    d = Dispatcher(clock=ManualClock(100.0), policy=policy, max_replay=10_000)
-    stream = Stream(d)
-    for name in ("c1", "c2", "c3"):
-        d.add_consumer(name)
-        d.flow(name, 100)
     keys = [f"moved-{i}" for i in range(600)]
-    for key in keys + keys[::2]:  # in flight, waiting behind what is in flight, and only waiting
-        stream.publish(key)
-    out = d.poll()
+    d, out = holding(policy, 100, keys, keys[::2])  # in flight, waiting behind what is in flight, and only waiting
     GuardedQueue.armed = True
     try:
         guard_queues(d, set())

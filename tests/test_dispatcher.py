@@ -14,7 +14,7 @@ import functools
 import gc
 import time
 import tracemalloc
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from itertools import pairwise
 from typing import Any, cast
@@ -501,19 +501,25 @@ def held_in_moved_slots(before: RangeMap, after: RangeMap, keys: list[str]) -> s
     return {key.encode() for key in keys if any(first <= key_hash(key) <= last for first, last, _, _ in moved)}
 
 
-@pytest.mark.parametrize("policy", ["multi", "contiguous"])
-def test_a_range_change_visits_only_the_keys_of_the_moved_slots(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A join or a leave re-routes the keys of the moved slots, each once (a leaver's returned keys
-    once more), and never walks the other held keys."""
+def holding(policy: str, permits: int, keys: list[str], again: list[str]) -> tuple[Dispatcher, list[Delivery]]:
+    """A dispatcher of ``policy`` whose consumers c1, c2 and c3 have ``permits`` each, given a message of
+    each of ``keys`` and then one of each of ``again``; returns it and what its first poll delivered."""
     d = Dispatcher(clock=ManualClock(100.0), policy=policy, max_replay=10_000)
     stream = Stream(d)
     for name in ("c1", "c2", "c3"):
         d.add_consumer(name)
-        d.flow(name, 500)
-    keys = [f"held-{i}" for i in range(1500)]
-    for key in keys + keys[:700]:  # in flight, and some pending behind them
+        d.flow(name, permits)
+    for key in keys + again:
         stream.publish(key)
-    out = d.poll()
+    return d, d.poll()
+
+
+@pytest.mark.parametrize("policy", ["multi", "contiguous"])
+def test_a_range_change_visits_only_the_keys_of_the_moved_slots(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A join or a leave re-routes the keys of the moved slots, each once (a leaver's returned keys
+    once more), and never walks the other held keys."""
+    keys = [f"held-{i}" for i in range(1500)]
+    d, out = holding(policy, 500, keys, keys[:700])  # in flight, and some pending behind them
     visited: Counter[bytes] = Counter()
     reroute, reroute_slots = d._reroute, d._reroute_slots
 
@@ -576,6 +582,107 @@ def test_keys_of_moved_slots_follow_their_new_owner_whatever_their_state() -> No
     ack_all(d, out)
     assert d.stats()["held"] == 0
     assert not d._keys and not any(d._slot_keys), "acked keys stay linked in their slots"
+
+
+class GuardedQueue(deque[Any]):
+    """A key's pending queue that raises on every read while ``armed``: what a range change must not read."""
+
+    armed = False
+
+    def _check(self) -> None:
+        if GuardedQueue.armed:
+            raise AssertionError("a range change read a moved key's pending queue")
+
+    def __len__(self) -> int:
+        self._check()
+        return super().__len__()
+
+    def __getitem__(self, index: Any) -> Any:
+        self._check()
+        return super().__getitem__(index)
+
+    def __iter__(self) -> Any:
+        self._check()
+        return super().__iter__()
+
+
+def guard_queues(d: Dispatcher, spared: set[bytes]) -> None:
+    """Make every key's pending queue a :class:`GuardedQueue` of the same messages, but a plain deque for
+    the ``spared`` keys (read while disarmed)."""
+    armed, GuardedQueue.armed = GuardedQueue.armed, False
+    for kb, state in d._keys.items():
+        if state.pending:
+            state.pending = (deque if kb in spared else GuardedQueue)(state.pending)
+    GuardedQueue.armed = armed
+
+
+def waiting_positions(d: Dispatcher, consumer: str) -> list[int]:
+    """Every pending position of the keys ``consumer`` owns that are free to go (not draining), sorted."""
+    return sorted(
+        message.position
+        for state in d._keys.values()
+        if not state.draining and d._owner_of_slot(state.slot) is d._consumers[consumer]
+        for message in state.pending
+    )
+
+
+@pytest.mark.parametrize("policy", ["multi", "contiguous"])
+def test_a_range_change_reads_the_moved_keys_states_only(policy: str) -> None:
+    """A join or a leave sets each moved key's state and never reads its queue or head message (scattered
+    over what is held); the new owner's next poll serves the moved keys as if they had been queued at the
+    change: its smallest pending positions, in order."""
+    keys = [f"moved-{i}" for i in range(600)]
+    d, out = holding(policy, 100, keys, keys[::2])  # in flight, waiting behind what is in flight, and only waiting
+    GuardedQueue.armed = True
+    try:
+        guard_queues(d, set())
+        d.add_consumer("c4")
+        returned = {str(x.key).encode() for x in out if x.consumer == "c2"}
+        guard_queues(d, returned)  # a leaver's in-flight messages go back to their keys' queues (G3)
+        d.remove_consumer("c2")
+    finally:
+        GuardedQueue.armed = False
+    d._audit()
+    assert any(d._consumers[name].adopted for name in ("c1", "c3", "c4")), "no key was adopted"
+    expected = {name: waiting_positions(d, name)[:40] for name in ("c1", "c3", "c4")}
+    for name in expected:
+        d.flow(name, 40)
+    served: dict[str, list[int]] = {name: [] for name in expected}
+    for delivery in d.poll():
+        served[delivery.consumer].append(delivery.position)
+    assert served == expected
+    assert not any(d._consumers[name].adopted for name in expected)
+    d._audit()
+
+
+def test_keys_adopted_by_a_consumer_without_permits_wait_listed_within_a_bound() -> None:
+    """A consumer with no permits adopts the keys of every change back to it and makes their ready entries
+    only when it gets permits; its list is pruned when stale entries dominate, and then every waiting
+    message goes out once, in order per key."""
+    d = Dispatcher(clock=ManualClock(100.0), max_replay=10_000)
+    stream = Stream(d)
+    d.add_consumer("slow")
+    keys = [f"adopted-{i}" for i in range(40)]
+    published: dict[str, list[int]] = {key: [] for key in keys}
+    for _ in range(3):
+        for key in keys:
+            published[key].append(stream.publish(key))
+    assert d.poll() == []
+    slow = d._consumers["slow"]
+    entries = list(slow.ready)
+    longest = 0
+    for i in range(60):
+        d.add_consumer(f"visitor-{i}")
+        d.remove_consumer(f"visitor-{i}")
+        longest = max(longest, len(slow.adopted))
+    assert 0 < longest <= max(64, 4 * len(d._keys)), f"{longest} adopted entries for {len(d._keys)} keys"
+    assert slow.ready == entries, "ready entries made without permits"
+    d.flow("slow", 1000)
+    got: dict[str, list[int]] = {key: [] for key in keys}
+    for delivery in d.poll():
+        got[str(delivery.key)].append(delivery.position)
+    assert got == published
+    d._audit()
 
 
 # -- G3: removal ------------------------------------------------------------------------

@@ -15,7 +15,11 @@ Heap entries are invalidated lazily: an entry counts only while its key is still
 queued on that consumer and its position is still the key's head.
 
 A range change costs what moves, not what is held: the key states are also linked per slot,
-and a change re-routes only the keys of the slots ``moved_slots`` names. A held message
+and a change re-routes only the keys of the slots ``moved_slots`` names. It reads and sets
+those keys' states only: a waiting key that goes to a new owner is *adopted* by it (listed,
+``queued_on`` set at once), and its heap entry, which needs its head message, is made when
+that owner is next served. So a change never reads the moved keys' queues, messages or
+heaps, memory scattered over everything held. A held message
 keeps its key as bytes shared with its key state (no str, no copy per message), and a key
 has a pending queue only while something of it waits.
 
@@ -305,6 +309,7 @@ class _Message:
 class _Consumer:
     __slots__ = (
         "acked",
+        "adopted",
         "cid",
         "delivered",
         "expired",
@@ -324,6 +329,8 @@ class _Consumer:
         self.permits = 0
         self.inflight: dict[int, _Message] = {}  # in delivery (so deadline) order
         self.ready: list[tuple[int, bytes]] = []  # heap of (head position, key bytes)
+        # Keys queued on it by a range change whose ready entries are not made yet (see _adopt).
+        self.adopted: list[_KeyState] = []
         self.delivered = 0
         self.acked = 0
         self.redelivered = 0
@@ -676,7 +683,7 @@ class Dispatcher:
             consumer.withheld += permits
         elif permits:
             consumer.permits += permits
-            if consumer.ready:
+            if consumer.ready or consumer.adopted:
                 self._wake[consumer] = None
         if consumer.stuck:
             self._recover(consumer)
@@ -1245,6 +1252,7 @@ class Dispatcher:
                     self._drop_key(state)
             for consumer in self._consumers.values():
                 consumer.ready = []
+                consumer.adopted = []
             self._wake.clear()
             self._unordered = True
             return
@@ -1469,6 +1477,8 @@ class Dispatcher:
         heappop, heappush = heapq.heappop, heapq.heappush
         limit = self._max_redeliveries
         for consumer in self._wake:
+            if consumer.adopted:
+                self._adopt(consumer)
             ready = consumer.ready
             while consumer.permits and ready:
                 position, kb = heappop(ready)
@@ -1578,6 +1588,8 @@ class Dispatcher:
                     state.queue().append(message)
                     continue
             owner = owners[bisect.bisect_left(ends, message.slot)] if owners else None
+            # An owner with permits has no adopted keys by now (_serve_ready made their entries): an
+            # empty heap means nothing of it waits.
             if state is None:
                 if owner is not None and owner.permits and not owner.ready:
                     deliver(owner, message, out)
@@ -1743,7 +1755,7 @@ class Dispatcher:
         self._reread_due = True
         consumer.permits += consumer.withheld
         consumer.withheld = 0
-        if consumer.permits and consumer.ready:
+        if consumer.permits and (consumer.ready or consumer.adopted):
             self._wake[consumer] = None
 
     def _unblock(self, state: _KeyState) -> None:
@@ -1910,9 +1922,14 @@ class Dispatcher:
 
     def _reroute_slots(self, first: int, last: int, owner: _Consumer | None) -> None:
         """Re-route the keys of slots ``first..last``, which all belong to ``owner`` now (G1): the hot loop
-        of a change, walking the slots' key lists, with the owner's heap pushes and wake-up done once."""
-        heads: list[tuple[int, bytes]] = []
-        append = heads.append
+        of a change, walking the slots' key lists.
+
+        It reads and sets each key's state only (one object a key): a waiting key is adopted by
+        ``owner`` (see :meth:`_hand_over`), so the loop never reads a key's queue, head message or
+        bytes, which lie scattered over everything held.
+        """
+        adopted: list[_KeyState] = []
+        append = adopted.append
         for head in filter(None, self._slot_keys[first : last + 1]):
             state: _KeyState | None = head
             while state is not None:
@@ -1924,19 +1941,41 @@ class Dispatcher:
                     if state.draining:
                         self._release(state)
                 if (
-                    state.pending
+                    state.pending is not _NO_PENDING
                     and not (state.loose or state.backoff)
                     and (owner is None or state.queued_on is not owner)
                 ):
                     state.queued_on = owner
-                    append((state.pending[0].position, state.kb))
+                    append(state)
                 state = state.next
-        if heads:
+        if adopted:
             if owner is not None:
-                self._push_ready(owner, heads)
+                self._hand_over(owner, adopted)
             elif self._spill:
-                keys = self._keys
-                self._unowned.update(keys[kb].slot for _, kb in heads)
+                self._unowned.update(state.slot for state in adopted)
+
+    def _hand_over(self, owner: _Consumer, states: list[_KeyState]) -> None:
+        """``owner`` adopts ``states`` (queued on it now): they wait in its list until it is next served,
+        and it is woken when it has permits. The list is pruned when stale entries dominate."""
+        adopted = owner.adopted
+        adopted += states
+        if self._too_stale(len(adopted)):
+            owner.adopted = list(dict.fromkeys(state for state in adopted if state.queued_on is owner))
+        if owner.permits:
+            self._wake[owner] = None
+
+    def _adopt(self, consumer: _Consumer) -> None:
+        """Make the ready entries of the keys ``consumer`` adopted since it was last served (those still
+        queued on it, at their heads now), before it is served: O(k log n) for k keys and a heap of n.
+
+        A key adopted twice (its slots moved away and back) gets two equal entries; the second is
+        stale once the first is served, as any entry whose position is no longer its key's head.
+        """
+        adopted = consumer.adopted
+        consumer.adopted = []
+        self._push_ready(
+            consumer, [(state.pending[0].position, state.kb) for state in adopted if state.queued_on is consumer]
+        )
 
     def _drain(self, state: _KeyState) -> None:
         """``state``'s key is in flight on a consumer that no longer owns it: it waits for those acks (G1)."""
@@ -1947,7 +1986,8 @@ class Dispatcher:
         state.queued_on = None
 
     def _push_ready(self, owner: _Consumer, heads: list[tuple[int, bytes]]) -> None:
-        """Put keys' ``(head position, key)`` on ``owner``'s ready heap (their ``queued_on`` is set)."""
+        """Put keys' ``(head position, key)`` on ``owner``'s ready heap (their ``queued_on`` is set): one
+        heapify when they outnumber the heap; compact it when stale entries dominate."""
         ready = owner.ready
         if len(heads) > len(ready):
             ready += heads
@@ -1955,14 +1995,19 @@ class Dispatcher:
         else:
             for entry in heads:
                 heapq.heappush(ready, entry)
-        self._pushed(owner)
+        if self._too_stale(len(owner.ready)):
+            self._compact(owner)
 
     def _pushed(self, owner: _Consumer) -> None:
-        """Keys went on ``owner``'s ready heap: compact it when stale entries dominate, and wake it."""
-        if len(owner.ready) > 64 and len(owner.ready) > 4 * len(self._keys):
+        """A key went on ``owner``'s ready heap: compact it when stale entries dominate, and wake it."""
+        if self._too_stale(len(owner.ready)):
             self._compact(owner)
         if owner.permits:
             self._wake[owner] = None
+
+    def _too_stale(self, entries: int) -> bool:
+        """Whether a ready heap or adopted list of ``entries`` is mostly stale (more than 4 per held key)."""
+        return entries > 64 and entries > 4 * len(self._keys)
 
     def _reroute(self, state: _KeyState) -> None:
         owner = self._owner_of_slot(state.slot)
@@ -2116,6 +2161,8 @@ class Dispatcher:
                 assert not consumer.withheld, f"{consumer.cid}: withheld permits while not blocked"
                 assert not self._unacked_limit or len(consumer.inflight) < self._unacked_limit, consumer.cid
             assert not (consumer.stuck and consumer.cid in self._standby), f"{consumer.cid}: stuck standby"
+            waking = consumer in self._wake or not (consumer.permits and consumer.adopted)
+            assert waking, f"{consumer.cid}: adopted keys and permits, not woken"
             for message in consumer.inflight.values():
                 if message.flags & _LOOSE:
                     assert message.kb is not None, "a keyless loose delivery"
@@ -2124,6 +2171,7 @@ class Dispatcher:
                     inflight_by_key[message.kb] += 1
                     found = self._keys.get(message.kb)
                     assert found is not None and found.holder is consumer, f"{message.kb!r}: holder mismatch"
+        adopted = {(id(consumer), id(state)) for consumer in self._consumers.values() for state in consumer.adopted}
         for kb, state in self._keys.items():
             held += len(state.pending)
             assert state.inflight == inflight_by_key[kb], f"{kb!r}: inflight count {state.inflight}"
@@ -2145,7 +2193,9 @@ class Dispatcher:
             queued = queued and not (state.loose or state.backoff)
             assert state.queued_on is owner if queued else state.queued_on is None, f"{kb!r}: queued_on"
             if queued and owner is not None:
-                assert (positions[0], kb) in owner.ready, f"{kb!r}: missing from {owner.cid}'s ready heap"
+                listed = (positions[0], kb) in owner.ready or (id(owner), id(state)) in adopted
+                assert listed, f"{kb!r}: neither in {owner.cid}'s ready heap nor adopted by it"
+            assert (state.pending is _NO_PENDING) == (not state.pending), f"{kb!r}: an empty queue of its own"
         linked = 0
         for head in filter(None, self._slot_keys):
             assert head.prev is None and self._slot_keys[head.slot] is head, f"{head.kb!r}: not first in its slot"

@@ -12,7 +12,7 @@ import pytest
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.properties import encode_properties
 from keyfailover.broker.storage import NotServedError
-from keyfailover.broker.storage.postgresql import FencedError, PostgresLog, PostgresStore
+from keyfailover.broker.storage.postgresql import FencedError, Lease, PostgresLog, PostgresStore
 from keyfailover.broker.storage.sqlite import Key, StoredMessage, publish_clock
 from keyfailover.core.errors import LogError, PropertiesError
 from keyfailover.core.partitions import partition_topic, split_partition_topic
@@ -304,9 +304,10 @@ def test_a_store_stamps_each_group_commit_with_the_broker_clock(postgres: Postgr
     run_store(postgres, body)
 
 
-def test_a_log_from_before_publish_times_gains_the_column_and_keeps_its_messages(postgres: PostgreSQL) -> None:
-    """A log created before publish times (no column) in a database of its own: its messages are
-    kept with an unknown publish time, and new ones get the broker's clock."""
+def run_old_log(postgres: PostgreSQL, dropped: str, body: Callable[[PostgresLog, Lease], Awaitable[None]]) -> None:
+    """Run ``body`` on a log of a database of its own that holds one message ``(0, "k", b"old")`` of producer "p",
+    stored at publish time 4, from before the columns ``dropped`` (``DROP COLUMN ...`` clauses) were added: the
+    log was connected again after they were dropped from both message tables, and ``body`` gets the lease."""
     database = f"old_{uuid.uuid4().hex[:8]}"
     dsn = postgres.dsn.rsplit("/", 1)[0] + f"/{database}"
 
@@ -316,23 +317,35 @@ def test_a_log_from_before_publish_times_gains_the_column_and_keeps_its_messages
         try:
             log = await PostgresLog.connect(dsn)
             lease = await log.open_partition("t", 0, "b1")
-            await log.append(lease, "p", [(0, "k", b"old")])
-            for table in ("kf_messages", "kf_dead_letters"):  # as the log was then: neither column
-                await log.pool.execute(f"ALTER TABLE {table} DROP COLUMN publish_time, DROP COLUMN properties")
+            await log.append(lease, "p", [(0, "k", b"old")], publish_time=4)
+            for table in ("kf_messages", "kf_dead_letters"):  # as the log was then
+                await log.pool.execute(f"ALTER TABLE {table} {dropped}")
             await log.close()
             log = await PostgresLog.connect(dsn)
-            assert await log.read("t", 0, 0, 10) == [StoredMessage(1, "k", b"old", None)]
-            assert await log.append(lease, "p", [(0, "k", b"old"), (1, "k", b"new")], publish_time=9) == [
-                (1, True),
-                (2, False),
-            ]
-            assert await log.read("t", 0, 1, 10) == [StoredMessage(2, "k", b"new", 9)]
-            await log.close()
+            try:
+                await body(log, lease)
+            finally:
+                await log.close()
         finally:
             await admin.execute(f"DROP DATABASE {database} WITH (FORCE)")
             await admin.close()
 
     asyncio.run(main())
+
+
+def test_a_log_from_before_publish_times_gains_the_column_and_keeps_its_messages(postgres: PostgreSQL) -> None:
+    """A log created before publish times (no column) in a database of its own: its messages are
+    kept with an unknown publish time, and new ones get the broker's clock."""
+
+    async def body(log: PostgresLog, lease: Lease) -> None:
+        assert await log.read("t", 0, 0, 10) == [StoredMessage(1, "k", b"old", None)]
+        assert await log.append(lease, "p", [(0, "k", b"old"), (1, "k", b"new")], publish_time=9) == [
+            (1, True),
+            (2, False),
+        ]
+        assert await log.read("t", 0, 1, 10) == [StoredMessage(2, "k", b"new", 9)]
+
+    run_old_log(postgres, "DROP COLUMN publish_time, DROP COLUMN properties", body)
 
 
 TRACE = encode_properties({"trace-id": "4bf92f35", "": "ünïcödé\x00"})
@@ -385,31 +398,14 @@ def test_bad_properties_store_nothing_and_the_other_requests_of_the_commit_go_on
 
 
 def test_a_log_from_before_properties_gains_the_columns_and_its_messages_have_none(postgres: PostgreSQL) -> None:
-    database = f"old_{uuid.uuid4().hex[:8]}"
-    dsn = postgres.dsn.rsplit("/", 1)[0] + f"/{database}"
+    async def body(log: PostgresLog, lease: Lease) -> None:
+        assert await log.read("t", 0, 0, 10) == [StoredMessage(1, "k", b"old", 4, None)]
+        assert await log.append(lease, "p", [(1, "k", b"new")], publish_time=9, properties=[TRACE]) == [(2, False)]
+        assert await log.read("t", 0, 1, 10) == [StoredMessage(2, "k", b"new", 9, TRACE)]
+        columns = await log.pool.fetch(
+            "SELECT table_name FROM information_schema.columns WHERE column_name = 'properties' "
+            "AND table_schema = current_schema() ORDER BY table_name"
+        )
+        assert [row[0] for row in columns] == ["kf_dead_letters", "kf_messages"]
 
-    async def main() -> None:
-        admin = await asyncpg.connect(postgres.dsn)
-        await admin.execute(f"CREATE DATABASE {database}")
-        try:
-            log = await PostgresLog.connect(dsn)
-            lease = await log.open_partition("t", 0, "b1")
-            await log.append(lease, "p", [(0, "k", b"old")], publish_time=4)
-            for table in ("kf_messages", "kf_dead_letters"):  # as the log was then: no properties
-                await log.pool.execute(f"ALTER TABLE {table} DROP COLUMN properties")
-            await log.close()
-            log = await PostgresLog.connect(dsn)
-            assert await log.read("t", 0, 0, 10) == [StoredMessage(1, "k", b"old", 4, None)]
-            assert await log.append(lease, "p", [(1, "k", b"new")], publish_time=9, properties=[TRACE]) == [(2, False)]
-            assert await log.read("t", 0, 1, 10) == [StoredMessage(2, "k", b"new", 9, TRACE)]
-            columns = await log.pool.fetch(
-                "SELECT table_name FROM information_schema.columns WHERE column_name = 'properties' "
-                "AND table_schema = current_schema() ORDER BY table_name"
-            )
-            assert [row[0] for row in columns] == ["kf_dead_letters", "kf_messages"]
-            await log.close()
-        finally:
-            await admin.execute(f"DROP DATABASE {database} WITH (FORCE)")
-            await admin.close()
-
-    asyncio.run(main())
+    run_old_log(postgres, "DROP COLUMN properties", body)

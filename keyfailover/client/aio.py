@@ -198,11 +198,6 @@ class Message(NamedTuple):
         )
 
 
-def _received_properties(data: bytes | None) -> Mapping[str, str]:
-    """The read-only properties of a delivery (checked by the decoder): the shared empty mapping for none."""
-    return _NO_PROPERTIES if data is None else MappingProxyType(decode_properties(data))
-
-
 def parse_url(url: str) -> tuple[list[Address], bool]:
     """``kf://h1:p1[,h2:p2...]`` -> (["h1:p1", ...], False); ``kf+ssl://...`` -> (..., True): TLS."""
     expected = f"server URL {url!r} is not of the form kf://HOST:PORT[,HOST:PORT...] or kf+ssl://HOST:PORT[,...]"
@@ -780,13 +775,17 @@ class _PendingBatch:
         self, message: tuple[int | None, Key, bytes], callback: SendCallback | None, properties: bytes | None, size: int
     ) -> None:
         """Append one message of ``size`` bytes (:func:`_message_size`) with its encoded ``properties``."""
-        if properties is not None and self.properties is None:
-            self.properties = [None] * len(self.messages)
         self.messages.append(message)
         self.callbacks.append(callback)
-        if self.properties is not None:
-            self.properties.append(properties)
         self.size += size
+        if properties is not None or self.properties is not None:
+            self.last_properties(properties)
+
+    def last_properties(self, properties: bytes | None) -> None:
+        """Record the encoded properties of the message appended last; called when it or an earlier one has some."""
+        if self.properties is None:
+            self.properties = [None] * (len(self.messages) - 1)
+        self.properties.append(properties)
 
     def split(self, limit: int) -> list[_PendingBatch]:
         """This batch as consecutive batches of at most ``limit`` bytes each (itself when it fits)."""
@@ -909,7 +908,12 @@ class _PartProducer(_Part):
                 # Full: it goes out with the next flush as it is; a new batch starts.
                 self._full.append(batch)
                 batch = self._batch = _PendingBatch()
-            batch.add((next(self._seq), key, data), callback, encoded, size)
+            # batch.add, inline: this is every message's path
+            batch.messages.append((next(self._seq), key, data))
+            batch.callbacks.append(callback)
+            batch.size += size
+            if encoded is not None or batch.properties is not None:
+                batch.last_properties(encoded)
             schedule = not self._flush_scheduled
             self._flush_scheduled = True
         if schedule:  # one flush per burst: it sends every full batch and the current one
@@ -1237,7 +1241,14 @@ class _PartConsumer(_Part):
             with self._cond:
                 self._inbox.messages.extend(
                     Message(
-                        key, payload, position, redelivery, session, partition, published, _received_properties(data)
+                        key,
+                        payload,
+                        position,
+                        redelivery,
+                        session,
+                        partition,
+                        published,
+                        _NO_PROPERTIES if data is None else MappingProxyType(decode_properties(data)),
                     )
                     for position, key, payload, redelivery, published, data in frame.messages
                 )

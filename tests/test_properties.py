@@ -13,6 +13,8 @@ from keyfailover.broker.properties import (
     MAX_PROPERTIES,
     MAX_PROPERTIES_SIZE,
     MAX_PROPERTY_KEY,
+    NO_PROPERTIES,
+    Properties,
     check_encoded,
     decode_properties,
     encode_properties,
@@ -113,3 +115,15 @@ def test_any_bytes_are_taken_or_refused_with_properties_error(data: bytes) -> No
         return
     properties = decode_properties(checked)
     assert properties and all(type(k) is str and type(v) is str for k, v in properties.items())
+
+
+@given(PROPERTIES)
+def test_received_properties_are_a_read_only_hashable_mapping(properties: dict[str, str]) -> None:
+    """What a consumer's Message holds: equal to the dict sent, hashable like the rest of the message."""
+    received = Properties.decoded(encode_properties(properties))
+    assert received == properties and dict(received) == properties and len(received) == len(properties)
+    assert received == Properties.decoded(encode_properties(dict(reversed(properties.items()))))
+    assert hash(received) == hash(Properties(dict(properties)))
+    assert (received is NO_PROPERTIES) == (not properties)
+    with pytest.raises(TypeError):
+        received["new"] = "value"  # type: ignore[index]

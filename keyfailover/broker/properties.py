@@ -21,7 +21,7 @@ at most :data:`MAX_PROPERTIES` properties, keys of at most :data:`MAX_PROPERTY_K
 from __future__ import annotations
 
 import reprlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Final
 
 import msgpack  # type: ignore[import-untyped]
@@ -32,6 +32,8 @@ __all__ = [
     "MAX_PROPERTIES",
     "MAX_PROPERTIES_SIZE",
     "MAX_PROPERTY_KEY",
+    "NO_PROPERTIES",
+    "Properties",
     "check_encoded",
     "decode_properties",
     "encode_properties",
@@ -141,3 +143,42 @@ def decode_properties(data: bytes | None) -> dict[str, str]:
         return {}
     properties: dict[str, str] = msgpack.unpackb(data, raw=False)
     return properties
+
+
+class Properties(Mapping[str, str]):
+    """A received message's properties: a read-only mapping of str to str, hashable (so is the message holding it)."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: dict[str, str]) -> None:
+        """Wrap ``items`` (a dict nobody else holds: it is not copied)."""
+        self._items = items
+
+    @classmethod
+    def decoded(cls, data: bytes | None) -> Properties:
+        """The properties ``data`` encodes (trusted, as :func:`decode_properties`); :data:`NO_PROPERTIES` for None."""
+        return NO_PROPERTIES if data is None else cls(decode_properties(data))
+
+    def __getitem__(self, key: str) -> str:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Properties):
+            return self._items == other._items
+        return isinstance(other, Mapping) and self._items == dict(other.items())
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._items.items()))
+
+    def __repr__(self) -> str:
+        return f"Properties({self._items!r})"
+
+
+NO_PROPERTIES: Final = Properties({})
+"""The properties of a message without any: one empty instance for them all."""

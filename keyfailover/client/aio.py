@@ -28,11 +28,10 @@ import uuid
 from abc import ABC, abstractmethod
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
-from types import MappingProxyType
-from typing import Final, NamedTuple
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
-from keyfailover.broker.properties import decode_properties, encode_properties
+from keyfailover.broker.properties import NO_PROPERTIES, Properties, encode_properties
 from keyfailover.broker.protocol import (
     PROTOCOL_VERSION,
     Ack,
@@ -164,10 +163,6 @@ def _settle_error(reply: Error) -> ServerError:
     return ServerError(reply.code, reply.message)
 
 
-_NO_PROPERTIES: Final[Mapping[str, str]] = MappingProxyType({})
-"""The properties of a message without any: one read-only empty mapping for them all."""
-
-
 class Message(NamedTuple):
     """A received message; acknowledge or negatively acknowledge it on its consumer.
 
@@ -175,7 +170,7 @@ class Message(NamedTuple):
     ``publish_time`` is when the broker stored it, by the broker's wall clock, in integer
     microseconds since the Unix epoch (``time.time_ns() // 1000`` on the broker); None when
     unknown (stored before logs had publish times). ``properties`` are the str keys and values
-    its producer sent with it, read-only (an empty mapping when it has none). A dead letter, and
+    its producer sent with it, a read-only mapping (empty when it has none). A dead letter, and
     a dead letter replayed, keeps the publish time and the properties of the message it was.
     Immutable, and a named tuple because a consumer creates one per message: that is a third
     of the cost of a frozen dataclass.
@@ -188,7 +183,7 @@ class Message(NamedTuple):
     session: int = 0
     partition: int = 0
     publish_time: int | None = None
-    properties: Mapping[str, str] = _NO_PROPERTIES
+    properties: Mapping[str, str] = NO_PROPERTIES
 
     def __repr__(self) -> str:
         shown = f", properties={dict(self.properties)!r}" if self.properties else ""
@@ -1248,7 +1243,7 @@ class _PartConsumer(_Part):
                         session,
                         partition,
                         published,
-                        _NO_PROPERTIES if data is None else MappingProxyType(decode_properties(data)),
+                        NO_PROPERTIES if data is None else Properties.decoded(data),
                     )
                     for position, key, payload, redelivery, published, data in frame.messages
                 )

@@ -119,6 +119,11 @@ def test_a_wrong_token_is_a_clear_refusal(tmp_path: Path) -> None:
         (["stats", "--admin-url", "http://[::1"], "admin URL 'http://[::1' is malformed"),
         (["consume", "--topic", "t", "--subscription", "s", "--url", "http://x"], "is not of the form kf://HOST:PORT"),
         (["produce", "--topic", "t", "--allow-keyless"], "--allow-keyless goes with --json"),
+        (["produce", "--topic", "t", "--property", "trace"], "'trace' has no '='; expected KEY=VALUE"),
+        (
+            ["produce", "--topic", "t", "--property", "k" * 257 + "=v"],
+            "has 257 characters; expected at most 256",
+        ),
         (["ranges", "--pulsar-sticky"], "--pulsar-sticky shows one subscription: give --topic and --subscription"),
         (["ranges", "--pulsar-sticky", "--json", "--topic", "t", "--subscription", "s"], "--json or --pulsar-sticky"),
         (["dlq", "list", "--topic", "t"], "the following arguments are required: --subscription"),
@@ -164,6 +169,18 @@ def test_a_json_line_without_its_key_stops_the_run_and_says_what_was_stored(serv
         "stored 2 messages in 'missing-key', positions 1..2 from lines 1..2; nothing after line 2 was sent",
     )
     assert stored_count(server, "missing-key") == 2
+
+
+def test_property_options_go_with_every_message_and_consume_json_shows_them(server: ServerProcess) -> None:
+    done = produce(server, "tagged", "a,1\nb,2\n", "--key-field", ",", "--property", "source=cli", "--property",
+                   "query=a=b&c", "--property", "source=file")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    consumed = run_cli(
+        "consume", "--url", server.url, "--topic", "tagged", "--subscription", "s", "--json", "--idle-timeout", "2"
+    )
+    assert consumed.returncode == 0, consumed.stderr
+    lines = [json.loads(line) for line in consumed.stdout.splitlines()]
+    assert [line["properties"] for line in lines] == [{"source": "file", "query": "a=b&c"}] * 2
 
 
 def test_allow_keyless_sends_such_lines_without_a_key(server: ServerProcess) -> None:

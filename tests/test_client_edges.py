@@ -18,7 +18,7 @@ import pytest
 
 from keyfailover.broker.protocol import Connected, Frame
 from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, Log
-from keyfailover.client import Client
+from keyfailover.client import Client, PropertiesError
 from keyfailover.client.aio import AsyncClient, _Link
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.tools.chaos._proxy import FaultProxy
@@ -126,6 +126,68 @@ def test_long_keys_count_toward_the_batch_limit(tmp_path: Path) -> None:
         consumer = client.subscribe("t", "s", "c")
         got = [consumer.receive(timeout=WAIT) for _ in keys]
     assert [m.key for m in got] == keys
+
+
+def test_properties_count_toward_the_batch_limit(tmp_path: Path) -> None:
+    """Small payloads with a kilobyte of properties each: batches stay under the server's frame limit, and
+    every message arrives with its own."""
+    with ServerProcess(tmp_path / "data", "--max-frame", "65536") as server, Client(server.url) as client:
+        producer = client.create_producer("t", "p")
+        sent = [{"i": str(i), "pad": "p" * 1000} if i % 2 else {} for i in range(200)]
+        for properties in sent:
+            producer.send_async(b"", "k", properties=properties)
+        producer.flush(timeout=WAIT)
+        assert client.server_errors() == {}
+        with pytest.raises(KeyFailoverError, match=r"payload, key, properties and framing\) is over the 31744 bytes"):
+            producer.send_async(b"", "k", properties={"big": "b" * 32_000})
+        consumer = client.subscribe("t", "s", "c")
+        got = [consumer.receive(timeout=WAIT) for _ in sent]
+    assert [dict(m.properties) for m in got] == sent
+
+
+@pytest.mark.parametrize(
+    ("properties", "match"),
+    [
+        ({"k": 1}, r"the value of property 'k' is int 1; expected a str"),
+        ({7: "v"}, r"property key 7 is int; expected a str"),
+        ({"k" * 257: "v"}, r"has 257 characters; expected at most 256"),
+        ({str(i): "" for i in range(129)}, r"129 properties are over the limit of 128"),
+        ({"k": "v" * 70_000}, r"over the limit of 65536 per message"),
+        ([("k", "v")], r"properties must be a mapping"),
+    ],
+)
+def test_refused_properties_raise_at_the_call_and_send_nothing(tmp_path: Path, properties: object, match: str) -> None:
+    with ServerProcess(tmp_path / "data") as server, Client(server.url) as client:
+        producer = client.create_producer("t", "p")
+        producer.send_async(b"before", "k", properties={"ok": "yes"})
+        with pytest.raises(PropertiesError, match=match):
+            producer.send_async(b"refused", "k", properties=properties)  # type: ignore[arg-type]
+        with pytest.raises(PropertiesError, match=match):
+            producer.send(b"refused", "k", properties=properties)  # type: ignore[arg-type]
+        after = producer.send(b"after", "k")
+        consumer = client.subscribe("t", "s", "c")
+        got = [consumer.receive(timeout=WAIT) for _ in range(2)]
+        assert [(m.payload, dict(m.properties)) for m in got] == [(b"before", {"ok": "yes"}), (b"after", {})]
+        assert len(set(got)) == 2  # messages stay hashable, with properties or without
+        assert got[-1].position == after == 2
+        assert client.server_errors() == {}
+
+
+def test_the_asyncio_client_sends_and_receives_properties(tmp_path: Path) -> None:
+    async def run(url: str) -> list[tuple[bytes, dict[str, str]]]:
+        async with AsyncClient(url) as client:
+            producer = await client.create_producer("t", "p")
+            await producer.send(b"a", "k", properties={"trace": "t-1"})
+            producer.send_async(b"b", "k", properties={"": ""})
+            await producer.send(b"c", "k")
+            with pytest.raises(PropertiesError):
+                await producer.send(b"d", "k", properties={"k": None})  # type: ignore[dict-item]
+            consumer = await client.subscribe("t", "s", "c")
+            return [((m := await consumer.receive(timeout=WAIT)).payload, dict(m.properties)) for _ in range(3)]
+
+    with ServerProcess(tmp_path / "data") as server:
+        got = asyncio.run(run(server.url))
+    assert got == [(b"a", {"trace": "t-1"}), (b"b", {"": ""}), (b"c", {})]
 
 
 def test_a_resubscribe_after_a_reconnect_presents_the_sessions_secret(

@@ -18,8 +18,8 @@ from keyfailover.integrations.export import export_topic
 from keyfailover.tools.cli import main
 from tests.server_process import ServerProcess
 
-Sent = dict[int, tuple[str | bytes | None, bytes, str]]
-"""position -> (key, payload, producer name)."""
+Sent = dict[int, tuple[str | bytes | None, bytes, str, dict[str, str]]]
+"""position -> (key, payload, producer name, properties)."""
 Windows = dict[int, tuple[int, int]]
 """position -> the broker clock (µs since the epoch) just before its send and just after its receipt."""
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -36,8 +36,8 @@ def in_window(windows: Windows, position: int, publish_time: int | None) -> bool
 
 
 def produce(url: str, windows: Windows) -> Sent:
-    """Messages with text, binary (UTF-8 and not) and no keys, from two named producers, on topic ``orders``;
-    each one's send window goes in ``windows``."""
+    """Messages with text, binary (UTF-8 and not) and no keys, from two named producers, on topic ``orders``,
+    every third with properties; each one's send window goes in ``windows``."""
     sent: Sent = {}
     with Client(url) as client:
         other = client.create_producer("other-topic", "p-other")
@@ -48,10 +48,11 @@ def produce(url: str, windows: Windows) -> Sent:
             producer = producers[index % 2]
             key = keys[index % len(keys)]
             payload = f"payload {index}".encode() + bytes([index, 0, 255])
+            properties = {"trace": f"t-{index}", "ünï": "cödé\x00"} if index % 3 == 0 else {}
             before = publish_clock()
-            position = producer.send(payload, key=key)
+            position = producer.send(payload, key=key, properties=properties)
             windows[position] = (before, publish_clock())
-            sent[position] = (key, payload, producer.producer_name)
+            sent[position] = (key, payload, producer.producer_name, properties)
     return sent
 
 
@@ -80,13 +81,19 @@ def test_parquet_export_while_the_server_runs(
     assert result.files == [tmp_path / "out" / "part-00000.parquet"]
     assert (result.messages, result.first_position, result.last_position) == (60, min(sent), max(sent))
     table = pq.read_table(tmp_path / "out")
-    assert table.schema.names == ["position", "key", "payload", "producer", "seq", "publish_time"]
+    assert table.schema.names == ["position", "key", "payload", "producer", "seq", "publish_time", "properties"]
     assert str(table.schema.field("publish_time").type) == "timestamp[us, tz=UTC]"
+    map_type = table.schema.field("properties").type  # Spark's map<string, string>
+    assert (str(map_type.key_type), str(map_type.item_type)) == ("string", "string")
+    assert not table.schema.field("properties").nullable  # a message without properties has an empty map
     rows = table.to_pylist()
     assert all(in_window(windows, row["position"], micros(row["publish_time"])) for row in rows)
     assert [row["position"] for row in rows] == sorted(sent)
-    assert {row["position"]: (row["key"], row["payload"], row["producer"]) for row in rows} == {
-        position: (text(key), payload, producer) for position, (key, payload, producer) in sent.items()
+    assert {
+        row["position"]: (row["key"], row["payload"], row["producer"], dict(row["properties"])) for row in rows
+    } == {
+        position: (text(key), payload, producer, properties)
+        for position, (key, payload, producer, properties) in sent.items()
     }
     for name in ("p-1", "p-2"):
         seqs = [row["seq"] for row in rows if row["producer"] == name]
@@ -106,12 +113,13 @@ def test_jsonl_export_with_binary_keys_in_files_of_a_given_size(
             None if line["key"] is None else base64.b64decode(line["key"]),
             base64.b64decode(line["payload"]),
             line["producer"],
+            line["properties"],
         )
         for line in lines
     }
     assert got == {
-        position: (key.encode() if isinstance(key, str) else key, payload, producer)
-        for position, (key, payload, producer) in sent.items()
+        position: (key.encode() if isinstance(key, str) else key, payload, producer, properties)
+        for position, (key, payload, producer, properties) in sent.items()
     }
     # ISO 8601 UTC to the microsecond: the same instant as the Parquet column
     assert all(line["publish_time"].endswith("Z") for line in lines)
@@ -132,7 +140,7 @@ def test_cli_export_after_the_server_stopped(
     assert f"exported 60 messages of 'orders' (positions {min(sent)}..{max(sent)}): 1 file(s)" in printed
     lines = [json.loads(line) for line in (out / "part-00000.jsonl").read_text(encoding="utf-8").splitlines()]
     assert [(line["position"], line["key"]) for line in lines] == [
-        (position, text(key)) for position, (key, _, _) in sorted(sent.items())
+        (position, text(key)) for position, (key, _, _, _) in sorted(sent.items())
     ]
     assert (data / "keyfailover.db").read_bytes() == log_bytes  # read only: the log is unchanged
     assert (data / "keyfailover.db-wal").stat().st_size == 0
@@ -174,4 +182,4 @@ def test_a_snapshot_reads_what_was_committed_when_it_was_made(tmp_path: Path) ->
             rows = list(snapshot.messages("t", chunk=3))
             with pytest.raises(LogError, match=r"topic 'u' is not in the log; expected one of \['t'\]"):
                 list(snapshot.messages("u"))
-    assert rows == [(seq + 1, f"k{seq % 3}", b"x%d" % seq, "p", seq, 42) for seq in range(10)]
+    assert rows == [(seq + 1, f"k{seq % 3}", b"x%d" % seq, "p", seq, 42, None) for seq in range(10)]

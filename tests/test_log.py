@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keyfailover.broker.cursor import Cursor
+from keyfailover.broker.properties import decode_properties, encode_properties
 from keyfailover.broker.storage import _executor as executor_module
 from keyfailover.broker.storage._executor import SQLiteStore
 from keyfailover.broker.storage.sqlite import (
@@ -29,7 +30,14 @@ from keyfailover.broker.storage.sqlite import (
     StoredMessage,
     publish_clock,
 )
-from keyfailover.core.errors import InvalidKeyError, KeyFailoverError, LogError, LogFileError, SequenceError
+from keyfailover.core.errors import (
+    InvalidKeyError,
+    KeyFailoverError,
+    LogError,
+    LogFileError,
+    PropertiesError,
+    SequenceError,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -102,6 +110,131 @@ def test_any_keys_and_payloads_round_trip(shared_log: Log, topic: str, messages:
     stored = shared_log.read(topic, last, 100)
     assert stored == [StoredMessage(p, k, v, last) for p, (k, v) in zip(positions, messages, strict=True)]
     assert [type(m.key) for m in stored] == [type(k) for k, _ in messages]
+
+
+# -- properties ---------------------------------------------------------------------------
+
+TRACE = encode_properties({"trace-id": "4bf92f35", "content-type": "application/json"})
+EMPTY_KEY = encode_properties({"": "ünïcödé 🎉\x00"})
+
+
+def test_properties_round_trip_beside_messages_without_them(log: Log) -> None:
+    messages = [(None, "a", b"1"), (None, "b", b"2"), (None, None, b"3")]
+    assert log.append([("t", None, messages, [TRACE, None, EMPTY_KEY])], publish_time=7) == [
+        [(1, False), (2, False), (3, False)]
+    ]
+    log.append([("t", None, [(None, "c", b"4")])], publish_time=8)  # a batch without properties: three items
+    expected = [
+        StoredMessage(1, "a", b"1", 7, TRACE),
+        StoredMessage(2, "b", b"2", 7, None),
+        StoredMessage(3, None, b"3", 7, EMPTY_KEY),
+        StoredMessage(4, "c", b"4", 8, None),
+    ]
+    assert log.read("t", 0, 10) == expected
+    assert log.read_positions("t", [3, 1]) == {1: expected[0], 3: expected[2]}
+    assert decode_properties(log.read("t", 0, 1)[0].properties) == {
+        "trace-id": "4bf92f35",
+        "content-type": "application/json",
+    }
+    with LogSnapshot(log.path) as snapshot:
+        assert [row[6] for row in snapshot.messages("t")] == [TRACE, None, EMPTY_KEY, None]
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.uuids().map(lambda uuid: f"properties-{uuid}"),
+    st.lists(st.none() | st.dictionaries(st.text(max_size=20), st.text(max_size=40), max_size=5), max_size=10),
+)
+def test_any_properties_round_trip(shared_log: Log, topic: str, each: list[dict[str, str] | None]) -> None:
+    encoded = [encode_properties(properties) for properties in each]
+    last = shared_log.last_position(topic)
+    shared_log.append([(topic, None, [(None, "k", b"x")] * len(each), encoded)], publish_time=1)
+    stored = shared_log.read(topic, last, 100)
+    assert [m.properties for m in stored] == encoded
+    assert [decode_properties(m.properties) for m in stored] == [properties or {} for properties in each]
+
+
+def test_a_duplicate_keeps_the_properties_it_was_stored_with(log: Log) -> None:
+    log.append([("t", "p", [(1, "k", b"v")], [TRACE])])
+    assert log.append([("t", "p", [(1, "k", b"v"), (2, "k", b"w")], [EMPTY_KEY, EMPTY_KEY])]) == [
+        [(1, True), (2, False)]
+    ]
+    assert [m.properties for m in log.read("t", 0, 10)] == [TRACE, EMPTY_KEY]
+
+
+@pytest.mark.parametrize(
+    ("properties", "match"),
+    [
+        ([TRACE], r"a batch of 2 messages has properties for 1; expected one encoding or None per message"),
+        ({"k": "v"}, r"a batch of 2 messages has properties for dict"),
+        ([None, {"k": "v"}], r"message 1: encoded properties must be bytes, not dict"),
+        ([None, b"\x80"], r"message 1: .*an empty map"),
+        ([b"\x81\xa1k\x01", None], r"message 0: the value of property 'k' is int"),
+    ],
+)
+def test_bad_properties_store_nothing(log: Log, properties: Any, match: str) -> None:
+    log.append([("t", None, [(None, "k", b"0")])])
+    batches: Any = [("other", None, [(None, "k", b"x")]), ("t", "p", [(1, "k", b"1"), (2, "k", b"2")], properties)]
+    with pytest.raises(PropertiesError, match=match):
+        log.append(batches)
+    assert _contents(log) == {"t": log.read("t", 0, 1)} and log.last_position("t") == 1
+    assert log.last_sequence("t", "p") == -1
+
+
+def test_dead_letters_keep_their_properties_in_the_dead_letter_topic_and_when_replayed(log: Log) -> None:
+    log.append([("t", None, [(None, "a", b"1"), (None, "b", b"2")], [TRACE, None])], publish_time=100)
+    letters = [(1, "a", b"1", 2, "nack", 100, TRACE), (2, "b", b"2", 2, "nack", 100, None)]
+    assert log.dead_letter("t", "s", letters) == [1, 2]
+    assert [m.properties for m in log.read("t-s-DLQ", 0, 10)] == [TRACE, None]
+    assert [r.properties for r in log.dead_letters("t", "s")] == [TRACE, None]
+    assert log.replay_dead_letters("t", "s") == [
+        StoredMessage(3, "a", b"1", 100, TRACE),
+        StoredMessage(4, "b", b"2", 100, None),
+    ]
+    assert [m.properties for m in log.read("t", 2, 10)] == [TRACE, None]
+
+
+def test_a_version_5_log_gains_properties_and_its_messages_have_none(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    with Log(path) as log:
+        log.append([("t", "p", [(0, "a", b"1")])], publish_time=5)
+        log.dead_letter("t", "s", [(1, "a", b"1", 0, "nack", 5, None)])
+    with sqlite3.connect(path) as db:  # as version 5 left it: no properties column
+        db.execute("ALTER TABLE messages DROP COLUMN properties")
+        db.execute("PRAGMA user_version = 5")
+    db.close()
+    with LogSnapshot(path) as snapshot:  # an export reads it as it is, before any server migrated it
+        assert list(snapshot.messages("t")) == [(1, "a", b"1", "p", 0, 5, None)]
+    with Log(path) as log:
+        assert log.read("t", 0, 10) == [StoredMessage(1, "a", b"1", 5, None)]
+        assert [r.properties for r in log.dead_letters("t", "s")] == [None]
+        log.append([("t", "p", [(1, "b", b"2")], [TRACE])], publish_time=6)
+        assert log.read("t", 1, 10) == [StoredMessage(2, "b", b"2", 6, TRACE)]
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+    db.close()
+    with LogSnapshot(path) as snapshot:
+        assert [row[6] for row in snapshot.messages("t")] == [None, TRACE]
+
+
+def test_the_store_hands_committed_properties_to_its_listeners(tmp_path: Path) -> None:
+    """What a subscription takes from the tail of a commit equals what it would read from the log."""
+
+    async def committed() -> tuple[list[StoredMessage], list[StoredMessage]]:
+        store = SQLiteStore(Log(tmp_path / "log.db"))
+        await store.start()
+        heard: list[StoredMessage] = []
+        store.on_commit(lambda topic, stored: heard.extend(stored))
+        try:
+            await store.append("t", None, [(None, "a", b"1"), (None, "b", b"2")], [None, TRACE])
+            await store.append("t", None, [(None, "c", b"3")])
+            return heard, await store.read("t", 0, 10)
+        finally:
+            await store.close()
+
+    heard, read = asyncio.run(committed())
+    assert [(m.position, m.properties) for m in heard] == [(1, None), (2, TRACE), (3, None)]
+    assert heard == read
 
 
 def test_positions_are_consecutive_per_topic_across_calls(log: Log) -> None:
@@ -275,7 +408,7 @@ def test_a_sequence_id_without_a_producer_name_is_rejected(log: Log) -> None:
 @pytest.mark.parametrize(
     ("batches", "error", "match"),
     [
-        ([("t", None)], LogError, "a batch must be a \\(topic, producer, messages\\) tuple"),
+        ([("t", None)], LogError, "a batch must be a \\(topic, producer, messages\\[, properties\\]\\) tuple"),
         ([("", None, [])], LogError, "topic must be a non-empty str"),
         ([(b"t", None, [])], LogError, "topic must be a non-empty str"),
         ([("t\ud800", None, [])], LogError, "topic 't\\\\ud800' is not valid Unicode"),
@@ -653,9 +786,10 @@ def test_every_acknowledged_append_survives_sigkill(tmp_path: Path, synchronous:
 
 
 def test_dead_letters_are_stored_with_where_they_came_from_and_replayed_once(log: Log) -> None:
-    log.append([("t", None, [(None, "a", b"1"), (None, b"b", b"2"), (None, None, b"3")])], publish_time=100)
+    messages: list[tuple[int | None, Key, bytes]] = [(None, "a", b"1"), (None, b"b", b"2"), (None, None, b"3")]
+    log.append([("t", None, messages)], publish_time=100)
     assert log.dead_letters("t", "s") == []
-    letters = [(1, "a", b"1", 2, "nack", 100), (3, None, b"3", 0, "ack timeout", None)]
+    letters = [(1, "a", b"1", 2, "nack", 100, None), (3, None, b"3", 0, "ack timeout", None, None)]
     assert log.dead_letter("t", "s", letters) == [1, 2]
     # each keeps the publish time of the message it was (None: unknown, as for a message of an old log)
     assert log.read("t-s-DLQ", 0, 10) == [StoredMessage(1, "a", b"1", 100), StoredMessage(2, None, b"3", None)]
@@ -672,26 +806,31 @@ def test_dead_letters_are_stored_with_where_they_came_from_and_replayed_once(log
     assert log.read("t", 3, 10) == replayed
     assert [r.replayed_at for r in log.dead_letters("t", "s")] == [4, 5]
     assert log.replay_dead_letters("t", "s") == []
-    log.dead_letter("t", "s", [(2, b"b", b"2", 1, "consumer removed", 100)])
+    log.dead_letter("t", "s", [(2, b"b", b"2", 1, "consumer removed", 100, None)])
     assert log.replay_dead_letters("t", "s") == [StoredMessage(6, b"b", b"2", 100)]
 
 
 @pytest.mark.parametrize(
     ("letter", "message"),
     [
-        ((1, "a", b"1", 2, "nack"), "must be a \\(position, key, payload, redelivery_count, reason, publish_time\\)"),
-        (("1", "a", b"1", 2, "nack", None), "a position must be an int"),
-        ((1, 7, b"1", 2, "nack", None), "a message key must be str, bytes or None"),
-        ((1, "a", "text", 2, "nack", None), "payload"),
-        ((1, "a", b"1", -1, "nack", None), "redelivery_count must be a non-negative int"),
-        ((1, "a", b"1", 2, "", None), "reason must be a non-empty str"),
-        ((1, "a", b"1", 2, "nack", -5), "a publish time must be an int of microseconds"),
+        (
+            (1, "a", b"1", 2, "nack", None),
+            "must be a \\(position, key, payload, redelivery_count, reason, publish_time, ",
+        ),
+        (("1", "a", b"1", 2, "nack", None, None), "a position must be an int"),
+        ((1, 7, b"1", 2, "nack", None, None), "a message key must be str, bytes or None"),
+        ((1, "a", "text", 2, "nack", None, None), "payload"),
+        ((1, "a", b"1", -1, "nack", None, None), "redelivery_count must be a non-negative int"),
+        ((1, "a", b"1", 2, "", None, None), "reason must be a non-empty str"),
+        ((1, "a", b"1", 2, "nack", -5, None), "a publish time must be an int of microseconds"),
+        ((1, "a", b"1", 2, "nack", None, b"\x80"), "an empty map"),
+        ((1, "a", b"1", 2, "nack", None, {"k": "v"}), "encoded properties must be bytes, not dict"),
     ],
 )
 def test_a_bad_dead_letter_stores_nothing(log: Log, letter: object, message: str) -> None:
     log.append([("t", None, [(None, "a", b"1")])])
     with pytest.raises(KeyFailoverError, match=message):
-        log.dead_letter("t", "s", [(1, "a", b"1", 0, "nack", None), letter])  # type: ignore[list-item]
+        log.dead_letter("t", "s", [(1, "a", b"1", 0, "nack", None, None), letter])  # type: ignore[list-item]
     assert log.dead_letters("t", "s") == [] and log.read("t-s-DLQ", 0, 10) == []
 
 
@@ -701,6 +840,7 @@ def test_a_version_1_log_gains_the_dead_letter_table_and_keeps_everything(tmp_pa
         log.append([("t", None, [(None, "a", b"1")])])
         log.save_cursors([("t", "s", Cursor(1, []))])
     with sqlite3.connect(path) as db:  # as version 1 left it: no dead letters, no subscription settings
+        db.execute("ALTER TABLE messages DROP COLUMN properties")
         db.execute("ALTER TABLE messages DROP COLUMN publish_time")
         db.execute("DROP TABLE dead_letters")
         db.execute("DROP TABLE subscription_settings")
@@ -711,12 +851,12 @@ def test_a_version_1_log_gains_the_dead_letter_table_and_keeps_everything(tmp_pa
     with Log(path) as log:
         assert log.read("t", 0, 10) == [StoredMessage(1, "a", b"1", None)]
         assert log.load_cursor("t", "s") == Cursor(1, [])
-        assert log.dead_letter("t", "s", [(1, "a", b"1", 0, "nack", None)]) == [1]
+        assert log.dead_letter("t", "s", [(1, "a", b"1", 0, "nack", None, None)]) == [1]
         assert log.load_consume_mode("t", "s") is None
         log.save_consume_mode("t", "s", "unordered")
         assert log.load_consume_mode("t", "s") == "unordered"
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
     db.close()
 
 
@@ -725,6 +865,7 @@ def test_a_version_2_log_gains_the_delivery_settings_table_and_keeps_its_consume
     with Log(path) as log:
         log.save_consume_mode("t", "s", "unordered")
     with sqlite3.connect(path) as db:  # as version 2 left it: no per-subscription delivery settings
+        db.execute("ALTER TABLE messages DROP COLUMN properties")
         db.execute("ALTER TABLE messages DROP COLUMN publish_time")
         db.execute("DROP TABLE delivery_settings")
         db.execute("DROP TABLE partitioned_topics")
@@ -736,7 +877,7 @@ def test_a_version_2_log_gains_the_delivery_settings_table_and_keeps_its_consume
         log.save_delivery_settings("t", "s", {"ack_timeout": 5.0})
         assert log.load_delivery_settings("t", "s") == {"ack_timeout": 5.0}
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 5
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     db.close()
 
 
@@ -745,6 +886,7 @@ def test_a_version_3_log_gains_partitioned_topics_and_keeps_its_settings(tmp_pat
     with Log(path) as log:
         log.save_delivery_settings("t", "s", {"ack_timeout": 5.0})
     with sqlite3.connect(path) as db:  # as version 3 left it: no partitioned topics
+        db.execute("ALTER TABLE messages DROP COLUMN properties")
         db.execute("ALTER TABLE messages DROP COLUMN publish_time")
         db.execute("DROP TABLE partitioned_topics")
         db.execute("PRAGMA user_version = 3")
@@ -755,21 +897,23 @@ def test_a_version_3_log_gains_partitioned_topics_and_keeps_its_settings(tmp_pat
         assert log.create_partitioned_topic("orders", 4)
         assert log.partition_counts() == {"orders": 4}
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 5
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     db.close()
 
 
 def test_a_version_4_log_gains_publish_times_and_keeps_its_messages_with_unknown_ones(tmp_path: Path) -> None:
     path = tmp_path / "log.db"
     with Log(path) as log:
-        log.append([("t", "p", [(0, "a", b"1"), (1, b"b", b"2")])])
+        messages: list[tuple[int | None, Key, bytes]] = [(0, "a", b"1"), (1, b"b", b"2")]
+        log.append([("t", "p", messages)])
         log.create_partitioned_topic("orders", 2)
     with sqlite3.connect(path) as db:  # as version 4 left it: messages without a publish time
+        db.execute("ALTER TABLE messages DROP COLUMN properties")
         db.execute("ALTER TABLE messages DROP COLUMN publish_time")
         db.execute("PRAGMA user_version = 4")
     db.close()
     with LogSnapshot(path) as snapshot:  # an export reads it as it is, before any server migrated it
-        assert list(snapshot.messages("t")) == [(1, "a", b"1", "p", 0, None), (2, b"b", b"2", "p", 1, None)]
+        assert list(snapshot.messages("t")) == [(1, "a", b"1", "p", 0, None, None), (2, b"b", b"2", "p", 1, None, None)]
     with Log(path) as log:
         assert log.read("t", 0, 10) == [StoredMessage(1, "a", b"1", None), StoredMessage(2, b"b", b"2", None)]
         assert log.append([("t", "p", [(1, b"b", b"2"), (2, None, b"3")])]) == [[(2, True), (3, False)]]
@@ -777,11 +921,11 @@ def test_a_version_4_log_gains_publish_times_and_keeps_its_messages_with_unknown
         log.append([("t", None, [(None, None, b"4")])])
         (newest,) = log.read("t", 3, 10)
         assert newest.publish_time is not None and before <= newest.publish_time <= publish_clock()
-        assert log.dead_letter("t", "s", [(1, "a", b"1", 0, "nack", None)]) == [1]
+        assert log.dead_letter("t", "s", [(1, "a", b"1", 0, "nack", None, None)]) == [1]
         assert [r.publish_time for r in log.dead_letters("t", "s")] == [None]
         assert log.partition_counts() == {"orders": 2}
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
     db.close()
 
 

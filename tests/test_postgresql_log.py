@@ -10,10 +10,11 @@ import asyncpg
 import pytest
 
 from keyfailover.broker.cursor import Cursor
+from keyfailover.broker.properties import encode_properties
 from keyfailover.broker.storage import NotServedError
-from keyfailover.broker.storage.postgresql import FencedError, PostgresLog, PostgresStore
+from keyfailover.broker.storage.postgresql import FencedError, Lease, PostgresLog, PostgresStore
 from keyfailover.broker.storage.sqlite import Key, StoredMessage, publish_clock
-from keyfailover.core.errors import LogError
+from keyfailover.core.errors import LogError, PropertiesError
 from keyfailover.core.partitions import partition_topic, split_partition_topic
 from keyfailover.tools.services import PostgreSQL, free_port
 
@@ -254,7 +255,7 @@ def test_a_store_fenced_out_by_another_broker_stops_serving_and_writes_nothing(p
             await b1.append(served, None, [(None, "k", b"zombie")])
         assert fenced == [served] and not b1.serves(served)
         with pytest.raises(NotServedError):
-            await b1.dead_letter(served, "s", [(1, "k", b"old", 3, "nack", None)])
+            await b1.dead_letter(served, "s", [(1, "k", b"old", 3, "nack", None, None)])
         assert await b2.append(served, None, [(None, "k", b"new")]) == [(2, False)]
         assert [m.payload for m in await b2.read(served, 0, 10)] == [b"old", b"new"]
 
@@ -273,7 +274,7 @@ def test_settings_and_dead_letters_live_in_the_shared_log(postgres: PostgreSQL) 
         await b1.acquire(served)
         await b1.append(served, None, [(None, "k", b"poison")])
         (stored,) = await b1.read(served, 0, 10)
-        assert await b1.dead_letter(served, "s", [(1, "k", b"poison", 3, "nack", stored.publish_time)]) == [1]
+        assert await b1.dead_letter(served, "s", [(1, "k", b"poison", 3, "nack", stored.publish_time, None)]) == [1]
         await b2.acquire(served)  # the dead letters move with the partition
         (letter,) = await b2.dead_letters(served, "s", 10)
         assert (letter.position, letter.key, letter.payload, letter.reason, letter.replayed_at) == (
@@ -303,9 +304,10 @@ def test_a_store_stamps_each_group_commit_with_the_broker_clock(postgres: Postgr
     run_store(postgres, body)
 
 
-def test_a_log_from_before_publish_times_gains_the_column_and_keeps_its_messages(postgres: PostgreSQL) -> None:
-    """A log created before publish times (no column) in a database of its own: its messages are
-    kept with an unknown publish time, and new ones get the broker's clock."""
+def run_old_log(postgres: PostgreSQL, dropped: str, body: Callable[[PostgresLog, Lease], Awaitable[None]]) -> None:
+    """Run ``body`` on a log of a database of its own that holds one message ``(0, "k", b"old")`` of producer "p",
+    stored at publish time 4, from before the columns ``dropped`` (``DROP COLUMN ...`` clauses) were added: the
+    log was connected again after they were dropped from both message tables, and ``body`` gets the lease."""
     database = f"old_{uuid.uuid4().hex[:8]}"
     dsn = postgres.dsn.rsplit("/", 1)[0] + f"/{database}"
 
@@ -315,20 +317,95 @@ def test_a_log_from_before_publish_times_gains_the_column_and_keeps_its_messages
         try:
             log = await PostgresLog.connect(dsn)
             lease = await log.open_partition("t", 0, "b1")
-            await log.append(lease, "p", [(0, "k", b"old")])
-            await log.pool.execute("ALTER TABLE kf_messages DROP COLUMN publish_time")
-            await log.pool.execute("ALTER TABLE kf_dead_letters DROP COLUMN publish_time")
+            await log.append(lease, "p", [(0, "k", b"old")], publish_time=4)
+            for table in ("kf_messages", "kf_dead_letters"):  # as the log was then
+                await log.pool.execute(f"ALTER TABLE {table} {dropped}")
             await log.close()
             log = await PostgresLog.connect(dsn)
-            assert await log.read("t", 0, 0, 10) == [StoredMessage(1, "k", b"old", None)]
-            assert await log.append(lease, "p", [(0, "k", b"old"), (1, "k", b"new")], publish_time=9) == [
-                (1, True),
-                (2, False),
-            ]
-            assert await log.read("t", 0, 1, 10) == [StoredMessage(2, "k", b"new", 9)]
-            await log.close()
+            try:
+                await body(log, lease)
+            finally:
+                await log.close()
         finally:
             await admin.execute(f"DROP DATABASE {database} WITH (FORCE)")
             await admin.close()
 
     asyncio.run(main())
+
+
+def test_a_log_from_before_publish_times_gains_the_column_and_keeps_its_messages(postgres: PostgreSQL) -> None:
+    """A log created before publish times (no column) in a database of its own: its messages are
+    kept with an unknown publish time, and new ones get the broker's clock."""
+
+    async def body(log: PostgresLog, lease: Lease) -> None:
+        assert await log.read("t", 0, 0, 10) == [StoredMessage(1, "k", b"old", None)]
+        assert await log.append(lease, "p", [(0, "k", b"old"), (1, "k", b"new")], publish_time=9) == [
+            (1, True),
+            (2, False),
+        ]
+        assert await log.read("t", 0, 1, 10) == [StoredMessage(2, "k", b"new", 9)]
+
+    run_old_log(postgres, "DROP COLUMN publish_time, DROP COLUMN properties", body)
+
+
+TRACE = encode_properties({"trace-id": "4bf92f35", "": "ünïcödé\x00"})
+OTHER = encode_properties({"content-type": "application/json"})
+
+
+def test_properties_are_stored_with_their_messages_and_kept_by_dead_letters(postgres: PostgreSQL) -> None:
+    async def body(b1: PostgresStore, b2: PostgresStore, topic: str) -> None:
+        served = partition_topic(topic, 0, 2)
+        await b1.acquire(served)
+        # two requests in one group commit, one with properties and one without
+        await asyncio.gather(
+            b1.append(served, "p", [(0, "a", b"1"), (1, "b", b"2")], [TRACE, None]),
+            b1.append(served, None, [(None, "c", b"3")]),
+        )
+        stored = await b1.read(served, 0, 10)
+        assert [(m.payload, m.properties) for m in stored] == [(b"1", TRACE), (b"2", None), (b"3", None)]
+        assert (await b1.read_positions(served, [1]))[1].properties == TRACE
+        assert await b1.append(served, "p", [(1, "b", b"2")], [OTHER]) == [(2, True)]  # a duplicate keeps its own
+        assert (await b1.read_positions(served, [2]))[2].properties is None
+        first = stored[0]
+        letter = (1, "a", b"1", 3, "nack", first.publish_time, first.properties)
+        assert await b1.dead_letter(served, "s", [letter]) == [1]
+        await b2.acquire(served)  # the dead letters move with the partition
+        (record,) = await b2.dead_letters(served, "s", 10)
+        assert record.properties == TRACE
+        (replayed,) = await b2.replay_dead_letters(served, "s")
+        assert (replayed.position, replayed.properties, replayed.publish_time) == (4, TRACE, first.publish_time)
+        assert await b2.read(served, 3, 10) == [replayed]
+
+    run_store(postgres, body)
+
+
+def test_bad_properties_store_nothing_and_the_other_requests_of_the_commit_go_on(postgres: PostgreSQL) -> None:
+    async def body(b1: PostgresStore, _: PostgresStore, topic: str) -> None:
+        served = partition_topic(topic, 1, 2)
+        await b1.acquire(served)
+        good = b1.append(served, None, [(None, "a", b"1")], [TRACE])
+        bad = b1.append(served, "p", [(0, "b", b"2")], [b"\x81\xa1k\x01"])  # the value 1 is no str
+        short = b1.append(served, "p", [(0, "b", b"2"), (1, "b", b"3")], [TRACE])
+        assert await good == [(1, False)]
+        with pytest.raises(PropertiesError, match="the value of property 'k' is int"):
+            await bad
+        with pytest.raises(PropertiesError, match="a batch of 2 messages has properties for 1"):
+            await short
+        assert [m.payload for m in await b1.read(served, 0, 10)] == [b"1"]
+        assert await b1.last_sequence(served, "p") == -1
+
+    run_store(postgres, body)
+
+
+def test_a_log_from_before_properties_gains_the_columns_and_its_messages_have_none(postgres: PostgreSQL) -> None:
+    async def body(log: PostgresLog, lease: Lease) -> None:
+        assert await log.read("t", 0, 0, 10) == [StoredMessage(1, "k", b"old", 4, None)]
+        assert await log.append(lease, "p", [(1, "k", b"new")], publish_time=9, properties=[TRACE]) == [(2, False)]
+        assert await log.read("t", 0, 1, 10) == [StoredMessage(2, "k", b"new", 9, TRACE)]
+        columns = await log.pool.fetch(
+            "SELECT table_name FROM information_schema.columns WHERE column_name = 'properties' "
+            "AND table_schema = current_schema() ORDER BY table_name"
+        )
+        assert [row[0] for row in columns] == ["kf_dead_letters", "kf_messages"]
+
+    run_old_log(postgres, "DROP COLUMN properties", body)

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from keyfailover.broker.properties import MAX_PROPERTIES, encode_properties
 from keyfailover.broker.protocol import (
     DEFAULT_MAX_FRAME,
     MAX_NAME_LENGTH,
@@ -97,7 +98,18 @@ def slot_range_lists(draw: st.DrawFn) -> list[tuple[int, int]]:
 LAST_SLOT = HASH_RANGE_SIZE - 1
 slot_ranges = st.sampled_from([[], [(0, LAST_SLOT)], [(0, 0)], [(LAST_SLOT, LAST_SLOT)]]) | slot_range_lists()
 produced = st.lists(st.tuples(st.none() | uints, keys, payloads), max_size=30)
-delivered = st.lists(st.tuples(uints, keys, payloads, uints, st.none() | uints), max_size=30)
+encoded_properties = st.none() | st.dictionaries(texts, texts, min_size=1, max_size=4).map(encode_properties)
+delivered = st.lists(st.tuples(uints, keys, payloads, uints, st.none() | uints, encoded_properties), max_size=30)
+
+
+@st.composite
+def produces(draw: st.DrawFn) -> Produce:
+    """A produce, its messages' properties nil or one item (nil or encoded) per message."""
+    messages = draw(produced)
+    properties = draw(st.none() | st.lists(encoded_properties, min_size=len(messages), max_size=len(messages)))
+    return Produce(
+        req=draw(uints), topic=draw(names), producer=draw(st.none() | labels), messages=messages, properties=properties
+    )
 
 
 @st.composite
@@ -120,7 +132,7 @@ def ranges_changeds(draw: st.DrawFn) -> RangesChanged:
 
 client_frames: st.SearchStrategy[Frame] = st.one_of(
     st.builds(Connect, version=uints, token=st.none() | texts, client=labels),
-    st.builds(Produce, req=uints, topic=names, producer=st.none() | labels, messages=produced),
+    produces(),
     st.builds(Subscribe, req=uints, topic=names, subscription=names, consumer=names, receiver_queue=uints),
     st.builds(Flow, topic=names, subscription=names, session=uints, permits=uints),
     st.builds(Ack, topic=names, subscription=names, session=uints, positions=positions, req=st.none() | uints),
@@ -183,7 +195,10 @@ def body_of(frame: Frame) -> dict[str, Any]:
 
 
 def rejection(data: bytes, accept: Accept = "any", max_frame: int = DEFAULT_MAX_FRAME) -> ProtocolError:
-    decoder = Decoder(max_frame, accept=accept)
+    return rejection_by(Decoder(max_frame, accept=accept), data)
+
+
+def rejection_by(decoder: Decoder, data: bytes) -> ProtocolError:
     with pytest.raises(ProtocolError) as info:
         decoder.feed(data)
     assert info.value.fatal
@@ -204,11 +219,11 @@ def test_every_frame_round_trips_exactly(frame: Frame) -> None:
 
 def test_keys_keep_their_type_on_the_wire() -> None:
     messages: list[Delivered] = [
-        (1, "k", b"a", 0, 1_750_000_000_000_000),
-        (2, b"k", b"b", 0, None),
-        (3, None, b"c", 0, 0),
-        (4, "", b"", 1, 1),
-        (5, b"", b"", 2, INT64_MAX),
+        (1, "k", b"a", 0, 1_750_000_000_000_000, None),
+        (2, b"k", b"b", 0, None, None),
+        (3, None, b"c", 0, 0, None),
+        (4, "", b"", 1, 1, TRACE),
+        (5, b"", b"", 2, INT64_MAX, None),
     ]
     frame = Messages(session=1, messages=messages)
     body = encode(frame)[4:]
@@ -217,20 +232,72 @@ def test_keys_keep_their_type_on_the_wire() -> None:
     assert same(Decoder().feed(encode(frame)), [frame])
 
 
-def test_a_version_5_connection_gets_deliveries_without_their_publish_time() -> None:
-    frame = Messages(session=1, messages=[(1, "k", b"v", 0, 1_750_000_000_000_000), (2, None, b"w", 1, None)])
+TRACE: bytes = msgpack.packb({"trace": "ab12"}, use_bin_type=True)  # what encode_properties gives
+
+
+def test_older_connections_get_deliveries_without_what_their_version_lacks() -> None:
+    """Version 6 deliveries have no properties, version 5 ones no publish time either."""
+    at = 1_750_000_000_000_000
+    frame = Messages(session=1, messages=[(1, "k", b"v", 0, at, TRACE), (2, None, b"w", 1, None, None)])
+    assert msgpack.unpackb(encode(frame)[4:])["messages"] == [
+        [1, "k", b"v", 0, at, TRACE],
+        [2, None, b"w", 1, None, None],
+    ]
+    assert msgpack.unpackb(encode(frame, 6)[4:])["messages"] == [[1, "k", b"v", 0, at], [2, None, b"w", 1, None]]
     assert msgpack.unpackb(encode(frame, 5)[4:]) == {
         "type": "messages",
         "session": 1,
         "messages": [[1, "k", b"v", 0], [2, None, b"w", 1]],
     }
-    assert msgpack.unpackb(encode(frame)[4:])["messages"] == [
-        [1, "k", b"v", 0, 1_750_000_000_000_000],
-        [2, None, b"w", 1, None],
-    ]
     assert encode(frame, PROTOCOL_VERSION) == encode(frame)
     for other in (Pong(nonce=3), Receipt(req=1, positions=[1], duplicates=[False])):
-        assert encode(other, 5) == encode(other)  # only deliveries changed in version 6
+        assert encode(other, 5) == encode(other) == encode(other, 6)  # only deliveries and produce changed
+
+
+def test_a_produce_for_an_older_connection_has_no_properties_field() -> None:
+    plain = Produce(req=1, topic="t", producer=None, messages=[(None, "k", b"v")])
+    assert "properties" not in msgpack.unpackb(encode(plain, 6)[4:])
+    assert msgpack.unpackb(encode(plain)[4:])["properties"] is None
+    with pytest.raises(FrameEncodeError, match="protocol version 6 cannot carry message properties"):
+        encode(replace(plain, properties=[TRACE]), 6)
+
+
+@pytest.mark.parametrize("version", [5, 6])
+def test_a_decoder_of_an_older_version_reads_its_frames(version: int) -> None:
+    """What a server reads from a version 5 or 6 client, and what such a client reads (as the current frames
+    with None for what the version lacks)."""
+    server = Decoder(accept="server", version=version)
+    old_produce = Produce(req=1, topic="t", producer="p", messages=[(1, "k", b"v")])
+    assert same(server.feed(encode(old_produce, version)), [old_produce])
+    new_body = body_of(replace(old_produce, properties=[None]))  # a version 7 produce on that connection
+    assert "extra: 'properties'" in rejection_by(server, raw(new_body)).message
+    at = 1_750_000_000_000_000 if version == 6 else None
+    delivered = Messages(session=1, messages=[(1, "k", b"v", 0, at, None), (2, b"k", b"w", 3, at, None)])
+    assert same(Decoder(accept="client", version=version).feed(encode(delivered, version)), [delivered])
+    body = body_of(delivered)  # version 7 deliveries on that connection
+    error = rejection_by(Decoder(accept="client", version=version), raw(body))
+    assert f"{version - 1}-item deliveries (protocol version {version})" in error.message
+
+
+@pytest.mark.parametrize("bad", [4, 8, "7", True, None])
+def test_a_decoder_version_must_be_one_spoken(bad: Any) -> None:
+    with pytest.raises(KeyFailoverError, match=f"version must be an int from {OLDEST_PROTOCOL_VERSION} to 7"):
+        Decoder(version=bad)
+    decoder = Decoder()
+    with pytest.raises(KeyFailoverError, match="version must be an int"):
+        decoder.version = bad
+    assert decoder.version == PROTOCOL_VERSION
+
+
+def test_properties_travel_as_a_bin_holding_a_msgpack_map() -> None:
+    """The example in docs/protocol.md: one message with the properties {"trace": "ab12"}."""
+    frame = Produce(req=1, topic="t", producer=None, messages=[(None, "k", b"v")], properties=[TRACE])
+    data = encode(frame)
+    # "properties", an array of one bin of 12 bytes: the map {"trace": "ab12"}
+    pinned = "aa 70 72 6f 70 65 72 74 69 65 73 91 c4 0c 81 a5 74 72 61 63 65 a4 61 62 31 32"
+    assert data.hex(" ").endswith(pinned)
+    assert pinned in DOC_PATH.read_text(encoding="utf-8")
+    assert same(Decoder(accept="server").feed(data), [frame])
 
 
 def test_wire_bytes_are_pinned() -> None:
@@ -261,9 +328,19 @@ def test_batches_round_trip_empty_to_large(count: int) -> None:
     batch: list[Frame] = [
         Produce(req=1, topic="t", producer="p", messages=[(i, key_cycle[i % 3], b"%d" % i) for i in range(count)]),
         Produce(req=2, topic="t", producer=None, messages=[(None, f"k{i}", b"") for i in range(count)]),
+        Produce(
+            req=3,
+            topic="t",
+            producer=None,
+            messages=[(None, "k", b"") for _ in range(count)],
+            properties=[TRACE if i % 2 else None for i in range(count)],
+        ),
         Messages(
             session=3,
-            messages=[(INT64_MAX - i, key_cycle[i % 3], b"x" * (i % 7), i, i or None) for i in range(count)],
+            messages=[
+                (INT64_MAX - i, key_cycle[i % 3], b"x" * (i % 7), i, i or None, TRACE if i % 5 else None)
+                for i in range(count)
+            ],
         ),
         Ack(topic="t", subscription="s", session=3, positions=list(range(count))),
         Nack(topic="t", subscription="s", session=3, positions=list(range(count))),
@@ -360,7 +437,7 @@ def test_frame_of_exactly_max_frame_is_accepted() -> None:
 
 def test_default_limit() -> None:
     assert DEFAULT_MAX_FRAME == 5 * 1024 * 1024 == Decoder().max_frame
-    assert (OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION) == (5, 6)
+    assert (OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION) == (5, 7)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2**32, True, 1.5, "5"])
@@ -380,7 +457,7 @@ SAMPLES: dict[str, Frame] = {
     frame.type: frame
     for frame in (
         Connect(version=1, token="secret", client="c"),
-        Produce(req=1, topic="t", producer="p", messages=[(1, "k", b"v")]),
+        Produce(req=1, topic="t", producer="p", messages=[(1, "k", b"v")], properties=[TRACE]),
         Subscribe(req=1, topic="t", subscription="s", consumer="c", receiver_queue=10),
         Flow(topic="t", subscription="s", session=1, permits=5),
         Ack(topic="t", subscription="s", session=1, positions=[1, 2]),
@@ -392,7 +469,7 @@ SAMPLES: dict[str, Frame] = {
         Connected(version=1, server="keyfailover", max_frame=1024, session_timeout=10.0),
         Receipt(req=1, positions=[1, 2], duplicates=[False, True]),
         Subscribed(req=1, session=1, consumer="c", ranges=[(0, 99), (200, HASH_RANGE_SIZE - 1)], secret="f00d"),
-        Messages(session=1, messages=[(1, "k", b"v", 0, 7), (2, None, b"w", 1, None)]),
+        Messages(session=1, messages=[(1, "k", b"v", 0, 7, None), (2, None, b"w", 1, None, TRACE)]),
         RangesChanged(session=1, epoch=2, ranges=[(0, 99)]),
         ConsumerClosed(session=1, reason="timeout", req=None),
         Settled(req=4),
@@ -456,21 +533,37 @@ BAD_FIELDS: list[tuple[str, str, object]] = [
     ("produce", "messages", [None]),
     ("produce", "messages", [[1, "k", b"v"], 7]),
     ("produce", "messages", b"messages"),
-    # deliveries: [position, key, payload, redelivery_count, publish_time]
-    ("messages", "messages", [[-1, "k", b"v", 0, 1]]),
-    ("messages", "messages", [[None, "k", b"v", 0, 1]]),
-    ("messages", "messages", [[1, "k", b"v", -1, 1]]),
-    ("messages", "messages", [[1, "k", b"v", True, 1]]),
-    ("messages", "messages", [[1, 2, b"v", 0, 1]]),
-    ("messages", "messages", [[1, "k", "v", 0, 1]]),
-    ("messages", "messages", [[1, "k", b"v", 0, -1]]),
-    ("messages", "messages", [[1, "k", b"v", 0, 1.5]]),
-    ("messages", "messages", [[1, "k", b"v", 0, True]]),
-    ("messages", "messages", [[1, "k", b"v", 0, "now"]]),
+    # produce properties: nil, or one bin (a msgpack map of str to str) or nil per message
+    ("produce", "properties", []),
+    ("produce", "properties", [None, None]),
+    ("produce", "properties", [["k", "v"]]),
+    ("produce", "properties", ["k=v"]),
+    ("produce", "properties", [7]),
+    ("produce", "properties", TRACE),
+    ("produce", "properties", [b"\x80"]),
+    ("produce", "properties", [b"\x81\xa1k\x01"]),
+    ("produce", "properties", [msgpack.packb({"k": b"v"}, use_bin_type=True)]),
+    ("produce", "properties", [msgpack.packb({str(i): "" for i in range(MAX_PROPERTIES + 1)})]),
+    ("produce", "properties", [TRACE + b"\x00"]),
+    # deliveries: [position, key, payload, redelivery_count, publish_time, properties]
+    ("messages", "messages", [[-1, "k", b"v", 0, 1, None]]),
+    ("messages", "messages", [[None, "k", b"v", 0, 1, None]]),
+    ("messages", "messages", [[1, "k", b"v", -1, 1, None]]),
+    ("messages", "messages", [[1, "k", b"v", True, 1, None]]),
+    ("messages", "messages", [[1, 2, b"v", 0, 1, None]]),
+    ("messages", "messages", [[1, "k", "v", 0, 1, None]]),
+    ("messages", "messages", [[1, "k", b"v", 0, -1, None]]),
+    ("messages", "messages", [[1, "k", b"v", 0, 1.5, None]]),
+    ("messages", "messages", [[1, "k", b"v", 0, True, None]]),
+    ("messages", "messages", [[1, "k", b"v", 0, "now", None]]),
+    ("messages", "messages", [[1, "k", b"v", 0, 1, "trace"]]),
+    ("messages", "messages", [[1, "k", b"v", 0, 1, b"\x80"]]),
+    ("messages", "messages", [[1, "k", b"v", 0, 1, b"\xc1"]]),
+    ("messages", "messages", [[1, "k", b"v", 0, 1]]),  # a version 6 delivery, without its properties
     ("messages", "messages", [[1, "k", b"v", 0]]),  # a version 5 delivery, without its publish time
-    ("messages", "messages", ["abcde"]),
-    ("messages", "messages", [b"abcde"]),
-    ("messages", "messages", [[1, "k", b"v", 0, None], [2, "k", b"v", 0, 0, 0]]),
+    ("messages", "messages", ["abcdef"]),
+    ("messages", "messages", [b"abcdef"]),
+    ("messages", "messages", [[1, "k", b"v", 0, None, None], [2, "k", b"v", 0, 0, None, 0]]),
     ("messages", "messages", None),
     # receipts, ranges, limits
     ("receipt", "duplicates", [0, 1]),
@@ -503,7 +596,7 @@ def test_bad_item_is_named_by_index() -> None:
     body["positions"] = [1, 1, 2, True, -5]
     assert "item 3 must be a non-negative int64, got True (bool)" in rejection(raw(body)).message
     body = body_of(SAMPLES["messages"])
-    body["messages"] = [[1, "k", b"v", 0, None]] * 3 + [[2, "k", b"x" * 10_000, -1, None]]
+    body["messages"] = [[1, "k", b"v", 0, None, None]] * 3 + [[2, "k", b"x" * 10_000, -1, None, None]]
     message = rejection(raw(body)).message
     assert "item 3 must be an array [position" in message
     assert len(message) < 400  # a 10 kB payload is cut short in the message

@@ -21,6 +21,7 @@ import pulsar
 import pytest
 import trustme
 
+from keyfailover.broker.pulsar import EVENT_TIME_PROPERTY
 from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     AuthenticationError,
     BaseCommand,
@@ -181,25 +182,29 @@ def test_a_nacked_message_comes_back_with_a_growing_redelivery_count(server: Ser
     assert (message.data(), message.redelivery_count()) == (b"poison", 3)
 
 
+def dead_lettering(pc: pulsar.Client, topic: str, dlq: str) -> tuple[pulsar.Consumer, pulsar.Consumer]:
+    """A consumer of ``topic`` whose client dead-letters a message to ``dlq`` when it fails a second time, and a
+    consumer of ``dlq`` from its start."""
+    consumer = pc.subscribe(
+        topic,
+        "work",
+        consumer_type=pulsar.ConsumerType.KeyShared,
+        negative_ack_redelivery_delay_ms=10,
+        dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=1, dead_letter_topic=dlq),
+    )
+    dead = pc.subscribe(
+        dlq, "inspect", consumer_type=pulsar.ConsumerType.KeyShared, initial_position=pulsar.InitialPosition.Earliest
+    )
+    return consumer, dead
+
+
 def test_the_clients_dead_letter_policy_takes_only_the_message_that_failed(server: ServerProcess) -> None:
     """The client dead-letters a message whose redelivery count reached its ``max_redeliver_count``
     when it fails again. A nack takes the key's later message back too (G2): that one comes again
     with the count of its own failures (0), not of its deliveries, so it is retried, not dead-lettered."""
     topic, dlq = "persistent://public/default/client-dlq", "persistent://public/default/client-dlq-poison"
     with client(server.pulsar_url) as pc:
-        consumer = pc.subscribe(
-            topic,
-            "work",
-            consumer_type=pulsar.ConsumerType.KeyShared,
-            negative_ack_redelivery_delay_ms=10,
-            dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=1, dead_letter_topic=dlq),
-        )
-        dead = pc.subscribe(
-            dlq,
-            "inspect",
-            consumer_type=pulsar.ConsumerType.KeyShared,
-            initial_position=pulsar.InitialPosition.Earliest,
-        )
+        consumer, dead = dead_lettering(pc, topic, dlq)
         producer = pc.create_producer(topic)
         for payload in (b"poison", b"next"):
             producer.send(payload, partition_key="k")
@@ -224,19 +229,42 @@ def test_the_clients_dead_letter_policy_takes_only_the_message_that_failed(serve
     assert letter.data() == b"poison"
 
 
+def test_the_clients_dead_letter_policy_keeps_the_messages_properties(server: ServerProcess) -> None:
+    """The dead letter the client's own policy produces carries the message's properties, and the properties the
+    client adds (where it came from). This client (C++ 4.2) leaves the event time out of the dead letter."""
+    topic, dlq = "persistent://public/default/client-dlq-props", "persistent://public/default/client-dlq-props-dead"
+    with client(server.pulsar_url) as pc:
+        consumer, dead = dead_lettering(pc, topic, dlq)
+        producer = pc.create_producer(topic)
+        producer.send(b"poison", partition_key="k", properties={"trace": "t-9"}, event_timestamp=1_700_000_000_123)
+        for _ in range(2):  # delivered, failed; delivered again, failed again: dead-lettered
+            consumer.negative_acknowledge(consumer.receive(timeout_millis=10_000))
+        letter = dead.receive(timeout_millis=10_000)
+        dead.acknowledge(letter)
+    assert letter.data() == b"poison"
+    properties = letter.properties()
+    assert properties.pop("ORIGIN_MESSAGE_ID").startswith("(0,")  # ledger 0, the message's log position, ...
+    assert properties == {"trace": "t-9", "REAL_TOPIC": topic}
+
+
+def batching_producer(pc: pulsar.Client, topic: str, batching: str) -> pulsar.Producer:
+    """A producer of ``topic`` with batching ``"off"``, ``"default"`` or ``"key-based"`` (10 messages or 50 ms)."""
+    return pc.create_producer(
+        topic,
+        batching_enabled=batching != "off",
+        batching_type=pulsar.BatchingType.KeyBased if batching == "key-based" else pulsar.BatchingType.Default,
+        batching_max_messages=10,
+        batching_max_publish_delay_ms=50,
+    )
+
+
 @pytest.mark.parametrize("batching", ["off", "default", "key-based"])
 def test_batched_entries_are_split_so_each_message_goes_by_its_own_key(server: ServerProcess, batching: str) -> None:
     """The default batcher packs several keys in one entry; every message still arrives with its own key."""
     topic = f"batching-{batching}"
     with client(server.pulsar_url) as pc:
         consumer = pc.subscribe(topic, "check", consumer_type=pulsar.ConsumerType.KeyShared)
-        producer = pc.create_producer(
-            topic,
-            batching_enabled=batching != "off",
-            batching_type=pulsar.BatchingType.KeyBased if batching == "key-based" else pulsar.BatchingType.Default,
-            batching_max_messages=10,
-            batching_max_publish_delay_ms=50,
-        )
+        producer = batching_producer(pc, topic, batching)
         for index in range(60):
             producer.send_async(f"k{index % 6}:{index}".encode(), None, partition_key=f"k{index % 6}")
         producer.flush()
@@ -251,6 +279,72 @@ def test_batched_entries_are_split_so_each_message_goes_by_its_own_key(server: S
         by_key[key].append(int(data.split(":")[1]))
     assert by_key == {f"k{k}": list(range(k, 60, 6)) for k in range(6)}
     assert stored(server, topic) == 60
+
+
+@pytest.mark.parametrize("batching", ["off", "default", "key-based"])
+def test_properties_and_event_time_come_back_as_sent(server: ServerProcess, batching: str) -> None:
+    """Each message's own properties and event time, batched or not, reach a Pulsar consumer as sent, and a native
+    consumer as properties (the event time as keyfailover.event_time)."""
+    topic = f"properties-{batching}"
+    sent: dict[int, tuple[dict[str, str], int]] = {}
+    with client(server.pulsar_url) as pc, Client(server.url, connect_timeout=5.0) as kc:
+        consumer = pc.subscribe(topic, "check", consumer_type=pulsar.ConsumerType.KeyShared)
+        native = kc.subscribe(topic, "native", "native")
+        producer = batching_producer(pc, topic, batching)
+        for index in range(30):
+            properties = {"index": str(index), "trace": f"t-{index % 4}", "ünï": "cödé"} if index % 3 else {}
+            event_time = 1_700_000_000_000 + index if index % 2 else 0
+            producer.send_async(
+                str(index).encode(),
+                None,
+                properties=properties or None,
+                partition_key=f"k{index % 6}",
+                event_timestamp=event_time or None,
+            )
+            sent[index] = (properties, event_time)
+        producer.flush()
+        received: dict[int, tuple[dict[str, str], int]] = {}
+        for _ in range(30):
+            message = consumer.receive(timeout_millis=10_000)
+            received[int(message.data())] = (message.properties(), message.event_timestamp())
+            consumer.acknowledge(message)
+        natively: dict[int, dict[str, str]] = {}
+        for _ in range(30):
+            delivered = native.receive(timeout=10)
+            natively[int(delivered.payload)] = dict(delivered.properties)
+            native.acknowledge(delivered)
+    assert received == sent
+    assert natively == {
+        index: properties | ({EVENT_TIME_PROPERTY: str(event_time)} if event_time else {})
+        for index, (properties, event_time) in sent.items()
+    }
+
+
+def test_a_native_producers_properties_reach_pulsar_consumers_and_readers(server: ServerProcess) -> None:
+    """Properties a native producer sent are a Pulsar message's properties; a keyfailover.event_time holding an
+    event time is its event time, anything else in it an ordinary property."""
+    topic = "native-properties"
+    stamped = {"trace": "t-1", EVENT_TIME_PROPERTY: "1718000000123"}
+    with client(server.pulsar_url) as pc, Client(server.url, connect_timeout=5.0) as kc:
+        consumer = pc.subscribe(topic, "check", consumer_type=pulsar.ConsumerType.KeyShared)
+        producer = kc.create_producer(topic)
+        producer.send(b"a", "k", properties=stamped)
+        producer.send(b"b", "k", properties={EVENT_TIME_PROPERTY: "soon"})
+        producer.send(b"c", "k")
+        got = []
+        for _ in range(3):
+            message = consumer.receive(timeout_millis=10_000)
+            got.append((message.data(), message.properties(), message.event_timestamp()))
+            consumer.acknowledge(message)
+        reader = pc.create_reader(topic, pulsar.MessageId.earliest)
+        read = [reader.read_next(timeout_millis=10_000) for _ in range(3)]
+    expected = [
+        (b"a", {"trace": "t-1"}, 1718000000123),
+        (b"b", {EVENT_TIME_PROPERTY: "soon"}, 0),
+        (b"c", {}, 0),
+    ]
+    assert got == expected
+    assert [(message.data(), message.properties(), message.event_timestamp()) for message in read] == expected
 
 
 def test_a_partitioned_topic_with_a_router_that_follows_keyfailovers_partitions(server: ServerProcess) -> None:

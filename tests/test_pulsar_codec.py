@@ -8,7 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from keyfailover.broker.properties import decode_properties, encode_properties
 from keyfailover.broker.pulsar import (
+    EVENT_TIME_PROPERTY,
     MessageFields,
     PulsarDecoder,
     PulsarFrame,
@@ -18,11 +20,14 @@ from keyfailover.broker.pulsar import (
     TopicNameError,
     crc32c,
     encode_command,
+    encode_delivery,
     encode_message,
     encode_receipt,
+    from_pulsar,
     keyfailover_topic,
     parse_message,
     split_batch,
+    to_pulsar,
 )
 from keyfailover.broker.pulsar._codec import metadata_fields, single_fields
 from keyfailover.broker.pulsar._wire import decode_metadata, decode_send, decode_single
@@ -148,6 +153,87 @@ def test_encode_message_is_what_parse_message_reads() -> None:
     [decoded], _ = PulsarDecoder(1 << 20).feed(frame)
     sent = parse_message(decoded.rest)
     assert (sent.metadata.ordering_key, sent.payload, sent.checksum_ok) == (b"\x00k", b"x", True)
+
+
+def test_event_time_is_read_by_hand_and_properties_left_to_protobuf() -> None:
+    """A plain message with an event time stays on the fast path; one with properties is parsed by protobuf."""
+    metadata = MessageMetadata(producer_name="p", sequence_id=1, publish_time=2, partition_key="k", event_time=1234)
+    body = metadata.SerializeToString()
+    assert decode_metadata(body, 0, len(body)) == ("k", None, 1234)
+    metadata.properties.add(key="trace", value="t-1")
+    metadata.properties.add(key="", value="")
+    body = metadata.SerializeToString()
+    assert decode_metadata(body, 0, len(body)) is None
+    sent = parse_message(struct.pack(">I", len(body)) + body)
+    assert (sent.metadata.properties, sent.metadata.event_time) == ((("trace", "t-1"), ("", "")), 1234)
+
+
+def test_a_batched_messages_properties_and_event_time_are_its_own() -> None:
+    singles = [
+        SingleMessageMetadata(payload_size=1, partition_key="a", event_time=5),
+        SingleMessageMetadata(payload_size=1, partition_key="b"),
+        SingleMessageMetadata(payload_size=1, partition_key="c", event_time=7),
+    ]
+    singles[2].properties.add(key="REAL_TOPIC", value="persistent://public/default/t")
+    entry = b"".join(
+        struct.pack(">I", len(body)) + body + b"x" for body in (single.SerializeToString() for single in singles)
+    )
+    split = split_batch(entry, 3)
+    assert [(single.properties, single.event_time) for single, _ in split] == [
+        ((), 5),
+        ((), 0),
+        ((("REAL_TOPIC", "persistent://public/default/t"),), 7),
+    ]
+
+
+def delivered_metadata(frame: bytes) -> MessageMetadata:
+    """The MessageMetadata of a MESSAGE frame, as a client reads it."""
+    [decoded], error = PulsarDecoder(1 << 20).feed(frame)
+    assert error is None and isinstance(decoded, PulsarFrame) and decoded.command.type == BaseCommand.MESSAGE
+    rest = decoded.rest
+    (size,) = struct.unpack_from(">I", rest, 6)
+    return MessageMetadata.FromString(rest[10 : 10 + size])
+
+
+@pytest.mark.parametrize(
+    ("stored", "properties", "event_time"),
+    [
+        ({"trace": "t-1", EVENT_TIME_PROPERTY: "1718000000123"}, [("trace", "t-1")], 1718000000123),
+        ({EVENT_TIME_PROPERTY: "18446744073709551615"}, [], 2**64 - 1),
+        # a value that is no event time (a native producer may set anything) stays a property
+        ({EVENT_TIME_PROPERTY: "soon"}, [(EVENT_TIME_PROPERTY, "soon")], 0),
+        ({EVENT_TIME_PROPERTY: "0"}, [(EVENT_TIME_PROPERTY, "0")], 0),
+        ({EVENT_TIME_PROPERTY: "18446744073709551616"}, [(EVENT_TIME_PROPERTY, "18446744073709551616")], 0),
+        ({EVENT_TIME_PROPERTY: "1" * 5000}, [(EVENT_TIME_PROPERTY, "1" * 5000)], 0),
+        ({EVENT_TIME_PROPERTY: "١٢٣"}, [(EVENT_TIME_PROPERTY, "١٢٣")], 0),  # digits, but not ASCII
+        ({}, [], 0),
+    ],
+)
+def test_a_delivery_carries_the_stored_properties_and_event_time(
+    stored: dict[str, str], properties: list[tuple[str, str]], event_time: int
+) -> None:
+    metadata = delivered_metadata(encode_delivery(1, -1, 5, "k", b"v", properties=encode_properties(stored)))
+    assert [(pair.key, pair.value) for pair in metadata.properties] == properties
+    assert metadata.event_time == event_time and metadata.HasField("event_time") == (event_time > 0)
+
+
+names = st.text(max_size=10).filter(lambda name: name != EVENT_TIME_PROPERTY)
+
+
+@given(st.lists(st.tuples(names, st.text(max_size=10)), max_size=5), st.integers(0, 2**64 - 1))
+def test_a_pulsar_messages_properties_and_event_time_come_back_as_sent(
+    pairs: list[tuple[str, str]], event_time: int
+) -> None:
+    stored = from_pulsar(pairs, event_time)
+    assert to_pulsar(stored) == (dict(pairs), event_time)
+    if event_time:  # kept as a property a native consumer reads
+        assert decode_properties(stored)[EVENT_TIME_PROPERTY] == str(event_time)
+
+
+def test_the_event_time_replaces_a_property_of_its_name() -> None:
+    stored = from_pulsar([(EVENT_TIME_PROPERTY, "mine"), ("a", "1"), ("a", "2")], 42)
+    assert decode_properties(stored) == {EVENT_TIME_PROPERTY: "42", "a": "2"}  # and a later pair of a key wins
+    assert from_pulsar([], 0) is None
 
 
 @pytest.mark.parametrize(
@@ -323,7 +409,7 @@ def metadatas(draw: st.DrawFn) -> MessageMetadata:
     for name, values in rare:
         if draw(st.integers(0, 5)) == 0:
             setattr(metadata, name, draw(values))
-    if draw(st.integers(0, 5)) == 0:
+    for _ in range(draw(st.integers(0, 2)) if draw(st.integers(0, 3)) == 0 else 0):
         metadata.properties.add(key=draw(short_text), value=draw(short_text))
     if draw(st.integers(0, 8)) == 0:
         metadata.encryption_keys.add(key=draw(short_text), value=draw(st.binary(max_size=4)))
@@ -340,6 +426,8 @@ def singles(draw: st.DrawFn) -> SingleMessageMetadata:
         single.event_time = draw(uint64)
     if draw(st.booleans()):
         single.sequence_id = draw(uint64)
+    for _ in range(draw(st.integers(0, 2)) if draw(st.integers(0, 3)) == 0 else 0):
+        single.properties.add(key=draw(short_text), value=draw(short_text))
     rare: list[tuple[str, st.SearchStrategy[object]]] = [
         ("partition_key_b64_encoded", st.booleans()),
         ("ordering_key", st.binary(max_size=8)),
@@ -354,12 +442,12 @@ def singles(draw: st.DrawFn) -> SingleMessageMetadata:
 
 def metadata_by_hand(body: bytes | bytearray) -> MessageFields | None:
     read = decode_metadata(bytes(body), 0, len(body))
-    return None if read is None else MessageFields(read[0], False, None, 0, False, 0, read[1])
+    return None if read is None else MessageFields(read[0], False, None, 0, False, 0, read[1], (), read[2])
 
 
 def single_by_hand(body: bytes | bytearray) -> SingleFields | None:
     read = decode_single(bytes(body), 0, len(body))
-    return None if read is None else SingleFields(read[0], False, None, read[2], read[1])
+    return None if read is None else SingleFields(read[0], False, None, read[2], read[1], (), read[3])
 
 
 def plain(message: MessageMetadata | SingleMessageMetadata, names: set[str]) -> bool:

@@ -237,6 +237,29 @@ def test_a_compressed_message_is_refused(server: ServerProcess) -> None:
     assert "zipped" not in stats(server)
 
 
+def test_properties_over_the_limits_are_refused_and_store_nothing(server: ServerProcess) -> None:
+    """One message of a SEND with too many properties: the SEND is refused whole (Pulsar's client then resends,
+    as for any refusal but a checksum's); a SEND with properties within the limits beside it is stored."""
+    too_many = MessageMetadata(producer_name="p", sequence_id=0, publish_time=1)
+    for index in range(129):
+        too_many.properties.add(key=f"k{index}", value="v")
+    within = MessageMetadata(producer_name="p", sequence_id=1, publish_time=1, event_time=7)
+    within.properties.add(key="k", value="v")
+    with connected(server) as raw:
+        raw.send(producer_command("persistent://public/default/tagged", name="tagger"))
+        raw.receive_type(BaseCommand.PRODUCER_SUCCESS)
+        raw.send(
+            encode_message(command(BaseCommand.SEND, producer_id=1, sequence_id=0), too_many.SerializeToString(), b"x"),
+            encode_message(command(BaseCommand.SEND, producer_id=1, sequence_id=1), within.SerializeToString(), b"y"),
+        )
+        error = raw.receive_type(BaseCommand.SEND_ERROR).send_error
+        receipt = raw.receive_type(BaseCommand.SEND_RECEIPT).send_receipt
+    assert (error.sequence_id, error.error) == (0, NotAllowedError)
+    assert "129 properties are over the limit of 128 per message; nothing was stored" in error.message
+    assert (receipt.sequence_id, receipt.message_id.entryId) == (1, 1)
+    assert stats(server)["tagged"] == 1
+
+
 def test_an_unsupported_command_is_answered_and_the_connection_goes_on(server: ServerProcess) -> None:
     with connected(server) as raw:
         schema = command(BaseCommand.GET_SCHEMA, topic="persistent://public/default/typed", request_id=77)

@@ -12,6 +12,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.error import HTTPError
 from urllib.request import urlopen
 
@@ -506,30 +507,43 @@ def frames_of(sock: socket.socket, buffer: bytearray) -> list[dict[str, object]]
         buffer += data
 
 
-def test_a_version_5_client_is_served_deliveries_without_publish_times(tmp_path: Path) -> None:
-    """A client of the previous protocol version connects, produces, and gets 4-item deliveries it can ack."""
-    with ServerProcess(tmp_path / "data") as server:
+@pytest.mark.parametrize("version", [5, 6])
+def test_an_older_client_is_served_deliveries_without_what_its_version_lacks(tmp_path: Path, version: int) -> None:
+    """A client of an older protocol version connects, produces in its version's frames, and gets deliveries it
+    can read (version 6: without properties; 5: without publish times either) and ack, while a current client
+    beside it produces and receives properties."""
+    trace = {"trace": "t-1"}
+    with ServerProcess(tmp_path / "data") as server, Client(server.url) as client:
         sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
         buffer = bytearray()
         with sock:
-            sock.sendall(encode(Connect(version=5, token=None, client="a version 5 client")))
+            sock.sendall(encode(Connect(version=version, token=None, client=f"a version {version} client"), version))
             (connected,) = frames_of(sock, buffer)
-            assert (connected["type"], connected["version"]) == ("connected", 5)
+            assert (connected["type"], connected["version"]) == ("connected", version)
             sock.sendall(encode(Subscribe(req=1, topic="t", subscription="s", consumer="old", receiver_queue=10)))
             subscribed = frames_of(sock, buffer)[0]
             assert subscribed["type"] == "subscribed"
-            sock.sendall(encode(Produce(req=2, topic="t", producer=None, messages=[(None, "k", b"v")])))
-            frames: list[dict[str, object]] = []
-            while not any(f["type"] == "messages" for f in frames):
+            audit = client.subscribe("t", "audit", consumer_name="new")
+            client.create_producer("t").send(b"new", "k", properties=trace)
+            old_produce = Produce(req=2, topic="t", producer=None, messages=[(None, "k", b"v")])
+            sock.sendall(encode(old_produce, version))
+            frames: list[dict[str, Any]] = []
+
+            def deliveries() -> list[list[Any]]:
+                return [each for frame in frames if frame["type"] == "messages" for each in frame["messages"]]
+
+            while len(deliveries()) < 2:
                 frames += frames_of(sock, buffer)
-            deliveries = next(f for f in frames if f["type"] == "messages")["messages"]
-            assert deliveries == [[1, "k", b"v", 0]]
+            assert [len(each) for each in deliveries()] == [version - 1, version - 1]
+            assert [each[:4] for each in deliveries()] == [[1, "k", b"new", 0], [2, "k", b"v", 0]]
             session = subscribed["session"]
             assert isinstance(session, int)
-            sock.sendall(encode(Ack(topic="t", subscription="s", session=session, positions=[1], req=3)))
+            sock.sendall(encode(Ack(topic="t", subscription="s", session=session, positions=[1, 2], req=3)))
             while not any(f["type"] == "settled" for f in frames):
                 frames += frames_of(sock, buffer)
-        assert "Traceback" not in server.errors(), server.errors()
+        received = [audit.receive(timeout=10) for _ in range(2)]
+        assert [(m.payload, m.properties) for m in received] == [(b"new", trace), (b"v", {})]
+    assert "Traceback" not in server.errors(), server.errors()
 
 
 def test_consumer_resumes_after_a_server_restart(tmp_path: Path) -> None:

@@ -101,13 +101,18 @@ def test_a_stuck_consumer_loses_its_keys_to_the_others_in_order_and_its_late_ack
 
 def test_a_poison_message_goes_to_the_dead_letter_topic_and_its_key_goes_on(tmp_path: Path) -> None:
     """With --max-redeliveries 2 a message nacked every time is delivered exactly 3 times, then
-    stored in orders-billing-DLQ (listed, consumable, replayable) while its key's next message goes out."""
+    stored in orders-billing-DLQ (listed, consumable, replayable) while its key's next message goes out.
+    Its properties go with it everywhere."""
+    trace = {"trace-id": "4bf92f35", "content-type": "text/plain"}
     with (
         ServerProcess(tmp_path / "data", "--max-redeliveries", "2", "--metrics-port", "0") as server,
         Client(server.url) as client,
     ):
         consumer = client.subscribe("orders", "billing", consumer_name="worker", receiver_queue_size=10)
-        poison, after = produce(client, "orders", [("acct-7", b"poison"), ("acct-7", b"fine")])
+        producer = client.create_producer("orders")
+        poison = producer.send(b"poison", "acct-7", properties=trace)
+        after = producer.send(b"fine", "acct-7")
+        producer.close()
         deliveries: list[Message] = []
         while True:
             message = consumer.receive(timeout=10)
@@ -115,11 +120,12 @@ def test_a_poison_message_goes_to_the_dead_letter_topic_and_its_key_goes_on(tmp_
                 deliveries.append(message)
                 consumer.negative_acknowledge(message)
             elif len(deliveries) == 3:  # the key goes on once the poison message is gone
-                assert message.position == after
+                assert message.position == after and message.properties == {}
                 consumer.acknowledge_confirmed(message)
                 break
             # else: a copy of "fine" sent before its key was nacked (the nack took it back too)
         assert [m.redelivery_count for m in deliveries] == [0, 1, 2], "max_redeliveries + 1 deliveries"
+        assert all(m.properties == trace for m in deliveries)
         published = deliveries[0].publish_time
         assert published is not None and {m.publish_time for m in deliveries} == {published}
         admin = ("--admin-url", str(server.admin_url))
@@ -134,14 +140,20 @@ def test_a_poison_message_goes_to_the_dead_letter_topic_and_its_key_goes_on(tmp_
         )
         assert listed["dlq_topic"] == "orders-billing-DLQ"
         assert letter["publish_time"] == published
+        assert letter["properties"] == trace
         reader = client.subscribe("orders-billing-DLQ", "triage", consumer_name="reader", receiver_queue_size=10)
         stored = reader.receive(timeout=10)
-        assert (stored.key, stored.payload, stored.publish_time) == ("acct-7", b"poison", published)
+        assert (stored.key, stored.payload, stored.publish_time, stored.properties) == (
+            "acct-7",
+            b"poison",
+            published,
+            trace,
+        )
         reader.acknowledge(stored)
         replay = run_cli("dlq", "replay", *admin, "--topic", "orders", "--subscription", "billing")
         assert replay.returncode == 0 and "replayed 1 dead letter" in replay.stdout, replay
         again = consumer.receive(timeout=10)
-        assert (again.key, again.payload, again.redelivery_count) == ("acct-7", b"poison", 0)
+        assert (again.key, again.payload, again.redelivery_count, again.properties) == ("acct-7", b"poison", 0, trace)
         assert again.publish_time == published  # replayed, it keeps the time it was first published
         assert again.position > after
         consumer.acknowledge_confirmed(again)

@@ -20,6 +20,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 
+from keyfailover.broker.properties import encode_properties
 from keyfailover.broker.storage.postgresql import PostgresLog
 from keyfailover.broker.storage.sqlite import Key, Message
 from keyfailover.core.errors import LogError
@@ -30,10 +31,11 @@ from keyfailover.tools.services import PostgreSQL, free_port
 from tests.server_process import run_cli
 from tests.test_cli_errors import assert_clean_failure
 
-Row = tuple[int, int, Key, bytes, str | None, int | None, int | None]
-"""``(partition, position, key as written, payload, producer, seq, publish time in µs)``: one stored message."""
+Row = tuple[int, int, Key, bytes, str | None, int | None, int | None, dict[str, str]]
+"""``(partition, position, key as written, payload, producer, seq, publish time in µs, properties)``: one stored
+message."""
 
-COLUMNS = ["partition", "position", "key", "payload", "producer", "seq", "publish_time"]
+COLUMNS = ["partition", "position", "key", "payload", "producer", "seq", "publish_time", "properties"]
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 PUBLISHED = 1_750_000_000_123_456
 """The publish time (µs since the epoch) of the first batch written; each later one a millisecond on."""
@@ -45,8 +47,9 @@ KEYS: list[Key] = ["acct-7", "ünïcode-键", None, b"raw-bytes", "", "acct-7"]
 
 def write_topic(postgres: PostgreSQL, keys: Sequence[Key] = KEYS) -> tuple[str, list[Row]]:
     """A new topic of PARTITIONS partitions, each but the last with messages of a named producer (with sequence
-    ids, and a resent duplicate that is not stored again) and of an unnamed one; what was stored, in
-    (partition, position) order. The first message has no publish time, as in a log from before them."""
+    ids, and a resent duplicate that is not stored again) and of an unnamed one, every third with properties;
+    what was stored, in (partition, position) order. The first message has no publish time, as in a log from
+    before them."""
     topic = f"o'rders\\{uuid.uuid4().hex[:8]}"  # a quote and a backslash: the topic is quoted right in SQL
     written: list[Row] = []
 
@@ -70,14 +73,16 @@ def write_topic(postgres: PostgreSQL, keys: Sequence[Key] = KEYS) -> tuple[str, 
                 ]
                 for producer, batch in batches:
                     at = PUBLISHED + 1000 * len(written)
-                    stored = await log.append(lease, producer, batch, publish_time=at)
-                    for (position, duplicate), (seq, key, payload) in zip(stored, batch, strict=True):
+                    properties = [{"n": f"{i}", "ü": "\x00"} if i % 3 == 0 else {} for i in range(len(batch))]
+                    encoded = [encode_properties(each) for each in properties]
+                    stored = await log.append(lease, producer, batch, publish_time=at, properties=encoded)
+                    for (position, duplicate), (seq, key, payload), kept in zip(stored, batch, properties, strict=True):
                         if not duplicate:
-                            written.append((partition, position, key, payload, producer, seq, at))
+                            written.append((partition, position, key, payload, producer, seq, at, kept))
             await log.pool.execute(
                 "UPDATE kf_messages SET publish_time = NULL WHERE topic = $1 AND partition = 0 AND position = 1", topic
             )
-            written[0] = (*written[0][:6], None)
+            written[0] = (*written[0][:6], None, written[0][7])
         finally:
             await log.close()
 
@@ -98,13 +103,15 @@ def as_binary(row: Row) -> Row:
 
 
 def plain(values: Sequence[Any]) -> tuple[Any, ...]:
-    """A row read by Spark or from Parquet, its binary values (bytearray) as bytes and its timestamps as µs
-    since the epoch."""
+    """A row read by Spark or from Parquet, its binary values (bytearray) as bytes, its timestamps as µs
+    since the epoch and its maps (Parquet's lists of pairs) as dicts."""
     return tuple(
         bytes(value)
         if isinstance(value, bytearray)
         else (value - EPOCH) // dt.timedelta(microseconds=1)
         if isinstance(value, dt.datetime)
+        else dict(value)
+        if isinstance(value, list)
         else value
         for value in values
     )
@@ -175,6 +182,7 @@ def test_read_log_gives_each_partition_in_position_order_in_its_own_spark_partit
         "string",
         "bigint",
         "timestamp",
+        "map<string,string>",
     ]
     df.explain()
     assert f"Scan JDBCRelation(kf_messages) [numPartitions={PARTITIONS}]" in capsys.readouterr().out
@@ -281,6 +289,7 @@ def test_cli_export_from_the_store_to_parquet(postgres: PostgreSQL, tmp_path: Pa
         "string",
         "int64",
         "timestamp[us, tz=UTC]",
+        "map<string, string ('properties')>",
     ]
     assert [plain(tuple(row.values())) for row in table.to_pylist()] == [as_text(row) for row in written]
 
@@ -301,6 +310,7 @@ def test_cli_export_from_the_store_to_json_lines_with_binary_keys(postgres: Post
             line["producer"],
             line["seq"],
             None if line["publish_time"] is None else plain([dt.datetime.fromisoformat(line["publish_time"])])[0],
+            line["properties"],
         )
         for line in lines
     ] == [as_binary(row) for row in written]

@@ -6,6 +6,9 @@ as msgpack str and ``bytes`` as msgpack bin, so a key comes back exactly as it w
 docs/protocol.md is the specification for other implementations; this module is the
 reference. :func:`encode` trusts its input (mypy checks it); :class:`Decoder` trusts
 nothing: every frame it returns has exactly the documented fields, types and bounds.
+Message properties travel as their one encoding (:mod:`keyfailover.broker.properties`), a
+bin holding a msgpack map, which the decoder checks but does not decode for the frame: a frame
+body holds one map, so a nested map costs no memory before it is refused.
 """
 
 from __future__ import annotations
@@ -23,7 +26,15 @@ from typing import Any, ClassVar, Final, Literal, NamedTuple, TypeAlias, TypeGua
 import msgpack  # type: ignore[import-untyped]
 
 from keyfailover.broker._ints import ints_within
-from keyfailover.core.errors import FATAL_CODES, ErrorCode, FrameEncodeError, KeyFailoverError, ProtocolError
+from keyfailover.broker.properties import check_encoded
+from keyfailover.core.errors import (
+    FATAL_CODES,
+    ErrorCode,
+    FrameEncodeError,
+    KeyFailoverError,
+    PropertiesError,
+    ProtocolError,
+)
 from keyfailover.core.hashing import HASH_RANGE_SIZE
 
 __all__ = [
@@ -67,12 +78,14 @@ __all__ = [
     "valid_name",
 ]
 
-PROTOCOL_VERSION: Final = 6
+PROTOCOL_VERSION: Final = 7
 """The version this client sends in ``connect``, and the newest a server speaks."""
 
 OLDEST_PROTOCOL_VERSION: Final = 5
-"""The oldest version a server still speaks (its deliveries lack the publish time); it answers
-``version_mismatch`` to versions outside ``OLDEST_PROTOCOL_VERSION`` .. ``PROTOCOL_VERSION``."""
+"""The oldest version a server still speaks; it answers ``version_mismatch`` to versions outside
+``OLDEST_PROTOCOL_VERSION`` .. ``PROTOCOL_VERSION``. Version 6 frames carry no properties (a
+``produce`` has no ``properties`` field, a delivery no properties item), version 5 deliveries no
+publish time either."""
 
 DEFAULT_MAX_FRAME: Final = 5 * 1024 * 1024
 """Largest frame body (the ``N`` of the length prefix, in bytes) a decoder accepts by default."""
@@ -104,13 +117,18 @@ class Connect:
 
 @dataclass(frozen=True, slots=True)
 class Produce:
-    """Store messages ``(seq, key, payload)`` in ``topic``; ``(producer, seq)`` makes retries idempotent."""
+    """Store messages ``(seq, key, payload)`` in ``topic``; ``(producer, seq)`` makes retries idempotent.
+
+    ``properties``: each message's encoded properties (None for one without), or None when no
+    message of the batch has any.
+    """
 
     type: ClassVar[str] = "produce"
     req: int
     topic: str
     producer: str | None
     messages: list[tuple[int | None, Key, bytes]]
+    properties: list[bytes | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,15 +284,16 @@ class Route:
     brokers: list[str | None]
 
 
-Delivered: TypeAlias = tuple[int, Key, bytes, int, int | None]
-"""``(position, key, payload, redelivery_count, publish_time)``: one delivery. ``publish_time`` is the
-broker's wall clock when the message was stored, in microseconds since the Unix epoch; None when
-unknown (stored before logs had publish times)."""
+Delivered: TypeAlias = tuple[int, Key, bytes, int, int | None, bytes | None]
+"""``(position, key, payload, redelivery_count, publish_time, properties)``: one delivery. ``publish_time``
+is the broker's wall clock when the message was stored, in microseconds since the Unix epoch; None when
+unknown (stored before logs had publish times). ``properties`` are the message's encoded properties, None
+when it has none."""
 
 
 @dataclass(frozen=True, slots=True)
 class Messages:
-    """Deliveries to a session: ``(position, key, payload, redelivery_count, publish_time)`` each."""
+    """Deliveries to a session: ``(position, key, payload, redelivery_count, publish_time, properties)`` each."""
 
     type: ClassVar[str] = "messages"
     session: int
@@ -361,8 +380,10 @@ def stream_transport(transport: asyncio.BaseTransport) -> asyncio.Transport:
 def encode(frame: Frame, version: int = PROTOCOL_VERSION) -> bytes:
     """Return ``frame`` as it goes on the wire: the 4-byte body length, then the msgpack body.
 
-    ``version`` is the protocol version of the connection: for version 5, deliveries leave out
-    their publish time. Nothing is validated beyond what msgpack needs; a value it cannot carry
+    ``version`` is the protocol version of the connection: for version 6, deliveries leave out
+    their properties and a produce has no ``properties`` field (a produce with properties raises
+    :class:`FrameEncodeError`: that version cannot carry them); for version 5, deliveries leave out
+    their publish time too. Nothing is validated beyond what msgpack needs; a value it cannot carry
     raises :class:`FrameEncodeError`. Cost is one ``msgpack.packb`` call: batches of tuples are
     packed by msgpack's C code.
     """
@@ -372,8 +393,12 @@ def encode(frame: Frame, version: int = PROTOCOL_VERSION) -> bytes:
     body: dict[str, Any] = {"type": frame.type}
     for name in names:
         body[name] = getattr(frame, name)
-    if version < PROTOCOL_VERSION and type(frame) is Messages:
-        body["messages"] = [delivered[:4] for delivered in frame.messages]
+    if version < PROTOCOL_VERSION:
+        if type(frame) is Messages:
+            items = 4 if version < 6 else 5  # version 5: no publish time; 6: no properties
+            body["messages"] = [delivered[:items] for delivered in frame.messages]
+        elif type(frame) is Produce and body.pop("properties") is not None:  # version 6 has no such field
+            raise FrameEncodeError(f"protocol version {version} cannot carry message properties")
     try:
         packed: bytes = msgpack.packb(body, use_bin_type=True)
         return _HEADER.pack(len(packed)) + packed
@@ -563,17 +588,48 @@ def _produced(value: object) -> list[tuple[int | None, Key, bytes]]:
     raise _bad_item(items, item, _PRODUCED)
 
 
+def _checked_properties(items: tuple[Any, ...], item: object, data: bytes) -> None:
+    """``data``, the properties of ``item`` of ``items``, checked: a :class:`_FieldError` naming the item."""
+    try:
+        check_encoded(data)
+    except PropertiesError as exc:
+        index = next(i for i, each in enumerate(items) if each is item)
+        raise _FieldError(f"item {index}: {exc}") from None
+
+
+def _opt_properties(value: object) -> list[bytes | None] | None:
+    """A produce's ``properties``: nil, or one bin (encoded properties, checked) or nil per message."""
+    if value is None:
+        return None
+    items = _array(value, "encoded properties or nil")
+    for item in items:
+        if item is not None:
+            if type(item) is not bytes:
+                raise _bad_item(items, item, "a bin (encoded properties) or nil")
+            _checked_properties(items, item, item)
+    return list(items)
+
+
+def _properties_match(values: dict[str, Any]) -> None:
+    if values["properties"] is not None and len(values["properties"]) != len(values["messages"]):
+        raise _FieldError(
+            f"'properties' has {len(values['properties'])} items and 'messages' {len(values['messages'])}; "
+            "expected one item (encoded properties or nil) per message, or nil"
+        )
+
+
 _DELIVERED: Final = (
     f"an array [position: {_UINT}, key: str, bin or nil, payload: bin, redelivery_count: {_UINT}, "
-    f"publish_time: {_UINT} or nil]"
+    f"publish_time: {_UINT} or nil, properties: bin or nil]"
 )
 
 
 def _delivered(value: object) -> list[Delivered]:
     items = _array(value, "messages")
+    with_properties = []
     try:
         for item in items:
-            position, key, payload, count, at = item
+            position, key, payload, count, at, properties = item
             if not (
                 type(position) is int
                 and type(payload) is bytes
@@ -584,11 +640,31 @@ def _delivered(value: object) -> list[Delivered]:
                 and (at is None or (type(at) is int and 0 <= at <= _INT64_MAX))
             ):
                 break
+            if properties is not None:
+                if type(properties) is not bytes:
+                    break
+                with_properties.append(item)
         else:
+            for item in with_properties:
+                _checked_properties(items, item, item[5])
             return list(items)
-    except (TypeError, ValueError):  # the item is not an array of 5
+    except (TypeError, ValueError):  # the item is not an array of 6
         pass
     raise _bad_item(items, item, _DELIVERED)
+
+
+def _older_delivered(items: int) -> Callable[[object], list[Delivered]]:
+    """The check of a version 6 (``items`` 5: no properties) or 5 (4: no publish time either) delivery array,
+    giving deliveries of this version (None for what the older one lacks)."""
+    missing = (None,) * (6 - items)
+
+    def check(value: object) -> list[Delivered]:
+        found = _array(value, "messages")
+        if any(type(item) is not tuple or len(item) != items for item in found):
+            raise _FieldError(f"must be an array of {items}-item deliveries (protocol version {items + 1})")
+        return _delivered(tuple((*item, *missing) for item in found))
+
+    return check
 
 
 def _same_length(values: dict[str, Any]) -> None:
@@ -648,7 +724,15 @@ _CLIENT_SPECS: Final = {
     spec.cls.type: spec
     for spec in (
         _spec(Connect, version=_uint, token=_opt_text, client=_label),
-        _spec(Produce, req=_uint, topic=_name, producer=_opt_label, messages=_produced),
+        _spec(
+            Produce,
+            _properties_match,
+            req=_uint,
+            topic=_name,
+            producer=_opt_label,
+            messages=_produced,
+            properties=_opt_properties,
+        ),
         _spec(
             Subscribe,
             req=_uint,
@@ -684,6 +768,27 @@ _SERVER_SPECS: Final = {
     )
 }
 _SPECS: Final = {"server": _CLIENT_SPECS, "client": _SERVER_SPECS, "any": _CLIENT_SPECS | _SERVER_SPECS}
+
+
+def _without(spec: _Spec, name: str) -> _Spec:
+    """``spec`` for an older version whose frame lacks the field ``name`` (it comes out as the field's default)."""
+    return spec._replace(
+        checks=tuple(check for check in spec.checks if check[0] != name), keys=spec.keys - {name}, across=None
+    )
+
+
+_OLDER: Final = {
+    6: {
+        "produce": _without(_CLIENT_SPECS["produce"], "properties"),
+        "messages": _SERVER_SPECS["messages"]._replace(checks=(("session", _uint), ("messages", _older_delivered(5)))),
+    },
+    5: {
+        "produce": _without(_CLIENT_SPECS["produce"], "properties"),
+        "messages": _SERVER_SPECS["messages"]._replace(checks=(("session", _uint), ("messages", _older_delivered(4)))),
+    },
+}
+"""The frames older versions still spoken send differently (version 6: no properties; 5: no publish times
+either)."""
 _MAX_MAP_LEN: Final = 64
 """Far more fields than any frame has, so extras are reported as ``bad_field``; a bigger map is refused unbuilt."""
 
@@ -718,7 +823,9 @@ class Decoder:
     """Bytes in, validated frames out; incremental, so any split of the stream gives the same frames.
 
     ``accept`` is the side this decoder serves: ``"server"`` accepts only the frames a client
-    sends, ``"client"`` only the frames a server sends. Every error it raises is a fatal
+    sends, ``"client"`` only the frames a server sends. ``version`` is the protocol version of the
+    connection, whose frames it expects (a server sets it to the version ``connect`` named; an
+    older version's frames lack what it lacks, which decodes as None). Every error it raises is a fatal
     :class:`ProtocolError`; after one, the decoder is dead and :meth:`feed` raises it again.
     It never holds more than ``4 + max_frame`` bytes between calls: a length prefix above
     ``max_frame`` is rejected as soon as its 4 bytes arrive, before the body. Decoding one
@@ -726,20 +833,40 @@ class Decoder:
     arrays); maps, which would cost ~80 times, are refused at the second one.
     """
 
-    __slots__ = ("_buffer", "_error", "_maps", "_max_frame", "_specs")
+    __slots__ = ("_accept", "_buffer", "_error", "_maps", "_max_frame", "_specs", "_version")
 
     def __init__(
-        self, max_frame: int = DEFAULT_MAX_FRAME, *, accept: Literal["client", "server", "any"] = "any"
+        self,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        *,
+        accept: Literal["client", "server", "any"] = "any",
+        version: int = PROTOCOL_VERSION,
     ) -> None:
         if type(max_frame) is not int or not 0 < max_frame <= _MAX_LENGTH:
             raise KeyFailoverError(f"max_frame must be an int in [1, {_MAX_LENGTH}], not {max_frame!r}")
         if accept not in _SPECS:
             raise KeyFailoverError(f"accept must be one of {sorted(_SPECS)}, not {accept!r}")
         self._max_frame = max_frame
-        self._specs = _SPECS[accept]
+        self._accept = accept
+        self.version = version  # sets the frame specs of this side and version
         self._buffer = bytearray()
         self._error: ProtocolError | None = None
         self._maps = 0
+
+    @property
+    def version(self) -> int:
+        """The protocol version whose frames this decoder expects."""
+        return self._version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        if type(value) is not int or not OLDEST_PROTOCOL_VERSION <= value <= PROTOCOL_VERSION:
+            raise KeyFailoverError(
+                f"version must be an int from {OLDEST_PROTOCOL_VERSION} to {PROTOCOL_VERSION}, not {value!r}"
+            )
+        specs = _SPECS[self._accept]
+        self._specs = {**specs, **{name: spec for name, spec in _OLDER.get(value, {}).items() if name in specs}}
+        self._version = value
 
     @property
     def max_frame(self) -> int:

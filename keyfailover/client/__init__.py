@@ -14,6 +14,7 @@ from keyfailover.client._sync import (
     NoBrokerError,
     NotInFlight,
     Producer,
+    PropertiesError,
     ServerError,
     Timeout,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "NoBrokerError",
     "NotInFlight",
     "Producer",
+    "PropertiesError",
     "ServerError",
     "Timeout",
 ]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
 from keyfailover.client.aio import (
@@ -34,6 +34,7 @@ from keyfailover.client.aio import (
     Message,
     NoBrokerError,
     NotInFlight,
+    PropertiesError,
     RangesCallback,
     SendCallback,
     ServerError,
@@ -52,6 +53,7 @@ __all__ = [
     "NoBrokerError",
     "NotInFlight",
     "Producer",
+    "PropertiesError",
     "ServerError",
     "Timeout",
 ]
@@ -178,8 +180,19 @@ class Producer:
         """How many partitions the topic has (positions count within each)."""
         return self._producer.partitions
 
-    def send(self, payload: bytes, key: Key = None, timeout: float | None = 30.0) -> int:
-        """Send and block until stored; returns the message's position."""
+    def send(
+        self,
+        payload: bytes,
+        key: Key = None,
+        timeout: float | None = 30.0,
+        *,
+        properties: Mapping[str, str] | None = None,
+    ) -> int:
+        """Send and block until stored; returns the message's position.
+
+        ``properties``: str keys and values sent with the message (at most 128, keys of at most 256
+        characters, 64 KiB encoded); :class:`PropertiesError` refuses others and sends nothing.
+        """
         done = threading.Event()
         outcome: list[int | BaseException | None] = [None]
 
@@ -187,7 +200,7 @@ class Producer:
             outcome[0] = error if error is not None else position
             done.set()
 
-        self._producer.send_async(payload, key, callback)
+        self._producer.send_async(payload, key, callback, properties=properties)
         if not done.wait(timeout):
             raise Timeout(f"message not confirmed within {timeout} s (it may still be stored)")
         result = outcome[0]
@@ -196,9 +209,19 @@ class Producer:
         assert result is not None
         return result
 
-    def send_async(self, payload: bytes, key: Key = None, callback: SendCallback | None = None) -> None:
-        """Queue a message; ``callback(position, error)`` runs on the client's thread when stored."""
-        self._producer.send_async(payload, key, callback)
+    def send_async(
+        self,
+        payload: bytes,
+        key: Key = None,
+        callback: SendCallback | None = None,
+        *,
+        properties: Mapping[str, str] | None = None,
+    ) -> None:
+        """Queue a message; ``callback(position, error)`` runs on the client's thread when stored.
+
+        ``properties`` as for :meth:`send`; refused ones raise :class:`PropertiesError` here, queuing nothing.
+        """
+        self._producer.send_async(payload, key, callback, properties=properties)
 
     def flush(self, timeout: float | None = 60.0) -> None:
         """Block until every message sent so far is stored."""

@@ -27,10 +27,11 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
+from keyfailover.broker.properties import NO_PROPERTIES, Properties, encode_properties
 from keyfailover.broker.protocol import (
     PROTOCOL_VERSION,
     Ack,
@@ -61,7 +62,7 @@ from keyfailover.broker.protocol import (
     encode,
     stream_transport,
 )
-from keyfailover.core.errors import FATAL_CODES, ErrorCode, KeyFailoverError, NotInFlightError
+from keyfailover.core.errors import FATAL_CODES, ErrorCode, KeyFailoverError, NotInFlightError, PropertiesError
 from keyfailover.core.errors import LeaseExpiredError as CoreLeaseExpiredError
 from keyfailover.core.partitions import partition_of_key, partition_topic
 
@@ -77,6 +78,7 @@ __all__ = [
     "Message",
     "NoBrokerError",
     "NotInFlight",
+    "PropertiesError",
     "ServerError",
     "Timeout",
     "parse_url",
@@ -167,8 +169,9 @@ class Message(NamedTuple):
     ``position`` counts within its ``partition`` (0 for a topic of one partition).
     ``publish_time`` is when the broker stored it, by the broker's wall clock, in integer
     microseconds since the Unix epoch (``time.time_ns() // 1000`` on the broker); None when
-    unknown (stored before logs had publish times). A dead letter, and a dead letter replayed,
-    keeps the publish time of the message it was.
+    unknown (stored before logs had publish times). ``properties`` are the str keys and values
+    its producer sent with it, a read-only mapping (empty when it has none). A dead letter, and
+    a dead letter replayed, keeps the publish time and the properties of the message it was.
     Immutable, and a named tuple because a consumer creates one per message: that is a third
     of the cost of a frozen dataclass.
     """
@@ -180,11 +183,13 @@ class Message(NamedTuple):
     session: int = 0
     partition: int = 0
     publish_time: int | None = None
+    properties: Mapping[str, str] = NO_PROPERTIES
 
     def __repr__(self) -> str:
+        shown = f", properties={dict(self.properties)!r}" if self.properties else ""
         return (
             f"Message(key={self.key!r}, payload={self.payload!r}, position={self.position}, "
-            f"redelivery_count={self.redelivery_count}, publish_time={self.publish_time})"
+            f"redelivery_count={self.redelivery_count}, publish_time={self.publish_time}{shown})"
         )
 
 
@@ -734,8 +739,8 @@ class AsyncClient:
             self._again.discard(part)
 
 
-def _message_size(key: Key, payload: bytes) -> int:
-    """An upper bound on the encoded size of one message in a ``produce`` frame."""
+def _message_size(key: Key, payload: bytes, properties: bytes | None = None) -> int:
+    """An upper bound on the encoded size of one message in a ``produce`` frame (with its encoded properties)."""
     if key is None:
         key_size = 0
     elif isinstance(key, str):
@@ -748,31 +753,48 @@ def _message_size(key: Key, payload: bytes) -> int:
             ) from None
     else:
         key_size = len(key)
-    return len(payload) + key_size + 32
+    return len(payload) + key_size + 32 + (0 if properties is None else len(properties) + 8)
 
 
 class _PendingBatch:
-    __slots__ = ("callbacks", "messages", "size")
+    __slots__ = ("callbacks", "messages", "properties", "size")
 
     def __init__(self) -> None:
         self.messages: list[tuple[int | None, Key, bytes]] = []
         self.callbacks: list[SendCallback | None] = []
+        self.properties: list[bytes | None] | None = None
+        """Each message's encoded properties, once one of them has some (None until then)."""
         self.size = 0
+
+    def add(
+        self, message: tuple[int | None, Key, bytes], callback: SendCallback | None, properties: bytes | None, size: int
+    ) -> None:
+        """Append one message of ``size`` bytes (:func:`_message_size`) with its encoded ``properties``."""
+        self.messages.append(message)
+        self.callbacks.append(callback)
+        self.size += size
+        if properties is not None or self.properties is not None:
+            self.last_properties(properties)
+
+    def last_properties(self, properties: bytes | None) -> None:
+        """Record the encoded properties of the message appended last; called when it or an earlier one has some."""
+        if self.properties is None:
+            self.properties = [None] * (len(self.messages) - 1)
+        self.properties.append(properties)
 
     def split(self, limit: int) -> list[_PendingBatch]:
         """This batch as consecutive batches of at most ``limit`` bytes each (itself when it fits)."""
         if self.size <= limit:
             return [self]
         parts = [_PendingBatch()]
-        for message, callback in zip(self.messages, self.callbacks, strict=True):
-            size = _message_size(message[1], message[2])
+        properties = self.properties or [None] * len(self.messages)
+        for message, callback, encoded in zip(self.messages, self.callbacks, properties, strict=True):
+            size = _message_size(message[1], message[2], encoded)
             part = parts[-1]
             if part.messages and part.size + size > limit:
                 part = _PendingBatch()
                 parts.append(part)
-            part.messages.append(message)
-            part.callbacks.append(callback)
-            part.size += size
+            part.add(message, callback, encoded, size)
         return parts
 
 
@@ -850,7 +872,13 @@ class _PartProducer(_Part):
         self._lock = threading.Lock()  # send_async may be called from another thread (sync client)
         self._loop = asyncio.get_running_loop()
 
-    def send_async(self, payload: bytes, key: Key = None, callback: SendCallback | None = None) -> None:
+    def send_async(
+        self,
+        payload: bytes,
+        key: Key = None,
+        callback: SendCallback | None = None,
+        properties: Mapping[str, str] | None = None,
+    ) -> None:
         """Queue a message; ``callback(position, None)`` or ``callback(None, error)`` follows."""
         if self._failure is not None:
             raise self._failure
@@ -860,13 +888,14 @@ class _PartProducer(_Part):
             raise KeyFailoverError(f"payload must be bytes, not {type(payload).__name__}")
         if key is not None and not isinstance(key, str | bytes):
             raise KeyFailoverError(f"key must be str, bytes or None, not {type(key).__name__}")
+        encoded = None if properties is None else encode_properties(properties)
         data = bytes(payload)
-        size = _message_size(key, data)
+        size = _message_size(key, data, encoded)
         limit = self.link.max_batch_bytes - 1024
         if size > limit:
             raise KeyFailoverError(
-                f"a message of {size} bytes (payload, key and framing) is over the {limit} bytes a message "
-                "may have on this connection (half the server's frame limit, less 1 KiB)"
+                f"a message of {size} bytes (payload, key, properties and framing) is over the {limit} bytes a "
+                "message may have on this connection (half the server's frame limit, less 1 KiB)"
             )
         with self._lock:
             batch = self._batch
@@ -874,9 +903,12 @@ class _PartProducer(_Part):
                 # Full: it goes out with the next flush as it is; a new batch starts.
                 self._full.append(batch)
                 batch = self._batch = _PendingBatch()
+            # batch.add, inline: this is every message's path
             batch.messages.append((next(self._seq), key, data))
             batch.callbacks.append(callback)
             batch.size += size
+            if encoded is not None or batch.properties is not None:
+                batch.last_properties(encoded)
             schedule = not self._flush_scheduled
             self._flush_scheduled = True
         if schedule:  # one flush per burst: it sends every full batch and the current one
@@ -903,7 +935,9 @@ class _PartProducer(_Part):
                 self._transmit(req, batch)
 
     def _transmit(self, req: int, batch: _PendingBatch) -> None:
-        frame = Produce(req=req, topic=self.topic, producer=self.producer_name, messages=batch.messages)
+        frame = Produce(
+            req=req, topic=self.topic, producer=self.producer_name, messages=batch.messages, properties=batch.properties
+        )
         self.link.pending[req] = lambda reply: self._answered(req, reply)
         if not self.link.send(frame):
             self.link.pending.pop(req, None)  # resent by reconnected()
@@ -1009,8 +1043,20 @@ class AsyncProducer:
         """How many partitions the topic has (positions count within each)."""
         return len(self._parts)
 
-    def send_async(self, payload: bytes, key: Key = None, callback: SendCallback | None = None) -> None:
-        """Queue a message; ``callback(position, None)`` or ``callback(None, error)`` follows."""
+    def send_async(
+        self,
+        payload: bytes,
+        key: Key = None,
+        callback: SendCallback | None = None,
+        *,
+        properties: Mapping[str, str] | None = None,
+    ) -> None:
+        """Queue a message; ``callback(position, None)`` or ``callback(None, error)`` follows.
+
+        ``properties``: str keys and values sent with it (at most 128, keys of at most 256 characters,
+        64 KiB encoded: :mod:`keyfailover.broker.properties`); :class:`PropertiesError` refuses others
+        and queues nothing.
+        """
         parts = self._parts
         if len(parts) == 1:
             part = parts[0]
@@ -1021,9 +1067,9 @@ class AsyncProducer:
                 raise KeyFailoverError(f"key must be str, bytes or None, not {type(key).__name__}")
             _message_size(key, b"")  # a str key must encode to UTF-8 before it can be hashed
             part = parts[partition_of_key(key, len(parts))]
-        part.send_async(payload, key, callback)
+        part.send_async(payload, key, callback, properties)
 
-    async def send(self, payload: bytes, key: Key = None) -> int:
+    async def send(self, payload: bytes, key: Key = None, *, properties: Mapping[str, str] | None = None) -> int:
         """Send and wait until the message is stored; returns its position (within its partition)."""
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
@@ -1035,7 +1081,7 @@ class AsyncProducer:
             else:
                 future.set_result(position or 0)
 
-        self.send_async(payload, key, done)
+        self.send_async(payload, key, done, properties=properties)
         return await future
 
     async def flush(self) -> None:
@@ -1189,8 +1235,17 @@ class _PartConsumer(_Part):
             session, partition = frame.session, self.partition
             with self._cond:
                 self._inbox.messages.extend(
-                    Message(key, payload, position, redelivery, session, partition, published)
-                    for position, key, payload, redelivery, published in frame.messages
+                    Message(
+                        key,
+                        payload,
+                        position,
+                        redelivery,
+                        session,
+                        partition,
+                        published,
+                        NO_PROPERTIES if data is None else Properties.decoded(data),
+                    )
+                    for position, key, payload, redelivery, published, data in frame.messages
                 )
                 self._cond.notify_all()
             self._inbox.arrived.set()

@@ -28,6 +28,7 @@ __all__ = [
     "NotInFlightError",
     "PermitsError",
     "PositionError",
+    "PropertiesError",
     "ProtocolError",
     "RangeMapError",
     "SequenceError",
@@ -43,6 +44,14 @@ class KeyFailoverError(Exception):
 
 class InvalidKeyError(KeyFailoverError, TypeError):
     """A message key is not ``str``, ``bytes`` or ``None``, or a ``str`` is not valid UTF-8."""
+
+
+class PropertiesError(KeyFailoverError, TypeError, ValueError):
+    """A message's properties are not a mapping of str to str within the limits, or bytes that do not encode one.
+
+    A ``TypeError`` for a key or value that is not a str, a ``ValueError`` for a size over a limit:
+    it is both, so either ``except`` catches it.
+    """
 
 
 class WrongPartitionError(KeyFailoverError, ValueError):

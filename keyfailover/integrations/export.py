@@ -8,12 +8,14 @@ repeatable-read transaction (a snapshot as of its start), through a cursor, a ch
 
 Every message becomes one row: ``position`` (int64), ``key`` (UTF-8 text, or binary with
 ``binary_keys=True``; null for a keyless message), ``payload`` (binary), ``producer`` (the
-producer name, null when it had none), ``seq`` (its sequence id) and ``publish_time`` (when
+producer name, null when it had none), ``seq`` (its sequence id), ``publish_time`` (when
 the broker stored it, by its wall clock, to the microsecond; null when unknown: stored before
-logs had publish times); a cluster's export starts each row with its ``partition`` (int32), in
-(partition, position) order. Parquet files hold those types (``publish_time`` a UTC timestamp
-in microseconds, Spark's ``timestamp``); a JSON line holds the payload, and a binary key, in
-base64, and the publish time in ISO 8601 UTC (``2025-06-01T12:34:56.789012Z``).
+logs had publish times) and ``properties`` (its str keys and values; empty when it has none);
+a cluster's export starts each row with its ``partition`` (int32), in (partition, position)
+order. Parquet files hold those types (``publish_time`` a UTC timestamp in microseconds, Spark's
+``timestamp``; ``properties`` a ``map<string, string>``); a JSON line holds the payload, and a
+binary key, in base64, the publish time in ISO 8601 UTC (``2025-06-01T12:34:56.789012Z``) and the
+properties as an object.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
+from keyfailover.broker.properties import decode_properties
 from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, ExportRow, Key, LogSnapshot
 from keyfailover.core.errors import InvalidKeyError, LogError, LogFileError
 from keyfailover.integrations._store import (
@@ -42,14 +45,17 @@ __all__ = ["ExportResult", "StoreExportResult", "export_store_topic", "export_to
 
 Format = Literal["parquet", "jsonl"]
 
-StoreRow = tuple[int, int, Key, bytes, str | None, int | None, int | None]
-"""``(partition, position, key, payload, producer name or None, sequence id or None, publish time or None)``: one
-row of a cluster's log (the publish time in microseconds since the Unix epoch)."""
+StoreRow = tuple[int, int, Key, bytes, str | None, int | None, int | None, dict[str, str]]
+"""``(partition, position, key, payload, producer name or None, sequence id or None, publish time or None,
+properties)``: one row of a cluster's log (the publish time in microseconds since the Unix epoch)."""
+LogRow = tuple[int, Key, bytes, str | None, int | None, int | None, dict[str, str]]
+"""``(position, key, payload, producer name or None, sequence id or None, publish time or None, properties)``:
+one row of a data directory's log."""
 
 _T = TypeVar("_T")
 _Row = tuple[Any, ...]
 
-_LOG_COLUMNS = ("position", "key", "payload", "producer", "seq", "publish_time")
+_LOG_COLUMNS = ("position", "key", "payload", "producer", "seq", "publish_time", "properties")
 _STORE_COLUMNS = ("partition", *_LOG_COLUMNS)
 _CHUNK_ROWS = 65_536
 _ROWS_PER_FILE = 1_000_000
@@ -175,11 +181,21 @@ def _write(
     return parts
 
 
-def _chunks(rows: Iterator[ExportRow], binary_keys: bool) -> Iterator[list[ExportRow]]:
-    """Rows in lists of up to ``_CHUNK_ROWS``, keys converted to text or to bytes."""
-    chunk: list[ExportRow] = []
-    for position, key, payload, producer, seq, publish_time in rows:
-        chunk.append((position, _key(key, position, binary_keys), payload, producer, seq, publish_time))
+def _chunks(rows: Iterator[ExportRow], binary_keys: bool) -> Iterator[list[LogRow]]:
+    """Rows in lists of up to ``_CHUNK_ROWS``, keys converted to text or to bytes, properties decoded."""
+    chunk: list[LogRow] = []
+    for position, key, payload, producer, seq, publish_time, properties in rows:
+        chunk.append(
+            (
+                position,
+                _key(key, position, binary_keys),
+                payload,
+                producer,
+                seq,
+                publish_time,
+                decode_properties(properties),
+            )
+        )
         if len(chunk) == _CHUNK_ROWS:
             yield chunk
             chunk = []
@@ -248,15 +264,24 @@ class _StoreReader:
         """Every message of ``topic`` in (partition, position) order, ``_CHUNK_ROWS`` at a time from a cursor."""
         cursor = self._run(
             self._connection.cursor(
-                """SELECT partition, position, key, payload, producer, seq, publish_time FROM kf_messages
+                """SELECT partition, position, key, payload, producer, seq, publish_time, properties FROM kf_messages
                    WHERE topic = $1 ORDER BY partition, position""",
                 topic,
             )
         )
         while records := self._run(cursor.fetch(_CHUNK_ROWS)):
             yield [
-                (partition, position, _key(key, position, binary_keys, partition), payload, producer, seq, at)
-                for partition, position, key, payload, producer, seq, at in records
+                (
+                    partition,
+                    position,
+                    _key(key, position, binary_keys, partition),
+                    payload,
+                    producer,
+                    seq,
+                    at,
+                    decode_properties(properties),
+                )
+                for partition, position, key, payload, producer, seq, at, properties in records
             ]
 
     def _run(self, step: Awaitable[_T]) -> _T:
@@ -347,6 +372,7 @@ def _write_parquet(
         "producer": (pa.string(), True),
         "seq": (pa.int64(), True),
         "publish_time": (pa.timestamp("us", tz="UTC"), True),  # built from the log's microseconds as they are
+        "properties": (pa.map_(pa.string(), pa.string()), False),  # empty for a message without
     }
     schema = pa.schema([pa.field(name, *types[name]) for name in columns])
 

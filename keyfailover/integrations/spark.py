@@ -1,6 +1,6 @@
 """The keyfailover hash and range map in PySpark, so a batch job partitions data as the live consumers own it.
 
-Everything runs in Spark SQL itself, with no Python UDF: :func:`with_key_hash` computes
+The hash and the ranges run in Spark SQL itself, with no Python UDF: :func:`with_key_hash` computes
 exactly :func:`keyfailover.key_hash`, :func:`with_range_id` finds each slot's range by
 integer comparisons against the range ends (by a slot table for maps of over 256 ranges),
 and :func:`partition_by_ranges` puts range i in partition i with
@@ -20,7 +20,9 @@ once with the key ``None``.
 
 :func:`read_log` reads a topic of a cluster's log (PostgreSQL) through Spark's JDBC source,
 one Spark partition per topic partition, with PostgreSQL's JDBC driver at
-:data:`POSTGRESQL_JDBC_JAR` (which :func:`local_session` puts on the session).
+:data:`POSTGRESQL_JDBC_JAR` (which :func:`local_session` puts on the session). Its one Python
+UDF decodes message properties, stored as msgpack (:mod:`keyfailover.broker.properties`),
+which neither PostgreSQL nor Spark reads.
 
 Needs the ``[spark]`` extra (pyspark >= 4.1, pyarrow) and Java. Every expression is
 correct with ANSI mode on (the default in Spark 4): the 32-bit arithmetic runs in bigint
@@ -44,8 +46,9 @@ from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]
 from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as sf
-from pyspark.sql.types import BinaryType, IntegralType, StringType, StructType
+from pyspark.sql.types import BinaryType, IntegralType, MapType, StringType, StructType
 
+from keyfailover.broker.properties import decode_properties
 from keyfailover.core.errors import InvalidKeyError, LogError, RangeMapError, SnapshotError
 from keyfailover.core.hashing import HASH_RANGE_SIZE
 from keyfailover.core.ranges import RangeMap
@@ -512,9 +515,11 @@ def read_log(spark: SparkSession, store_url: str, topic: str, *, binary_keys: bo
     ``store_url`` is the cluster's PostgreSQL, ``postgresql://user[:password]@host[:port]/database``.
     The columns are ``keyfailover export``'s with the partition first: ``partition`` (int),
     ``position`` (long), ``key`` (string, or binary with ``binary_keys``; null when keyless),
-    ``payload`` (binary), ``producer`` (string, null without a name), ``seq`` (long, null) and
+    ``payload`` (binary), ``producer`` (string, null without a name), ``seq`` (long, null),
     ``publish_time`` (timestamp, to the microsecond: when the broker stored the message, by its
-    wall clock; null when unknown, stored before logs had publish times).
+    wall clock; null when unknown, stored before logs had publish times) and ``properties``
+    (``map<string, string>``, empty for a message without them; decoded by a Python UDF, the
+    only one here: Spark reads no msgpack).
     Spark partition i holds the topic's i-th partition (partition i of a topic created with
     P partitions), sorted by position, each read by its own query when the DataFrame is computed.
 
@@ -561,8 +566,20 @@ def read_log(spark: SparkSession, store_url: str, topic: str, *, binary_keys: bo
         "producer",
         "seq",
         publish_time,
+        _decoded_properties(sf.col("properties")).alias("properties"),
     ]
     return messages.select(*columns).sortWithinPartitions("position")
+
+
+def _decoded_properties(encoded: Column) -> Column:
+    """The map of each row's encoded properties (:mod:`keyfailover.broker.properties`), empty for null: a Python
+    UDF that exchanges its rows with the JVM as Arrow batches."""
+    decode = sf.udf(_row_properties, MapType(StringType(), StringType(), valueContainsNull=False), useArrow=True)
+    return decode(encoded)
+
+
+def _row_properties(data: bytes | None) -> dict[str, str]:
+    return decode_properties(None if data is None else bytes(data))
 
 
 def _sql_text(text: str) -> str:

@@ -795,6 +795,27 @@ class _BadLineError(Exception):
         super().__init__(f"line {line}: {reason}")
 
 
+def _property(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` of ``--property`` (the first ``=`` ends the key; the value may hold more)."""
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"{text!r} has no '='; expected KEY=VALUE")
+    return key, value
+
+
+def _produce_properties(args: argparse.Namespace) -> dict[str, str]:
+    """The ``--property`` options as one mapping, checked before anything is sent (a later KEY wins)."""
+    from keyfailover.broker.properties import encode_properties
+    from keyfailover.core.errors import PropertiesError
+
+    properties = dict(args.property or [])
+    try:
+        encode_properties(properties)
+    except PropertiesError as exc:
+        raise _UsageError(f"--property: {exc}") from None
+    return properties
+
+
 def _produce(args: argparse.Namespace) -> int:
     import stat
 
@@ -802,6 +823,7 @@ def _produce(args: argparse.Namespace) -> int:
 
     if args.allow_keyless and not args.json:
         raise _UsageError("--allow-keyless goes with --json (a JSON line without its key field)")
+    properties = _produce_properties(args)
     try:
         source: BinaryIO = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
     except OSError as exc:
@@ -823,7 +845,7 @@ def _produce(args: argparse.Namespace) -> int:
                 if payload is None:
                     continue
                 try:
-                    producer.send_async(payload, key, stored.confirmed)
+                    producer.send_async(payload, key, stored.confirmed, properties=properties)
                 except KeyFailoverError as exc:  # e.g. larger than the server takes
                     raise _BadLineError(line_number, str(exc)) from None
                 sent += 1
@@ -942,8 +964,8 @@ def _consume(args: argparse.Namespace) -> int:
 
 def _shown(message: Any, as_json: bool, partitioned: bool) -> str:
     """A consumed message as a line: ``position<TAB>key<TAB>payload`` (``partition:position`` on a
-    partitioned topic), or a JSON object (with ``partition`` on a partitioned topic, and the publish time
-    in µs since the epoch, null when unknown)."""
+    partitioned topic), or a JSON object (with ``partition`` on a partitioned topic, the publish time
+    in µs since the epoch, null when unknown, and the properties, an object)."""
     payload = message.payload.decode("utf-8", "backslashreplace")
     if not as_json:
         where = f"{message.partition}:{message.position}" if partitioned else str(message.position)
@@ -956,6 +978,7 @@ def _shown(message: Any, as_json: bool, partitioned: bool) -> str:
         "payload": payload,
         "redelivery_count": message.redelivery_count,
         "publish_time": message.publish_time,
+        "properties": dict(message.properties),
     }
     return json.dumps(record, ensure_ascii=False) + "\n"
 
@@ -1263,6 +1286,14 @@ def _parser() -> argparse.ArgumentParser:
         "without it such a line stops the run",
     )
     produce.add_argument("--producer-name", type=_name, default=None, help="stable name for deduplicated retries")
+    produce.add_argument(
+        "--property",
+        type=_property,
+        action="append",
+        metavar="KEY=VALUE",
+        help="a property every message carries (repeat for more; at most 128, keys of at most 256 characters, "
+        "64 KiB in all)",
+    )
     produce.add_argument(
         "--progress",
         action="store_true",

@@ -26,10 +26,12 @@ from keyfailover.broker.pulsar._codec import (
     parse_message,
     split_batch,
 )
+from keyfailover.broker.pulsar._properties import EVENT_TIME_PROPERTY, from_pulsar, to_pulsar
 from keyfailover.broker.pulsar._topics import TopicNameError, keyfailover_topic
 from keyfailover.broker.pulsar._wire import encode_receipt
 
 __all__ = [
+    "EVENT_TIME_PROPERTY",
     "MAX_FRAME_PADDING",
     "PROTOCOL_VERSION",
     "SERVER_NAME",
@@ -46,7 +48,9 @@ __all__ = [
     "encode_delivery",
     "encode_message",
     "encode_receipt",
+    "from_pulsar",
     "keyfailover_topic",
     "parse_message",
     "split_batch",
+    "to_pulsar",
 ]

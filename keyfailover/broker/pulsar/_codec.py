@@ -11,12 +11,14 @@ command as a :class:`PulsarFrame`.
 
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Final, NamedTuple
 
 import google_crc32c
 from google.protobuf.message import DecodeError
 
+from keyfailover.broker.pulsar._properties import to_pulsar
 from keyfailover.broker.pulsar._wire import decode_metadata, decode_send, decode_single
 from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     NONE,
@@ -110,6 +112,9 @@ def _send_frame(send: CommandSend, rest: bytes) -> SendFrame:
     )
 
 
+_NO_PROPERTIES: Final[tuple[tuple[str, str], ...]] = ()
+
+
 class MessageFields(NamedTuple):
     """What the server reads of a SEND's MessageMetadata (None: the field is not set)."""
 
@@ -121,6 +126,10 @@ class MessageFields(NamedTuple):
     """It has encryption keys."""
     num_chunks_from_msg: int
     num_messages_in_batch: int | None
+    properties: tuple[tuple[str, str], ...] = _NO_PROPERTIES
+    """Its ``(key, value)`` pairs, in order."""
+    event_time: int = 0
+    """Milliseconds since the Unix epoch; 0: not set."""
 
 
 class SingleFields(NamedTuple):
@@ -131,6 +140,16 @@ class SingleFields(NamedTuple):
     ordering_key: bytes | None
     sequence_id: int | None
     payload_size: int
+    properties: tuple[tuple[str, str], ...] = _NO_PROPERTIES
+    """Its ``(key, value)`` pairs, in order."""
+    event_time: int = 0
+    """Milliseconds since the Unix epoch; 0: not set."""
+
+
+_message_fields = functools.partial(tuple.__new__, MessageFields)
+"""A ``MessageFields`` from a tuple of all its fields, in C: the hand-read path makes one per SEND."""
+_single_fields = functools.partial(tuple.__new__, SingleFields)
+"""A ``SingleFields`` from a tuple of all its fields, in C: the hand-read path makes one per batched message."""
 
 
 class SentMessage(NamedTuple):
@@ -152,6 +171,8 @@ def metadata_fields(metadata: MessageMetadata) -> MessageFields:
         len(metadata.encryption_keys) > 0,
         metadata.num_chunks_from_msg,
         metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch") else None,
+        tuple((pair.key, pair.value) for pair in metadata.properties),
+        metadata.event_time,
     )
 
 
@@ -163,6 +184,8 @@ def single_fields(single: SingleMessageMetadata) -> SingleFields:
         single.ordering_key if single.HasField("ordering_key") else None,
         single.sequence_id if single.HasField("sequence_id") else None,
         single.payload_size,
+        tuple((pair.key, pair.value) for pair in single.properties),
+        single.event_time,
     )
 
 
@@ -285,9 +308,11 @@ def encode_delivery(
     *,
     redeliveries: int = 0,
     published: int | None = None,
+    properties: bytes | None = None,
 ) -> bytes:
     """A MESSAGE frame for ``consumer_id``: message id ledger 0, entry ``position`` (and ``partition`` unless
-    it is -1); a str key as the partition key, a bytes key as the ordering key; ``published`` in µs."""
+    it is -1); a str key as the partition key, a bytes key as the ordering key; ``published`` in µs; the
+    stored (encoded) ``properties`` as the message's properties and event time."""
     command = BaseCommand(type=BaseCommand.MESSAGE)
     message = command.message
     message.consumer_id = consumer_id
@@ -306,6 +331,12 @@ def encode_delivery(
         metadata.partition_key = key
     elif key is not None:
         metadata.ordering_key = key
+    if properties is not None:
+        pairs, event_time = to_pulsar(properties)
+        for name, value in pairs.items():
+            metadata.properties.add(key=name, value=value)
+        if event_time:
+            metadata.event_time = event_time
     return encode_message(command, metadata.SerializeToString(), payload)
 
 
@@ -333,7 +364,8 @@ def parse_message(rest: bytes) -> SentMessage:
         _check_metadata(metadata, "message metadata")
         fields = metadata_fields(metadata)
     else:
-        fields = MessageFields(plain[0], False, None, NONE, False, 0, plain[1])
+        key, batch, event_time = plain
+        fields = _message_fields((key, False, None, NONE, False, 0, batch, _NO_PROPERTIES, event_time))
     return SentMessage(fields, rest[4 + size :], checksum_ok)
 
 
@@ -360,8 +392,8 @@ def split_batch(payload: bytes, count: int) -> list[tuple[SingleFields, bytes]]:
             _check_metadata(single, f"batch message {index}'s metadata")
             fields = single_fields(single)
         else:
-            key, length, sequence_id = plain
-            fields = SingleFields(key, False, None, sequence_id, length)
+            key, length, sequence_id, event_time = plain
+            fields = _single_fields((key, False, None, sequence_id, length, _NO_PROPERTIES, event_time))
         offset += size
         length = fields.payload_size
         if not 0 <= length <= len(payload) - offset:

@@ -65,28 +65,31 @@ _METADATA_TAIL: Final = re.compile(
         [
             _optional(rb"\x48", _SKIPPED),  # uncompressed_size (9)
             _optional(rb"\x58", _VARINT),  # num_messages_in_batch (11)
-            _optional(rb"\x60", _SKIPPED),  # event_time (12)
+            _optional(rb"\x60", _VARINT),  # event_time (12)
         ]
     )
 )
-"""MessageMetadata's fields after its partition_key (6) that a client writes for a plain message."""
+"""MessageMetadata's fields after its partition_key (6) that a client writes for a plain message. Its
+properties (4) come before the partition key: a message with properties is left to protobuf."""
 _SINGLE: Final = re.compile(
     b"".join(
         [
             rb"\x18" + _VARINT,  # payload_size (3)
-            _optional(rb"\x28", _SKIPPED),  # event_time (5)
+            _optional(rb"\x28", _VARINT),  # event_time (5)
             _optional(rb"\x40", _VARINT),  # sequence_id (8)
         ]
     )
 )
-"""SingleMessageMetadata's fields after its partition_key (2) that a client writes for a plain message."""
+"""SingleMessageMetadata's fields after its partition_key (2) that a client writes for a plain message. Its
+properties (1) come first: a message with properties is left to protobuf."""
 _INT32: Final = 1 << 31
 
 
-def decode_metadata(data: bytes, start: int, end: int) -> tuple[str | None, int | None] | None:
-    """``(partition_key, num_messages_in_batch)``, None for each not set, of the MessageMetadata in
-    ``data[start:end]`` when it holds no other fields than those and producer_name, sequence_id,
-    publish_time, uncompressed_size and event_time; else None (then protobuf parses it)."""
+def decode_metadata(data: bytes, start: int, end: int) -> tuple[str | None, int | None, int] | None:
+    """``(partition_key, num_messages_in_batch, event_time)`` (None for the first two when not set, 0 for an
+    event time not set) of the MessageMetadata in ``data[start:end]`` when it holds no other fields than
+    those and producer_name, sequence_id, publish_time and uncompressed_size; else None (then protobuf
+    parses it)."""
     if end - start < 2 or data[start] != 0x0A or data[start + 1] >= 0x80:  # producer_name
         return None
     ids = _METADATA_IDS.match(data, start + 2 + data[start + 1], end)
@@ -96,25 +99,27 @@ def decode_metadata(data: bytes, start: int, end: int) -> tuple[str | None, int 
     if read is None:
         return None
     key, tail = read
-    batch = tail.group(1)
+    batch, event = tail.groups()
+    event_time = 0 if event is None else _int(event)
     if batch is None:
-        return key, None
+        return key, None, event_time
     count = _int(batch)
-    return None if count >= _INT32 else (key, count)
+    return None if count >= _INT32 else (key, count, event_time)
 
 
-def decode_single(data: bytes, start: int, end: int) -> tuple[str | None, int, int | None] | None:
-    """``(partition_key, payload_size, sequence_id)``, None for each not set, of the SingleMessageMetadata
-    in ``data[start:end]`` when it holds no other fields than those and event_time; else None."""
+def decode_single(data: bytes, start: int, end: int) -> tuple[str | None, int, int | None, int] | None:
+    """``(partition_key, payload_size, sequence_id, event_time)`` (None for the key and the sequence id when
+    not set, 0 for an event time not set) of the SingleMessageMetadata in ``data[start:end]`` when it holds
+    no other fields than those; else None."""
     read = _key_then(data, start, end, 0x12, _SINGLE)
     if read is None:
         return None
     key, fields = read
-    size_varint, sequence = fields.groups()
+    size_varint, event, sequence = fields.groups()
     size = _int(size_varint)
     if size >= _INT32:
         return None
-    return key, size, None if sequence is None else _int(sequence)
+    return key, size, None if sequence is None else _int(sequence), 0 if event is None else _int(event)
 
 
 def _key_then(

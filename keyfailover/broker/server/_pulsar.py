@@ -38,6 +38,7 @@ from keyfailover.broker.pulsar import (
     encode_command,
     encode_delivery,
     encode_receipt,
+    from_pulsar,
     keyfailover_topic,
     parse_message,
     split_batch,
@@ -67,7 +68,8 @@ from keyfailover.broker.server._connection import ClientConnection, ReadPausing,
 from keyfailover.broker.server._pulsar_reader import PulsarReader
 from keyfailover.broker.server._subscription import Session, Subscription
 from keyfailover.broker.storage._store import NotServedError, Result, Store
-from keyfailover.core.errors import ConsumerError, ErrorCode, KeyFailoverError, ProtocolError
+from keyfailover.broker.storage.sqlite import PropertiesColumn
+from keyfailover.core.errors import ConsumerError, ErrorCode, KeyFailoverError, PropertiesError, ProtocolError
 from keyfailover.core.partitions import split_partition_topic
 
 __all__ = ["PulsarConnection"]
@@ -174,9 +176,10 @@ class _Producer:
     partition: int
 
 
-_Send = tuple[SendFrame, _Producer, list[tuple[int | None, Key, bytes]], int, int]
+_Messages = list[tuple[int | None, Key, bytes]]
+_Send = tuple[SendFrame, _Producer, _Messages, int, int, PropertiesColumn]
 """A SEND read and waiting for its connection's next store request: the SEND, its producer, its messages,
-and the first and last of their sequence ids (-1: none)."""
+the first and last of their sequence ids (-1: none), and their encoded properties (None: none has any)."""
 
 
 @dataclass
@@ -189,6 +192,25 @@ class _Consumer:
 
 def _command(kind: int) -> BaseCommand:
     return BaseCommand(type=kind)  # type: ignore[arg-type]
+
+
+def _message_properties(metadata: MessageFields | SingleFields) -> bytes | None:
+    """The encoded properties to store for a message: its properties and event time (None: it has neither)."""
+    try:
+        return from_pulsar(metadata.properties, metadata.event_time)
+    except PropertiesError as exc:
+        raise _RefusedError(NotAllowedError, f"{exc}; nothing was stored") from None
+
+
+def _joined(sends: list[_Send]) -> tuple[_Messages, PropertiesColumn]:
+    """The messages of ``sends`` in one list, with their properties (None when none of them has any)."""
+    if len(sends) == 1:
+        return sends[0][2], sends[0][5]
+    messages = [message for send in sends for message in send[2]]
+    if all(send[5] is None for send in sends):
+        return messages, None
+    properties = [encoded for send in sends for encoded in (send[5] or [None] * len(send[2]))]
+    return messages, properties
 
 
 def _message_key(metadata: MessageFields | SingleFields) -> Key:
@@ -389,10 +411,17 @@ class PulsarConnection(ReadPausing):
         if isinstance(frame, Messages):
             chunks = []
             partition = consumer.partition
-            for position, key, payload, redeliveries, published in frame.messages:
+            for position, key, payload, redeliveries, published, properties in frame.messages:
                 chunks.append(
                     encode_delivery(
-                        consumer_id, partition, position, key, payload, redeliveries=redeliveries, published=published
+                        consumer_id,
+                        partition,
+                        position,
+                        key,
+                        payload,
+                        redeliveries=redeliveries,
+                        published=published,
+                        properties=properties,
                     )
                 )
                 consumer.unacked.add(position)
@@ -627,7 +656,7 @@ class PulsarConnection(ReadPausing):
         try:
             if producer is None:
                 raise _RefusedError(UnknownError, f"producer id {frame.producer_id} is not open on this connection")
-            messages = self._sent_messages(frame)
+            messages, properties = self._sent_messages(frame)
             if self._server.closing:
                 raise _RefusedError(ServiceNotReady, "the server is shutting down; nothing was stored")
         except (_RefusedError, KeyFailoverError) as exc:
@@ -635,7 +664,9 @@ class PulsarConnection(ReadPausing):
             self._send_error(frame.producer_id, frame.sequence_id, *_server_error(exc))
             return
         first, last = messages[0][0], messages[-1][0]
-        self._sends.append((frame, producer, messages, -1 if first is None else first, -1 if last is None else last))
+        self._sends.append(
+            (frame, producer, messages, -1 if first is None else first, -1 if last is None else last, properties)
+        )
 
     def _store_sends(self) -> None:
         """Store the SENDs of one read: a producer's SENDs in a row go in one store request while their
@@ -644,7 +675,7 @@ class PulsarConnection(ReadPausing):
         runs: list[list[_Send]] = []
         last: dict[int, list[_Send]] = {}  # the run each producer id is filling
         for send in sends:
-            frame, producer, _, first_seq, _ = send
+            frame, producer, _, first_seq, _, _ = send
             run = last.get(frame.producer_id)
             if run is None or run[-1][1] is not producer or run[-1][4] >= first_seq:
                 run = last[frame.producer_id] = []
@@ -653,7 +684,7 @@ class PulsarConnection(ReadPausing):
         storage = self._server.storage
         for sent in runs:
             producer = sent[0][1]
-            messages = sent[0][2] if len(sent) == 1 else [message for send in sent for message in send[2]]
+            messages, properties = _joined(sent)
             try:
                 self._server.check_produce(producer.topic, messages)
                 run = sent
@@ -661,8 +692,8 @@ class PulsarConnection(ReadPausing):
                 run = self._checked(sent)
                 if not run:
                     continue
-                messages = [message for send in run for message in send[2]]
-            stored = storage.append(producer.topic, producer.name, messages)
+                messages, properties = _joined(run)
+            stored = storage.append(producer.topic, producer.name, messages, properties)
             stored.add_done_callback(functools.partial(self._receipts, run))
 
     def _checked(self, run: list[_Send]) -> list[_Send]:
@@ -670,7 +701,7 @@ class PulsarConnection(ReadPausing):
         refused one is answered with why."""
         kept = []
         for send in run:
-            frame, producer, messages, _, _ = send
+            frame, producer, messages, _, _, _ = send
             try:
                 self._server.check_produce(producer.topic, messages)
             except KeyFailoverError as exc:
@@ -687,13 +718,13 @@ class PulsarConnection(ReadPausing):
                 error = ServiceNotReady
             else:
                 error = UnknownError if isinstance(exc, KeyFailoverError) else PersistenceError
-            for frame, _, _, _, _ in run:
+            for frame, _, _, _, _, _ in run:
                 self._send_error(frame.producer_id, frame.sequence_id, error, f"not stored: {exc}")
             return
         results = done.result()
         receipts = []
         first = 0
-        for frame, producer, messages, _, _ in run:
+        for frame, producer, messages, _, _, _ in run:
             receipts.append(
                 encode_receipt(
                     frame.producer_id,
@@ -706,8 +737,9 @@ class PulsarConnection(ReadPausing):
             first += len(messages)
         self._write(b"".join(receipts))
 
-    def _sent_messages(self, frame: SendFrame) -> list[tuple[int | None, Key, bytes]]:
-        """The keyfailover messages a SEND carries: one, or each message of a batched entry with its own key."""
+    def _sent_messages(self, frame: SendFrame) -> tuple[_Messages, PropertiesColumn]:
+        """The keyfailover messages a SEND carries: one, or each message of a batched entry with its own key;
+        and their encoded properties (each message's properties and event time; None when none has any)."""
         try:
             sent = parse_message(frame.rest)
         except PulsarFrameError as exc:
@@ -725,14 +757,17 @@ class PulsarConnection(ReadPausing):
             raise _RefusedError(NotAllowedError, "transactions and markers are not supported")
         count = metadata.num_messages_in_batch
         if count is None:
-            return [(frame.sequence_id, _message_key(metadata), sent.payload)]
+            message = (frame.sequence_id, _message_key(metadata), sent.payload)
+            if not (metadata.properties or metadata.event_time):
+                return [message], None  # the usual message: nothing more to store
+            return [message], [_message_properties(metadata)]
         if count < 1:
             raise _RefusedError(UnknownError, f"a batched entry of {count} messages; expected at least 1")
         try:
             singles = split_batch(sent.payload, count)
         except PulsarFrameError as exc:
             raise _RefusedError(UnknownError, f"{exc}; nothing was stored") from None
-        return [
+        messages: _Messages = [
             (
                 frame.sequence_id + index if single.sequence_id is None else single.sequence_id,
                 _message_key(single),
@@ -740,6 +775,9 @@ class PulsarConnection(ReadPausing):
             )
             for index, (single, payload) in enumerate(singles)
         ]
+        if not any(single.properties or single.event_time for single, _ in singles):
+            return messages, None
+        return messages, [_message_properties(single) for single, _ in singles]
 
     def _send_error(self, producer_id: int, sequence_id: int, error: int, message: str) -> None:
         command = _command(BaseCommand.SEND_ERROR)

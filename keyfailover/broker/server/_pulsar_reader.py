@@ -93,7 +93,13 @@ class PulsarReader:
                     self._write(
                         b"".join(
                             encode_delivery(
-                                consumer_id, partition, m.position, m.key, m.payload, published=m.publish_time
+                                consumer_id,
+                                partition,
+                                m.position,
+                                m.key,
+                                m.payload,
+                                published=m.publish_time,
+                                properties=m.properties,
                             )
                             for m in batch
                         )

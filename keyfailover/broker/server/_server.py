@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar, cast
 
 from keyfailover.broker.cursor import Cursor
+from keyfailover.broker.properties import decode_properties
 from keyfailover.broker.protocol import (
     DEFAULT_MAX_FRAME,
     MAX_NAME_LENGTH,
@@ -707,6 +708,7 @@ class Server:
                         "time": r.time,
                         "replayed_at": r.replayed_at,
                         "publish_time": r.publish_time,
+                        "properties": decode_properties(r.properties),
                     }
                     for index, r in records
                 ],
@@ -1068,7 +1070,7 @@ class _Connection(ReadPausing):
         if token is not None and not hmac.compare_digest((frame.token or "").encode(), token.encode()):
             raise ProtocolError(ErrorCode.UNAUTHORIZED, "wrong or missing token")
         self.authenticated = True
-        self.version = frame.version
+        self.version = self._decoder.version = frame.version  # an older client's frames lack what its version does
         self._decoder.max_frame = self._server.config.max_frame
         self.send(
             Connected(
@@ -1089,7 +1091,7 @@ class _Connection(ReadPausing):
             if exc.code == ErrorCode.NOT_OWNER:
                 self._refuse_after(frame)
             raise
-        future = self._server.storage.append(frame.topic, frame.producer, frame.messages)
+        future = self._server.storage.append(frame.topic, frame.producer, frame.messages, frame.properties)
         req = frame.req
 
         def answer(done: asyncio.Future[Result]) -> None:

@@ -538,6 +538,7 @@ class Subscription:
                     letter.redelivery_count,
                     letter.reason,
                     stored.publish_time,
+                    stored.properties,
                 )
             )
         try:
@@ -618,6 +619,7 @@ class Subscription:
             if gone:
                 deliveries = [d for d in deliveries if d.consumer not in gone]
         by_consumer: dict[str, list[Delivered]] = {}
+        properties_bytes: dict[str, int] = {}  # per consumer: its deliveries' properties count toward frame sizes
         first_published: list[int] = []  # of first deliveries: their latency is observed
         get = cache.get
         for consumer, position, _, _, redeliveries in deliveries:
@@ -636,7 +638,10 @@ class Subscription:
             elif (session := sessions.get(consumer)) is not None and session.counts_failures:
                 failed = self.dispatcher.failures(consumer, position)
                 count = count if failed is None else failed  # None: taken back meanwhile, its ack will be refused
-            items.append((position, cached.key, cached.payload, count, published))
+            properties = cached.properties
+            if properties is not None:
+                properties_bytes[consumer] = properties_bytes.get(consumer, 0) + len(properties)
+            items.append((position, cached.key, cached.payload, count, published, properties))
         if first_published:
             waited = publish_clock() - np.array(first_published, dtype=np.int64)
             self.delivery_seconds.observe_many(np.maximum(waited, 0) / 1e6)
@@ -649,7 +654,7 @@ class Subscription:
         for name, items in by_consumer.items():
             session = sessions.get(name)
             if session is not None:
-                _send_in_frames(session, items)
+                _send_in_frames(session, items, properties_bytes.get(name, 0))
 
     # -- reading -----------------------------------------------------------------------
 
@@ -735,19 +740,24 @@ class Subscription:
             await self.flush_cursor()
 
 
-def _send_in_frames(session: Session, items: list[Delivered]) -> None:
-    """``items`` to ``session`` in frames of at most ``_SEND_BATCH`` deliveries and about ``_SEND_BYTES``."""
-    if len(items) <= _SEND_BATCH and 32 * len(items) + sum(map(len, map(_payload, items))) <= _SEND_BYTES:
+def _send_in_frames(session: Session, items: list[Delivered], properties_bytes: int) -> None:
+    """``items`` to ``session`` in frames of at most ``_SEND_BATCH`` deliveries and about ``_SEND_BYTES``
+    (``properties_bytes``: the size of the items' encoded properties, all together)."""
+    if (
+        len(items) <= _SEND_BATCH
+        and 32 * len(items) + sum(map(len, map(_payload, items))) + properties_bytes <= _SEND_BYTES
+    ):
         session.send(Messages(session=session.id, messages=items))  # the usual case: one frame
         return
     batch: list[Delivered] = []
     size = 0
     for item in items:
-        if batch and (len(batch) >= _SEND_BATCH or size + len(item[2]) > _SEND_BYTES):
+        item_size = len(item[2]) + 32 + (0 if item[5] is None else len(item[5]))
+        if batch and (len(batch) >= _SEND_BATCH or size + item_size > _SEND_BYTES):
             session.send(Messages(session=session.id, messages=batch))
             batch, size = [], 0
         batch.append(item)
-        size += len(item[2]) + 32
+        size += item_size
     session.send(Messages(session=session.id, messages=batch))
 
 

@@ -28,6 +28,7 @@ from keyfailover.broker.storage.sqlite import (
     DeadLetterEntry,
     DeadLetterRecord,
     Key,
+    PropertiesColumn,
     StoredMessage,
     dead_letter_topic,
     publish_clock,
@@ -39,12 +40,14 @@ __all__ = ["Batch", "Letter", "NotServedError", "Result", "Store", "TopicDirecto
 
 _log = logging.getLogger("keyfailover.server")
 
-Batch = tuple[str, str | None, Sequence[tuple[int | None, Key, bytes]]]
-"""``(topic, producer or None, [(seq, key, payload), ...])``: one produce request."""
+Batch = tuple[str, str | None, Sequence[tuple[int | None, Key, bytes]], PropertiesColumn]
+"""``(topic, producer or None, [(seq, key, payload), ...], properties)``: one produce request; ``properties``
+the encoded properties of each message, or None when none of them has any."""
 Result = list[tuple[int, bool]]
 """``(position, duplicate)`` per message of a batch."""
 Letter = DeadLetterEntry
-"""``(position, key, payload, redelivery_count, reason, publish_time)``: a message going to a dead-letter topic."""
+"""``(position, key, payload, redelivery_count, reason, publish_time, properties)``: a message going to a
+dead-letter topic."""
 
 
 class TopicDirectory(Protocol):
@@ -180,14 +183,22 @@ class Store(ABC):
         self._listeners.append(listener)
 
     def append(
-        self, topic: str, producer: str | None, messages: Sequence[tuple[int | None, Key, bytes]]
+        self,
+        topic: str,
+        producer: str | None,
+        messages: Sequence[tuple[int | None, Key, bytes]],
+        properties: PropertiesColumn = None,
     ) -> asyncio.Future[Result]:
-        """Queue messages for the next group commit; the future gives (position, duplicate) each."""
+        """Queue messages for the next group commit; the future gives (position, duplicate) each.
+
+        ``properties``: each message's encoded properties (None for one without), or None when no
+        message has any.
+        """
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         if self._closing:
             future.set_exception(KeyFailoverError("the server is shutting down; nothing was stored"))
             return future
-        self._queue.append(((topic, producer, messages), future))
+        self._queue.append(((topic, producer, messages, properties), future))
         self._wake.set()
         return future
 
@@ -195,8 +206,8 @@ class Store(ABC):
         """Store dead letters in the subscription's dead-letter topic; their positions there."""
         positions = await self._dead_letter(topic, subscription, letters)
         stored = [
-            StoredMessage(p, key, payload, publish_time)
-            for p, (_, key, payload, _, _, publish_time) in zip(positions, letters, strict=True)
+            StoredMessage(p, key, payload, publish_time, properties)
+            for p, (_, key, payload, _, _, publish_time, properties) in zip(positions, letters, strict=True)
         ]
         self._stored(dead_letter_topic(topic, subscription), stored)
         return positions
@@ -240,14 +251,23 @@ class Store(ABC):
                 if not future.done():
                     future.set_exception(result)
                 continue
-            topic = batch[0]
+            topic, _, messages, properties = batch
             stored = touched.setdefault(topic, [])
             before = len(stored)
-            stored += [
-                StoredMessage(position, key, payload, now)
-                for (_, key, payload), (position, duplicate) in zip(batch[2], result, strict=True)
-                if not duplicate
-            ]
+            if properties is None:
+                stored += [
+                    StoredMessage(position, key, payload, now)
+                    for (_, key, payload), (position, duplicate) in zip(messages, result, strict=True)
+                    if not duplicate
+                ]
+            else:
+                stored += [
+                    StoredMessage(position, key, payload, now, encoded)
+                    for (_, key, payload), encoded, (position, duplicate) in zip(
+                        messages, properties, result, strict=True
+                    )
+                    if not duplicate
+                ]
             self.appended += len(stored) - before
             if result:
                 self._last[topic] = max(self._last.get(topic, 0), *(position for position, _ in result))

@@ -15,7 +15,9 @@ a failover): answered with the position it was stored at, not stored again. One 
 highest stored that was never stored is stored (a producer's batches may arrive out of order).
 Each message has a publish time, as in the embedded log: the broker's wall clock when its
 write began, in microseconds since the Unix epoch; NULL (unknown) for a message stored before
-the log had the column. A dead letter, and a dead letter replayed, keeps its message's.
+the log had the column. Its properties are kept as in the embedded log, encoded (a msgpack map
+of str to str, :mod:`keyfailover.broker.properties`) in a nullable ``bytea``: NULL when it has
+none. A dead letter, and a dead letter replayed, keeps its message's publish time and properties.
 """
 
 from __future__ import annotations
@@ -32,16 +34,18 @@ from typing import Any
 import asyncpg
 
 from keyfailover.broker.cursor import Cursor
+from keyfailover.broker.properties import check_encoded
 from keyfailover.broker.storage._store import Batch, Letter, NotServedError, Result, Store
 from keyfailover.broker.storage.sqlite import (
     DELIVERY_SETTINGS,
     DeadLetterRecord,
     Key,
     Message,
+    PropertiesColumn,
     StoredMessage,
     publish_clock,
 )
-from keyfailover.core.errors import CursorError, LogError, LogFileError
+from keyfailover.core.errors import CursorError, LogError, LogFileError, PropertiesError
 
 __all__ = ["FencedError", "Lease", "PostgresLog", "PostgresStore"]
 
@@ -109,11 +113,16 @@ _SCHEMA = (
     )""",
 )
 
-_ADDED_COLUMNS = (("kf_messages", "publish_time", "BIGINT"), ("kf_dead_letters", "publish_time", "BIGINT"))
-"""Columns that came later (publish times, µs since the Unix epoch): the tables of an older log gain them,
-NULL (unknown) in the rows stored before, without a rewrite. Added only where missing: ALTER TABLE takes
-an exclusive lock on the table even when the column is there, which would stall (and, queued between
-the locks of other brokers' appends, deadlock) every write while a broker starts."""
+_ADDED_COLUMNS = (
+    ("kf_messages", "publish_time", "BIGINT"),
+    ("kf_dead_letters", "publish_time", "BIGINT"),
+    ("kf_messages", "properties", "BYTEA"),
+    ("kf_dead_letters", "properties", "BYTEA"),
+)
+"""Columns that came later (publish times, µs since the Unix epoch; encoded properties): the tables of an
+older log gain them, NULL (unknown; none) in the rows stored before, without a rewrite. Added only where
+missing: ALTER TABLE takes an exclusive lock on the table even when the column is there, which would stall
+(and, queued between the locks of other brokers' appends, deadlock) every write while a broker starts."""
 
 
 class FencedError(NotServedError):
@@ -183,29 +192,33 @@ class PostgresLog:
         return Lease(topic, partition, owner, int(row["owner_epoch"]), int(row["last_position"]))
 
     async def append(
-        self, lease: Lease, producer: str | None, messages: Sequence[Message], publish_time: int | None = None
+        self,
+        lease: Lease,
+        producer: str | None,
+        messages: Sequence[Message],
+        publish_time: int | None = None,
+        properties: PropertiesColumn = None,
     ) -> list[tuple[int, bool]]:
         """Store ``messages`` (``(seq, key, payload)``) in the leased partition, in one transaction.
 
         Returns ``(position, duplicate)`` per message, as the SQLite log does: a duplicate is
         answered with the position it was stored at. Each
-        message stored gets ``publish_time`` (µs since the Unix epoch; by default the clock now).
+        message stored gets ``publish_time`` (µs since the Unix epoch; by default the clock now)
+        and its encoded ``properties`` (one per message, None for one without; None: none has any).
         Raises :class:`FencedError`, storing nothing, when the lease is no longer the partition's.
         """
-        return (await self.append_batches(lease, [(producer, messages)], publish_time))[0]
+        return (await self.append_batches(lease, [(producer, messages, properties)], publish_time))[0]
 
     async def append_batches(
         self,
         lease: Lease,
-        batches: Sequence[tuple[str | None, Sequence[Message]]],
+        batches: Sequence[tuple[str | None, Sequence[Message], PropertiesColumn]],
         publish_time: int | None = None,
     ) -> list[list[tuple[int, bool]]]:
-        """Store several produce requests ``(producer, messages)`` in the leased partition in one
+        """Store several produce requests ``(producer, messages, properties)`` in the leased partition in one
         transaction (one COPY): as :meth:`append` each, in order; all or nothing."""
         now = publish_clock() if publish_time is None else publish_time
-        checked = [
-            (producer, [_message(producer, message, now) for message in messages]) for producer, messages in batches
-        ]
+        checked = [(producer, _rows(producer, messages, properties, now)) for producer, messages, properties in batches]
         async with self._pool.acquire() as connection, connection.transaction():
             return await self.append_in(connection, lease, checked)
 
@@ -229,7 +242,7 @@ class PostgresLog:
         records = []
         for producer, rows in checked:
             result: list[tuple[int, bool]] = []
-            for seq, key, is_text, payload, published in rows:
+            for seq, key, is_text, payload, published, encoded in rows:
                 if producer is not None and seq is not None:
                     if seq > highest.get(producer, -1):
                         highest[producer] = seq
@@ -241,7 +254,19 @@ class PostgresLog:
                 if producer is not None and seq is not None:
                     stored[producer, seq] = last
                 records.append(
-                    (lease.topic, lease.partition, last, key, is_text, payload, producer, seq, lease.epoch, published)
+                    (
+                        lease.topic,
+                        lease.partition,
+                        last,
+                        key,
+                        is_text,
+                        payload,
+                        producer,
+                        seq,
+                        lease.epoch,
+                        published,
+                        encoded,
+                    )
                 )
                 result.append((last, False))
             results.append(result)
@@ -260,6 +285,7 @@ class PostgresLog:
                     "seq",
                     "epoch",
                     "publish_time",
+                    "properties",
                 ],
             )
             await connection.execute(
@@ -308,7 +334,7 @@ class PostgresLog:
         """Up to ``limit`` messages of the partition after position ``after``, in position order."""
         _check_partition(topic, partition)
         rows = await self._pool.fetch(
-            """SELECT position, key, key_is_text, payload, publish_time FROM kf_messages
+            """SELECT position, key, key_is_text, payload, publish_time, properties FROM kf_messages
                WHERE topic = $1 AND partition = $2 AND position > $3 ORDER BY position LIMIT $4""",
             topic,
             partition,
@@ -466,7 +492,7 @@ class PostgresStore(Store):
 
     async def _write(self, batches: list[Batch], publish_time: int) -> list[Result | BaseException]:
         by_topic: dict[str, list[int]] = defaultdict(list)
-        for index, (topic, _, _) in enumerate(batches):
+        for index, (topic, _, _, _) in enumerate(batches):
             by_topic[topic].append(index)
         results: list[Result | BaseException] = [LogError("not written")] * len(batches)
 
@@ -478,7 +504,7 @@ class PostgresStore(Store):
                 except FencedError:
                     self._fenced(topic, lease)
                     raise
-            except (LogError, NotServedError) as exc:
+            except (LogError, PropertiesError, NotServedError) as exc:
                 if len(indexes) > 1 and not isinstance(exc, NotServedError):  # one bad request: the others alone
                     for i in indexes:
                         await write(topic, [i])
@@ -513,7 +539,7 @@ class PostgresStore(Store):
     async def read_positions(self, topic: str, positions: Iterable[int]) -> dict[int, StoredMessage]:
         name, partition = self._locate(topic)
         rows = await self.log.pool.fetch(
-            """SELECT position, key, key_is_text, payload, publish_time FROM kf_messages
+            """SELECT position, key, key_is_text, payload, publish_time, properties FROM kf_messages
                WHERE topic = $1 AND partition = $2 AND position = ANY($3::bigint[])""",
             name,
             partition,
@@ -606,8 +632,8 @@ class PostgresStore(Store):
     async def _dead_letter(self, topic: str, subscription: str, letters: Sequence[Letter]) -> list[int]:
         lease = self._lease(topic)
         rows = [
-            (position, *_message(None, (None, key, payload), publish_time)[1:], count, reason)
-            for position, key, payload, count, reason, publish_time in letters
+            (position, *_message(None, (None, key, payload), publish_time, properties)[1:], count, reason)
+            for position, key, payload, count, reason, publish_time, properties in letters
         ]
         now = time.time()
         try:
@@ -637,8 +663,9 @@ class PostgresStore(Store):
                             reason,
                             now,
                             publish_time,
+                            encoded,
                         )
-                        for at, (position, key, is_text, payload, publish_time, count, reason) in zip(
+                        for at, (position, key, is_text, payload, publish_time, encoded, count, reason) in zip(
                             positions, rows, strict=True
                         )
                     ],
@@ -655,6 +682,7 @@ class PostgresStore(Store):
                         "reason",
                         "time",
                         "publish_time",
+                        "properties",
                     ],
                 )
         except FencedError:
@@ -666,7 +694,7 @@ class PostgresStore(Store):
         name, partition = self._locate(topic)
         rows = await self.log.pool.fetch(
             """SELECT dlq_position, position, key, key_is_text, payload, redelivery_count, reason, time, replayed_at,
-                      publish_time
+                      publish_time, properties
                FROM kf_dead_letters WHERE topic = $1 AND partition = $2 AND subscription = $3
                ORDER BY dlq_position LIMIT $4""",
             name,
@@ -685,6 +713,7 @@ class PostgresStore(Store):
                 float(r["time"]),
                 None if r["replayed_at"] is None else int(r["replayed_at"]),
                 None if r["publish_time"] is None else int(r["publish_time"]),
+                _stored_properties(r["properties"]),
             )
             for r in rows
         ]
@@ -694,7 +723,7 @@ class PostgresStore(Store):
         waiting = [r for r in await self.dead_letters(topic, subscription, 2**62) if r.replayed_at is None]
         if not waiting:
             return []
-        rows = [_message(None, (None, r.key, r.payload), r.publish_time) for r in waiting]
+        rows = [_message(None, (None, r.key, r.payload), r.publish_time, r.properties) for r in waiting]
         try:
             async with self.log.pool.acquire() as connection, connection.transaction():
                 [stored] = await self.log.append_in(connection, lease, [(None, rows)])
@@ -710,7 +739,7 @@ class PostgresStore(Store):
             self._fenced(topic, lease)
             raise
         return [
-            StoredMessage(position, r.key, r.payload, r.publish_time)
+            StoredMessage(position, r.key, r.payload, r.publish_time, r.properties)
             for r, (position, _) in zip(waiting, stored, strict=True)
         ]
 
@@ -722,35 +751,60 @@ def _check_partition(topic: object, partition: object) -> None:
         raise LogError(f"partition must be an int >= 0, not {partition!r}")
 
 
-Row = tuple[int | None, bytes | None, bool, bytes, int | None]
-"""``(seq, key bytes, key was a str, payload, publish time)``: a message as :func:`_message` checked it."""
+Row = tuple[int | None, bytes | None, bool, bytes, int | None, bytes | None]
+"""``(seq, key bytes, key was a str, payload, publish time, encoded properties)``: a message as :func:`_message`
+checked it."""
 
 
-def _message(producer: str | None, message: Message, publish_time: int | None) -> Row:
-    """``(seq, key bytes, key was a str, payload, publish_time)`` of one message to append, checked."""
+def _rows(
+    producer: str | None, messages: Sequence[Message], properties: PropertiesColumn, publish_time: int
+) -> list[Row]:
+    """The rows of one produce request, checked; ``properties`` one encoding (or None) per message, or None."""
+    if properties is None:
+        return [_message(producer, message, publish_time) for message in messages]
+    if len(properties) != len(messages):
+        raise PropertiesError(
+            f"a batch of {len(messages)} messages has properties for {len(properties)}; expected one encoding or "
+            "None per message"
+        )
+    return [
+        _message(producer, message, publish_time, encoded)
+        for message, encoded in zip(messages, properties, strict=True)
+    ]
+
+
+def _message(producer: str | None, message: Message, publish_time: int | None, properties: bytes | None = None) -> Row:
+    """``(seq, key bytes, key was a str, payload, publish_time, properties)`` of one message to append, checked."""
     seq, key, payload = message
     if producer is not None and (type(seq) is not int or seq < 0):
         raise LogError(f"a named producer's message needs a sequence id >= 0, not {seq!r}")
     if not isinstance(payload, bytes):
         raise LogError(f"a payload must be bytes, not {type(payload).__name__}")
+    if properties is not None:
+        check_encoded(properties)
     if key is None:
-        return seq, None, False, payload, publish_time
+        return seq, None, False, payload, publish_time, properties
     if isinstance(key, str):
-        return seq, key.encode(), True, payload, publish_time
+        return seq, key.encode(), True, payload, publish_time, properties
     if isinstance(key, bytes):
-        return seq, key, False, payload, publish_time
+        return seq, key, False, payload, publish_time, properties
     raise LogError(f"a key must be str, bytes or None, not {type(key).__name__}")
 
 
 def _stored_message(row: Any) -> StoredMessage:
-    """A ``kf_messages`` row (position, key, key_is_text, payload, publish_time) as the log's message."""
+    """A ``kf_messages`` row (position, key, key_is_text, payload, publish_time, properties) as the log's message."""
     at = row["publish_time"]
     return StoredMessage(
         int(row["position"]),
         _stored_key(row["key"], row["key_is_text"]),
         bytes(row["payload"]),
         None if at is None else int(at),
+        _stored_properties(row["properties"]),
     )
+
+
+def _stored_properties(data: bytes | None) -> bytes | None:
+    return None if data is None else bytes(data)
 
 
 def _stored_key(data: bytes | None, is_text: bool) -> Key:

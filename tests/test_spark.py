@@ -123,6 +123,45 @@ def test_a_text_key_and_its_utf8_bytes_share_the_slot(spark: SparkSession) -> No
     assert [(row["from_text"], row["from_bytes"]) for row in rows] == [(key_hash(k), key_hash(k)) for k in keys]
 
 
+def test_whole_block_keys_are_hashed_as_they_are_and_the_others_padded(spark: SparkSession) -> None:
+    keys = [
+        *("", "a", "ab", "abc", "abcd", "abcde", "abcdefgh", "abcdefghijkl"),
+        *("é", "éa", "éé", "中", "中a", "中ab", "😀", "😀a", "é中", "中中中中"),  # fewer characters than bytes
+        *("ab\x00", "ab\x00\x00", "\x00", "\x00" * 4),  # a key and the same key zero-padded to whole blocks
+    ]
+    assert {len(k.encode()) % 4 for k in keys} == {0, 1, 2, 3}
+    df = spark.createDataFrame([(k, k.encode()) for k in keys], "text string, raw binary")
+    rows = with_key_hash(with_key_hash(df, "text", "from_text"), "raw", "from_bytes").collect()
+    expected = [key_hash(k) for k in keys]
+    assert [row["from_text"] for row in rows] == expected
+    assert [row["from_bytes"] for row in rows] == expected
+    assert len(set(expected)) == len(keys)  # "ab\0" and its padding "ab\0\0" are two keys with two slots
+
+
+def test_a_collated_text_key_is_hashed_by_its_utf8_bytes(spark: SparkSession) -> None:
+    keys = ["abc", "ABC", "Straße", "STRASSE", "ÉtÉ", "été"]
+    df = spark.createDataFrame([(k,) for k in keys], "key string").select(sf.collate("key", "UTF8_LCASE").alias("key"))
+    spark.conf.set("spark.sql.legacy.collationAwareHashFunctions", "true")
+    try:
+        spark_hashes = [row[0] for row in df.select(sf.hash("key")).collect()]
+        assert spark_hashes[0] == spark_hashes[1]  # here Spark's hash() follows the collation: "abc" = "ABC"
+        rows = with_key_hash(df, "key").collect()
+    finally:
+        spark.conf.unset("spark.sql.legacy.collationAwareHashFunctions")
+    assert [row["key_hash"] for row in rows] == [key_hash(k) for k in keys]
+
+
+def test_columns_are_found_whatever_their_names(spark: SparkSession) -> None:
+    key_col, slot_col, range_col = "the key.`x`", "it's the slot", "range `id`"
+    df = spark.createDataFrame([("acct-1",), (None,)], "k string").withColumnRenamed("k", key_col)
+    rows = with_range_id(with_key_hash(df, key_col, slot_col), UNEVEN, slot_col, range_col).collect()
+    slot = key_hash("acct-1")
+    assert [(row[slot_col], row[range_col]) for row in rows] == [(slot, int(UNEVEN.index_of([slot])[0])), (None, None)]
+    outside = spark.createDataFrame([(70_000,)], "s int").withColumnRenamed("s", slot_col)
+    with pytest.raises(PySparkException, match=r"it's the slot 70000 is not a key-hash slot; expected an int"):
+        with_range_id(outside, UNEVEN, slot_col).collect()
+
+
 # -- ranges --------------------------------------------------------------------------------
 
 

@@ -88,7 +88,12 @@ KeyFunction: TypeAlias = Callable[[Any, list[dict[str, Any]]], Iterable[Mapping[
 # when the length is a multiple of 4. with_key_hash therefore lets Spark hash the key
 # zero-padded to whole blocks with seed 0, then in bigint arithmetic undoes Spark's final
 # mix, its length step and the block step of the padded last block (which leaves exactly the
-# standard tail mix applied), and finishes with the true length.
+# standard tail mix applied), and finishes with the true length. A key of whole blocks is
+# hashed as it is, with no copy: Spark's value is already the standard one.
+#
+# The steps are written as Spark SQL text, one parse per step: built operator by operator
+# from Column objects they cost a py4j round trip each, and building the plan took the
+# driver longer than hashing millions of rows took the executors (benchmarks/bench_spark.py).
 
 _U32 = 0xFFFFFFFF
 _C1, _C2 = 0xCC9E2D51, 0x1B873593  # block mixing constants
@@ -104,6 +109,11 @@ def _rotr(x: int, r: int) -> int:
     return ((x >> r) | (x << (32 - r))) & _U32
 
 
+def _signed(c: int) -> int:
+    """``c`` in [0, 2^32) as the signed 32-bit value with the same bits."""
+    return c - (1 << 32) if c >= 1 << 31 else c
+
+
 def _int_hashing_to_zero(seed: int = 42) -> int:
     """The int ``v`` whose Spark ``hash(v)`` is 0, so ``hash(v, x)`` hashes ``x`` with seed 0.
 
@@ -113,73 +123,91 @@ def _int_hashing_to_zero(seed: int = 42) -> int:
     h = (((4 - _C4) & _U32) * _inverse(5)) & _U32
     k = _rotr(h, 13) ^ seed
     k = _rotr((k * _inverse(_C2)) & _U32, 15)
-    v = (k * _inverse(_C1)) & _U32
-    return v - (1 << 32) if v >= 1 << 31 else v
+    return _signed((k * _inverse(_C1)) & _U32)
 
 
 _SEED_ZERO = _int_hashing_to_zero()
 
 
-def _mul(x: Column, c: int) -> Column:
-    """``x * c mod 2^32`` for ``x`` in [0, 2^32): ``c`` as a signed 32-bit value keeps |x * c| below 2^63."""
-    return (x * sf.lit(c - (1 << 32) if c >= 1 << 31 else c)).bitwiseAND(sf.lit(_U32))
+def _sql_name(name: str) -> str:
+    """``name`` as a Spark SQL identifier of a top-level column: backquoted, its backquotes doubled."""
+    return "`" + name.replace("`", "``") + "`"
 
 
-def _xorshift(x: Column, *shifts: int) -> Column:
-    """``x ^ (x >> s1) ^ (x >> s2) ...`` for a non-negative bigint ``x``."""
-    result = x
-    for shift in shifts:
-        result = result.bitwiseXOR(sf.shiftright(x, shift))
-    return result
+def _sql_string(text: str) -> str:
+    """``text`` as a Spark SQL string constant: its UTF-8 bytes in hex, so no parser setting changes it."""
+    return f"CAST(X'{text.encode().hex()}' AS STRING)"
 
 
-def _whole_blocks(length: Column) -> Column:
-    """``length`` rounded up to a multiple of 4: the length of the zero-padded key."""
-    return sf.shiftleft(sf.shiftright(length + 3, 2), 2)
+def _mul(x: str, c: int) -> str:
+    """SQL for ``x * c mod 2^32``, ``x`` in [0, 2^32): ``c`` as a signed 32-bit value keeps |x * c| below 2^63."""
+    return f"(({x} * ({_signed(c)})) & {_U32})"
+
+
+def _xorshift(x: str, *shifts: int) -> str:
+    """SQL for ``x ^ (x >> s1) ^ (x >> s2) ...``, ``x`` a non-negative bigint."""
+    return "(" + " ^ ".join([x, *(f"shiftright({x}, {shift})" for shift in shifts)]) + ")"
+
+
+def _rotr13(x: str) -> str:
+    """SQL for ``x`` in [0, 2^32) rotated right by 13 bits."""
+    return f"(shiftright({x}, 13) | (shiftleft({x}, 19) & {_U32}))"
+
+
+def _fmix(x: str) -> str:
+    """SQL for Murmur3's final mix of ``x`` in [0, 2^32)."""
+    return _xorshift(_mul(_xorshift(_mul(_xorshift(x, 16), _F1), 13), _F2), 16)
+
+
+def _fmix_undone(x: str) -> str:
+    """SQL for the ``y`` whose final mix is ``x``: each step of :func:`_fmix` inverted, the last first."""
+    return _xorshift(_mul(_xorshift(_mul(_xorshift(x, 16), _inverse(_F2)), 13, 26), _inverse(_F1)), 16)
+
+
+def _zero_padded(key: str, binary: bool) -> str:
+    """SQL for ``key`` followed by as many zero bytes as make whole 4-byte blocks; a key of whole blocks as it is."""
+    zeros = [f"X'{'00' * count}'" if binary else f"CAST(X'{'00' * count}' AS STRING)" for count in (3, 2, 1)]
+    return (
+        f"CASE octet_length({key}) & 3 WHEN 0 THEN {key} WHEN 1 THEN concat({key}, {zeros[0]}) "
+        f"WHEN 2 THEN concat({key}, {zeros[1]}) ELSE concat({key}, {zeros[2]}) END"
+    )
 
 
 def with_key_hash(df: DataFrame, key_col: str, out: str = "key_hash") -> DataFrame:
     """Add ``out``: the :func:`keyfailover.key_hash` slot of ``key_col``, an int in [0, 65535] or null.
 
-    ``key_col`` is a string column (hashed as its UTF-8 bytes) or a binary column, so a
-    string and its UTF-8 bytes get the same slot. A null key gets a null slot. Built as
-    staged ``withColumns`` steps over bigint columns (each value that is used twice is a
-    column of its own, so the plan never nests copies of an expression).
+    ``key_col`` is a string column (hashed as its UTF-8 bytes, whatever its collation) or a
+    binary column, so a string and its UTF-8 bytes get the same slot. A null key gets a null
+    slot. Built as four staged ``withColumn`` steps over bigint columns: the expensive values
+    are columns of their own, so the plan never nests copies of them, and each step is one
+    SQL expression, parsed in one call.
     """
     key_type = _column_type(df, key_col)
     if not isinstance(key_type, StringType | BinaryType):
         raise InvalidKeyError(f"key column {key_col!r} has type {key_type.simpleString()}; expected string or binary")
-    names = [f"__kf_{out}_{step}" for step in ("len", "v", "a", "b", "c", "d", "e", "f")]
-    length, v, a, b, c, d, e, f = (sf.col(name) for name in names)
-    key = sf.col(key_col).cast("binary")
-    steps: list[dict[str, Column]] = [
-        {  # Spark's Murmur3 of the zero-padded key with seed 0: fmix(H ^ padded length), H the block loop
-            names[0]: sf.octet_length(key).cast("long"),
-            names[1]: sf.hash(
-                sf.lit(_SEED_ZERO), sf.rpad(key, _whole_blocks(sf.octet_length(key)), sf.lit(bytearray(1)))
-            )
-            .cast("long")
-            .bitwiseAND(sf.lit(_U32)),
-        },
-        {names[2]: _mul(_xorshift(v, 16), _inverse(_F2))},  # undo fmix, from its last step back
-        {names[3]: _mul(_xorshift(a, 13, 26), _inverse(_F1))},
-        {  # undo the padded length and the last block step rotl(h ^ k, 13) * 5 + _C4: h ^ k is left
-            names[4]: _mul(
-                (_xorshift(b, 16).bitwiseXOR(_whole_blocks(length)) + sf.lit((1 << 32) - _C4)).bitwiseAND(sf.lit(_U32)),
-                _inverse(5),
-            )
-        },
-        {names[5]: sf.shiftright(c, 13).bitwiseOR(sf.shiftleft(c, 19).bitwiseAND(sf.lit(_U32))).bitwiseXOR(length)},
-        {names[6]: _mul(_xorshift(d, 16), _F1)},  # standard fmix with the true length
-        {names[7]: _mul(_xorshift(e, 13), _F2)},
-        {  # whole blocks only: Spark's value is already standard. A null key has a null length.
-            out: sf.when(length.bitwiseAND(3) == 0, v.bitwiseAND(0xFFFF))
-            .otherwise(_xorshift(f, 16).bitwiseAND(0xFFFF))
-            .cast("int")
-        },
+    key = _sql_name(key_col)
+    length = f"octet_length({key})"
+    binary = isinstance(key_type, BinaryType) or key_type.collation != "UTF8_BINARY"
+    if not isinstance(key_type, BinaryType) and binary:
+        key = f"CAST({key} AS BINARY)"  # Spark hashes a collated string by its collation's key, not its bytes
+    names = [f"__kf_{out}_{step}" for step in ("v", "h", "d")]
+    v, h, d = (_sql_name(name) for name in names)
+    steps = [
+        # Spark's Murmur3 of the zero-padded key with seed 0: v = fmix(H ^ padded length)
+        (names[0], f"(CAST(hash({_SEED_ZERO}, {_zero_padded(key, binary)}) AS BIGINT) & {_U32})"),
+        # H: the block loop's state, the padded last block's step included
+        (names[1], f"({_fmix_undone(v)} ^ shiftleft(shiftright({length} + 3, 2), 2))"),
+        # The standard tail and length: undo that last block step rotl(h ^ k, 13) * 5 + _C4 to
+        # h ^ k, unless the key is whole blocks (its H is already the standard one), then ^ length.
+        (
+            names[2],
+            f"(CASE WHEN ({length} & 3) = 0 THEN {h} ELSE "
+            f"{_rotr13(_mul(f'(({h} + {(1 << 32) - _C4}) & {_U32})', _inverse(5)))} END ^ {length})",
+        ),
+        (out, f"CAST(({_fmix(d)} & 65535) AS INT)"),  # a null key has a null length, so a null slot
     ]
-    for step in steps:
-        df = df.withColumns(step)
+    for name, sql in steps:
+        df = df.withColumn(name, sf.expr(sql))
     return df.drop(*names)
 
 
@@ -256,39 +284,37 @@ ranges the code passes the JVM's 64 KB method limit and Spark falls back to inte
 """
 
 
-def _range_index(hash_col: str, range_map: RangeMap) -> Column:
+def _range_index(hash_col: str, range_map: RangeMap, *, checked: bool) -> Column:
     """The index of the range holding ``hash_col``'s slot, null for a null slot; an int column.
 
     A binary search over the range ends (about log2(n) integer comparisons per row), or for
-    more than ``_MAX_SEARCH_RANGES`` ranges a lookup in a 65536-entry slot table literal. A
-    slot outside [0, 65535] fails the query rather than landing in an edge range.
+    more than ``_MAX_SEARCH_RANGES`` ranges a lookup in a 65536-entry slot table literal; one
+    SQL expression, parsed in one call. ``checked``: a slot outside [0, 65535] fails the query
+    rather than landing in an edge range. Slots that :func:`with_key_hash` computed need no
+    check, and leaving it out keeps an error branch out of every plan and generated stage.
     """
-    slot = sf.col(hash_col)
+    slot = _sql_name(hash_col)
     if range_map.range_count() > _MAX_SEARCH_RANGES:
-        table = sf.from_json(sf.lit(json.dumps(range_map.slot_owners().tolist())), "array<int>")
-        found = sf.element_at(table, slot + 1)
+        found = f"element_at(from_json('{json.dumps(range_map.slot_owners().tolist())}', 'array<int>'), {slot} + 1)"
     else:
         ends, _ = range_map.lookup_table()
 
-        def search(low: int, high: int) -> Column:
+        def search(low: int, high: int) -> str:
             if low == high:
-                return sf.lit(low)
+                return str(low)
             middle = (low + high) // 2
-            return sf.when(slot <= ends[middle], search(low, middle)).otherwise(search(middle + 1, high))
+            return f"CASE WHEN {slot} <= {ends[middle]} THEN {search(low, middle)} ELSE {search(middle + 1, high)} END"
 
         found = search(0, len(ends) - 1)
-    outside = sf.raise_error(
-        sf.concat(
-            sf.lit(f"{hash_col} "),
-            slot.cast("string"),
-            sf.lit(f" is not a key-hash slot; expected an int in [0, {HASH_RANGE_SIZE - 1}]"),
-        )
+    if not checked:
+        return sf.expr(f"CASE WHEN {slot} IS NULL THEN NULL ELSE {found} END")
+    outside = (
+        f"raise_error(concat({_sql_string(hash_col + ' ')}, CAST({slot} AS STRING), "
+        f"{_sql_string(f' is not a key-hash slot; expected an int in [0, {HASH_RANGE_SIZE - 1}]')}))"
     )
-    return (
-        sf.when(slot.isNull(), sf.lit(None))
-        .when(slot.between(0, HASH_RANGE_SIZE - 1), found)
-        .otherwise(outside)
-        .cast("int")
+    return sf.expr(
+        f"CAST(CASE WHEN {slot} IS NULL THEN NULL WHEN {slot} BETWEEN 0 AND {HASH_RANGE_SIZE - 1} THEN {found} "
+        f"ELSE {outside} END AS INT)"
     )
 
 
@@ -297,10 +323,10 @@ def _per_range(values: Sequence[Any], sql_type: str, range_index: Column) -> Col
     return sf.element_at(sf.from_json(sf.lit(json.dumps(list(values))), f"array<{sql_type}>"), range_index + 1)
 
 
-def _owner(hash_col: str, range_map: RangeMap) -> Column:
+def _owner(hash_col: str, range_map: RangeMap, *, checked: bool) -> Column:
     """The consumer owning ``hash_col``'s slot, null for a null slot: the owner of its range."""
     _, owners = range_map.lookup_table()
-    return _per_range(owners, "string", _range_index(hash_col, range_map))
+    return _per_range(owners, "string", _range_index(hash_col, range_map, checked=checked))
 
 
 def with_range_id(
@@ -314,7 +340,7 @@ def with_range_id(
     """
     found = load_range_map(range_map)
     _require_slot_column(df, hash_col)
-    return df.withColumn(out, _range_index(hash_col, found))
+    return df.withColumn(out, _range_index(hash_col, found, checked=True))
 
 
 def owner_column(
@@ -334,9 +360,9 @@ def owner_column(
     found = load_range_map(range_map)
     if key_col is None:
         _require_slot_column(df, hash_col)
-        return df.withColumn(out, _owner(hash_col, found))
+        return df.withColumn(out, _owner(hash_col, found, checked=True))
     slot = f"__kf_{out}_slot"
-    return with_key_hash(df, key_col, slot).withColumn(out, _owner(slot, found)).drop(slot)
+    return with_key_hash(df, key_col, slot).withColumn(out, _owner(slot, found, checked=False)).drop(slot)
 
 
 def partition_by_ranges(
@@ -359,9 +385,9 @@ def partition_by_ranges(
     """
     found = load_range_map(range_map)
     order = _order_columns(df, order_by)
-    ranged = with_range_id(with_key_hash(df, key_col, hash_col), found, hash_col, range_col)
+    ranged = with_key_hash(df, key_col, hash_col).withColumn(range_col, _range_index(hash_col, found, checked=False))
     count = found.range_count()
-    target = sf.coalesce(sf.col(range_col), sf.lit(count))
+    target = sf.expr(f"coalesce({_sql_name(range_col)}, {count})")
     return ranged.repartitionById(count + 1, target).sortWithinPartitions(key_col, *order)
 
 
@@ -389,7 +415,7 @@ def partition_by_consumer(
     index_col = f"__kf_{owner_col}_index"
     index = sf.col(index_col)
     owned = with_key_hash(df, key_col, hash_col).withColumn(
-        index_col, _per_range(arrays.owner.tolist(), "int", _range_index(hash_col, found))
+        index_col, _per_range(arrays.owner.tolist(), "int", _range_index(hash_col, found, checked=False))
     )
     owned = owned.withColumn(owner_col, _per_range(arrays.consumers, "string", index))
     parted = owned.repartitionById(count + 1, sf.coalesce(index, sf.lit(count)))

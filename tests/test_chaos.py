@@ -16,7 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from keyfailover.tools.chaos import ChaosError, ChaosSettings, Fault, Served, chaos, plan_faults
+from keyfailover.tools.chaos import (
+    UNANSWERED,
+    ChaosError,
+    ChaosOutcome,
+    ChaosSettings,
+    Fault,
+    Produced,
+    Served,
+    chaos,
+    plan_faults,
+)
 from keyfailover.tools.services import PostgreSQL, ZooKeeper
 from tests.server_process import run_cli, wait_until
 
@@ -81,17 +91,29 @@ def test_brokers_without_their_lease_are_caught_serving_beside_the_new_owner(
     zookeeper: ZooKeeper, postgres: PostgreSQL
 ) -> None:
     """The same fault with the lease off (a test-only switch): a broker suspended past its session
-    serves, once woken, beside the broker that took its partitions, and the two-owner checker says so."""
+    serves, once woken, beside the broker that took its partitions, and the two-owner checker says so.
+
+    With the lease, the woken broker gets its partition back once the other has taken it: the
+    producer, refused by it on the connection it kept, must go on there. (It did not: the broker
+    kept refusing it, waiting for a resend of what the other broker had stored meanwhile.)"""
     settings = ChaosSettings(
-        duration=20.0, seed=3, faults=("suspend",), targets=("brokers",), brokers=2, partitions=2, consumers=1,
-        rate=100.0, session_timeout=1.0, rebalance_interval=0.0,
+        duration=20.0, seed=55, faults=("suspend",), targets=("brokers",), brokers=2, partitions=2, consumers=1,
+        rate=100.0, session_timeout=1.5, rebalance_interval=0.0,
     )  # fmt: skip
-    (suspension,) = plan_faults(3, 20.0, ("suspend",), ("brokers",), session_timeout=1.0)
-    assert suspension.length > 1.5  # past the session, with time for the other broker to take over
+    (suspension,) = plan_faults(55, 20.0, ("suspend",), ("brokers",), session_timeout=1.5)
+    # Past the session by as long again: time for the other broker to take over on a loaded machine.
+    assert suspension.length > 2.9
     broken = chaos(replace(settings, mutate="no-lease"), out=io.StringIO(), zookeeper=zookeeper, postgres=postgres)
     assert {verdict.checker for verdict in broken.verdicts if not verdict.passed} == {"two owners"}
     kept = chaos(settings, out=io.StringIO(), zookeeper=zookeeper, postgres=postgres)
     assert kept.passed, [verdict.line() for verdict in kept.verdicts if not verdict.passed]  # the failed ones, whole
+    assert _unanswered(broken) == _unanswered(kept) == []
+    assert {served.broker for served in kept.run.records if isinstance(served, Served) and served.epoch == 3} == {"b2"}
+
+
+def _unanswered(outcome: ChaosOutcome) -> list[Produced]:
+    """The sends of ``outcome`` its producer never got an answer for."""
+    return [sent for sent in outcome.run.records if isinstance(sent, Produced) and sent.error == UNANSWERED]
 
 
 def test_bad_settings_say_what_was_expected(zookeeper: ZooKeeper, postgres: PostgreSQL) -> None:

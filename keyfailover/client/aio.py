@@ -848,6 +848,31 @@ class _Part(ABC):
         """Leave: flush or unsubscribe."""
 
 
+class _Refusal:
+    """The first message of a produce a broker refused with ``not_owner`` on one link.
+
+    The broker refuses the producer's later produces on that connection until one starts at
+    or before this message (so a resend cannot be overtaken by newer batches). When the
+    message is stored through another broker meanwhile (``settled``) and the partition comes
+    back, the resend starts after it: the message goes first on its own, is stored as a
+    duplicate (nothing new), and lifts the broker's refusal.
+    """
+
+    __slots__ = ("message", "properties", "settled")
+
+    def __init__(self, message: tuple[int | None, Key, bytes], properties: bytes | None) -> None:
+        self.message = message
+        self.properties = properties
+        self.settled = False
+
+    @property
+    def seq(self) -> int:
+        """The refused message's sequence id."""
+        seq = self.message[0]
+        assert seq is not None  # a named producer's messages all have one
+        return seq
+
+
 class _PartProducer(_Part):
     """Sends keyed messages to one partition, in order, batched; retries are deduplicated."""
 
@@ -865,6 +890,7 @@ class _PartProducer(_Part):
         self._flush_scheduled = False
         self._held = False  # a batch was refused (not_owner): newer ones wait to be resent after it
         self._unconfirmed: dict[int, _PendingBatch] = {}  # req -> batch, in send order
+        self._refusals: dict[_Link, _Refusal] = {}  # link -> the first produce it refused (not_owner)
         self._idle = asyncio.Event()
         self._idle.set()
         self._closed = False
@@ -938,22 +964,28 @@ class _PartProducer(_Part):
         frame = Produce(
             req=req, topic=self.topic, producer=self.producer_name, messages=batch.messages, properties=batch.properties
         )
-        self.link.pending[req] = lambda reply: self._answered(req, reply)
-        if not self.link.send(frame):
-            self.link.pending.pop(req, None)  # resent by reconnected()
+        link = self.link
+        link.pending[req] = lambda reply: self._answered(req, reply, link)
+        if not link.send(frame):
+            link.pending.pop(req, None)  # resent by reconnected()
 
-    def _answered(self, req: int, reply: Frame | None) -> None:
+    def _answered(self, req: int, reply: Frame | None, link: _Link) -> None:
         if reply is None:
             return  # connection lost: kept in _unconfirmed and resent after reconnecting
         if isinstance(reply, Error) and reply.code == ErrorCode.NOT_OWNER:
             # Kept in _unconfirmed, with everything after it (the broker refuses those too), and resent
             # in order to the partition's broker once found; newer batches wait for that.
+            refused = self._unconfirmed.get(req)
+            if refused is not None and refused.messages and link not in self._refusals:
+                self._refusals[link] = _Refusal(refused.messages[0], (refused.properties or [None])[0])
             self._held = True
             self._on_lost(self)
             return
         batch = self._unconfirmed.pop(req, None)
         if batch is None:
             return
+        if self._refusals and isinstance(reply, Receipt):
+            self._settle(batch, reply)
         if isinstance(reply, Receipt):
             for callback, position in zip(batch.callbacks, reply.positions, strict=True):
                 if callback is None:
@@ -1005,10 +1037,50 @@ class _PartProducer(_Part):
                     callback(None, error)
         self._idle.set()
 
+    def _settle(self, batch: _PendingBatch, receipt: Receipt) -> None:
+        """Mark the refusals whose message ``batch`` holds and ``receipt`` stored as settled."""
+        for refusal in self._refusals.values():
+            for message, position in zip(batch.messages, receipt.positions, strict=True):
+                if message[0] == refusal.seq and position:
+                    refusal.settled = True
+
+    def _lift_refusal(self, old: Mapping[int, _PendingBatch]) -> None:
+        """Before resending ``old`` on this part's link: lift the link's refusal of this producer if the
+        resend would not (it starts after the refused message, which another broker stored meanwhile)."""
+        for gone in [link for link in self._refusals if link.closed]:
+            del self._refusals[gone]  # its connection and the broker's refusal with it
+        refusal = self._refusals.pop(self.link, None)
+        first = next((batch.messages[0][0] for batch in old.values() if batch.messages), None)
+        if refusal is None or (first is not None and first <= refusal.seq):
+            return  # no refusal here, or the resend starts at the refused message: it lifts the refusal
+        if not refusal.settled:
+            return  # never stored (it failed): sending it now would store what was reported lost
+        link = self.link
+        req = link.next_req()
+        frame = Produce(
+            req=req,
+            topic=self.topic,
+            producer=self.producer_name,
+            messages=[refusal.message],
+            properties=None if refusal.properties is None else [refusal.properties],
+        )
+
+        def answered(reply: Frame | None) -> None:
+            if isinstance(reply, Error) and reply.code == ErrorCode.NOT_OWNER:
+                self._refusals.setdefault(link, refusal)  # refused again: the broker keeps refusing
+                self._held = True
+                self._on_lost(self)
+
+        link.pending[req] = answered
+        if not link.send(frame):
+            link.pending.pop(req, None)  # the connection dropped, and with it the broker's refusal
+
     def reconnected(self) -> None:
         """Resend every unconfirmed batch, in order; split where the new server takes smaller frames."""
         self._held = False
         old, self._unconfirmed = self._unconfirmed, {}
+        if self._refusals:
+            self._lift_refusal(old)
         for batch in old.values():
             for part in batch.split(self.link.max_batch_bytes):
                 req = self.link.next_req()

@@ -44,10 +44,12 @@ from keyfailover.tools.chaos._records import (
     to_json,
 )
 from keyfailover.tools.chaos._schedule import FAULTS, TARGETS, PlannedFault, ScheduleError, plan_faults
+from keyfailover.tools.chaos._worker import UNANSWERED
 
 __all__ = [
     "FAULTS",
     "TARGETS",
+    "UNANSWERED",
     "Acked",
     "ChaosError",
     "ChaosOutcome",

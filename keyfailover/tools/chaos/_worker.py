@@ -126,11 +126,21 @@ def _stop_on_sigterm() -> threading.Event:
     return stop
 
 
+UNANSWERED = "no receipt and no error by the end of the run"
+"""The error a send is recorded with when the producer never got an answer for it."""
+
+
 def produce(
     url: str, topic: str, name: str, records: Path, *, rate: float, keys: int, distribution: str, seed: int
 ) -> None:
-    """Send at ``rate`` messages a second until SIGTERM, then wait for the receipts of what was sent."""
+    """Send at ``rate`` messages a second until SIGTERM, then wait for the receipts of what was sent.
+
+    A send still unanswered after that wait is recorded as failed with :data:`UNANSWERED`: the
+    producer got no receipt and no error for it (a producer stalled on a partition).
+    """
     stop = _stop_on_sigterm()
+    waiting: set[tuple[str, int]] = set()  # sends not answered yet (the client's thread answers them)
+    guard = threading.Lock()
     with RecordWriter(records) as writer, Client(url) as client:
         producer = client.create_producer(topic, name)
         partitions = producer.partitions
@@ -153,12 +163,16 @@ def produce(
                 values[key] = value + 1
 
                 def done(position: int | None, error: BaseException | None, key: str = key, value: int = value) -> None:
+                    with guard:
+                        waiting.discard((key, value))
                     if error is None:
                         partition = partition_of_key(key, partitions)
                         writer.write(Produced(time.monotonic(), name, key, value, True, partition, position))
                     else:
                         writer.write(Produced(time.monotonic(), name, key, value, False, error=_said(error)))
 
+                with guard:
+                    waiting.add((key, value))
                 producer.send_async(f"{key}:{value}".encode(), key, done)
             ticks += 1
             stop.wait(max(start + ticks * TICK - time.monotonic(), 0.0))  # pacing, not synchronisation
@@ -166,6 +180,10 @@ def produce(
             producer.flush(timeout=60.0)
         except (KeyFailoverError, TimeoutError) as error:
             print(f"producer {name}: not every send was answered: {_said(error)}", file=sys.stderr)
+        with guard:
+            unanswered = sorted(waiting)
+        for key, value in unanswered:
+            writer.write(Produced(time.monotonic(), name, key, value, False, error=UNANSWERED))
 
 
 def _said(error: BaseException) -> str:

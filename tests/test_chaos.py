@@ -16,17 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from keyfailover.tools.chaos import (
-    UNANSWERED,
-    ChaosError,
-    ChaosOutcome,
-    ChaosSettings,
-    Fault,
-    Produced,
-    Served,
-    chaos,
-    plan_faults,
-)
+from keyfailover.tools.chaos import ChaosError, ChaosSettings, Fault, Served, chaos, plan_faults
 from keyfailover.tools.services import PostgreSQL, ZooKeeper
 from tests.server_process import run_cli, wait_until
 
@@ -94,8 +84,8 @@ def test_brokers_without_their_lease_are_caught_serving_beside_the_new_owner(
     serves, once woken, beside the broker that took its partitions, and the two-owner checker says so.
 
     With the lease, the woken broker gets its partition back once the other has taken it: the
-    producer, refused by it on the connection it kept, must go on there. (It did not: the broker
-    kept refusing it, waiting for a resend of what the other broker had stored meanwhile.)"""
+    producer, refused by it on the connection it kept, must go on there (the unanswered checker:
+    the broker kept refusing it, waiting for a resend of what the other broker had stored)."""
     settings = ChaosSettings(
         duration=20.0, seed=55, faults=("suspend",), targets=("brokers",), brokers=2, partitions=2, consumers=1,
         rate=100.0, session_timeout=1.5, rebalance_interval=0.0,
@@ -107,13 +97,7 @@ def test_brokers_without_their_lease_are_caught_serving_beside_the_new_owner(
     assert {verdict.checker for verdict in broken.verdicts if not verdict.passed} == {"two owners"}
     kept = chaos(settings, out=io.StringIO(), zookeeper=zookeeper, postgres=postgres)
     assert kept.passed, [verdict.line() for verdict in kept.verdicts if not verdict.passed]  # the failed ones, whole
-    assert _unanswered(broken) == _unanswered(kept) == []
     assert {served.broker for served in kept.run.records if isinstance(served, Served) and served.epoch == 3} == {"b2"}
-
-
-def _unanswered(outcome: ChaosOutcome) -> list[Produced]:
-    """The sends of ``outcome`` its producer never got an answer for."""
-    return [sent for sent in outcome.run.records if isinstance(sent, Produced) and sent.error == UNANSWERED]
 
 
 def test_bad_settings_say_what_was_expected(zookeeper: ZooKeeper, postgres: PostgreSQL) -> None:

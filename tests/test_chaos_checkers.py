@@ -9,6 +9,7 @@ import pytest
 
 from keyfailover.core.partitions import partition_slots
 from keyfailover.tools.chaos import (
+    UNANSWERED,
     Acked,
     DeadLettered,
     Delivered,
@@ -32,6 +33,7 @@ from keyfailover.tools.chaos import (
     settled_unanswered,
     to_json,
     two_owners,
+    unanswered,
     unowned_partitions,
     unowned_ranges,
 )
@@ -112,6 +114,20 @@ def test_lost_catches_a_confirmed_send_never_delivered() -> None:
     verdict = lost(history)
     assert not verdict.passed
     assert verdict.examples == ("key k: value 1 was confirmed to its producer and never delivered",)
+
+
+def test_unanswered_passes_sends_that_were_stored_or_refused() -> None:
+    history = [*sent("k", 0, 1), *sent("k", 2, ok=False), *handed("c", "k", (0, 1.0), (1, 1.1))]
+    verdict = unanswered(history)
+    assert verdict.passed and verdict.measures == {"sends": 3, "unanswered": 0}
+
+
+def test_unanswered_catches_a_send_its_producer_never_got_an_answer_for() -> None:
+    history = [*sent("k", 0), Produced(1.0, "p", "k", 1, False, error=UNANSWERED), *handed("c", "k", (0, 1.0))]
+    verdict = unanswered(history)
+    assert not verdict.passed and verdict.violations == 1
+    assert verdict.examples == ("key k: value 1 was sent and never answered",)
+    assert lost(history).passed  # never confirmed, so never lost: only this checker sees the stall
 
 
 def test_duplicates_are_counted_and_never_fail() -> None:
@@ -360,6 +376,7 @@ def test_check_all_runs_every_checker_and_fails_only_where_a_violation_is() -> N
     verdicts = check_all(history, partitions=1, unowned_limit=1.0, ack_timeout=5.0)
     assert [v.checker for v in verdicts] == [
         "lost",
+        "unanswered",
         "duplicated",
         "order",
         "two owners",

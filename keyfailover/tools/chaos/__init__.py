@@ -4,8 +4,8 @@ Built in steps for ``keyfailover chaos`` (issue 15). Here so far:
 
 - :mod:`._records`: what a run records, as JSON lines (sends and receipts, deliveries,
   acks, dead letters, brokers serving partitions, consumers' ranges, faults).
-- :mod:`._checkers`: pure functions from the records to verdicts (lost, duplicated, order,
-  two owners, held twice, unowned partitions and ranges, dead-letter accounting).
+- :mod:`._checkers`: pure functions from the records to verdicts (lost, unanswered, duplicated,
+  order, two owners, held twice, unowned partitions and ranges, dead-letter accounting).
 - :mod:`._schedule`: the seeded fault schedule (kill, suspend, loss on brokers, consumers,
   the coordinator, ZooKeeper).
 - :mod:`._harness`: the cluster, the traffic and the faults (:func:`run_chaos`).
@@ -24,11 +24,13 @@ from keyfailover.tools.chaos._checkers import (
     order,
     settled_unanswered,
     two_owners,
+    unanswered,
     unowned_partitions,
     unowned_ranges,
 )
 from keyfailover.tools.chaos._harness import ChaosError, ChaosRun, ChaosSettings, run_chaos
 from keyfailover.tools.chaos._records import (
+    UNANSWERED,
     Acked,
     DeadLettered,
     Delivered,
@@ -44,7 +46,6 @@ from keyfailover.tools.chaos._records import (
     to_json,
 )
 from keyfailover.tools.chaos._schedule import FAULTS, TARGETS, PlannedFault, ScheduleError, plan_faults
-from keyfailover.tools.chaos._worker import UNANSWERED
 
 __all__ = [
     "FAULTS",
@@ -81,6 +82,7 @@ __all__ = [
     "settled_unanswered",
     "to_json",
     "two_owners",
+    "unanswered",
     "unowned_partitions",
     "unowned_ranges",
 ]

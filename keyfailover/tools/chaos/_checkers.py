@@ -20,6 +20,9 @@ pass and that fail (tests/test_chaos_checkers.py).
   had taken the message back, or nobody can tell when the holding ended).
 - :func:`unowned_partitions`, :func:`unowned_ranges`: the longest time a partition had no
   broker, or a slot of a served partition no consumer, once it first had one; failed over ``limit``.
+- :func:`unanswered`: a send its producer never got an answer for (no receipt, no error) by
+  the end of the run: a producer stalled on a partition. The producer is never a fault target,
+  so every send is answered, stored or refused, once the brokers have settled.
 - :func:`dead_letter_accounting`: every confirmed send was acknowledged or dead-lettered by
   the end of the run. An ack that got no answer counts as acknowledged once its consumer was
   killed after sending it, or a lease's time had passed since (:func:`settled_unanswered`): had
@@ -40,6 +43,7 @@ import numpy as np
 
 from keyfailover.core.partitions import partition_slots
 from keyfailover.tools.chaos._records import (
+    UNANSWERED,
     Acked,
     DeadLettered,
     Delivered,
@@ -62,6 +66,7 @@ __all__ = [
     "order",
     "settled_unanswered",
     "two_owners",
+    "unanswered",
     "unowned_partitions",
     "unowned_ranges",
     "zookeeper_outages",
@@ -117,6 +122,14 @@ def lost(records: Sequence[Record]) -> Verdict:
     missing = sorted(sent - reached)
     problems = [f"key {key}: value {value} was confirmed to its producer and never delivered" for key, value in missing]
     return _verdict("lost", problems, {"confirmed sends": len(sent), "lost": len(missing)})
+
+
+def unanswered(records: Sequence[Record]) -> Verdict:
+    """Sends their producer got neither a receipt nor an error for by the end of the run."""
+    sends = _of(records, Produced)
+    waiting = sorted((p.key, p.value) for p in sends if p.error == UNANSWERED)
+    problems = [f"key {key}: value {value} was sent and never answered" for key, value in waiting]
+    return _verdict("unanswered", problems, {"sends": len(sends), "unanswered": len(waiting)})
 
 
 def duplicated(records: Sequence[Record]) -> Verdict:
@@ -457,6 +470,7 @@ def check_all(
     end = _end_of(records, end)
     return [
         lost(records),
+        unanswered(records),
         duplicated(records),
         order(records),
         two_owners(records, end),

@@ -36,6 +36,7 @@ from types import TracebackType
 from typing import Any, ClassVar, Literal, TextIO
 
 __all__ = [
+    "UNANSWERED",
     "Acked",
     "DeadLettered",
     "Delivered",
@@ -54,6 +55,10 @@ __all__ = [
 
 class RecordError(ValueError):
     """A line of a record file is not a record this module writes."""
+
+
+UNANSWERED = "no receipt and no error by the end of the run"
+"""A :class:`Produced` record's ``error`` for a send its producer never got an answer for."""
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ from keyfailover.client.aio import Key, parse_url
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.partitions import partition_of_key
 from keyfailover.tools.chaos._proxy import FaultProxy
-from keyfailover.tools.chaos._records import Acked, Delivered, Produced, RecordWriter
+from keyfailover.tools.chaos._records import UNANSWERED, Acked, Delivered, Produced, RecordWriter
 from keyfailover.tools.chaos._schedule import heal, lose
 
 __all__ = ["MUTATIONS", "consume", "key_draws", "main", "produce"]
@@ -124,10 +124,6 @@ def _stop_on_sigterm() -> threading.Event:
 
     signal.signal(signal.SIGTERM, handle)
     return stop
-
-
-UNANSWERED = "no receipt and no error by the end of the run"
-"""The error a send is recorded with when the producer never got an answer for it."""
 
 
 def produce(

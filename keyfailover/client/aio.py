@@ -1039,10 +1039,18 @@ class _PartProducer(_Part):
 
     def _settle(self, batch: _PendingBatch, receipt: Receipt) -> None:
         """Mark the refusals whose message ``batch`` holds and ``receipt`` stored as settled."""
+        if not batch.messages:
+            return
+        first, last = batch.messages[0][0], batch.messages[-1][0]
+        if first is None or last is None:
+            return
         for refusal in self._refusals.values():
+            if refusal.settled or not first <= refusal.seq <= last:
+                continue
             for message, position in zip(batch.messages, receipt.positions, strict=True):
-                if message[0] == refusal.seq and position:
-                    refusal.settled = True
+                if message[0] == refusal.seq:
+                    refusal.settled = bool(position)
+                    break
 
     def _lift_refusal(self, old: Mapping[int, _PendingBatch]) -> None:
         """Before resending ``old`` on this part's link: lift the link's refusal of this producer if the

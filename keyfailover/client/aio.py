@@ -854,8 +854,8 @@ class _Refusal:
     The broker refuses the producer's later produces on that connection until one starts at
     or before this message (so a resend cannot be overtaken by newer batches). When the
     message is stored through another broker meanwhile (``settled``) and the partition comes
-    back, the resend starts after it: the message goes first on its own, is stored as a
-    duplicate (nothing new), and lifts the broker's refusal.
+    back, the resend starts after it: the message goes first, as a batch of its own that is
+    stored as a duplicate (nothing new), and lifts the broker's refusal.
     """
 
     __slots__ = ("message", "properties", "settled")
@@ -1052,44 +1052,32 @@ class _PartProducer(_Part):
                     refusal.settled = bool(position)
                     break
 
-    def _lift_refusal(self, old: Mapping[int, _PendingBatch]) -> None:
-        """Before resending ``old`` on this part's link: lift the link's refusal of this producer if the
-        resend would not (it starts after the refused message, which another broker stored meanwhile)."""
+    def _lifting(self, first: int | None) -> _PendingBatch | None:
+        """What to send ahead of a resend on this part's link (``first``: the resend's first sequence id) to
+        lift the link's refusal of this producer, which the resend would not lift: the refused message
+        again, when another broker stored it meanwhile and the resend starts after it. None otherwise."""
         for gone in [link for link in self._refusals if link.closed]:
             del self._refusals[gone]  # its connection and the broker's refusal with it
         refusal = self._refusals.pop(self.link, None)
-        first = next((batch.messages[0][0] for batch in old.values() if batch.messages), None)
         if refusal is None or (first is not None and first <= refusal.seq):
-            return  # no refusal here, or the resend starts at the refused message: it lifts the refusal
+            return None  # no refusal here, or the resend starts at the refused message: it lifts the refusal
         if not refusal.settled:
-            return  # never stored (it failed): sending it now would store what was reported lost
-        link = self.link
-        req = link.next_req()
-        frame = Produce(
-            req=req,
-            topic=self.topic,
-            producer=self.producer_name,
-            messages=[refusal.message],
-            properties=None if refusal.properties is None else [refusal.properties],
-        )
-
-        def answered(reply: Frame | None) -> None:
-            if isinstance(reply, Error) and reply.code == ErrorCode.NOT_OWNER:
-                self._refusals.setdefault(link, refusal)  # refused again: the broker keeps refusing
-                self._held = True
-                self._on_lost(self)
-
-        link.pending[req] = answered
-        if not link.send(frame):
-            link.pending.pop(req, None)  # the connection dropped, and with it the broker's refusal
+            return None  # never stored (it failed): sending it now would store what was reported lost
+        batch = _PendingBatch()  # no callback: its sender was answered when it was stored
+        message = refusal.message
+        batch.add(message, None, refusal.properties, _message_size(message[1], message[2], refusal.properties))
+        return batch
 
     def reconnected(self) -> None:
         """Resend every unconfirmed batch, in order; split where the new server takes smaller frames."""
         self._held = False
         old, self._unconfirmed = self._unconfirmed, {}
+        batches = list(old.values())
         if self._refusals:
-            self._lift_refusal(old)
-        for batch in old.values():
+            lifting = self._lifting(next((batch.messages[0][0] for batch in batches if batch.messages), None))
+            if lifting is not None:
+                batches.insert(0, lifting)  # a duplicate: stored as nothing new, and unconfirmed until answered
+        for batch in batches:
             for part in batch.split(self.link.max_batch_bytes):
                 req = self.link.next_req()
                 self._unconfirmed[req] = part

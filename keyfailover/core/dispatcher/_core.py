@@ -725,12 +725,25 @@ class Dispatcher:
         first, size = self._first, self._size
         made: list[_Message] = []
         slots = array("H")
+        hash32 = mmh3.hash
         for item in messages:
             position, key = item[0], item[1]
-            _check_position(position, last)
-            message = _make_message(position, key, None, first, size)
-            if message.kb is not None:
-                slots.append(message.slot)
+            if type(position) is not int or (last is not None and position <= last):
+                _check_position(position, last)  # raises
+            if type(key) is str:  # the usual key, made here as _make_message does, without its call
+                try:
+                    kb = key.encode()
+                except UnicodeEncodeError:
+                    kb = key_bytes(key)  # raises the descriptive InvalidKeyError
+                slot = (hash32(kb, 0, False) & _SLOT_MASK) - first
+                if not 0 <= slot < size:
+                    raise _wrong_partition(key, slot + first, first, size)
+                message = _Message(position, True, kb, slot, None)
+                slots.append(slot)
+            else:
+                message = _make_message(position, key, None, first, size)
+                if message.kb is not None:
+                    slots.append(message.slot)
             made.append(message)
             last = position
         if self._held + len(made) > self._max_replay:
@@ -947,10 +960,34 @@ class Dispatcher:
         changes nothing; the others are acknowledged all the same.
         """
         consumer = self._consumer(cid)
+        inflight = consumer.inflight
+        keys = self._keys
         acked: list[int] = []
         rejected: list[int] = []
+        quick = 0  # acks settled here, as _acked settles them, without its call: counted at the end
         for position in positions:
-            (acked if self._ack(consumer, position) else rejected).append(position)
+            message = inflight.pop(position, None) if type(position) is int else None
+            if message is None:
+                rejected.append(position)
+                continue
+            acked.append(position)
+            kb = message.kb
+            if kb is None or message.flags & _LOOSE or consumer.unacked_blocked:
+                self._acked(consumer, message)
+                continue
+            state = keys[kb]
+            if state.inflight > 1:
+                state.inflight -= 1
+            elif state.draining or state.pending or state.loose:
+                self._acked(consumer, message)
+                continue
+            else:  # the key's last delivery in flight, and nothing of it waits: it is done
+                state.inflight = 0
+                state.holder = None
+                self._drop_key(state)
+            quick += 1
+        consumer.acked += quick
+        self._held -= quick
         if acked and consumer.stuck:
             self._recover(consumer)
         return acked, rejected
@@ -1043,28 +1080,32 @@ class Dispatcher:
         message = consumer.inflight.pop(position, None) if type(position) is int else None
         if message is None:
             return False
+        self._acked(consumer, message)
+        return True
+
+    def _acked(self, consumer: _Consumer, message: _Message) -> None:
+        """``message``, just taken out of ``consumer``'s in-flight map, is acknowledged: its key moves on (G1)."""
         consumer.acked += 1
         self._held -= 1
         if consumer.unacked_blocked and len(consumer.inflight) <= self._unacked_resume:
             self._resume(consumer)
         kb = message.kb
         if kb is None:
-            return True
+            return
         state = self._keys[kb]
         if message.flags & _LOOSE:
             message.flags ^= _LOOSE
             state.loose -= 1
             if not state.loose:
                 self._unblock(state)
-            return True
+            return
         was_draining = state.draining
         if not self._settle_inflight(state, 1):
-            return True
+            return
         if was_draining and state.pending and not (state.loose or state.backoff):
             self._queue(state, self._owner_of_slot(state.slot))
         if not state.pending and not state.loose:
             self._drop_key(state)
-        return True
 
     def nack(self, cid: str, position: int) -> None:
         """Return ``position`` and every later unacked delivery of its key on ``cid`` to pending (G2).
@@ -1558,6 +1599,7 @@ class Dispatcher:
 
     def _route_fresh(self, out: list[Delivery]) -> None:
         keys = self._keys
+        heads = self._slot_keys
         ends, owners = self._ends, self._owners
         deliver = self._deliver
         fresh = self._fresh
@@ -1565,6 +1607,10 @@ class Dispatcher:
         keyless_blocked = False
         parked = self._parked if self._spill else None
         park_at = self._park_at
+        # Without leases or an unacked limit, a delivery of a fresh message (never returned) is made
+        # here as _deliver makes it, without its call: most messages go out this way.
+        plain = not self._ack_timeout and not self._unacked_limit
+        append = out.append
         while fresh:
             message = fresh.popleft()
             kb = message.kb
@@ -1591,22 +1637,38 @@ class Dispatcher:
             # An owner with permits has no adopted keys by now (_serve_ready made their entries): an
             # empty heap means nothing of it waits.
             if state is None:
-                if owner is not None and owner.permits and not owner.ready:
-                    deliver(owner, message, out)
-                    self._add_key(kb, message.slot, owner, 1)
-                else:
+                if owner is None or not owner.permits or owner.ready:
                     state = self._add_key(kb, message.slot, None, 0)
                     state.queue().append(message)
                     self._queue(state, owner)
-            elif state.holder is owner and not state.loose:
-                if owner is not None and owner.permits and not owner.ready:
-                    deliver(owner, message, out)
-                    state.inflight += 1
-                else:
-                    state.queue().append(message)
-                    self._queue(state, owner)
-            else:  # draining: in flight on a consumer that no longer owns the key
+                    continue
+                # As _add_key does, without its call.
+                slot = message.slot
+                state = keys[kb] = _KeyState(kb, slot, owner, 1)
+                head = heads[slot]
+                if head is not None:
+                    state.next = head
+                    head.prev = state
+                heads[slot] = state
+            elif state.holder is not owner or state.loose:  # draining: in flight on a consumer that no longer owns it
                 state.queue().append(message)
+                continue
+            elif owner is None or not owner.permits or owner.ready:
+                state.queue().append(message)
+                self._queue(state, owner)
+                continue
+            else:
+                state.inflight += 1
+            if plain:  # as _deliver does for a message never returned, without its call
+                owner.permits -= 1
+                owner.delivered += 1
+                position = message.position
+                owner.inflight[position] = message
+                append(
+                    _delivery((owner.cid, position, kb.decode() if message.flags & _TEXT else kb, message.payload, 0))
+                )
+            else:
+                deliver(owner, message, out)
 
     def _queue(self, state: _KeyState, owner: _Consumer | None) -> None:
         """Put ``state``'s head on ``owner``'s ready heap (None: no consumer, wait for one)."""

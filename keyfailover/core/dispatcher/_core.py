@@ -1506,11 +1506,16 @@ class Dispatcher:
             if not consumer.lease_due:
                 self._schedule(consumer, self._deadline)
         if self._unacked_limit and len(consumer.inflight) >= self._unacked_limit:
-            consumer.unacked_blocked = True
-            consumer.withheld += consumer.permits
-            consumer.permits = 0
+            self._withhold(consumer)
         count = 0 if back is None else back.count
         out.append(_delivery((consumer.cid, message.position, _key_of(message), message.payload, count)))
+
+    @staticmethod
+    def _withhold(consumer: _Consumer) -> None:
+        """``consumer`` is at ``max_unacked_per_consumer``: its permits are withheld until it acks."""
+        consumer.unacked_blocked = True
+        consumer.withheld += consumer.permits
+        consumer.permits = 0
 
     def _serve_ready(self, out: list[Delivery]) -> None:
         keys = self._keys
@@ -1607,9 +1612,9 @@ class Dispatcher:
         keyless_blocked = False
         parked = self._parked if self._spill else None
         park_at = self._park_at
-        # Without leases or an unacked limit, a delivery of a fresh message (never returned) is made
-        # here as _deliver makes it, without its call: most messages go out this way.
-        plain = not self._ack_timeout and not self._unacked_limit
+        # A delivery of a fresh message (never returned) is made here as _deliver makes it, without its
+        # call: most messages go out this way.
+        leased, deadline, limit = bool(self._ack_timeout), self._deadline, self._unacked_limit
         append = out.append
         while fresh:
             message = fresh.popleft()
@@ -1659,16 +1664,18 @@ class Dispatcher:
                 continue
             else:
                 state.inflight += 1
-            if plain:  # as _deliver does for a message never returned, without its call
-                owner.permits -= 1
-                owner.delivered += 1
-                position = message.position
-                owner.inflight[position] = message
-                append(
-                    _delivery((owner.cid, position, kb.decode() if message.flags & _TEXT else kb, message.payload, 0))
-                )
-            else:
-                deliver(owner, message, out)
+            owner.permits -= 1
+            owner.delivered += 1
+            position = message.position
+            inflight = owner.inflight
+            inflight[position] = message
+            if leased:
+                message.deadline = deadline
+                if not owner.lease_due:
+                    self._schedule(owner, deadline)
+            if limit and len(inflight) >= limit:
+                self._withhold(owner)
+            append(_delivery((owner.cid, position, kb.decode() if message.flags & _TEXT else kb, message.payload, 0)))
 
     def _queue(self, state: _KeyState, owner: _Consumer | None) -> None:
         """Put ``state``'s head on ``owner``'s ready heap (None: no consumer, wait for one)."""

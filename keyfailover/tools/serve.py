@@ -13,6 +13,9 @@ from keyfailover.integrations.metrics import serve_metrics
 
 __all__ = ["configure_logging", "run_server"]
 
+_YOUNG_COLLECTION = 20_000
+"""The server's first garbage-collector threshold: tracked objects' growth that starts a young collection."""
+
 
 def configure_logging(level: str, cluster: bool) -> None:
     """The server's log on stderr: records of ``level`` and above, as ``time LEVEL logger: message``
@@ -46,6 +49,11 @@ async def run_server(config: ServerConfig) -> int:
     # What is alive now (modules, protobuf descriptors, the opened log) lives as long as the server: kept out
     # of the garbage collector's full collections, which a steady produce otherwise makes cost ~1 us/message.
     gc.freeze()
+    # A young collection when tracked objects grew by 20,000 rather than 700: messages in flight and cached
+    # payloads grow by thousands in a moment and are freed by their reference counts: a server that stored and
+    # then delivered 200,000 messages ran ~1,200 young and ~110 middle collections at 700 (0.13-0.2 s of CPU),
+    # 3 or 4 young ones at 20,000 (0.01 s).
+    gc.set_threshold(_YOUNG_COLLECTION, 10, 10)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
-from keyfailover.broker.server import Server
+from keyfailover.broker.protocol import Messages
+from keyfailover.broker.server import Server, ServerConfig
 from keyfailover.broker.server import _subscription as subscription_module
-from keyfailover.broker.server._subscription import Session
+from keyfailover.broker.server._subscription import Session, SubscriptionConfig
 from tests.test_server_seek import Inbox, run
 
 
@@ -32,3 +34,32 @@ def test_the_range_maps_kept_for_plots_are_bounded_by_their_ranges(
         assert kept[-1][1] == subscription.dispatcher.epoch and len(kept) >= 2
 
     run(tmp_path, body)
+
+
+def test_payloads_dropped_from_a_full_cache_are_read_again_and_the_cache_stays_bounded(tmp_path: Path) -> None:
+    """A read batch larger than ``payload_cache`` leaves only the newest payloads cached: the deliveries of
+    the others read theirs from the log again, each message with its own payload, in key order."""
+
+    async def main() -> None:
+        config = ServerConfig(data_dir=tmp_path, subscription=SubscriptionConfig(payload_cache=7))
+        server = Server(config)
+        await server.start()
+        try:
+            sent = [(None, f"k{i % 3}", b"payload %d" % i) for i in range(50)]
+            positions = [p for p, _ in await server.storage.append("orders", None, sent)]
+            subscription = await server.subscription("orders", "billing")
+            inbox = Inbox()
+            subscription.attach(Session(server.next_session_id(), "c1", subscription, inbox.send), 100)
+            await inbox.until(50)
+            delivered = [item for frame in inbox.frames if isinstance(frame, Messages) for item in frame.messages]
+            assert {position: (key, payload) for position, key, payload, *_ in delivered} == {
+                position: (key, payload) for position, (_, key, payload) in zip(positions, sent, strict=True)
+            }
+            for key in ("k0", "k1", "k2"):
+                of_key = [position for position, k, *_ in delivered if k == key]
+                assert of_key == sorted(of_key)
+            assert len(subscription._cache) <= 7
+        finally:
+            await server.close()
+
+    asyncio.run(main())

@@ -77,6 +77,8 @@ class SubscriptionConfig:
 
     max_replay: int = 100_000
     payload_cache: int = 20_000
+    """Payloads read from the log and not yet delivered kept in memory, the oldest dropped past this many (read
+    again when their messages go out); a payload leaves as its message goes out (a redelivery reads it again)."""
     cursor_flush_seconds: float = 0.05
     history: int = 1000  # range maps kept for `keyfailover plot`
     policy: str = "multi"
@@ -423,9 +425,6 @@ class Subscription:
         self._announce_since(epoch)
         if acked:
             self.cursor.ack_many(acked)
-            uncache = self._cache.pop
-            for position in acked:
-                uncache(position, None)
             self._cursor_dirty = True
             self.wake()
         return rejected
@@ -627,9 +626,11 @@ class Subscription:
         by_consumer: dict[str, list[Delivered]] = {}
         properties_bytes: dict[str, int] = {}  # per consumer: its deliveries' properties count toward frame sizes
         first_published: list[int] = []  # of first deliveries: their latency is observed
-        get = cache.get
+        # A payload leaves the cache as it goes out, while its objects are fresh in memory: an ack frees
+        # nothing of it then, and the rare redelivery reads it from the log again.
+        take = cache.pop
         for consumer, position, _, _, redeliveries in deliveries:
-            cached = get(position)
+            cached = take(position, None)
             if cached is None:
                 _log.error("position %d of %s is not in the log", position, self.topic)
                 continue

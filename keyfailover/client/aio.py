@@ -984,9 +984,9 @@ class _PartProducer(_Part):
         batch = self._unconfirmed.pop(req, None)
         if batch is None:
             return
-        if self._refusals and isinstance(reply, Receipt):
-            self._settle(batch, reply)
         if isinstance(reply, Receipt):
+            if self._refusals:
+                self._settle(batch, reply)
             for callback, position in zip(batch.callbacks, reply.positions, strict=True):
                 if callback is None:
                     continue

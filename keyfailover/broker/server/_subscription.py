@@ -202,8 +202,8 @@ class Subscription:
         self._storage = storage
         self._config = config
         self._read_position = cursor.mark_delete
-        # Payloads by position, oldest first (a dict keeps insertion order; its pop, once per ack, costs less
-        # than an OrderedDict's, which unlinks a node besides).
+        # Payloads by position, oldest first (a dict keeps insertion order; its pop, once per delivery, costs
+        # less than an OrderedDict's, which unlinks a node besides).
         self._cache: dict[int, StoredMessage] = {}
         self._wake = asyncio.Event()
         self._tail: deque[StoredMessage] = deque()  # committed, not yet read: spares re-reading the log

@@ -891,6 +891,16 @@ def test_range_traffic_sums_every_range_of_a_consumer() -> None:
     assert range_traffic(RangeMap(16), traffic) == {}
 
 
+@given(st.data(), st.integers(1, 24))
+def test_range_traffic_agrees_with_a_slot_by_slot_sum(data: st.DataObject, size: int) -> None:
+    ranges = _random_map(data, size, ["a", "b", "c", "d"])
+    traffic = np.array(data.draw(st.lists(st.integers(0, 1000), min_size=size, max_size=size)), dtype=np.float64)
+    expected = dict.fromkeys(ranges.consumers(), 0.0)
+    for slot in range(size if len(ranges) else 0):
+        expected[ranges.owner_of(slot)] += float(traffic[slot])
+    assert range_traffic(ranges, traffic) == expected
+
+
 def test_reassign_rates_after_a_split_without_traffic_goes_by_width() -> None:
     old = _map([(0, 15, "a")])
     new = _map([(0, 11, "a"), (12, 15, "n")])

@@ -132,6 +132,7 @@ def test_a_wrong_token_is_a_clear_refusal(tmp_path: Path) -> None:
         (["serve", "--data-dir", "d", "--ack-timeout", "-1"], "expected seconds from 0 (disabled) to 86400"),
         (["serve", "--data-dir", "d", "--ack-timeout", "nan"], "expected seconds from 0 (disabled) to 86400"),
         (["serve", "--data-dir", "d", "--max-redeliveries", "-1"], "--max-redeliveries"),
+        (["serve", "--data-dir", "d", "--entry-cache-mb", "-1"], "expected a number of MiB from 0 to 1048576"),
         (
             ["serve", "--data-dir", "d", "--nack-backoff", "90"],
             "--nack-backoff 90 is longer than --nack-backoff-max 60",

@@ -75,6 +75,9 @@ SPEC: dict[str, tuple[str, tuple[str, ...]]] = {
 SERVER_SPEC: dict[str, tuple[str, tuple[str, ...]]] = {
     "keyfailover_log_appended": ("counter", ()),
     "keyfailover_log_commit_seconds": ("histogram", ()),
+    "keyfailover_entry_cache_bytes": ("gauge", ()),
+    "keyfailover_entry_cache_hits": ("counter", ()),
+    "keyfailover_entry_cache_misses": ("counter", ()),
     "keyfailover_connections": ("gauge", ()),
     "keyfailover_protocol_errors": ("counter", ("code",)),
 }
@@ -480,9 +483,20 @@ def test_server_metrics_come_from_the_server_view() -> None:
     commits = Histogram()
     for seconds in (0.002, 0.02, 0.2):
         commits.observe(seconds)
-    view = ServerView(appended=7, commit_seconds=commits, connections=3, protocol_errors={"bad_frame": 2, "auth": 1})
+    view = ServerView(
+        appended=7,
+        commit_seconds=commits,
+        entry_cache_bytes=4096,
+        entry_cache_hits=5,
+        entry_cache_misses=2,
+        connections=3,
+        protocol_errors={"bad_frame": 2, "auth": 1},
+    )
     families = scrape(list, lambda: view)
     assert value(families, "keyfailover_log_appended_total") == 7
+    assert value(families, "keyfailover_entry_cache_bytes") == 4096
+    assert value(families, "keyfailover_entry_cache_hits_total") == 5
+    assert value(families, "keyfailover_entry_cache_misses_total") == 2
     assert value(families, "keyfailover_connections") == 3
     assert values(families, "keyfailover_protocol_errors_total", "code") == {"bad_frame": 2, "auth": 1}
     assert value(families, "keyfailover_log_commit_seconds_count") == 3

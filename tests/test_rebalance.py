@@ -897,7 +897,9 @@ def test_range_traffic_agrees_with_a_slot_by_slot_sum(data: st.DataObject, size:
     traffic = np.array(data.draw(st.lists(st.integers(0, 1000), min_size=size, max_size=size)), dtype=np.float64)
     expected = dict.fromkeys(ranges.consumers(), 0.0)
     for slot in range(size if len(ranges) else 0):
-        expected[ranges.owner_of(slot)] += float(traffic[slot])
+        owner = ranges.owner_of(slot)
+        assert owner is not None
+        expected[owner] += float(traffic[slot])
     assert range_traffic(ranges, traffic) == expected
 
 

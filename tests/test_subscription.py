@@ -11,6 +11,7 @@ from keyfailover.broker.protocol import Messages
 from keyfailover.broker.server import Server, ServerConfig
 from keyfailover.broker.server import _subscription as subscription_module
 from keyfailover.broker.server._subscription import Session, SubscriptionConfig
+from keyfailover.broker.storage import DEFAULT_ENTRY_CACHE_BYTES
 from tests.test_server_seek import Inbox, run
 
 
@@ -59,6 +60,49 @@ def test_payloads_dropped_from_a_full_cache_are_read_again_and_the_cache_stays_b
                 of_key = [position for position, k, *_ in delivered if k == key]
                 assert of_key == sorted(of_key)
             assert len(subscription._cache) <= 7
+        finally:
+            await server.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("cached", [0, 40, None])
+def test_a_backlog_is_delivered_whole_and_in_key_order_however_much_of_it_the_entry_cache_holds(
+    tmp_path: Path, cached: int | None
+) -> None:
+    """The store answers a read from its entry cache when it holds where the read starts (None: the default
+    bound, room for all of it; 40: the last 40 messages only; 0: the cache is off), else from the log: the same
+    messages either way."""
+
+    async def main() -> None:
+        size = 232 + 2 + 12  # entry_bytes of one message below
+        bound = DEFAULT_ENTRY_CACHE_BYTES if cached is None else cached * size
+        server = Server(ServerConfig(data_dir=tmp_path, entry_cache_bytes=bound))
+        await server.start()
+        try:
+            sent = [(None, f"k{i % 7}", b"payload %04d" % i) for i in range(300)]
+            positions = [
+                p
+                for batch in range(0, 300, 50)
+                for p, _ in await server.storage.append("orders", None, sent[batch : batch + 50])
+            ]
+            cache = server.storage.entry_cache
+            assert len(cache) == (300 if cached is None else cached)
+            subscription = await server.subscription("orders", "billing")
+            inbox = Inbox()
+            subscription.attach(Session(server.next_session_id(), "c1", subscription, inbox.send), 1000)
+            await inbox.until(300)
+            delivered = [item for frame in inbox.frames if isinstance(frame, Messages) for item in frame.messages]
+            assert {position: (key, payload) for position, key, payload, *_ in delivered} == {
+                position: (key, payload) for position, (_, key, payload) in zip(positions, sent, strict=True)
+            }
+            for key in {key for _, key, _ in sent}:
+                of_key = [position for position, k, *_ in delivered if k == key]
+                assert of_key == sorted(of_key)
+            if cached is None:
+                assert cache.hits == 300 and cache.misses == 0
+            else:  # the first read starts before what the cache holds: the log gives all of it
+                assert cache.hits == 0 and cache.misses == 1
         finally:
             await server.close()
 

@@ -366,6 +366,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from keyfailover.broker.protocol import DEFAULT_MAX_FRAME
     from keyfailover.broker.server import ServerConfig, SubscriptionConfig
+    from keyfailover.broker.storage import DEFAULT_ENTRY_CACHE_BYTES
     from keyfailover.core.signals import whole_loop
     from keyfailover.tools.serve import configure_logging, run_server
 
@@ -423,6 +424,7 @@ def _serve(args: argparse.Namespace) -> int:
         frame_timeout=args.frame_timeout,
         max_output=args.max_output,
         max_connections=args.max_connections,
+        entry_cache_bytes=DEFAULT_ENTRY_CACHE_BYTES if args.entry_cache_mb is None else args.entry_cache_mb * 2**20,
         subscription=SubscriptionConfig(
             policy=args.policy,
             max_ranges=DEFAULT_MAX_RANGES if args.max_ranges is None else args.max_ranges,
@@ -1178,6 +1180,13 @@ def _parser() -> argparse.ArgumentParser:
         type=_int_at_least(1024 * 1024),
         default=64 * 1024 * 1024,
         help="bytes of unread replies a connection may have before it is closed, >= 1 MiB (default 64 MiB)",
+    )
+    serve.add_argument(
+        "--entry-cache-mb",
+        type=_int_between(0, 1024 * 1024, "a number of MiB"),
+        default=None,
+        help="MiB of the messages stored last kept in memory, so that subscriptions reading them (keeping up, or "
+        "draining a fresh backlog) spare the log a read; 0 keeps none (default 128)",
     )
     serve.add_argument(
         "--max-connections",

@@ -21,6 +21,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from keyfailover.broker.cluster import ClusterMember, parse_cluster_url
+from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES
 from keyfailover.broker.storage.postgresql import PostgresStore
 from keyfailover.core.errors import ConfigError
 from keyfailover.core.histogram import Histogram
@@ -59,11 +60,12 @@ class BrokerRole:
         broker_id: str | None = None,
         session_timeout: float = 10.0,
         min_rebalance_interval: float = 0.0,
+        entry_cache_bytes: int = DEFAULT_ENTRY_CACHE_BYTES,
     ) -> None:
         self._server = server
         self._hosts, self._root = parse_cluster_url(cluster_url)
         self._broker_id = broker_id
-        self.store = PostgresStore(store_dsn, self._locate)
+        self.store = PostgresStore(store_dsn, self._locate, entry_cache_bytes)
         self.store.on_fenced = self._fenced_out
         self._session_timeout = session_timeout
         self._min_rebalance_interval = min_rebalance_interval

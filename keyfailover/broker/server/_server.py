@@ -55,6 +55,7 @@ from keyfailover.broker.protocol import (
 from keyfailover.broker.server._connection import ClientConnection, ReadPausing, TailWatcher, partial_since
 from keyfailover.broker.server._http import AdminServer, Handler, Response, json_response
 from keyfailover.broker.server._subscription import DeliverySettings, Session, Subscription, SubscriptionConfig
+from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES
 from keyfailover.broker.storage._executor import SQLiteStore
 from keyfailover.broker.storage._store import NotServedError, Result, Store, TopicDirectory
 from keyfailover.broker.storage.sqlite import (
@@ -104,6 +105,8 @@ class ServerConfig:
     """Bytes of replies a connection may have waiting to be written; past it, it is closed."""
     max_connections: int = 1024
     """Open connections; one more is told ``too_many_connections`` and closed."""
+    entry_cache_bytes: int = DEFAULT_ENTRY_CACHE_BYTES
+    """Bytes of the messages stored last kept in memory, so that reading them spares the log (0: none)."""
     tls_cert: Path | None = None
     """PEM certificate (chain) to serve the broker and admin ports over TLS; with ``tls_key``."""
     tls_key: Path | None = None
@@ -279,7 +282,7 @@ class Server:
                 f"{data_dir} is in use by another keyfailover server; expected a free data dir"
             ) from None
         log = Log(data_dir / LOG_FILE_NAME, synchronous=self.config.synchronous)  # type: ignore[arg-type]
-        store = SQLiteStore(log)
+        store = SQLiteStore(log, self.config.entry_cache_bytes)
         self._storage = self._directory = store
         await store.start()
         store.on_commit(self._committed)
@@ -299,6 +302,7 @@ class Server:
             broker_id=config.broker_id,
             session_timeout=config.cluster_session_timeout,
             min_rebalance_interval=config.min_rebalance_interval,
+            entry_cache_bytes=config.entry_cache_bytes,
         )
         self._broker = broker
         self._storage = broker.store
@@ -638,7 +642,7 @@ class Server:
     def _committed(self, topic: str, stored: list[StoredMessage]) -> None:
         for (sub_topic, _), subscription in self._subscriptions.items():
             if sub_topic == topic:
-                subscription.committed(stored)
+                subscription.committed()
         for watcher in list(self._watchers.get(topic, ())):
             watcher.committed()
 

@@ -206,7 +206,6 @@ class Subscription:
         # less than an OrderedDict's, which unlinks a node besides).
         self._cache: dict[int, StoredMessage] = {}
         self._wake = asyncio.Event()
-        self._tail: deque[StoredMessage] = deque()  # committed, not yet read: spares re-reading the log
         self._cursor_dirty = False
         self._history: deque[tuple[float, int, list[Range]]] = deque()
         self._history_ranges = 0  # ranges in all of _history's maps
@@ -226,29 +225,9 @@ class Subscription:
     def wake(self) -> None:
         self._wake.set()
 
-    def committed(self, stored: list[StoredMessage]) -> None:
-        """Messages just committed, ascending: the pump takes them from here instead of re-reading the log.
-
-        The tail holds at most ``payload_cache`` messages, and none while the subscription has
-        no consumer or its dispatcher wants nothing: a pump that is behind reads the log, as
-        after a restart.
-        """
-        tail = self._tail
-        if not self.sessions or len(tail) + len(stored) > self._config.payload_cache or not self.dispatcher.wants():
-            tail.clear()
-        else:
-            tail.extend(stored)
+    def committed(self) -> None:
+        """Messages were just committed: the pump reads them (from the store's entry cache, while they are in it)."""
         self._wake.set()
-
-    def _take_tail(self, limit: int) -> list[StoredMessage] | None:
-        """Up to ``limit`` committed messages right after the read position; None when the tail does not start there."""
-        tail = self._tail
-        after = self._read_position
-        while tail and tail[0].position <= after:
-            tail.popleft()
-        if not tail or tail[0].position != after + 1:
-            return None
-        return [tail.popleft() for _ in range(min(limit, len(tail)))]
 
     # -- membership ------------------------------------------------------------------
 
@@ -496,13 +475,9 @@ class Subscription:
             # memory and their payloads leave the cache (smaller than max_replay) before they went out.
             if not wanted or self._read_position >= last or not self.sessions or not dispatcher.hungry():
                 return
-            batch = self._take_tail(min(wanted, _READ_BATCH))
-            if batch is None:
-                batch = await self._storage.read(self.topic, self._read_position, min(wanted, _READ_BATCH))
-                if not batch:
-                    return
-            else:
-                await asyncio.sleep(0)  # no log read awaited: let heartbeats and other subscriptions in
+            batch = await self._storage.read(self.topic, self._read_position, min(wanted, _READ_BATCH))
+            if not batch:
+                return
             cursor = self.cursor
             if batch[0].position <= cursor.last_acked:  # some were acked before (a restart): never again
                 is_acked = cursor.is_acked
@@ -741,7 +716,6 @@ class Subscription:
             session.send(ConsumerClosed(session=session.id, reason=reason, req=None))
         self.sessions.clear()
         self._cache.clear()  # payloads: a closed subscription is not read again (a seek opens a new one)
-        self._tail.clear()
         self._cursor_dirty = True
         with contextlib.suppress(NotServedError):  # fenced out: acks since the last flush are redelivered
             await self.flush_cursor()

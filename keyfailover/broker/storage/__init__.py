@@ -1,8 +1,19 @@
 """Storage backends behind one interface (:class:`Store`): the embedded SQLite log, and a
 cluster's shared log in PostgreSQL (:mod:`keyfailover.broker.storage.postgresql`)."""
 
+from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES, EntryCache
 from keyfailover.broker.storage._executor import SQLiteStore
 from keyfailover.broker.storage._store import NotServedError, Store
 from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, Log, LogSnapshot, StoredMessage
 
-__all__ = ["LOG_FILE_NAME", "Log", "LogSnapshot", "NotServedError", "SQLiteStore", "Store", "StoredMessage"]
+__all__ = [
+    "DEFAULT_ENTRY_CACHE_BYTES",
+    "LOG_FILE_NAME",
+    "EntryCache",
+    "Log",
+    "LogSnapshot",
+    "NotServedError",
+    "SQLiteStore",
+    "Store",
+    "StoredMessage",
+]

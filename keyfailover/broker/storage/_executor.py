@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 from keyfailover.broker.cursor import Cursor
+from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES
 from keyfailover.broker.storage._store import Batch, Letter, Result, Store
 from keyfailover.broker.storage.sqlite import DeadLetterRecord, Log, StoredMessage
 from keyfailover.core.errors import KeyFailoverError
@@ -29,8 +30,8 @@ _T = TypeVar("_T")
 class SQLiteStore(Store):
     """A :class:`Log` as a :class:`Store`: calls on one thread, appends group-committed."""
 
-    def __init__(self, log: Log) -> None:
-        super().__init__()
+    def __init__(self, log: Log, entry_cache_bytes: int = DEFAULT_ENTRY_CACHE_BYTES) -> None:
+        super().__init__(entry_cache_bytes)
         self._log = log
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="keyfailover-log")
 
@@ -62,10 +63,10 @@ class SQLiteStore(Store):
         await self._call(self._log.close)
         self._executor.shutdown(wait=True)
 
-    async def read(self, topic: str, after: int, limit: int) -> list[StoredMessage]:
+    async def _read(self, topic: str, after: int, limit: int) -> list[StoredMessage]:
         return await self._call(self._log.read, topic, after, limit)
 
-    async def read_positions(self, topic: str, positions: Iterable[int]) -> dict[int, StoredMessage]:
+    async def _read_positions(self, topic: str, positions: Iterable[int]) -> dict[int, StoredMessage]:
         return await self._call(self._log.read_positions, topic, positions)
 
     async def position_at_time(self, topic: str, publish_time: int) -> int | None:

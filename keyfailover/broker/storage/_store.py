@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from keyfailover.broker.cursor import Cursor
+from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES, EntryCache
 from keyfailover.broker.storage.sqlite import (
     DeadLetterEntry,
     DeadLetterRecord,
@@ -69,7 +70,9 @@ class NotServedError(KeyFailoverError, RuntimeError):
 class Store(ABC):
     """Asynchronous storage for one server: every call runs off the event loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, entry_cache_bytes: int = DEFAULT_ENTRY_CACHE_BYTES) -> None:
+        self.entry_cache = EntryCache(entry_cache_bytes)
+        """What was stored last, answering reads of it without the backend (:mod:`._cache`)."""
         self._queue: list[tuple[Batch, asyncio.Future[Result]]] = []
         self._wake = asyncio.Event()
         self._closing = False
@@ -95,12 +98,12 @@ class Store(ABC):
         """Close the backend (everything queued was written)."""
 
     @abstractmethod
-    async def read(self, topic: str, after: int, limit: int) -> list[StoredMessage]:
-        """Up to ``limit`` messages of ``topic`` above position ``after``, ascending."""
+    async def _read(self, topic: str, after: int, limit: int) -> list[StoredMessage]:
+        """Up to ``limit`` messages of ``topic`` above position ``after``, ascending, from the backend."""
 
     @abstractmethod
-    async def read_positions(self, topic: str, positions: Iterable[int]) -> dict[int, StoredMessage]:
-        """The messages of ``topic`` at ``positions`` (those that exist)."""
+    async def _read_positions(self, topic: str, positions: Iterable[int]) -> dict[int, StoredMessage]:
+        """The messages of ``topic`` at ``positions`` (those that exist), from the backend."""
 
     @abstractmethod
     async def position_at_time(self, topic: str, publish_time: int) -> int | None:
@@ -177,6 +180,25 @@ class Store(ABC):
     def topics(self) -> list[str]:
         """The topics this server serves that hold messages."""
         return sorted(self._last)
+
+    async def read(self, topic: str, after: int, limit: int) -> list[StoredMessage]:
+        """Up to ``limit`` messages of ``topic`` above position ``after``, ascending.
+
+        From the entry cache when it holds position ``after + 1`` (then up to where it ends:
+        fewer than the log has, maybe, never none); else from the backend.
+        """
+        found = self.entry_cache.read(topic, after, limit)
+        if found is None:
+            return await self._read(topic, after, limit)
+        await asyncio.sleep(0)  # no backend call awaited: let the event loop's other work in
+        return found
+
+    async def read_positions(self, topic: str, positions: Iterable[int]) -> dict[int, StoredMessage]:
+        """The messages of ``topic`` at ``positions`` (those that exist): the cached ones from memory."""
+        found, missing = self.entry_cache.get_many(topic, positions)
+        if missing:
+            found.update(await self._read_positions(topic, missing))
+        return found
 
     def on_commit(self, listener: Callable[[str, list[StoredMessage]], None]) -> None:
         """Call ``listener(topic, stored)`` after each commit that stored messages in ``topic`` (ascending)."""
@@ -275,6 +297,7 @@ class Store(ABC):
                 future.set_result(result)
         for topic, stored in sorted(touched.items()):
             if stored:
+                self.entry_cache.add(topic, stored)
                 for listener in self._listeners:
                     listener(topic, stored)
 
@@ -284,5 +307,6 @@ class Store(ABC):
             return
         self.appended += len(stored)
         self._last[topic] = max(self._last.get(topic, 0), stored[-1].position)
+        self.entry_cache.add(topic, stored)
         for listener in self._listeners:
             listener(topic, stored)

@@ -35,6 +35,7 @@ import asyncpg
 
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.properties import check_encoded
+from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES
 from keyfailover.broker.storage._store import Batch, Letter, NotServedError, Result, Store
 from keyfailover.broker.storage.sqlite import (
     DELIVERY_SETTINGS,
@@ -431,8 +432,8 @@ class PostgresStore(Store):
     ``on_fenced(topic)``: the server stops serving it.
     """
 
-    def __init__(self, dsn: str, locate: Locate) -> None:
-        super().__init__()
+    def __init__(self, dsn: str, locate: Locate, entry_cache_bytes: int = DEFAULT_ENTRY_CACHE_BYTES) -> None:
+        super().__init__(entry_cache_bytes)
         self._dsn = dsn
         self.owner = ""
         """Who opens partitions (the broker id PostgreSQL records); set before the first :meth:`acquire`."""
@@ -467,6 +468,7 @@ class PostgresStore(Store):
         """Stop serving ``topic``: nothing more is written for it by this broker."""
         lease = self._leases.pop(topic, None)
         self._last.pop(topic, None)
+        self.entry_cache.drop(topic)  # what it held stays true, but another broker writes the topic on
         if lease is not None:
             _ownership.info("broker %s stops serving %r (owner epoch %d)", self.owner, topic, lease.epoch)
 
@@ -518,7 +520,7 @@ class PostgresStore(Store):
         await asyncio.gather(*(write(topic, indexes) for topic, indexes in by_topic.items()))
         return results
 
-    async def read(self, topic: str, after: int, limit: int) -> list[StoredMessage]:
+    async def _read(self, topic: str, after: int, limit: int) -> list[StoredMessage]:
         name, partition = self._locate(topic)
         return await self.log.read(name, partition, after, limit)
 
@@ -536,7 +538,7 @@ class PostgresStore(Store):
         )
         return -1 if found is None else int(found)
 
-    async def read_positions(self, topic: str, positions: Iterable[int]) -> dict[int, StoredMessage]:
+    async def _read_positions(self, topic: str, positions: Iterable[int]) -> dict[int, StoredMessage]:
         name, partition = self._locate(topic)
         rows = await self.log.pool.fetch(
             """SELECT position, key, key_is_text, payload, publish_time, properties FROM kf_messages

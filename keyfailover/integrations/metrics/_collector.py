@@ -106,6 +106,9 @@ class ServerView:
 
     appended: int = 0
     commit_seconds: Histogram = field(default_factory=Histogram)
+    entry_cache_bytes: int = 0
+    entry_cache_hits: int = 0
+    entry_cache_misses: int = 0
     connections: int = 0
     protocol_errors: Mapping[str, int] = field(default_factory=dict)
     cluster: ClusterView | None = None
@@ -219,6 +222,13 @@ _SPECS: dict[str, tuple[str, str, list[str]]] = {
     ),
     "keyfailover_log_appended": ("counter", "Messages stored in the log (retried duplicates not counted).", []),
     "keyfailover_log_commit_seconds": ("histogram", "Time of one group commit to the log.", []),
+    "keyfailover_entry_cache_bytes": (
+        "gauge",
+        "Bytes of the messages stored last that the server keeps in memory for reads (serve --entry-cache-mb).",
+        [],
+    ),
+    "keyfailover_entry_cache_hits": ("counter", "Messages read from the entry cache instead of the log.", []),
+    "keyfailover_entry_cache_misses": ("counter", "Reads that the entry cache could not answer: the log did.", []),
     "keyfailover_connections": ("gauge", "Open client connections.", []),
     "keyfailover_protocol_errors": ("counter", "Error frames sent to clients, by code.", ["code"]),
     "keyfailover_cluster_partition_served": ("gauge", "1 for each partition this broker serves.", _PARTITION),
@@ -320,6 +330,9 @@ class KeyFailoverCollector(Collector):
             server = self._server()
             families.add("keyfailover_log_appended", [], server.appended)
             families.histogram("keyfailover_log_commit_seconds", [], server.commit_seconds)
+            families.add("keyfailover_entry_cache_bytes", [], server.entry_cache_bytes)
+            families.add("keyfailover_entry_cache_hits", [], server.entry_cache_hits)
+            families.add("keyfailover_entry_cache_misses", [], server.entry_cache_misses)
             families.add("keyfailover_connections", [], server.connections)
             for code, count in sorted(server.protocol_errors.items()):
                 families.add("keyfailover_protocol_errors", [code], count)

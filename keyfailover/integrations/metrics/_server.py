@@ -44,6 +44,9 @@ def serve_metrics(server: Server) -> CollectorRegistry:
         return ServerView(
             appended=storage.appended,
             commit_seconds=storage.commit_seconds,
+            entry_cache_bytes=storage.entry_cache.bytes,
+            entry_cache_hits=storage.entry_cache.hits,
+            entry_cache_misses=storage.entry_cache.misses,
             connections=server.connection_count,
             protocol_errors=dict(server.protocol_errors),
             cluster=_cluster(server),

@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 
 from keyfailover.broker.cluster import ClusterMember, ClusterState, connect, create_topic, parse_cluster_url
+from keyfailover.broker.cluster._member import LEASE_SHARE
 from keyfailover.core.errors import ConfigError
 from keyfailover.core.partitions import Assignment, PartitionId
+from keyfailover.tools.chaos._proxy import FaultProxy
 from keyfailover.tools.services import ZooKeeper, free_port
 from tests.server_process import wait_until
 
@@ -167,6 +169,43 @@ def test_a_new_owner_counts_its_wait_from_the_assignment_not_from_the_barrier(
         letting_go.set()
         second.stop()
         first.stop()
+
+
+def test_a_connection_that_drops_and_comes_back_in_its_session_renews_the_lease_from_the_drop(
+    zookeeper: ZooKeeper, zk: Any, root: str
+) -> None:
+    """A member's link to ZooKeeper is cut (its connection reset, new ones refused) and restored within the
+    session, with every byte to ZooKeeper held 1 s: kazoo reconnects into the same session, and the lease is
+    renewed from when the drop was noticed before any request sent after the reconnection reached ZooKeeper
+    (so before any answer could renew it). The member serves its partitions throughout."""
+    create_topic(zk, root, "orders", 2)
+    host, port = zookeeper.hosts.rsplit(":", 1)
+    released: list[PartitionId] = []
+    states: list[tuple[str, int]] = []  # kazoo's state changes, with the bytes forwarded to ZooKeeper by then
+    with FaultProxy((host, int(port))) as proxy:
+        member = ClusterMember(
+            f"127.0.0.1:{proxy.port}", root, "b1", "127.0.0.1:1", session_timeout=10.0, on_released=released.append
+        )
+        member.start()
+        try:
+            wait_until(lambda: len(member.state.owned) == 2, "b1 serves both partitions")
+            session = member._zk.client_id
+            member._zk.add_listener(lambda state: states.append((state, proxy.stats().bytes_up)))
+            proxy.delay(1.0, direction="up")
+            cut = time.monotonic()
+            proxy.reset()
+            wait_until(lambda: [s for s, _ in states] == ["SUSPENDED"], "kazoo noticed the drop")
+            proxy.clear("reset")
+            wait_until(lambda: [s for s, _ in states] == ["SUSPENDED", "CONNECTED"], "kazoo reconnected")
+            wait_until(lambda: member.lease_end - LEASE_SHARE * 10.0 > cut, "the lease runs from after the cut")
+            # Nothing after the reconnection's handshake has reached ZooKeeper: no answer renewed it.
+            assert proxy.stats().bytes_up == states[1][1]
+            assert member._zk.client_id == session, "the same session"
+            assert member.lease_valid()
+            assert member.state.owned == {("orders", 0), ("orders", 1)} and released == []
+        finally:
+            proxy.clear()
+            member.stop()
 
 
 def test_a_topic_keeps_its_partition_count(zookeeper: ZooKeeper, zk: Any, root: str) -> None:

@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -65,11 +66,17 @@ def parse_cluster_url(url: str) -> tuple[str, str]:
 
 
 def connect(hosts: str, timeout: float = 10.0) -> Any:
-    """A started kazoo client; :class:`ConfigError` naming ``hosts`` when ZooKeeper cannot be reached."""
+    """A started kazoo client; :class:`ConfigError` naming ``hosts`` when ZooKeeper cannot be reached.
+
+    After a dropped connection it tries again at most a tenth of ``timeout`` apart (kazoo's own
+    backoff doubles up to an hour), so that a link that comes back finds the session still alive.
+    """
     from kazoo.client import KazooClient
     from kazoo.handlers.threading import KazooTimeoutError
+    from kazoo.retry import KazooRetry
 
-    zk = KazooClient(hosts=hosts, timeout=timeout)
+    reconnect = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=timeout / 10)
+    zk = KazooClient(hosts=hosts, timeout=timeout, connection_retry=reconnect)
     try:
         zk.start(timeout=timeout)
     except KazooTimeoutError:
@@ -202,8 +209,12 @@ class ClusterMember:
     no sooner than a session timeout after it last heard from the member. A request that ZooKeeper
     answered proves the session was alive when it was sent, so the member may act on its
     partitions until :data:`LEASE_SHARE` of a session timeout after sending it (:meth:`lease_valid`);
-    a thread renews it every quarter of a session timeout. A process that was stopped (SIGSTOP, a
-    long pause) finds its lease lapsed when it wakes, before it has heard of any new owner.
+    a thread sends such a request every eighth of a session timeout, without waiting for the last
+    one's answer (on a slow link each answer still renews from when its request left). A connection
+    that dropped and came back in the same session renews it too, from when the drop was noticed:
+    ZooKeeper took the reconnection, sent after that, as hearing from the session. A process that
+    was stopped (SIGSTOP, a long pause) finds its lease lapsed when it wakes, before it has heard of
+    any new owner.
     ``on_lease(valid, at)`` is called when the lease lapses (``at``: the monotonic time it did) and
     when it is renewed after a lapse, in that order, under the member's lock (it must not call the
     member back). The lease assumes ZooKeeper grants the session timeout asked for: its
@@ -259,6 +270,7 @@ class ClusterMember:
         self._confirmed = 0.0  # time.monotonic() a request was sent that ZooKeeper answered in our session
         self._lapsed = False
         self._session: Any = None  # kazoo's client_id of the session our znodes live in
+        self._dropped_at: float | None = None  # time.monotonic() kazoo said the connection dropped (SUSPENDED)
         self._renewer: threading.Thread | None = None
         self._stopping = threading.Event()
 
@@ -334,6 +346,12 @@ class ClusterMember:
 
     # -- the lease -------------------------------------------------------------------
 
+    @property
+    def lease_end(self) -> float:
+        """``time.monotonic()`` until which the member may act on its partitions (see :meth:`lease_valid`)."""
+        with self._lock:
+            return self._confirmed + self._lease
+
     def lease_valid(self) -> bool:
         """Whether the member may act on its partitions now: ZooKeeper answered a request of its session
         sent less than the lease ago (a lapse is reported through ``on_lease`` once)."""
@@ -348,24 +366,34 @@ class ClusterMember:
             return False
 
     def _renew(self) -> None:
-        """Renew the lease with a round trip to ZooKeeper every quarter of a session timeout."""
-        while not self._stopping.wait(self.session_timeout / 4):
+        """Ask ZooKeeper for an answer every eighth of a session timeout; each answer renews the lease."""
+        while not self._stopping.wait(self.session_timeout / 8):
             zk = self._zk
             if zk is None:
                 return
+            self.lease_valid()  # no answer for a while: report a lapse as soon as there is one
             session, began = zk.client_id, time.monotonic()
             try:
-                zk.exists_async(self.root).get(timeout=self.session_timeout)
-            except Exception:
-                self.lease_valid()  # no answer: report a lapse as soon as there is one
-                continue
-            with self._lock:
-                if session != self._session or zk.client_id != session:
-                    continue  # an answer in another session than our znodes': not ours (released on LOST)
-                self._confirmed = max(self._confirmed, began)
-                if self._lapsed:
-                    self._lapsed = False
-                    self._on_lease(True, began)
+                zk.exists_async(self.root).rawlink(partial(self._answered, session, began))
+            except Exception:  # kazoo closing: the next turn sees it stopped or stopping
+                _log.debug("cluster member %s: a lease renewal could not be sent", self.broker_id, exc_info=True)
+
+    def _answered(self, session: Any, began: float, answer: Any) -> None:
+        """The answer to a renewal sent at ``began`` in ``session`` (kazoo's callback thread)."""
+        if not answer.successful():
+            return
+        zk = self._zk
+        with self._lock:
+            if zk is None or session != self._session or zk.client_id != session:
+                return  # an answer in another session than our znodes': not ours (released on LOST)
+            self._confirm(began)
+
+    def _confirm(self, heard: float) -> None:
+        """ZooKeeper heard from our session at ``heard`` or later: the lease runs from there (under the lock)."""
+        self._confirmed = max(self._confirmed, heard)
+        if self._lapsed and time.monotonic() < self._confirmed + self._lease:
+            self._lapsed = False
+            self._on_lease(True, heard)
 
     # -- the worker ------------------------------------------------------------------
 
@@ -395,9 +423,24 @@ class ClusterMember:
         return lambda _event: self._events.put(kind)
 
     def _session_changed(self, state: str) -> None:
-        """Kazoo's session listener (its thread): only queue."""
+        """Kazoo's session listener, on its connection thread: note a drop and a reconnection, queue a loss.
+
+        Kazoo calls it with SUSPENDED before it sends the reconnection's handshake, so a
+        reconnection into the same session proves ZooKeeper heard from it after the drop was noted.
+        """
         from kazoo.protocol.states import KazooState
 
+        now = time.monotonic()
+        with self._lock:
+            if state == KazooState.SUSPENDED:
+                self._dropped_at = now
+            elif state == KazooState.CONNECTED:
+                dropped, self._dropped_at = self._dropped_at, None
+                zk = self._zk
+                if dropped is not None and zk is not None and zk.client_id == self._session:
+                    self._confirm(dropped)
+            else:
+                self._dropped_at = None
         if state == KazooState.LOST:
             self._events.put("lost")
 

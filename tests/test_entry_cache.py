@@ -33,7 +33,8 @@ def test_a_read_is_answered_from_where_the_run_holds_it_and_missed_elsewhere() -
     assert cache.read("t", 10, 5) is None  # position 11 is not stored yet
     assert cache.read("u", 0, 5) is None
     assert cache.read("t", 0, 0) is None
-    assert (cache.hits, cache.misses) == (6, 3)
+    assert cache.read("t", 2.0, 3) is None and cache.read("t", 2, 3.0) is None  # type: ignore[arg-type]
+    assert (cache.hits, cache.misses) == (6, 5)
     assert len(cache) == 10 and cache.bytes == sum(map(entry_bytes, messages(1, 10)))
 
 

@@ -265,6 +265,28 @@ def test_a_lookup_skips_a_link_a_lossy_network_stalled(tmp_path: Path) -> None:
     assert brokers == [f"127.0.0.1:{second.port}"]
 
 
+def test_a_lookup_for_a_lost_partition_asks_another_broker_than_the_one_it_was_lost_from(tmp_path: Path) -> None:
+    """A part that lost its broker looks its partition up again, through a link other than the one it was lost
+    from while another is up, however recently that one answered: its broker may be the trouble (a lossy link
+    answers pings now and then, and a lookup through it waits as long as its stalls). (Two single servers:
+    each answers a lookup with itself.)"""
+
+    async def scenario(first: ServerProcess, second: ServerProcess) -> list[list[str | None]]:
+        async with AsyncClient(f"kf://127.0.0.1:{first.port},127.0.0.1:{second.port}") as client:
+            a = await client._link(f"127.0.0.1:{first.port}")
+            b = await client._link(f"127.0.0.1:{second.port}")
+            return [
+                await client._lookup("orders"),
+                await client._lookup("orders", avoid=a),
+                await client._lookup("orders", avoid=b),
+            ]
+
+    with ServerProcess(tmp_path / "a") as first, ServerProcess(tmp_path / "b") as second:
+        plain, avoiding_first, avoiding_second = asyncio.run(scenario(first, second))
+    assert plain == avoiding_second == [f"127.0.0.1:{first.port}"]
+    assert avoiding_first == [f"127.0.0.1:{second.port}"]
+
+
 def test_a_client_interrupted_while_it_connects_cancels_its_tasks_and_closes_its_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -358,10 +380,10 @@ def test_a_lookup_naming_a_broker_that_just_died_is_asked_again(tmp_path: Path) 
             lookup = client._lookup
             asked = 0
 
-            async def stale_first(topic: str) -> list[str | None]:
+            async def stale_first(topic: str, avoid: _Link | None = None) -> list[str | None]:
                 nonlocal asked
                 asked += 1
-                return [dead] if asked == 1 else await lookup(topic)
+                return [dead] if asked == 1 else await lookup(topic, avoid)
 
             client._lookup = stale_first  # type: ignore[method-assign]
             producer = await client.create_producer("orders", "p")

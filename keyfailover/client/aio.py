@@ -610,11 +610,14 @@ class AsyncClient:
         self._links[address] = link
         return link
 
-    async def _any_link(self) -> _Link:
+    async def _any_link(self, avoid: _Link | None = None) -> _Link:
         """A connected link: the first one up that answered within two ping intervals (a link stalled by a
         lossy network stays up until its pings go unanswered for twice the session timeout), else the
-        one up last heard from, else the first bootstrap broker that answers."""
-        ready = [link for link in self._links.values() if link.ready.is_set()]
+        one up last heard from, else the first bootstrap broker that answers. ``avoid`` is taken only
+        when no other link is up (the link a partition was just lost from: its broker may be the
+        reason, and a lookup through a stalled link waits for as long as the stall)."""
+        up = [link for link in self._links.values() if link.ready.is_set()]
+        ready = [link for link in up if link is not avoid] or up
         if ready:
             now = time.monotonic()
             for link in ready:
@@ -637,9 +640,10 @@ class AsyncClient:
                 errors.append(f"{address}: {_reason(exc)}")
         raise NoBrokerError(f"no broker of {self._url} could be reached ({'; '.join(errors)})")
 
-    async def _lookup(self, topic: str) -> list[Address | None]:
-        """The broker address of each partition of ``topic`` (None: not served right now)."""
-        link = await self._any_link()
+    async def _lookup(self, topic: str, avoid: _Link | None = None) -> list[Address | None]:
+        """The broker address of each partition of ``topic`` (None: not served right now), asked of a link
+        other than ``avoid`` if another is up."""
+        link = await self._any_link(avoid)
         answer: asyncio.Future[Frame | None] = asyncio.get_running_loop().create_future()
         req = link.next_req()
 
@@ -715,7 +719,7 @@ class AsyncClient:
                 self._again.discard(part)
                 address = None
                 with contextlib.suppress(OSError, KeyFailoverError):
-                    brokers = await self._lookup(part.base_topic)
+                    brokers = await self._lookup(part.base_topic, avoid=part.link)
                     if part.partition < len(brokers):
                         address = brokers[part.partition]
                 link = None

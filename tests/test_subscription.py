@@ -10,7 +10,7 @@ import pytest
 from keyfailover.broker.protocol import Messages
 from keyfailover.broker.server import Server, ServerConfig
 from keyfailover.broker.server import _subscription as subscription_module
-from keyfailover.broker.server._subscription import Session, SubscriptionConfig
+from keyfailover.broker.server._subscription import Session, Subscription, SubscriptionConfig
 from keyfailover.broker.storage import DEFAULT_ENTRY_CACHE_BYTES
 from tests.test_server_seek import Inbox, run
 
@@ -37,6 +37,25 @@ def test_the_range_maps_kept_for_plots_are_bounded_by_their_ranges(
     run(tmp_path, body)
 
 
+async def delivered_whole_and_in_key_order(
+    server: Server, sent: list[tuple[None, str, bytes]], positions: list[int]
+) -> Subscription:
+    """Subscribe one consumer with permits for all of ``sent`` (stored at ``positions``), and check that each
+    message arrives with its own key and payload, each key's in order; the subscription."""
+    subscription = await server.subscription("orders", "billing")
+    inbox = Inbox()
+    subscription.attach(Session(server.next_session_id(), "c1", subscription, inbox.send), len(sent))
+    await inbox.until(len(sent))
+    delivered = [item for frame in inbox.frames if isinstance(frame, Messages) for item in frame.messages]
+    assert {position: (key, payload) for position, key, payload, *_ in delivered} == {
+        position: (key, payload) for position, (_, key, payload) in zip(positions, sent, strict=True)
+    }
+    for key in {key for _, key, _ in sent}:
+        of_key = [position for position, k, *_ in delivered if k == key]
+        assert of_key == sorted(of_key)
+    return subscription
+
+
 def test_payloads_dropped_from_a_full_cache_are_read_again_and_the_cache_stays_bounded(tmp_path: Path) -> None:
     """A read batch larger than ``payload_cache`` leaves only the newest payloads cached: the deliveries of
     the others read theirs from the log again, each message with its own payload, in key order."""
@@ -48,17 +67,7 @@ def test_payloads_dropped_from_a_full_cache_are_read_again_and_the_cache_stays_b
         try:
             sent = [(None, f"k{i % 3}", b"payload %d" % i) for i in range(50)]
             positions = [p for p, _ in await server.storage.append("orders", None, sent)]
-            subscription = await server.subscription("orders", "billing")
-            inbox = Inbox()
-            subscription.attach(Session(server.next_session_id(), "c1", subscription, inbox.send), 100)
-            await inbox.until(50)
-            delivered = [item for frame in inbox.frames if isinstance(frame, Messages) for item in frame.messages]
-            assert {position: (key, payload) for position, key, payload, *_ in delivered} == {
-                position: (key, payload) for position, (_, key, payload) in zip(positions, sent, strict=True)
-            }
-            for key in ("k0", "k1", "k2"):
-                of_key = [position for position, k, *_ in delivered if k == key]
-                assert of_key == sorted(of_key)
+            subscription = await delivered_whole_and_in_key_order(server, sent, positions)
             assert len(subscription._cache) <= 7
         finally:
             await server.close()
@@ -88,17 +97,7 @@ def test_a_backlog_is_delivered_whole_and_in_key_order_however_much_of_it_the_en
             ]
             cache = server.storage.entry_cache
             assert len(cache) == (300 if cached is None else cached)
-            subscription = await server.subscription("orders", "billing")
-            inbox = Inbox()
-            subscription.attach(Session(server.next_session_id(), "c1", subscription, inbox.send), 1000)
-            await inbox.until(300)
-            delivered = [item for frame in inbox.frames if isinstance(frame, Messages) for item in frame.messages]
-            assert {position: (key, payload) for position, key, payload, *_ in delivered} == {
-                position: (key, payload) for position, (_, key, payload) in zip(positions, sent, strict=True)
-            }
-            for key in {key for _, key, _ in sent}:
-                of_key = [position for position, k, *_ in delivered if k == key]
-                assert of_key == sorted(of_key)
+            await delivered_whole_and_in_key_order(server, sent, positions)
             if cached is None:
                 assert cache.hits == 300 and cache.misses == 0
             else:  # the first read starts before what the cache holds: the log gives all of it

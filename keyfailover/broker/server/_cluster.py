@@ -21,7 +21,6 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from keyfailover.broker.cluster import ClusterMember, parse_cluster_url
-from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES
 from keyfailover.broker.storage.postgresql import PostgresStore
 from keyfailover.core.errors import ConfigError
 from keyfailover.core.histogram import Histogram
@@ -57,10 +56,10 @@ class BrokerRole:
         cluster_url: str,
         store_dsn: str,
         *,
+        entry_cache_bytes: int,
         broker_id: str | None = None,
         session_timeout: float = 10.0,
         min_rebalance_interval: float = 0.0,
-        entry_cache_bytes: int = DEFAULT_ENTRY_CACHE_BYTES,
     ) -> None:
         self._server = server
         self._hosts, self._root = parse_cluster_url(cluster_url)

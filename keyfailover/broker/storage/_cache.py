@@ -143,10 +143,8 @@ class EntryCache:
         cached (a read of the log is needed). A list is never empty, and may be shorter than the log's answer:
         it ends where the cache does."""
         run = self._runs.get(topic)
-        if run is None or type(after) is not int or type(limit) is not int or limit < 1:
-            self.misses += 1  # the log answers, and says what is wrong with a bad argument
-            return None
-        if not run.first() <= after + 1 <= run.last():
+        bad = type(after) is not int or type(limit) is not int or limit < 1  # the log says what is wrong
+        if run is None or bad or not run.first() <= after + 1 <= run.last():
             self.misses += 1
             return None
         start = run.head + after + 1 - run.first()

@@ -647,9 +647,10 @@ def run_processes(
     *,
     service_cpu: ServiceCpu,
     producers: int = 1,
+    consumers: int = CONSUMERS,
     backlog: bool = False,
 ) -> Run:
-    """Start the consumers, then ``producers`` producers once all subscribed (each sends the messages of its
+    """Start ``consumers`` consumers, then ``producers`` producers once all subscribed (each sends the messages of its
     keys, see :func:`producer_indices`); wait until every message arrived. ``service_cpu`` is read as the
     producers start and once every message arrived. With ``backlog``: the producers first, until all
     their sends are confirmed, then the consumers, connected and held at a gate that opens at once for
@@ -658,15 +659,15 @@ def run_processes(
     results: Results = context.Queue()
     stop = context.Event()
     gate = context.Event() if backlog else None
-    progress = context.Array("q", CONSUMERS, lock=False)
-    consumers = [
+    progress = context.Array("q", consumers, lock=False)
+    consuming = [
         context.Process(
             target=consumer_main,
             args=(system, address, slot),
             kwargs={"stop": stop, "progress": progress, "results": results, "gate": gate},
             daemon=True,
         )
-        for slot in range(CONSUMERS)
+        for slot in range(consumers)
     ]
     producing = [
         context.Process(
@@ -677,7 +678,7 @@ def run_processes(
         )
         for share in range(producers)
     ]
-    processes = [*consumers, *producing]
+    processes = [*consuming, *producing]
     ready = 0
     cpu_before: dict[str, float] = {}
     machine_cpu, started = 0.0, 0.0
@@ -685,16 +686,16 @@ def run_processes(
     reports: list[ConsumerReport] = []
     opened: int | None = None
     try:
-        for process in producing if backlog else consumers:
+        for process in producing if backlog else consuming:
             process.start()
         deadline = time.monotonic() + START_TIMEOUT
         seen, seen_at = -1, time.monotonic()
-        while len(reports) < CONSUMERS:
+        while len(reports) < consumers:
             try:
                 kind, *message = results.get(timeout=POLL_SECONDS)
             except queue.Empty:
-                if ready < CONSUMERS and time.monotonic() > deadline:
-                    raise SystemExit(f"{system}: only {ready} of {CONSUMERS} consumers subscribed") from None
+                if ready < consumers and time.monotonic() > deadline:
+                    raise SystemExit(f"{system}: only {ready} of {consumers} consumers subscribed") from None
                 for process in processes:
                     if process.exitcode not in (None, 0):
                         raise SystemExit(f"{system}: a benchmark process exited with {process.exitcode}") from None
@@ -709,7 +710,7 @@ def run_processes(
                 raise SystemExit(f"{system}: the {message[0]} failed:\n{message[1]}")
             if kind == "ready":
                 ready += 1
-                if ready == CONSUMERS:
+                if ready == consumers:
                     cpu_before = service_cpu()
                     machine_cpu, started = machine_busy_seconds()
                     if gate is not None:
@@ -723,7 +724,7 @@ def run_processes(
                 seen_at = time.monotonic()
                 if backlog and len(produced) == producers:
                     deadline = time.monotonic() + START_TIMEOUT
-                    for process in consumers:
+                    for process in consuming:
                         process.start()
             else:
                 reports.append(message[0])
@@ -771,7 +772,7 @@ def delivery(run: Run, count: int, what: str) -> Delivery:
             f"and {len(indices) - len(distinct)} arrived twice as first deliveries"
         )
     keys = key_ids(count)[indices]
-    keys_with_owner = np.unique(keys * CONSUMERS + owner) // CONSUMERS
+    keys_with_owner = np.unique(keys * len(reports) + owner) // len(reports)
     latency_ms = (received - sent) / 1e6
     published = np.concatenate([np.frombuffer(r.published, dtype=np.int64) for r in reports])
     received_wall = np.concatenate([np.frombuffer(r.received_wall, dtype=np.int64) for r in reports])
@@ -788,7 +789,9 @@ def delivery(run: Run, count: int, what: str) -> Delivery:
     )
 
 
-def run_trial(trial: Trial, count: int, window: int, profile: Path | None, *, backlog: bool = False) -> Measured:
+def run_trial(
+    trial: Trial, count: int, window: int, profile: Path | None, *, consumers: int, backlog: bool = False
+) -> Measured:
     with tempfile.TemporaryDirectory(prefix="bench_e2e-") as folder:
         if trial.system == "keyfailover":
             started = keyfailover_server(Path(folder), trial.args, profile)
@@ -802,6 +805,7 @@ def run_trial(trial: Trial, count: int, window: int, profile: Path | None, *, ba
                 count,
                 window,
                 service_cpu=lambda: {"server": cpu_seconds(pid)},
+                consumers=consumers,
                 backlog=backlog,
             )
     return Measured(
@@ -820,7 +824,14 @@ def run_trial(trial: Trial, count: int, window: int, profile: Path | None, *, ba
 
 
 def best_runs(
-    trials: Sequence[Trial], count: int, window: int, repeats: int, profile: Path | None, *, backlog: bool = False
+    trials: Sequence[Trial],
+    count: int,
+    window: int,
+    repeats: int,
+    profile: Path | None,
+    *,
+    consumers: int,
+    backlog: bool = False,
 ) -> list[Measured]:
     """Each trial ``repeats`` times, in interleaved rounds (so a burst of load elsewhere hits every row alike).
 
@@ -829,7 +840,7 @@ def best_runs(
     best: dict[Trial, Measured] = {}
     for _ in range(repeats):
         for trial in trials:
-            measured = run_trial(trial, count, window, profile, backlog=backlog)
+            measured = run_trial(trial, count, window, profile, consumers=consumers, backlog=backlog)
             if trial not in best or measured.delivery.rate > best[trial].delivery.rate:
                 best[trial] = measured
     return [best[trial] for trial in trials]
@@ -844,7 +855,11 @@ def ratio(m: Measured, peer: Measured | None) -> str:
     return f"{m.delivery.rate / peer.delivery.rate:.2f}x" if peer is not None else "n/a"
 
 
-def print_results(count: int, repeats: int, measured: Sequence[Measured], skipped: str | None) -> None:
+def consumer_processes(count: int) -> str:
+    return f"{count} consumer process" if count == 1 else f"{count} consumer processes"
+
+
+def print_results(count: int, repeats: int, consumers: int, measured: Sequence[Measured], skipped: str | None) -> None:
     """The table with its durability notes, where the CPU went, and the goals."""
     rows = [
         [
@@ -865,7 +880,7 @@ def print_results(count: int, repeats: int, measured: Sequence[Measured], skippe
         rows.append(["redis", f"skipped: {skipped}", *["-"] * 8])
     print_table(
         f"End to end over loopback: {format_count(count)} messages of {PAYLOAD_BYTES} bytes, {KEYS:,} keys, "
-        f"batches of {BATCH}, 1 producer and {CONSUMERS} consumer processes on {os.cpu_count()} cores, "
+        f"batches of {BATCH}, 1 producer and {consumer_processes(consumers)} on {os.cpu_count()} cores, "
         f"best of {repeats}",
         [
             "system",
@@ -953,7 +968,7 @@ def print_results(count: int, repeats: int, measured: Sequence[Measured], skippe
     print_goals(goals)
 
 
-def print_backlog(count: int, repeats: int, measured: Sequence[Measured], skipped: str | None) -> None:
+def print_backlog(count: int, repeats: int, consumers: int, measured: Sequence[Measured], skipped: str | None) -> None:
     """The consume path's table: drain rate, order, CPU per message of the server and the consumers."""
     redis = max((m for m in measured if m.trial.system == "redis"), key=lambda m: m.delivery.rate, default=None)
     rows = [
@@ -975,7 +990,7 @@ def print_backlog(count: int, repeats: int, measured: Sequence[Measured], skippe
         rows.append(["redis", f"skipped: {skipped}", *["-"] * 8])
     print_table(
         f"Consume path: a stored backlog of {format_count(count)} messages of {PAYLOAD_BYTES} bytes over {KEYS:,} keys "
-        f"drained by {CONSUMERS} consumer processes (receive and ack each; Redis: XREADGROUP COUNT {BATCH} and "
+        f"drained by {consumer_processes(consumers)} (receive and ack each; Redis: XREADGROUP COUNT {BATCH} and "
         f"XACK of the batch) on {os.cpu_count()} cores, best of {repeats}",
         [
             "system",
@@ -1013,6 +1028,7 @@ def main() -> None:
     parser.add_argument(
         "--window", type=int, default=WINDOW, help=f"batches a producer keeps unanswered (default {WINDOW})"
     )
+    parser.add_argument("--consumers", type=int, default=CONSUMERS, help=f"consumer processes (default {CONSUMERS})")
     parser.add_argument(
         "--backlog",
         action="store_true",
@@ -1030,8 +1046,8 @@ def main() -> None:
     options = parser.parse_args()
     count = options.messages or (10_000 if options.quick else 200_000)
     repeats = options.repeats or (1 if options.quick else 3)
-    if count < 1 or repeats < 1 or options.window < 1:
-        parser.error("--messages, --repeats and --window must be positive")
+    if count < 1 or repeats < 1 or options.window < 1 or options.consumers < 1:
+        parser.error("--messages, --repeats, --window and --consumers must be positive")
 
     skipped = redis_missing()
     trials = [t for t in TRIALS if t.system == "keyfailover" or skipped is None]
@@ -1039,11 +1055,19 @@ def main() -> None:
         trials = [t for t in BACKLOG_TRIALS if t in trials or t == COLD]
     if options.profile_server is not None:
         trials, skipped, repeats = [DURABLE], "only the profiled keyfailover row runs", 1
-    measured = best_runs(trials, count, options.window, repeats, options.profile_server, backlog=options.backlog)
+    measured = best_runs(
+        trials,
+        count,
+        options.window,
+        repeats,
+        options.profile_server,
+        consumers=options.consumers,
+        backlog=options.backlog,
+    )
     if options.backlog:
-        print_backlog(count, repeats, measured, skipped)
+        print_backlog(count, repeats, options.consumers, measured, skipped)
     else:
-        print_results(count, repeats, measured, skipped)
+        print_results(count, repeats, options.consumers, measured, skipped)
     violations = sum(
         m.delivery.violations for m in measured if m.trial.system == "keyfailover" and m.trial != UNORDERED
     )

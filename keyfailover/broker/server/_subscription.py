@@ -57,13 +57,12 @@ _READ_BATCH = 2000
 _READ_PER_CONSUMER = 250
 """How many messages a read brings per consumer of the subscription (at most ``_READ_BATCH``).
 
-A read's messages go out in the next poll, spread over the consumers by key: about this many
-to each. A client with the default receiver queue (1000) sends permits back once it took half
-of it; frames of a quarter of it keep it fed while its next frame is made. Frames of half of it
-(2000 messages a read among four consumers) let its permits run out before its next flow comes,
-and what a read brought for it then waits in the dispatcher, which costs the server about 2 µs a
-message more (measured with ``benchmarks/bench_e2e.py --backlog``: 125-134k msgs/s at 2000 a
-read, 157-178k at 1000)."""
+A read's messages go out in the next poll, spread over the consumers: about this many to each,
+a quarter of the default receiver queue (1000), which the client refills after a quarter too.
+Frames of half of it (2000 messages a read among four consumers) let a consumer's permits run out
+before its next flow comes, and what a read brought for it then waits in the dispatcher, which
+costs the server about 2 µs a message more (``benchmarks/bench_e2e.py --backlog``, alternating
+runs: 0.82-0.94x Redis's fastest row at 2000 a read, 0.96-1.19x at 1000)."""
 _SEND_BATCH = 1000
 _SEND_BYTES = 2 * 1024 * 1024  # well under the protocol's default 5 MiB frame limit
 _HISTORY_RANGES = 200_000

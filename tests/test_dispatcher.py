@@ -866,6 +866,29 @@ def test_keyless_messages_go_round_robin() -> None:
     assert Counter(x.consumer for x in out) == Counter({"a": 3, "b": 3, "c": 3})
 
 
+def test_unordered_mode_hands_messages_round_robin_whatever_their_keys() -> None:
+    """In unordered mode every message goes to the next consumer in turn that has permits, one each; once all
+    are acked (in batches), no state of their keys is left."""
+    d = Dispatcher(clock=ManualClock(100.0), consume_mode="unordered")
+    for name in ("a", "b", "c"):
+        d.add_consumer(name)
+        d.flow(name, 100)
+    stream = Stream(d)
+    batch = [stream.publish(key) for key in ["k1"] * 4 + [None, "k2", "k3", "k1", "k4"]]
+    out = d.poll()
+    assert [x.position for x in out] == batch
+    assert [x.consumer for x in out] == ["a", "b", "c"] * 3
+    d.ack_many("b", [x.position for x in out if x.consumer == "b"])
+    d.remove_consumer("c")  # its loose deliveries come back, and go round robin over a and b
+    again = d.poll()
+    assert [x.consumer for x in again] == ["a", "b", "a"]
+    assert sorted(x.position for x in again) == sorted(x.position for x in out if x.consumer == "c")
+    assert d.ack_many("a", [x.position for x in [*out, *again] if x.consumer == "a"])[1] == []
+    assert d.ack_many("b", [x.position for x in again if x.consumer == "b"])[1] == []
+    assert d.stats()["held"] == 0
+    assert not d._keys and not any(d._slot_keys), "acked keys stay linked in their slots"
+
+
 def test_keyless_messages_skip_consumers_without_permits_and_are_never_lost() -> None:
     d = Dispatcher(clock=ManualClock(100.0))
     for name in ("a", "b", "c"):

@@ -964,6 +964,7 @@ class Dispatcher:
         keys = self._keys
         acked: list[int] = []
         rejected: list[int] = []
+        unordered = self._unordered
         quick = 0  # acks settled here, as _acked settles them, without its call: counted at the end
         for position in positions:
             message = inflight.pop(position, None) if type(position) is int else None
@@ -972,10 +973,20 @@ class Dispatcher:
                 continue
             acked.append(position)
             kb = message.kb
-            if kb is None or message.flags & _LOOSE or consumer.unacked_blocked:
+            if kb is None or consumer.unacked_blocked:
                 self._acked(consumer, message)
                 continue
             state = keys[kb]
+            if message.flags & _LOOSE:
+                if not unordered:  # loose from before a switch to ordered mode: the key may go on (_unblock)
+                    self._acked(consumer, message)
+                    continue
+                message.flags ^= _LOOSE
+                state.loose -= 1
+                if not (state.loose or state.inflight or state.pending):  # as _unblock does in unordered mode
+                    self._drop_key(state)
+                quick += 1
+                continue
             if state.inflight > 1:
                 state.inflight -= 1
             elif state.draining or state.pending or state.loose:
@@ -1558,24 +1569,41 @@ class Dispatcher:
         """The shared queue, round robin to consumers with permits: keyless messages, and in unordered
         mode every waiting message (a keyed one goes out loose)."""
         waiting = self._keyless
-        keys = self._keys
+        keys, heads = self._keys, self._slot_keys
         limit = self._max_redeliveries
+        deliver = self._deliver
+        consumers = self._round_robin
+        count = len(consumers)
+        turn = self._rr  # the next consumer's turn, kept here and stored back before it is read elsewhere
         while waiting:
             if limit is not None and waiting[0].failures() > limit:
                 self._dead_letter(waiting.popleft())
                 continue
-            consumer = self._next_with_permits()
-            if consumer is None:
-                return
+            consumer = consumers[turn] if turn < count else None
+            if consumer is not None and consumer.permits and not consumer.stuck:
+                turn = turn + 1 if turn + 1 < count else 0  # as _next_with_permits turns, without its call
+            else:
+                self._rr = turn
+                consumer = self._next_with_permits()
+                if consumer is None:
+                    return
+                turn = self._rr
             message = waiting.popleft()
             kb = message.kb
             if kb is not None:
                 state = keys.get(kb)
-                if state is None:
-                    state = self._add_key(kb, message.slot, None, 0)
+                if state is None:  # as _add_key does, without its call
+                    slot = message.slot
+                    state = keys[kb] = _KeyState(kb, slot, None, 0)
+                    head = heads[slot]
+                    if head is not None:
+                        state.next = head
+                        head.prev = state
+                    heads[slot] = state
                 state.loose += 1
                 message.flags |= _LOOSE
-            self._deliver(consumer, message, out)
+            deliver(consumer, message, out)
+        self._rr = turn
 
     def _serve_unordered(self, out: list[Delivery]) -> None:
         """Unordered mode: waiting messages, then fresh ones, round robin to consumers with permits (pop)."""

@@ -1095,7 +1095,11 @@ class Dispatcher:
         return True
 
     def _acked(self, consumer: _Consumer, message: _Message) -> None:
-        """``message``, just taken out of ``consumer``'s in-flight map, is acknowledged: its key moves on (G1)."""
+        """``message``, just taken out of ``consumer``'s in-flight map, is acknowledged: its key moves on (G1).
+
+        :meth:`ack_many` settles the usual cases inline, as this does (a quiet key's delivery, a loose one in
+        unordered mode): change it with this.
+        """
         consumer.acked += 1
         self._held -= 1
         if consumer.unacked_blocked and len(consumer.inflight) <= self._unacked_resume:
@@ -1730,7 +1734,10 @@ class Dispatcher:
         consumer.ready = live
 
     def _add_key(self, kb: bytes, slot: int, holder: _Consumer | None, inflight: int) -> _KeyState:
-        """A new key state, in ``_keys`` and first in its slot's list."""
+        """A new key state, in ``_keys`` and first in its slot's list.
+
+        ``_route_fresh`` and ``_serve_keyless`` make one inline, as this does, without the call: change them with it.
+        """
         state = self._keys[kb] = _KeyState(kb, slot, holder, inflight)
         heads = self._slot_keys
         head = heads[slot]

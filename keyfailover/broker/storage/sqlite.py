@@ -25,6 +25,7 @@ of the message it was.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 import os
@@ -691,11 +692,32 @@ class Log:
 _Row = tuple[int, Key, bytes, int | None, int | None, int | None]
 """``(id, key, payload, producer id, seq, publish time)``: a message row without properties."""
 
+_ROWS_PER_INSERT = 50
+"""Rows one ``INSERT`` statement carries (a multi-row ``VALUES``): each statement costs its binding and
+step besides its rows; 50 rows a statement took 1.65 µs of CPU a row against 2.54 one by one (batches
+of 1000 rows, WAL, synchronous=FULL, this project's 2-core machine)."""
+
+
+def _insert_rows(db: sqlite3.Connection, columns: str, rows: Sequence[tuple[object, ...]]) -> None:
+    """Insert ``rows`` (tuples of the ``columns``, all alike) in statements of ``_ROWS_PER_INSERT`` rows, the
+    last fewer than that one by one."""
+    marks = "(" + ", ".join("?" * len(rows[0])) + ")"
+    head = f"INSERT INTO messages ({columns}) VALUES "
+    whole = len(rows) - len(rows) % _ROWS_PER_INSERT
+    if whole:
+        flat = itertools.chain.from_iterable
+        db.executemany(
+            head + ", ".join([marks] * _ROWS_PER_INSERT),
+            [tuple(flat(rows[start : start + _ROWS_PER_INSERT])) for start in range(0, whole, _ROWS_PER_INSERT)],
+        )
+    if whole < len(rows):
+        db.executemany(head + marks, rows[whole:])
+
 
 class _Append:
     """One :meth:`Log.append` call: the topics and producers it touched, and rows not yet inserted.
 
-    Rows are inserted in one ``executemany`` at the end, or earlier when a duplicate must
+    Rows are inserted at the end (see :func:`_insert_rows`), or earlier when a duplicate must
     look up the position of a message stored earlier in the same call. Rows of messages without
     properties leave the properties column out of their ``INSERT`` (it is NULL by default): binding
     a NULL to it made each such row's insert about 15% slower (2.6 to 3.0 µs per row, batches of 1000).
@@ -785,16 +807,11 @@ class _Append:
         """Insert the rows not inserted yet."""
         try:
             if self._rows:
-                self._db.executemany(
-                    "INSERT INTO messages (id, key, payload, producer, seq, publish_time) VALUES (?, ?, ?, ?, ?, ?)",
-                    self._rows,
-                )
+                _insert_rows(self._db, "id, key, payload, producer, seq, publish_time", self._rows)
                 self._rows.clear()
             if self._rows_with_properties:
-                self._db.executemany(
-                    "INSERT INTO messages (id, key, payload, producer, seq, publish_time, properties)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    self._rows_with_properties,
+                _insert_rows(
+                    self._db, "id, key, payload, producer, seq, publish_time, properties", self._rows_with_properties
                 )
                 self._rows_with_properties.clear()
         except UnicodeEncodeError:  # names were checked, payloads are bytes: a str key has no UTF-8 form

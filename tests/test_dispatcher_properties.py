@@ -295,8 +295,14 @@ def reread(d: Dispatcher, model: Model) -> None:
     through = model.last_position
     for position, message in sorted(model.messages.items()):
         slot = None if message.kb is None else key_hash(message.kb)
-        if slot not in slots or position < slots[slot] or position in model.acked or position in model.dead:
-            continue  # not parked, or settled (as the server's cursor skips what it acked)
+        if (
+            slot not in slots
+            or position < slots[slot]
+            or position in model.acked
+            or position in model.dead
+            or position in model.buried
+        ):
+            continue  # not parked, or settled (as the server's cursor skips what it acked, dead letters included)
         if not d.wants():
             through = position - 1
             break

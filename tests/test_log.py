@@ -100,14 +100,15 @@ def shared_log(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Log]:
 @settings(max_examples=100, deadline=None)
 @given(
     st.uuids().map(str),
-    st.lists(st.tuples(st.none() | st.text() | st.binary(), st.binary(max_size=64)), min_size=1, max_size=20),
+    # Up to 130 messages: past one and two of the INSERT statements of 50 rows, with rows left over.
+    st.lists(st.tuples(st.none() | st.text() | st.binary(), st.binary(max_size=64)), min_size=1, max_size=130),
 )
 def test_any_keys_and_payloads_round_trip(shared_log: Log, topic: str, messages: list[tuple[Key, bytes]]) -> None:
     last = shared_log.last_position(topic)
     positions = range(last + 1, last + len(messages) + 1)
     appended = shared_log.append([(topic, None, [(None, k, p) for k, p in messages])], publish_time=last)
     assert appended == [[(p, False) for p in positions]]
-    stored = shared_log.read(topic, last, 100)
+    stored = shared_log.read(topic, last, 200)
     assert stored == [StoredMessage(p, k, v, last) for p, (k, v) in zip(positions, messages, strict=True)]
     assert [type(m.key) for m in stored] == [type(k) for k, _ in messages]
 
@@ -143,15 +144,26 @@ def test_properties_round_trip_beside_messages_without_them(log: Log) -> None:
 @settings(max_examples=50, deadline=None)
 @given(
     st.uuids().map(lambda uuid: f"properties-{uuid}"),
-    st.lists(st.none() | st.dictionaries(st.text(max_size=20), st.text(max_size=40), max_size=5), max_size=10),
+    st.lists(st.none() | st.dictionaries(st.text(max_size=20), st.text(max_size=40), max_size=5), max_size=120),
 )
 def test_any_properties_round_trip(shared_log: Log, topic: str, each: list[dict[str, str] | None]) -> None:
     encoded = [encode_properties(properties) for properties in each]
     last = shared_log.last_position(topic)
     shared_log.append([(topic, None, [(None, "k", b"x")] * len(each), encoded)], publish_time=1)
-    stored = shared_log.read(topic, last, 100)
+    stored = shared_log.read(topic, last, 200)
     assert [m.properties for m in stored] == encoded
     assert [decode_properties(m.properties) for m in stored] == [properties or {} for properties in each]
+
+
+def test_a_batch_of_many_statements_stores_every_row_in_order(log: Log) -> None:
+    """123 messages, every third with properties: the log inserts 50 rows a statement and the rest one by one,
+    for the rows with properties and those without; each comes back at its position as it was sent."""
+    messages = [(None, f"k{i % 7}" if i % 5 else None, b"payload %d" % i) for i in range(123)]
+    properties = [TRACE if i % 3 == 0 else None for i in range(123)]
+    assert log.append([("t", None, messages, properties)], publish_time=5) == [[(p, False) for p in range(1, 124)]]
+    assert log.read("t", 0, 200) == [
+        StoredMessage(i + 1, key, payload, 5, properties[i]) for i, (_, key, payload) in enumerate(messages)
+    ]
 
 
 def test_a_duplicate_keeps_the_properties_it_was_stored_with(log: Log) -> None:

@@ -418,7 +418,10 @@ class _KeyState:
         "slot",
     )
 
-    def __init__(self, kb: bytes, slot: int, holder: _Consumer | None, inflight: int) -> None:
+    def __init__(
+        self, kb: bytes, slot: int, holder: _Consumer | None, inflight: int, heads: list[_KeyState | None]
+    ) -> None:
+        """A key's state, linked first into its slot's list (``heads[slot]``, the dispatcher's slot heads)."""
         self.kb = kb
         self.slot = slot
         self.holder = holder
@@ -430,7 +433,10 @@ class _KeyState:
         self.loose = 0  # deliveries in flight made in unordered mode (on any consumers): the key is blocked
         self.backoff = 0.0  # the clock reading at which a nack's backoff ends (0: none): the key is blocked
         self.prev: _KeyState | None = None  # the neighbours in its slot's list
-        self.next: _KeyState | None = None
+        head = self.next = heads[slot]
+        if head is not None:
+            head.prev = self
+        heads[slot] = self
 
     def queue(self) -> deque[_Message]:
         """The pending queue, to add to: made on first use, as most keys never wait (an empty deque is 760 bytes)."""
@@ -1597,13 +1603,7 @@ class Dispatcher:
             if kb is not None:
                 state = keys.get(kb)
                 if state is None:  # as _add_key does, without its call
-                    slot = message.slot
-                    state = keys[kb] = _KeyState(kb, slot, None, 0)
-                    head = heads[slot]
-                    if head is not None:
-                        state.next = head
-                        head.prev = state
-                    heads[slot] = state
+                    state = keys[kb] = _KeyState(kb, message.slot, None, 0, heads)
                 state.loose += 1
                 message.flags |= _LOOSE
             deliver(consumer, message, out)
@@ -1679,14 +1679,7 @@ class Dispatcher:
                     state.queue().append(message)
                     self._queue(state, owner)
                     continue
-                # As _add_key does, without its call.
-                slot = message.slot
-                state = keys[kb] = _KeyState(kb, slot, owner, 1)
-                head = heads[slot]
-                if head is not None:
-                    state.next = head
-                    head.prev = state
-                heads[slot] = state
+                state = keys[kb] = _KeyState(kb, message.slot, owner, 1, heads)  # as _add_key does, without its call
             elif state.holder is not owner or state.loose:  # draining: in flight on a consumer that no longer owns it
                 state.queue().append(message)
                 continue
@@ -1734,17 +1727,9 @@ class Dispatcher:
         consumer.ready = live
 
     def _add_key(self, kb: bytes, slot: int, holder: _Consumer | None, inflight: int) -> _KeyState:
-        """A new key state, in ``_keys`` and first in its slot's list.
-
-        ``_route_fresh`` and ``_serve_keyless`` make one inline, as this does, without the call: change them with it.
-        """
-        state = self._keys[kb] = _KeyState(kb, slot, holder, inflight)
-        heads = self._slot_keys
-        head = heads[slot]
-        if head is not None:
-            state.next = head
-            head.prev = state
-        heads[slot] = state
+        """A new key state, in ``_keys`` and first in its slot's list (``_route_fresh`` and ``_serve_keyless``
+        make theirs as this does, without the call)."""
+        state = self._keys[kb] = _KeyState(kb, slot, holder, inflight, self._slot_keys)
         return state
 
     def _drop_key(self, state: _KeyState) -> None:

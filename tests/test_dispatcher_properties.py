@@ -295,14 +295,11 @@ def reread(d: Dispatcher, model: Model) -> None:
     through = model.last_position
     for position, message in sorted(model.messages.items()):
         slot = None if message.kb is None else key_hash(message.kb)
-        if (
-            slot not in slots
-            or position < slots[slot]
-            or position in model.acked
-            or position in model.dead
-            or position in model.buried
-        ):
-            continue  # not parked, or settled (as the server's cursor skips what it acked, dead letters included)
+        if slot not in slots or position < slots[slot] or position in model.acked or position in model.buried:
+            # Not parked, or settled: the server's cursor skips what it acked, stored dead letters included.
+            # A dead letter not confirmed yet is not skipped (the server cannot tell it apart): the
+            # dispatcher must never park a slot from before one.
+            continue
         if not d.wants():
             through = position - 1
             break

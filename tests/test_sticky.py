@@ -389,3 +389,38 @@ def test_a_stuck_sticky_consumers_keys_are_parked_until_it_recovers() -> None:
     back = pump.turn()
     assert [(x.consumer, x.position, x.redelivery_count) for x in back] == [("b", p, 1) for p in range(1, 7)]
     d._audit()
+
+
+def test_a_slot_with_a_dead_letter_not_stored_yet_is_not_parked_from_before_it() -> None:
+    """G3: the server's re-read of a parked slot skips what its cursor acked, so a dead letter whose store
+    has not succeeded yet must not lie in a parked stretch of the log: it would come back and go out again
+    besides being dead-lettered. A leaver's slot holding one keeps its messages until the store is confirmed,
+    then parks, and the re-read brings back only the other key's message."""
+    clock = ManualClock(0.0)
+    d = Dispatcher(clock=clock, policy="sticky", spill=True, max_replay=10, max_redeliveries=1)
+    d.add_consumer("a", [(0, 32767)])
+    d.add_consumer("b", [(32768, END)])
+    slot = key_hash(key_in(32768, END))
+    first, second = keys_in(slot, slot, 2)  # two keys of one slot of b's
+    pump = Pump(d)
+    pump.log += [first, second]
+    d.flow("b", 4)
+    assert [x.position for x in pump.turn()] == [1, 2]
+    d.nack("b", 2)
+    assert [x.position for x in pump.turn()] == [2]
+    d.nack("b", 2)  # its second failure: given up on
+    assert pump.turn() == []
+    (letter,) = d.dead_letters()  # handed to the server, whose store fails: not confirmed
+    assert letter.position == 2
+    d.remove_consumer("b")  # position 1 comes back to pending, its slot nobody's
+    pump.turn()
+    assert d.stats()["parked_slots"] == 0  # held, not parked from position 1 with the letter behind it
+    d.add_consumer("c", [(32768, END)])
+    d.flow("c", 4)
+    back = pump.turn()
+    assert [(x.consumer, x.position) for x in back] == [("c", 1)]
+    assert d.dead_lettered([2]) == ([2], [])  # stored at last: the server acks it in its cursor
+    pump.acked.add(2)
+    pump.ack(back)
+    assert pump.turn() == []
+    d._audit()

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgpack  # type: ignore[import-untyped]
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.properties import decode_properties, encode_properties
 from keyfailover.broker.storage import _executor as executor_module
+from keyfailover.broker.storage import sqlite as sqlite_module
 from keyfailover.broker.storage._executor import SQLiteStore
 from keyfailover.broker.storage.sqlite import (
     MAX_POSITION,
@@ -54,6 +56,34 @@ def _contents(log: Log) -> dict[str, list[StoredMessage]]:
 
 def _payloads(log: Log, topic: str) -> list[bytes]:
     return [message.payload for message in log.read(topic, 0, 1_000_000)]
+
+
+def as_version_6(path: Path) -> None:
+    """Rewrite the log at ``path`` as a server of schema 6 left it: a row per message, in the table and
+    index of that schema (written out here as it was), every other table as it is."""
+    with LogSnapshot(path) as snapshot:
+        exported = {topic: list(snapshot.messages(topic)) for topic in snapshot.topics()}
+    with sqlite3.connect(path) as db:
+        db.execute(
+            """CREATE TABLE messages (
+                id INTEGER PRIMARY KEY, key BLOB, payload BLOB NOT NULL, producer INTEGER, seq INTEGER,
+                publish_time INTEGER, properties BLOB
+            )"""
+        )
+        db.execute("CREATE INDEX messages_by_producer_seq ON messages (producer, seq) WHERE producer IS NOT NULL")
+        for topic, rows in exported.items():
+            (topic_id,) = db.execute("SELECT id FROM topics WHERE name = ?", (topic,)).fetchone()
+            producers = dict(db.execute("SELECT name, id FROM producers WHERE topic = ?", (topic_id,)))
+            db.executemany(
+                "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    ((topic_id << 40) + position, key, payload, producers.get(name), seq, at, properties)
+                    for position, key, payload, name, seq, at, properties in rows
+                ],
+            )
+        db.execute("DROP TABLE entries")
+        db.execute("PRAGMA user_version = 6")
+    db.close()
 
 
 # -- keys, payloads, positions ---------------------------------------------------------
@@ -155,9 +185,9 @@ def test_any_properties_round_trip(shared_log: Log, topic: str, each: list[dict[
     assert [decode_properties(m.properties) for m in stored] == [properties or {} for properties in each]
 
 
-def test_a_batch_of_many_statements_stores_every_row_in_order(log: Log) -> None:
-    """123 messages, every third with properties: the log inserts 50 rows a statement and the rest one by one,
-    for the rows with properties and those without; each comes back at its position as it was sent."""
+def test_a_batch_mixing_messages_with_and_without_properties_stores_each_as_sent(log: Log) -> None:
+    """123 messages, every third with properties and every fifth without a key, in one entry: each comes back
+    at its position as it was sent."""
     messages = [(None, f"k{i % 7}" if i % 5 else None, b"payload %d" % i) for i in range(123)]
     properties = [TRACE if i % 3 == 0 else None for i in range(123)]
     assert log.append([("t", None, messages, properties)], publish_time=5) == [[(p, False) for p in range(1, 124)]]
@@ -211,6 +241,7 @@ def test_a_version_5_log_gains_properties_and_its_messages_have_none(tmp_path: P
     with Log(path) as log:
         log.append([("t", "p", [(0, "a", b"1")])], publish_time=5)
         log.dead_letter("t", "s", [(1, "a", b"1", 0, "nack", 5, None)])
+    as_version_6(path)
     with sqlite3.connect(path) as db:  # as version 5 left it: no properties column
         db.execute("ALTER TABLE messages DROP COLUMN properties")
         db.execute("PRAGMA user_version = 5")
@@ -223,7 +254,7 @@ def test_a_version_5_log_gains_properties_and_its_messages_have_none(tmp_path: P
         log.append([("t", "p", [(1, "b", b"2")], [TRACE])], publish_time=6)
         assert log.read("t", 1, 10) == [StoredMessage(2, "b", b"2", 6, TRACE)]
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
     db.close()
     with LogSnapshot(path) as snapshot:
         assert [row[6] for row in snapshot.messages("t")] == [None, TRACE]
@@ -471,7 +502,9 @@ def test_a_topic_cannot_pass_its_last_position(tmp_path: Path) -> None:
         log.append([("t", None, [(None, None, b"first")])])
     with sqlite3.connect(tmp_path / "log.db") as db:
         (topic_id,) = db.execute("SELECT id FROM topics WHERE name = 't'").fetchone()
-        db.execute("INSERT INTO messages (id, payload) VALUES (?, x'00')", ((topic_id << 40) + MAX_POSITION - 1,))
+        entry = msgpack.packb([[None], [b"\x00"], None, None, None])
+        last_but_one = (topic_id << 40) + MAX_POSITION - 1
+        db.execute("INSERT INTO entries (id, count, data) VALUES (?, 1, ?)", (last_but_one, entry))
     db.close()
     with Log(tmp_path / "log.db") as log:
         assert log.append([("t", None, [(None, None, b"last")])]) == [[(MAX_POSITION, False)]]
@@ -851,6 +884,7 @@ def test_a_version_1_log_gains_the_dead_letter_table_and_keeps_everything(tmp_pa
     with Log(path) as log:
         log.append([("t", None, [(None, "a", b"1")])])
         log.save_cursors([("t", "s", Cursor(1, []))])
+    as_version_6(path)
     with sqlite3.connect(path) as db:  # as version 1 left it: no dead letters, no subscription settings
         db.execute("ALTER TABLE messages DROP COLUMN properties")
         db.execute("ALTER TABLE messages DROP COLUMN publish_time")
@@ -868,7 +902,7 @@ def test_a_version_1_log_gains_the_dead_letter_table_and_keeps_everything(tmp_pa
         log.save_consume_mode("t", "s", "unordered")
         assert log.load_consume_mode("t", "s") == "unordered"
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
     db.close()
 
 
@@ -876,6 +910,7 @@ def test_a_version_2_log_gains_the_delivery_settings_table_and_keeps_its_consume
     path = tmp_path / "log.db"
     with Log(path) as log:
         log.save_consume_mode("t", "s", "unordered")
+    as_version_6(path)
     with sqlite3.connect(path) as db:  # as version 2 left it: no per-subscription delivery settings
         db.execute("ALTER TABLE messages DROP COLUMN properties")
         db.execute("ALTER TABLE messages DROP COLUMN publish_time")
@@ -897,6 +932,7 @@ def test_a_version_3_log_gains_partitioned_topics_and_keeps_its_settings(tmp_pat
     path = tmp_path / "log.db"
     with Log(path) as log:
         log.save_delivery_settings("t", "s", {"ack_timeout": 5.0})
+    as_version_6(path)
     with sqlite3.connect(path) as db:  # as version 3 left it: no partitioned topics
         db.execute("ALTER TABLE messages DROP COLUMN properties")
         db.execute("ALTER TABLE messages DROP COLUMN publish_time")
@@ -919,6 +955,7 @@ def test_a_version_4_log_gains_publish_times_and_keeps_its_messages_with_unknown
         messages: list[tuple[int | None, Key, bytes]] = [(0, "a", b"1"), (1, b"b", b"2")]
         log.append([("t", "p", messages)])
         log.create_partitioned_topic("orders", 2)
+    as_version_6(path)
     with sqlite3.connect(path) as db:  # as version 4 left it: messages without a publish time
         db.execute("ALTER TABLE messages DROP COLUMN properties")
         db.execute("ALTER TABLE messages DROP COLUMN publish_time")
@@ -937,7 +974,7 @@ def test_a_version_4_log_gains_publish_times_and_keeps_its_messages_with_unknown
         assert [r.publish_time for r in log.dead_letters("t", "s")] == [None]
         assert log.partition_counts() == {"orders": 2}
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
     db.close()
 
 
@@ -990,3 +1027,106 @@ def test_bad_delivery_settings_are_refused_and_change_nothing(tmp_path: Path, se
         with pytest.raises(LogError, match=message):
             log.save_delivery_settings("t", "s", settings)  # type: ignore[arg-type]
         assert log.load_delivery_settings("t", "s") == {"ack_timeout": 1.0}
+
+
+# -- entries -----------------------------------------------------------------------------
+
+
+def _entries(path: Path) -> list[tuple[int, int]]:
+    """``(last position, count)`` of every entry in the log file at ``path``."""
+    with sqlite3.connect(path) as db:
+        rows = [(row_id & MAX_POSITION, count) for row_id, count in db.execute("SELECT id, count FROM entries")]
+    db.close()
+    return rows
+
+
+def test_a_large_batch_is_stored_in_entries_of_at_most_entry_messages(tmp_path: Path) -> None:
+    most = sqlite_module._ENTRY_MESSAGES
+    assert 256 <= most < 1000
+    with Log(tmp_path / "log.db") as log:
+        log.append([("t", "p", [(seq, f"k{seq}", b"%d" % seq) for seq in range(2500)])], publish_time=9)
+        log.append([("t", None, [(None, "k", b"one")])], publish_time=10)
+        ends = [*range(most, 2500, most), 2500]
+        assert _entries(tmp_path / "log.db") == [
+            *((end, end - start) for start, end in zip([0, *ends], ends, strict=False)),
+            (2501, 1),
+        ]
+        assert log.read("t", 990, 20) == [StoredMessage(p, f"k{p - 1}", b"%d" % (p - 1), 9) for p in range(991, 1011)]
+        assert log.read_positions("t", [1000, 1001, 2501]) == {
+            1000: StoredMessage(1000, "k999", b"999", 9),
+            1001: StoredMessage(1001, "k1000", b"1000", 9),
+            2501: StoredMessage(2501, "k", b"one", 10),
+        }
+        assert log.append([("t", "p", [(1999, "k1999", b"1999"), (2500, "new", b"new")])]) == [
+            [(2000, True), (2502, False)]
+        ]
+        assert log.last_sequence("t", "p") == 2500
+        assert log.position_at_time("t", 10) == 2501
+        assert log.stats()["topics"]["t"] == {"messages": 2502, "first_position": 1, "last_position": 2502}
+
+
+def test_large_payloads_cut_entries_at_a_mebibyte_and_a_larger_one_has_its_own(tmp_path: Path) -> None:
+    big = [os.urandom(300_000) for _ in range(7)]
+    huge = os.urandom(3 << 20)
+    with Log(tmp_path / "log.db") as log:
+        log.append([("t", None, [(None, "k", payload) for payload in [*big[:4], huge, *big[4:]]])])
+        assert _entries(tmp_path / "log.db") == [(3, 3), (4, 1), (5, 1), (8, 3)]
+        assert [m.payload for m in log.read("t", 0, 10)] == [*big[:4], huge, *big[4:]]
+        assert log.read_positions("t", [5])[5].payload == huge
+
+
+def test_reads_cross_entry_boundaries_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With entries of three messages, every read of every start and limit, and every set of single positions,
+    gives what a row per message would."""
+    monkeypatch.setattr(sqlite_module, "_ENTRY_MESSAGES", 3)
+    with Log(tmp_path / "log.db") as log:
+        for size in (1, 5, 2, 7, 3):
+            last = log.last_position("t")
+            log.append([("t", None, [(None, f"k{last + i}", b"%d" % (last + i)) for i in range(1, size + 1)])], 1)
+        every = [StoredMessage(p, f"k{p}", b"%d" % p, 1) for p in range(1, 19)]
+        assert [count for _, count in _entries(tmp_path / "log.db")] == [1, 3, 2, 2, 3, 3, 1, 3]
+        for after in range(20):
+            for limit in range(20):
+                assert log.read("t", after, limit) == every[after : after + limit], (after, limit)
+        for first in range(1, 19):
+            wanted = range(first, 19, 4)
+            assert log.read_positions("t", wanted) == {p: every[p - 1] for p in wanted}
+
+
+def test_a_version_6_log_is_rewritten_into_entries_and_keeps_everything(tmp_path: Path) -> None:
+    """A row per message (schema 6) becomes entries when a server opens the log: every message, its
+    producer and sequence id, publish time and properties stay; dedup finds messages of either layout."""
+    path = tmp_path / "log.db"
+    with Log(path) as log:
+        mixed: list[tuple[int | None, Key, bytes]] = [(0, "a", b"0"), (2, b"b", b"2"), (4, None, b"4")]
+        log.append([("t", "p", mixed)], publish_time=5)
+        log.append([("t", "p", [(1, "a", b"1"), (3, "a", b"3")], [TRACE, None])], publish_time=6)  # stored late
+        log.append([("t", "q", [(seq, "c", b"c%d" % seq) for seq in range(1500)])], publish_time=7)
+        log.append([("t", None, [(None, "d", b"d")]), ("u", None, [(None, "e", b"e")])], publish_time=8)
+        log.dead_letter("t", "s", [(1, "a", b"0", 2, "nack", 5, TRACE), (6, "c", b"c0", 2, "nack", 7, None)])
+        before = {topic: log.read(topic, 0, 10_000) for topic in log.topics()}
+    with LogSnapshot(path) as snapshot:
+        exported = {topic: list(snapshot.messages(topic)) for topic in snapshot.topics()}
+    as_version_6(path)
+    with LogSnapshot(path) as snapshot:  # an export reads the old layout as it is
+        assert {topic: list(snapshot.messages(topic, chunk=7)) for topic in snapshot.topics()} == exported
+    with Log(path) as log:
+        assert {topic: log.read(topic, 0, 10_000) for topic in log.topics()} == before
+        # runs of one producer with increasing sequence ids make an entry each, of at most _ENTRY_MESSAGES
+        most = sqlite_module._ENTRY_MESSAGES
+        q = [*[most] * (1500 // most), 1500 % most]
+        assert [count for last, count in _entries(path) if last <= 1506] == [3, 2, *q, 1, 1, 2]
+        assert log.append([("t", "p", [(3, "a", b"3"), (5, "f", b"5")]), ("t", "q", [(1499, "c", b"c1499")])]) == [
+            [(5, True), (1507, False)],
+            [(1505, True)],
+        ]
+        assert [r.properties for r in log.dead_letters("t", "s")] == [TRACE, None]
+        assert log.last_sequence("t", "p") == 5 and log.last_sequence("t", "q") == 1499
+        assert log.position_at_time("t", 7) == 6
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+        assert db.execute("SELECT count(*) FROM sqlite_schema WHERE name LIKE 'messages%'").fetchone() == (0,)
+    db.close()
+    with LogSnapshot(path) as snapshot:
+        assert list(snapshot.messages("u")) == exported["u"]
+        assert list(snapshot.messages("t", chunk=1))[:1506] == exported["t"]

@@ -1086,9 +1086,8 @@ class LogSnapshot:
     not pin the write-ahead log and stop the server's checkpoints. It reads a log of any schema
     version a server migrates (nothing is migrated: it writes nothing), a row per message before
     schema 7; a message stored before schema 5 has no publish time, one stored before schema 6 no
-    properties. When no server runs,
-    SQLite leaves the empty ``-wal`` and ``-shm`` files it keeps beside a WAL database, which
-    the next server uses as usual.
+    properties. When no server runs, SQLite leaves the empty ``-wal`` and ``-shm`` files it keeps
+    beside a WAL database, which the next server uses as usual.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:

@@ -199,7 +199,9 @@ _VERSION_7 = (
         publish_time INTEGER,    -- the latest publish time of its messages; NULL: none known
         data BLOB NOT NULL       -- msgpack [keys, payloads, seqs | nil, publish times | nil, properties | nil]
     )""",
-    "CREATE INDEX entries_by_producer_seq ON entries (producer, last_seq) WHERE producer IS NOT NULL",
+    # first_seq in the index too: a lookup of a sequence id scans the entries whose last_seq is at or
+    # above it, in the index alone, and reads only those whose span holds it.
+    "CREATE INDEX entries_by_producer_seq ON entries (producer, last_seq, first_seq) WHERE producer IS NOT NULL",
 )
 _ENTRY_MESSAGES = 256
 """The most messages an entry holds: a produce request of more is stored in several."""
@@ -1062,7 +1064,9 @@ class _Append:
 
     def _stored_position(self, producer_id: int, seq: int) -> int:
         """Where ``producer_id`` stored the message of ``seq``; 0 when it stored none. The entries whose
-        sequence ids span it are few: a producer's batches overlap only when sent out of order."""
+        sequence ids span it are few (a producer's batches overlap only when sent out of order); finding
+        them scans the index from ``seq`` up, so a retry of an old sequence id costs a scan of the
+        producer's later entries' index rows (a retry is of the last few unconfirmed batches)."""
         self.insert()  # the original may be in an entry of this call
         candidates = self._db.execute(
             "SELECT id, count, data FROM entries WHERE producer = ? AND last_seq >= ? AND first_seq <= ?"

@@ -562,6 +562,19 @@ def test_position_at_time_is_the_first_message_published_at_or_after_it(log: Log
     assert log.position_at_time("t", 21, 3, 5) == 4
 
 
+def test_position_at_time_looks_inside_an_entry_from_where_a_call_begins(log: Log) -> None:
+    """One entry of one publish time, and one (dead letters, which keep theirs) of a time per message, some
+    unknown: a call that begins or ends inside an entry finds the first message in its bounds."""
+    log.append([("t", None, [(None, "k", b"%d" % i) for i in range(5)])], publish_time=7)
+    assert [log.position_at_time("t", 7, after) for after in range(6)] == [1, 2, 3, 4, 5, None]
+    times = [30, 10, 20, None, 40]
+    log.dead_letter("t", "s", [(i + 1, "k", b"x", 1, "nack", at, None) for i, at in enumerate(times)])
+    dlq = "t-s-DLQ"
+    assert [log.position_at_time(dlq, 15, after) for after in range(6)] == [1, 3, 3, 5, 5, None]
+    assert log.position_at_time(dlq, 35) == 5 and log.position_at_time(dlq, 41) is None
+    assert log.position_at_time(dlq, 15, 1, 2) is None and log.position_at_time(dlq, 0, 3, 4) is None
+
+
 def test_a_seek_by_time_over_the_embedded_log_finds_the_same_position_chunk_by_chunk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -432,12 +432,14 @@ class Log:
             (base, base + after, base + MAX_POSITION, wanted),
         ) as entries:
             for last, count, latest, data in entries:
-                if last - count >= through:
+                first = last - count + 1
+                if first > through:
                     return None
-                for message in _decode(last, count, latest, data):
-                    at = message.publish_time
-                    if after < message.position <= through and at is not None and at >= wanted:
-                        return message.position
+                times = _columns(last, count, data)[3] or [latest] * count
+                for position in range(max(first, after + 1), min(last, through) + 1):
+                    at = times[position - first]
+                    if at is not None and at >= wanted:
+                        return position
         return None
 
     def topics(self) -> list[str]:
@@ -884,12 +886,21 @@ def _rewrite_into_entries(db: sqlite3.Connection) -> None:
                 run = []
             run.append(row)
         if len(entries) >= _MIGRATE_ROWS // _ENTRY_MESSAGES:
-            db.executemany("INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?, ?)", entries)
+            _insert_entries(db, entries)
             entries = []
     if run:
         entries += _run_entries(run)
-    db.executemany("INSERT INTO entries VALUES (?, ?, ?, ?, ?, ?, ?)", entries)
+    _insert_entries(db, entries)
     db.execute("DROP TABLE messages")  # its index goes with it
+
+
+def _insert_entries(db: sqlite3.Connection, entries: list[_EntryRow]) -> None:
+    """Insert rows of the entries table (an append's, a migration's)."""
+    db.executemany(
+        "INSERT INTO entries (id, count, producer, first_seq, last_seq, publish_time, data)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        entries,
+    )
 
 
 def _run_entries(
@@ -1020,11 +1031,7 @@ class _Append:
     def insert(self) -> None:
         """Insert the entries not inserted yet."""
         if self._entries:
-            self._db.executemany(
-                "INSERT INTO entries (id, count, producer, first_seq, last_seq, publish_time, data)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                self._entries,
-            )
+            _insert_entries(self._db, self._entries)
             self._entries.clear()
 
     def _topic(self, name: str) -> list[int]:
@@ -1074,10 +1081,11 @@ class _Append:
             (producer_id, seq, seq),
         ).fetchall()
         for row_id, count, data in candidates:
-            seqs: list[int] = msgpack.unpackb(data)[2]
+            last = int(row_id) & MAX_POSITION
+            seqs = _columns(last, count, data)[2] or []  # a named producer's entry has them
             index = bisect.bisect_left(seqs, seq)  # increasing within an entry
             if index < len(seqs) and seqs[index] == seq:
-                return (int(row_id) & MAX_POSITION) - int(count) + 1 + index
+                return last - int(count) + 1 + index
         return 0
 
 
@@ -1130,12 +1138,12 @@ class LogSnapshot:
         if found is None:
             raise LogError(f"topic {topic!r} is not in the log; expected one of {self.topics()}")
         topic_id, last = found
-        db = self._db
-        base = topic_id << _POSITION_BITS
-        producers: dict[int, str] = {}
         if self._entries:
             yield from self._entry_messages(topic_id, last, chunk)
             return
+        db = self._db
+        base = topic_id << _POSITION_BITS
+        producers: dict[int, str] = {}
         after = 0
         while after < last:
             with self._read():
@@ -1170,18 +1178,16 @@ class LogSnapshot:
             if not rows:
                 return
             for end, count, producer, publish_time, data in rows:
-                name = producers.get(producer)
-                seqs = msgpack.unpackb(data)[2] if producer is not None else itertools.repeat(None)
-                for message, seq in zip(_decode(end, count, publish_time, data), seqs, strict=False):
-                    yield (
-                        message.position,
-                        message.key,
-                        message.payload,
-                        name,
-                        seq,
-                        message.publish_time,
-                        message.properties,
-                    )
+                keys, payloads, seqs, times, properties = _columns(end, count, data)
+                yield from zip(
+                    range(end - count + 1, end + 1),
+                    keys,
+                    payloads,
+                    itertools.repeat(producers.get(producer)),
+                    itertools.repeat(None) if seqs is None else seqs,
+                    itertools.repeat(publish_time) if times is None else times,
+                    itertools.repeat(None) if properties is None else properties,
+                )
             after = rows[-1][0]
 
     @contextmanager

@@ -42,7 +42,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal, NamedTuple, TypedDict, TypeVar
+from typing import Any, Literal, NamedTuple, TypedDict, TypeVar
 from urllib.parse import quote
 
 import msgpack  # type: ignore[import-untyped]
@@ -1138,46 +1138,20 @@ class LogSnapshot:
         if found is None:
             raise LogError(f"topic {topic!r} is not in the log; expected one of {self.topics()}")
         topic_id, last = found
-        if self._entries:
-            yield from self._entry_messages(topic_id, last, chunk)
+        base = topic_id << _POSITION_BITS
+        if not self._entries:  # a row per message
+            sql = (
+                f"SELECT id, key, payload, producer, seq, {self._publish_time}, {self._properties} FROM messages"
+                " WHERE id > ? AND id <= ? ORDER BY id LIMIT ?"
+            )
+            for rows, producers in self._pages(sql, topic_id, last, chunk, producer_at=3):
+                for row_id, key, payload, producer, seq, at, properties in rows:
+                    yield row_id - base, key, payload, producers.get(producer), seq, at, properties
             return
-        db = self._db
-        base = topic_id << _POSITION_BITS
-        producers: dict[int, str] = {}
-        after = 0
-        while after < last:
-            with self._read():
-                rows = db.execute(
-                    f"SELECT id, key, payload, producer, seq, {self._publish_time}, {self._properties} FROM messages"
-                    " WHERE id > ? AND id <= ? ORDER BY id LIMIT ?",
-                    (base + after, base + last, chunk),
-                ).fetchall()
-                if any(producer is not None and producer not in producers for _, _, _, producer, *_ in rows):
-                    producers = dict(db.execute("SELECT id, name FROM producers WHERE topic = ?", (topic_id,)))
-            if not rows:
-                return
-            for row_id, key, payload, producer, seq, at, properties in rows:
-                yield row_id - base, key, payload, producers.get(producer), seq, at, properties
-            after = rows[-1][0] - base
-
-    def _entry_messages(self, topic_id: int, last: int, chunk: int) -> Iterator[ExportRow]:
-        """:meth:`messages` of a log of schema 7: entries of about ``chunk`` messages in all at a time."""
-        db = self._db
-        base = topic_id << _POSITION_BITS
-        producers: dict[int, str] = {}
-        after = 0
-        while after < last:
-            with self._read():
-                rows = db.execute(
-                    "SELECT id - ?, count, producer, publish_time, data FROM entries WHERE id > ? AND id <= ?"
-                    " ORDER BY id LIMIT ?",
-                    (base, base + after, base + last, max(chunk // _ENTRY_MESSAGES, 1)),
-                ).fetchall()
-                if any(producer is not None and producer not in producers for _, _, producer, _, _ in rows):
-                    producers = dict(db.execute("SELECT id, name FROM producers WHERE topic = ?", (topic_id,)))
-            if not rows:
-                return
-            for end, count, producer, publish_time, data in rows:
+        sql = "SELECT id, count, producer, publish_time, data FROM entries WHERE id > ? AND id <= ? ORDER BY id LIMIT ?"
+        for rows, producers in self._pages(sql, topic_id, last, max(chunk // _ENTRY_MESSAGES, 1), producer_at=2):
+            for row_id, count, producer, publish_time, data in rows:
+                end = row_id - base
                 keys, payloads, seqs, times, properties = _columns(end, count, data)
                 yield from zip(
                     range(end - count + 1, end + 1),
@@ -1188,7 +1162,26 @@ class LogSnapshot:
                     itertools.repeat(publish_time) if times is None else times,
                     itertools.repeat(None) if properties is None else properties,
                 )
-            after = rows[-1][0]
+
+    def _pages(
+        self, sql: str, topic_id: int, last: int, limit: int, *, producer_at: int
+    ) -> Iterator[tuple[list[Any], dict[int, str]]]:
+        """The rows of ``sql`` (ids after one, up to the topic's ``last`` position, ``limit`` rows), page by page
+        through the topic, each page read in one short transaction, with the names of the producers its rows
+        name (column ``producer_at``) as that transaction saw them."""
+        db = self._db
+        base = topic_id << _POSITION_BITS
+        producers: dict[int, str] = {}
+        after = 0
+        while after < last:
+            with self._read():
+                rows = db.execute(sql, (base + after, base + last, limit)).fetchall()
+                if any(row[producer_at] is not None and row[producer_at] not in producers for row in rows):
+                    producers = dict(db.execute("SELECT id, name FROM producers WHERE topic = ?", (topic_id,)))
+            if not rows:
+                return
+            yield rows, producers
+            after = rows[-1][0] - base
 
     @contextmanager
     def _read(self) -> Iterator[None]:

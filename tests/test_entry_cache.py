@@ -7,12 +7,12 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from keyfailover.broker.storage import EntryCache, Log, SQLiteStore, StoredMessage
-from keyfailover.broker.storage._cache import ENTRY_OVERHEAD, entry_bytes
+from keyfailover.broker.storage._cache import ENTRY_OVERHEAD, entries_bytes, entry_bytes
 
 TOPICS = ("a", "b", "c")
 
@@ -94,6 +94,25 @@ def test_a_dropped_topic_frees_its_bytes_and_a_cache_of_zero_keeps_nothing() -> 
 def test_entry_bytes_counts_key_payload_and_properties() -> None:
     assert entry_bytes(StoredMessage(1, None, b"abc", None, None)) == ENTRY_OVERHEAD + 3
     assert entry_bytes(StoredMessage(1, b"kk", b"abc", None, b"\x81\xa1a\xa1b")) == ENTRY_OVERHEAD + 3 + 2 + 5
+
+
+@given(
+    st.lists(
+        st.builds(
+            StoredMessage,
+            st.integers(1, 10**9),
+            st.none() | st.text(max_size=8) | st.binary(max_size=8),
+            st.binary(max_size=40),
+            st.none() | st.integers(0, 2**53),
+            st.none() | st.binary(max_size=12),
+        ),
+        max_size=30,
+    )
+)
+def test_a_commit_is_counted_as_its_messages_one_by_one(stored: list[StoredMessage]) -> None:
+    """entries_bytes (a commit's size, summed column by column) is the sum of entry_bytes, with keys None, empty,
+    text or bytes, and properties or none."""
+    assert entries_bytes(stored) == sum(map(entry_bytes, stored))
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "64", None, True])

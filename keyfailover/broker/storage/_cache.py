@@ -11,8 +11,9 @@ messages (of all topics together) leave first once the bound is passed.
 
 from __future__ import annotations
 
+import operator
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from keyfailover.broker.storage.sqlite import StoredMessage
 
@@ -60,6 +61,21 @@ def entry_bytes(message: StoredMessage) -> int:
     )
 
 
+_key = operator.itemgetter(1)
+_payload = operator.itemgetter(2)
+_properties = operator.itemgetter(4)
+
+
+def entries_bytes(messages: Sequence[StoredMessage]) -> int:
+    """The sum of :func:`entry_bytes` of ``messages``, each part summed in C rather than a call per message."""
+    return (
+        ENTRY_OVERHEAD * len(messages)
+        + sum(map(len, map(_payload, messages)))
+        + sum(map(len, filter(None, map(_key, messages))))  # None and empty keys add nothing
+        + sum(map(len, filter(None, map(_properties, messages))))
+    )
+
+
 class EntryCache:
     """The most recently stored messages of each topic, at most ``max_bytes`` in all (0: nothing is kept).
 
@@ -100,7 +116,7 @@ class EntryCache:
             return  # not consecutive: what the log holds between them is not here
         if run is None:
             run = self._runs[topic] = _Run(topic)
-        size = sum(map(entry_bytes, stored))
+        size = entries_bytes(stored)
         run.messages += stored
         run.bytes += size
         self.bytes += size

@@ -33,6 +33,7 @@ from keyfailover.broker.storage.sqlite import (
     StoredMessage,
     dead_letter_topic,
     publish_clock,
+    stored_message,
 )
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.histogram import Histogram
@@ -278,21 +279,22 @@ class Store(ABC):
             before = len(stored)
             if properties is None:
                 stored += [
-                    StoredMessage(position, key, payload, now)
+                    stored_message((position, key, payload, now, None))
                     for (_, key, payload), (position, duplicate) in zip(messages, result, strict=True)
                     if not duplicate
                 ]
             else:
                 stored += [
-                    StoredMessage(position, key, payload, now, encoded)
+                    stored_message((position, key, payload, now, encoded))
                     for (_, key, payload), encoded, (position, duplicate) in zip(
                         messages, properties, result, strict=True
                     )
                     if not duplicate
                 ]
-            self.appended += len(stored) - before
-            if result:
-                self._last[topic] = max(self._last.get(topic, 0), *(position for position, _ in result))
+            if len(stored) > before:
+                self.appended += len(stored) - before
+                # The new positions ascend; a duplicate's was stored before, so the topic's last counts it already.
+                self._last[topic] = max(self._last.get(topic, 0), stored[-1].position)
             if not future.done():
                 future.set_result(result)
         for topic, stored in sorted(touched.items()):

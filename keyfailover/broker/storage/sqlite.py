@@ -230,9 +230,9 @@ class StoredMessage(NamedTuple):
     properties: bytes | None = None
 
 
-_stored = functools.partial(tuple.__new__, StoredMessage)
-"""A ``StoredMessage`` from a row ``(position, key, payload, publish_time, properties)``, in C (one per message
-read)."""
+stored_message = functools.partial(tuple.__new__, StoredMessage)
+"""A ``StoredMessage`` from a tuple ``(position, key, payload, publish_time, properties)``, in C (one per message
+read or stored: the named tuple's own constructor is a Python function)."""
 
 
 class DeadLetterRecord(NamedTuple):
@@ -853,7 +853,7 @@ def _decode(last: int, count: int, publish_time: int | None, data: bytes) -> lis
     keys, payloads, _, times, properties = _columns(last, count, data)
     return list(
         map(
-            _stored,
+            stored_message,
             zip(
                 range(last - count + 1, last + 1),
                 keys,

@@ -1106,6 +1106,100 @@ def test_reads_cross_entry_boundaries_anywhere(tmp_path: Path, monkeypatch: pyte
             assert log.read_positions("t", wanted) == {p: every[p - 1] for p in wanted}
 
 
+def test_an_export_begun_before_an_upgrade_reads_on_in_entries(tmp_path: Path) -> None:
+    """A server upgrades a log of a row per message while an export reads it: the export goes on in entries,
+    from where it was, and stops at its snapshot's last message though the upgrade put it in one entry with
+    messages an older server stored after the snapshot began."""
+    path = tmp_path / "log.db"
+    with Log(path) as log:
+        log.append([("t", "p", [(seq, f"k{seq}", b"%d" % seq) for seq in range(1, 11)])], publish_time=5)
+    as_version_6(path)
+    with LogSnapshot(path) as snapshot:
+        exported = list(snapshot.messages("t"))
+        rows = snapshot.messages("t", chunk=3)
+        begun = [next(rows) for _ in range(4)]
+        with sqlite3.connect(path) as db:  # an older server stores the producer's next batch
+            (topic_id, producer_id) = db.execute("SELECT topic, id FROM producers WHERE name = 'p'").fetchone()
+            db.executemany(
+                "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, NULL)",
+                [((topic_id << 40) + seq, f"k{seq}", b"%d" % seq, producer_id, seq, 6) for seq in range(11, 21)],
+            )
+        db.close()
+        Log(path).close()  # a server of this version starts on the folder: schema 6 -> 7
+        assert _entries(path) == [(20, 20)]  # one producer, increasing sequence ids: one entry
+        assert begun + list(rows) == exported
+    assert [row[0] for row in exported] == list(range(1, 11))
+
+
+def test_a_migration_inserts_as_it_goes_and_cuts_entries_by_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rewrite into entries holds about _MIGRATE_BYTES of them at a time, whatever the log's size, and
+    cuts a producer's run of large messages into entries of at most _ENTRY_BYTES of payload, as appends do."""
+    monkeypatch.setattr(sqlite_module, "_ENTRY_BYTES", 20_000)
+    monkeypatch.setattr(sqlite_module, "_MIGRATE_BYTES", 50_000)
+    path = tmp_path / "log.db"
+    payloads = [os.urandom(3000) for _ in range(60)]
+    with Log(path) as log:
+        for start in range(0, 60, 4):  # batches of 4 of one producer: the migration joins them into runs
+            log.append([("t", "p", [(seq, "k", payloads[seq]) for seq in range(start, start + 4)])])
+        log.append([("u", None, [(None, "k", b"u")])])
+        before = {topic: log.read(topic, 0, 100) for topic in log.topics()}
+    as_version_6(path)
+    inserted: list[int] = []
+    insert = sqlite_module._insert_entries
+
+    def counting(db: sqlite3.Connection, entries: list[Any]) -> None:
+        inserted.append(sum(len(entry[-1]) for entry in entries))
+        insert(db, entries)
+
+    monkeypatch.setattr(sqlite_module, "_insert_entries", counting)
+    with Log(path) as log:
+        assert {topic: log.read(topic, 0, 100) for topic in log.topics()} == before
+    assert [count for _, count in _entries(path)] == [*[6] * 10, 1]  # 6 x 3000 bytes <= 20,000; then topic u
+    assert len(inserted) >= 3 and max(inserted) < 50_000 + 20_000  # the bound, and one entry past it
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (b"\xc1", "is unreadable"),  # not msgpack
+        (msgpack.packb([1, [b"x"], None, None, None]), "is unreadable"),  # a column not a list
+        (msgpack.packb([["k"], [b"x"], 5, None, None]), "is unreadable"),
+        (msgpack.packb([["k"], [b"x"], None, None]), "is unreadable"),  # four columns
+        (msgpack.packb([["k", "l"], [b"x"], None, None, None]), "does not hold the 1 messages"),
+        (msgpack.packb([["k"], [b"x"], None, None, None]), "has no sequence ids; its producer is named"),
+    ],
+)
+def test_a_corrupt_entry_is_a_log_file_error_for_every_reader(tmp_path: Path, data: bytes, problem: str) -> None:
+    """A damaged entry is reported as such by reads, the export and a retry's dedup lookup, never as a
+    TypeError or a retry stored again; the failed append stores nothing."""
+    path = tmp_path / "log.db"
+    with Log(path) as log:
+        log.append([("t", "p", [(1, "k", b"x")])])
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE entries SET data = ?", (data,))
+    db.close()
+    error = f"the entry ending at position 1 {problem}"
+    readable = problem.startswith("has no")  # keys and payloads are whole: only a dedup lookup needs the ids
+    with Log(path) as log:
+        with pytest.raises(LogFileError, match=error):
+            log.append([("t", "p", [(1, "k", b"x")])])  # a retry: its original's entry is looked up
+        assert log.last_position("t") == 1
+        if readable:
+            assert [m.payload for m in log.read("t", 0, 10)] == [b"x"] == [log.read_positions("t", [1])[1].payload]
+        else:
+            for read in (lambda: log.read("t", 0, 10), lambda: log.read_positions("t", [1])):
+                with pytest.raises(LogFileError, match=error):
+                    read()
+    with LogSnapshot(path) as snapshot:
+        if readable:
+            assert [row[2] for row in snapshot.messages("t")] == [b"x"]
+        else:
+            with pytest.raises(LogFileError, match=error):
+                list(snapshot.messages("t"))
+
+
 def test_a_version_6_log_is_rewritten_into_entries_and_keeps_everything(tmp_path: Path) -> None:
     """A row per message (schema 6) becomes entries when a server opens the log: every message, its
     producer and sequence id, publish time and properties stay; dedup finds messages of either layout."""

@@ -208,8 +208,9 @@ _ENTRY_MESSAGES = 256
 _ENTRY_BYTES = 1 << 20
 """The payload bytes past which an entry holds no further message (one larger message has an entry of its
 own): a read of one position decodes its whole entry."""
-_MIGRATE_ROWS = 50_000
-"""Rows of a log of schema 6 or older read at a time as it is rewritten into entries."""
+_MIGRATE_BYTES = 32 << 20
+"""The bytes of entries a rewrite of a log of schema 6 or older into entries holds before it inserts them (it
+reads the old rows one at a time): what it needs in memory, whatever the size of the log and its messages."""
 
 
 class StoredMessage(NamedTuple):
@@ -839,11 +840,13 @@ def _columns(last: int, count: int, data: bytes) -> _Columns:
     """The columns of the entry whose last position is ``last``, checked to hold ``count`` messages."""
     try:
         keys, payloads, seqs, times, properties = msgpack.unpackb(data)
-    except (ValueError, TypeError) as exc:
-        raise LogFileError(f"the entry ending at position {last} is unreadable: {exc}") from None
-    if not len(keys) == len(payloads) == count or any(
-        column is not None and len(column) != count for column in (seqs, times, properties)
-    ):
+        whole = len(keys) == len(payloads) == count and all(
+            column is None or len(column) == count for column in (seqs, times, properties)
+        )
+    except (ValueError, TypeError) as exc:  # not msgpack, not five columns, or a column not a list
+        problem = f"{type(exc).__name__}: {exc}"
+        raise LogFileError(f"the entry ending at position {last} is unreadable ({problem})") from None
+    if not whole:
         raise LogFileError(f"the entry ending at position {last} does not hold the {count} messages it should")
     return keys, payloads, seqs, times, properties
 
@@ -873,21 +876,26 @@ def _rewrite_into_entries(db: sqlite3.Connection) -> None:
         db.execute(statement)
     rows = db.execute("SELECT id, key, payload, producer, seq, publish_time, properties FROM messages ORDER BY id")
     entries: list[_EntryRow] = []
+    held = 0  # the bytes of the entries not inserted yet
     run: list[tuple[int, Key, bytes, int | None, int | None, int | None, bytes | None]] = []
-    while chunk := rows.fetchmany(_MIGRATE_ROWS):
-        for row in chunk:
-            if run and (
-                row[0] != run[-1][0] + 1
-                or row[3] != run[-1][3]
-                or (row[3] is not None and row[4] <= run[-1][4])
-                or len(run) >= _ENTRY_MESSAGES
-            ):  # another topic or producer, or sequence ids that do not increase (two batches): a new entry
-                entries += _run_entries(run)
-                run = []
-            run.append(row)
-        if len(entries) >= _MIGRATE_ROWS // _ENTRY_MESSAGES:
-            _insert_entries(db, entries)
-            entries = []
+    run_bytes = 0  # the payload bytes of the run
+    for row in rows:
+        if run and (
+            row[0] != run[-1][0] + 1
+            or row[3] != run[-1][3]
+            or (row[3] is not None and row[4] <= run[-1][4])
+            or len(run) >= _ENTRY_MESSAGES
+            or run_bytes + len(row[2]) > _ENTRY_BYTES
+        ):  # another topic or producer, sequence ids that do not increase (two batches), or a full entry
+            for entry in _run_entries(run):
+                entries.append(entry)
+                held += len(entry[-1])
+            run, run_bytes = [], 0
+            if held >= _MIGRATE_BYTES:
+                _insert_entries(db, entries)
+                entries, held = [], 0
+        run.append(row)
+        run_bytes += len(row[2])
     if run:
         entries += _run_entries(run)
     _insert_entries(db, entries)
@@ -1082,7 +1090,9 @@ class _Append:
         ).fetchall()
         for row_id, count, data in candidates:
             last = int(row_id) & MAX_POSITION
-            seqs = _columns(last, count, data)[2] or []  # a named producer's entry has them
+            seqs = _columns(last, count, data)[2]
+            if seqs is None:
+                raise LogFileError(f"the entry ending at position {last} has no sequence ids; its producer is named")
             index = bisect.bisect_left(seqs, seq)  # increasing within an entry
             if index < len(seqs) and seqs[index] == seq:
                 return last - int(count) + 1 + index
@@ -1097,9 +1107,10 @@ class LogSnapshot:
     short read transactions (messages are never changed or deleted), so a long export does
     not pin the write-ahead log and stop the server's checkpoints. It reads a log of any schema
     version a server migrates (nothing is migrated: it writes nothing), a row per message before
-    schema 7; a message stored before schema 5 has no publish time, one stored before schema 6 no
-    properties. When no server runs, SQLite leaves the empty ``-wal`` and ``-shm`` files it keeps
-    beside a WAL database, which the next server uses as usual.
+    schema 7, and reads on in entries when a server upgrades the log during an export; a message
+    stored before schema 5 has no publish time, one stored before schema 6 no properties. When no
+    server runs, SQLite leaves the empty ``-wal`` and ``-shm`` files it keeps beside a WAL
+    database, which the next server uses as usual.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -1133,55 +1144,69 @@ class LogSnapshot:
         return list(self._topics)
 
     def messages(self, topic: str, chunk: int = 65_536) -> Iterator[ExportRow]:
-        """Every message of ``topic`` in the snapshot, in position order, read ``chunk`` rows at a time."""
+        """Every message of ``topic`` in the snapshot, in position order, read ``chunk`` rows at a time.
+
+        Each page is read in a short transaction of its own, in the layout the log has then: a server
+        may upgrade a log of a row per message into entries while an export runs, and an upgraded
+        entry may then hold the snapshot's last message and later ones (so entries are read up to
+        ``_ENTRY_MESSAGES - 1`` positions past it, and what is past it is left out)."""
         found = self._topics.get(topic)
         if found is None:
             raise LogError(f"topic {topic!r} is not in the log; expected one of {self.topics()}")
         topic_id, last = found
-        base = topic_id << _POSITION_BITS
-        if not self._entries:  # a row per message
-            sql = (
-                f"SELECT id, key, payload, producer, seq, {self._publish_time}, {self._properties} FROM messages"
-                " WHERE id > ? AND id <= ? ORDER BY id LIMIT ?"
-            )
-            for rows, producers in self._pages(sql, topic_id, last, chunk, producer_at=3):
-                for row_id, key, payload, producer, seq, at, properties in rows:
-                    yield row_id - base, key, payload, producers.get(producer), seq, at, properties
-            return
-        sql = "SELECT id, count, producer, publish_time, data FROM entries WHERE id > ? AND id <= ? ORDER BY id LIMIT ?"
-        for rows, producers in self._pages(sql, topic_id, last, max(chunk // _ENTRY_MESSAGES, 1), producer_at=2):
-            for row_id, count, producer, publish_time, data in rows:
-                end = row_id - base
-                keys, payloads, seqs, times, properties = _columns(end, count, data)
-                yield from zip(
-                    range(end - count + 1, end + 1),
-                    keys,
-                    payloads,
-                    itertools.repeat(producers.get(producer)),
-                    itertools.repeat(None) if seqs is None else seqs,
-                    itertools.repeat(publish_time) if times is None else times,
-                    itertools.repeat(None) if properties is None else properties,
-                )
-
-    def _pages(
-        self, sql: str, topic_id: int, last: int, limit: int, *, producer_at: int
-    ) -> Iterator[tuple[list[Any], dict[int, str]]]:
-        """The rows of ``sql`` (ids after one, up to the topic's ``last`` position, ``limit`` rows), page by page
-        through the topic, each page read in one short transaction, with the names of the producers its rows
-        name (column ``producer_at``) as that transaction saw them."""
         db = self._db
         base = topic_id << _POSITION_BITS
+        rows_sql = (
+            f"SELECT id, key, payload, producer, seq, {self._publish_time}, {self._properties} FROM messages"
+            " WHERE id > ? AND id <= ? ORDER BY id LIMIT ?"
+        )
+        entries_sql = (
+            "SELECT id, count, producer, publish_time, data FROM entries WHERE id > ? AND id <= ? ORDER BY id LIMIT ?"
+        )
+        entries_end = base + min(last + _ENTRY_MESSAGES - 1, MAX_POSITION)
         producers: dict[int, str] = {}
         after = 0
         while after < last:
             with self._read():
-                rows = db.execute(sql, (base + after, base + last, limit)).fetchall()
-                if any(row[producer_at] is not None and row[producer_at] not in producers for row in rows):
+                if not self._entries and db.execute("PRAGMA user_version").fetchone()[0] >= 7:
+                    self._entries = True  # upgraded since the last page
+                if self._entries:
+                    rows = db.execute(entries_sql, (base + after, entries_end, max(chunk // _ENTRY_MESSAGES, 1)))
+                else:
+                    rows = db.execute(rows_sql, (base + after, base + last, chunk))
+                page = rows.fetchall()
+                named = 2 if self._entries else 3  # the producer column
+                if any(row[named] is not None and row[named] not in producers for row in page):
                     producers = dict(db.execute("SELECT id, name FROM producers WHERE topic = ?", (topic_id,)))
-            if not rows:
+            if not page:
                 return
-            yield rows, producers
-            after = rows[-1][0] - base
+            if self._entries:
+                yield from self._entry_rows(page, base, after, last, producers)
+            else:
+                for row_id, key, payload, producer, seq, at, properties in page:
+                    yield row_id - base, key, payload, producers.get(producer), seq, at, properties
+            after = page[-1][0] - base
+
+    @staticmethod
+    def _entry_rows(
+        page: list[Any], base: int, after: int, last: int, producers: dict[int, str]
+    ) -> Iterator[ExportRow]:
+        """The messages of a page of entries at positions in ``(after, last]``."""
+        for row_id, count, producer, publish_time, data in page:
+            end = row_id - base
+            keys, payloads, seqs, times, properties = _columns(end, count, data)
+            rows: Iterator[ExportRow] = zip(
+                range(end - count + 1, end + 1),
+                keys,
+                payloads,
+                itertools.repeat(producers.get(producer)),
+                itertools.repeat(None) if seqs is None else seqs,
+                itertools.repeat(publish_time) if times is None else times,
+                itertools.repeat(None) if properties is None else properties,
+            )
+            if end - count < after or end > last:  # an entry made by an upgrade during the export
+                rows = (row for row in rows if after < row[0] <= last)
+            yield from rows
 
     @contextmanager
     def _read(self) -> Iterator[None]:

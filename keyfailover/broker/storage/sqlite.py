@@ -1078,17 +1078,22 @@ class _Append:
         return state
 
     def _stored_position(self, producer_id: int, seq: int) -> int:
-        """Where ``producer_id`` stored the message of ``seq``; 0 when it stored none. The entries whose
-        sequence ids span it are few (a producer's batches overlap only when sent out of order); finding
-        them scans the index from ``seq`` up, so a retry of an old sequence id costs a scan of the
-        producer's later entries' index rows (a retry is of the last few unconfirmed batches)."""
+        """Where ``producer_id`` stored the message of ``seq``; 0 when it stored none.
+
+        The entries whose sequence ids span ``seq`` come first in the index from ``seq`` up, and are few
+        (a producer's batches overlap only when sent out of order). They are read one query each, with
+        ``LIMIT 1``: a statement stepped past its last row scans the rest of the index range, so a
+        query for all of them would scan every later entry of the producer even when the first holds
+        ``seq``. A stored message is found in O(log n) a candidate; an id never stored costs one scan
+        of the producer's later index rows."""
         self.insert()  # the original may be in an entry of this call
-        candidates = self._db.execute(
-            "SELECT id, count, data FROM entries WHERE producer = ? AND last_seq >= ? AND first_seq <= ?"
-            " ORDER BY last_seq",
-            (producer_id, seq, seq),
-        ).fetchall()
-        for row_id, count, data in candidates:
+        floor = seq
+        while found := self._db.execute(
+            "SELECT id, count, data, last_seq FROM entries WHERE producer = ? AND last_seq >= ? AND first_seq <= ?"
+            " ORDER BY last_seq LIMIT 1",
+            (producer_id, floor, seq),
+        ).fetchone():
+            row_id, count, data, last_seq = found
             last = int(row_id) & MAX_POSITION
             seqs = _columns(last, count, data)[2]
             if seqs is None:
@@ -1096,6 +1101,7 @@ class _Append:
             index = bisect.bisect_left(seqs, seq)  # increasing within an entry
             if index < len(seqs) and seqs[index] == seq:
                 return last - int(count) + 1 + index
+            floor = int(last_seq) + 1  # a producer's entries have distinct last sequence ids
         return 0
 
 

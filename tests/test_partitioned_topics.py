@@ -15,7 +15,7 @@ from keyfailover.broker.protocol import Error, ErrorCode, Lookup, Produce, Recei
 from keyfailover.client import Client, Message
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
 from keyfailover.core.partitions import partition_of_key, partition_slots, partition_topic, split_partition_topic
-from tests.server_process import RawConnection, ServerProcess, run_cli
+from tests.server_process import RawConnection, ServerProcess, run_cli, wait_until
 
 WAIT = 30.0
 
@@ -192,7 +192,15 @@ def test_dead_letters_of_a_partitioned_subscription_are_listed_and_replayed_per_
             producer.send(key.encode(), key)
         for _ in range(2):
             consumer.negative_acknowledge(consumer.receive(timeout=WAIT))
-        listed = admin(server, "/dlq?topic=orders&subscription=s")
+        # A nack is sent without waiting, and each partition's subscription stores its letter on its own.
+        dlq = "/dlq?topic=orders&subscription=s"
+
+        def both_stored() -> bool:
+            letters = admin(server, dlq)["dead_letters"]
+            return isinstance(letters, list) and len(letters) == 2
+
+        wait_until(both_stored, "both dead letters stored")
+        listed = admin(server, dlq)
         letters = listed["dead_letters"]
         assert isinstance(letters, list) and listed["dlq_topic"] is None
         assert sorted((e["partition"], e["key"], e["position"]) for e in letters) == [(1, "a", 1), (2, "k", 1)]

@@ -381,12 +381,14 @@ class Log:
                 position = wanted[index]
                 if position >= first:
                     at = position - first
-                    found[position] = StoredMessage(
-                        position,
-                        keys[at],
-                        payloads[at],
-                        publish_time if times is None else times[at],
-                        None if properties is None else properties[at],
+                    found[position] = stored_message(
+                        (
+                            position,
+                            keys[at],
+                            payloads[at],
+                            publish_time if times is None else times[at],
+                            None if properties is None else properties[at],
+                        )
                     )
                 index += 1
         return found
@@ -1187,14 +1189,14 @@ class LogSnapshot:
             if not page:
                 return
             if self._entries:
-                yield from self._entry_rows(page, base, after, last, producers)
+                yield from self._entry_messages(page, base, after, last, producers)
             else:
                 for row_id, key, payload, producer, seq, at, properties in page:
                     yield row_id - base, key, payload, producers.get(producer), seq, at, properties
             after = page[-1][0] - base
 
     @staticmethod
-    def _entry_rows(
+    def _entry_messages(
         page: list[Any], base: int, after: int, last: int, producers: dict[int, str]
     ) -> Iterator[ExportRow]:
         """The messages of a page of entries at positions in ``(after, last]``."""

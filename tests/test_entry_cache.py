@@ -4,6 +4,7 @@ within its bound, and a store reads through it."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from keyfailover.broker.storage import EntryCache, Log, SQLiteStore, StoredMessage
-from keyfailover.broker.storage._cache import ENTRY_OVERHEAD, entries_bytes, entry_bytes
+from keyfailover.broker.storage._cache import ENTRY_OVERHEAD
 
 TOPICS = ("a", "b", "c")
 
@@ -23,6 +24,11 @@ def message(position: int, payload: bytes = b"x" * 10, key: str | None = "k") ->
 
 def messages(first: int, count: int) -> list[StoredMessage]:
     return [message(position) for position in range(first, first + count)]
+
+
+def entry_bytes(message: StoredMessage) -> int:
+    """What the cache counts a message as, by its documented rule: ENTRY_OVERHEAD plus its parts' lengths."""
+    return ENTRY_OVERHEAD + len(message.payload) + len(message.key or "") + len(message.properties or b"")
 
 
 def test_a_read_is_answered_from_where_the_run_holds_it_and_missed_elsewhere() -> None:
@@ -91,28 +97,70 @@ def test_a_dropped_topic_frees_its_bytes_and_a_cache_of_zero_keeps_nothing() -> 
     assert off.read("t", 0, 3) is None and off.bytes == 0
 
 
-def test_entry_bytes_counts_key_payload_and_properties() -> None:
-    assert entry_bytes(StoredMessage(1, None, b"abc", None, None)) == ENTRY_OVERHEAD + 3
-    assert entry_bytes(StoredMessage(1, b"kk", b"abc", None, b"\x81\xa1a\xa1b")) == ENTRY_OVERHEAD + 3 + 2 + 5
+def test_a_message_is_counted_as_its_key_payload_and_properties() -> None:
+    cache = EntryCache(1 << 20)
+    cache.add("t", [StoredMessage(1, None, b"abc", None, None)])
+    assert cache.bytes == ENTRY_OVERHEAD + 3
+    cache.add("t", [StoredMessage(2, b"kk", b"abc", None, b"\x81\xa1a\xa1b"), StoredMessage(3, "é", b"", 7, None)])
+    assert cache.bytes == 3 * ENTRY_OVERHEAD + 3 + (3 + 2 + 5) + 1  # a str key by its characters
 
 
+@settings(max_examples=200)
 @given(
     st.lists(
-        st.builds(
-            StoredMessage,
-            st.integers(1, 10**9),
+        st.tuples(
             st.none() | st.text(max_size=8) | st.binary(max_size=8),
             st.binary(max_size=40),
             st.none() | st.integers(0, 2**53),
             st.none() | st.binary(max_size=12),
         ),
+        min_size=1,
         max_size=30,
-    )
+    ),
+    st.integers(0, 3000),
 )
-def test_a_commit_is_counted_as_its_messages_one_by_one(stored: list[StoredMessage]) -> None:
-    """entries_bytes (a commit's size, summed column by column) is the sum of entry_bytes, with keys None, empty,
-    text or bytes, and properties or none."""
-    assert entries_bytes(stored) == sum(map(entry_bytes, stored))
+def test_what_stays_cached_is_counted_as_its_messages_one_by_one(
+    parts: list[tuple[str | bytes | None, bytes, int | None, bytes | None]], bound: int
+) -> None:
+    """A commit is sized column by column and trimmed to the bound message by message: either way the cache's
+    bytes are the sum of its messages' sizes, with keys None, empty, text or bytes, and properties or none."""
+    stored = [StoredMessage(position, *rest) for position, rest in enumerate(parts, start=1)]
+    cache = EntryCache(bound)
+    cache.add("t", stored[: len(stored) // 2])
+    cache.add("t", stored[len(stored) // 2 :])
+    kept = (cache.read("t", len(stored) - len(cache), len(stored)) or []) if len(cache) else []
+    assert kept == stored[len(stored) - len(cache) :]
+    assert cache.bytes == sum(map(entry_bytes, kept)) <= bound
+
+
+def test_columns_of_different_lengths_are_refused_and_change_nothing() -> None:
+    cache = EntryCache(1 << 20)
+    cache.add("t", messages(1, 2))
+    with pytest.raises(ValueError, match="columns of 2 keys, 2 payloads, 1 publish times and 2 properties"):
+        cache.add_columns("t", 3, 4, ["k", "k"], [b"a", b"b"], [5], [None, None])
+    assert len(cache) == 2 and cache.read("t", 0, 5) == messages(1, 2)
+
+
+def test_cached_messages_are_no_work_for_the_garbage_collector() -> None:
+    """The cache holds strings, bytes and ints in a few lists: objects the collector does not track, where a
+    StoredMessage (a named tuple) stays tracked as long as it lives and is walked at every full collection."""
+    cache = EntryCache(1 << 30)
+    count = 20_000
+    gc.collect()
+    before = len(gc.get_objects())
+    for first in range(1, count, 1000):
+        cache.add_columns(
+            "t",
+            first,
+            first + 999,
+            [f"key-{i}" for i in range(first, first + 1000)],
+            [b"payload %d" % i for i in range(first, first + 1000)],
+            [first] * 1000,
+            [None] * 1000,
+        )
+    assert len(cache) == count
+    assert len(gc.get_objects()) - before < 100  # the lists and chunk records, not an object per message
+    assert cache.read("t", count - 1, 5) == [StoredMessage(count, f"key-{count}", b"payload %d" % count, 19_001, None)]
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "64", None, True])

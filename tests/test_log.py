@@ -260,24 +260,35 @@ def test_a_version_5_log_gains_properties_and_its_messages_have_none(tmp_path: P
         assert [row[6] for row in snapshot.messages("t")] == [None, TRACE]
 
 
-def test_the_store_hands_committed_properties_to_its_listeners(tmp_path: Path) -> None:
-    """What the entry cache takes from a commit equals what a read of the log gives (the cache is off here)."""
+def test_a_commit_caches_what_a_read_of_the_log_gives_and_tells_its_listeners(tmp_path: Path) -> None:
+    """The entry cache takes each commit's new messages by column, properties and all, leaving out a batch's
+    retries of stored messages: what it answers equals the log's own read; listeners hear each topic."""
 
-    async def committed() -> tuple[list[StoredMessage], list[StoredMessage]]:
-        store = SQLiteStore(Log(tmp_path / "log.db"), entry_cache_bytes=0)
+    async def committed() -> tuple[list[str], list[StoredMessage] | None, list[tuple[int, bool]]]:
+        store = SQLiteStore(Log(tmp_path / "log.db"))
         await store.start()
-        heard: list[StoredMessage] = []
-        store.on_commit(lambda topic, stored: heard.extend(stored))
+        heard: list[str] = []
+        store.on_commit(heard.append)
         try:
-            await store.append("t", None, [(None, "a", b"1"), (None, "b", b"2")], [None, TRACE])
-            await store.append("t", None, [(None, "c", b"3")])
-            return heard, await store.read("t", 0, 10)
+            await store.append("t", "p", [(1, "a", b"1"), (2, "b", b"2")], [None, TRACE])
+            again = [(2, "b", b"2"), (3, "c", b"3"), (4, "d", b"4")]  # 2 stored already
+            retried = await store.append("t", "p", again, [TRACE, None, TRACE])
+            await store.append("u", None, [(None, "e", b"5")])
+            return heard, store.entry_cache.read("t", 0, 10), retried
         finally:
             await store.close()
 
-    heard, read = asyncio.run(committed())
-    assert [(m.position, m.properties) for m in heard] == [(1, None), (2, TRACE), (3, None)]
-    assert heard == read
+    heard, cached, retried = asyncio.run(committed())
+    assert retried == [(2, True), (3, False), (4, False)]
+    assert heard == ["t", "t", "u"]
+    with Log(tmp_path / "log.db") as log:
+        assert cached is not None and cached == log.read("t", 0, 10)
+    assert [(m.position, m.key, m.properties) for m in cached] == [
+        (1, "a", None),
+        (2, "b", TRACE),
+        (3, "c", None),
+        (4, "d", TRACE),
+    ]
 
 
 def test_positions_are_consecutive_per_topic_across_calls(log: Log) -> None:

@@ -12,6 +12,7 @@ from keyfailover.broker.server import Server, ServerConfig
 from keyfailover.broker.server import _subscription as subscription_module
 from keyfailover.broker.server._subscription import Session, Subscription, SubscriptionConfig
 from keyfailover.broker.storage import DEFAULT_ENTRY_CACHE_BYTES
+from keyfailover.broker.storage._cache import ENTRY_OVERHEAD
 from tests.test_server_seek import Inbox, run
 
 
@@ -84,7 +85,7 @@ def test_a_backlog_is_delivered_whole_and_in_key_order_however_much_of_it_the_en
     messages either way."""
 
     async def main() -> None:
-        size = 232 + 2 + 12  # entry_bytes of one message below
+        size = ENTRY_OVERHEAD + 2 + 12  # what the entry cache counts one message below as
         bound = DEFAULT_ENTRY_CACHE_BYTES if cached is None else cached * size
         server = Server(ServerConfig(data_dir=tmp_path, entry_cache_bytes=bound))
         await server.start()

@@ -63,7 +63,6 @@ from keyfailover.broker.storage.sqlite import (
     LOG_FILE_NAME,
     DeadLetterRecord,
     Log,
-    StoredMessage,
     dead_letter_topic,
 )
 from keyfailover.core.dispatcher import check_consume_mode
@@ -639,7 +638,7 @@ class Server:
     def next_session_id(self) -> int:
         return next(self._session_ids)
 
-    def _committed(self, topic: str, stored: list[StoredMessage]) -> None:
+    def _committed(self, topic: str) -> None:
         for (sub_topic, _), subscription in self._subscriptions.items():
             if sub_topic == topic:
                 subscription.committed()

@@ -17,7 +17,9 @@ group commit gets the same publish time: the broker's wall clock as the commit b
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import operator
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -33,7 +35,6 @@ from keyfailover.broker.storage.sqlite import (
     StoredMessage,
     dead_letter_topic,
     publish_clock,
-    stored_message,
 )
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.histogram import Histogram
@@ -41,6 +42,7 @@ from keyfailover.core.histogram import Histogram
 __all__ = ["Batch", "Letter", "NotServedError", "Result", "Store", "TopicDirectory"]
 
 _log = logging.getLogger("keyfailover.server")
+_key, _payload, _duplicate = operator.itemgetter(1), operator.itemgetter(2), operator.itemgetter(1)
 
 Batch = tuple[str, str | None, Sequence[tuple[int | None, Key, bytes]], PropertiesColumn]
 """``(topic, producer or None, [(seq, key, payload), ...], properties)``: one produce request; ``properties``
@@ -78,7 +80,7 @@ class Store(ABC):
         self._wake = asyncio.Event()
         self._closing = False
         self._last: dict[str, int] = {}
-        self._listeners: list[Callable[[str, list[StoredMessage]], None]] = []
+        self._listeners: list[Callable[[str], None]] = []
         self._task: asyncio.Task[None] | None = None
         self.appended = 0  # messages stored (duplicates not counted)
         self.commit_seconds = Histogram()
@@ -201,8 +203,9 @@ class Store(ABC):
             found.update(await self._read_positions(topic, missing))
         return found
 
-    def on_commit(self, listener: Callable[[str, list[StoredMessage]], None]) -> None:
-        """Call ``listener(topic, stored)`` after each commit that stored messages in ``topic`` (ascending)."""
+    def on_commit(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(topic)`` after each commit that stored messages in ``topic`` (they are in the entry
+        cache then, when it has room)."""
         self._listeners.append(listener)
 
     def append(
@@ -268,40 +271,41 @@ class Store(ABC):
             _log.exception("log append failed; %d produce requests rejected", len(queued))
             results = [exc] * len(queued)
         self.commit_seconds.observe(time.perf_counter() - started)
-        touched: dict[str, list[StoredMessage]] = {}
+        cache = self.entry_cache
+        touched: dict[str, None] = {}  # the topics with new messages, in the order first stored
         for (batch, future), result in zip(queued, results, strict=True):
             if isinstance(result, BaseException):
                 if not future.done():
                     future.set_exception(result)
                 continue
             topic, _, messages, properties = batch
-            stored = touched.setdefault(topic, [])
-            before = len(stored)
-            if properties is None:
-                stored += [
-                    stored_message((position, key, payload, now, None))
-                    for (_, key, payload), (position, duplicate) in zip(messages, result, strict=True)
-                    if not duplicate
-                ]
-            else:
-                stored += [
-                    stored_message((position, key, payload, now, encoded))
-                    for (_, key, payload), encoded, (position, duplicate) in zip(
-                        messages, properties, result, strict=True
-                    )
-                    if not duplicate
-                ]
-            if len(stored) > before:
-                self.appended += len(stored) - before
+            new = len(result) - sum(map(_duplicate, result))
+            if new:
+                placed = result
+                if new < len(result):  # retries of stored messages among them: the new ones only
+                    fresh = [not duplicate for _, duplicate in result]
+                    messages = list(itertools.compress(messages, fresh))
+                    properties = None if properties is None else list(itertools.compress(properties, fresh))
+                    placed = list(itertools.compress(result, fresh))
+                first, last = placed[0][0], placed[-1][0]
+                self.appended += new
                 # The new positions ascend; a duplicate's was stored before, so the topic's last counts it already.
-                self._last[topic] = max(self._last.get(topic, 0), stored[-1].position)
+                self._last[topic] = max(self._last.get(topic, 0), last)
+                cache.add_columns(
+                    topic,
+                    first,
+                    last,
+                    list(map(_key, messages)),
+                    list(map(_payload, messages)),
+                    [now] * new,
+                    [None] * new if properties is None else properties,
+                )
+                touched[topic] = None
             if not future.done():
                 future.set_result(result)
-        for topic, stored in sorted(touched.items()):
-            if stored:
-                self.entry_cache.add(topic, stored)
-                for listener in self._listeners:
-                    listener(topic, stored)
+        for topic in touched:
+            for listener in self._listeners:
+                listener(topic)
 
     def _stored(self, topic: str, stored: list[StoredMessage]) -> None:
         """Account messages stored outside a group commit, and tell the listeners."""
@@ -311,4 +315,4 @@ class Store(ABC):
         self._last[topic] = max(self._last.get(topic, 0), stored[-1].position)
         self.entry_cache.add(topic, stored)
         for listener in self._listeners:
-            listener(topic, stored)
+            listener(topic)

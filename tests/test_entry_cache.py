@@ -138,6 +138,8 @@ def test_columns_of_different_lengths_are_refused_and_change_nothing() -> None:
     cache.add("t", messages(1, 2))
     with pytest.raises(ValueError, match="columns of 2 keys, 2 payloads, 1 publish times and 2 properties"):
         cache.add_columns("t", 3, 4, ["k", "k"], [b"a", b"b"], [5], [None, None])
+    with pytest.raises(ValueError, match="columns of 1 keys, 1 payloads, 1 publish times and 0 properties"):
+        cache.add_columns("t", 9, 9, ["k"], [b"a"], [5], [])  # not continuing the run: it stays all the same
     assert len(cache) == 2 and cache.read("t", 0, 5) == messages(1, 2)
 
 

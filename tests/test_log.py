@@ -270,10 +270,11 @@ def test_a_commit_caches_what_a_read_of_the_log_gives_and_tells_its_listeners(tm
         heard: list[str] = []
         store.on_commit(heard.append)
         try:
-            await store.append("t", "p", [(1, "a", b"1"), (2, "b", b"2")], [None, TRACE])
+            # Each answered within seconds, or the commit loop died (a failing test, not a hung one).
+            await asyncio.wait_for(store.append("t", "p", [(1, "a", b"1"), (2, "b", b"2")], [None, TRACE]), 30)
             again = [(2, "b", b"2"), (3, "c", b"3"), (4, "d", b"4")]  # 2 stored already
-            retried = await store.append("t", "p", again, [TRACE, None, TRACE])
-            await store.append("u", None, [(None, "e", b"5")])
+            retried = await asyncio.wait_for(store.append("t", "p", again, [TRACE, None, TRACE]), 30)
+            await asyncio.wait_for(store.append("u", None, [(None, "e", b"5")]), 30)
             return heard, store.entry_cache.read("t", 0, 10), retried
         finally:
             await store.close()

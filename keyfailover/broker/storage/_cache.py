@@ -10,9 +10,10 @@ messages (of all topics together) leave first once the bound is passed.
 
 A run keeps its messages as columns (keys, payloads, publish times, properties: lists of
 strings, bytes and ints) and makes a :class:`StoredMessage` only when one is read. The
-garbage collector never looks at such objects, where it would walk every cached message
-tuple (a named tuple stays tracked for life) at each of its middle and full collections:
-with the default bound, pauses of about 65 ms every ~200,000 messages stored.
+garbage collector does not track such objects (only the few lists holding them), where it
+would walk every cached message tuple (a named tuple stays tracked for life) at each of its
+middle and full collections: with the default bound, pauses of about 65 ms every ~200,000
+messages stored.
 """
 
 from __future__ import annotations

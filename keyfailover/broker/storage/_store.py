@@ -271,8 +271,7 @@ class Store(ABC):
             _log.exception("log append failed; %d produce requests rejected", len(queued))
             results = [exc] * len(queued)
         self.commit_seconds.observe(time.perf_counter() - started)
-        cache = self.entry_cache
-        touched: dict[str, None] = {}  # the topics with new messages, in the order first stored
+        new_columns = []  # per batch with new messages: what the entry cache takes, once every future is set
         for (batch, future), result in zip(queued, results, strict=True):
             if isinstance(result, BaseException):
                 if not future.done():
@@ -291,18 +290,21 @@ class Store(ABC):
                 self.appended += new
                 # The new positions ascend; a duplicate's was stored before, so the topic's last counts it already.
                 self._last[topic] = max(self._last.get(topic, 0), last)
-                cache.add_columns(
-                    topic,
-                    first,
-                    last,
-                    list(map(_key, messages)),
-                    list(map(_payload, messages)),
-                    [now] * new,
-                    [None] * new if properties is None else properties,
-                )
-                touched[topic] = None
+                new_columns.append((topic, first, last, messages, [None] * new if properties is None else properties))
             if not future.done():
                 future.set_result(result)
+        touched: dict[str, None] = {}  # the topics with new messages, in the order first stored
+        for topic, first, last, messages, properties in new_columns:
+            self.entry_cache.add_columns(
+                topic,
+                first,
+                last,
+                list(map(_key, messages)),
+                list(map(_payload, messages)),
+                [now] * len(messages),
+                properties,
+            )
+            touched[topic] = None
         for topic in touched:
             for listener in self._listeners:
                 listener(topic)

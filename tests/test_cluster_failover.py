@@ -493,3 +493,53 @@ def test_a_consumer_subscribed_while_partitions_move_away_and_back_gets_every_me
             wanted = {(key, n) for key, numbers in traffic.acked.items() for n in numbers}
             wait_until(lambda: wanted <= holder.values(), "every confirmed message received", timeout=WAIT)
             holder.stop()
+
+
+def test_a_suspended_broker_s_partitions_are_all_served_again_while_it_sleeps(
+    cluster: str, postgres: PostgreSQL
+) -> None:
+    """A broker serving several partitions, each under traffic, is SIGSTOPped and kept stopped until
+    every one of its partitions is served by another broker: none may wait for it to wake, whatever
+    its PostgreSQL connections were doing (a write stopped between its statements holds the
+    partition's row lock) or its ZooKeeper session and lease."""
+    with running(cluster, postgres, 3, 6) as (topic, brokers):
+        url = url_of(brokers)
+        keys = [f"key-{i}" for i in range(24)]
+        with Client(url) as client:
+            traffic = Traffic(client, topic, keys).start()
+            wait_until(lambda: traffic.sent() > 600, "traffic through every partition")
+            owners = served_by(cluster)
+            frozen = max(brokers, key=lambda b: sum(o == f"127.0.0.1:{b.port}" for o in owners.values()))
+            frozen_id = f"127.0.0.1:{frozen.port}"
+            held = {partition for (_, partition), owner in owners.items() if owner == frozen_id}
+            assert len(held) >= 2
+            others = [b for b in brokers if b is not frozen]
+            stopped = time.time()
+            frozen.suspend()
+            try:
+
+                def taken_over() -> set[int]:
+                    return {
+                        event.partition
+                        for other in others
+                        for event in ownership_events(other.errors(), topic)
+                        if event.serves and event.at >= stopped
+                    }
+
+                wait_until(lambda: held <= taken_over(), "every partition of the stopped broker served again")
+                latest = max(
+                    event.at
+                    for other in others
+                    for event in ownership_events(other.errors(), topic)
+                    if event.serves and event.at >= stopped and event.partition in held
+                )
+                print(f"{len(held)} partitions served again {latest - stopped:.2f} s after the stop")
+            finally:
+                frozen.resume()
+            before = traffic.sent()
+            wait_until(lambda: traffic.sent() > before + 300, "traffic flowing again", timeout=WAIT)
+            traffic.stop()
+            assert traffic.failed == []
+            consumed = consume_all(client, topic, traffic.acked)
+        check_order(traffic.acked, consumed)
+        check_one_writer(postgres, topic, 6, brokers)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -134,10 +136,12 @@ def test_a_zombie_coordinators_write_is_refused_and_it_steps_down(zookeeper: Zoo
 
 
 def test_a_new_owner_counts_its_wait_from_the_assignment_not_from_the_barrier(
-    zookeeper: ZooKeeper, zk: Any, root: str
+    zookeeper: ZooKeeper, zk: Any, root: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The previous owner holds on to a moved partition; the new owner, assigned it meanwhile, waits for the
-    barrier, and ``assigned_at`` is the time it applied the assignment: before the barrier went."""
+    barrier, and ``assigned_at`` is the time it applied the assignment: before the barrier went. It says
+    whose barrier it waits for, and when it holds it."""
+    caplog.set_level(logging.INFO, logger="keyfailover.ownership")
     create_topic(zk, root, "orders", 2)
     letting_go = threading.Event()
     seen: dict[PartitionId, float | None] = {}
@@ -158,6 +162,8 @@ def test_a_new_owner_counts_its_wait_from_the_assignment_not_from_the_barrier(
         (moved,) = second.state.assignment.partitions_of("b2")
         waiting_since = second.assigned_at(moved)
         assert waiting_since is not None and moved not in second.state.owned, "b2 waits for b1's barrier"
+        waits = f"broker b2 waits for the barrier of partition {moved[1]} of 'orders', held by broker b1"
+        wait_until(lambda: waits in caplog.text, "b2 says whose barrier it waits for")
         released_at = time.monotonic()
         letting_go.set()
         wait_until(lambda: moved in second.state.owned, "b2 serves the partition once b1 let it go")
@@ -165,6 +171,9 @@ def test_a_new_owner_counts_its_wait_from_the_assignment_not_from_the_barrier(
         assert seen == {moved: waiting_since}
         assert waiting_since < released_at
         assert second.assigned_at(moved) is None, "only while waiting and during on_acquired"
+        assert re.search(
+            rf"broker b2 holds the barrier of partition {moved[1]} of 'orders' [\d.]+ s after", caplog.text
+        )
     finally:
         letting_go.set()
         second.stop()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import asyncpg
 import pytest
@@ -17,6 +19,8 @@ from keyfailover.broker.storage.sqlite import Key, StoredMessage, publish_clock
 from keyfailover.core.errors import LogError, PropertiesError
 from keyfailover.core.partitions import partition_topic, split_partition_topic
 from keyfailover.tools.services import PostgreSQL, free_port
+
+T = TypeVar("T")
 
 
 def run(postgres: PostgreSQL, body: Callable[[PostgresLog, str], Awaitable[None]]) -> None:
@@ -409,3 +413,109 @@ def test_a_log_from_before_properties_gains_the_columns_and_its_messages_have_no
         assert [row[0] for row in columns] == ["kf_dead_letters", "kf_messages"]
 
     run_old_log(postgres, "DROP COLUMN properties", body)
+
+
+async def within(work: Awaitable[T], what: str, seconds: float = 30.0) -> T:
+    """``work``'s result; fails naming ``what`` when it takes more than ``seconds`` (instead of hanging)."""
+    try:
+        return await asyncio.wait_for(work, seconds)
+    except TimeoutError:
+        pytest.fail(f"{what}: not within {seconds} s")
+
+
+async def until(condition: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
+    """Return once ``condition()`` holds, polling; fails naming ``what`` after ``seconds``."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            pytest.fail(f"{what}: not within {seconds} s")
+        await asyncio.sleep(0.01)
+
+
+def test_a_new_owner_ends_the_transaction_a_stopped_broker_left_open_on_its_partition(
+    postgres: PostgreSQL, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broker stopped (SIGSTOP) between the statements of an append holds the partition's row: the new
+    owner's epoch bump must not wait for it to wake. It ends that connection, the append is rolled back,
+    and the log says who waited for what."""
+
+    async def body(log: PostgresLog, topic: str) -> None:
+        old = await log.open_partition(topic, 0, "b1")
+        await log.append(old, None, [(None, "k", b"before")])
+        async with log.pool.acquire() as stopped:
+            transaction = stopped.transaction()
+            await transaction.start()
+            rows = [(None, b"k", True, b"never committed", 1, None)]
+            await log.append_in(stopped, old, [(None, rows)])  # the broker stops here, before its commit
+            new = await within(log.open_partition(topic, 0, "b2"), "the new owner's epoch bump")
+            with pytest.raises((asyncpg.PostgresConnectionError, asyncpg.InterfaceError)):
+                await transaction.commit()
+        assert (new.epoch, new.last_position) == (2, 1)
+        assert [m.payload for m in await log.read(topic, 0, 0, 10)] == [b"before"]
+        assert await log.append(new, None, [(None, "k", b"after")]) == [(2, False)]
+
+    with caplog.at_level(logging.INFO, logger="keyfailover.ownership"):
+        run(postgres, body)
+    said = caplog.text
+    assert "broker b2 waits to open partition 0 of" in said
+    assert "last opened by broker b1 (owner epoch 1): PostgreSQL backend" in said
+    assert "(keyfailover broker, from 127.0.0.1:" in said and "idle in transaction" in said
+    assert "it ends that connection (its transaction is rolled back)" in said
+    assert "broker b2 fenced partition 0 of" in said and "at owner epoch 2" in said
+
+
+def test_a_new_owner_waits_for_a_lock_that_is_not_a_broker_s(
+    postgres: PostgreSQL, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only keyfailover brokers' connections are ended: an operator's session holding the partition's row
+    is waited for (and named in the log), and the bump goes through once it commits."""
+
+    async def body(log: PostgresLog, topic: str) -> None:
+        await log.open_partition(topic, 0, "b1")
+        operator = await asyncpg.connect(postgres.dsn, server_settings={"application_name": "psql"})
+        try:
+            transaction = operator.transaction()
+            await transaction.start()
+            await operator.execute("SELECT 1 FROM kf_partitions WHERE topic = $1 FOR UPDATE", topic)
+            bump = asyncio.ensure_future(log.open_partition(topic, 0, "b2"))
+            await until(lambda: "not a keyfailover broker's connection" in caplog.text, "the wait said")
+            assert await operator.fetchval("SELECT 1") == 1 and not bump.done()
+            await transaction.commit()
+            new = await within(bump, "the bump after the operator's commit")
+            assert new.epoch == 2
+        finally:
+            await operator.close()
+
+    with caplog.at_level(logging.INFO, logger="keyfailover.ownership"):
+        run(postgres, body)
+    assert "(psql, from 127.0.0.1:" in caplog.text
+
+
+def test_a_write_whose_connection_a_new_owner_ended_is_refused_as_fenced(postgres: PostgreSQL) -> None:
+    """b1's append waits on a lock after it took the partition's row (as a stopped broker would hold it);
+    b2 opens the partition, ending b1's connection: b1's write fails as fenced (clients look the partition
+    up again and resend), b1 stops serving, and nothing of the write is stored."""
+
+    async def body(b1: PostgresStore, b2: PostgresStore, topic: str) -> None:
+        served = partition_topic(topic, 0, 2)
+        fenced: list[str] = []
+        b1.on_fenced = fenced.append
+        await b1.acquire(served)
+        assert await b1.append(served, None, [(None, "k", b"old")]) == [(1, False)]
+        blocker = await asyncpg.connect(postgres.dsn, server_settings={"application_name": "test"})
+        try:
+            transaction = blocker.transaction()
+            await transaction.start()
+            await blocker.execute("LOCK TABLE kf_messages IN EXCLUSIVE MODE")
+            stuck = b1.append(served, None, [(None, "k", b"stuck")])  # holds the row, waits in its COPY
+            await within(b2.acquire(served), "b2 opening the partition")
+            with pytest.raises(FencedError, match=r"opened by b2 at owner epoch 2 while b1 wrote it at owner epoch 1"):
+                await within(stuck, "b1's write")
+            await transaction.commit()
+        finally:
+            await blocker.close()
+        assert fenced == [served] and not b1.serves(served)
+        assert await b2.append(served, None, [(None, "k", b"new")]) == [(2, False)]
+        assert [m.payload for m in await b2.read(served, 0, 10)] == [b"old", b"new"]
+
+    run_store(postgres, body)

@@ -42,6 +42,7 @@ from keyfailover.core.partitions import Assignment, PartitionId, check_partition
 __all__ = ["ClusterMember", "ClusterState", "cluster_status", "connect", "create_topic", "parse_cluster_url"]
 
 _log = logging.getLogger("keyfailover.cluster")
+_ownership = logging.getLogger("keyfailover.ownership")  # what a new owner waits for, printed by every broker
 
 LEASE_SHARE = 0.8
 """A member acts on its partitions only within this share of the session timeout after ZooKeeper last
@@ -262,6 +263,7 @@ class ClusterMember:
         self._addresses: dict[str, str] = {}
         self._pulsar_addresses: dict[str, str] = {}
         self._waiting: set[PartitionId] = set()  # assigned to us, barrier still held by another
+        self._said_held: dict[PartitionId, str] = {}  # partitions whose held barrier we logged, and by whom
         self._assigned_at: dict[PartitionId, float] = {}  # time.monotonic() an assignment gave us one we wait for
         self._worker: threading.Thread | None = None
         self._wake = {kind: self._waker(kind) for kind in ("elect", "rebalance", "assignment", "barrier")}
@@ -454,6 +456,7 @@ class ClusterMember:
             self._applied = (0, 0)
         self._on_release_all()
         self._waiting.clear()
+        self._said_held.clear()
         self._assigned_at.clear()
         self._zk.retry(self._register)
         self._events.put("elect")
@@ -585,6 +588,7 @@ class ClusterMember:
             self._addresses = {broker["id"]: broker["address"] for broker in brokers}
             self._pulsar_addresses = {broker["id"]: broker["pulsar"] for broker in brokers if "pulsar" in broker}
         self._waiting = mine - self._owned
+        self._said_held = {p: holder for p, holder in self._said_held.items() if p in self._waiting}
         now = time.monotonic()
         self._assigned_at = {partition: self._assigned_at.get(partition, now) for partition in self._waiting}
         self._acquire_waiting()
@@ -600,20 +604,44 @@ class ClusterMember:
                 self._zk.delete(self._barrier(partition))
 
     def _acquire_waiting(self) -> None:
-        from kazoo.exceptions import NodeExistsError
+        from kazoo.exceptions import NodeExistsError, NoNodeError
 
         for partition in sorted(self._waiting):
             if self._assignment.owners.get(partition) != self.broker_id:
                 self._waiting.discard(partition)
+                self._said_held.pop(partition, None)
                 continue
             path = self._barrier(partition)
             try:
                 self._zk.create(path, self.broker_id.encode(), ephemeral=True)
             except NodeExistsError:
-                if self._zk.exists(path, watch=self._wake["barrier"]) is None:
+                try:
+                    holder = bytes(self._zk.get(path, watch=self._wake["barrier"])[0]).decode(errors="replace")
+                except NoNodeError:
                     self._events.put("barrier")  # released meanwhile: try again
+                    continue
+                if self._said_held.get(partition) != holder:
+                    self._said_held[partition] = holder
+                    _ownership.info(
+                        "broker %s waits for the barrier of partition %d of %r, held by broker %s: until it lets "
+                        "the partition go or ZooKeeper ends its session",
+                        self.broker_id,
+                        partition[1],
+                        partition[0],
+                        holder,
+                    )
                 continue
             self._waiting.discard(partition)
+            if self._said_held.pop(partition, None) is not None:
+                assigned = self._assigned_at.get(partition)
+                waited = "" if assigned is None else f" {time.monotonic() - assigned:.2f} s after its assignment"
+                _ownership.info(
+                    "broker %s holds the barrier of partition %d of %r%s",
+                    self.broker_id,
+                    partition[1],
+                    partition[0],
+                    waited,
+                )
             with self._lock:
                 self._owned.add(partition)
             self._on_acquired(partition)

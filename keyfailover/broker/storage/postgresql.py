@@ -7,7 +7,9 @@ partition (an append, a cursor) locks the partition's row in the same transactio
 the epoch: once another broker has opened the partition, a broker that lost it (paused past its
 ZooKeeper session, cut off from ZooKeeper) can never append or move a cursor again, even
 before ZooKeeper tells it (as BookKeeper fences a ledger). It gets :class:`FencedError` and the
-transaction stores nothing.
+transaction stores nothing. A broker stopped in the middle of such a transaction (SIGSTOP, a
+frozen machine) would hold the row, and so the new owner's epoch bump, until it woke: the new
+owner ends that transaction instead (see :meth:`PostgresLog.open_partition`).
 
 Messages of one partition get positions 1, 2, 3, ... without gaps. A named producer's messages
 carry sequence ids; one stored for (partition, producer) already is a duplicate (a resend after
@@ -27,9 +29,10 @@ import json
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -48,7 +51,7 @@ from keyfailover.broker.storage.sqlite import (
 )
 from keyfailover.core.errors import CursorError, LogError, LogFileError, PropertiesError
 
-__all__ = ["FencedError", "Lease", "PostgresLog", "PostgresStore"]
+__all__ = ["APPLICATION_NAME", "FENCE_PATIENCE", "FencedError", "Lease", "PostgresLog", "PostgresStore"]
 
 _log = logging.getLogger("keyfailover.server")
 _ownership = logging.getLogger("keyfailover.ownership")  # every partition a broker starts or stops serving
@@ -126,6 +129,29 @@ missing: ALTER TABLE takes an exclusive lock on the table even when the column i
 (and, queued between the locks of other brokers' appends, deadlock) every write while a broker starts."""
 
 
+APPLICATION_NAME = "keyfailover broker"
+"""The ``application_name`` of a broker's connections to the shared log: a new owner ends only these."""
+
+FENCE_PATIENCE = 0.25
+"""Seconds a new owner's epoch bump waits for a transaction of the partition's previous owner before it ends
+it. The new owner holds the partition's barrier, so the previous owner let the partition go or its ZooKeeper
+session ended: a live one commits within milliseconds; one still holding the row after this is stopped."""
+
+_LOST = (asyncpg.PostgresConnectionError, asyncpg.exceptions.OperatorInterventionError, asyncpg.InterfaceError, OSError)
+"""What asyncpg raises when a connection died under a statement (ended by another broker, or a network fault)."""
+
+_BUMP = """INSERT INTO kf_partitions (topic, partition, owner, owner_epoch) VALUES ($1, $2, $3, 1)
+           ON CONFLICT (topic, partition) DO UPDATE
+           SET owner = excluded.owner, owner_epoch = kf_partitions.owner_epoch + 1
+           RETURNING owner_epoch, last_position"""
+
+_BLOCKERS = """SELECT pid, application_name, state, client_addr, client_port,
+                      extract(epoch FROM now() - state_change)::float8 AS since, left(query, 120) AS query
+               FROM pg_stat_activity WHERE pid = ANY(pg_blocking_pids($1)) ORDER BY pid"""
+
+T = TypeVar("T")
+
+
 class FencedError(NotServedError):
     """A write under an owner epoch that is no longer the partition's: another broker opened it."""
 
@@ -150,9 +176,17 @@ class PostgresLog:
 
     @classmethod
     async def connect(cls, dsn: str, *, min_size: int = 1, max_size: int = 4) -> PostgresLog:
-        """Connect to ``dsn`` and create the tables if missing; :class:`LogError` names an unreachable server."""
+        """Connect to ``dsn`` and create the tables if missing; :class:`LogError` names an unreachable server.
+
+        The connections name themselves :data:`APPLICATION_NAME` (``pg_stat_activity`` shows it)."""
         try:
-            pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, timeout=10)
+            pool = await asyncpg.create_pool(
+                dsn,
+                min_size=min_size,
+                max_size=max_size,
+                timeout=10,
+                server_settings={"application_name": APPLICATION_NAME},
+            )
         except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
             raise LogError(f"cannot reach PostgreSQL at {_redacted(dsn)}: {exc}") from None
         async with pool.acquire() as connection, connection.transaction():
@@ -179,18 +213,75 @@ class PostgresLog:
         await self._pool.close()
 
     async def open_partition(self, topic: str, partition: int, owner: str) -> Lease:
-        """Take ``partition`` of ``topic`` for ``owner``: bump its owner epoch (fencing every earlier lease)."""
+        """Take ``partition`` of ``topic`` for ``owner``: bump its owner epoch (fencing every earlier lease).
+
+        Call it only while holding the partition's barrier: then whatever else holds the partition's
+        row is a transaction of an earlier owner, which let the partition go or whose ZooKeeper
+        session ended. One that still holds it after :data:`FENCE_PATIENCE` belongs to a broker that
+        stopped in the middle of a write (a frozen process, a dead machine whose connection PostgreSQL
+        has not noticed): waiting would keep the partition unserved until it wakes, so the bump ends
+        that broker's connection (``pg_terminate_backend``). Its transaction is rolled back; nothing
+        it wrote was acknowledged, as its commit had not happened. A blocker that is not a keyfailover
+        broker's connection is waited for, not ended. Each step is logged on ``keyfailover.ownership``.
+        """
         _check_partition(topic, partition)
-        row = await self._pool.fetchrow(
-            """INSERT INTO kf_partitions (topic, partition, owner, owner_epoch) VALUES ($1, $2, $3, 1)
-               ON CONFLICT (topic, partition) DO UPDATE
-               SET owner = excluded.owner, owner_epoch = kf_partitions.owner_epoch + 1
-               RETURNING owner_epoch, last_position""",
-            topic,
-            partition,
-            owner,
-        )
+        async with self._pool.acquire() as connection:
+            bump = asyncio.ensure_future(connection.fetchrow(_BUMP, topic, partition, owner))
+            seen: set[int] = set()
+            try:
+                while not (await asyncio.wait({bump}, timeout=FENCE_PATIENCE))[0]:
+                    await self._end_blockers(connection.get_server_pid(), topic, partition, owner, seen)
+                row = bump.result()
+            finally:
+                if not bump.done():  # cancelled while waiting: the statement is cancelled with it
+                    bump.cancel()
+                    await asyncio.wait({bump})
+        if seen:
+            _ownership.info(
+                "broker %s fenced partition %d of %r at owner epoch %d", owner, partition, topic, row["owner_epoch"]
+            )
         return Lease(topic, partition, owner, int(row["owner_epoch"]), int(row["last_position"]))
+
+    async def _end_blockers(self, waiting: int, topic: str, partition: int, owner: str, seen: set[int]) -> None:
+        """End the keyfailover connections that keep backend ``waiting`` (an epoch bump) from the partition's
+        row; say once per blocker what it is (``seen``: the blockers said already)."""
+        blockers = await self._pool.fetch(_BLOCKERS, waiting)
+        before = await self.owner_epoch(topic, partition)
+        holder = "no broker" if before is None else f"broker {before[0]} (owner epoch {before[1]})"
+        for blocker in blockers:
+            pid = int(blocker["pid"])
+            ours = blocker["application_name"] == APPLICATION_NAME
+            if pid not in seen:
+                seen.add(pid)
+                _ownership.info(
+                    "broker %s waits to open partition %d of %r, last opened by %s: PostgreSQL backend %d "
+                    "(%s, from %s:%s) holds its row, %s for %.2f s after %r; %s",
+                    owner,
+                    partition,
+                    topic,
+                    holder,
+                    pid,
+                    blocker["application_name"] or "no application name",
+                    blocker["client_addr"],
+                    blocker["client_port"],
+                    blocker["state"],
+                    float(blocker["since"] or 0.0),
+                    blocker["query"],
+                    "it ends that connection (its transaction is rolled back)"
+                    if ours
+                    else "not a keyfailover broker's connection, so it waits for it",
+                )
+            if ours:
+                try:
+                    await self._pool.fetchval("SELECT pg_terminate_backend($1)", pid)
+                except asyncpg.InsufficientPrivilegeError as exc:
+                    _log.warning(
+                        "broker %s cannot end PostgreSQL backend %d (%s); it waits for it. Grant the brokers' role "
+                        "pg_signal_backend, or run every broker as one role, so a new owner can fence a stopped one",
+                        owner,
+                        pid,
+                        exc,
+                    )
 
     async def append(
         self,
@@ -484,6 +575,38 @@ class PostgresStore(Store):
             self.release(topic)
             self.on_fenced(topic)
 
+    async def _leased(self, topic: str, write: Callable[[Lease], Awaitable[T]]) -> T:
+        """``write(lease)`` under ``topic``'s lease. Refused on its epoch (:class:`FencedError`), the broker
+        stops serving the topic. So it does when the connection died under the write while another broker
+        opened the partition (a new owner ends the connections of a stopped one): :class:`FencedError` too.
+        When this broker let the topic go meanwhile, :class:`NotServedError`. Either way the client looks
+        the topic up again and resends; any other lost connection is raised as it is."""
+        lease = self._lease(topic)
+        try:
+            return await write(lease)
+        except FencedError:
+            self._fenced(topic, lease)
+            raise
+        except _LOST as exc:
+            if self._leases.get(topic) is not lease:
+                raise NotServedError(
+                    f"this broker stopped serving {topic!r} while writing it (its connection to PostgreSQL was lost: "
+                    f"{exc}); nothing of the write was acknowledged"
+                ) from exc
+            try:
+                now = await self.log.owner_epoch(lease.topic, lease.partition)
+            except (*_LOST, asyncpg.PostgresError):
+                raise exc from None
+            if now is not None and now[1] == lease.epoch:
+                raise
+            self._fenced(topic, lease)
+            opened = "nobody" if now is None else f"{now[0]} at owner epoch {now[1]}"
+            raise FencedError(
+                f"partition {lease.partition} of {lease.topic!r} was opened by {opened} while {lease.owner} wrote it "
+                f"at owner epoch {lease.epoch}, and its connection to PostgreSQL was ended; nothing of the write was "
+                "acknowledged"
+            ) from exc
+
     async def _open(self) -> dict[str, int]:
         self._log = await PostgresLog.connect(self._dsn, max_size=8)
         return {}
@@ -499,13 +622,9 @@ class PostgresStore(Store):
         results: list[Result | BaseException] = [LogError("not written")] * len(batches)
 
         async def write(topic: str, indexes: list[int]) -> None:
+            requests = [batches[i][1:] for i in indexes]
             try:
-                lease = self._lease(topic)
-                try:
-                    stored = await self.log.append_batches(lease, [batches[i][1:] for i in indexes], publish_time)
-                except FencedError:
-                    self._fenced(topic, lease)
-                    raise
+                stored = await self._leased(topic, lambda lease: self.log.append_batches(lease, requests, publish_time))
             except (LogError, PropertiesError, NotServedError) as exc:
                 if len(indexes) > 1 and not isinstance(exc, NotServedError):  # one bad request: the others alone
                     for i in indexes:
@@ -559,12 +678,7 @@ class PostgresStore(Store):
         return [str(row["subscription"]) for row in rows]
 
     async def delete_cursor(self, topic: str, subscription: str) -> bool:
-        lease = self._lease(topic)
-        try:
-            return await self.log.delete_cursor(lease, subscription)
-        except FencedError:
-            self._fenced(topic, lease)
-            raise
+        return await self._leased(topic, lambda lease: self.log.delete_cursor(lease, subscription))
 
     async def has_cursor(self, topic: str, subscription: str) -> bool:
         name, partition = self._locate(topic)
@@ -585,12 +699,7 @@ class PostgresStore(Store):
 
     async def save_cursors(self, cursors: Sequence[tuple[str, str, Cursor]]) -> None:
         for topic, subscription, cursor in cursors:
-            lease = self._lease(topic)
-            try:
-                await self.log.save_cursor(lease, subscription, cursor)
-            except FencedError:
-                self._fenced(topic, lease)
-                raise
+            await self._leased(topic, partial(self.log.save_cursor, subscription=subscription, cursor=cursor))
 
     async def _setting(self, topic: str, subscription: str, column: str) -> Any:
         return await self.log.pool.fetchval(
@@ -632,13 +741,13 @@ class PostgresStore(Store):
         )
 
     async def _dead_letter(self, topic: str, subscription: str, letters: Sequence[Letter]) -> list[int]:
-        lease = self._lease(topic)
         rows = [
             (position, *_message(None, (None, key, payload), publish_time, properties)[1:], count, reason)
             for position, key, payload, count, reason, publish_time, properties in letters
         ]
         now = time.time()
-        try:
+
+        async def store(lease: Lease) -> list[int]:
             async with self.log.pool.acquire() as connection, connection.transaction():
                 await PostgresLog.check_lease(connection, lease)
                 last = await connection.fetchval(
@@ -687,10 +796,9 @@ class PostgresStore(Store):
                         "properties",
                     ],
                 )
-        except FencedError:
-            self._fenced(topic, lease)
-            raise
-        return positions
+            return positions
+
+        return await self._leased(topic, store)
 
     async def dead_letters(self, topic: str, subscription: str, limit: int) -> list[DeadLetterRecord]:
         name, partition = self._locate(topic)
@@ -721,12 +829,13 @@ class PostgresStore(Store):
         ]
 
     async def _replay_dead_letters(self, topic: str, subscription: str) -> list[StoredMessage]:
-        lease = self._lease(topic)
+        self._lease(topic)  # not served: NotServedError before anything is read
         waiting = [r for r in await self.dead_letters(topic, subscription, 2**62) if r.replayed_at is None]
         if not waiting:
             return []
         rows = [_message(None, (None, r.key, r.payload), r.publish_time, r.properties) for r in waiting]
-        try:
+
+        async def replay(lease: Lease) -> list[tuple[int, bool]]:
             async with self.log.pool.acquire() as connection, connection.transaction():
                 [stored] = await self.log.append_in(connection, lease, [(None, rows)])
                 await connection.executemany(
@@ -737,9 +846,9 @@ class PostgresStore(Store):
                         for r, (position, _) in zip(waiting, stored, strict=True)
                     ],
                 )
-        except FencedError:
-            self._fenced(topic, lease)
-            raise
+            return stored
+
+        stored = await self._leased(topic, replay)
         return [
             StoredMessage(position, r.key, r.payload, r.publish_time, r.properties)
             for r, (position, _) in zip(waiting, stored, strict=True)

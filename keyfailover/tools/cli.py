@@ -173,6 +173,14 @@ def _session_seconds(text: str) -> float:
     return value
 
 
+def _reply_seconds(text: str) -> float:
+    """How long to wait for an answer: finite, from 0.01 s to an hour."""
+    value = _positive_float(text)
+    if not 0.01 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"expected seconds from 0.01 to 3600, got {text!r}")
+    return value
+
+
 _max_ranges = _int_between(1, 65536, "a number of ranges")
 
 
@@ -589,7 +597,9 @@ def _cluster_status(args: argparse.Namespace) -> int:
     finally:
         zk.stop()
         zk.close()
-    status["subscriptions"], status["unreachable"] = _partition_consumers(args, status)
+    status["subscriptions"], status["unreachable"], shown = _partition_consumers(args, status)
+    for broker in status["brokers"]:
+        broker["reachable"] = shown[broker["id"]] == _REACHABLE
     if args.json:
         print(json.dumps(status, indent=2, sort_keys=True))
         return 0
@@ -601,7 +611,7 @@ def _cluster_status(args: argparse.Namespace) -> int:
     print(f"brokers ({len(status['brokers'])}):")
     for broker in status["brokers"]:
         role = "  coordinator" if broker["id"] == status["coordinator"] else ""
-        print(f"  {broker['id']:<20}{broker['address']:<24}{broker['node']}{role}")
+        print(f"  {broker['id']:<20}{broker['address']:<24}{shown[broker['id']]:<15}{broker['node']}{role}")
     print(f"topics ({len(status['topics'])}):")
     for topic, count in status["topics"].items():
         print(f"  {topic:<28}{count} partition(s)")
@@ -624,28 +634,52 @@ def _cluster_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _partition_consumers(args: argparse.Namespace, status: dict[str, Any]) -> tuple[list[Any], dict[str, str]]:
+_REACHABLE = "reachable"
+
+
+def _partition_consumers(
+    args: argparse.Namespace, status: dict[str, Any]
+) -> tuple[list[Any], dict[str, str], dict[str, str]]:
     """Each served partition's subscriptions and their consumers' ranges, from every broker's admin
-    endpoint (brokers started with --metrics-port); and why a broker could not be asked."""
-    from keyfailover.core.partitions import split_partition_topic
+    endpoint (brokers started with --metrics-port), all read at once within ``--timeout``; why a
+    broker could not be read; and each broker's endpoint in a word (reachable, not answering, bad
+    answer, unknown: it has none)."""
+    from keyfailover.tools._brokers import read_each
 
     token = _token(args)
     tls = None if args.tls_ca is None else _ca_context(args)
-    found: list[Any] = []
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
     unreachable: dict[str, str] = {}
+    shown: dict[str, str] = {}
+    requests: dict[str, Request] = {}
     for broker in status["brokers"]:
-        admin = broker.get("admin")
-        if admin is None:
+        if broker.get("admin") is None:
             unreachable[broker["id"]] = "it has no admin endpoint (--metrics-port)"
-            continue
-        request = Request(admin + "/stats", headers={} if token is None else {"Authorization": f"Bearer {token}"})
-        try:
-            with urlopen(request, timeout=10, context=tls) as response:
-                stats = json.load(response)
-        except (OSError, HTTPException, ValueError) as exc:
-            unreachable[broker["id"]] = f"{admin}/stats: {exc}"
-            continue
-        for subscription in stats["subscriptions"]:
+            shown[broker["id"]] = "unknown"
+        else:
+            requests[broker["id"]] = Request(broker["admin"] + "/stats", headers=headers)
+    found: list[Any] = []
+    for broker_id, answer in read_each(requests, args.timeout, tls).items():
+        served = None if answer.body is None else _served_consumers(answer.body, broker_id, status)
+        if served is None:
+            unreachable[broker_id] = answer.failure or (
+                f"{requests[broker_id].full_url} did not answer with a keyfailover server's stats (JSON)"
+            )
+            shown[broker_id] = "bad answer" if answer.answered else "not answering"
+        else:
+            found += served
+            shown[broker_id] = _REACHABLE
+    return found, unreachable, shown
+
+
+def _served_consumers(body: bytes, broker_id: str, status: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Each subscription of each partition a broker's ``/stats`` shows, with its consumers' ranges;
+    None when the body is not a keyfailover server's stats."""
+    from keyfailover.core.partitions import split_partition_topic
+
+    found = []
+    try:
+        for subscription in json.loads(body)["subscriptions"]:
             served = subscription["topic"]
             split = split_partition_topic(served)
             topic, partition = split if split is not None and split[0] in status["topics"] else (served, 0)
@@ -655,11 +689,13 @@ def _partition_consumers(args: argparse.Namespace, status: dict[str, Any]) -> tu
                     "topic": topic,
                     "partition": partition,
                     "subscription": subscription["subscription"],
-                    "broker": broker["id"],
+                    "broker": broker_id,
                     "consumers": {name: state["ranges"] for name, state in consumers.items()},
                 }
             )
-    return found, unreachable
+    except (ValueError, LookupError, TypeError, AttributeError):
+        return None
+    return found
 
 
 def _dlq(args: argparse.Namespace) -> int:
@@ -1488,10 +1524,21 @@ def _parser() -> argparse.ArgumentParser:
     cluster = commands.add_parser("cluster", help="show a cluster's brokers, coordinator and partition assignment")
     cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION", help="status")
     status = cluster_commands.add_parser(
-        "status", help="brokers, coordinator, epoch, generation, topics and partition -> broker, from ZooKeeper"
+        "status",
+        help="brokers, coordinator, epoch, generation, topics and partition -> broker, from ZooKeeper",
+        description="Reads the cluster from ZooKeeper, then every broker's admin endpoint (--metrics-port) at "
+        "once for its consumers' ranges: a broker that does not answer within --timeout is shown as not "
+        'answering (in --json: "reachable": false, and why under "unreachable"), however many there are.',
     )
     cluster_arg(status)
     status.add_argument("--json", action="store_true", help="print the raw JSON")
+    status.add_argument(
+        "--timeout",
+        type=_reply_seconds,
+        default=0.5,
+        metavar="SECONDS",
+        help="how long to wait for the brokers' admin endpoints, all read at once (default 0.5)",
+    )
     token_args(status, "the brokers' token, to read their consumers' ranges, if they require one")
     tls_ca_arg(status, "https://")
     status.set_defaults(run=_cluster_status)

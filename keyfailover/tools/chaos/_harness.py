@@ -13,8 +13,8 @@ folder:
 - :class:`~._records.Served` intervals from the brokers' own log lines (``serves`` / ``stops
   serving``); an interval ends at its broker's kill, and a suspension cuts it in two (a
   stopped process does nothing; after SIGCONT it may, until it says it stopped serving);
-- :class:`~._records.RangeMap` snapshots of each partition's consumer ranges, polled from the
-  brokers' admin ``/stats`` every ``POLL`` seconds.
+- :class:`~._records.RangeMap` snapshots of each partition's consumer ranges, polled from each
+  broker's admin ``/stats`` every ``POLL`` seconds (each broker on its own thread).
 
 Every process it started is stopped and (unless ``keep``) its folder removed, after an error,
 Ctrl-C or SIGTERM too.
@@ -43,6 +43,7 @@ from typing import Any, TextIO
 from keyfailover.broker.cluster import UNSAFE_NO_LEASE, cluster_status, connect, create_topic
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.partitions import split_partition_topic
+from keyfailover.tools._brokers import read_each
 from keyfailover.tools._ownership import lease_events, ownership_events
 from keyfailover.tools._signals import sigterm_interrupts
 from keyfailover.tools.chaos._checkers import acknowledgements, settled_unanswered
@@ -211,9 +212,13 @@ class _Broker(_Process):
     """Its client, ZooKeeper and PostgreSQL proxies (none unless the run has loss faults)."""
     zookeeper_link: FaultProxy | None = None
 
+    @property
+    def stats_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin}/stats"
+
     def stats(self, timeout: float) -> bytes:
         """Its admin endpoint's ``/stats`` (JSON); OSError when it does not answer within ``timeout``."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/stats", timeout=timeout) as response:
+        with urllib.request.urlopen(self.stats_url, timeout=timeout) as response:
             body: bytes = response.read()
         return body
 
@@ -365,9 +370,13 @@ class _Run:
             ],
         )
         stack.callback(producer.stop)
-        poller = threading.Thread(target=self._poll, name="chaos-ranges", daemon=True)
-        poller.start()
-        stack.callback(poller.join, 5.0)
+        pollers = [
+            threading.Thread(target=self._poll, args=(broker,), name=f"chaos-ranges-{broker.name}", daemon=True)
+            for broker in self.brokers
+        ]
+        for poller in pollers:
+            poller.start()
+            stack.callback(poller.join, 5.0)
         stack.callback(self._polling.set)
         started = time.monotonic()
         self._apply_schedule(started)
@@ -378,10 +387,11 @@ class _Run:
         for consumer in self.consumers:
             consumer.stop()
         self._polling.set()
-        poller.join(5.0)
+        for poller in pollers:
+            poller.join(5.0)
         ended = time.monotonic()
+        self._save_stats()
         for broker in self.brokers:
-            self._save_stats(broker)
             broker.stop()
         records = self._collect(ended)
         return ChaosRun(self.folder, records, self.schedule, self.applied, started, ended)
@@ -510,29 +520,32 @@ class _Run:
 
     # -- recording ----------------------------------------------------------------------
 
-    def _poll(self) -> None:
-        last: dict[tuple[str, int], tuple[tuple[int, int, str], ...]] = {}
+    def _poll(self, broker: _Broker) -> None:
+        """Write ``broker``'s range maps as they change, read from its ``/stats`` every ``POLL`` seconds.
+
+        Each broker has a thread of its own, so one that does not answer (stopped, behind a lossy
+        link) delays no other broker's records; a record carries the time its answer arrived.
+        """
+        last: dict[int, tuple[tuple[int, int, str], ...]] = {}
         while not self._polling.wait(POLL):
-            for broker in self.brokers:
-                if not broker.alive:  # killed: what it serves after its restart is written afresh
-                    for key in [key for key in last if key[0] == broker.name]:
-                        del last[key]
-                    continue
-                if broker.suspended:
-                    continue
-                try:
-                    stats = json.loads(broker.stats(timeout=0.5))
-                except (OSError, ValueError):
-                    continue  # starting, dying or stopped: the next poll or another broker tells
-                now = time.monotonic()
-                maps = _partition_maps(stats, self.topic)
-                for key in [key for key in last if key[0] == broker.name and key[1] not in maps]:
-                    del last[key]  # it stopped serving the partition: its map owns nothing now
-                    self.maps.write(RangeMap(now, key[1], (), broker.name))
-                for partition, ranges in maps.items():
-                    if last.get((broker.name, partition)) != ranges:
-                        last[broker.name, partition] = ranges
-                        self.maps.write(RangeMap(now, partition, ranges, broker.name))
+            if not broker.alive:  # killed: what it serves after its restart is written afresh
+                last.clear()
+                continue
+            if broker.suspended:
+                continue
+            try:
+                stats = json.loads(broker.stats(timeout=0.5))
+            except (OSError, ValueError):
+                continue  # starting, dying or stopped: the next poll or another broker tells
+            now = time.monotonic()
+            maps = _partition_maps(stats, self.topic)
+            for partition in [partition for partition in last if partition not in maps]:
+                del last[partition]  # it stopped serving the partition: its map owns nothing now
+                self.maps.write(RangeMap(now, partition, (), broker.name))
+            for partition, ranges in maps.items():
+                if last.get(partition) != ranges:
+                    last[partition] = ranges
+                    self.maps.write(RangeMap(now, partition, ranges, broker.name))
 
     @staticmethod
     def _check_alive(workers: list[_Process]) -> None:
@@ -543,12 +556,16 @@ class _Run:
                     f"{worker.name} exited by itself with code {worker.process.returncode}: {worker.tail()}"
                 )
 
-    def _save_stats(self, broker: _Broker) -> None:
-        """Keep the broker's last ``/stats`` in the run's folder (``b1.stats.json``), for diagnosing a failed run."""
-        try:
-            (self.folder / f"{broker.name}.stats.json").write_bytes(broker.stats(timeout=2.0))
-        except OSError as error:
-            (self.folder / f"{broker.name}.stats.json").write_text(json.dumps({"error": str(error)}))
+    def _save_stats(self) -> None:
+        """Keep each broker's last ``/stats`` in the run's folder (``b1.stats.json``), for diagnosing a failed
+        run; all read at once, so one that does not answer costs the time limit once."""
+        answers = read_each({broker.name: broker.stats_url for broker in self.brokers}, timeout=2.0)
+        for name, answer in answers.items():
+            path = self.folder / f"{name}.stats.json"
+            if answer.body is None:
+                path.write_text(json.dumps({"error": answer.failure}))
+            else:
+                path.write_bytes(answer.body)
 
     def _drain(self, producer: _Process) -> None:
         """Wait until every send the producer had confirmed was acknowledged, or the drain timeout passed.

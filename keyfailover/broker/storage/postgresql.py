@@ -137,8 +137,16 @@ FENCE_PATIENCE = 0.25
 it. The new owner holds the partition's barrier, so the previous owner let the partition go or its ZooKeeper
 session ended: a live one commits within milliseconds; one still holding the row after this is stopped."""
 
-_LOST = (asyncpg.PostgresConnectionError, asyncpg.exceptions.OperatorInterventionError, asyncpg.InterfaceError, OSError)
-"""What asyncpg raises when a connection died under a statement (ended by another broker, or a network fault)."""
+_LOST = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
+    OSError,
+)
+"""What asyncpg raises when a connection died under a statement (ended by another broker, or a network fault):
+a broker woken after its connection was ended may also find the connection's protocol in a state it cannot
+leave (``InternalClientError``, seen at the commit after a COPY)."""
 
 _BUMP = """INSERT INTO kf_partitions (topic, partition, owner, owner_epoch) VALUES ($1, $2, $3, 1)
            ON CONFLICT (topic, partition) DO UPDATE

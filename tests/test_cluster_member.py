@@ -415,3 +415,42 @@ def test_a_member_back_before_any_rebalance_serves_its_partitions_again(
             assert len(live.state.owned) == 2
     finally:
         live.stop()
+
+
+def test_a_member_that_zookeeper_hears_but_cannot_answer_gives_its_partitions_up(
+    zookeeper: ZooKeeper, zk: Any, root: str
+) -> None:
+    """A gray failure: everything b1 sends reaches ZooKeeper, nothing comes back (its link loses every
+    segment one way). ZooKeeper keeps hearing b1, so its session never expires, while b1's lease lapses and
+    it pauses its partitions. It must not hold them paused for as long as the fault lasts: after a bounded
+    pause it ends its session, and b0 serves them. Never two at once."""
+    ledger = Ledger()
+    create_topic(zk, root, "orders", 4)
+    host, port = zookeeper.hosts.rsplit(":", 1)
+    live = ledger.member(zookeeper, root, "b0").start()
+    with FaultProxy((host, int(port))) as proxy:
+        cut_off = ClusterMember(
+            f"127.0.0.1:{proxy.port}",
+            root,
+            "b1",
+            "127.0.0.1:1",
+            session_timeout=2.0,
+            on_acquired=lambda p: ledger.events.append((time.monotonic(), "b1", "acquired", p)),
+            on_released=lambda p: ledger.events.append((time.monotonic(), "b1", "released", p)),
+        )
+        cut_off.start()
+        try:
+            wait_until(lambda: len(live.state.owned) == 2 and len(cut_off.state.owned) == 2, "two partitions each")
+            proxy.blackhole(direction="down")
+            wait_until(lambda: not cut_off.lease_valid(), "b1's lease lapsed")
+            wait_until(lambda: len(live.state.owned) == 4, "b0 serves all four while b1 is cut off")
+            assert cut_off.state.owned == frozenset()
+            ledger.never_two_at_once()
+            proxy.clear()
+            wait_until(lambda: len(live.state.owned) == 2, "b1 back, with a new session, takes a fair share again")
+            wait_until(lambda: len(cut_off.state.owned) == 2, "b1 serves again")
+            ledger.never_two_at_once()
+        finally:
+            proxy.clear()
+            cut_off.stop()
+            live.stop()

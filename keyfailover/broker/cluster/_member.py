@@ -48,6 +48,10 @@ LEASE_SHARE = 0.8
 """A member acts on its partitions only within this share of the session timeout after ZooKeeper last
 answered it (see :meth:`ClusterMember.lease_valid`)."""
 
+PAUSE_SHARE = 0.5
+"""A member whose lease stays lapsed this share of a session timeout longer gives its partitions up: it ends its
+session and joins again with a new one (see :meth:`ClusterMember.lease_valid`)."""
+
 UNSAFE_NO_LEASE = "KEYFAILOVER_UNSAFE_NO_LEASE"
 """An environment variable for ``keyfailover chaos``'s own tests only: set to 1, a member's lease never
 lapses (as before brokers had one), so the tests can show the harness catching two owners at once."""
@@ -216,6 +220,13 @@ class ClusterMember:
     ZooKeeper took the reconnection, sent after that, as hearing from the session. A process that
     was stopped (SIGSTOP, a long pause) finds its lease lapsed when it wakes, before it has heard of
     any new owner.
+    A pause is bounded: ZooKeeper may go on hearing a member whose answers do not get back (a link
+    that loses what comes from ZooKeeper, or delays it past the lease), so its session, and its hold
+    on its partitions, would outlive the fault. A lease lapsed for :data:`PAUSE_SHARE` of a session
+    timeout more makes the member give its partitions up (``on_released`` for each) and end its
+    session: ZooKeeper removes its barriers as soon as the close arrives, or a session timeout after
+    it last heard from the member, and the coordinator gives the partitions to the others. The
+    member joins again with a new session once ZooKeeper answers.
     ``on_lease(valid, at)`` is called when the lease lapses (``at``: the monotonic time it did) and
     when it is renewed after a lapse, in that order, under the member's lock (it must not call the
     member back). The lease assumes ZooKeeper grants the session timeout asked for: its
@@ -271,24 +282,25 @@ class ClusterMember:
         self._lease = math.inf if os.environ.get(UNSAFE_NO_LEASE) == "1" else LEASE_SHARE * session_timeout
         self._confirmed = 0.0  # time.monotonic() a request was sent that ZooKeeper answered in our session
         self._lapsed = False
+        self._pause = PAUSE_SHARE * session_timeout
+        self._stepping_out = False  # a lapse outlasted the pause: the worker ends the session
         self._session: Any = None  # kazoo's client_id of the session our znodes live in
         self._dropped_at: float | None = None  # time.monotonic() kazoo said the connection dropped (SUSPENDED)
         self._renewer: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._leaving = threading.Event()  # stop() was called: the worker's waits end
 
     # -- life cycle ------------------------------------------------------------------
 
     def start(self) -> ClusterMember:
         """Connect, register and take part; raises :class:`ConfigError` when ZooKeeper cannot be reached."""
-        began = time.monotonic()
         self._zk = connect(self.hosts, self.session_timeout)
         self._zk.add_listener(self._session_changed)
         for path in ("brokers", "topics", "barriers", "epoch", "assignment"):  # empty epoch: 0
             self._zk.ensure_path(f"{self.root}/{path}")
         self._register()
-        with self._lock:
-            self._confirmed = began
         self._stopping.clear()
+        self._leaving.clear()
         self._renewer = threading.Thread(target=self._renew, name=f"lease {self.broker_id}", daemon=True)
         self._renewer.start()
         self._worker = threading.Thread(target=self._work, name=f"cluster {self.broker_id}", daemon=True)
@@ -299,6 +311,7 @@ class ClusterMember:
 
     def stop(self) -> None:
         """Stop serving every partition, release the barriers and leave (idempotent)."""
+        self._leaving.set()
         if self._worker is not None:
             self._events.put("stop")
             self._worker.join(timeout=30)
@@ -374,11 +387,21 @@ class ClusterMember:
             if zk is None:
                 return
             self.lease_valid()  # no answer for a while: report a lapse as soon as there is one
+            if self._pause_outlasted():
+                self._events.put("step out")
             session, began = zk.client_id, time.monotonic()
             try:
                 zk.exists_async(self.root).rawlink(partial(self._answered, session, began))
             except Exception:  # kazoo closing: the next turn sees it stopped or stopping
                 _log.debug("cluster member %s: a lease renewal could not be sent", self.broker_id, exc_info=True)
+
+    def _pause_outlasted(self) -> bool:
+        """Whether the lease stayed lapsed the pause past its end, first noticed now (once per session)."""
+        with self._lock:
+            if not self._lapsed or self._stepping_out or time.monotonic() < self._confirmed + self._lease + self._pause:
+                return False
+            self._stepping_out = True
+            return True
 
     def _answered(self, session: Any, began: float, answer: Any) -> None:
         """The answer to a renewal sent at ``began`` in ``session`` (kazoo's callback thread)."""
@@ -406,6 +429,7 @@ class ClusterMember:
             "assignment": self._apply,
             "barrier": self._acquire_waiting,
             "lost": self._session_lost,
+            "step out": self._step_out,
         }
         while True:
             kind = self._events.get()
@@ -462,6 +486,37 @@ class ClusterMember:
         self._events.put("elect")
         self._events.put("assignment")
 
+    def _step_out(self) -> None:
+        """The lease stayed lapsed past the pause: give every partition up and end the session, so that the
+        coordinator gives them to the others; then wait for a new session (``lost`` registers it)."""
+        with self._lock:
+            if not self._lapsed:  # renewed since
+                self._stepping_out = False
+                return
+            lapsed = self._confirmed + self._lease
+            self._coordinating = False
+            self._applied = (0, 0)  # applied afresh in the new session, as after a lost one
+        _ownership.info(
+            "broker %s gives up its partitions: its lease lapsed %.2f s ago and ZooKeeper has not answered since; "
+            "it ends its ZooKeeper session so that the others take them, and joins again with a new one",
+            self.broker_id,
+            time.monotonic() - lapsed,
+        )
+        self._on_release_all()
+        self._waiting.clear()
+        self._said_held.clear()
+        self._assigned_at.clear()
+        from kazoo.exceptions import WriterNotClosedException
+
+        zk = self._zk
+        try:
+            zk.stop()  # a close ZooKeeper gets ends the session at once; else it expires (kazoo says LOST: queued)
+        except WriterNotClosedException:  # its connection thread did not stop in time: start_async waits for it
+            _log.warning("cluster member %s: kazoo's connection did not close at once", self.broker_id)
+        zk.start_async()  # a new session, as soon as ZooKeeper can be reached
+        while not zk.connected and not self._leaving.wait(0.05):
+            pass
+
     def _on_release_all(self) -> None:
         for partition in sorted(self._owned):
             self._on_released(partition)
@@ -469,6 +524,8 @@ class ClusterMember:
             self._owned.clear()
 
     def _register(self) -> None:
+        """Create our broker znode; ZooKeeper's answer, to a request of this session sent now, starts the lease."""
+        began = time.monotonic()
         record = {"id": self.broker_id, "address": self.address}
         if self.admin is not None:
             record["admin"] = self.admin
@@ -479,6 +536,8 @@ class ClusterMember:
         self._node = path.rsplit("/", 1)[1]
         with self._lock:
             self._session = self._zk.client_id
+            self._stepping_out = False
+            self._confirm(began)
 
     # -- election --------------------------------------------------------------------
 

@@ -253,3 +253,14 @@ def test_a_bad_timeout_is_refused_with_what_was_expected(
     assert exited.value.code == 2
     error = capsys.readouterr().err
     assert expected in error and "Traceback" not in error, error
+
+
+def test_a_zookeeper_that_takes_connections_but_never_answers_is_named_at_once(silent: str) -> None:
+    """A frozen ZooKeeper (the kernel completes the connection, nothing answers): the command says it cannot
+    reach it within its time limit (1 s by default, --timeout when longer), not after the usual 10 s."""
+    hosts = silent.removeprefix("http://")
+    done = run_cli("cluster", "status", "--cluster", f"zk://{hosts}/kf", "--json")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f"cannot reach ZooKeeper at {hosts} within 1 s" in done.stderr
+    longer = run_cli("cluster", "status", "--cluster", f"zk://{hosts}/kf", "--timeout", "1.5")
+    assert longer.returncode == 1 and f"cannot reach ZooKeeper at {hosts} within 1.5 s" in longer.stderr

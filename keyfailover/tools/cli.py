@@ -587,11 +587,15 @@ def _create_topic(args: argparse.Namespace) -> int:
     return 0
 
 
+_ZOOKEEPER_WAIT = 1.0
+"""Seconds ``cluster status`` waits at least for ZooKeeper to take its connection (``--timeout`` if longer)."""
+
+
 def _cluster_status(args: argparse.Namespace) -> int:
     from keyfailover.broker.cluster import cluster_status, connect
 
     hosts, root = args.cluster
-    zk = connect(hosts)
+    zk = connect(hosts, max(args.timeout, _ZOOKEEPER_WAIT))  # a frozen ZooKeeper is named at once, not in 10 s
     try:
         status = cluster_status(zk, root)
     finally:
@@ -1537,7 +1541,8 @@ def _parser() -> argparse.ArgumentParser:
         type=_reply_seconds,
         default=0.5,
         metavar="SECONDS",
-        help="how long to wait for the brokers' admin endpoints, all read at once (default 0.5)",
+        help="how long to wait for the brokers' admin endpoints, all read at once (default 0.5), and for "
+        "ZooKeeper (at least 1 s)",
     )
     token_args(status, "the brokers' token, to read their consumers' ranges, if they require one")
     tls_ca_arg(status, "https://")

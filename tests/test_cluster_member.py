@@ -454,3 +454,25 @@ def test_a_member_that_zookeeper_hears_but_cannot_answer_gives_its_partitions_up
             proxy.clear()
             cut_off.stop()
             live.stop()
+
+
+def test_a_session_loss_reported_twice_registers_the_member_once(
+    zookeeper: ZooKeeper, zk: Any, root: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A member that ends its session (its pause outlasted) while ZooKeeper expires it hears of a loss twice;
+    the second report, arriving once it is back in a new session, must not register it again: two znodes of
+    one member would leave the cluster without a coordinator (the lower one's member watches its own other
+    znode). Here the reports come while the session is alive: both are no-ops, and it keeps serving."""
+    caplog.set_level(logging.INFO, logger="keyfailover.cluster")
+    create_topic(zk, root, "orders", 2)
+    member = ClusterMember(zookeeper.hosts, root, "b1", "127.0.0.1:1", session_timeout=2.0).start()
+    try:
+        wait_until(lambda: len(member.state.owned) == 2, "b1 serves both partitions")
+        member._events.put("lost")
+        member._events.put("lost")
+        handled = "broker b1: a loss of an earlier ZooKeeper session, handled already"
+        wait_until(lambda: caplog.text.count(handled) == 2, "both reports handled")
+        assert len(zk.get_children(f"{root}/brokers")) == 1
+        assert member.state.owned == {("orders", 0), ("orders", 1)} and member.state.coordinator
+    finally:
+        member.stop()

@@ -471,7 +471,14 @@ class ClusterMember:
             self._events.put("lost")
 
     def _session_lost(self) -> None:
-        """Our ephemeral znodes are gone with the session: stop serving, and come back as a new member."""
+        """Our ephemeral znodes are gone with the session: stop serving, and come back as a new member.
+
+        A loss reported twice (a member that ended its session while ZooKeeper expired it) is acted on
+        once: when our znode of the session we are in now exists, we came back already."""
+        if self._zk.retry(self._registered_now):
+            _log.info("broker %s: a loss of an earlier ZooKeeper session, handled already", self.broker_id)
+            return
+        _ownership.info("broker %s lost its ZooKeeper session: it stops serving and joins again", self.broker_id)
         with self._lock:
             self._coordinating = False
             # What it applied went with the session: the assignment as it stands is applied afresh, even
@@ -485,6 +492,12 @@ class ClusterMember:
         self._zk.retry(self._register)
         self._events.put("elect")
         self._events.put("assignment")
+
+    def _registered_now(self) -> bool:
+        """Whether our broker znode exists and belongs to the session kazoo is in now."""
+        session = self._zk.client_id
+        found = self._zk.exists(f"{self.root}/brokers/{self._node}") if self._node and session else None
+        return found is not None and found.ephemeralOwner == session[0]
 
     def _step_out(self) -> None:
         """The lease stayed lapsed past the pause: give every partition up and end the session, so that the

@@ -69,6 +69,18 @@ def test_server_demo_consumes_everything_in_key_order() -> None:
     assert report.status == {"c1": "left", "c4": "stalled, then removed"}
     final = text[text.rindex("deliveries  status") :]
     assert "c4" in final and "stalled, then removed" in final
+    # The server counts c4 stalled before c1 leaves, and c1's leave gives it no slot (a leave gave the
+    # stalled consumer the ranges of the least busy, as its dispatch rate is ~0, until it was removed).
+    assert re.search(r"^the server counts c4 stalled \(\d+ unacked, \d+ permits left, no ack\)", text, re.M), text
+    titles = [title for title, _ in report.steps]
+    joined, left = (
+        next(i for i, title in enumerate(titles) if title.startswith(who)) for who in ("c4 joins", "c1 leaves")
+    )
+    assert left == joined + 1
+    before, after = report.steps[joined][1]["c4"], report.steps[left][1]["c4"]
+    slots = {slot for start, end in before for slot in range(start, end + 1)}
+    assert all(slot in slots for start, end in after for slot in range(start, end + 1)), (before, after)
+    assert "the stalled c4 gets none" in titles[left]
 
 
 def test_server_demo_command_line_exits_zero() -> None:

@@ -102,7 +102,8 @@ def ack_all(d: Dispatcher, deliveries: list[Delivery]) -> None:
 
 
 def drive(d: Dispatcher, clock: ManualClock, stream: Stream, per_tick: dict[str, int], ticks: int) -> None:
-    """Deliver and ack ``per_tick[c]`` messages of c's own keys every half second."""
+    """Deliver and ack ``per_tick[c]`` messages of c's own keys every half second; then each has a permit
+    to spare, as a consumer waiting for more has (one without permits gains no slots in a change)."""
     for _ in range(ticks):
         for consumer, count in per_tick.items():
             d.flow(consumer, count)
@@ -112,6 +113,8 @@ def drive(d: Dispatcher, clock: ManualClock, stream: Stream, per_tick: dict[str,
         assert Counter(x.consumer for x in out) == Counter({c: n for c, n in per_tick.items() if n})
         ack_all(d, out)
         clock.advance(0.5)
+    for consumer in per_tick:
+        d.flow(consumer, 1)
 
 
 def wrong(value: object) -> Any:

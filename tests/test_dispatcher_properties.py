@@ -47,7 +47,7 @@ from keyfailover.core.errors import (
 )
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_bytes, key_hash
 from keyfailover.core.ranges import RangeMap
-from keyfailover.core.rebalance import UNASSIGNED, MultiRangePolicy, StickyPolicy
+from keyfailover.core.rebalance import UNASSIGNED, ContiguousPolicy, MultiRangePolicy, StickyPolicy
 
 Key = str | bytes | None
 
@@ -1033,6 +1033,152 @@ class ContiguousMidpointShiftingMachine(DispatcherMachine):
         )
 
 
+def covered(inner: list[tuple[int, int]], outer: list[tuple[int, int]]) -> bool:
+    """Whether every slot of the sorted ranges ``inner`` lies in the sorted ranges ``outer``."""
+    starts = [start for start, _ in outer]
+    for start, end in inner:
+        index = bisect.bisect_right(starts, start) - 1
+        if index < 0 or outer[index][1] < end:
+            return False
+    return True
+
+
+class StallingMachine(LeaseMachine):
+    """Consumers that stop answering for good (no ack, nack or extension; they may still flow), with a
+    half-life of 2 s and no leases: what such a consumer holds, it holds for ever. Every guarantee the
+    other machines check still holds, and a leave never grows a stalled consumer's slots while another
+    member may take them (the stats say who is stalled, and never one the model knows is progressing)."""
+
+    TIMEOUT = 0.0
+    LIMIT = 1
+    HALF_LIFE = 2.0
+    POLICY = "multi"
+
+    def make(self, clock: ManualClock) -> Dispatcher:
+        return Dispatcher(
+            clock=clock,
+            max_replay=MAX_REPLAY,
+            policy=self.POLICY,
+            half_life=self.HALF_LIFE,
+            ack_timeout=self.TIMEOUT,
+            max_redeliveries=self.LIMIT,
+        )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopped: set[str] = set()
+        self.answered_at: dict[str, float] = {}  # the clock at each consumer's last accepted ack, nack or extension
+
+    def answering(self) -> list[tuple[int, str]]:
+        """The in-flight positions of consumers that still answer, with their consumer."""
+        return sorted((p, c) for p, c in self.model.holder.items() if c not in self.stopped)
+
+    def answered(self, consumer: str) -> None:
+        self.answered_at[consumer] = self.clock()
+
+    @precondition(lambda self: bool(set(self.model.consumers) - self.stopped))
+    @rule(data=st.data())
+    def stop_answering(self, data: st.DataObject) -> None:
+        self.stopped.add(data.draw(st.sampled_from(sorted(set(self.model.consumers) - self.stopped)), label="stops"))
+
+    @precondition(lambda self: bool(self.answering()))
+    @rule(data=st.data())
+    def ack(self, data: st.DataObject) -> None:
+        position, consumer = data.draw(st.sampled_from(self.answering()), label="ack")
+        self.d.ack(consumer, position)
+        self.model.ack(consumer, position)
+        self.answered(consumer)
+
+    @precondition(lambda self: bool(self.answering()))
+    @rule(data=st.data())
+    def ack_many(self, data: st.DataObject) -> None:
+        consumer = data.draw(st.sampled_from(sorted({c for _, c in self.answering()})), label="consumer")
+        positions = data.draw(st.lists(st.sampled_from(self.model.inflight_on(consumer)), max_size=4), label="batch")
+        acked, rejected = self.d.ack_many(consumer, positions)
+        assert acked == list(dict.fromkeys(positions)) and len(rejected) == len(positions) - len(acked)
+        for position in acked:
+            self.model.ack(consumer, position)
+        if acked:
+            self.answered(consumer)
+
+    @precondition(lambda self: bool(self.answering()))
+    @rule(data=st.data())
+    def nack(self, data: st.DataObject) -> None:
+        position, consumer = data.draw(st.sampled_from(self.answering()), label="nack")
+        self.d.nack(consumer, position)
+        self.model.nack(consumer, position, self.clock())
+        self.answered(consumer)
+
+    @precondition(lambda self: bool(self.answering()))
+    @rule(data=st.data())
+    def extend(self, data: st.DataObject) -> None:
+        position, consumer = data.draw(st.sampled_from(self.answering()), label="extend")
+        assert self.d.extend(consumer, [position]) == ([position], [])
+        if self.model.ack_timeout:
+            self.model.deadline[position] = self.clock() + self.model.ack_timeout
+        self.model.stuck.discard(consumer)
+        self.answered(consumer)
+
+    @precondition(lambda self: bool(self.model.consumers))
+    @rule(data=st.data())
+    def remove_consumer(self, data: st.DataObject) -> None:
+        """A leave gives a stalled consumer no slot, unless nobody else may take it: every other member
+        stalled, or (one range each) both of the leaver's neighbours stalled and no standby open."""
+        d, model = self.d, self.model
+        name = data.draw(st.sampled_from(model.consumers), label="remove")
+        entries = d.stats()["consumers"]
+        stalled = {c for c, entry in entries.items() if entry["stalled"] and c != name}
+        before = {c: d.ranges_of(c) for c in stalled}
+        ranges = d.ranges()
+        open_standby = any(entry["standby"] and c not in stalled for c, entry in entries.items() if c != name)
+        d.remove_consumer(name)
+        model.remove(name)
+        self.answered_at.pop(name, None)  # a consumer joining under this name is another
+        owned = [(start, end) for start, end, c in ranges if c == name]
+        if not owned or not stalled:
+            return
+        if stalled == set(entries) - {name}:
+            event("a leave with every other member stalled goes as before")
+            return
+        if isinstance(d.policy, ContiguousPolicy) and not open_standby:
+            ((start, end),) = owned
+            neighbours = {c for first, last, c in ranges if last == start - 1 or first == end + 1}
+            if neighbours <= stalled:
+                event("one range each: both neighbours of the leaver stalled")
+                return
+        for consumer in stalled:
+            assert covered(d.ranges_of(consumer), before[consumer]), (
+                f"{name} left and stalled {consumer} gained slots: {before[consumer]} -> {d.ranges_of(consumer)}"
+            )
+        event("a leave passed over a stalled consumer")
+
+    @invariant()
+    def stalled_as_the_model_knows(self) -> None:
+        """Stuck or blocked: stalled; else an answer within the half-life is progress (the samples never see
+        one before it came); without one, no permits is stalled and permits with nothing held is not."""
+        model, now = self.model, self.clock()
+        for consumer, entry in self.d.stats()["consumers"].items():
+            answered = self.answered_at.get(consumer)
+            if consumer in model.stuck or consumer in model.blocked:
+                assert entry["stalled"], f"{consumer}: {entry}"
+            elif answered is not None and now - answered < self.HALF_LIFE:
+                assert not entry["stalled"], f"{consumer}: {entry}, answered at {answered}"
+            elif answered is None and not model.permits[consumer]:
+                assert entry["stalled"], f"{consumer}: {entry}, never answered"
+            elif model.permits[consumer] and not model.inflight_on(consumer):
+                assert not entry["stalled"], f"{consumer}: {entry}"
+            elif entry["stalled"]:
+                event("a consumer without answers for the half-life is stalled")
+
+
+class StallingContiguousMachine(StallingMachine):
+    """The stalling machine with one range each, and leases of 4 s: a consumer that stops answering is
+    first stalled, then stuck."""
+
+    TIMEOUT = 4.0
+    POLICY = "contiguous"
+
+
 # Four machines share the time the two of one policy had (600 and 300 examples).
 DispatcherMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=100, deadline=None)
 MultiShiftingMachine.TestCase.settings = settings(max_examples=75, stateful_step_count=100, deadline=None)
@@ -1043,6 +1189,10 @@ ModeMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=1
 SpillMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=100, deadline=None)
 BlockMachine.TestCase.settings = settings(max_examples=75, stateful_step_count=100, deadline=None)
 StickyMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=100, deadline=None)
+StallingMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=100, deadline=None)
+StallingContiguousMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=100, deadline=None)
+TestStallingMachine = StallingMachine.TestCase
+TestStallingContiguousMachine = StallingContiguousMachine.TestCase
 TestStickyMachine = StickyMachine.TestCase
 TestBlockMachine = BlockMachine.TestCase
 TestSpillMachine = SpillMachine.TestCase

@@ -12,11 +12,12 @@ import copy
 import itertools
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from keyfailover.core.errors import RangeMapError
@@ -1149,3 +1150,153 @@ def test_multi_leave_spreads_slots_no_receiver_needs_whole(traffic: Traffic, bes
     planned = MULTI.leave(ranges, "b", Load(traffic=traffic))
     loads = range_traffic(planned, traffic)
     assert max(loads.values()) <= best, loads
+
+
+# -- members that may not gain (Load.closed: consumers not making progress) ---------------
+
+
+def _slots(ranges: RangeMap, consumer: str) -> set[int]:
+    return {
+        slot
+        for start, end in (ranges.ranges_of(consumer) if consumer in ranges else [])
+        for slot in range(start, end + 1)
+    }
+
+
+def _with_closed(load: Load, *closed: str) -> Load:
+    return Load(load.rates, load.traffic, frozenset(closed))
+
+
+def _busy_a_idle_b() -> tuple[RangeMap, Load]:
+    """a carries 90% of the traffic, b 10%: a newcomer takes its band from a, and the settle step
+    then moves a's excess over its cap to b, the one under its share."""
+    traffic = np.concatenate([np.full(128, 9.0), np.ones(128)])
+    return _map([(0, 127, "a"), (128, 255, "b")], 256), Load(traffic=traffic)
+
+
+def test_multi_join_settles_among_open_members_only() -> None:
+    ranges, load = _busy_a_idle_b()
+    assert len(_slots(MULTI.join(ranges, "n", load), "b")) > 128, "open, b takes a's excess in the settle step"
+    planned = MULTI.join(ranges, "n", _with_closed(load, "b"))
+    check_plan(MULTI, ranges, planned, ["a", "b", "n"], [])
+    assert planned.ranges_of("b") == [(128, 255)]
+    assert {new for _, _, _, new in moved_slots(ranges, planned)} == {"n"}
+    assert planned == MULTI.join(ranges, "n", _with_closed(load, "b", "n")), "the newcomer itself always may gain"
+
+
+@pytest.mark.parametrize("policy", [CONTIGUOUS, MULTI], ids=["contiguous", "multi"])
+def test_a_join_may_take_from_a_closed_member(policy: Policy) -> None:
+    ranges, load = _busy_a_idle_b()
+    planned = policy.join(ranges, "n", _with_closed(load, "a", "b"))
+    check_plan(policy, ranges, planned, ["a", "b", "n"], [])
+    assert {(old, new) for _, _, old, new in moved_slots(ranges, planned)} == {("a", "n")}
+    taken = _moved_traffic(ranges, planned, np.asarray(load.traffic))
+    fair = float(np.asarray(load.traffic).sum()) / 3
+    assert taken >= fair * 0.9, f"a, closed and the busiest, gives the newcomer about a fair share: {taken}"
+
+
+def test_multi_leave_passes_a_closed_neighbour_over() -> None:
+    load = Load(traffic=np.ones(16))
+    assert len(_slots(MULTI.leave(_four(), "b", load), "a")) > 4, "open, a takes part of b's range"
+    planned = MULTI.leave(_four(), "b", _with_closed(load, "a"))
+    check_plan(MULTI, _four(), planned, ["a", "c", "d"], [])
+    assert planned.ranges_of("a") == [(0, 3)]
+    assert {(old, new) for _, _, old, new in moved_slots(_four(), planned)} <= {("b", "c"), ("b", "d")}
+    loads = range_traffic(planned, np.ones(16))
+    assert (loads["c"], loads["d"]) == (6.0, 6.0), "the open members share the leaver's slots evenly"
+
+
+def test_multi_leave_skips_a_closed_standby_and_carves_when_every_standby_is_closed() -> None:
+    load = Load(traffic=np.ones(16))
+    planned = MULTI.leave(_four(), "c", _with_closed(load, "s1"), standby=["s1", "s2"])
+    assert planned.ranges() == [(0, 3, "a"), (4, 7, "b"), (8, 11, "s2"), (12, 15, "d")]
+    carved = MULTI.leave(_four(), "c", _with_closed(load, "s1", "s2"), standby=["s1", "s2"])
+    assert "s1" not in carved and "s2" not in carved
+    assert carved == MULTI.leave(_four(), "c", load)
+
+
+@pytest.mark.parametrize("policy", [CONTIGUOUS, MULTI], ids=["contiguous", "multi"])
+def test_a_leave_with_nobody_open_goes_as_if_nobody_were_closed(policy: Policy) -> None:
+    load = Load(rates={"a": 3.0, "c": 1.0}, traffic=np.ones(16))
+    for standby in ([], ["s1"]):
+        everyone = _with_closed(load, "a", "c", "d", "s1")
+        assert policy.leave(_four(), "b", everyone, standby) == policy.leave(_four(), "b", load, standby)
+
+
+def test_multi_leave_gives_a_closed_neighbour_a_piece_no_open_member_can_take_within_max_ranges() -> None:
+    # One range each: d cannot take b's range (not adjacent), so the less loaded neighbour does.
+    policy = MultiRangePolicy(max_ranges=1)
+    traffic = np.ones(16)
+    traffic[0] = 5.0
+    planned = policy.leave(_four(), "b", Load(traffic=traffic, closed=frozenset({"a", "c"})))
+    assert planned.ranges() == [(0, 3, "a"), (4, 11, "c"), (12, 15, "d")]
+
+
+def test_contiguous_leave_passes_a_closed_neighbour_over() -> None:
+    rates = {"a": 1.0, "b": 5.0, "c": 2.0, "d": 0.0}
+    assert CONTIGUOUS.leave(_four(), "b", Load(rates=rates)).ranges_of("a") == [(0, 7)], "open, a, less busy, takes"
+    planned = CONTIGUOUS.leave(_four(), "b", Load(rates=rates, closed=frozenset({"a"})))
+    assert planned.ranges() == [(0, 3, "a"), (4, 11, "c"), (12, 15, "d")]
+
+
+def test_contiguous_leave_with_both_neighbours_closed_goes_to_an_open_standby_else_the_less_busy() -> None:
+    rates = {"a": 1.0, "b": 5.0, "c": 2.0, "d": 0.0}
+    closed = frozenset({"a", "c", "s1"})
+    planned = CONTIGUOUS.leave(_four(), "b", Load(rates=rates, closed=closed), standby=["s1", "s2"])
+    assert planned.ranges() == [(0, 3, "a"), (4, 7, "s2"), (8, 11, "c"), (12, 15, "d")]
+    # d is open but not adjacent: one range each leaves the range to a closed neighbour, as before.
+    planned = CONTIGUOUS.leave(_four(), "b", Load(rates=rates, closed=closed))
+    assert planned.ranges() == [(0, 7, "a"), (8, 11, "c"), (12, 15, "d")]
+
+
+def _grown(policy: Policy, data: st.DataObject, size: int, names: list[str]) -> RangeMap:
+    """The map after ``names`` joined one by one on random loads."""
+    ranges = RangeMap(size)
+    for name in names:
+        ranges = policy.join(ranges, name, _load(data, ranges.consumers(), size))
+    return ranges
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), st.one_of(st.integers(2, 8), st.integers(9, 64)))
+def test_a_closed_member_never_gains_in_a_join_or_a_leave_while_an_open_one_can(data: st.DataObject, size: int) -> None:
+    """Whatever the policy: a join grows only the newcomer among the closed; a leave gives the leaver's
+    slots to open members (or the first open standby) only, where the policy's shape lets any take
+    them, and otherwise goes as if nobody were closed."""
+    policy = _policy(data)
+    names = [f"c{i}" for i in range(data.draw(st.integers(2, 6), label="members"))]
+    ranges = _grown(policy, data, size, names)
+    owners = ranges.consumers()
+    standby = [n for n in names if n not in ranges] + data.draw(st.sampled_from([[], [], ["s1"], ["s1", "s2"]]))
+    closed = frozenset(name for name in [*names, "s1", "s2"] if data.draw(st.booleans(), label=f"{name} closed?"))
+    measured = _load(data, names, size)
+    load, plain = _with_closed(measured, *closed), _with_closed(measured)
+
+    joined = policy.join(ranges, "n", load)
+    assert joined == policy.join(ranges, "n", _with_closed(measured, *closed, "n")), "the newcomer always may gain"
+    assert all(_slots(joined, c) <= _slots(ranges, c) for c in closed), "a closed member gained in a join"
+
+    leaver = data.draw(st.sampled_from(owners), label="leaver")
+    left = policy.leave(ranges, leaver, load, standby)
+    takers = [m for m in owners if m != leaver and m not in closed]
+    heirs = [s for s in standby if s not in closed]
+    if not (takers or heirs):
+        event("nobody open: as if nobody were closed")
+        assert left == policy.leave(ranges, leaver, plain, standby), "nobody open: as if nobody were closed"
+        return
+    gained = {c: _slots(left, c) - _slots(ranges, c) for c in closed if c != leaver}
+    if any(gained.values()):
+        # Only where the shape leaves no open member to take a piece, and only the leaver's slots.
+        event(f"a closed {policy.name} member took what no open one could")
+        assert not heirs and all(slots <= _slots(ranges, leaver) for slots in gained.values())
+        if isinstance(policy, MultiRangePolicy):
+            unbounded = replace(policy, max_ranges=size + 1).leave(ranges, leaver, load, standby)
+            assert all(_slots(unbounded, c) <= _slots(ranges, c) for c in closed if c != leaver), "not max_ranges"
+        else:
+            ((start, end),) = ranges.ranges_of(leaver)
+            neighbours = {ranges.owner_of(slot) for slot in (start - 1, end + 1) if 0 <= slot < size}
+            assert neighbours <= closed, f"an open neighbour of {neighbours} could have taken it"
+        return
+    receivers = {new for _, _, old, new in moved_slots(ranges, left) if old == leaver}
+    assert receivers and receivers <= set(heirs[:1] or takers), "an open member takes the leaver's slots"
+    event("an open standby inherits" if heirs else f"open members take ({len(closed & set(owners))} closed)")

@@ -37,6 +37,17 @@ and it counts against ``max_replay`` until the IO layer confirms it stored it. A
 the first of the key whose lease expired, the first of the key on a removed consumer) or
 keyless; the later ones of the key, returned only to keep the key's order, do not fail.
 
+A join or a leave gives no slots to a consumer that is not making progress (``stalled`` in
+:meth:`Dispatcher.stats`): one that is stuck, at its unacked limit, or that answered nothing
+(no ack, nack or extension) for ``half_life`` seconds while it has no permits, or while it
+has held deliveries for that long. Keys moved to it would only wait, as a stalled consumer
+looks idle by its dispatch rate. In a join its in-flight messages count as traffic of their
+slots, so the joiner takes from it; a joiner itself (it has not flowed permits yet) and a
+stuck consumer rejoining are exempt in their own join. When every other member is stalled,
+a leave goes as it did before, to whoever the policy picks. Progress is noted at the
+samples the dispatcher takes anyway (a poll at most once a second, every change): acks
+only count.
+
 With ``spill`` (for an IO layer that keeps a log), a bounded buffer never stops reading for
 everyone because of the keys some consumers cannot take: once half of ``max_replay`` is
 held, a fresh message whose owner has no permits (or whose key is blocked) is not held; its
@@ -73,6 +84,7 @@ from typing import Any, Literal, NamedTuple
 
 import mmh3
 import numpy as np
+import numpy.typing as npt
 from sortedcontainers import SortedDict
 
 from keyfailover.core.dispatcher._load import LoadMeter
@@ -310,10 +322,14 @@ class _Consumer:
     __slots__ = (
         "acked",
         "adopted",
+        "answered",
+        "answered_at",
+        "answers_seen",
         "cid",
         "delivered",
         "expired",
         "expired_count",
+        "holding_since",
         "inflight",
         "lease_due",
         "permits",
@@ -333,6 +349,12 @@ class _Consumer:
         self.adopted: list[_KeyState] = []
         self.delivered = 0
         self.acked = 0
+        self.answered = 0  # accepted nacks and extensions: answers, as acks are
+        # Progress as the samples see it (see Dispatcher._progressing): acked + answered at the last
+        # sample, the sample that saw it change last, and the first that saw it holding what it holds.
+        self.answers_seen = 0
+        self.answered_at = -math.inf
+        self.holding_since: float | None = None  # None: it held nothing at the last sample
         self.redelivered = 0
         self.stuck = False  # a lease expired: it owns no range until it shows progress
         self.lease_due = False  # it has an entry in the dispatcher's lease heap
@@ -460,7 +482,10 @@ class Dispatcher:
             range each, PIP-34 literally) or ``"sticky"`` (each consumer owns the ranges it
             declares to :meth:`add_consumer`: Pulsar's Key_Shared STICKY; see :meth:`set_policy`).
         max_ranges: for the multi-range policy, the most ranges one consumer may own.
-        half_life: seconds over which measured rates and traffic lose half their weight.
+        half_life: seconds over which measured rates and traffic lose half their weight; also
+            how long a consumer without permits, or holding deliveries, may go without an
+            answer (ack, nack, extension) before a join or a leave counts it stalled and gives
+            it no slots.
         shift_threshold: traffic max/mean above which a boundary shift is considered;
             None disables shifting.
         shift_interval: minimum seconds between two shifts (and between shift checks).
@@ -566,6 +591,7 @@ class Dispatcher:
         self._size = slots[1] - slots[0] + 1
         self._policy = self._make_policy(policy)
         self._meter = LoadMeter(self._size, half_life)
+        self._half_life = float(half_life)  # also the window of progress a consumer must show (see _progressing)
 
         self._map = RangeMap(self._size)
         self._ends: list[int] = []
@@ -630,6 +656,9 @@ class Dispatcher:
     def add_consumer(self, cid: str, ranges: Sequence[tuple[int, int]] | None = None) -> None:
         """Add a consumer; it takes its share of the hash space from the busiest consumers (G1 applies).
 
+        No other consumer gains slots unless it is making progress (see the module docstring); the
+        joiner always may, as it cannot have flowed permits yet.
+
         Under the sticky policy it declares ``ranges`` instead: inclusive ``(first, last)`` hash
         slots of the whole space (not only of :attr:`slots`), disjoint from each other and from
         every other consumer's; it owns their part of :attr:`slots` and nothing else, and keys
@@ -648,7 +677,7 @@ class Dispatcher:
         now = self._sample()
         if declared is not None:
             self._declare(cid, declared)
-        planned = self._policy.join(self._map, cid, self._load())
+        planned = self._policy.join(self._map, cid, self._change_load(now, cid, leave=False))
         consumer = _Consumer(cid)
         self._consumers[cid] = consumer
         self._round_robin.append(consumer)
@@ -660,6 +689,9 @@ class Dispatcher:
     def remove_consumer(self, cid: str, *, reason: str = "leave") -> None:
         """Remove a consumer; its unacked messages go back to pending, first in line (G3).
 
+        Its slots go to the consumers (or the first standby) making progress; to the others only
+        when none is, or when the policy's shape leaves no other choice (see the policies).
+
         ``reason`` labels the resulting range change: ``"leave"`` or ``"timeout"`` (a session
         the service declared dead).
         """
@@ -670,7 +702,7 @@ class Dispatcher:
         for start, _ in self._declared.pop(cid, ()):
             del self._declared_index[start]
         self._declared_here.pop(cid, None)  # before the plan: a sticky leave keeps the slots of who remains
-        planned = self._leave_plan(cid)
+        planned = self._leave_plan(cid, now)
         returned = self._return_inflight(consumer, list(consumer.inflight.values()), "consumer removed")
         del self._consumers[cid]
         self._round_robin.remove(consumer)
@@ -1033,8 +1065,10 @@ class Dispatcher:
             if timeout:
                 message.deadline = deadline
             extended.append(position)
-        if extended and consumer.stuck:
-            self._recover(consumer)
+        if extended:
+            consumer.answered += 1
+            if consumer.stuck:
+                self._recover(consumer)
         return extended, rejected
 
     def lease_expired(self, cid: str, position: int) -> bool:
@@ -1143,6 +1177,7 @@ class Dispatcher:
         later = [message]
         if kb is not None:
             later = [m for m in consumer.inflight.values() if m.kb == kb and m.position >= position]
+        consumer.answered += 1
         until = self._backoff_end(message) if self._backoff else 0.0
         for state in self._return_inflight(consumer, later, "nack", message, until):
             if until:
@@ -1439,7 +1474,10 @@ class Dispatcher:
         """Per-consumer and dispatcher-wide state, for operators (read at scrape time).
 
         Rates are as of the last measurement (taken by ``poll`` about once a second and at
-        every change); reading stats never changes what the dispatcher decides.
+        every change); reading stats never changes what the dispatcher decides. A consumer's
+        ``stalled`` says it is not making progress (stuck, at its unacked limit, or no answer
+        for ``half_life`` while without permits or holding deliveries): a join or a leave now
+        would give it no slots.
         """
         rates = self._meter.rates
         draining: dict[str, tuple[set[int], int]] = {cid: (set(), 0) for cid in self._consumers}
@@ -1461,12 +1499,14 @@ class Dispatcher:
                 slots.add(state.slot)
                 draining[state.holder.cid] = (slots, unacked + state.inflight)
         consumers = {}
+        now = self._clock()
         for cid, consumer in self._consumers.items():
             slots, unacked = draining[cid]
             consumers[cid] = {
                 "ranges": self._ranges_of(cid),
                 "standby": cid in self._standby,
                 "stuck": consumer.stuck,
+                "stalled": not self._progressing(consumer, now),
                 "expired": consumer.expired_count,
                 "permits": consumer.permits + consumer.withheld,
                 "unacked_limit_reached": consumer.unacked_blocked,
@@ -1818,6 +1858,8 @@ class Dispatcher:
             heapq.heappush(self._delayed, (delay_until, failed.position, failed))
         front.sort(key=lambda m: m.position)
         self._keyless.extendleft(reversed(front))
+        if not consumer.inflight:
+            consumer.holding_since = None  # it holds nothing: whatever it holds next, it holds from now on
         if consumer.unacked_blocked and len(consumer.inflight) <= self._unacked_resume:
             self._resume(consumer)
         if unordered:
@@ -1950,13 +1992,13 @@ class Dispatcher:
         # Stuck: its ranges go to the others as if it had left (its other keys drain as usual).
         consumer.stuck = True
         self._sample(now)
-        self._apply(self._leave_plan(consumer.cid), now, "stuck", consumer.cid, returned)
+        self._apply(self._leave_plan(consumer.cid, now), now, "stuck", consumer.cid, returned)
 
     def _recover(self, consumer: _Consumer) -> None:
         """A stuck consumer showed progress: it rejoins as a joiner."""
         consumer.stuck = False
         now = self._sample()
-        planned = self._policy.join(self._map, consumer.cid, self._load())
+        planned = self._policy.join(self._map, consumer.cid, self._change_load(now, consumer.cid, leave=False))
         if consumer.cid not in planned:
             self._standby.append(consumer.cid)
         self._apply(planned, now, "recovered", consumer.cid, [])
@@ -1974,14 +2016,17 @@ class Dispatcher:
 
     # -- internals: range changes ----------------------------------------------------
 
-    def _leave_plan(self, cid: str) -> RangeMap:
-        """The map without ``cid`` (its ranges to a standby or the others); a standby that inherits leaves the list."""
+    def _leave_plan(self, cid: str, now: float) -> RangeMap:
+        """The map without ``cid`` (its ranges to a standby or the others, those making progress if any may
+        take them); a standby that inherits leaves the list."""
         standby = self._standby
-        planned = self._policy.leave(self._map, cid, self._load(), standby)
+        planned = self._policy.leave(self._map, cid, self._change_load(now, cid, leave=True), standby)
         if cid in standby:
             standby.remove(cid)
-        elif standby and standby[0] in planned:
-            standby.pop(0)
+        else:
+            heir = next((member for member in standby if member in planned), None)
+            if heir is not None:
+                standby.remove(heir)
         return planned
 
     def _apply(
@@ -2186,17 +2231,16 @@ class Dispatcher:
         least = self._backlog_min
         growing = [c for c, count in waiting.items() if count >= least and count > seen.get(c, count)]
         idle = False
+        busy: list[_Consumer] = []  # not acking: what they hold is load the policy must not add to
         for cid, consumer in self._consumers.items():
             if not consumer.inflight or consumer.acked > acked_seen.get(cid, consumer.acked):
                 idle = idle or bool(consumer.permits and not waiting[cid] and not consumer.stuck)
-            else:  # not acking: what it holds is load the policy must not add to
-                for message in consumer.inflight.values():
-                    if message.kb is not None:
-                        per_slot[message.slot] += 1
+            else:
+                busy.append(consumer)
         if not growing or not idle:
             return
         self._sample(now)
-        traffic = np.array(self._meter.traffic, dtype=np.float64)
+        traffic = self._with_inflight(self._meter.traffic, busy)
         slots = np.fromiter(per_slot.keys(), np.intp, len(per_slot))
         traffic[slots] += np.fromiter(per_slot.values(), np.float64, len(per_slot))
         planned = self._policy.shift(self._map, Load(self._meter.rates, traffic))
@@ -2214,14 +2258,73 @@ class Dispatcher:
     # -- internals: measurement and checks -------------------------------------------
 
     def _sample(self, now: float | None = None) -> float:
+        """Fold the deliveries into the rates and traffic, and note which consumers showed progress."""
         if now is None:
             now = self._clock()
-        self._meter.sample(now, {cid: c.delivered for cid, c in self._consumers.items()})
+        consumers = self._consumers
+        self._meter.sample(now, {cid: c.delivered for cid, c in consumers.items()})
+        for consumer in consumers.values():
+            answers = consumer.acked + consumer.answered
+            if answers != consumer.answers_seen:
+                consumer.answers_seen = answers
+                consumer.answered_at = now
+            if not consumer.inflight:
+                consumer.holding_since = None
+            elif consumer.holding_since is None:
+                consumer.holding_since = now
         self._last_sample = now
         return now
 
     def _load(self) -> Load:
         return Load(self._meter.rates, self._meter.traffic)
+
+    def _progressing(self, consumer: _Consumer, now: float) -> bool:
+        """Whether ``consumer`` makes progress, so that a join or a leave may give it slots.
+
+        Not when stuck or at its unacked limit. Otherwise yes when it answered (ack, nack,
+        extension) within ``half_life`` seconds; failing that, not without permits, and not
+        when it has held deliveries for ``half_life`` seconds. Samples (a poll at most once a
+        second, and every change) see an answer and the start of holding no earlier than they
+        came, so a consumer is never called stalled sooner than ``half_life`` after either.
+        O(1): acks only count, as they did.
+        """
+        if consumer.stuck or consumer.unacked_blocked:
+            return False
+        if consumer.acked + consumer.answered != consumer.answers_seen or now - consumer.answered_at < self._half_life:
+            return True  # it answered since the last sample, or within half_life
+        if not consumer.permits:
+            return False
+        since = consumer.holding_since
+        return not consumer.inflight or since is None or now - since < self._half_life
+
+    def _change_load(self, now: float, cid: str, *, leave: bool) -> Load:
+        """The load a join of (``leave``: a leave by) ``cid`` is planned on.
+
+        The members that are not making progress, ``cid`` aside, are ``closed``: they gain no
+        slots. In a join what they hold in flight counts as traffic of its slots, load the
+        joiner may take from them; a leave leaves their load alone, so it is not counted. With
+        every other member closed a leave is planned on the measured load alone, as the
+        policies would plan it anyway; so is every change of a sticky subscription, whose
+        ranges are declared.
+        """
+        if isinstance(self._policy, StickyPolicy):
+            return self._load()
+        progressing = self._progressing
+        closed = [c for member, c in self._consumers.items() if member != cid and not progressing(c, now)]
+        if not closed or (leave and len(closed) == len(self._consumers) - 1):
+            return self._load()
+        traffic = self._meter.traffic
+        holding = [] if leave else [c for c in closed if c.inflight]
+        if holding:
+            traffic = self._with_inflight(traffic, holding)
+        return Load(self._meter.rates, traffic, frozenset(c.cid for c in closed))
+
+    def _with_inflight(self, traffic: npt.NDArray[np.float64], consumers: list[_Consumer]) -> npt.NDArray[np.float64]:
+        """A copy of ``traffic`` with every keyed message in flight on ``consumers`` added to its slot."""
+        slots = np.array([message.slot for consumer in consumers for message in consumer.inflight.values()], np.intp)
+        added = np.array(traffic, dtype=np.float64)
+        np.add.at(added, slots[slots >= 0], 1.0)  # keyless ones are at slot -1
+        return added
 
     def _audit(self) -> None:
         """Check every internal invariant; raises AssertionError naming the first broken one.

@@ -28,14 +28,21 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Load:
-    """What a policy measures: dispatch rate per consumer and recent traffic per slot.
+    """What a policy measures: dispatch rate per consumer and recent traffic per slot, and who may gain.
 
     ``traffic`` has one non-negative entry per slot of the range map (decayed message
     counts); None means nothing was measured, and the policies fall back to widths.
+    ``closed`` names the members that may not gain slots in this change: consumers that
+    are not making progress (the dispatcher's ``stalled``: stuck, at their unacked limit,
+    or silent for a while with no permits or with deliveries held), so that keys moved to
+    them would only wait. :meth:`Policy.join` and :meth:`Policy.leave` honour it (a join's
+    newcomer always may gain); when no member that may gain is left to take a leaver's
+    slots, they plan as if nobody were closed. A shift ignores it.
     """
 
     rates: Mapping[str, float] = field(default_factory=dict)
     traffic: npt.NDArray[np.float64] | None = None
+    closed: frozenset[str] = frozenset()
 
     def rate(self, consumer: str) -> float:
         return float(self.rates.get(consumer, 0.0))
@@ -59,11 +66,18 @@ class Policy(ABC):
 
     @abstractmethod
     def join(self, ranges: RangeMap, newcomer: str, load: Load) -> RangeMap:
-        """The map after ``newcomer`` (owning nothing) joins; it may stay without a range (a standby)."""
+        """The map after ``newcomer`` (owning nothing) joins; it may stay without a range (a standby).
+
+        No member of ``load.closed`` but the newcomer gains a slot.
+        """
 
     @abstractmethod
     def leave(self, ranges: RangeMap, leaver: str, load: Load, standby: Sequence[str] = ()) -> RangeMap:
-        """The map after ``leaver`` leaves; ``standby`` lists members owning nothing, oldest first."""
+        """The map after ``leaver`` leaves; ``standby`` lists members owning nothing, oldest first.
+
+        The leaver's slots go to members (or the first standby) not in ``load.closed`` where
+        the policy's shape allows; with no such member at all, as if nobody were closed.
+        """
 
     @abstractmethod
     def shift(self, ranges: RangeMap, load: Load) -> RangeMap | None:

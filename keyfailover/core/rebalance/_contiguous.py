@@ -4,9 +4,12 @@
   widest range, then id). In ``"traffic"`` mode the cut goes where that consumer's recent
   per-slot traffic halves; in ``"midpoint"`` mode (and when there is no traffic) at half
   the width. A range of width 1 is never split; with nothing left to split the newcomer
-  waits as a standby without a range.
+  waits as a standby without a range. Nobody but the newcomer gains, so ``Load.closed``
+  changes nothing here.
 - **leave** hands the leaver's range to the oldest standby if there is one, otherwise
-  merges it into the adjacent neighbour with the lower dispatch rate.
+  merges it into the adjacent neighbour with the lower dispatch rate. Members in
+  ``Load.closed`` (not making progress) are passed over: the other neighbour or a standby
+  takes it; only when both neighbours and every standby are closed does a closed one grow.
 - **shift**, when traffic max/mean passes a threshold, moves the boundaries as little as
   possible so that every consumer fits under a cap just above its fair share (a consumer
   holding a key heavier than a fair share keeps that key and little else): the fix for the
@@ -90,32 +93,41 @@ class ContiguousPolicy(Policy):
         return planned
 
     def leave(self, ranges: RangeMap, leaver: str, load: Load, standby: Sequence[str] = ()) -> RangeMap:
-        """The leaver's range goes whole to the first standby, else merges into the less busy neighbour.
+        """The leaver's range goes whole to the first standby, else merges into the less busy neighbour;
+        members of ``load.closed`` are passed over.
 
         Ties on rate go to the narrower neighbour, then the smaller id. A leaver without a
-        range leaves the map as it is.
+        range leaves the map as it is. Only a neighbour or a standby can take the range whole
+        (one range each): when both neighbours are closed and every standby too, nobody open
+        can take it, and it goes as if nobody were closed (to the first standby, else the
+        less busy neighbour, which grows although closed).
         """
         _require_contiguous(ranges)
         planned = ranges.copy()
         if leaver not in ranges:
             return planned
         ((start, end),) = ranges.ranges_of(leaver)
-        if standby:
-            heir = standby[0]
-            if heir in ranges:
-                raise RangeMapError(f"standby {heir!r} already owns a range; expected a consumer without one")
-            planned.assign(start, end, heir)
-            return planned
         size = ranges.range_size
         neighbours = [
             owner
             for slot in (start - 1, end + 1)
             if 0 <= slot < size and (owner := ranges.owner_of(slot)) is not None and owner != leaver
         ]
-        if not neighbours:
+        closed = load.closed
+        heirs = [s for s in standby if s not in closed]
+        takers = [n for n in neighbours if n not in closed]
+        if not (heirs or takers):
+            heirs, takers = list(standby), neighbours  # nobody open can take it: as if nobody were closed
+        if heirs:
+            heir = heirs[0]
+            if heir in ranges:
+                raise RangeMapError(f"standby {heir!r} already owns a range; expected a consumer without one")
+            planned.assign(start, end, heir)
+            return planned
+        if not takers:
             planned.clear()
             return planned
-        into = min(neighbours, key=lambda n: (load.rate(n), ranges.width(n), n))
+        into = min(takers, key=lambda n: (load.rate(n), ranges.width(n), n))
         planned.assign(start, end, into)
         return planned
 

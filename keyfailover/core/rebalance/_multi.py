@@ -27,6 +27,14 @@ and little else), then moves weight from members above their share to members be
 - **shift**: the settle step alone, when a member carries more than ``threshold`` times its
   fair share by more than the noise of its measured count.
 
+A member in ``Load.closed`` (not making progress) never gains in a join or a leave: a
+newcomer takes from it as from anyone, but the settle step runs among the open members
+only (the closed neither give nor take there), and a leaver's slots go to the first open
+standby, else are shared by the open members as if the closed were not there. The one
+exception is a leaver's piece whose neighbours are both closed while every open member
+owns ``max_ranges`` ranges: it goes to the less loaded neighbour. With no open member and
+no open standby, a leave is planned as if nobody were closed.
+
 Every consumer keeps at least one slot, a newcomer whose donors' excess lies in slots too
 hot to move takes the least used slots, and a receiver owning ``max_ranges`` ranges takes
 only pieces adjacent to its own. Every choice is deterministic (ties by position, then id).
@@ -138,16 +146,29 @@ class MultiRangePolicy(Policy):
         room = np.where(excess > 0.0, shares.load - shares.target * (1.0 - 2.0 * self.tolerance), 0.0)
         gives = _consolidate(gives, room, self.tolerance * shares.level)
         layout.transfer(_named(members, gives), {newcomer: float(gives.sum())}, self._grain(shares.level))
-        self._settle(layout, members, 1.0 + self.tolerance)
+        self._settle(layout, *_open(layout, members, load.closed - {newcomer}), 1.0 + self.tolerance)
         if not layout.count(newcomer):
             layout.give_idle(newcomer)
         return layout.plan(ranges)
 
     def leave(self, ranges: RangeMap, leaver: str, load: Load, standby: Sequence[str] = ()) -> RangeMap:
+        """The leaver's ranges go whole to the first standby not in ``load.closed``, else are carved
+        among the other members not in it (see the module docstring).
+
+        A closed member gains nothing, but for a piece that no other member can take: one whose
+        neighbours are both closed while every open member owns ``max_ranges`` ranges goes to the
+        less loaded neighbour. With no open member and no open standby at all, the leave is
+        planned as if nobody were closed.
+        """
         if leaver not in ranges:
             return ranges.copy()
-        if standby:
-            heir = standby[0]
+        members = [c for c in ranges.consumers() if c != leaver]
+        closed = load.closed
+        heirs = [s for s in standby if s not in closed]
+        if not heirs and all(m in closed for m in members):
+            closed, heirs = frozenset(), list(standby)  # nobody may gain: as if nobody were closed
+        if heirs:
+            heir = heirs[0]
             if heir in ranges:
                 raise RangeMapError(f"standby {heir!r} already owns a range; expected a consumer without one")
             planned = ranges.copy()
@@ -158,26 +179,27 @@ class MultiRangePolicy(Policy):
             planned.clear()
             return planned
         layout = _layout(ranges, *_measured(ranges, load), self.max_ranges)
-        members = [c for c in ranges.consumers() if c != leaver]
+        # The open members share what they and the leaver carry; the closed keep theirs.
+        takers, held = _open(layout, members, closed)
         cap = 1.0 + self.tolerance
-        shares = _shares(layout, members, cap)
+        shares = _shares(layout, takers, cap, None if held is None else held + layout.loads[leaver])
         shortfall = np.maximum(shares.target - shares.load, 0.0)
         takes = _from_the_top(shortfall, layout.loads[leaver])
         room = np.where(shortfall > 0.0, shares.target * cap - shares.load, 0.0)
         takes = _consolidate(takes, room, self.tolerance * shares.level)
         grain = self._grain(shares.level)
-        receivers = _named(members, takes)
-        under_cap = dict(zip(members, (shares.target * cap - shares.load).tolist(), strict=True))
+        receivers = _named(takers, takes)
+        under_cap = dict(zip(takers, (shares.target * cap - shares.load).tolist(), strict=True))
         layout.rehome_hottest(leaver, under_cap, receivers)
         layout.carve(leaver, receivers, grain)
         left = layout.loads[leaver]
         if left > grain and layout.count(leaver):
             # What did not fit the fair shares goes where there is room under the caps, the emptiest first.
-            now = np.fromiter(map(layout.loads.__getitem__, members), np.float64, len(members))
+            now = np.fromiter(map(layout.loads.__getitem__, takers), np.float64, len(takers))
             room = np.maximum(shares.target * cap - now, 0.0)
-            layout.transfer({leaver: left}, _named(members, _from_the_top(room, left)), grain)
-        layout.hand_to_neighbours(leaver)
-        self._settle(layout, members, cap)
+            layout.transfer({leaver: left}, _named(takers, _from_the_top(room, left)), grain)
+        layout.hand_to_neighbours(leaver, takers)
+        self._settle(layout, takers, None if held is None else _carried(layout, takers), cap)
         return layout.plan(ranges)
 
     def shift(self, ranges: RangeMap, load: Load) -> RangeMap | None:
@@ -185,11 +207,11 @@ class MultiRangePolicy(Policy):
         if traffic is None or len(ranges) < 2 or total < max(self.min_traffic, 1e-300):
             return None
         layout = _layout(ranges, traffic, total, self.max_ranges)
-        if not self._settle(layout, ranges.consumers(), self.threshold):
+        if not self._settle(layout, ranges.consumers(), None, self.threshold):
             return None
         return layout.plan(ranges)
 
-    def _settle(self, layout: _Layout, members: list[str], trigger: float) -> bool:
+    def _settle(self, layout: _Layout, members: list[str], total: float | None, trigger: float) -> bool:
         """If a member carries more than ``trigger`` times its fair share, move what members carry
         over their share to those under it; True if anything moved.
 
@@ -198,10 +220,12 @@ class MultiRangePolicy(Policy):
         shift. Only a member over its cap gives, and no receiver is filled past its share,
         so the excess over the caps only shrinks. A member counts as over only by more than
         the noise of its measured traffic (three standard deviations of a Poisson count),
-        so that a sampling blip moves nothing.
+        so that a sampling blip moves nothing. ``members`` are those taking part (after a
+        change with closed members, the open ones) and ``total`` what they carry together
+        (None: everything, when every member takes part).
         """
         cap = 1.0 + self.tolerance
-        shares = _shares(layout, members, cap)
+        shares = _shares(layout, members, cap, total)
         load, target = shares.load, shares.target
         noise = layout.noise(target)
         over = load > target * cap + noise
@@ -250,8 +274,9 @@ class _Shares(NamedTuple):
     """The fair share of a member that is not pinned."""
 
 
-def _shares(layout: _Layout, members: list[str], slack: float) -> _Shares:
-    """Each member's load, and its fair share of the total by water-filling (:func:`fair_shares`).
+def _shares(layout: _Layout, members: list[str], slack: float, total: float | None = None) -> _Shares:
+    """Each member's load, and its fair share of ``total`` (None: the layout's) by water-filling
+    (:func:`fair_shares`).
 
     A member whose hottest slot exceeds ``slack`` times the level is pinned at that slot's
     weight (it cannot be split). The layout knows only the peaks above its ``peak_floor``;
@@ -259,13 +284,28 @@ def _shares(layout: _Layout, members: list[str], slack: float) -> _Shares:
     """
     count = len(members)
     load = np.fromiter(map(layout.loads.__getitem__, members), np.float64, count)
+    whole = layout.total if total is None else total
     while True:
         hottest = layout.hottest()
         heat = np.fromiter(map(hottest.get, members, itertools.repeat(0.0, count)), np.float64, count)
-        target, level, _ = fair_shares(heat, layout.total, slack)
+        target, level, _ = fair_shares(heat, whole, slack)
         if level * slack >= layout.peak_floor:
             return _Shares(load, target, level)
         layout.exact_peaks()
+
+
+def _open(layout: _Layout, members: list[str], closed: frozenset[str]) -> tuple[list[str], float | None]:
+    """``members`` but the ``closed``, and what they carry together: None when none is closed (then
+    they carry the layout's total, or all but a leaver's remains)."""
+    if closed.isdisjoint(members):
+        return members, None
+    kept = [member for member in members if member not in closed]
+    return kept, _carried(layout, kept)
+
+
+def _carried(layout: _Layout, members: list[str]) -> float:
+    """What ``members`` carry together."""
+    return float(sum(map(layout.loads.__getitem__, members)))
 
 
 def _named(members: list[str], amounts: Vector) -> dict[str, float]:
@@ -839,12 +879,21 @@ class _Layout:
         low = start + (end - start + 1) // 2 if end > start else start
         self.give(low, end, newcomer)
 
-    def hand_to_neighbours(self, leaver: str) -> None:
-        """Whatever ``leaver`` still owns goes to an adjacent neighbour, the less loaded one (a boundary move)."""
+    def hand_to_neighbours(self, leaver: str, receivers: list[str]) -> None:
+        """Whatever ``leaver`` still owns goes to an adjacent neighbour among ``receivers``, the less loaded one
+        (a boundary move).
+
+        A range with no such neighbour goes to the least loaded of ``receivers`` owning fewer than
+        ``max_ranges`` (a new range of it), and with none of those to the less loaded neighbour.
+        """
+        allowed = set(receivers)
         while self.count(leaver):
             index = self.indexes_of(leaver)[0]
             neighbours = [found[2] for found in (self.range_at(index - 1), self.range_at(index + 1)) if found]
-            into = min(neighbours, key=lambda owner: (self.loads[owner], owner))
+            candidates = [owner for owner in neighbours if owner in allowed]
+            if not candidates:
+                candidates = [owner for owner in receivers if self.count(owner) < self.max_ranges] or neighbours
+            into = min(candidates, key=lambda owner: (self.loads[owner], owner))
             self.give(self._starts[index], self._ends[index], into)
 
     def plan(self, ranges: RangeMap) -> RangeMap:

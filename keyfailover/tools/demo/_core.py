@@ -103,7 +103,10 @@ def run_core_demo(messages: int = 60_000, keys: int = 5_000, seed: int = 7, out:
         messages // 6: ("c2 joins: it takes half of the traffic from c1, the only consumer", lambda: join("c2")),
         2 * messages // 6: ("c3 joins: it takes a third of the traffic, from the busiest first", lambda: join("c3")),
         3 * messages // 6: ("c4 joins with 200 permits, then stalls (never acks)", lambda: stall("c4")),
-        4 * messages // 6: ("c1 leaves: its ranges go to the least busy, its neighbours first", lambda: _leave("c1")),
+        4 * messages // 6: (
+            "c1 leaves: its ranges go to the consumers making progress; the stalled c4 gets none",
+            lambda: _leave("c1"),
+        ),
         5 * messages // 6: ("stalled c4 is removed: its unacked messages go to the new owners", lambda: _leave("c4")),
     }
 

@@ -32,6 +32,8 @@ class DemoReport:
     """Each consumer's state at the end: active, left, or stalled then removed."""
     redeliveries: int = 0
     problems: list[str] = field(default_factory=list)
+    steps: list[tuple[str, dict[str, list[tuple[int, int]]]]] = field(default_factory=list)
+    """Each table printed, in order: its title and the ranges each live consumer owned."""
 
 
 def zipf_ids(count: int, distinct: int, seed: int) -> list[int]:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from keyfailover.client import Client
 from keyfailover.core.errors import KeyFailoverError
@@ -24,7 +26,9 @@ from keyfailover.tools.demo._traffic import Observed, Produced, Worker, conclude
 __all__ = ["run_server_demo"]
 
 
-def _print_server_ranges(out: TextIO, title: str, workers: dict[str, Worker], observed: Observed) -> None:
+def _print_server_ranges(
+    out: TextIO, title: str, workers: dict[str, Worker], observed: Observed, report: DemoReport
+) -> None:
     owned = {name: worker.consumer.ranges for name, worker in workers.items()}
 
     def tiled() -> bool:  # the consumers heard of their new ranges (ranges_changed frames)
@@ -32,6 +36,7 @@ def _print_server_ranges(out: TextIO, title: str, workers: dict[str, Worker], ob
         return sum(end - start + 1 for ranges in owned.values() for start, end in ranges) == HASH_RANGE_SIZE
 
     wait_for(tiled, 10.0)
+    report.steps.append((title, {name: list(ranges) for name, ranges in owned.items()}))
     out.write(f"\n{title}\n")
     out.write(f"  {'consumer':<10}{RANGES_HEADER}{'received':>10}{TAIL_HEADER}\n")
     with observed.lock:
@@ -54,19 +59,23 @@ def run_server_demo(events: int = 30_000, accounts: int = 2_000, seed: int = 7, 
         out.write(f"keyfailover demo: starting keyfailover serve with data in {data_dir} ...\n")
         out.flush()
         server = subprocess.Popen(
-            [sys.executable, "-m", "keyfailover", "serve", "--data-dir", str(Path(data_dir)), "--port", "0"],
+            [
+                *(sys.executable, "-m", "keyfailover", "serve", "--data-dir", str(Path(data_dir))),
+                *("--port", "0", "--metrics-port", "0"),
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         try:
             assert server.stdout is not None
-            line = server.stdout.readline()
-            if not line.startswith("listening on "):
-                raise KeyFailoverError(f"the demo server did not start: {line!r}")
+            line, admin = server.stdout.readline(), server.stdout.readline()
+            if not line.startswith("listening on ") or not admin.startswith("metrics on "):
+                raise KeyFailoverError(f"the demo server did not start: {line!r} {admin!r}")
             url = "kf://" + line.split("listening on ", 1)[1].strip()
             out.write(f"server listening at {url}; producing {events} events over {accounts} Zipf(1.1) accounts\n")
-            _scenario(url, account_ids, observed=observed, produced=produced, report=report, out=out)
+            stats = _ConsumerStats(admin.split("metrics on ", 1)[1].strip())
+            _scenario(url, account_ids, stats, observed=observed, produced=produced, report=report, out=out)
         finally:
             server.terminate()
             _, errors = server.communicate(timeout=30)
@@ -76,19 +85,42 @@ def run_server_demo(events: int = 30_000, accounts: int = 2_000, seed: int = 7, 
     return report
 
 
+class _ConsumerStats:
+    """The server's per-consumer stats of the demo's subscription, read from its admin endpoint's ``/stats``."""
+
+    def __init__(self, admin: str) -> None:
+        self._url = f"{admin}/stats"
+
+    def __call__(self) -> dict[str, dict[str, Any]]:
+        with urllib.request.urlopen(self._url, timeout=10) as response:
+            found = json.load(response)
+        consumers: dict[str, dict[str, Any]] = {}
+        for subscription in found["subscriptions"]:
+            consumers.update(subscription["dispatcher"]["consumers"])
+        return consumers
+
+
 def _scenario(
-    url: str, account_ids: list[int], *, observed: Observed, produced: Produced, report: DemoReport, out: TextIO
+    url: str,
+    account_ids: list[int],
+    stats: _ConsumerStats,
+    *,
+    observed: Observed,
+    produced: Produced,
+    report: DemoReport,
+    out: TextIO,
 ) -> None:
     events = len(account_ids)
     with Client(url) as client:
         workers = {name: Worker(client, name, observed, 200) for name in ("c1", "c2")}
         producer = client.create_producer("accounts", "demo-producer")
 
-        _print_server_ranges(out, "c1 and c2 share the hash space", workers, observed)
+        _print_server_ranges(out, "c1 and c2 share the hash space", workers, observed, report)
         steps = {
             events // 4: "c3 joins: it takes a third of the traffic, from the busiest first",
-            events // 2: "c4 joins, then stalls: its keys wait, nobody else's do",
-            3 * events // 4: "c1 leaves: its ranges go to the least busy, its neighbours first",
+            events // 2: "c4 joins with 100 permits, then stalls: it holds what it takes and acks none; "
+            "its keys wait, nobody else's do",
+            3 * events // 4: "c1 leaves: its ranges go to the consumers making progress; the stalled c4 gets none",
         }
         for i, account in enumerate(account_ids):
             if i in steps:
@@ -98,9 +130,10 @@ def _scenario(
                 elif i == events // 2:
                     workers["c4"] = Worker(client, "c4", observed, 100, stalled=True)
                 else:
+                    _wait_until_stalled(out, stats, "c4")
                     workers.pop("c1").leave()
                     report.status["c1"] = "left"
-                _print_server_ranges(out, steps[i], workers, observed)
+                _print_server_ranges(out, steps[i], workers, observed, report)
             produced.send(producer, f"account-{account}", i)
         producer.flush()
         stalled = workers["c4"].consumer.ranges
@@ -117,7 +150,25 @@ def _scenario(
         out.write(f"\nwhile c4 stalled, every event outside its ranges was consumed: {others_done()}\n")
         workers.pop("c4").leave()
         report.status["c4"] = "stalled, then removed"
-        _print_server_ranges(out, "stalled c4 is removed: its unacked events go to the new owners", workers, observed)
+        title = "stalled c4 is removed: its unacked events go to the new owners"
+        _print_server_ranges(out, title, workers, observed, report)
         wait_for(lambda: len(observed.first) >= len(produced.stored), 60.0)
         for worker in workers.values():
             worker.leave()
+
+
+def _wait_until_stalled(out: TextIO, stats: _ConsumerStats, name: str) -> None:
+    """Wait (up to a minute) until the server counts ``name`` stalled, and say what it sees."""
+    seen: dict[str, Any] = {}
+
+    def stalled() -> bool:
+        seen.update(stats()[name])
+        return bool(seen["stalled"])
+
+    if wait_for(stalled, 60.0):
+        out.write(
+            f"\nthe server counts {name} stalled ({seen['unacked']} unacked, {seen['permits']} permits left, "
+            "no ack): a join or a leave gives it no slots\n"
+        )
+    else:
+        out.write(f"\nthe server does not count {name} stalled ({seen}): a change may give it slots\n")

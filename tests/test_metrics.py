@@ -54,6 +54,7 @@ SPEC: dict[str, tuple[str, tuple[str, ...]]] = {
     "keyfailover_draining_hashes": ("gauge", CONSUMER),
     "keyfailover_replay_messages": ("gauge", CONSUMER),
     "keyfailover_consumer_stuck": ("gauge", CONSUMER),
+    "keyfailover_consumer_stalled": ("gauge", CONSUMER),
     "keyfailover_leases_expired": ("counter", CONSUMER),
     "keyfailover_backlog_messages": ("gauge", ()),
     "keyfailover_unassigned_share": ("gauge", ()),
@@ -655,6 +656,7 @@ def test_stuck_consumers_expired_leases_and_dead_letters_are_reported() -> None:
     dispatcher.poll()  # both leases expire: a is stuck, and with max_redeliveries 0 both are dead letters
     families = scrape_dispatcher(dispatcher)
     assert values(families, "keyfailover_consumer_stuck", "consumer", **SUB) == {"a": 1.0, "b": 0.0}
+    assert values(families, "keyfailover_consumer_stalled", "consumer", **SUB) == {"a": 1.0, "b": 0.0}
     assert values(families, "keyfailover_leases_expired_total", "consumer", **SUB) == {"a": 2.0, "b": 0.0}
     assert value(families, "keyfailover_dead_lettered_total", **SUB) == 2
     assert value(families, "keyfailover_dead_letters_unconfirmed", **SUB) == 2

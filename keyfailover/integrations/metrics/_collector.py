@@ -163,6 +163,12 @@ _SPECS: dict[str, tuple[str, str, list[str]]] = {
         "1 while the consumer is stuck: a lease of it expired and it owns no range until it acks or asks for more.",
         _CON,
     ),
+    "keyfailover_consumer_stalled": (
+        "gauge",
+        "1 while the consumer makes no progress (stuck, at its unacked limit, or no ack, nack or extension for a "
+        "half-life while it has no permits or holds deliveries): joins and leaves give it no slots.",
+        _CON,
+    ),
     "keyfailover_leases_expired": (
         "counter",
         "Deliveries to the consumer taken back because their ack deadline passed.",
@@ -393,6 +399,7 @@ def _subscription(families: _Families, view: SubscriptionView) -> None:
         families.add("keyfailover_draining_hashes", labels, info["draining_hashes"])
         families.add("keyfailover_replay_messages", labels, info["replay"])
         families.add("keyfailover_consumer_stuck", labels, 1.0 if info["stuck"] else 0.0)
+        families.add("keyfailover_consumer_stalled", labels, 1.0 if info["stalled"] else 0.0)
         families.add("keyfailover_leases_expired", labels, info["expired"])
     # Without a log behind it, the backlog is what the dispatcher holds unacknowledged.
     backlog = view.backlog if view.backlog is not None else stats["held"]

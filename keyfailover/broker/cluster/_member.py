@@ -502,6 +502,8 @@ class ClusterMember:
     def _step_out(self) -> None:
         """The lease stayed lapsed past the pause: give every partition up and end the session, so that the
         coordinator gives them to the others; then wait for a new session (``lost`` registers it)."""
+        from kazoo.exceptions import WriterNotClosedException
+
         with self._lock:
             if not self._lapsed:  # renewed since
                 self._stepping_out = False
@@ -519,8 +521,6 @@ class ClusterMember:
         self._waiting.clear()
         self._said_held.clear()
         self._assigned_at.clear()
-        from kazoo.exceptions import WriterNotClosedException
-
         zk = self._zk
         try:
             zk.stop()  # a close ZooKeeper gets ends the session at once; else it expires (kazoo says LOST: queued)

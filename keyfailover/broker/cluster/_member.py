@@ -30,6 +30,7 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -40,6 +41,9 @@ from keyfailover.core.errors import ConfigError
 from keyfailover.core.partitions import Assignment, PartitionId, check_partition_count
 
 __all__ = ["ClusterMember", "ClusterState", "cluster_status", "connect", "create_topic", "parse_cluster_url"]
+
+_IN_SESSION = frozenset({"elect", "rebalance", "assignment", "barrier"})
+"""The worker's events that act in ZooKeeper for the member: only while it is registered in kazoo's session."""
 
 _log = logging.getLogger("keyfailover.cluster")
 _ownership = logging.getLogger("keyfailover.ownership")  # what a new owner waits for, printed by every broker
@@ -283,8 +287,12 @@ class ClusterMember:
         self._confirmed = 0.0  # time.monotonic() a request was sent that ZooKeeper answered in our session
         self._lapsed = False
         self._pause = PAUSE_SHARE * session_timeout
-        self._stepping_out = False  # a lapse outlasted the pause: the worker ends the session
+        self._stepping_out = False  # a lapse outlasted the pause: the session is ended (until a renewal or a new one)
+        self._ended = False  # the renewer stopped kazoo to end the session: "lost" starts it again
+        self._registered_at = 0.0  # time.monotonic() our broker znode was created
         self._session: Any = None  # kazoo's client_id of the session our znodes live in
+        self._losses: deque[Any] = deque()  # per queued "lost": the session our znodes were in when it was lost
+        self._registered = False  # our broker znode lives in kazoo's session (False from a LOST to the next one)
         self._dropped_at: float | None = None  # time.monotonic() kazoo said the connection dropped (SUSPENDED)
         self._renewer: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -381,27 +389,66 @@ class ClusterMember:
             return False
 
     def _renew(self) -> None:
-        """Ask ZooKeeper for an answer every eighth of a session timeout; each answer renews the lease."""
+        """Ask ZooKeeper for an answer every eighth of a session timeout; each answer renews the lease.
+
+        While the lease is lapsed, ask only every half session timeout: kazoo sends its own pings only
+        after a third of a session timeout without a request, and only an unanswered ping makes it drop a
+        dead connection (and try the ensemble's other servers), so asking more often would keep it on a
+        dead link for good. While the member ends its session, ask nothing."""
+        sent = -math.inf
         while not self._stopping.wait(self.session_timeout / 8):
             zk = self._zk
             if zk is None:
                 return
-            self.lease_valid()  # no answer for a while: report a lapse as soon as there is one
+            valid = self.lease_valid()  # no answer for a while: report a lapse as soon as there is one
             if self._pause_outlasted():
-                self._events.put("step out")
+                self._end_session(zk)
+            if self._stepping_out or (not valid and time.monotonic() - sent < self.session_timeout / 2):
+                continue
             session, began = zk.client_id, time.monotonic()
+            sent = began
             try:
                 zk.exists_async(self.root).rawlink(partial(self._answered, session, began))
             except Exception:  # kazoo closing: the next turn sees it stopped or stopping
                 _log.debug("cluster member %s: a lease renewal could not be sent", self.broker_id, exc_info=True)
 
     def _pause_outlasted(self) -> bool:
-        """Whether the lease stayed lapsed the pause past its end, first noticed now (once per session)."""
+        """Whether the lease stayed lapsed the pause past its end (or past our registration), first noticed now."""
         with self._lock:
-            if not self._lapsed or self._stepping_out or time.monotonic() < self._confirmed + self._lease + self._pause:
+            since = max(self._confirmed + self._lease, self._registered_at)
+            if not self._lapsed or self._stepping_out or time.monotonic() < since + self._pause:
                 return False
             self._stepping_out = True
             return True
+
+    def _end_session(self, zk: Any) -> None:
+        """The lease stayed lapsed past the pause: end the session (on the renewer's thread, as the worker may
+        be waiting in a call that only a reconnection, or this, ends), so that the coordinator gives our
+        partitions to the others. The worker stops serving them and comes back in a new session ("lost";
+        once more if kazoo says LOST too, the second of a session left already). A close ZooKeeper gets
+        ends the session at once, else it expires a session timeout after ZooKeeper last heard from us;
+        kazoo's connection thread ends when the close is answered or, no renewals sent meanwhile, when its
+        own ping goes unanswered."""
+        from kazoo.exceptions import WriterNotClosedException
+
+        with self._lock:
+            lapsed = self._confirmed + self._lease
+            self._coordinating = False
+            self._ended = True
+        _ownership.info(
+            "broker %s gives up its partitions: its lease lapsed %.2f s ago and ZooKeeper has not answered since; "
+            "it ends its ZooKeeper session so that the others take them, and joins again with a new one",
+            self.broker_id,
+            time.monotonic() - lapsed,
+        )
+        try:
+            zk.stop()
+        except WriterNotClosedException:  # its thread was not done within max(10 s, session): start_async waits
+            _log.warning("cluster member %s: kazoo's connection did not close in time", self.broker_id)
+        with self._lock:  # kazoo says LOST only if it was not LOST already (an expiry found on reconnecting)
+            self._losses.append(self._session)
+            self._registered = False
+        self._events.put("lost")
 
     def _answered(self, session: Any, began: float, answer: Any) -> None:
         """The answer to a renewal sent at ``began`` in ``session`` (kazoo's callback thread)."""
@@ -418,6 +465,7 @@ class ClusterMember:
         self._confirmed = max(self._confirmed, heard)
         if self._lapsed and time.monotonic() < self._confirmed + self._lease:
             self._lapsed = False
+            self._stepping_out = False  # a later lapse may outlast the pause again
             self._on_lease(True, heard)
 
     # -- the worker ------------------------------------------------------------------
@@ -429,19 +477,25 @@ class ClusterMember:
             "assignment": self._apply,
             "barrier": self._acquire_waiting,
             "lost": self._session_lost,
-            "step out": self._step_out,
         }
         while True:
             kind = self._events.get()
             if kind == "stop":
                 self._release(set(self._owned))
                 return
+            if kind in _IN_SESSION and not self._in_session():
+                continue  # between a session's end and our registration in the next: "lost" queues them again
             try:
                 handlers[kind]()
             except Exception:
                 if self._zk is None or not self._zk.connected:
                     continue  # the session is gone: the listener queues what follows
                 _log.exception("cluster member %s: %s failed", self.broker_id, kind)
+
+    def _in_session(self) -> bool:
+        """Whether our broker znode lives in kazoo's session (through a drop and a reconnection into it too)."""
+        with self._lock:
+            return self._registered
 
     def _waker(self, kind: str) -> Callable[[Any], None]:
         """A watch callback that queues ``kind``: one object per kind, so that kazoo, which keeps a
@@ -468,14 +522,21 @@ class ClusterMember:
             else:
                 self._dropped_at = None
         if state == KazooState.LOST:
+            with self._lock:
+                self._losses.append(self._session)
+                self._registered = False
             self._events.put("lost")
 
     def _session_lost(self) -> None:
         """Our ephemeral znodes are gone with the session: stop serving, and come back as a new member.
 
         A loss reported twice (a member that ended its session while ZooKeeper expired it) is acted on
-        once: when our znode of the session we are in now exists, we came back already."""
-        if self._zk.retry(self._registered_now):
+        once: a loss of a session other than the one our znode is in now was handled already."""
+        with self._lock:
+            lost = self._losses.popleft() if self._losses else self._session
+        if self._leaving.is_set():
+            return  # stopping: nothing to come back to
+        if lost != self._session:
             _log.info("broker %s: a loss of an earlier ZooKeeper session, handled already", self.broker_id)
             return
         _ownership.info("broker %s lost its ZooKeeper session: it stops serving and joins again", self.broker_id)
@@ -489,46 +550,17 @@ class ClusterMember:
         self._waiting.clear()
         self._said_held.clear()
         self._assigned_at.clear()
+        with self._lock:
+            ended, self._ended = self._ended, False
+        if ended:  # we stopped kazoo to end the session: a new one, as soon as ZooKeeper can be reached
+            zk = self._zk
+            zk.start_async()
+            while not zk.connected:
+                if self._leaving.wait(0.05):
+                    return
         self._zk.retry(self._register)
         self._events.put("elect")
         self._events.put("assignment")
-
-    def _registered_now(self) -> bool:
-        """Whether our broker znode exists and belongs to the session kazoo is in now."""
-        session = self._zk.client_id
-        found = self._zk.exists(f"{self.root}/brokers/{self._node}") if self._node and session else None
-        return found is not None and found.ephemeralOwner == session[0]
-
-    def _step_out(self) -> None:
-        """The lease stayed lapsed past the pause: give every partition up and end the session, so that the
-        coordinator gives them to the others; then wait for a new session (``lost`` registers it)."""
-        from kazoo.exceptions import WriterNotClosedException
-
-        with self._lock:
-            if not self._lapsed:  # renewed since
-                self._stepping_out = False
-                return
-            lapsed = self._confirmed + self._lease
-            self._coordinating = False
-            self._applied = (0, 0)  # applied afresh in the new session, as after a lost one
-        _ownership.info(
-            "broker %s gives up its partitions: its lease lapsed %.2f s ago and ZooKeeper has not answered since; "
-            "it ends its ZooKeeper session so that the others take them, and joins again with a new one",
-            self.broker_id,
-            time.monotonic() - lapsed,
-        )
-        self._on_release_all()
-        self._waiting.clear()
-        self._said_held.clear()
-        self._assigned_at.clear()
-        zk = self._zk
-        try:
-            zk.stop()  # a close ZooKeeper gets ends the session at once; else it expires (kazoo says LOST: queued)
-        except WriterNotClosedException:  # its connection thread did not stop in time: start_async waits for it
-            _log.warning("cluster member %s: kazoo's connection did not close at once", self.broker_id)
-        zk.start_async()  # a new session, as soon as ZooKeeper can be reached
-        while not zk.connected and not self._leaving.wait(0.05):
-            pass
 
     def _on_release_all(self) -> None:
         for partition in sorted(self._owned):
@@ -549,7 +581,9 @@ class ClusterMember:
         self._node = path.rsplit("/", 1)[1]
         with self._lock:
             self._session = self._zk.client_id
-            self._stepping_out = False
+            self._registered = True
+            self._registered_at = time.monotonic()
+            self._stepping_out = False  # a new session: its own pause may be outlasted again
             self._confirm(began)
 
     # -- election --------------------------------------------------------------------

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import asyncpg
 import pytest
@@ -14,7 +14,14 @@ import pytest
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.properties import encode_properties
 from keyfailover.broker.storage import NotServedError
-from keyfailover.broker.storage.postgresql import FencedError, Lease, PostgresLog, PostgresStore
+from keyfailover.broker.storage.postgresql import (
+    APPLICATION_NAME,
+    FencedError,
+    Lease,
+    PostgresLog,
+    PostgresStore,
+    Row,
+)
 from keyfailover.broker.storage.sqlite import Key, StoredMessage, publish_clock
 from keyfailover.core.errors import LogError, PropertiesError
 from keyfailover.core.partitions import partition_topic, split_partition_topic
@@ -448,7 +455,9 @@ def test_a_new_owner_ends_the_transaction_a_stopped_broker_left_open_on_its_part
             rows = [(None, b"k", True, b"never committed", 1, None)]
             await log.append_in(stopped, old, [(None, rows)])  # the broker stops here, before its commit
             new = await within(log.open_partition(topic, 0, "b2"), "the new owner's epoch bump")
-            with pytest.raises((asyncpg.PostgresConnectionError, asyncpg.InterfaceError)):
+            with pytest.raises(
+                (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, asyncpg.exceptions.InternalClientError)
+            ):
                 await transaction.commit()
         assert (new.epoch, new.last_position) == (2, 1)
         assert [m.payload for m in await log.read(topic, 0, 0, 10)] == [b"before"]
@@ -491,10 +500,41 @@ def test_a_new_owner_waits_for_a_lock_that_is_not_a_broker_s(
     assert "(psql, from 127.0.0.1:" in caplog.text
 
 
-def test_a_write_whose_connection_a_new_owner_ended_is_refused_as_fenced(postgres: PostgreSQL) -> None:
-    """b1's append waits on a lock after it took the partition's row (as a stopped broker would hold it);
-    b2 opens the partition, ending b1's connection: b1's write fails as fenced (clients look the partition
-    up again and resend), b1 stops serving, and nothing of the write is stored."""
+def test_a_new_owner_waits_for_a_broker_s_connection_that_is_working(
+    postgres: PostgreSQL, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broker's connection holding the partition's row while it works (here a statement that sleeps; in
+    life a commit waiting for a synchronous standby, which may commit) is not ended: the bump waits, says
+    for what, and goes on once that transaction commits, which it does."""
+
+    async def body(log: PostgresLog, topic: str) -> None:
+        await log.open_partition(topic, 0, "b1")
+        working = await asyncpg.connect(postgres.dsn, server_settings={"application_name": APPLICATION_NAME})
+        try:
+            transaction = working.transaction()
+            await transaction.start()
+            await working.execute("SELECT 1 FROM kf_partitions WHERE topic = $1 FOR UPDATE", topic)
+            sleeping = asyncio.ensure_future(working.execute("SELECT pg_sleep(1.5)"))
+            bump = asyncio.ensure_future(log.open_partition(topic, 0, "b2"))
+            await until(lambda: "it waits for it (working: PgSleep)" in caplog.text, "the wait said")
+            await within(sleeping, "the working statement")
+            await transaction.commit()  # not ended: its commit goes through
+            assert (await within(bump, "the bump after the commit")).epoch == 2
+        finally:
+            await working.close()
+
+    with caplog.at_level(logging.INFO, logger="keyfailover.ownership"):
+        run(postgres, body)
+    assert "it ends that connection" not in caplog.text
+
+
+def test_a_write_whose_connection_a_new_owner_ended_is_refused_as_fenced(
+    postgres: PostgreSQL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """b1's append stops right after it took the partition's row (as a broker stopped by SIGSTOP between the
+    statements of its transaction); b2 opens the partition, ending b1's connection; when b1 goes on, its
+    write fails as fenced (clients look the partition up again and resend), b1 stops serving, and nothing
+    of the write is stored."""
 
     async def body(b1: PostgresStore, b2: PostgresStore, topic: str) -> None:
         served = partition_topic(topic, 0, 2)
@@ -502,18 +542,24 @@ def test_a_write_whose_connection_a_new_owner_ended_is_refused_as_fenced(postgre
         b1.on_fenced = fenced.append
         await b1.acquire(served)
         assert await b1.append(served, None, [(None, "k", b"old")]) == [(1, False)]
-        blocker = await asyncpg.connect(postgres.dsn, server_settings={"application_name": "test"})
-        try:
-            transaction = blocker.transaction()
-            await transaction.start()
-            await blocker.execute("LOCK TABLE kf_messages IN EXCLUSIVE MODE")
-            stuck = b1.append(served, None, [(None, "k", b"stuck")])  # holds the row, waits in its COPY
-            await within(b2.acquire(served), "b2 opening the partition")
-            with pytest.raises(FencedError, match=r"opened by b2 at owner epoch 2 while b1 wrote it at owner epoch 1"):
-                await within(stuck, "b1's write")
-            await transaction.commit()
-        finally:
-            await blocker.close()
+        stopped, wake = asyncio.Event(), asyncio.Event()
+        append_in = b1.log.append_in
+
+        async def stopped_after_the_row(
+            connection: Any, lease: Lease, checked: Sequence[tuple[str | None, Sequence[Row]]]
+        ) -> list[list[tuple[int, bool]]]:
+            await PostgresLog.check_lease(connection, lease)  # every write's first statement: it holds the row
+            stopped.set()
+            await wake.wait()
+            return await append_in(connection, lease, checked)
+
+        monkeypatch.setattr(b1.log, "append_in", stopped_after_the_row)
+        stuck = b1.append(served, None, [(None, "k", b"stuck")])
+        await within(stopped.wait(), "b1 holding the row")
+        await within(b2.acquire(served), "b2 opening the partition")
+        wake.set()
+        with pytest.raises(FencedError, match=r"opened by b2 at owner epoch 2 while b1 wrote it at owner epoch 1"):
+            await within(stuck, "b1's write")
         assert fenced == [served] and not b1.serves(served)
         assert await b2.append(served, None, [(None, "k", b"new")]) == [(2, False)]
         assert [m.payload for m in await b2.read(served, 0, 10)] == [b"old", b"new"]

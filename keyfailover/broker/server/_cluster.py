@@ -190,6 +190,7 @@ class BrokerRole:
         try:
             future.result(timeout=_HANDOVER_TIMEOUT)
         except Exception:
+            future.cancel()  # given up: an open must not go on (and serve) after the member moved on
             _log.exception("broker %s could not %s", self.store.owner, what)
             return False
         return True

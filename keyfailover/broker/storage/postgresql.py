@@ -153,9 +153,16 @@ _BUMP = """INSERT INTO kf_partitions (topic, partition, owner, owner_epoch) VALU
            SET owner = excluded.owner, owner_epoch = kf_partitions.owner_epoch + 1
            RETURNING owner_epoch, last_position"""
 
-_BLOCKERS = """SELECT pid, application_name, state, client_addr, client_port,
-                      extract(epoch FROM now() - state_change)::float8 AS since, left(query, 120) AS query
+_BLOCKERS = """SELECT pid, application_name, state, wait_event, client_addr, client_port,
+                      extract(epoch FROM now() - state_change)::float8 AS since, left(query, 120) AS query,
+                      CASE WHEN $2 AND application_name = $3 AND wait_event = 'ClientRead'
+                                AND state_change < now() - make_interval(secs => $4)
+                           THEN pg_terminate_backend(pid) ELSE false END AS ended
                FROM pg_stat_activity WHERE pid = ANY(pg_blocking_pids($1)) ORDER BY pid"""
+"""The backends keeping backend $1 from a lock, each ended (with $2) in the same statement when it is a broker's
+($3) that has waited for its client since at least $4 seconds ago: idle in a transaction, or in a COPY, the way a
+stopped broker leaves it. One that is working (a COMMIT waiting for a synchronous standby, which may commit) is
+left alone, and so is one that began its wait just now (a live broker's connection, reused since it was listed)."""
 
 T = TypeVar("T")
 
@@ -228,14 +235,16 @@ class PostgresLog:
         session ended. One that still holds it after :data:`FENCE_PATIENCE` belongs to a broker that
         stopped in the middle of a write (a frozen process, a dead machine whose connection PostgreSQL
         has not noticed): waiting would keep the partition unserved until it wakes, so the bump ends
-        that broker's connection (``pg_terminate_backend``). Its transaction is rolled back; nothing
-        it wrote was acknowledged, as its commit had not happened. A blocker that is not a keyfailover
-        broker's connection is waited for, not ended. Each step is logged on ``keyfailover.ownership``.
+        that broker's connection (``pg_terminate_backend``), if it waits for its client (idle in the
+        transaction, or in a COPY) and has since :data:`FENCE_PATIENCE` ago. Its transaction is rolled
+        back, and it had acknowledged nothing: it had not sent its commit. A blocker that is working (a
+        commit waiting for a synchronous standby) or is not a keyfailover broker's connection is waited
+        for. Each step is logged on ``keyfailover.ownership``.
         """
         _check_partition(topic, partition)
         async with self._pool.acquire() as connection:
             bump = asyncio.ensure_future(connection.fetchrow(_BUMP, topic, partition, owner))
-            seen: set[int] = set()
+            seen: set[tuple[int, bool]] = set()
             try:
                 while not (await asyncio.wait({bump}, timeout=FENCE_PATIENCE))[0]:
                     await self._end_blockers(connection.get_server_pid(), topic, partition, owner, seen)
@@ -250,46 +259,56 @@ class PostgresLog:
             )
         return Lease(topic, partition, owner, int(row["owner_epoch"]), int(row["last_position"]))
 
-    async def _end_blockers(self, waiting: int, topic: str, partition: int, owner: str, seen: set[int]) -> None:
-        """End the keyfailover connections that keep backend ``waiting`` (an epoch bump) from the partition's
-        row; say once per blocker what it is (``seen``: the blockers said already)."""
-        blockers = await self._pool.fetch(_BLOCKERS, waiting)
-        before = await self.owner_epoch(topic, partition)
-        holder = "no broker" if before is None else f"broker {before[0]} (owner epoch {before[1]})"
-        for blocker in blockers:
-            pid = int(blocker["pid"])
-            ours = blocker["application_name"] == APPLICATION_NAME
-            if pid not in seen:
-                seen.add(pid)
-                _ownership.info(
-                    "broker %s waits to open partition %d of %r, last opened by %s: PostgreSQL backend %d "
-                    "(%s, from %s:%s) holds its row, %s for %.2f s after %r; %s",
+    async def _end_blockers(
+        self, waiting: int, topic: str, partition: int, owner: str, seen: set[tuple[int, bool]]
+    ) -> None:
+        """End the stopped brokers' connections that keep backend ``waiting`` (an epoch bump) from the partition's
+        row (see :data:`_BLOCKERS`); say what each blocker is, and whether it is ended, once (``seen``)."""
+        before = await self.owner_epoch(topic, partition)  # read before a blocker is ended: the bump goes on then
+        try:
+            blockers = await self._pool.fetch(_BLOCKERS, waiting, True, APPLICATION_NAME, FENCE_PATIENCE)
+        except asyncpg.InsufficientPrivilegeError as exc:
+            if (-1, False) not in seen:
+                seen.add((-1, False))
+                _log.warning(
+                    "broker %s cannot end the PostgreSQL connections that hold partition %d of %r (%s); it waits "
+                    "for them. Grant the brokers' role pg_signal_backend, or run every broker as one role, so that "
+                    "a new owner can fence a stopped one",
                     owner,
                     partition,
                     topic,
-                    holder,
-                    pid,
-                    blocker["application_name"] or "no application name",
-                    blocker["client_addr"],
-                    blocker["client_port"],
-                    blocker["state"],
-                    float(blocker["since"] or 0.0),
-                    blocker["query"],
-                    "it ends that connection (its transaction is rolled back)"
-                    if ours
-                    else "not a keyfailover broker's connection, so it waits for it",
+                    exc,
                 )
-            if ours:
-                try:
-                    await self._pool.fetchval("SELECT pg_terminate_backend($1)", pid)
-                except asyncpg.InsufficientPrivilegeError as exc:
-                    _log.warning(
-                        "broker %s cannot end PostgreSQL backend %d (%s); it waits for it. Grant the brokers' role "
-                        "pg_signal_backend, or run every broker as one role, so a new owner can fence a stopped one",
-                        owner,
-                        pid,
-                        exc,
-                    )
+            blockers = await self._pool.fetch(_BLOCKERS, waiting, False, APPLICATION_NAME, FENCE_PATIENCE)
+        news = [b for b in blockers if (int(b["pid"]), bool(b["ended"])) not in seen]
+        if not news:
+            return
+        holder = "no broker" if before is None else f"broker {before[0]} (owner epoch {before[1]})"
+        for blocker in news:
+            ended = bool(blocker["ended"])
+            seen.add((int(blocker["pid"]), ended))
+            if ended:
+                then = "it ends that connection (its transaction is rolled back)"
+            elif blocker["application_name"] == APPLICATION_NAME:
+                then = f"it waits for it (working: {blocker['wait_event'] or 'on the CPU'})"
+            else:
+                then = "not a keyfailover broker's connection, so it waits for it"
+            _ownership.info(
+                "broker %s waits to open partition %d of %r, last opened by %s: PostgreSQL backend %d "
+                "(%s, from %s:%s) holds its row, %s for %.2f s after %r; %s",
+                owner,
+                partition,
+                topic,
+                holder,
+                blocker["pid"],
+                blocker["application_name"] or "no application name",
+                blocker["client_addr"],
+                blocker["client_port"],
+                blocker["state"],
+                float(blocker["since"] or 0.0),
+                blocker["query"],
+                then,
+            )
 
     async def append(
         self,

@@ -75,6 +75,7 @@ def _read(request: Request | str, timeout: float, context: ssl.SSLContext | None
         with urlopen(request, timeout=timeout, context=context) as response:
             body: bytes = response.read()
     except HTTPError as exc:
+        exc.close()
         return Answer(failure=f"{url}: HTTP {exc.code} {exc.reason}")
     except URLError as exc:
         if isinstance(exc.reason, OSError):

@@ -587,7 +587,7 @@ def _create_topic(args: argparse.Namespace) -> int:
     return 0
 
 
-_ZOOKEEPER_WAIT = 1.0
+_ZOOKEEPER_WAIT = 2.0
 """Seconds ``cluster status`` waits at least for ZooKeeper to take its connection (``--timeout`` if longer)."""
 
 
@@ -603,7 +603,8 @@ def _cluster_status(args: argparse.Namespace) -> int:
         zk.close()
     status["subscriptions"], status["unreachable"], shown = _partition_consumers(args, status)
     for broker in status["brokers"]:
-        broker["reachable"] = shown[broker["id"]] == _REACHABLE
+        # None: it has no admin endpoint to ask, so whether it would answer is not known
+        broker["reachable"] = None if shown[broker["id"]] == "unknown" else shown[broker["id"]] == _REACHABLE
     if args.json:
         print(json.dumps(status, indent=2, sort_keys=True))
         return 0
@@ -1542,7 +1543,7 @@ def _parser() -> argparse.ArgumentParser:
         default=0.5,
         metavar="SECONDS",
         help="how long to wait for the brokers' admin endpoints, all read at once (default 0.5), and for "
-        "ZooKeeper (at least 1 s)",
+        "ZooKeeper (at least 2 s)",
     )
     token_args(status, "the brokers' token, to read their consumers' ranges, if they require one")
     tls_ca_arg(status, "https://")

@@ -37,6 +37,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from http.client import HTTPException
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -535,7 +536,7 @@ class _Run:
                 continue
             try:
                 stats = json.loads(broker.stats(timeout=0.5))
-            except (OSError, ValueError):
+            except (OSError, ValueError, HTTPException):  # an answer cut short by a kill is an HTTPException
                 continue  # starting, dying or stopped: the next poll or another broker tells
             now = time.monotonic()
             maps = _partition_maps(stats, self.topic)

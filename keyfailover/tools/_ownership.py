@@ -6,6 +6,11 @@ partition and ``broker ID stops serving 'T-partition-P' ... owner epoch E`` when
 broker whose lease lapsed (no answer from ZooKeeper within most of a session timeout) says
 ``broker ID pauses every partition: its lease lapsed at TIME`` and acts on none until it says
 ``broker ID resumes its partitions`` (keyfailover/broker/server/_cluster.py).
+
+The same log says, for people rather than for these readers, what a new owner waits for and when it
+gets it (``waits for the barrier of partition P of 'T', held by broker B``, ``holds the barrier``,
+``waits to open partition P of 'T' ... PostgreSQL backend N ... holds its row``, ``fenced partition``),
+and when a broker ``gives up its partitions`` (a pause outlasted) or ``lost its ZooKeeper session``.
 """
 
 from __future__ import annotations

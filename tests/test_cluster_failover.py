@@ -203,6 +203,20 @@ def check_order(acked: dict[str, list[int]], consumed: dict[str, list[int]]) -> 
         assert all(any(n == got for got in stream) for n in sorted(numbers)), f"key {key}: order broken"
 
 
+def flows_again_and_holds(
+    client: Client, traffic: Traffic, postgres: PostgreSQL, topic: str, *, partitions: int, brokers: list[ServerProcess]
+) -> None:
+    """Traffic flows again after a fault, then stops: no send failed, every acknowledged message is consumed,
+    in each key's order, and each partition had one writer at a time."""
+    before = traffic.sent()
+    wait_until(lambda: traffic.sent() > before + 300, "traffic flowing again", timeout=WAIT)
+    traffic.stop()
+    assert traffic.failed == []
+    consumed = consume_all(client, topic, traffic.acked)
+    check_order(traffic.acked, consumed)
+    check_one_writer(postgres, topic, partitions, brokers)
+
+
 def test_a_killed_broker_s_partitions_are_served_again_and_nothing_acknowledged_is_lost(
     cluster: str, postgres: PostgreSQL
 ) -> None:
@@ -390,13 +404,7 @@ def test_a_suspended_broker_cannot_write_after_its_session_and_rejoins_as_a_foll
                 ),
                 "the suspended broker back as a follower",
             )
-            before = traffic.sent()
-            wait_until(lambda: traffic.sent() > before + 300, "traffic flowing again", timeout=WAIT)
-            traffic.stop()
-            assert traffic.failed == []
-            consumed = consume_all(client, topic, traffic.acked)
-        check_order(traffic.acked, consumed)
-        check_one_writer(postgres, topic, 4, brokers)
+            flows_again_and_holds(client, traffic, postgres, topic, partitions=4, brokers=brokers)
         # Whatever it still had to write after the takeover was refused: by its stale lease
         # (fenced) or because it had stopped serving (not_owner); never stored under its old epoch.
         events = frozen.errors()
@@ -536,10 +544,4 @@ def test_a_suspended_broker_s_partitions_are_all_served_again_while_it_sleeps(
                 print(f"{len(held)} partitions served again {latest - stopped:.2f} s after the stop")
             finally:
                 frozen.resume()
-            before = traffic.sent()
-            wait_until(lambda: traffic.sent() > before + 300, "traffic flowing again", timeout=WAIT)
-            traffic.stop()
-            assert traffic.failed == []
-            consumed = consume_all(client, topic, traffic.acked)
-        check_order(traffic.acked, consumed)
-        check_one_writer(postgres, topic, 6, brokers)
+            flows_again_and_holds(client, traffic, postgres, topic, partitions=6, brokers=brokers)

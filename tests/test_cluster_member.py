@@ -506,3 +506,51 @@ def test_a_session_loss_reported_twice_registers_the_member_once(
     finally:
         go_on.set()
         member.stop()
+
+
+def test_a_member_giving_its_partitions_up_never_acts_beside_their_new_owner(
+    zookeeper: ZooKeeper, zk: Any, root: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """b1's link heals just after it decided to end its session (its pause outlasted): its reconnection into
+    the session, or a late answer, must not renew its lease, since its close lets ZooKeeper end the session
+    at once and b0 take its partitions. Found by keyfailover chaos (seed 29): the broker resumed for 0.42 s
+    beside the new owner. A sampler checks b1's lease is never valid while b0 holds a partition b1 still
+    lists."""
+    caplog.set_level(logging.INFO, logger="keyfailover.ownership")
+    create_topic(zk, root, "orders", 4)
+    host, port = zookeeper.hosts.rsplit(":", 1)
+    live = Ledger().member(zookeeper, root, "b0").start()
+    beside: list[frozenset[PartitionId]] = []
+    sampling = threading.Event()
+    with contextlib.ExitStack() as stack:
+        proxies = [stack.enter_context(FaultProxy((host, int(port)))) for _ in range(3)]
+        hosts = ",".join(f"127.0.0.1:{proxy.port}" for proxy in proxies)
+        cut_off = ClusterMember(hosts, root, "b1", "127.0.0.1:1", session_timeout=2.0).start()
+
+        def sample() -> None:
+            while not sampling.wait(0.002):
+                both = cut_off.state.owned & live.state.owned
+                if both and cut_off.lease_valid():
+                    beside.append(both)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        try:
+            wait_until(lambda: len(live.state.owned) == 2 and len(cut_off.state.owned) == 2, "two partitions each")
+            sampler.start()
+            for proxy in proxies:
+                proxy.blackhole(direction="down")
+            wait_until(lambda: "broker b1 gives up its partitions" in caplog.text, "b1 deciding to end its session")
+            for proxy in proxies:
+                proxy.clear()  # what ZooKeeper answered meanwhile arrives now
+            wait_until(lambda: "broker b1 lost its ZooKeeper session" in caplog.text, "b1 ending its session")
+            wait_until(
+                lambda: len(live.state.owned) == 2 and len(cut_off.state.owned) == 2 and cut_off.lease_valid(),
+                "b1 back in a new session with a fair share",
+            )
+        finally:
+            sampling.set()
+            for proxy in proxies:
+                proxy.clear()
+            cut_off.stop()
+            live.stop()
+    assert beside == [], f"b1 acted on {beside[0]} while b0 held it"

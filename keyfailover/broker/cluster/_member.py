@@ -288,7 +288,7 @@ class ClusterMember:
         self._lapsed = False
         self._pause = PAUSE_SHARE * session_timeout
         self._stepping_out = False  # a lapse outlasted the pause: the session is ended (until a renewal or a new one)
-        self._ended = False  # the renewer stopped kazoo to end the session: "lost" starts it again
+        self._ended = False  # the session is being ended (a pause outlasted): no renewal in it; "lost" starts anew
         self._registered_at = 0.0  # time.monotonic() our broker znode was created
         self._session: Any = None  # kazoo's client_id of the session our znodes live in
         self._losses: deque[Any] = deque()  # per queued "lost": the session our znodes were in when it was lost
@@ -418,7 +418,10 @@ class ClusterMember:
             since = max(self._confirmed + self._lease, self._registered_at)
             if not self._lapsed or self._stepping_out or time.monotonic() < since + self._pause:
                 return False
+            # Decided under the lock, with the lease lapsed: from here on nothing renews it in this session, as
+            # our close lets ZooKeeper end the session at once, sooner than the lease assumes (see _confirm).
             self._stepping_out = True
+            self._ended = True
             return True
 
     def _end_session(self, zk: Any) -> None:
@@ -434,7 +437,6 @@ class ClusterMember:
         with self._lock:
             lapsed = self._confirmed + self._lease
             self._coordinating = False
-            self._ended = True
         _ownership.info(
             "broker %s gives up its partitions: its lease lapsed %.2f s ago and ZooKeeper has not answered since; "
             "it ends its ZooKeeper session so that the others take them, and joins again with a new one",
@@ -461,7 +463,13 @@ class ClusterMember:
             self._confirm(began)
 
     def _confirm(self, heard: float) -> None:
-        """ZooKeeper heard from our session at ``heard`` or later: the lease runs from there (under the lock)."""
+        """ZooKeeper heard from our session at ``heard`` or later: the lease runs from there (under the lock).
+
+        Not in a session we are ending (:meth:`_end_session`): ZooKeeper ends it as soon as our close
+        arrives, not a session timeout after it last heard from us, so an answer or a reconnection in it
+        proves nothing about the time left; a new session's registration starts the lease again."""
+        if self._ended:
+            return
         self._confirmed = max(self._confirmed, heard)
         if self._lapsed and time.monotonic() < self._confirmed + self._lease:
             self._lapsed = False
@@ -471,6 +479,8 @@ class ClusterMember:
     # -- the worker ------------------------------------------------------------------
 
     def _work(self) -> None:
+        from kazoo.exceptions import KazooException
+
         handlers: dict[str, Callable[[], None]] = {
             "elect": self._elect,
             "rebalance": self._rebalance,
@@ -481,7 +491,10 @@ class ClusterMember:
         while True:
             kind = self._events.get()
             if kind == "stop":
-                self._release(set(self._owned))
+                try:
+                    self._release(set(self._owned))
+                except KazooException:  # not connected: the barriers go with the session, which stop() closes
+                    _log.info("broker %s left its barriers to the end of its session", self.broker_id)
                 return
             if kind in _IN_SESSION and not self._in_session():
                 continue  # between a session's end and our registration in the next: "lost" queues them again

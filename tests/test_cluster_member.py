@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from keyfailover.broker.cluster import ClusterMember, ClusterState, connect, create_topic, parse_cluster_url
-from keyfailover.broker.cluster._member import LEASE_SHARE
+from keyfailover.broker.cluster._member import LEASE_SHARE, UNSAFE_NO_LEASE
 from keyfailover.core.errors import ConfigError
 from keyfailover.core.partitions import Assignment, PartitionId
 from keyfailover.tools.chaos._proxy import FaultProxy
@@ -508,35 +508,76 @@ def test_a_session_loss_reported_twice_registers_the_member_once(
         member.stop()
 
 
+class Beside:
+    """Samples, every 2 ms on a thread of its own, whether ``member`` could act (its lease valid) on a
+    partition ``other`` holds while ``member`` still lists it: two owners acting at once."""
+
+    def __init__(self, member: ClusterMember, other: ClusterMember) -> None:
+        self.found: list[frozenset[PartitionId]] = []
+        self._done = threading.Event()
+
+        def sample() -> None:
+            while not self._done.wait(0.002):
+                both = member.state.owned & other.state.owned
+                if both and member.lease_valid():
+                    self.found.append(both)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> list[frozenset[PartitionId]]:
+        self._done.set()
+        self._thread.join(timeout=5)
+        return self.found
+
+
+def test_the_beside_sampler_catches_a_member_acting_beside_the_new_owner(
+    zookeeper: ZooKeeper, zk: Any, root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checker of the test below, shown catching a planted violation: a member whose lease never lapses
+    (the test-only switch) cut off until its session expires still lists its partitions, its lease valid,
+    when b0 takes them."""
+    create_topic(zk, root, "orders", 4)
+    host, port = zookeeper.hosts.rsplit(":", 1)
+    live = Ledger().member(zookeeper, root, "b0").start()
+    monkeypatch.setenv(UNSAFE_NO_LEASE, "1")
+    with FaultProxy((host, int(port))) as proxy:
+        cut_off = ClusterMember(f"127.0.0.1:{proxy.port}", root, "b1", "127.0.0.1:1", session_timeout=2.0).start()
+        beside: Beside | None = None
+        try:
+            wait_until(lambda: len(live.state.owned) == 2 and len(cut_off.state.owned) == 2, "two partitions each")
+            beside = Beside(cut_off, live)
+            proxy.blackhole()
+            wait_until(lambda: len(live.state.owned) == 4, "b0 takes all four once b1's session expired")
+            wait_until(lambda: bool(beside is not None and beside.found), "the sampler catching b1 beside b0")
+        finally:
+            if beside is not None:
+                beside.stop()
+            proxy.clear()
+            cut_off.stop()
+            live.stop()
+
+
 def test_a_member_giving_its_partitions_up_never_acts_beside_their_new_owner(
     zookeeper: ZooKeeper, zk: Any, root: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """b1's link heals just after it decided to end its session (its pause outlasted): its reconnection into
     the session, or a late answer, must not renew its lease, since its close lets ZooKeeper end the session
     at once and b0 take its partitions. Found by keyfailover chaos (seed 29): the broker resumed for 0.42 s
-    beside the new owner. A sampler checks b1's lease is never valid while b0 holds a partition b1 still
-    lists."""
+    beside the new owner. :class:`Beside` checks b1's lease is never valid while b0 holds a partition b1
+    still lists."""
     caplog.set_level(logging.INFO, logger="keyfailover.ownership")
     create_topic(zk, root, "orders", 4)
     host, port = zookeeper.hosts.rsplit(":", 1)
     live = Ledger().member(zookeeper, root, "b0").start()
-    beside: list[frozenset[PartitionId]] = []
-    sampling = threading.Event()
     with contextlib.ExitStack() as stack:
         proxies = [stack.enter_context(FaultProxy((host, int(port)))) for _ in range(3)]
         hosts = ",".join(f"127.0.0.1:{proxy.port}" for proxy in proxies)
         cut_off = ClusterMember(hosts, root, "b1", "127.0.0.1:1", session_timeout=2.0).start()
-
-        def sample() -> None:
-            while not sampling.wait(0.002):
-                both = cut_off.state.owned & live.state.owned
-                if both and cut_off.lease_valid():
-                    beside.append(both)
-
-        sampler = threading.Thread(target=sample, daemon=True)
+        beside: Beside | None = None
         try:
             wait_until(lambda: len(live.state.owned) == 2 and len(cut_off.state.owned) == 2, "two partitions each")
-            sampler.start()
+            beside = Beside(cut_off, live)
             for proxy in proxies:
                 proxy.blackhole(direction="down")
             wait_until(lambda: "broker b1 gives up its partitions" in caplog.text, "b1 deciding to end its session")
@@ -548,9 +589,9 @@ def test_a_member_giving_its_partitions_up_never_acts_beside_their_new_owner(
                 "b1 back in a new session with a fair share",
             )
         finally:
-            sampling.set()
+            found = [] if beside is None else beside.stop()
             for proxy in proxies:
                 proxy.clear()
             cut_off.stop()
             live.stop()
-    assert beside == [], f"b1 acted on {beside[0]} while b0 held it"
+    assert found == [], f"b1 acted on {found[0]} while b0 held it"

@@ -134,11 +134,14 @@ class ServerProcess:
         return self.process.returncode
 
     def errors(self) -> str:
-        """What the server wrote on stderr so far."""
+        """What the server wrote on stderr so far.
+
+        Read with ``pread``, which leaves the file's offset alone: the server writes at that offset (it
+        shares the open file), so a seek to the start while it runs would have it overwrite its own log."""
         if self.stderr is None:
             return ""
-        self.stderr.seek(0)
-        return self.stderr.read()
+        fd = self.stderr.fileno()
+        return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
 
     def __enter__(self) -> ServerProcess:
         return self.start()

@@ -90,9 +90,12 @@ def test_an_idle_consumer_with_permits_takes_part_of_a_leavers_slots(policy: str
 @pytest.mark.parametrize("policy", sorted(LAYOUTS))
 def test_a_leave_passes_over_a_consumer_without_permits(policy: str, holding: int) -> None:
     blocked, leaver, other = LAYOUTS[policy]
-    d, _ = three(policy, unflowed="" if holding else blocked)
+    d, clock = three(policy, unflowed="" if holding else blocked)
     if holding:
         hold(d, blocked, holding)  # its 10 permits used: it holds 10, answers none, and may take no more
+    clock.advance(HALF_LIFE - 0.5)
+    assert stalled(d) == set(), "a newcomer is judged from its join on: silent less than half_life"
+    clock.advance(0.5)
     assert stalled(d) == {blocked}
     assert_passed_over(d, blocked, leaver, other)
 
@@ -162,10 +165,13 @@ def test_an_answer_within_half_life_is_progress(answer: str) -> None:
 
 @pytest.mark.parametrize("policy", sorted(LAYOUTS))
 def test_a_joiner_takes_slots_before_its_first_flow(policy: str) -> None:
-    d, _ = three(policy)
+    d, clock = three(policy)
+    clock.advance(HALF_LIFE)  # the others are silent long since, but have permits and hold nothing
     d.add_consumer("n")  # a joiner has had no chance to flow permits yet
     assert d.ranges_of("n")
-    assert stalled(d) == {"n"}, "without permits it is stalled, but its own join gives it slots"
+    assert stalled(d) == set(), "judged from its join on"
+    clock.advance(HALF_LIFE)
+    assert stalled(d) == {"n"}, "without permits and silent for half_life: stalled (its own join gave it slots)"
 
 
 def test_a_join_takes_from_a_stalled_consumer_whose_in_flight_messages_count_as_its_load() -> None:
@@ -217,7 +223,7 @@ def test_a_leave_with_every_other_consumer_stalled_goes_as_before(policy: str) -
     for name in "abc":
         if name != leaver:
             hold(d, name, 10)
-    clock.advance(1.0)
+    clock.advance(HALF_LIFE)
     d.poll()  # a sample: the leave's own, at this clock reading, measures the same load
     assert stalled(d) == {"a", "b", "c"} - {leaver}
     rates = {cid: entry["rate"] for cid, entry in d.stats()["consumers"].items()}
@@ -229,12 +235,14 @@ def test_a_leave_with_every_other_consumer_stalled_goes_as_before(policy: str) -
 @pytest.mark.parametrize("policy", sorted(LAYOUTS))
 def test_a_standby_without_permits_does_not_inherit(policy: str) -> None:
     # Two slots, two owners: the others wait as standbys, oldest first.
-    d = Dispatcher(clock=ManualClock(100.0), policy=policy, slots=(0, 1))
+    clock = ManualClock(100.0)
+    d = Dispatcher(clock=clock, policy=policy, slots=(0, 1), half_life=HALF_LIFE)
     for name in ("a", "b", "s1", "s2"):
         d.add_consumer(name)
     for name in ("a", "b", "s2"):
         d.flow(name, 5)
     assert sorted(c for _, _, c in d.ranges()) == ["a", "b"]
+    clock.advance(HALF_LIFE)
     assert stalled(d) == {"s1"}
     assert leave(d, "a") == {"s2"}
     standby = {cid for cid, entry in d.stats()["consumers"].items() if entry["standby"]}

@@ -1067,7 +1067,7 @@ class StallingMachine(LeaseMachine):
     def __init__(self) -> None:
         super().__init__()
         self.stopped: set[str] = set()
-        self.answered_at: dict[str, float] = {}  # the clock at each consumer's last accepted ack, nack or extension
+        self.answered_at: dict[str, float] = {}  # the clock at each consumer's join or last accepted ack/nack/extend
 
     def answering(self) -> list[tuple[int, str]]:
         """The in-flight positions of consumers that still answer, with their consumer."""
@@ -1075,6 +1075,11 @@ class StallingMachine(LeaseMachine):
 
     def answered(self, consumer: str) -> None:
         self.answered_at[consumer] = self.clock()
+
+    def join(self, name: str, data: st.DataObject) -> None:
+        """A newcomer is judged from its join on: its join counts as its first answer."""
+        super().join(name, data)
+        self.answered(name)
 
     @precondition(lambda self: bool(set(self.model.consumers) - self.stopped))
     @rule(data=st.data())
@@ -1154,17 +1159,15 @@ class StallingMachine(LeaseMachine):
 
     @invariant()
     def stalled_as_the_model_knows(self) -> None:
-        """Stuck or blocked: stalled; else an answer within the half-life is progress (the samples never see
-        one before it came); without one, no permits is stalled and permits with nothing held is not."""
+        """Stuck or blocked: stalled; else a join or an answer within the half-life is progress (the samples
+        never see one before it came); without one, permits with nothing held is not stalled."""
         model, now = self.model, self.clock()
         for consumer, entry in self.d.stats()["consumers"].items():
-            answered = self.answered_at.get(consumer)
+            answered = self.answered_at[consumer]
             if consumer in model.stuck or consumer in model.blocked:
                 assert entry["stalled"], f"{consumer}: {entry}"
-            elif answered is not None and now - answered < self.HALF_LIFE:
-                assert not entry["stalled"], f"{consumer}: {entry}, answered at {answered}"
-            elif answered is None and not model.permits[consumer]:
-                assert entry["stalled"], f"{consumer}: {entry}, never answered"
+            elif now - answered < self.HALF_LIFE:
+                assert not entry["stalled"], f"{consumer}: {entry}, joined or answered at {answered}"
             elif model.permits[consumer] and not model.inflight_on(consumer):
                 assert not entry["stalled"], f"{consumer}: {entry}"
             elif entry["stalled"]:

@@ -679,6 +679,7 @@ class Dispatcher:
             self._declare(cid, declared)
         planned = self._policy.join(self._map, cid, self._change_load(now, cid, leave=False))
         consumer = _Consumer(cid)
+        consumer.answered_at = now  # a newcomer is judged on what it does from its join on, not stalled at once
         self._consumers[cid] = consumer
         self._round_robin.append(consumer)
         self._meter.track(cid, 0)

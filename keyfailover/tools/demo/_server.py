@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any, TextIO
@@ -165,10 +166,13 @@ def _wait_until_stalled(out: TextIO, stats: _ConsumerStats, name: str) -> None:
         seen.update(stats()[name])
         return bool(seen["stalled"])
 
+    out.write(f"\nwaiting for the server to count {name} stalled (no ack for its rate half-life, 10 s) ...\n")
+    out.flush()
+    began = time.monotonic()
     if wait_for(stalled, 60.0):
         out.write(
-            f"\nthe server counts {name} stalled ({seen['unacked']} unacked, {seen['permits']} permits left, "
-            "no ack): a join or a leave gives it no slots\n"
+            f"the server counts {name} stalled after {time.monotonic() - began:.1f} s ({seen['unacked']} unacked, "
+            f"{seen['permits']} permits left, no ack): a join or a leave gives it no slots\n"
         )
     else:
         out.write(f"\nthe server does not count {name} stalled ({seen}): a change may give it slots\n")

@@ -4,8 +4,9 @@ Many consumers share one stream; every message with the same key goes, in order,
 consumer at a time. Each consumer owns ranges of the 65536-slot hash space.
 
 The package is built in layers, inside out, each a folder that imports only the ones
-before it: ``core`` (hash, ranges, rebalance policy, the sans-IO dispatcher), ``broker``
-(protocol, storage, server), ``client`` (sync and asyncio), ``integrations`` (metrics,
+before it: ``core`` (hash, ranges, rebalance policy, the sans-IO dispatcher), ``wire``
+(the native protocol and message properties), ``broker`` (storage, cluster, server) and,
+beside it, ``client`` (sync and asyncio), ``integrations`` (metrics,
 Spark, export, plot) and ``tools`` (command line, demo, evaluation). This module
 re-exports the core's public names; ``keyfailover.dispatcher``, ``keyfailover.metrics``
 and ``keyfailover.spark`` are kept as short import paths.

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from keyfailover.broker.protocol import PROTOCOL_VERSION, Connect, Connected, Decoder, Frame, encode
+from keyfailover.wire.protocol import PROTOCOL_VERSION, Connect, Connected, Decoder, Frame, encode
 
 __all__ = ["RawConnection", "ServerProcess", "run_cli", "wait_until"]
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from keyfailover.broker.protocol import Connected, Frame
 from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, Log
 from keyfailover.client import Client, PropertiesError
 from keyfailover.client.aio import AsyncClient, _Link
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.tools.chaos._proxy import FaultProxy
+from keyfailover.wire.protocol import Connected, Frame
 from tests.server_process import ServerProcess, wait_until
 
 WAIT = 30.0
@@ -193,7 +193,7 @@ def test_the_asyncio_client_sends_and_receives_properties(tmp_path: Path) -> Non
 def test_a_resubscribe_after_a_reconnect_presents_the_sessions_secret(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from keyfailover.broker.protocol import Subscribe
+    from keyfailover.wire.protocol import Subscribe
 
     with ServerProcess(tmp_path / "data") as server, Client(server.url) as client:
         consumer = client.subscribe("t", "s", consumer_name="c1")

@@ -17,7 +17,9 @@ from urllib.request import Request, urlopen
 
 import pytest
 
-from keyfailover.broker.protocol import (
+from keyfailover.client import Client, ServerError
+from keyfailover.core.errors import KeyFailoverError
+from keyfailover.wire.protocol import (
     DEFAULT_MAX_FRAME,
     MAX_NAME_LENGTH,
     PROTOCOL_VERSION,
@@ -36,8 +38,6 @@ from keyfailover.broker.protocol import (
     Subscribed,
     encode,
 )
-from keyfailover.client import Client, ServerError
-from keyfailover.core.errors import KeyFailoverError
 from tests.server_process import ServerProcess, run_cli, wait_until
 
 

@@ -19,7 +19,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keyfailover.broker.cursor import Cursor
-from keyfailover.broker.properties import decode_properties, encode_properties
 from keyfailover.broker.storage import _executor as executor_module
 from keyfailover.broker.storage import sqlite as sqlite_module
 from keyfailover.broker.storage._executor import SQLiteStore
@@ -40,6 +39,7 @@ from keyfailover.core.errors import (
     PropertiesError,
     SequenceError,
 )
+from keyfailover.wire.properties import decode_properties, encode_properties
 
 ROOT = Path(__file__).resolve().parent.parent
 

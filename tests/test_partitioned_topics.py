@@ -11,10 +11,10 @@ from urllib.request import Request, urlopen
 
 import pytest
 
-from keyfailover.broker.protocol import Error, ErrorCode, Lookup, Produce, Receipt, Route, Subscribe, Subscribed
 from keyfailover.client import Client, Message
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
 from keyfailover.core.partitions import partition_of_key, partition_slots, partition_topic, split_partition_topic
+from keyfailover.wire.protocol import Error, ErrorCode, Lookup, Produce, Receipt, Route, Subscribe, Subscribed
 from tests.server_process import RawConnection, ServerProcess, run_cli, wait_until
 
 WAIT = 30.0

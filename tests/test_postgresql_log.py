@@ -12,7 +12,6 @@ import asyncpg
 import pytest
 
 from keyfailover.broker.cursor import Cursor
-from keyfailover.broker.properties import encode_properties
 from keyfailover.broker.storage import NotServedError
 from keyfailover.broker.storage.postgresql import (
     APPLICATION_NAME,
@@ -26,6 +25,7 @@ from keyfailover.broker.storage.sqlite import Key, StoredMessage, publish_clock
 from keyfailover.core.errors import LogError, PropertiesError
 from keyfailover.core.partitions import partition_topic, split_partition_topic
 from keyfailover.tools.services import PostgreSQL, free_port
+from keyfailover.wire.properties import encode_properties
 
 T = TypeVar("T")
 

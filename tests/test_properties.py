@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from keyfailover.broker.properties import (
+from keyfailover.core.errors import KeyFailoverError, PropertiesError
+from keyfailover.wire.properties import (
     MAX_PROPERTIES,
     MAX_PROPERTIES_SIZE,
     MAX_PROPERTY_KEY,
@@ -19,7 +20,6 @@ from keyfailover.broker.properties import (
     decode_properties,
     encode_properties,
 )
-from keyfailover.core.errors import KeyFailoverError, PropertiesError
 
 KEYS = st.text(max_size=MAX_PROPERTY_KEY)
 PROPERTIES = st.dictionaries(KEYS, st.text(max_size=200), max_size=20)

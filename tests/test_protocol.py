@@ -20,8 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from keyfailover.broker.properties import MAX_PROPERTIES, encode_properties
-from keyfailover.broker.protocol import (
+from keyfailover.core.errors import FATAL_CODES, ErrorCode, FrameEncodeError, KeyFailoverError, ProtocolError
+from keyfailover.core.hashing import HASH_RANGE_SIZE
+from keyfailover.wire.properties import MAX_PROPERTIES, encode_properties
+from keyfailover.wire.protocol import (
     DEFAULT_MAX_FRAME,
     MAX_NAME_LENGTH,
     OLDEST_PROTOCOL_VERSION,
@@ -55,8 +57,6 @@ from keyfailover.broker.protocol import (
     Subscribed,
     encode,
 )
-from keyfailover.core.errors import FATAL_CODES, ErrorCode, FrameEncodeError, KeyFailoverError, ProtocolError
-from keyfailover.core.hashing import HASH_RANGE_SIZE
 from tests.strategies import mutated
 
 DOC_PATH = Path(__file__).parent.parent / "docs" / "protocol.md"

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from keyfailover.broker.properties import decode_properties, encode_properties
 from keyfailover.broker.pulsar import (
     EVENT_TIME_PROPERTY,
     MessageFields,
@@ -32,6 +31,7 @@ from keyfailover.broker.pulsar import (
 from keyfailover.broker.pulsar._codec import metadata_fields, single_fields
 from keyfailover.broker.pulsar._wire import decode_metadata, decode_send, decode_single
 from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand, MessageMetadata, SingleMessageMetadata
+from keyfailover.wire.properties import decode_properties, encode_properties
 from tests.pulsar_wire import command, connect_command, send_frame
 
 

@@ -21,7 +21,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from keyfailover import RangeMap
-from keyfailover.broker.protocol import (
+from keyfailover.broker.storage.sqlite import publish_clock
+from keyfailover.client import Client, ClientClosed, Consumer, Message, Timeout
+from keyfailover.client.aio import AsyncClient
+from keyfailover.core.hashing import HASH_RANGE_SIZE
+from keyfailover.wire.protocol import (
     Ack,
     CloseConsumer,
     Connect,
@@ -35,10 +39,6 @@ from keyfailover.broker.protocol import (
     Subscribed,
     encode,
 )
-from keyfailover.broker.storage.sqlite import publish_clock
-from keyfailover.client import Client, ClientClosed, Consumer, Message, Timeout
-from keyfailover.client.aio import AsyncClient
-from keyfailover.core.hashing import HASH_RANGE_SIZE
 from tests.server_process import RawConnection, ServerProcess, run_cli, wait_until
 
 WHOLE = [(0, HASH_RANGE_SIZE - 1)]

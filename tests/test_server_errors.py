@@ -18,7 +18,9 @@ from urllib.request import urlopen
 import msgpack  # type: ignore[import-untyped]
 import pytest
 
-from keyfailover.broker.protocol import (
+from keyfailover.client import Client, Consumer, Message
+from keyfailover.core.errors import FATAL_CODES, ErrorCode
+from keyfailover.wire.protocol import (
     PROTOCOL_VERSION,
     Ack,
     CloseConsumer,
@@ -38,8 +40,6 @@ from keyfailover.broker.protocol import (
     Subscribed,
     encode,
 )
-from keyfailover.client import Client, Consumer, Message
-from keyfailover.core.errors import FATAL_CODES, ErrorCode
 from tests.server_process import RawConnection, ServerProcess, wait_until
 
 TOKEN = "s3cret"

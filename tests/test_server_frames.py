@@ -7,9 +7,9 @@ from typing import cast
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyfailover.broker.properties import MAX_PROPERTIES_SIZE, check_encoded
-from keyfailover.broker.protocol import Delivered, Frame, Messages
 from keyfailover.broker.server._subscription import _SEND_BATCH, _SEND_BYTES, Session, _send_in_frames
+from keyfailover.wire.properties import MAX_PROPERTIES_SIZE, check_encoded
+from keyfailover.wire.protocol import Delivered, Frame, Messages
 
 
 class Recorder:

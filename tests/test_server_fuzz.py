@@ -14,7 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from keyfailover.broker.protocol import (
+from keyfailover.client import Client
+from keyfailover.core.errors import FATAL_CODES, ErrorCode
+from keyfailover.wire.protocol import (
     PROTOCOL_VERSION,
     Ack,
     ClientFrame,
@@ -31,8 +33,6 @@ from keyfailover.broker.protocol import (
     Subscribe,
     encode,
 )
-from keyfailover.client import Client
-from keyfailover.core.errors import FATAL_CODES, ErrorCode
 from tests.server_process import RawConnection, ServerProcess
 from tests.strategies import mutated, random_streams
 

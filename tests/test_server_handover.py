@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from keyfailover.broker.protocol import ErrorCode, ProtocolError
 from keyfailover.broker.server import Server, ServerConfig
+from keyfailover.wire.protocol import ErrorCode, ProtocolError
 
 
 def run(coroutine_of: object) -> None:

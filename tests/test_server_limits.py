@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from keyfailover.broker.protocol import Error, Ping, encode
 from keyfailover.core.errors import ErrorCode
+from keyfailover.wire.protocol import Error, Ping, encode
 from tests.server_process import RawConnection, ServerProcess, wait_until
 
 MiB = 1024 * 1024

@@ -15,7 +15,11 @@ from typing import cast
 import pytest
 
 from keyfailover.broker.cursor import Cursor
-from keyfailover.broker.protocol import (
+from keyfailover.broker.server import Server, ServerConfig
+from keyfailover.broker.server._subscription import Session, Subscription
+from keyfailover.client.aio import AsyncClient
+from keyfailover.core.errors import ErrorCode, ProtocolError
+from keyfailover.wire.protocol import (
     PROTOCOL_VERSION,
     Ack,
     Connect,
@@ -28,10 +32,6 @@ from keyfailover.broker.protocol import (
     Subscribed,
     encode,
 )
-from keyfailover.broker.server import Server, ServerConfig
-from keyfailover.broker.server._subscription import Session, Subscription
-from keyfailover.client.aio import AsyncClient
-from keyfailover.core.errors import ErrorCode, ProtocolError
 
 
 def run(tmp_path: Path, body: Callable[[Server], Awaitable[None]]) -> None:

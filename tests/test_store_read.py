@@ -20,7 +20,6 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 
-from keyfailover.broker.properties import encode_properties
 from keyfailover.broker.storage.postgresql import PostgresLog
 from keyfailover.broker.storage.sqlite import Key, Message
 from keyfailover.core.errors import LogError
@@ -28,6 +27,7 @@ from keyfailover.integrations import export
 from keyfailover.integrations._store import StoreURL
 from keyfailover.spark import read_log
 from keyfailover.tools.services import PostgreSQL, free_port
+from keyfailover.wire.properties import encode_properties
 from tests.server_process import run_cli
 from tests.test_cli_errors import assert_clean_failure
 

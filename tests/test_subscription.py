@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from keyfailover.broker.protocol import Messages
 from keyfailover.broker.server import Server, ServerConfig
 from keyfailover.broker.server import _subscription as subscription_module
 from keyfailover.broker.server._subscription import Session, Subscription, SubscriptionConfig
 from keyfailover.broker.storage import DEFAULT_ENTRY_CACHE_BYTES
 from keyfailover.broker.storage._cache import ENTRY_OVERHEAD
+from keyfailover.wire.protocol import Messages
 from tests.test_server_seek import Inbox, run
 
 

@@ -1,5 +1,4 @@
-"""The broker: the wire protocol, the storage backends and the asyncio server around the core.
+"""The broker: the storage backends, the cluster member and the asyncio server around the core.
 
-Imports the core and nothing further out. ``keyfailover.broker.protocol`` is shared with the
-clients; importing it does not load the server.
+Imports the core and the wire (:mod:`keyfailover.wire`) and nothing further out.
 """

@@ -18,8 +18,8 @@ from itertools import chain
 
 import numpy as np
 
-from keyfailover.broker._ints import ints_within
 from keyfailover.core.errors import CursorError
+from keyfailover.wire._ints import ints_within
 
 __all__ = ["Cursor"]
 

@@ -31,8 +31,11 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
-from keyfailover.broker.properties import NO_PROPERTIES, Properties, encode_properties
-from keyfailover.broker.protocol import (
+from keyfailover.core.errors import FATAL_CODES, ErrorCode, KeyFailoverError, NotInFlightError, PropertiesError
+from keyfailover.core.errors import LeaseExpiredError as CoreLeaseExpiredError
+from keyfailover.core.partitions import partition_of_key, partition_topic
+from keyfailover.wire.properties import NO_PROPERTIES, Properties, encode_properties
+from keyfailover.wire.protocol import (
     PROTOCOL_VERSION,
     Ack,
     Close,
@@ -62,9 +65,6 @@ from keyfailover.broker.protocol import (
     encode,
     stream_transport,
 )
-from keyfailover.core.errors import FATAL_CODES, ErrorCode, KeyFailoverError, NotInFlightError, PropertiesError
-from keyfailover.core.errors import LeaseExpiredError as CoreLeaseExpiredError
-from keyfailover.core.partitions import partition_of_key, partition_topic
 
 __all__ = [
     "AsyncClient",
@@ -1126,7 +1126,7 @@ class AsyncProducer:
         """Queue a message; ``callback(position, None)`` or ``callback(None, error)`` follows.
 
         ``properties``: str keys and values sent with it (at most 128, keys of at most 256 characters,
-        64 KiB encoded: :mod:`keyfailover.broker.properties`); :class:`PropertiesError` refuses others
+        64 KiB encoded: :mod:`keyfailover.wire.properties`); :class:`PropertiesError` refuses others
         and queues nothing.
         """
         parts = self._parts

@@ -30,7 +30,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
-from keyfailover.broker.properties import decode_properties
 from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, ExportRow, Key, LogSnapshot
 from keyfailover.core.errors import InvalidKeyError, LogError, LogFileError
 from keyfailover.integrations._store import (
@@ -40,6 +39,7 @@ from keyfailover.integrations._store import (
     unknown_topic_error,
     unreadable_error,
 )
+from keyfailover.wire.properties import decode_properties
 
 __all__ = ["ExportResult", "StoreExportResult", "export_store_topic", "export_topic"]
 

@@ -21,7 +21,7 @@ once with the key ``None``.
 :func:`read_log` reads a topic of a cluster's log (PostgreSQL) through Spark's JDBC source,
 one Spark partition per topic partition, with PostgreSQL's JDBC driver at
 :data:`POSTGRESQL_JDBC_JAR` (which :func:`local_session` puts on the session). Its one Python
-UDF decodes message properties, stored as msgpack (:mod:`keyfailover.broker.properties`),
+UDF decodes message properties, stored as msgpack (:mod:`keyfailover.wire.properties`),
 which neither PostgreSQL nor Spark reads.
 
 Needs the ``[spark]`` extra (pyspark >= 4.1, pyarrow) and Java. Every expression is
@@ -48,7 +48,6 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.types import BinaryType, IntegralType, MapType, StringType, StructType
 
-from keyfailover.broker.properties import decode_properties
 from keyfailover.core.errors import InvalidKeyError, LogError, RangeMapError, SnapshotError
 from keyfailover.core.hashing import HASH_RANGE_SIZE
 from keyfailover.core.ranges import RangeMap
@@ -59,6 +58,7 @@ from keyfailover.integrations._store import (
     unknown_topic_error,
     unreadable_error,
 )
+from keyfailover.wire.properties import decode_properties
 
 __all__ = [
     "POSTGRESQL_JDBC_JAR",
@@ -598,7 +598,7 @@ def read_log(spark: SparkSession, store_url: str, topic: str, *, binary_keys: bo
 
 
 def _decoded_properties(encoded: Column) -> Column:
-    """The map of each row's encoded properties (:mod:`keyfailover.broker.properties`), empty for null: a Python
+    """The map of each row's encoded properties (:mod:`keyfailover.wire.properties`), empty for null: a Python
     UDF that exchanges its rows with the JVM as Arrow batches."""
     decode = sf.udf(_row_properties, MapType(StringType(), StringType(), valueContainsNull=False), useArrow=True)
     return decode(encoded)

@@ -225,7 +225,7 @@ def _server_url(text: str) -> str:
 
 def _name(text: str) -> str:
     """A topic, subscription, consumer or producer name the protocol accepts."""
-    from keyfailover.broker.protocol import check_name
+    from keyfailover.wire.protocol import check_name
 
     try:
         return check_name("a name", text)
@@ -372,11 +372,11 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from keyfailover.broker.protocol import DEFAULT_MAX_FRAME
     from keyfailover.broker.server import ServerConfig, SubscriptionConfig
     from keyfailover.broker.storage import DEFAULT_ENTRY_CACHE_BYTES
     from keyfailover.core.signals import whole_loop
     from keyfailover.tools.serve import configure_logging, run_server
+    from keyfailover.wire.protocol import DEFAULT_MAX_FRAME
 
     if (args.tls_cert is None) != (args.tls_key is None):
         raise _UsageError("--tls-cert and --tls-key go together")
@@ -848,8 +848,8 @@ def _property(text: str) -> tuple[str, str]:
 
 def _produce_properties(args: argparse.Namespace) -> dict[str, str]:
     """The ``--property`` options as one mapping, checked before anything is sent (a later KEY wins)."""
-    from keyfailover.broker.properties import encode_properties
     from keyfailover.core.errors import PropertiesError
+    from keyfailover.wire.properties import encode_properties
 
     properties = dict(args.property or [])
     try:

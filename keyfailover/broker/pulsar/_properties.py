@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from keyfailover.broker.properties import decode_properties, encode_properties
+from keyfailover.wire.properties import decode_properties, encode_properties
 
 __all__ = ["EVENT_TIME_PROPERTY", "from_pulsar", "to_pulsar"]
 
@@ -28,7 +28,7 @@ _MAX_EVENT_TIME: Final = 2**64 - 1  # event_time is a uint64: at most 20 digits
 def from_pulsar(properties: Iterable[tuple[str, str]], event_time: int) -> bytes | None:
     """The encoded properties to store for a Pulsar message's ``properties`` pairs and ``event_time`` (0: none);
     None when it has neither. The event time replaces a property of the reserved name. Raises
-    :class:`~keyfailover.core.errors.PropertiesError` beyond the limits of :mod:`keyfailover.broker.properties`."""
+    :class:`~keyfailover.core.errors.PropertiesError` beyond the limits of :mod:`keyfailover.wire.properties`."""
     kept = dict(properties)
     if event_time:
         kept[EVENT_TIME_PROPERTY] = str(event_time)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from keyfailover.broker.protocol import MAX_NAME_LENGTH, valid_name
 from keyfailover.core.errors import KeyFailoverError
+from keyfailover.wire.protocol import MAX_NAME_LENGTH, valid_name
 
 __all__ = ["TopicNameError", "keyfailover_topic"]
 

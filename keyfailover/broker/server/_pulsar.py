@@ -23,7 +23,6 @@ from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-from keyfailover.broker.protocol import ConsumerClosed, Frame, Key, Messages, stream_transport, valid_name
 from keyfailover.broker.pulsar import (
     MAX_FRAME_PADDING,
     PROTOCOL_VERSION,
@@ -71,6 +70,7 @@ from keyfailover.broker.storage._store import NotServedError, Result, Store
 from keyfailover.broker.storage.sqlite import PropertiesColumn
 from keyfailover.core.errors import ConsumerError, ErrorCode, KeyFailoverError, PropertiesError, ProtocolError
 from keyfailover.core.partitions import split_partition_topic
+from keyfailover.wire.protocol import ConsumerClosed, Frame, Key, Messages, stream_transport, valid_name
 
 __all__ = ["PulsarConnection"]
 

@@ -18,8 +18,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar, cast
 
 from keyfailover.broker.cursor import Cursor
-from keyfailover.broker.properties import decode_properties
-from keyfailover.broker.protocol import (
+from keyfailover.broker.server._connection import ClientConnection, ReadPausing, TailWatcher, partial_since
+from keyfailover.broker.server._http import AdminServer, Handler, Response, json_response
+from keyfailover.broker.server._subscription import DeliverySettings, Session, Subscription, SubscriptionConfig
+from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES
+from keyfailover.broker.storage._executor import SQLiteStore
+from keyfailover.broker.storage._store import NotServedError, Result, Store, TopicDirectory
+from keyfailover.broker.storage.sqlite import (
+    DELIVERY_SETTINGS,
+    LOG_FILE_NAME,
+    DeadLetterRecord,
+    Log,
+    dead_letter_topic,
+)
+from keyfailover.core.dispatcher import check_consume_mode
+from keyfailover.core.errors import ConfigError, KeyFailoverError, RangeMapError
+from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
+from keyfailover.core.partitions import partition_slots, partition_topic, split_partition_topic
+from keyfailover.core.ranges import Range, RangeMap
+from keyfailover.wire.properties import decode_properties
+from keyfailover.wire.protocol import (
     DEFAULT_MAX_FRAME,
     MAX_NAME_LENGTH,
     OLDEST_PROTOCOL_VERSION,
@@ -52,24 +70,6 @@ from keyfailover.broker.protocol import (
     encode,
     stream_transport,
 )
-from keyfailover.broker.server._connection import ClientConnection, ReadPausing, TailWatcher, partial_since
-from keyfailover.broker.server._http import AdminServer, Handler, Response, json_response
-from keyfailover.broker.server._subscription import DeliverySettings, Session, Subscription, SubscriptionConfig
-from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES
-from keyfailover.broker.storage._executor import SQLiteStore
-from keyfailover.broker.storage._store import NotServedError, Result, Store, TopicDirectory
-from keyfailover.broker.storage.sqlite import (
-    DELIVERY_SETTINGS,
-    LOG_FILE_NAME,
-    DeadLetterRecord,
-    Log,
-    dead_letter_topic,
-)
-from keyfailover.core.dispatcher import check_consume_mode
-from keyfailover.core.errors import ConfigError, KeyFailoverError, RangeMapError
-from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
-from keyfailover.core.partitions import partition_slots, partition_topic, split_partition_topic
-from keyfailover.core.ranges import Range, RangeMap
 
 if TYPE_CHECKING:
     from keyfailover.broker.server._cluster import BrokerRole

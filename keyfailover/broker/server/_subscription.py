@@ -24,7 +24,6 @@ from typing import Any, TypedDict
 import numpy as np
 
 from keyfailover.broker.cursor import Cursor
-from keyfailover.broker.protocol import ConsumerClosed, Delivered, Frame, Messages, RangesChanged
 from keyfailover.broker.storage._store import NotServedError, Store
 from keyfailover.broker.storage.sqlite import StoredMessage, dead_letter_topic, publish_clock
 from keyfailover.core.dispatcher import (
@@ -42,6 +41,7 @@ from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
 from keyfailover.core.histogram import DEFAULT_BUCKETS, Histogram
 from keyfailover.core.ranges import Range
 from keyfailover.core.rebalance import DEFAULT_MAX_RANGES, StickyPolicy, check_policy_choice
+from keyfailover.wire.protocol import ConsumerClosed, Delivered, Frame, Messages, RangesChanged
 
 __all__ = ["DeliverySettings", "Session", "Subscription", "SubscriptionConfig"]
 

@@ -18,7 +18,7 @@ highest stored that was never stored is stored (a producer's batches may arrive 
 Each message has a publish time, as in the embedded log: the broker's wall clock when its
 write began, in microseconds since the Unix epoch; NULL (unknown) for a message stored before
 the log had the column. Its properties are kept as in the embedded log, encoded (a msgpack map
-of str to str, :mod:`keyfailover.broker.properties`) in a nullable ``bytea``: NULL when it has
+of str to str, :mod:`keyfailover.wire.properties`) in a nullable ``bytea``: NULL when it has
 none. A dead letter, and a dead letter replayed, keeps its message's publish time and properties.
 """
 
@@ -37,7 +37,6 @@ from typing import Any, TypeVar
 import asyncpg
 
 from keyfailover.broker.cursor import Cursor
-from keyfailover.broker.properties import check_encoded
 from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES
 from keyfailover.broker.storage._store import Batch, Letter, NotServedError, Result, Store
 from keyfailover.broker.storage.sqlite import (
@@ -50,6 +49,7 @@ from keyfailover.broker.storage.sqlite import (
     publish_clock,
 )
 from keyfailover.core.errors import CursorError, LogError, LogFileError, PropertiesError
+from keyfailover.wire.properties import check_encoded
 
 __all__ = ["APPLICATION_NAME", "FENCE_PATIENCE", "FencedError", "Lease", "PostgresLog", "PostgresStore"]
 

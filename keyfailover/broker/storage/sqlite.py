@@ -21,7 +21,7 @@ entries when a server first opens it (:class:`LogSnapshot` reads either without 
 Every message has a publish time: the broker's wall clock when its group commit began, in
 integer microseconds since the Unix epoch (the same for every message of one commit). A
 message stored before schema 5 has none (NULL: unknown). A message may carry properties,
-stored as their one encoding (:mod:`keyfailover.broker.properties`, a msgpack map of str to
+stored as their one encoding (:mod:`keyfailover.wire.properties`, a msgpack map of str to
 str) in a nullable column: NULL for a message without them, so a log of such messages pays a
 NULL's one byte of record header per message, and a log of schema 5 gains the column without a
 rewrite. A dead letter, and a dead letter replayed, keeps the publish time and the properties
@@ -48,7 +48,6 @@ from urllib.parse import quote
 import msgpack  # type: ignore[import-untyped]
 
 from keyfailover.broker.cursor import Cursor
-from keyfailover.broker.properties import check_encoded
 from keyfailover.core.errors import (
     CursorError,
     InvalidKeyError,
@@ -58,6 +57,7 @@ from keyfailover.core.errors import (
     SequenceError,
 )
 from keyfailover.core.partitions import MAX_PARTITIONS, split_partition_topic
+from keyfailover.wire.properties import check_encoded
 
 __all__ = [
     "DEAD_LETTER_SUFFIX",
@@ -85,7 +85,7 @@ Key = str | bytes | None
 Message = tuple[int | None, Key, bytes]
 """``(sequence id or None, key, payload)``: one message to append."""
 PropertiesColumn = Sequence[bytes | None] | None
-"""The encoded properties (:func:`~keyfailover.broker.properties.encode_properties`) of each message of a
+"""The encoded properties (:func:`~keyfailover.wire.properties.encode_properties`) of each message of a
 batch, None for a message without them; None for a batch none of whose messages has any (so a batch
 without properties costs nothing per message)."""
 Batch = tuple[str, str | None, Sequence[Message]] | tuple[str, str | None, Sequence[Message], PropertiesColumn]
@@ -186,7 +186,7 @@ _VERSION_5 = (
     "ALTER TABLE messages ADD COLUMN publish_time INTEGER",
 )
 _VERSION_6 = (
-    # The message's encoded properties (keyfailover.broker.properties); NULL: it has none.
+    # The message's encoded properties (keyfailover.wire.properties); NULL: it has none.
     "ALTER TABLE messages ADD COLUMN properties BLOB",
 )
 _VERSION_7 = (
@@ -219,7 +219,7 @@ class StoredMessage(NamedTuple):
     ``publish_time`` is the broker's wall clock when it was stored, in microseconds since the
     Unix epoch (:func:`publish_clock`); None when unknown (stored before the log had them).
     ``properties`` are the message's properties as stored, encoded (a msgpack map of str to str:
-    :func:`~keyfailover.broker.properties.decode_properties` gives the mapping); None when it has
+    :func:`~keyfailover.wire.properties.decode_properties` gives the mapping); None when it has
     none. They stay encoded because the server only passes them on: a native delivery carries the
     same bytes.
     """

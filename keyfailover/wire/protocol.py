@@ -1,0 +1,979 @@
+"""The wire protocol: frames, their encoding and a validating incremental decoder (sans-IO).
+
+A frame on the wire is a 4-byte unsigned big-endian body length ``N`` followed by ``N``
+bytes holding one msgpack map: ``"type"`` (a str) plus the frame's fields. ``str`` travels
+as msgpack str and ``bytes`` as msgpack bin, so a key comes back exactly as it was sent.
+docs/protocol.md is the specification for other implementations; this module is the
+reference. :func:`encode` trusts its input (mypy checks it); :class:`Decoder` trusts
+nothing: every frame it returns has exactly the documented fields, types and bounds.
+Message properties travel as their one encoding (:mod:`keyfailover.wire.properties`), a
+bin holding a msgpack map, which the decoder checks but does not decode for the frame: a frame
+body holds one map, so a nested map costs no memory before it is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import reprlib
+import socket
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Final, Literal, NamedTuple, TypeAlias, TypeGuard, get_args
+
+import msgpack  # type: ignore[import-untyped]
+
+from keyfailover.core.errors import (
+    FATAL_CODES,
+    ErrorCode,
+    FrameEncodeError,
+    KeyFailoverError,
+    PropertiesError,
+    ProtocolError,
+)
+from keyfailover.core.hashing import HASH_RANGE_SIZE
+from keyfailover.wire._ints import ints_within
+from keyfailover.wire.properties import check_encoded
+
+__all__ = [
+    "DEFAULT_MAX_FRAME",
+    "FATAL_CODES",
+    "MAX_NAME_LENGTH",
+    "OLDEST_PROTOCOL_VERSION",
+    "PROTOCOL_VERSION",
+    "Ack",
+    "ClientFrame",
+    "Close",
+    "CloseConsumer",
+    "Connect",
+    "Connected",
+    "ConsumerClosed",
+    "Decoder",
+    "Delivered",
+    "Error",
+    "ErrorCode",
+    "Extend",
+    "Flow",
+    "Frame",
+    "Key",
+    "Lookup",
+    "Messages",
+    "Nack",
+    "Ping",
+    "Pong",
+    "Produce",
+    "ProtocolError",
+    "RangesChanged",
+    "Receipt",
+    "Route",
+    "ServerFrame",
+    "Settled",
+    "Subscribe",
+    "Subscribed",
+    "check_name",
+    "encode",
+    "stream_transport",
+    "valid_name",
+]
+
+PROTOCOL_VERSION: Final = 7
+"""The version this client sends in ``connect``, and the newest a server speaks."""
+
+OLDEST_PROTOCOL_VERSION: Final = 5
+"""The oldest version a server still speaks; it answers ``version_mismatch`` to versions outside
+``OLDEST_PROTOCOL_VERSION`` .. ``PROTOCOL_VERSION``. Version 6 frames carry no properties (a
+``produce`` has no ``properties`` field, a delivery no properties item), version 5 deliveries no
+publish time either."""
+
+DEFAULT_MAX_FRAME: Final = 5 * 1024 * 1024
+"""Largest frame body (the ``N`` of the length prefix, in bytes) a decoder accepts by default."""
+
+MAX_NAME_LENGTH: Final = 256
+"""Topic, subscription and consumer names are 1 to this many characters, without NUL."""
+
+Key: TypeAlias = str | bytes | None
+"""A message key: str and bytes stay distinct on the wire (both hash by their UTF-8 bytes)."""
+
+_INT64_MIN: Final = -(2**63)
+_INT64_MAX: Final = 2**63 - 1
+_MAX_LENGTH: Final = 2**32 - 1  # what the 4-byte length prefix can say
+_HEADER: Final = struct.Struct(">I")
+
+
+# -- frames: client -> server ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Connect:
+    """The first frame of every connection: protocol version, optional token, client name."""
+
+    type: ClassVar[str] = "connect"
+    version: int
+    token: str | None
+    client: str
+
+
+@dataclass(frozen=True, slots=True)
+class Produce:
+    """Store messages ``(seq, key, payload)`` in ``topic``; ``(producer, seq)`` makes retries idempotent.
+
+    ``properties``: each message's encoded properties (None for one without), or None when no
+    message of the batch has any.
+    """
+
+    type: ClassVar[str] = "produce"
+    req: int
+    topic: str
+    producer: str | None
+    messages: list[tuple[int | None, Key, bytes]]
+    properties: list[bytes | None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    """Attach consumer ``consumer`` to ``subscription`` of ``topic`` with ``receiver_queue`` permits.
+
+    ``secret`` is what the consumer's last ``subscribed`` returned (nil the first time): only
+    with it may a subscribe take over a consumer name that still has a live session.
+    """
+
+    type: ClassVar[str] = "subscribe"
+    req: int
+    topic: str
+    subscription: str
+    consumer: str
+    receiver_queue: int
+    secret: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Flow:
+    """Grant ``permits`` more messages to a consumer session."""
+
+    type: ClassVar[str] = "flow"
+    topic: str
+    subscription: str
+    session: int
+    permits: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Acknowledge delivered positions of a consumer session; with ``req``, answered (``settled`` or ``error``)."""
+
+    type: ClassVar[str] = "ack"
+    topic: str
+    subscription: str
+    session: int
+    positions: list[int]
+    req: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Nack:
+    """Give delivered positions back: each key restarts from its oldest nacked position."""
+
+    type: ClassVar[str] = "nack"
+    topic: str
+    subscription: str
+    session: int
+    positions: list[int]
+    req: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Extend:
+    """Renew the leases (ack deadlines) of delivered positions a consumer is still working on."""
+
+    type: ClassVar[str] = "extend"
+    topic: str
+    subscription: str
+    session: int
+    positions: list[int]
+    req: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CloseConsumer:
+    """Detach a consumer session; its unacked messages go to the new owners of its keys."""
+
+    type: ClassVar[str] = "close_consumer"
+    req: int
+    topic: str
+    subscription: str
+    session: int
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """Ask how many partitions ``topic`` has and which broker serves each (answered by ``route``)."""
+
+    type: ClassVar[str] = "lookup"
+    req: int
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """Heartbeat; the server answers ``pong`` with the same nonce."""
+
+    type: ClassVar[str] = "ping"
+    nonce: int
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """The client says goodbye; the server closes the connection."""
+
+    type: ClassVar[str] = "close"
+
+
+# -- frames: server -> client ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Connected:
+    """The answer to ``connect``: the server's limits for this connection."""
+
+    type: ClassVar[str] = "connected"
+    version: int
+    server: str
+    max_frame: int
+    session_timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """The answer to ``produce``: a position per message, and whether it was already stored."""
+
+    type: ClassVar[str] = "receipt"
+    req: int
+    positions: list[int]
+    duplicates: list[bool]
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribed:
+    """The answer to ``subscribe``: the new session, its hash ranges (none for a standby) and its secret.
+
+    ``ranges`` holds inclusive ``(start, end)`` slot pairs, sorted and non-overlapping.
+    """
+
+    type: ClassVar[str] = "subscribed"
+    req: int
+    session: int
+    consumer: str
+    ranges: list[tuple[int, int]]
+    secret: str
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """The answer to ``lookup``: one broker address (``HOST:PORT``) per partition of ``topic``.
+
+    ``""`` is the broker that answered; nil, a partition no broker serves right now (a
+    failover is under way: look up again). Partition p of a topic with P > 1 partitions is
+    produced to and subscribed to as the topic ``<topic>-partition-<p>``.
+    """
+
+    type: ClassVar[str] = "route"
+    req: int
+    topic: str
+    brokers: list[str | None]
+
+
+Delivered: TypeAlias = tuple[int, Key, bytes, int, int | None, bytes | None]
+"""``(position, key, payload, redelivery_count, publish_time, properties)``: one delivery. ``publish_time``
+is the broker's wall clock when the message was stored, in microseconds since the Unix epoch; None when
+unknown (stored before logs had publish times). ``properties`` are the message's encoded properties, None
+when it has none."""
+
+
+@dataclass(frozen=True, slots=True)
+class Messages:
+    """Deliveries to a session: ``(position, key, payload, redelivery_count, publish_time, properties)`` each."""
+
+    type: ClassVar[str] = "messages"
+    session: int
+    messages: list[Delivered]
+
+
+@dataclass(frozen=True, slots=True)
+class RangesChanged:
+    """A session's hash ranges changed (rebalance): all of them now; ``epoch`` is the range map's new epoch."""
+
+    type: ClassVar[str] = "ranges_changed"
+    session: int
+    epoch: int
+    ranges: list[tuple[int, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerClosed:
+    """A session ended: "closed", "timeout", "superseded", "shutdown" (others may come)."""
+
+    type: ClassVar[str] = "consumer_closed"
+    session: int
+    reason: str
+    req: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """The answer to an ``ack``, ``nack`` or ``extend`` that carried a ``req``: every position was accepted."""
+
+    type: ClassVar[str] = "settled"
+    req: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    """The answer to ``ping``."""
+
+    type: ClassVar[str] = "pong"
+    nonce: int
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    """A request failed (``req`` set) or the connection is being closed (``code`` is fatal)."""
+
+    type: ClassVar[str] = "error"
+    code: str
+    message: str
+    req: int | None
+
+
+ClientFrame: TypeAlias = (
+    Connect | Produce | Subscribe | Flow | Ack | Nack | Extend | CloseConsumer | Lookup | Ping | Close
+)
+"""Frames a client sends."""
+
+ServerFrame: TypeAlias = (
+    Connected | Receipt | Subscribed | Route | Messages | RangesChanged | ConsumerClosed | Settled | Pong | Error
+)
+"""Frames a server sends."""
+
+Frame: TypeAlias = ClientFrame | ServerFrame
+
+_FIELDS: Final[dict[type[Frame], tuple[str, ...]]] = {
+    cls: tuple(f.name for f in fields(cls)) for cls in (*get_args(ClientFrame), *get_args(ServerFrame))
+}
+
+
+# -- encoding -----------------------------------------------------------------------------
+
+
+def stream_transport(transport: asyncio.BaseTransport) -> asyncio.Transport:
+    """The TCP transport of a new connection, with Nagle off: frames are batched already."""
+    if not isinstance(transport, asyncio.Transport):
+        raise TypeError(f"expected a stream transport, got {type(transport).__name__}")
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return transport
+
+
+def encode(frame: Frame, version: int = PROTOCOL_VERSION) -> bytes:
+    """Return ``frame`` as it goes on the wire: the 4-byte body length, then the msgpack body.
+
+    ``version`` is the protocol version of the connection: for version 6, deliveries leave out
+    their properties and a produce has no ``properties`` field (a produce with properties raises
+    :class:`FrameEncodeError`: that version cannot carry them); for version 5, deliveries leave out
+    their publish time too. Nothing is validated beyond what msgpack needs; a value it cannot carry
+    raises :class:`FrameEncodeError`. Cost is one ``msgpack.packb`` call: batches of tuples are
+    packed by msgpack's C code.
+    """
+    names = _FIELDS.get(type(frame))
+    if names is None:
+        raise FrameEncodeError(f"cannot encode {frame!r}: expected a protocol frame")
+    body: dict[str, Any] = {"type": frame.type}
+    for name in names:
+        body[name] = getattr(frame, name)
+    if version < PROTOCOL_VERSION:
+        if type(frame) is Messages:
+            items = 4 if version < 6 else 5  # version 5: no publish time; 6: no properties
+            body["messages"] = [delivered[:items] for delivered in frame.messages]
+        elif type(frame) is Produce and body.pop("properties") is not None:  # version 6 has no such field
+            raise FrameEncodeError(f"protocol version {version} cannot carry message properties")
+    try:
+        packed: bytes = msgpack.packb(body, use_bin_type=True)
+        return _HEADER.pack(len(packed)) + packed
+    except (TypeError, ValueError, OverflowError, struct.error) as exc:
+        raise FrameEncodeError(f"cannot encode {frame.type!r} frame: {exc}") from None
+
+
+# -- field checks ---------------------------------------------------------------------------
+
+
+class _FieldError(Exception):
+    """A field value is invalid; the text completes "field 'x' ..." with expected and received."""
+
+
+class _ShortRepr(reprlib.Repr):
+    """reprlib, with bytes cut before ``repr`` (reprlib would render all of a 5 MiB payload)."""
+
+    def repr_bytes(self, x: bytes, level: int) -> str:
+        return repr(x[: self.maxstring]) + ("..." if len(x) > self.maxstring else "")
+
+
+_REPR = _ShortRepr()
+_REPR.maxstring = 40
+_REPR.maxother = 40
+_REPR.maxtuple = 4
+
+
+def _show(value: object) -> str:
+    """A short description of a received value, for error messages."""
+    return f"{_REPR.repr(value)} ({type(value).__name__})"
+
+
+def _wrong(expected: str, value: object) -> _FieldError:
+    return _FieldError(f"must be {expected}, got {_show(value)}")
+
+
+_UINT: Final = "a non-negative int64"
+
+
+def _uint(value: object) -> int:
+    if type(value) is int and 0 <= value <= _INT64_MAX:
+        return value
+    raise _wrong(_UINT, value)
+
+
+def _opt_uint(value: object) -> int | None:
+    if value is None or (type(value) is int and 0 <= value <= _INT64_MAX):
+        return value
+    raise _wrong(f"{_UINT} or nil", value)
+
+
+def _int64(value: object) -> int:
+    if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:
+        return value
+    raise _wrong("an int64", value)
+
+
+def _max_frame(value: object) -> int:
+    if type(value) is int and 0 < value <= _MAX_LENGTH:
+        return value
+    raise _wrong(f"an int in [1, {_MAX_LENGTH}]", value)
+
+
+def _timeout(value: object) -> float:
+    # An int is accepted too: some msgpack libraries send integral floats as ints.
+    if (type(value) is float or type(value) is int) and 0 < value < math.inf:
+        return float(value)
+    raise _wrong("a positive finite number", value)
+
+
+_NAME_RULE: Final = f"a str of 1 to {MAX_NAME_LENGTH} characters without NUL"
+
+
+def valid_name(value: object) -> TypeGuard[str]:
+    """Whether ``value`` is a topic, subscription, consumer or producer name the protocol accepts."""
+    return type(value) is str and 0 < len(value) <= MAX_NAME_LENGTH and "\0" not in value
+
+
+def check_name(what: str, value: object) -> str:
+    """``value`` if it is a valid name; else a KeyFailoverError naming ``what``, the value and the rule.
+
+    Clients call it before sending, so a name the server would refuse never reaches it.
+    """
+    if valid_name(value):
+        return value
+    raise KeyFailoverError(f"{what} must be {_NAME_RULE}, got {_show(value)}")
+
+
+def _name(value: object) -> str:
+    if valid_name(value):
+        return value
+    raise _wrong(_NAME_RULE, value)
+
+
+def _label(value: object) -> str:
+    if type(value) is str and value:
+        return value
+    raise _wrong("a non-empty str", value)
+
+
+def _opt_label(value: object) -> str | None:
+    if value is None or (type(value) is str and value):
+        return value
+    raise _wrong("a non-empty str or nil", value)
+
+
+def _text(value: object) -> str:
+    if type(value) is str:
+        return value
+    raise _wrong("a str", value)
+
+
+def _opt_text(value: object) -> str | None:
+    if value is None or type(value) is str:
+        return value
+    raise _wrong("a str or nil", value)
+
+
+# Arrays are checked by plain loops over the tuples msgpack built: on CPython 3.11 a loop
+# with a specialized unpack and chained type tests beats set(map(type, ...)), min and max,
+# and it stops at the first bad item. Batches hold up to ~10,000 items, so this is the hot path.
+
+_KEY_TYPES: Final = frozenset({str, bytes, type(None)})
+
+
+def _array(value: object, expected: str) -> tuple[Any, ...]:
+    if type(value) is tuple:
+        return value
+    raise _wrong(f"an array of {expected}", value)
+
+
+def _bad_item(items: tuple[Any, ...], item: object, expected: str) -> _FieldError:
+    """The error for ``item``, the first bad one of ``items`` (so the first one that *is* it)."""
+    index = next(i for i, each in enumerate(items) if each is item)
+    return _FieldError(f"item {index} must be {expected}, got {_show(item)}")
+
+
+def _uints(value: object) -> list[int]:
+    items = _array(value, _UINT)
+    # Checked in C as a whole (an ack frame holds many); the loop finds the bad item to name.
+    if not ints_within(items, 0, _INT64_MAX):
+        for item in items:
+            if not (type(item) is int and 0 <= item <= _INT64_MAX):
+                raise _bad_item(items, item, _UINT)
+    return list(items)
+
+
+_MAX_ROUTE: Final = HASH_RANGE_SIZE  # the most partitions a topic may have
+
+
+def _brokers(value: object) -> list[str | None]:
+    items = _array(value, "broker addresses")
+    if not 0 < len(items) <= _MAX_ROUTE:
+        raise _FieldError(f"must hold 1 to {_MAX_ROUTE} broker addresses (one per partition), got {len(items)}")
+    for item in items:
+        if not (item is None or type(item) is str):
+            raise _bad_item(items, item, "a str (HOST:PORT, or empty for this broker) or nil")
+    return list(items)
+
+
+def _bools(value: object) -> list[bool]:
+    items = _array(value, "bool")
+    for item in items:
+        if type(item) is not bool:
+            raise _bad_item(items, item, "a bool")
+    return list(items)
+
+
+_PRODUCED: Final = f"an array [seq: {_UINT} or nil, key: str, bin or nil, payload: bin]"
+
+
+def _produced(value: object) -> list[tuple[int | None, Key, bytes]]:
+    items = _array(value, "messages")
+    try:
+        for item in items:
+            seq, key, payload = item
+            if not (
+                (seq is None or (type(seq) is int and 0 <= seq <= _INT64_MAX))
+                and type(key) in _KEY_TYPES
+                and type(payload) is bytes
+            ):
+                break
+        else:
+            return list(items)
+    except (TypeError, ValueError):  # the item is not an array of 3
+        pass
+    raise _bad_item(items, item, _PRODUCED)
+
+
+def _checked_properties(items: tuple[Any, ...], item: object, data: bytes) -> None:
+    """``data``, the properties of ``item`` of ``items``, checked: a :class:`_FieldError` naming the item."""
+    try:
+        check_encoded(data)
+    except PropertiesError as exc:
+        index = next(i for i, each in enumerate(items) if each is item)
+        raise _FieldError(f"item {index}: {exc}") from None
+
+
+def _opt_properties(value: object) -> list[bytes | None] | None:
+    """A produce's ``properties``: nil, or one bin (encoded properties, checked) or nil per message."""
+    if value is None:
+        return None
+    items = _array(value, "encoded properties or nil")
+    for item in items:
+        if item is not None:
+            if type(item) is not bytes:
+                raise _bad_item(items, item, "a bin (encoded properties) or nil")
+            _checked_properties(items, item, item)
+    return list(items)
+
+
+def _properties_match(values: dict[str, Any]) -> None:
+    if values["properties"] is not None and len(values["properties"]) != len(values["messages"]):
+        raise _FieldError(
+            f"'properties' has {len(values['properties'])} items and 'messages' {len(values['messages'])}; "
+            "expected one item (encoded properties or nil) per message, or nil"
+        )
+
+
+_DELIVERED: Final = (
+    f"an array [position: {_UINT}, key: str, bin or nil, payload: bin, redelivery_count: {_UINT}, "
+    f"publish_time: {_UINT} or nil, properties: bin or nil]"
+)
+
+
+def _delivered(value: object) -> list[Delivered]:
+    items = _array(value, "messages")
+    with_properties = []
+    try:
+        for item in items:
+            position, key, payload, count, at, properties = item
+            if not (
+                type(position) is int
+                and type(payload) is bytes
+                and type(count) is int
+                and type(key) in _KEY_TYPES
+                and 0 <= position <= _INT64_MAX
+                and 0 <= count <= _INT64_MAX
+                and (at is None or (type(at) is int and 0 <= at <= _INT64_MAX))
+            ):
+                break
+            if properties is not None:
+                if type(properties) is not bytes:
+                    break
+                with_properties.append(item)
+        else:
+            for item in with_properties:
+                _checked_properties(items, item, item[5])
+            return list(items)
+    except (TypeError, ValueError):  # the item is not an array of 6
+        pass
+    raise _bad_item(items, item, _DELIVERED)
+
+
+def _older_delivered(items: int) -> Callable[[object], list[Delivered]]:
+    """The check of a version 6 (``items`` 5: no properties) or 5 (4: no publish time either) delivery array,
+    giving deliveries of this version (None for what the older one lacks)."""
+    missing = (None,) * (6 - items)
+
+    def check(value: object) -> list[Delivered]:
+        found = _array(value, "messages")
+        if any(type(item) is not tuple or len(item) != items for item in found):
+            raise _FieldError(f"must be an array of {items}-item deliveries (protocol version {items + 1})")
+        return _delivered(tuple((*item, *missing) for item in found))
+
+    return check
+
+
+def _same_length(values: dict[str, Any]) -> None:
+    if len(values["positions"]) != len(values["duplicates"]):
+        raise _FieldError(
+            f"'duplicates' has {len(values['duplicates'])} items and 'positions' {len(values['positions'])}; "
+            "expected one duplicate flag per position"
+        )
+
+
+_RANGE: Final = f"an array [start, end] of hash slots in [0, {HASH_RANGE_SIZE - 1}] with start <= end"
+_MAX_RANGES: Final = HASH_RANGE_SIZE
+"""The most pairs a ``ranges`` field may hold: one per slot, as many as non-overlapping ranges can be."""
+
+
+def _slot_ranges(value: object) -> list[tuple[int, int]]:
+    """Inclusive ``(start, end)`` slot pairs, each starting after the previous one ended."""
+    items = _array(value, "[start, end] pairs")
+    if len(items) > _MAX_RANGES:
+        raise _FieldError(f"must hold at most {_MAX_RANGES} [start, end] pairs, got {len(items)}")
+    after = -1  # the previous pair's end
+    for index, item in enumerate(items):
+        if not (
+            type(item) is tuple
+            and len(item) == 2
+            and type(item[0]) is int
+            and type(item[1]) is int
+            and 0 <= item[0] <= item[1] < HASH_RANGE_SIZE
+        ):
+            raise _FieldError(f"item {index} must be {_RANGE}, got {_show(item)}")
+        if item[0] <= after:
+            raise _FieldError(
+                f"item {index} [{item[0]}, {item[1]}] starts at or before the end {after} of item {index - 1}; "
+                "expected sorted, non-overlapping ranges"
+            )
+        after = item[1]
+    return list(items)
+
+
+class _Spec(NamedTuple):
+    """How to check and build one frame type from its decoded map."""
+
+    cls: type[Frame]
+    checks: tuple[tuple[str, Callable[[Any], Any]], ...]
+    keys: frozenset[str]
+    across: Callable[[dict[str, Any]], None] | None
+
+
+def _spec(
+    cls: type[Frame], across: Callable[[dict[str, Any]], None] | None = None, **checks: Callable[[Any], Any]
+) -> _Spec:
+    assert tuple(checks) == _FIELDS[cls], cls  # one check per field, in field order
+    return _Spec(cls, tuple(checks.items()), frozenset({"type", *checks}), across)
+
+
+_CLIENT_SPECS: Final = {
+    spec.cls.type: spec
+    for spec in (
+        _spec(Connect, version=_uint, token=_opt_text, client=_label),
+        _spec(
+            Produce,
+            _properties_match,
+            req=_uint,
+            topic=_name,
+            producer=_opt_label,
+            messages=_produced,
+            properties=_opt_properties,
+        ),
+        _spec(
+            Subscribe,
+            req=_uint,
+            topic=_name,
+            subscription=_name,
+            consumer=_name,
+            receiver_queue=_uint,
+            secret=_opt_label,
+        ),
+        _spec(Flow, topic=_name, subscription=_name, session=_uint, permits=_uint),
+        _spec(Ack, topic=_name, subscription=_name, session=_uint, positions=_uints, req=_opt_uint),
+        _spec(Nack, topic=_name, subscription=_name, session=_uint, positions=_uints, req=_opt_uint),
+        _spec(Extend, topic=_name, subscription=_name, session=_uint, positions=_uints, req=_opt_uint),
+        _spec(CloseConsumer, req=_uint, topic=_name, subscription=_name, session=_uint),
+        _spec(Lookup, req=_uint, topic=_name),
+        _spec(Ping, nonce=_int64),
+        _spec(Close),
+    )
+}
+_SERVER_SPECS: Final = {
+    spec.cls.type: spec
+    for spec in (
+        _spec(Connected, version=_uint, server=_label, max_frame=_max_frame, session_timeout=_timeout),
+        _spec(Receipt, _same_length, req=_uint, positions=_uints, duplicates=_bools),
+        _spec(Subscribed, req=_uint, session=_uint, consumer=_name, ranges=_slot_ranges, secret=_label),
+        _spec(Route, req=_uint, topic=_name, brokers=_brokers),
+        _spec(Messages, session=_uint, messages=_delivered),
+        _spec(RangesChanged, session=_uint, epoch=_uint, ranges=_slot_ranges),
+        _spec(ConsumerClosed, session=_uint, reason=_label, req=_opt_uint),
+        _spec(Settled, req=_uint),
+        _spec(Pong, nonce=_int64),
+        _spec(Error, code=_label, message=_text, req=_opt_uint),
+    )
+}
+_SPECS: Final = {"server": _CLIENT_SPECS, "client": _SERVER_SPECS, "any": _CLIENT_SPECS | _SERVER_SPECS}
+
+
+def _without(spec: _Spec, name: str) -> _Spec:
+    """``spec`` for an older version whose frame lacks the field ``name`` (it comes out as the field's default)."""
+    return spec._replace(
+        checks=tuple(check for check in spec.checks if check[0] != name), keys=spec.keys - {name}, across=None
+    )
+
+
+_OLDER: Final = {
+    6: {
+        "produce": _without(_CLIENT_SPECS["produce"], "properties"),
+        "messages": _SERVER_SPECS["messages"]._replace(checks=(("session", _uint), ("messages", _older_delivered(5)))),
+    },
+    5: {
+        "produce": _without(_CLIENT_SPECS["produce"], "properties"),
+        "messages": _SERVER_SPECS["messages"]._replace(checks=(("session", _uint), ("messages", _older_delivered(4)))),
+    },
+}
+"""The frames older versions still spoken send differently (version 6: no properties; 5: no publish times
+either)."""
+_MAX_MAP_LEN: Final = 64
+"""Far more fields than any frame has, so extras are reported as ``bad_field``; a bigger map is refused unbuilt."""
+
+
+def _build(spec: _Spec, body: dict[Any, Any]) -> Frame:
+    frame_type = spec.cls.type
+    if body.keys() != spec.keys:
+        missing = ", ".join(sorted(spec.keys - body.keys())) or "none"
+        extra = ", ".join(sorted(map(repr, body.keys() - spec.keys))) or "none"
+        raise ProtocolError(
+            ErrorCode.BAD_FIELD,
+            f"{frame_type} frame must have exactly the fields {sorted(spec.keys)}; missing: {missing}; extra: {extra}",
+        )
+    values: dict[str, Any] = {}
+    try:
+        for name, check in spec.checks:
+            values[name] = check(body[name])
+    except _FieldError as exc:
+        raise ProtocolError(ErrorCode.BAD_FIELD, f"{frame_type} frame: field {name!r} {exc}") from None
+    if spec.across is not None:
+        try:
+            spec.across(values)
+        except _FieldError as exc:
+            raise ProtocolError(ErrorCode.BAD_FIELD, f"{frame_type} frame: {exc}") from None
+    return spec.cls(**values)
+
+
+# -- decoding -------------------------------------------------------------------------------
+
+
+class Decoder:
+    """Bytes in, validated frames out; incremental, so any split of the stream gives the same frames.
+
+    ``accept`` is the side this decoder serves: ``"server"`` accepts only the frames a client
+    sends, ``"client"`` only the frames a server sends. ``version`` is the protocol version of the
+    connection, whose frames it expects (a server sets it to the version ``connect`` named; an
+    older version's frames lack what it lacks, which decodes as None). Every error it raises is a fatal
+    :class:`ProtocolError`; after one, the decoder is dead and :meth:`feed` raises it again.
+    It never holds more than ``4 + max_frame`` bytes between calls: a length prefix above
+    ``max_frame`` is rejected as soon as its 4 bytes arrive, before the body. Decoding one
+    body briefly takes up to ~32 times its size in Python objects (an array of 1-item
+    arrays); maps, which would cost ~80 times, are refused at the second one.
+    """
+
+    __slots__ = ("_accept", "_buffer", "_error", "_maps", "_max_frame", "_specs", "_version")
+
+    def __init__(
+        self,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        *,
+        accept: Literal["client", "server", "any"] = "any",
+        version: int = PROTOCOL_VERSION,
+    ) -> None:
+        if type(max_frame) is not int or not 0 < max_frame <= _MAX_LENGTH:
+            raise KeyFailoverError(f"max_frame must be an int in [1, {_MAX_LENGTH}], not {max_frame!r}")
+        if accept not in _SPECS:
+            raise KeyFailoverError(f"accept must be one of {sorted(_SPECS)}, not {accept!r}")
+        self._max_frame = max_frame
+        self._accept = accept
+        self.version = version  # sets the frame specs of this side and version
+        self._buffer = bytearray()
+        self._error: ProtocolError | None = None
+        self._maps = 0
+
+    @property
+    def version(self) -> int:
+        """The protocol version whose frames this decoder expects."""
+        return self._version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        if type(value) is not int or not OLDEST_PROTOCOL_VERSION <= value <= PROTOCOL_VERSION:
+            raise KeyFailoverError(
+                f"version must be an int from {OLDEST_PROTOCOL_VERSION} to {PROTOCOL_VERSION}, not {value!r}"
+            )
+        specs = _SPECS[self._accept]
+        self._specs = {**specs, **{name: spec for name, spec in _OLDER.get(value, {}).items() if name in specs}}
+        self._version = value
+
+    @property
+    def max_frame(self) -> int:
+        """The largest body length this decoder accepts (a server raises it after login)."""
+        return self._max_frame
+
+    @max_frame.setter
+    def max_frame(self, value: int) -> None:
+        if type(value) is not int or not 0 < value <= _MAX_LENGTH:
+            raise KeyFailoverError(f"max_frame must be an int in [1, {_MAX_LENGTH}], not {value!r}")
+        self._max_frame = value
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet decoded (part of one frame: at most ``4 + max_frame``)."""
+        return len(self._buffer)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        """Take the next bytes of the stream; return the frames they complete, in order.
+
+        Raises a fatal :class:`ProtocolError` at the first bad frame; frames decoded earlier
+        in the same call are dropped with it. A server, which must act on the frames that came
+        before the bad one, uses :meth:`feed_partial`.
+        """
+        frames, error = self.feed_partial(data)
+        if error is not None:
+            raise error.with_traceback(None)
+        return frames
+
+    def feed_partial(self, data: bytes | bytearray | memoryview) -> tuple[list[Frame], ProtocolError | None]:
+        """Like :meth:`feed`, but return the frames before the first bad one with its error.
+
+        The error is None when every complete frame was good. After an error the decoder is
+        dead: every later call returns no frames and the same error.
+        """
+        frames: list[Frame] = []
+        if self._error is not None:
+            return frames, self._error
+        try:
+            self._feed(data, frames)
+        except ProtocolError as exc:
+            self._error = exc
+            self._buffer = bytearray()
+        return frames, self._error
+
+    def _feed(self, data: bytes | bytearray | memoryview, frames: list[Frame]) -> None:
+        if self._buffer:
+            self._buffer += data
+            data = self._buffer
+        offset = 0
+        size = len(data)
+        with memoryview(data) as view:
+            while size - offset >= 4:
+                (length,) = _HEADER.unpack_from(view, offset)
+                if length > self._max_frame:
+                    raise ProtocolError(
+                        ErrorCode.FRAME_TOO_LARGE,
+                        f"frame body of {length} bytes is over the limit of {self._max_frame} bytes",
+                    )
+                end = offset + 4 + length
+                if end > size:
+                    break
+                frames.append(self._decode(view[offset + 4 : end]))
+                offset = end
+        if data is self._buffer:
+            del self._buffer[:offset]
+        elif offset < size:
+            self._buffer += data[offset:]
+
+    def _decode(self, body: memoryview) -> Frame:
+        self._maps = 0
+        try:
+            value = msgpack.unpackb(
+                body,
+                raw=False,
+                use_list=False,
+                strict_map_key=True,
+                object_hook=self._one_map,
+                max_map_len=_MAX_MAP_LEN,
+                max_ext_len=0,
+            )
+        except ProtocolError:
+            raise
+        except (ValueError, msgpack.UnpackException) as exc:
+            raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"frame body is not one msgpack value: {exc}") from None
+        if type(value) is not dict:
+            raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"frame body must be a msgpack map, got {_show(value)}")
+        frame_type = value.get("type")
+        if type(frame_type) is not str:
+            raise ProtocolError(ErrorCode.MALFORMED_FRAME, f"frame map must have a str 'type', got {_show(frame_type)}")
+        spec = self._specs.get(frame_type)
+        if spec is None:
+            raise ProtocolError(ErrorCode.UNKNOWN_TYPE, self._unknown(frame_type))
+        return _build(spec, value)
+
+    def _one_map(self, mapping: dict[str, Any]) -> dict[str, Any]:
+        # msgpack calls this for every map it builds, innermost first. A valid frame holds
+        # exactly one map, so decoding stops at the second: an array of empty maps would
+        # otherwise cost ~80 bytes of memory per byte received.
+        self._maps += 1
+        if self._maps > 1:
+            raise ProtocolError(ErrorCode.MALFORMED_FRAME, "a frame holds one map, its body: nested maps are invalid")
+        return mapping
+
+    def _unknown(self, frame_type: str) -> str:
+        if frame_type in _CLIENT_SPECS:
+            return f"frame type {frame_type!r} is sent by clients, not accepted from a server"
+        if frame_type in _SERVER_SPECS:
+            return f"frame type {frame_type!r} is sent by servers, not accepted from a client"
+        return f"unknown frame type {_show(frame_type)}; expected one of {sorted(self._specs)}"

@@ -135,11 +135,7 @@ class PartProducer(Part):
         self._loop = asyncio.get_running_loop()
 
     def send_async(
-        self,
-        payload: bytes,
-        key: Key = None,
-        callback: SendCallback | None = None,
-        properties: Mapping[str, str] | None = None,
+        self, payload: bytes, key: Key, callback: SendCallback | None, properties: Mapping[str, str] | None
     ) -> None:
         """Queue a message; ``callback(position, None)`` or ``callback(None, error)`` follows."""
         if self._failure is not None:

@@ -116,9 +116,7 @@ class AsyncClient:
         check_name("topic", topic)
         if producer_name is not None:
             check_name("producer_name", producer_name)
-        await self.connect()
-        self._check_usable()
-        links = await self._served(topic)
+        links = await self._partition_links(topic)
         name = producer_name or f"producer-{uuid.uuid4().hex}"
         parts = []
         for index, link in enumerate(links):
@@ -147,9 +145,7 @@ class AsyncClient:
         check_name("subscription_name", subscription_name)
         if consumer_name is not None:
             check_name("consumer_name", consumer_name)
-        await self.connect()
-        self._check_usable()
-        links = await self._served(topic)
+        links = await self._partition_links(topic)
         name = consumer_name or f"consumer-{uuid.uuid4().hex[:12]}"
         consumer = AsyncConsumer(topic, subscription_name, name, on_ranges_changed)
         for index, link in enumerate(links):
@@ -180,6 +176,12 @@ class AsyncClient:
         for link in self._links.values():
             total.update(link.errors)
         return dict(total)
+
+    async def _partition_links(self, topic: str) -> list[Link]:
+        """Connect if not yet; the link to the broker of each partition of ``topic``, for a new producer or consumer."""
+        await self.connect()
+        self._check_usable()
+        return await self._served(topic)
 
     def _check_usable(self) -> None:
         if self._failure is not None:

@@ -58,7 +58,7 @@ class Message(NamedTuple):
 
     ``position`` counts within its ``partition`` (0 for a topic of one partition).
     ``publish_time`` is when the broker stored it, by the broker's wall clock, in integer
-    microseconds since the Unix epoch (``time.time_ns() // 1000`` on the broker); None when
+    microseconds since the Unix epoch: ``time.time_ns() // 1000`` on the broker; None when
     unknown (stored before logs had publish times). ``properties`` are the str keys and values
     its producer sent with it, a read-only mapping (empty when it has none). A dead letter, and
     a dead letter replayed, keeps the publish time and the properties of the message it was.
@@ -154,6 +154,7 @@ class PartConsumer(Part):
     # -- subscription ----------------------------------------------------------------
 
     def _subscribe(self) -> None:
+        """Send a subscribe for this partition, with the last session's secret; reconnected() retries one not sent."""
         req = self.link.next_req()
         frame = Subscribe(
             req=req,
@@ -170,6 +171,7 @@ class PartConsumer(Part):
             self.link.pending.pop(req, None)  # retried by reconnected()
 
     def _on_subscribe_reply(self, reply: Frame | None) -> None:
+        """A subscribe's answer: a session to receive on, a moved partition to follow, or a refusal ending the part."""
         self._subscribing = False
         if reply is None:
             return  # connection lost: reconnected() subscribes again
@@ -190,17 +192,21 @@ class PartConsumer(Part):
             self._end(error_class(reply.code, reply.message))
 
     async def subscribed(self) -> None:
+        """Wait until the server confirmed this partition's subscription."""
         await self._subscribed
 
     def disconnected(self) -> None:
+        """The link dropped: forget the session, whose messages went back to pending, and look for the partition."""
         self._drop_session()
         self._on_lost(self)
 
     def failed(self, error: ServerError) -> None:
+        """The link was refused for good: the part ends with ``error``."""
         self._drop_session()
         self._end(error)
 
     def reconnected(self) -> None:
+        """The link is back: subscribe again, unless closed."""
         if not self._closed:
             self._subscribe()
 
@@ -217,6 +223,8 @@ class PartConsumer(Part):
             self._subscribe()
 
     def on_frame(self, frame: Frame) -> None:
+        """A frame for this part's session: messages go to the inbox, new ranges are remembered; a closed session is
+        subscribed again, followed or ended, by its reason."""
         if isinstance(frame, Messages):
             if frame.session != self._session:
                 return
@@ -264,6 +272,7 @@ class PartConsumer(Part):
             self._acks.clear()
 
     def _end(self, error: BaseException) -> None:
+        """End this part for good with ``error``: a waiting subscribe or receive raises it."""
         self.ended = error
         if not self._subscribed.done():
             self._subscribed.set_exception(error)
@@ -346,6 +355,7 @@ class PartConsumer(Part):
             self._call(self.send_flow)
 
     def _flush_acks(self) -> None:
+        """Send the acks batched so far, as one ack frame of their session."""
         with self._cond:
             positions, self._acks = self._acks, []
             session = self._ack_session
@@ -353,6 +363,7 @@ class PartConsumer(Part):
         self._send_acks(session, positions)
 
     def _send_acks(self, session: int, positions: list[int]) -> None:
+        """Send one ack frame for ``positions`` of ``session``: none when either is empty."""
         if positions and session:
             self.link.send(Ack(topic=self.topic, subscription=self.subscription, session=session, positions=positions))
 
@@ -373,6 +384,7 @@ class PartConsumer(Part):
         req = self.link.next_req()
 
         def answered(reply: Frame | None) -> None:
+            """Hold the request's answer: None when the connection was lost."""
             if not answer.done():
                 answer.set_result(reply)
 
@@ -405,6 +417,7 @@ class PartConsumer(Part):
         kb = message.key.encode() if isinstance(message.key, str) else message.key
 
         def keep(queued: Message) -> bool:
+            """Whether ``queued`` stays: all but the later messages of the nacked key, of its session."""
             # Only the nacked message's session restarts the key; a nack of a message from an
             # ended session changes nothing (the server already took that session's messages back).
             if kb is None or queued.session != message.session or queued.position <= message.position:
@@ -416,6 +429,8 @@ class PartConsumer(Part):
         self._call(lambda: self._send_nack(message, dropped))
 
     def _send_nack(self, message: Message, dropped: int) -> None:
+        """Send the nack of ``message`` after the acks batched before it, if its session is still live, and give back
+        the permits of the ``dropped`` prefetched messages."""
         self._flush_acks()
         if message.session and message.session == self._session:
             self.link.send(
@@ -432,6 +447,7 @@ class PartConsumer(Part):
                 self.send_flow()
 
     def _call(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the consumer's loop soon, from any thread."""
         call_soon(self._loop, fn)
 
     async def close(self) -> None:
@@ -448,6 +464,7 @@ class PartConsumer(Part):
             req = self.link.next_req()
 
             def closed(_reply: Frame | None) -> None:
+                """The server confirmed the close, or the connection dropped: stop waiting."""
                 if not done.done():
                     done.set_result(None)
 
@@ -514,6 +531,7 @@ class AsyncConsumer:
     # -- receiving -------------------------------------------------------------------
 
     def _part(self, message: Message) -> PartConsumer:
+        """The partition's part that delivered ``message``; raises for a message this consumer did not receive."""
         if not 0 <= message.partition < len(self.parts):
             raise KeyFailoverError(f"{message!r} was not received by this consumer (no partition {message.partition})")
         return self.parts[message.partition]
@@ -573,6 +591,7 @@ class AsyncConsumer:
             raise Timeout(f"no message within {timeout} s") from None
 
     def _check_open(self) -> None:
+        """Raise why nothing can be received: a partition ended for good, or the consumer was closed."""
         for part in self.parts:
             if part.ended is not None:
                 raise part.ended
@@ -610,6 +629,7 @@ class AsyncConsumer:
         self._part(message).negative_acknowledge(message)
 
     def _call(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the consumer's loop soon, from any thread."""
         call_soon(self._loop, fn)
 
     async def close(self) -> None:

@@ -86,10 +86,12 @@ class Link(asyncio.Protocol):
     # -- connection life cycle -------------------------------------------------------
 
     async def start(self, timeout: float) -> None:
+        """Connect, then keep the connection up in the background: heartbeats, and reconnects when it drops."""
         await self._connect_once(timeout)
         self._maintainer = asyncio.get_running_loop().create_task(self._maintain(), name="keyfailover-link")
 
     async def _connect_once(self, timeout: float) -> None:
+        """Connect and wait for the server's connected, within ``timeout`` seconds; raises Timeout or the refusal."""
         loop = asyncio.get_running_loop()
         self._decoder = Decoder(accept="client")
         self._connected_waiter = loop.create_future()
@@ -156,10 +158,12 @@ class Link(asyncio.Protocol):
         return self._heard
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Say connect, with the token and the client's name."""
         self._transport = stream = stream_transport(transport)
         stream.write(encode(Connect(version=PROTOCOL_VERSION, token=self._token, client=_client_name())))
 
     def data_received(self, data: bytes) -> None:
+        """Decode frames and dispatch them; malformed data drops the connection, which reconnects."""
         self._heard = time.monotonic()
         try:
             frames = self._decoder.feed(data)
@@ -172,6 +176,7 @@ class Link(asyncio.Protocol):
             self._dispatch(frame)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        """Fail the requests waiting on this connection, forget its sessions and tell the parts: lost, or refused."""
         self._transport = None
         was_ready = self.ready.is_set()
         self.ready.clear()
@@ -203,6 +208,7 @@ class Link(asyncio.Protocol):
             self._transport.abort()
 
     def _dispatch(self, frame: Frame) -> None:
+        """Route a server frame: deliveries to their session, answers to their request, connected to the parts."""
         if isinstance(frame, Messages | RangesChanged | ConsumerClosed):
             on_frame = self.sessions.get(frame.session)
             if on_frame is not None:
@@ -251,6 +257,7 @@ class Link(asyncio.Protocol):
     # -- requests --------------------------------------------------------------------
 
     def next_req(self) -> int:
+        """A request id, unique across the client's links."""
         return next(self._req)
 
     def send(self, frame: Frame) -> bool:
@@ -261,6 +268,7 @@ class Link(asyncio.Protocol):
         return True
 
     async def close(self) -> None:
+        """Stop reconnecting and close the connection, saying close to the server first."""
         self.closed = True
         self._lost.set()
         if self._maintainer is not None:
@@ -271,6 +279,7 @@ class Link(asyncio.Protocol):
 
 
 def _client_name() -> str:
+    """How the client names itself at connect: its host name and process id."""
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
@@ -333,6 +342,7 @@ def call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether the caller runs inside ``loop``, on its thread."""
     try:
         return asyncio.get_running_loop() is loop
     except RuntimeError:

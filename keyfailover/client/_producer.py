@@ -43,6 +43,8 @@ def _message_size(key: Key, payload: bytes, properties: bytes | None = None) -> 
 
 
 class _PendingBatch:
+    """Messages queued for one produce frame, with their callbacks and encoded properties."""
+
     __slots__ = ("callbacks", "messages", "properties", "size")
 
     def __init__(self) -> None:
@@ -180,6 +182,7 @@ class PartProducer(Part):
             await self._idle.wait()
 
     def _flush_now(self) -> None:
+        """Send every full batch and the one being filled, in order; held back while a refused batch awaits a resend."""
         with self._lock:
             batches, self._full = self._full, []
             if self._batch.messages:
@@ -193,6 +196,7 @@ class PartProducer(Part):
                 self._transmit(req, batch)
 
     def _transmit(self, req: int, batch: _PendingBatch) -> None:
+        """Send ``batch`` as the produce ``req``; not connected, it stays unconfirmed for reconnected() to resend."""
         frame = Produce(
             req=req, topic=self.topic, producer=self.producer_name, messages=batch.messages, properties=batch.properties
         )
@@ -202,6 +206,9 @@ class PartProducer(Part):
             link.pending.pop(req, None)  # resent by reconnected()
 
     def _answered(self, req: int, reply: Frame | None, link: Link) -> None:
+        """A produce's answer on ``link``: a receipt calls back each position; not_owner keeps this batch and the later
+        ones for a resend where the partition is now; another error fails its messages. None: the connection dropped,
+        the batch is resent after a reconnect."""
         if reply is None:
             return  # connection lost: kept in _unconfirmed and resent after reconnecting
         if isinstance(reply, Error) and reply.code == ErrorCode.NOT_OWNER:
@@ -374,6 +381,7 @@ class AsyncProducer:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
         def done(position: int | None, error: BaseException | None) -> None:
+            """Settle the future with the position or the error."""
             if future.done():
                 return
             if error is not None:

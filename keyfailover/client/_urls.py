@@ -32,10 +32,12 @@ def parse_url(url: str) -> tuple[list[Address], bool]:
 
 
 def _address(host: str, port: int) -> Address:
+    """``HOST:PORT``, an IPv6 host in brackets."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def host_port(address: Address) -> tuple[str, int]:
+    """The host and port of a broker ``address``; raises for one not of the form HOST:PORT."""
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise KeyFailoverError(f"broker address {address!r} is not of the form HOST:PORT")

@@ -136,8 +136,8 @@ class AsyncClient:
         """Join ``subscription_name`` of ``topic`` (every partition of it); returns once the brokers confirmed it.
 
         ``on_ranges_changed(ranges)`` runs on the event loop with the consumer's new hash
-        ranges (inclusive ``(start, end)`` pairs, sorted, over all partitions; empty for a
-        standby) each time a rebalance changes them, and after a resubscribe that gets different ones.
+        ranges, each time a rebalance changes them and after a resubscribe that gets different ones:
+        inclusive ``(start, end)`` pairs, sorted, over all partitions; empty for a standby.
         """
         if type(receiver_queue_size) is not int or receiver_queue_size < 1:
             raise KeyFailoverError(f"receiver_queue_size must be a positive int, not {receiver_queue_size!r}")
@@ -184,6 +184,7 @@ class AsyncClient:
         return await self._served(topic)
 
     def _check_usable(self) -> None:
+        """Raise when no producer or consumer can be made: the client was refused for good, or closed."""
         if self._failure is not None:
             raise self._failure
         for link in self._links.values():
@@ -223,6 +224,7 @@ class AsyncClient:
                 self._connecting.pop(address, None)
 
     async def _open_link(self, address: Address) -> Link:
+        """Connect a new link to ``address``; a refusal no retry cures fails the whole client."""
         link = Link(address, self._token, self._tls, self._reqs)
         try:
             await link.start(self._connect_timeout)
@@ -271,6 +273,7 @@ class AsyncClient:
         req = link.next_req()
 
         def answered(reply: Frame | None) -> None:
+            """Hold the lookup's answer: None when the connection was lost."""
             if not answer.done():
                 answer.set_result(reply)
 

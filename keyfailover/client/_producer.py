@@ -26,7 +26,7 @@ SendCallback = Callable[["int | None", "BaseException | None"], None]
 
 
 def _message_size(key: Key, payload: bytes, properties: bytes | None = None) -> int:
-    """An upper bound on the encoded size of one message in a ``produce`` frame (with its encoded properties)."""
+    """An upper bound on the encoded size of one message in a ``produce`` frame, with its encoded properties."""
     if key is None:
         key_size = 0
     elif isinstance(key, str):
@@ -40,6 +40,13 @@ def _message_size(key: Key, payload: bytes, properties: bytes | None = None) -> 
     else:
         key_size = len(key)
     return len(payload) + key_size + 32 + (0 if properties is None else len(properties) + 8)
+
+
+def _check_key(key: object) -> None:
+    """Raise :class:`KeyFailoverError` unless ``key`` is None, bytes, or a str that encodes to UTF-8."""
+    if key is not None and not isinstance(key, str | bytes):
+        raise KeyFailoverError(f"key must be str, bytes or None, not {type(key).__name__}")
+    _message_size(key, b"")  # raises for a str that does not encode
 
 
 class _PendingBatch:
@@ -370,9 +377,7 @@ class AsyncProducer:
         elif key is None:
             part = parts[next(self._next) % len(parts)]
         else:
-            if not isinstance(key, str | bytes):
-                raise KeyFailoverError(f"key must be str, bytes or None, not {type(key).__name__}")
-            _message_size(key, b"")  # a str key must encode to UTF-8 before it can be hashed
+            _check_key(key)  # before it is hashed
             part = parts[partition_of_key(key, len(parts))]
         part.send_async(payload, key, callback, properties)
 

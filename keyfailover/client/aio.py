@@ -10,6 +10,12 @@ moves to another broker (a failover, or ``not_owner``), it looks the topic up ag
 follows it. Either way it resubscribes its consumers (dropping what they had prefetched: the
 server returned it to pending) and resends every produce batch not yet confirmed, with the
 same producer name and sequence ids, so each message is stored once.
+
+This module is the facade: :class:`AsyncClient` looks partitions up, opens the links and
+moves a part to its partition's new broker. The pieces beside it, each importing only those
+listed before it: ``_errors``, the exceptions; ``_urls``, broker URLs and TLS; ``_link``, one
+connection to one broker and the part a producer or consumer has on it; ``_producer``, the
+batching and the resending; ``_consumer``, the inbox, the flows and the acks.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ import pytest
 
 from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, Log
 from keyfailover.client import Client, PropertiesError
-from keyfailover.client.aio import AsyncClient, _Link
+from keyfailover.client._link import Link as _Link
+from keyfailover.client.aio import AsyncClient
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.tools.chaos._proxy import FaultProxy
 from keyfailover.wire.protocol import Connected, Frame

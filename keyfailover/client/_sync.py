@@ -103,9 +103,11 @@ class Client:
     async def _make(
         url: str, token: str | None, connect_timeout: float, tls_ca: str | os.PathLike[str] | None
     ) -> AsyncClient:
+        """Create the asyncio client and connect it, on the loop's thread."""
         return await AsyncClient(url, token, connect_timeout=connect_timeout, tls_ca=tls_ca).connect()
 
     def _run(self, coro: Coroutine[Any, Any, _T], timeout: float | None = None) -> _T:
+        """Run ``coro`` on the loop and wait for its result; raises ClientClosed once the client is closed."""
         if self._closed:
             coro.close()
             raise ClientClosed("the client is closed")
@@ -126,7 +128,7 @@ class Client:
         """Join a subscription; returns once the server confirmed it.
 
         ``on_ranges_changed(ranges)`` runs on the client's thread with the consumer's new hash
-        ranges (inclusive ``(start, end)`` pairs, sorted; empty for a standby) each time they change.
+        ranges each time they change: inclusive ``(start, end)`` pairs, sorted; empty for a standby.
         """
         consumer = self._run(
             self._async.subscribe(topic, subscription_name, consumer_name, receiver_queue_size, on_ranges_changed)
@@ -169,10 +171,12 @@ class Producer:
 
     @property
     def topic(self) -> str:
+        """The topic it sends to."""
         return self._producer.topic
 
     @property
     def producer_name(self) -> str:
+        """Its name: with its sequence ids, retries store each message once."""
         return self._producer.producer_name
 
     @property
@@ -197,6 +201,7 @@ class Producer:
         outcome: list[int | BaseException | None] = [None]
 
         def callback(position: int | None, error: BaseException | None) -> None:
+            """Record the outcome and wake the sender."""
             outcome[0] = error if error is not None else position
             done.set()
 
@@ -228,6 +233,7 @@ class Producer:
         self._client._run(self._producer.flush(), timeout)
 
     def close(self) -> None:
+        """Flush, then refuse further sends."""
         self._client._run(self._producer.close())
 
 
@@ -240,6 +246,7 @@ class Consumer:
 
     @property
     def consumer_name(self) -> str:
+        """Its name in the subscription."""
         return self._consumer.consumer_name
 
     @property
@@ -257,6 +264,7 @@ class Consumer:
         return self._consumer.wait_take(timeout)
 
     def acknowledge(self, message: Message) -> None:
+        """Acknowledge ``message``: batched, sent from the client's thread soon after."""
         self._consumer.acknowledge(message)
 
     def acknowledge_confirmed(self, message: Message, timeout: float | None = 10.0) -> None:
@@ -272,4 +280,5 @@ class Consumer:
         self._consumer.negative_acknowledge(message)
 
     def close(self) -> None:
+        """Send pending acks and leave the subscription; its unacked messages go to others."""
         self._client._run(self._consumer.close())

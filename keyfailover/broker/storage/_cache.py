@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from keyfailover.broker.storage.sqlite import Key, StoredMessage, stored_message
+from keyfailover.broker.storage.records import Key, StoredMessage, stored_message
 
 __all__ = ["DEFAULT_ENTRY_CACHE_BYTES", "ENTRY_OVERHEAD", "EntryCache"]
 

@@ -15,7 +15,8 @@ from typing import ParamSpec, TypeVar
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES
 from keyfailover.broker.storage._store import Batch, Letter, Result, Store
-from keyfailover.broker.storage.sqlite import DeadLetterRecord, Log, StoredMessage
+from keyfailover.broker.storage.records import DeadLetterRecord, StoredMessage
+from keyfailover.broker.storage.sqlite import Log
 from keyfailover.core.errors import KeyFailoverError
 
 __all__ = ["SQLiteStore"]

@@ -11,7 +11,7 @@ Produce requests that arrive while a write is running are written together in th
 (group commit), so a producer is answered only after the transaction holding its messages
 committed, and the event loop never waits on the disk or the network. Every message of one
 group commit gets the same publish time: the broker's wall clock as the commit began
-(:func:`~keyfailover.broker.storage.sqlite.publish_clock`, microseconds since the Unix epoch).
+(:func:`~keyfailover.broker.storage.records.publish_clock`, microseconds since the Unix epoch).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Protocol
 
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES, EntryCache
-from keyfailover.broker.storage.sqlite import (
+from keyfailover.broker.storage.records import (
     DeadLetterEntry,
     DeadLetterRecord,
     Key,

@@ -39,7 +39,7 @@ import asyncpg
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES
 from keyfailover.broker.storage._store import Batch, Letter, NotServedError, Result, Store
-from keyfailover.broker.storage.sqlite import (
+from keyfailover.broker.storage.records import (
     DELIVERY_SETTINGS,
     DeadLetterRecord,
     Key,

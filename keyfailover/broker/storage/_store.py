@@ -45,8 +45,8 @@ _log = logging.getLogger("keyfailover.server")
 _key, _payload, _duplicate = operator.itemgetter(1), operator.itemgetter(2), operator.itemgetter(1)
 
 Batch = tuple[str, str | None, Sequence[tuple[int | None, Key, bytes]], PropertiesColumn]
-"""``(topic, producer or None, [(seq, key, payload), ...], properties)``: one produce request; ``properties``
-the encoded properties of each message, or None when none of them has any."""
+"""``(topic, producer or None, messages, properties)``: one produce request; each message ``(seq, key, payload)``,
+``properties`` the encoded properties of each message, or None when none of them has any."""
 Result = list[tuple[int, bool]]
 """``(position, duplicate)`` per message of a batch."""
 Letter = DeadLetterEntry
@@ -253,6 +253,7 @@ class Store(ABC):
         await self._shut()
 
     async def _commit_loop(self) -> None:
+        """Write what was queued while the last write ran, one group commit at a time, until closed."""
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -263,6 +264,8 @@ class Store(ABC):
                 return
 
     async def _commit(self, queued: list[tuple[Batch, asyncio.Future[Result]]]) -> None:
+        """Write the queued produce requests in one group commit, answer each, and put the new messages in the
+        entry cache before the listeners hear of their topics."""
         started = time.perf_counter()
         now = publish_clock()
         try:

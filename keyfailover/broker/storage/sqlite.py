@@ -152,6 +152,7 @@ class Log:
 
     @property
     def path(self) -> Path:
+        """The log's file."""
         return self._path
 
     # -- messages --------------------------------------------------------------------
@@ -269,7 +270,7 @@ class Log:
     def position_at_time(
         self, topic: str, publish_time: int, after: int = 0, through: int = MAX_POSITION
     ) -> int | None:
-        """The first position of ``topic`` in ``(after, through]`` whose publish time is at or after
+        """The first position of ``topic`` above ``after`` and at most ``through`` whose publish time is at or after
         ``publish_time`` (µs since the Unix epoch); None when there is none. Messages without a publish time
         (stored before the log had them) count as older. A scan in position order: O(positions before it)."""
         topic_id = self._topic_id(check_name(topic, "topic"))
@@ -560,12 +561,14 @@ class Log:
     # -- internals -------------------------------------------------------------------
 
     def _connection(self) -> sqlite3.Connection:
+        """The open connection; :class:`LogFileError` once the log is closed."""
         if self._db is None:
             raise LogFileError(f"the log {str(self._path)!r} is closed")
         return self._db
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction: committed when the block ends, rolled back when it raises."""
         db = self._connection()
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -576,10 +579,12 @@ class Log:
             raise
 
     def _create_schema(self) -> None:
+        """Create the schema of a new log, or migrate an older log's, in one transaction."""
         with self._transaction() as db:
             migrate(db, self._path)
 
     def _topic_id(self, topic: str) -> int | None:
+        """The id of ``topic``; None when it never held a message."""
         row = self._connection().execute("SELECT id FROM topics WHERE name = ?", (topic,)).fetchone()
         return None if row is None else int(row[0])
 
@@ -703,6 +708,7 @@ class LogSnapshot:
             self._db.execute("COMMIT")
 
     def close(self) -> None:
+        """Close the snapshot's connection."""
         self._db.close()
 
     def __enter__(self) -> LogSnapshot:

@@ -38,96 +38,31 @@ import asyncpg
 
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES
+from keyfailover.broker.storage._postgresql_schema import (
+    Row,
+    check_message,
+    check_partition,
+    check_rows,
+    create_schema,
+    key_from_row,
+    message_from_row,
+    properties_from_row,
+)
 from keyfailover.broker.storage._store import Batch, Letter, NotServedError, Result, Store
 from keyfailover.broker.storage.records import (
     DELIVERY_SETTINGS,
     DeadLetterRecord,
-    Key,
     Message,
     PropertiesColumn,
     StoredMessage,
     publish_clock,
 )
 from keyfailover.core.errors import CursorError, LogError, LogFileError, PropertiesError
-from keyfailover.wire.properties import check_encoded
 
-__all__ = ["APPLICATION_NAME", "FENCE_PATIENCE", "FencedError", "Lease", "PostgresLog", "PostgresStore"]
+__all__ = ["APPLICATION_NAME", "FENCE_PATIENCE", "FencedError", "Lease", "PostgresLog", "PostgresStore", "Row"]
 
 _log = logging.getLogger("keyfailover.server")
 _ownership = logging.getLogger("keyfailover.ownership")  # every partition a broker starts or stops serving
-
-_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS kf_partitions (
-        topic TEXT NOT NULL,
-        partition INTEGER NOT NULL,
-        owner TEXT NOT NULL,
-        owner_epoch BIGINT NOT NULL,          -- +1 each time a broker opens the partition
-        last_position BIGINT NOT NULL DEFAULT 0,
-        PRIMARY KEY (topic, partition)
-    )""",
-    """CREATE TABLE IF NOT EXISTS kf_messages (
-        topic TEXT NOT NULL,
-        partition INTEGER NOT NULL,
-        position BIGINT NOT NULL,
-        key BYTEA,                            -- NULL: keyless
-        key_is_text BOOLEAN NOT NULL,         -- the key was a str (stored as its UTF-8 bytes)
-        payload BYTEA NOT NULL,
-        producer TEXT,
-        seq BIGINT,
-        epoch BIGINT NOT NULL,                -- the owner epoch it was written under (audits fencing)
-        PRIMARY KEY (topic, partition, position)
-    )""",
-    """CREATE INDEX IF NOT EXISTS kf_messages_by_producer_seq
-        ON kf_messages (topic, partition, producer, seq) WHERE producer IS NOT NULL""",
-    """CREATE TABLE IF NOT EXISTS kf_producers (
-        topic TEXT NOT NULL,
-        partition INTEGER NOT NULL,
-        producer TEXT NOT NULL,
-        last_seq BIGINT NOT NULL,
-        PRIMARY KEY (topic, partition, producer)
-    )""",
-    """CREATE TABLE IF NOT EXISTS kf_cursors (
-        topic TEXT NOT NULL,
-        partition INTEGER NOT NULL,
-        subscription TEXT NOT NULL,
-        state BYTEA NOT NULL,                 -- Cursor.to_bytes()
-        PRIMARY KEY (topic, partition, subscription)
-    )""",
-    """CREATE TABLE IF NOT EXISTS kf_subscription_settings (
-        topic TEXT NOT NULL,                  -- a topic, not a partition: settings hold for all of them
-        subscription TEXT NOT NULL,
-        consume_mode TEXT,                    -- ordered | unordered, NULL: the server's
-        settings TEXT NOT NULL DEFAULT '{}',  -- JSON: the delivery settings the subscription sets itself
-        PRIMARY KEY (topic, subscription)
-    )""",
-    """CREATE TABLE IF NOT EXISTS kf_dead_letters (
-        topic TEXT NOT NULL,
-        partition INTEGER NOT NULL,
-        subscription TEXT NOT NULL,
-        dlq_position BIGINT NOT NULL,         -- 1, 2, 3, ... per (topic, partition, subscription)
-        position BIGINT NOT NULL,             -- where it was in its partition
-        key BYTEA,
-        key_is_text BOOLEAN NOT NULL,
-        payload BYTEA NOT NULL,
-        redelivery_count INTEGER NOT NULL,
-        reason TEXT NOT NULL,
-        time DOUBLE PRECISION NOT NULL,       -- unix seconds it was dead-lettered
-        replayed_at BIGINT,                   -- its position in the partition once re-published
-        PRIMARY KEY (topic, partition, subscription, dlq_position)
-    )""",
-)
-
-_ADDED_COLUMNS = (
-    ("kf_messages", "publish_time", "BIGINT"),
-    ("kf_dead_letters", "publish_time", "BIGINT"),
-    ("kf_messages", "properties", "BYTEA"),
-    ("kf_dead_letters", "properties", "BYTEA"),
-)
-"""Columns that came later (publish times, µs since the Unix epoch; encoded properties): the tables of an
-older log gain them, NULL (unknown; none) in the rows stored before, without a rewrite. Added only where
-missing: ALTER TABLE takes an exclusive lock on the table even when the column is there, which would stall
-(and, queued between the locks of other brokers' appends, deadlock) every write while a broker starts."""
-
 
 APPLICATION_NAME = "keyfailover broker"
 """The ``application_name`` of a broker's connections to the shared log: a new owner ends only these."""
@@ -205,18 +140,7 @@ class PostgresLog:
         except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
             raise LogError(f"cannot reach PostgreSQL at {_redacted(dsn)}: {exc}") from None
         async with pool.acquire() as connection, connection.transaction():
-            await connection.execute("SELECT pg_advisory_xact_lock(7415)")  # one schema creator at a time
-            for statement in _SCHEMA:
-                await connection.execute(statement)
-            for table, column, kind in _ADDED_COLUMNS:
-                found = await connection.fetchval(
-                    "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
-                    "AND table_name = $1 AND column_name = $2",
-                    table,
-                    column,
-                )
-                if found is None:
-                    await connection.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            await create_schema(connection)
         return cls(pool)
 
     @property
@@ -242,7 +166,7 @@ class PostgresLog:
         commit waiting for a synchronous standby) or is not a keyfailover broker's connection is waited
         for. Each step is logged on ``keyfailover.ownership``.
         """
-        _check_partition(topic, partition)
+        check_partition(topic, partition)
         async with self._pool.acquire() as connection:
             bump = asyncio.ensure_future(connection.fetchrow(_BUMP, topic, partition, owner))
             seen: set[tuple[int, bool]] = set()
@@ -339,7 +263,7 @@ class PostgresLog:
         transaction (one COPY): as :meth:`append` each, in order; all or nothing."""
         now = publish_clock() if publish_time is None else publish_time
         checked = [
-            (producer, _check_rows(producer, messages, properties, now)) for producer, messages, properties in batches
+            (producer, check_rows(producer, messages, properties, now)) for producer, messages, properties in batches
         ]
         async with self._pool.acquire() as connection, connection.transaction():
             return await self.append_in(connection, lease, checked)
@@ -454,7 +378,7 @@ class PostgresLog:
 
     async def read(self, topic: str, partition: int, after: int, limit: int) -> list[StoredMessage]:
         """Up to ``limit`` messages of the partition after position ``after``, in position order."""
-        _check_partition(topic, partition)
+        check_partition(topic, partition)
         rows = await self._pool.fetch(
             """SELECT position, key, key_is_text, payload, publish_time, properties FROM kf_messages
                WHERE topic = $1 AND partition = $2 AND position > $3 ORDER BY position LIMIT $4""",
@@ -463,13 +387,13 @@ class PostgresLog:
             after,
             limit,
         )
-        return [_stored_message(r) for r in rows]
+        return [message_from_row(r) for r in rows]
 
     async def position_at_time(self, topic: str, partition: int, publish_time: int) -> int | None:
         """The first position of the partition whose publish time is at or after ``publish_time`` (µs since
         the Unix epoch), None when there is none; messages without a publish time count as older. The primary
         key walked in position order from the start: O(messages before it)."""
-        _check_partition(topic, partition)
+        check_partition(topic, partition)
         found = await self._pool.fetchval(
             """SELECT position FROM kf_messages WHERE topic = $1 AND partition = $2 AND publish_time >= $3
                ORDER BY position LIMIT 1""",
@@ -711,7 +635,7 @@ class PostgresStore(Store):
             partition,
             list(positions),
         )
-        return {int(r["position"]): _stored_message(r) for r in rows}
+        return {int(r["position"]): message_from_row(r) for r in rows}
 
     async def subscriptions(self, topic: str) -> list[str]:
         """The subscriptions with a saved cursor of the partition ``topic`` names, sorted."""
@@ -794,7 +718,7 @@ class PostgresStore(Store):
     async def _dead_letter(self, topic: str, subscription: str, letters: Sequence[Letter]) -> list[int]:
         """Store the letters under ``topic``'s lease, numbered on from the subscription's last; their numbers."""
         rows = [
-            (position, *_check_message(None, (None, key, payload), publish_time, properties)[1:], count, reason)
+            (position, *check_message(None, (None, key, payload), publish_time, properties)[1:], count, reason)
             for position, key, payload, count, reason, publish_time, properties in letters
         ]
         now = time.time()
@@ -870,14 +794,14 @@ class PostgresStore(Store):
             DeadLetterRecord(
                 int(r["dlq_position"]),
                 int(r["position"]),
-                _stored_key(r["key"], r["key_is_text"]),
+                key_from_row(r["key"], r["key_is_text"]),
                 bytes(r["payload"]),
                 int(r["redelivery_count"]),
                 str(r["reason"]),
                 float(r["time"]),
                 None if r["replayed_at"] is None else int(r["replayed_at"]),
                 None if r["publish_time"] is None else int(r["publish_time"]),
-                _stored_properties(r["properties"]),
+                properties_from_row(r["properties"]),
             )
             for r in rows
         ]
@@ -889,7 +813,7 @@ class PostgresStore(Store):
         waiting = [r for r in await self.dead_letters(topic, subscription, 2**62) if r.replayed_at is None]
         if not waiting:
             return []
-        rows = [_check_message(None, (None, r.key, r.payload), r.publish_time, r.properties) for r in waiting]
+        rows = [check_message(None, (None, r.key, r.payload), r.publish_time, r.properties) for r in waiting]
 
         async def replay(lease: Lease) -> list[tuple[int, bool]]:
             """Append the rows and mark their letters in one transaction that checks ``lease``."""
@@ -910,80 +834,6 @@ class PostgresStore(Store):
             StoredMessage(position, r.key, r.payload, r.publish_time, r.properties)
             for r, (position, _) in zip(waiting, stored, strict=True)
         ]
-
-
-def _check_partition(topic: object, partition: object) -> None:
-    """Refuse a topic that is no non-empty str, and a partition that is no int of at least 0."""
-    if not isinstance(topic, str) or not topic:
-        raise LogError(f"topic must be a non-empty str, not {topic!r}")
-    if type(partition) is not int or partition < 0:
-        raise LogError(f"partition must be an int >= 0, not {partition!r}")
-
-
-Row = tuple[int | None, bytes | None, bool, bytes, int | None, bytes | None]
-"""``(seq, key bytes, key was a str, payload, publish time, encoded properties)``: a message as :func:`_check_message`
-checked it."""
-
-
-def _check_rows(
-    producer: str | None, messages: Sequence[Message], properties: PropertiesColumn, publish_time: int
-) -> list[Row]:
-    """The rows of one produce request, checked; ``properties`` one encoding (or None) per message, or None."""
-    if properties is None:
-        return [_check_message(producer, message, publish_time) for message in messages]
-    if len(properties) != len(messages):
-        raise PropertiesError(
-            f"a batch of {len(messages)} messages has properties for {len(properties)}; expected one encoding or "
-            "None per message"
-        )
-    return [
-        _check_message(producer, message, publish_time, encoded)
-        for message, encoded in zip(messages, properties, strict=True)
-    ]
-
-
-def _check_message(
-    producer: str | None, message: Message, publish_time: int | None, properties: bytes | None = None
-) -> Row:
-    """``(seq, key bytes, key was a str, payload, publish_time, properties)`` of one message to append, checked."""
-    seq, key, payload = message
-    if producer is not None and (type(seq) is not int or seq < 0):
-        raise LogError(f"a named producer's message needs a sequence id >= 0, not {seq!r}")
-    if not isinstance(payload, bytes):
-        raise LogError(f"a payload must be bytes, not {type(payload).__name__}")
-    if properties is not None:
-        check_encoded(properties)
-    if key is None:
-        return seq, None, False, payload, publish_time, properties
-    if isinstance(key, str):
-        return seq, key.encode(), True, payload, publish_time, properties
-    if isinstance(key, bytes):
-        return seq, key, False, payload, publish_time, properties
-    raise LogError(f"a key must be str, bytes or None, not {type(key).__name__}")
-
-
-def _stored_message(row: Any) -> StoredMessage:
-    """A ``kf_messages`` row (position, key, key_is_text, payload, publish_time, properties) as the log's message."""
-    at = row["publish_time"]
-    return StoredMessage(
-        int(row["position"]),
-        _stored_key(row["key"], row["key_is_text"]),
-        bytes(row["payload"]),
-        None if at is None else int(at),
-        _stored_properties(row["properties"]),
-    )
-
-
-def _stored_properties(data: bytes | None) -> bytes | None:
-    """Stored properties as bytes; None when the message has none."""
-    return None if data is None else bytes(data)
-
-
-def _stored_key(data: bytes | None, is_text: bool) -> Key:
-    """A stored key as the producer gave it: a str when it was one, else bytes; None for no key."""
-    if data is None:
-        return None
-    return bytes(data).decode() if is_text else bytes(data)
 
 
 def _redacted(dsn: str) -> str:

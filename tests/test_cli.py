@@ -10,7 +10,7 @@ from functools import partial
 from pathlib import Path
 from urllib.request import urlopen
 
-from keyfailover.broker.storage.sqlite import publish_clock
+from keyfailover.broker.storage.records import publish_clock
 from keyfailover.client import Client, Timeout
 from keyfailover.core.clock import ManualClock
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash

@@ -11,7 +11,8 @@ from pathlib import Path
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 
-from keyfailover.broker.storage.sqlite import Log, LogSnapshot, publish_clock
+from keyfailover.broker.storage.records import publish_clock
+from keyfailover.broker.storage.sqlite import Log, LogSnapshot
 from keyfailover.client import Client
 from keyfailover.core.errors import InvalidKeyError, LogError, LogFileError
 from keyfailover.integrations.export import export_topic

@@ -20,17 +20,10 @@ from hypothesis import strategies as st
 
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.storage import _executor as executor_module
-from keyfailover.broker.storage import sqlite as sqlite_module
+from keyfailover.broker.storage import _sqlite_entries as sqlite_module
 from keyfailover.broker.storage._executor import SQLiteStore
-from keyfailover.broker.storage.sqlite import (
-    MAX_POSITION,
-    SCHEMA_VERSION,
-    Key,
-    Log,
-    LogSnapshot,
-    StoredMessage,
-    publish_clock,
-)
+from keyfailover.broker.storage.records import Key, StoredMessage, publish_clock
+from keyfailover.broker.storage.sqlite import MAX_POSITION, SCHEMA_VERSION, Log, LogSnapshot
 from keyfailover.core.errors import (
     InvalidKeyError,
     KeyFailoverError,

@@ -21,7 +21,7 @@ from keyfailover.broker.storage.postgresql import (
     PostgresStore,
     Row,
 )
-from keyfailover.broker.storage.sqlite import Key, StoredMessage, publish_clock
+from keyfailover.broker.storage.records import Key, StoredMessage, publish_clock
 from keyfailover.core.errors import LogError, PropertiesError
 from keyfailover.core.partitions import partition_topic, split_partition_topic
 from keyfailover.tools.services import PostgreSQL, free_port

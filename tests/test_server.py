@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from keyfailover import RangeMap
-from keyfailover.broker.storage.sqlite import publish_clock
+from keyfailover.broker.storage.records import publish_clock
 from keyfailover.client import Client, ClientClosed, Consumer, Message, Timeout
 from keyfailover.client.aio import AsyncClient
 from keyfailover.core.hashing import HASH_RANGE_SIZE

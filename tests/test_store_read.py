@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 
 from keyfailover.broker.storage.postgresql import PostgresLog
-from keyfailover.broker.storage.sqlite import Key, Message
+from keyfailover.broker.storage.records import Key, Message
 from keyfailover.core.errors import LogError
 from keyfailover.integrations import export
 from keyfailover.integrations._store import StoreURL

@@ -30,7 +30,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
-from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, ExportRow, Key, LogSnapshot
+from keyfailover.broker.storage.records import ExportRow, Key
+from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, LogSnapshot
 from keyfailover.core.errors import InvalidKeyError, LogError, LogFileError
 from keyfailover.integrations._store import (
     StoreURL,

@@ -67,7 +67,7 @@ from keyfailover.broker.server._connection import ClientConnection, ReadPausing,
 from keyfailover.broker.server._pulsar_reader import PulsarReader
 from keyfailover.broker.server._subscription import Session, Subscription
 from keyfailover.broker.storage._store import NotServedError, Result, Store
-from keyfailover.broker.storage.sqlite import PropertiesColumn
+from keyfailover.broker.storage.records import PropertiesColumn
 from keyfailover.core.errors import ConsumerError, ErrorCode, KeyFailoverError, PropertiesError, ProtocolError
 from keyfailover.core.partitions import split_partition_topic
 from keyfailover.wire.protocol import ConsumerClosed, Frame, Key, Messages, stream_transport, valid_name

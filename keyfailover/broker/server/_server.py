@@ -24,13 +24,8 @@ from keyfailover.broker.server._subscription import DeliverySettings, Session, S
 from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES
 from keyfailover.broker.storage._executor import SQLiteStore
 from keyfailover.broker.storage._store import NotServedError, Result, Store, TopicDirectory
-from keyfailover.broker.storage.sqlite import (
-    DELIVERY_SETTINGS,
-    LOG_FILE_NAME,
-    DeadLetterRecord,
-    Log,
-    dead_letter_topic,
-)
+from keyfailover.broker.storage.records import DELIVERY_SETTINGS, DeadLetterRecord, dead_letter_topic
+from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, Log
 from keyfailover.core.dispatcher import check_consume_mode
 from keyfailover.core.errors import ConfigError, KeyFailoverError, RangeMapError
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash

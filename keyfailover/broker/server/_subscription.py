@@ -25,7 +25,7 @@ import numpy as np
 
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.storage._store import NotServedError, Store
-from keyfailover.broker.storage.sqlite import StoredMessage, dead_letter_topic, publish_clock
+from keyfailover.broker.storage.records import StoredMessage, dead_letter_topic, publish_clock
 from keyfailover.core.dispatcher import (
     DEFAULT_ACK_TIMEOUT,
     DEFAULT_NACK_BACKOFF_MAX,

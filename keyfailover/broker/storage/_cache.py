@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from keyfailover.broker.storage.sqlite import Key, StoredMessage, stored_message
+from keyfailover.broker.storage.records import Key, StoredMessage, stored_message
 
 __all__ = ["DEFAULT_ENTRY_CACHE_BYTES", "ENTRY_OVERHEAD", "EntryCache"]
 
@@ -47,9 +47,11 @@ class _Run:
         self.bytes = 0
 
     def first(self) -> int:
+        """The first position the run still caches."""
         return self.start + self.head
 
     def last(self) -> int:
+        """The run's last position."""
         return self.start + len(self.keys) - 1
 
     def messages(self, begin: int, end: int) -> list[StoredMessage]:
@@ -69,6 +71,7 @@ class _Run:
         )
 
     def message(self, index: int) -> StoredMessage:
+        """The message at ``index``."""
         return stored_message(
             (self.start + index, self.keys[index], self.payloads[index], self.times[index], self.properties[index])
         )

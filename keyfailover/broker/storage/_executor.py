@@ -15,7 +15,8 @@ from typing import ParamSpec, TypeVar
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES
 from keyfailover.broker.storage._store import Batch, Letter, Result, Store
-from keyfailover.broker.storage.sqlite import DeadLetterRecord, Log, StoredMessage
+from keyfailover.broker.storage.records import DeadLetterRecord, StoredMessage
+from keyfailover.broker.storage.sqlite import Log
 from keyfailover.core.errors import KeyFailoverError
 
 __all__ = ["SQLiteStore"]
@@ -45,9 +46,11 @@ class SQLiteStore(Store):
         return True
 
     async def _open(self) -> dict[str, int]:
+        """The last position of every topic of the log."""
         return {topic: await self._call(self._log.last_position, topic) for topic in await self._call(self._log.topics)}
 
     async def _write(self, batches: list[Batch], publish_time: int) -> list[Result | BaseException]:
+        """Append the batches in one transaction; when one is bad, each alone, so only that one fails."""
         try:
             return list(await self._call(self._log.append, batches, publish_time))
         except KeyFailoverError as exc:
@@ -60,13 +63,16 @@ class SQLiteStore(Store):
         return results
 
     async def _shut(self) -> None:
+        """Close the log, then its thread."""
         await self._call(self._log.close)
         self._executor.shutdown(wait=True)
 
     async def _read(self, topic: str, after: int, limit: int) -> list[StoredMessage]:
+        """The log's read, on its thread."""
         return await self._call(self._log.read, topic, after, limit)
 
     async def _read_positions(self, topic: str, positions: Iterable[int]) -> dict[int, StoredMessage]:
+        """The log's read of positions, on its thread."""
         return await self._call(self._log.read_positions, topic, positions)
 
     async def position_at_time(self, topic: str, publish_time: int) -> int | None:
@@ -83,46 +89,61 @@ class SQLiteStore(Store):
         return None
 
     async def last_sequence(self, topic: str, producer: str) -> int:
+        """The highest sequence id ``producer`` stored in ``topic``; -1 when it stored none."""
         return await self._call(self._log.last_sequence, topic, producer)
 
     async def subscriptions(self, topic: str) -> list[str]:
+        """The subscriptions of ``topic`` with a saved cursor, sorted."""
         return await self._call(self._log.subscriptions, topic)
 
     async def load_cursor(self, topic: str, subscription: str) -> Cursor:
+        """The subscription's saved cursor; a new subscription's is at 0."""
         return await self._call(self._log.load_cursor, topic, subscription)
 
     async def has_cursor(self, topic: str, subscription: str) -> bool:
+        """Whether the subscription has a saved cursor."""
         return await self._call(self._log.has_cursor, topic, subscription)
 
     async def delete_cursor(self, topic: str, subscription: str) -> bool:
+        """Forget the subscription's saved cursor; whether it had one."""
         return await self._call(self._log.delete_cursor, topic, subscription)
 
     async def save_cursors(self, cursors: Sequence[tuple[str, str, Cursor]]) -> None:
+        """Save ``(topic, subscription, cursor)`` triples in one transaction."""
         await self._call(self._log.save_cursors, cursors)
 
     async def load_consume_mode(self, topic: str, subscription: str) -> str | None:
+        """The subscription's saved consume mode, or None."""
         return await self._call(self._log.load_consume_mode, topic, subscription)
 
     async def save_consume_mode(self, topic: str, subscription: str, mode: str) -> None:
+        """Save the subscription's consume mode."""
         await self._call(self._log.save_consume_mode, topic, subscription, mode)
 
     async def load_delivery_settings(self, topic: str, subscription: str) -> dict[str, float | int | None]:
+        """The delivery settings the subscription has of its own."""
         return await self._call(self._log.load_delivery_settings, topic, subscription)
 
     async def save_delivery_settings(self, topic: str, subscription: str, settings: Mapping[str, object]) -> None:
+        """Replace the subscription's own delivery settings; empty: none."""
         await self._call(self._log.save_delivery_settings, topic, subscription, settings)
 
     async def _dead_letter(self, topic: str, subscription: str, letters: Sequence[Letter]) -> list[int]:
+        """Store the letters in the subscription's dead-letter topic in one transaction; their positions there."""
         return await self._call(self._log.dead_letter, topic, subscription, letters)
 
     async def dead_letters(self, topic: str, subscription: str, limit: int) -> list[DeadLetterRecord]:
+        """The subscription's dead letters, oldest first."""
         return await self._call(self._log.dead_letters, topic, subscription, limit)
 
     async def _replay_dead_letters(self, topic: str, subscription: str) -> list[StoredMessage]:
+        """Re-publish the dead letters not replayed yet in one transaction; the messages as stored."""
         return await self._call(self._log.replay_dead_letters, topic, subscription)
 
     async def partition_counts(self) -> dict[str, int]:
+        """Every topic created with partitions, and how many it has."""
         return await self._call(self._log.partition_counts)
 
     async def create_partitioned_topic(self, topic: str, partitions: int) -> bool:
+        """Record ``topic``'s partitions; False when it has as many already."""
         return await self._call(self._log.create_partitioned_topic, topic, partitions)

@@ -11,7 +11,7 @@ Produce requests that arrive while a write is running are written together in th
 (group commit), so a producer is answered only after the transaction holding its messages
 committed, and the event loop never waits on the disk or the network. Every message of one
 group commit gets the same publish time: the broker's wall clock as the commit began
-(:func:`~keyfailover.broker.storage.sqlite.publish_clock`, microseconds since the Unix epoch).
+(:func:`~keyfailover.broker.storage.records.publish_clock`, microseconds since the Unix epoch).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Protocol
 
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES, EntryCache
-from keyfailover.broker.storage.sqlite import (
+from keyfailover.broker.storage.records import (
     DeadLetterEntry,
     DeadLetterRecord,
     Key,
@@ -45,8 +45,8 @@ _log = logging.getLogger("keyfailover.server")
 _key, _payload, _duplicate = operator.itemgetter(1), operator.itemgetter(2), operator.itemgetter(1)
 
 Batch = tuple[str, str | None, Sequence[tuple[int | None, Key, bytes]], PropertiesColumn]
-"""``(topic, producer or None, [(seq, key, payload), ...], properties)``: one produce request; ``properties``
-the encoded properties of each message, or None when none of them has any."""
+"""``(topic, producer or None, messages, properties)``: one produce request; each message ``(seq, key, payload)``,
+``properties`` the encoded properties of each message, or None when none of them has any."""
 Result = list[tuple[int, bool]]
 """``(position, duplicate)`` per message of a batch."""
 Letter = DeadLetterEntry
@@ -253,6 +253,7 @@ class Store(ABC):
         await self._shut()
 
     async def _commit_loop(self) -> None:
+        """Write what was queued while the last write ran, one group commit at a time, until closed."""
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -263,6 +264,8 @@ class Store(ABC):
                 return
 
     async def _commit(self, queued: list[tuple[Batch, asyncio.Future[Result]]]) -> None:
+        """Write the queued produce requests in one group commit, answer each, and put the new messages in the
+        entry cache before the listeners hear of their topics."""
         started = time.perf_counter()
         now = publish_clock()
         try:

@@ -38,96 +38,31 @@ import asyncpg
 
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES
+from keyfailover.broker.storage._postgresql_schema import (
+    Row,
+    check_message,
+    check_partition,
+    check_rows,
+    create_schema,
+    key_from_row,
+    message_from_row,
+    properties_from_row,
+)
 from keyfailover.broker.storage._store import Batch, Letter, NotServedError, Result, Store
-from keyfailover.broker.storage.sqlite import (
+from keyfailover.broker.storage.records import (
     DELIVERY_SETTINGS,
     DeadLetterRecord,
-    Key,
     Message,
     PropertiesColumn,
     StoredMessage,
     publish_clock,
 )
 from keyfailover.core.errors import CursorError, LogError, LogFileError, PropertiesError
-from keyfailover.wire.properties import check_encoded
 
-__all__ = ["APPLICATION_NAME", "FENCE_PATIENCE", "FencedError", "Lease", "PostgresLog", "PostgresStore"]
+__all__ = ["APPLICATION_NAME", "FENCE_PATIENCE", "FencedError", "Lease", "PostgresLog", "PostgresStore", "Row"]
 
 _log = logging.getLogger("keyfailover.server")
 _ownership = logging.getLogger("keyfailover.ownership")  # every partition a broker starts or stops serving
-
-_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS kf_partitions (
-        topic TEXT NOT NULL,
-        partition INTEGER NOT NULL,
-        owner TEXT NOT NULL,
-        owner_epoch BIGINT NOT NULL,          -- +1 each time a broker opens the partition
-        last_position BIGINT NOT NULL DEFAULT 0,
-        PRIMARY KEY (topic, partition)
-    )""",
-    """CREATE TABLE IF NOT EXISTS kf_messages (
-        topic TEXT NOT NULL,
-        partition INTEGER NOT NULL,
-        position BIGINT NOT NULL,
-        key BYTEA,                            -- NULL: keyless
-        key_is_text BOOLEAN NOT NULL,         -- the key was a str (stored as its UTF-8 bytes)
-        payload BYTEA NOT NULL,
-        producer TEXT,
-        seq BIGINT,
-        epoch BIGINT NOT NULL,                -- the owner epoch it was written under (audits fencing)
-        PRIMARY KEY (topic, partition, position)
-    )""",
-    """CREATE INDEX IF NOT EXISTS kf_messages_by_producer_seq
-        ON kf_messages (topic, partition, producer, seq) WHERE producer IS NOT NULL""",
-    """CREATE TABLE IF NOT EXISTS kf_producers (
-        topic TEXT NOT NULL,
-        partition INTEGER NOT NULL,
-        producer TEXT NOT NULL,
-        last_seq BIGINT NOT NULL,
-        PRIMARY KEY (topic, partition, producer)
-    )""",
-    """CREATE TABLE IF NOT EXISTS kf_cursors (
-        topic TEXT NOT NULL,
-        partition INTEGER NOT NULL,
-        subscription TEXT NOT NULL,
-        state BYTEA NOT NULL,                 -- Cursor.to_bytes()
-        PRIMARY KEY (topic, partition, subscription)
-    )""",
-    """CREATE TABLE IF NOT EXISTS kf_subscription_settings (
-        topic TEXT NOT NULL,                  -- a topic, not a partition: settings hold for all of them
-        subscription TEXT NOT NULL,
-        consume_mode TEXT,                    -- ordered | unordered, NULL: the server's
-        settings TEXT NOT NULL DEFAULT '{}',  -- JSON: the delivery settings the subscription sets itself
-        PRIMARY KEY (topic, subscription)
-    )""",
-    """CREATE TABLE IF NOT EXISTS kf_dead_letters (
-        topic TEXT NOT NULL,
-        partition INTEGER NOT NULL,
-        subscription TEXT NOT NULL,
-        dlq_position BIGINT NOT NULL,         -- 1, 2, 3, ... per (topic, partition, subscription)
-        position BIGINT NOT NULL,             -- where it was in its partition
-        key BYTEA,
-        key_is_text BOOLEAN NOT NULL,
-        payload BYTEA NOT NULL,
-        redelivery_count INTEGER NOT NULL,
-        reason TEXT NOT NULL,
-        time DOUBLE PRECISION NOT NULL,       -- unix seconds it was dead-lettered
-        replayed_at BIGINT,                   -- its position in the partition once re-published
-        PRIMARY KEY (topic, partition, subscription, dlq_position)
-    )""",
-)
-
-_ADDED_COLUMNS = (
-    ("kf_messages", "publish_time", "BIGINT"),
-    ("kf_dead_letters", "publish_time", "BIGINT"),
-    ("kf_messages", "properties", "BYTEA"),
-    ("kf_dead_letters", "properties", "BYTEA"),
-)
-"""Columns that came later (publish times, µs since the Unix epoch; encoded properties): the tables of an
-older log gain them, NULL (unknown; none) in the rows stored before, without a rewrite. Added only where
-missing: ALTER TABLE takes an exclusive lock on the table even when the column is there, which would stall
-(and, queued between the locks of other brokers' appends, deadlock) every write while a broker starts."""
-
 
 APPLICATION_NAME = "keyfailover broker"
 """The ``application_name`` of a broker's connections to the shared log: a new owner ends only these."""
@@ -205,18 +140,7 @@ class PostgresLog:
         except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
             raise LogError(f"cannot reach PostgreSQL at {_redacted(dsn)}: {exc}") from None
         async with pool.acquire() as connection, connection.transaction():
-            await connection.execute("SELECT pg_advisory_xact_lock(7415)")  # one schema creator at a time
-            for statement in _SCHEMA:
-                await connection.execute(statement)
-            for table, column, kind in _ADDED_COLUMNS:
-                found = await connection.fetchval(
-                    "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
-                    "AND table_name = $1 AND column_name = $2",
-                    table,
-                    column,
-                )
-                if found is None:
-                    await connection.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            await create_schema(connection)
         return cls(pool)
 
     @property
@@ -225,6 +149,7 @@ class PostgresLog:
         return self._pool
 
     async def close(self) -> None:
+        """Close the connection pool."""
         await self._pool.close()
 
     async def open_partition(self, topic: str, partition: int, owner: str) -> Lease:
@@ -241,7 +166,7 @@ class PostgresLog:
         commit waiting for a synchronous standby) or is not a keyfailover broker's connection is waited
         for. Each step is logged on ``keyfailover.ownership``.
         """
-        _check_partition(topic, partition)
+        check_partition(topic, partition)
         async with self._pool.acquire() as connection:
             bump = asyncio.ensure_future(connection.fetchrow(_BUMP, topic, partition, owner))
             seen: set[tuple[int, bool]] = set()
@@ -318,7 +243,7 @@ class PostgresLog:
         publish_time: int | None = None,
         properties: PropertiesColumn = None,
     ) -> list[tuple[int, bool]]:
-        """Store ``messages`` (``(seq, key, payload)``) in the leased partition, in one transaction.
+        """Store ``messages``, each ``(seq, key, payload)``, in the leased partition, in one transaction.
 
         Returns ``(position, duplicate)`` per message, as the SQLite log does: a duplicate is
         answered with the position it was stored at. Each
@@ -337,7 +262,9 @@ class PostgresLog:
         """Store several produce requests ``(producer, messages, properties)`` in the leased partition in one
         transaction (one COPY): as :meth:`append` each, in order; all or nothing."""
         now = publish_clock() if publish_time is None else publish_time
-        checked = [(producer, _rows(producer, messages, properties, now)) for producer, messages, properties in batches]
+        checked = [
+            (producer, check_rows(producer, messages, properties, now)) for producer, messages, properties in batches
+        ]
         async with self._pool.acquire() as connection, connection.transaction():
             return await self.append_in(connection, lease, checked)
 
@@ -451,7 +378,7 @@ class PostgresLog:
 
     async def read(self, topic: str, partition: int, after: int, limit: int) -> list[StoredMessage]:
         """Up to ``limit`` messages of the partition after position ``after``, in position order."""
-        _check_partition(topic, partition)
+        check_partition(topic, partition)
         rows = await self._pool.fetch(
             """SELECT position, key, key_is_text, payload, publish_time, properties FROM kf_messages
                WHERE topic = $1 AND partition = $2 AND position > $3 ORDER BY position LIMIT $4""",
@@ -460,13 +387,13 @@ class PostgresLog:
             after,
             limit,
         )
-        return [_stored_message(r) for r in rows]
+        return [message_from_row(r) for r in rows]
 
     async def position_at_time(self, topic: str, partition: int, publish_time: int) -> int | None:
         """The first position of the partition whose publish time is at or after ``publish_time`` (µs since
         the Unix epoch), None when there is none; messages without a publish time count as older. The primary
         key walked in position order from the start: O(messages before it)."""
-        _check_partition(topic, partition)
+        check_partition(topic, partition)
         found = await self._pool.fetchval(
             """SELECT position FROM kf_messages WHERE topic = $1 AND partition = $2 AND publish_time >= $3
                ORDER BY position LIMIT 1""",
@@ -538,7 +465,7 @@ class PostgresLog:
 
 
 Locate = Callable[[str], tuple[str, int]]
-"""A served topic name -> ``(topic, partition)`` as the log keys it (``T-partition-p`` -> ``(T, p)``)."""
+"""A served topic name -> ``(topic, partition)`` as the log keys it: ``T-partition-p`` -> ``(T, p)``."""
 
 
 class PostgresStore(Store):
@@ -562,11 +489,13 @@ class PostgresStore(Store):
 
     @property
     def log(self) -> PostgresLog:
+        """The shared log; :class:`LogError` before the store is opened."""
         if self._log is None:
             raise LogError("the PostgreSQL store is not open")
         return self._log
 
     def serves(self, topic: str) -> bool:
+        """Whether this broker holds ``topic``'s lease: it writes only the topics it acquired."""
         return topic in self._leases
 
     def served(self) -> dict[str, Lease]:
@@ -591,12 +520,14 @@ class PostgresStore(Store):
             _ownership.info("broker %s stops serving %r (owner epoch %d)", self.owner, topic, lease.epoch)
 
     def _lease(self, topic: str) -> Lease:
+        """``topic``'s lease; :class:`NotServedError` when this broker does not serve it."""
         lease = self._leases.get(topic)
         if lease is None:
             raise NotServedError(f"this broker does not serve {topic!r} now; nothing was written")
         return lease
 
     def _fenced(self, topic: str, lease: Lease) -> None:
+        """Stop serving ``topic`` when ``lease``, which another broker fenced, is still the one it holds."""
         if self._leases.get(topic) is lease:
             _log.warning("%s: fenced out of %r (another broker opened it); it stops serving it", self.owner, topic)
             self.release(topic)
@@ -635,20 +566,25 @@ class PostgresStore(Store):
             ) from exc
 
     async def _open(self) -> dict[str, int]:
+        """Connect to the shared log; no topic is served until :meth:`acquire`."""
         self._log = await PostgresLog.connect(self._dsn, max_size=8)
         return {}
 
     async def _shut(self) -> None:
+        """Close the connection to the shared log."""
         if self._log is not None:
             await self._log.close()
 
     async def _write(self, batches: list[Batch], publish_time: int) -> list[Result | BaseException]:
+        """Store each topic's batches in one transaction under its lease, the topics side by side. When a
+        transaction of several batches is refused for a bad request, each of them is stored alone."""
         by_topic: dict[str, list[int]] = defaultdict(list)
         for index, (topic, _, _, _) in enumerate(batches):
             by_topic[topic].append(index)
         results: list[Result | BaseException] = [LogError("not written")] * len(batches)
 
         async def write(topic: str, indexes: list[int]) -> None:
+            """Store the batches at ``indexes``, all of ``topic``, and set their results."""
             requests = [batches[i][1:] for i in indexes]
             try:
                 stored = await self._leased(topic, lambda lease: self.log.append_batches(lease, requests, publish_time))
@@ -667,24 +603,30 @@ class PostgresStore(Store):
         return results
 
     async def _read(self, topic: str, after: int, limit: int) -> list[StoredMessage]:
+        """Up to ``limit`` messages of the partition ``topic`` names, above position ``after``."""
         name, partition = self._locate(topic)
         return await self.log.read(name, partition, after, limit)
 
     async def position_at_time(self, topic: str, publish_time: int) -> int | None:
+        """The first position of the partition ``topic`` names stored at or after ``publish_time``."""
         name, partition = self._locate(topic)
         return await self.log.position_at_time(name, partition, publish_time)
 
-    async def last_sequence(self, topic: str, producer: str) -> int:
+    async def _partition_value(self, topic: str, sql: str, *arguments: object) -> Any:
+        """The one value of ``sql`` for the partition ``topic`` names: its ``$1`` and ``$2`` are the
+        partition's topic and number, then come ``arguments``; None when it finds no row."""
         name, partition = self._locate(topic)
-        found = await self.log.pool.fetchval(
-            "SELECT last_seq FROM kf_producers WHERE topic = $1 AND partition = $2 AND producer = $3",
-            name,
-            partition,
-            producer,
+        return await self.log.pool.fetchval(sql, name, partition, *arguments)
+
+    async def last_sequence(self, topic: str, producer: str) -> int:
+        """The highest sequence id ``producer`` stored in ``topic``; -1 when it stored none."""
+        found = await self._partition_value(
+            topic, "SELECT last_seq FROM kf_producers WHERE topic = $1 AND partition = $2 AND producer = $3", producer
         )
         return -1 if found is None else int(found)
 
     async def _read_positions(self, topic: str, positions: Iterable[int]) -> dict[int, StoredMessage]:
+        """The messages at ``positions`` of the partition ``topic`` names, those it holds."""
         name, partition = self._locate(topic)
         rows = await self.log.pool.fetch(
             """SELECT position, key, key_is_text, payload, publish_time, properties FROM kf_messages
@@ -693,9 +635,10 @@ class PostgresStore(Store):
             partition,
             list(positions),
         )
-        return {int(r["position"]): _stored_message(r) for r in rows}
+        return {int(r["position"]): message_from_row(r) for r in rows}
 
     async def subscriptions(self, topic: str) -> list[str]:
+        """The subscriptions with a saved cursor of the partition ``topic`` names, sorted."""
         name, partition = self._locate(topic)
         rows = await self.log.pool.fetch(
             "SELECT subscription FROM kf_cursors WHERE topic = $1 AND partition = $2 ORDER BY subscription",
@@ -705,19 +648,18 @@ class PostgresStore(Store):
         return [str(row["subscription"]) for row in rows]
 
     async def delete_cursor(self, topic: str, subscription: str) -> bool:
+        """Forget the subscription's cursor under ``topic``'s lease; whether it had one."""
         return await self._leased(topic, lambda lease: self.log.delete_cursor(lease, subscription))
 
     async def has_cursor(self, topic: str, subscription: str) -> bool:
-        name, partition = self._locate(topic)
-        found = await self.log.pool.fetchval(
-            "SELECT 1 FROM kf_cursors WHERE topic = $1 AND partition = $2 AND subscription = $3",
-            name,
-            partition,
-            subscription,
+        """Whether the subscription has a saved cursor of the partition ``topic`` names."""
+        found = await self._partition_value(
+            topic, "SELECT 1 FROM kf_cursors WHERE topic = $1 AND partition = $2 AND subscription = $3", subscription
         )
         return found is not None
 
     async def load_cursor(self, topic: str, subscription: str) -> Cursor:
+        """The subscription's saved cursor; :class:`LogFileError` when it is unreadable."""
         name, partition = self._locate(topic)
         try:
             return await self.log.load_cursor(name, partition, subscription)
@@ -725,10 +667,12 @@ class PostgresStore(Store):
             raise LogFileError(f"the cursor of {subscription!r} on {topic!r} is unreadable: {exc}") from exc
 
     async def save_cursors(self, cursors: Sequence[tuple[str, str, Cursor]]) -> None:
+        """Save each ``(topic, subscription, cursor)`` under its topic's lease, one transaction each."""
         for topic, subscription, cursor in cursors:
             await self._leased(topic, partial(self.log.save_cursor, subscription=subscription, cursor=cursor))
 
     async def _setting(self, topic: str, subscription: str, column: str) -> Any:
+        """The subscription's saved ``column`` of ``kf_subscription_settings``; None when none was saved."""
         return await self.log.pool.fetchval(
             f"SELECT {column} FROM kf_subscription_settings WHERE topic = $1 AND subscription = $2",
             topic,
@@ -736,10 +680,12 @@ class PostgresStore(Store):
         )
 
     async def load_consume_mode(self, topic: str, subscription: str) -> str | None:
+        """The subscription's saved consume mode, or None."""
         found = await self._setting(topic, subscription, "consume_mode")
         return None if found is None else str(found)
 
     async def save_consume_mode(self, topic: str, subscription: str, mode: str) -> None:
+        """Save the subscription's consume mode, ``"ordered"`` or ``"unordered"``."""
         if mode not in ("ordered", "unordered"):
             raise LogError(f"consume mode must be 'ordered' or 'unordered', not {mode!r}")
         await self.log.pool.execute(
@@ -751,11 +697,13 @@ class PostgresStore(Store):
         )
 
     async def load_delivery_settings(self, topic: str, subscription: str) -> dict[str, float | int | None]:
+        """The delivery settings the subscription has of its own; empty when none were saved."""
         found = await self._setting(topic, subscription, "settings")
         settings = {} if found is None else json.loads(found)
         return {name: settings[name] for name in DELIVERY_SETTINGS if name in settings}
 
     async def save_delivery_settings(self, topic: str, subscription: str, settings: Mapping[str, object]) -> None:
+        """Replace the subscription's own delivery settings; empty: none."""
         unknown = sorted(set(settings) - set(DELIVERY_SETTINGS))
         if unknown:
             raise LogError(f"unknown delivery settings {unknown}; expected some of {DELIVERY_SETTINGS}")
@@ -768,13 +716,15 @@ class PostgresStore(Store):
         )
 
     async def _dead_letter(self, topic: str, subscription: str, letters: Sequence[Letter]) -> list[int]:
+        """Store the letters under ``topic``'s lease, numbered on from the subscription's last; their numbers."""
         rows = [
-            (position, *_message(None, (None, key, payload), publish_time, properties)[1:], count, reason)
+            (position, *check_message(None, (None, key, payload), publish_time, properties)[1:], count, reason)
             for position, key, payload, count, reason, publish_time, properties in letters
         ]
         now = time.time()
 
         async def store(lease: Lease) -> list[int]:
+            """Copy the letters in one transaction that checks ``lease``."""
             async with self.log.pool.acquire() as connection, connection.transaction():
                 await PostgresLog.check_lease(connection, lease)
                 last = await connection.fetchval(
@@ -828,6 +778,7 @@ class PostgresStore(Store):
         return await self._leased(topic, store)
 
     async def dead_letters(self, topic: str, subscription: str, limit: int) -> list[DeadLetterRecord]:
+        """The subscription's dead letters in the partition ``topic`` names, oldest first, ``limit`` at most."""
         name, partition = self._locate(topic)
         rows = await self.log.pool.fetch(
             """SELECT dlq_position, position, key, key_is_text, payload, redelivery_count, reason, time, replayed_at,
@@ -843,26 +794,29 @@ class PostgresStore(Store):
             DeadLetterRecord(
                 int(r["dlq_position"]),
                 int(r["position"]),
-                _stored_key(r["key"], r["key_is_text"]),
+                key_from_row(r["key"], r["key_is_text"]),
                 bytes(r["payload"]),
                 int(r["redelivery_count"]),
                 str(r["reason"]),
                 float(r["time"]),
                 None if r["replayed_at"] is None else int(r["replayed_at"]),
                 None if r["publish_time"] is None else int(r["publish_time"]),
-                _stored_properties(r["properties"]),
+                properties_from_row(r["properties"]),
             )
             for r in rows
         ]
 
     async def _replay_dead_letters(self, topic: str, subscription: str) -> list[StoredMessage]:
+        """Append the dead letters not replayed yet to ``topic`` and mark each with its new position, in one
+        transaction under the lease; the messages as stored."""
         self._lease(topic)  # not served: NotServedError before anything is read
         waiting = [r for r in await self.dead_letters(topic, subscription, 2**62) if r.replayed_at is None]
         if not waiting:
             return []
-        rows = [_message(None, (None, r.key, r.payload), r.publish_time, r.properties) for r in waiting]
+        rows = [check_message(None, (None, r.key, r.payload), r.publish_time, r.properties) for r in waiting]
 
         async def replay(lease: Lease) -> list[tuple[int, bool]]:
+            """Append the rows and mark their letters in one transaction that checks ``lease``."""
             async with self.log.pool.acquire() as connection, connection.transaction():
                 [stored] = await self.log.append_in(connection, lease, [(None, rows)])
                 await connection.executemany(
@@ -880,75 +834,6 @@ class PostgresStore(Store):
             StoredMessage(position, r.key, r.payload, r.publish_time, r.properties)
             for r, (position, _) in zip(waiting, stored, strict=True)
         ]
-
-
-def _check_partition(topic: object, partition: object) -> None:
-    if not isinstance(topic, str) or not topic:
-        raise LogError(f"topic must be a non-empty str, not {topic!r}")
-    if type(partition) is not int or partition < 0:
-        raise LogError(f"partition must be an int >= 0, not {partition!r}")
-
-
-Row = tuple[int | None, bytes | None, bool, bytes, int | None, bytes | None]
-"""``(seq, key bytes, key was a str, payload, publish time, encoded properties)``: a message as :func:`_message`
-checked it."""
-
-
-def _rows(
-    producer: str | None, messages: Sequence[Message], properties: PropertiesColumn, publish_time: int
-) -> list[Row]:
-    """The rows of one produce request, checked; ``properties`` one encoding (or None) per message, or None."""
-    if properties is None:
-        return [_message(producer, message, publish_time) for message in messages]
-    if len(properties) != len(messages):
-        raise PropertiesError(
-            f"a batch of {len(messages)} messages has properties for {len(properties)}; expected one encoding or "
-            "None per message"
-        )
-    return [
-        _message(producer, message, publish_time, encoded)
-        for message, encoded in zip(messages, properties, strict=True)
-    ]
-
-
-def _message(producer: str | None, message: Message, publish_time: int | None, properties: bytes | None = None) -> Row:
-    """``(seq, key bytes, key was a str, payload, publish_time, properties)`` of one message to append, checked."""
-    seq, key, payload = message
-    if producer is not None and (type(seq) is not int or seq < 0):
-        raise LogError(f"a named producer's message needs a sequence id >= 0, not {seq!r}")
-    if not isinstance(payload, bytes):
-        raise LogError(f"a payload must be bytes, not {type(payload).__name__}")
-    if properties is not None:
-        check_encoded(properties)
-    if key is None:
-        return seq, None, False, payload, publish_time, properties
-    if isinstance(key, str):
-        return seq, key.encode(), True, payload, publish_time, properties
-    if isinstance(key, bytes):
-        return seq, key, False, payload, publish_time, properties
-    raise LogError(f"a key must be str, bytes or None, not {type(key).__name__}")
-
-
-def _stored_message(row: Any) -> StoredMessage:
-    """A ``kf_messages`` row (position, key, key_is_text, payload, publish_time, properties) as the log's message."""
-    at = row["publish_time"]
-    return StoredMessage(
-        int(row["position"]),
-        _stored_key(row["key"], row["key_is_text"]),
-        bytes(row["payload"]),
-        None if at is None else int(at),
-        _stored_properties(row["properties"]),
-    )
-
-
-def _stored_properties(data: bytes | None) -> bytes | None:
-    return None if data is None else bytes(data)
-
-
-def _stored_key(data: bytes | None, is_text: bool) -> Key:
-    if data is None:
-        return None
-    return bytes(data).decode() if is_text else bytes(data)
 
 
 def _redacted(dsn: str) -> str:

@@ -160,39 +160,38 @@ class Flow:
 
 
 @dataclass(frozen=True, slots=True)
-class Ack:
+class _Settle:
+    """The fields of the frames that settle delivered positions of a consumer session: ``ack``, ``nack``, ``extend``.
+
+    Each frame type is its own subclass, so frames of two types never compare equal.
+    """
+
+    topic: str
+    subscription: str
+    session: int
+    positions: list[int]
+    req: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ack(_Settle):
     """Acknowledge delivered positions of a consumer session; with ``req``, answered (``settled`` or ``error``)."""
 
     type: ClassVar[str] = "ack"
-    topic: str
-    subscription: str
-    session: int
-    positions: list[int]
-    req: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class Nack:
+class Nack(_Settle):
     """Give delivered positions back: each key restarts from its oldest nacked position."""
 
     type: ClassVar[str] = "nack"
-    topic: str
-    subscription: str
-    session: int
-    positions: list[int]
-    req: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class Extend:
+class Extend(_Settle):
     """Renew the leases (ack deadlines) of delivered positions a consumer is still working on."""
 
     type: ClassVar[str] = "extend"
-    topic: str
-    subscription: str
-    session: int
-    positions: list[int]
-    req: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -743,9 +742,10 @@ _CLIENT_SPECS: Final = {
             secret=_opt_label,
         ),
         _spec(Flow, topic=_name, subscription=_name, session=_uint, permits=_uint),
-        _spec(Ack, topic=_name, subscription=_name, session=_uint, positions=_uints, req=_opt_uint),
-        _spec(Nack, topic=_name, subscription=_name, session=_uint, positions=_uints, req=_opt_uint),
-        _spec(Extend, topic=_name, subscription=_name, session=_uint, positions=_uints, req=_opt_uint),
+        *(
+            _spec(cls, topic=_name, subscription=_name, session=_uint, positions=_uints, req=_opt_uint)
+            for cls in (Ack, Nack, Extend)
+        ),
         _spec(CloseConsumer, req=_uint, topic=_name, subscription=_name, session=_uint),
         _spec(Lookup, req=_uint, topic=_name),
         _spec(Ping, nonce=_int64),

@@ -75,26 +75,26 @@ class Produced:
 
 
 @dataclass(frozen=True)
-class Delivered:
-    type: ClassVar[str] = "delivered"
+class _AtConsumer:
+    """The fields of the records of a message at a consumer: :class:`Delivered` and :class:`Acked`."""
+
     t: float
     consumer: str
     key: str
     value: int
     partition: int
     position: int
+
+
+@dataclass(frozen=True)
+class Delivered(_AtConsumer):
+    type: ClassVar[str] = "delivered"
     redelivery: int = 0
 
 
 @dataclass(frozen=True)
-class Acked:
+class Acked(_AtConsumer):
     type: ClassVar[str] = "acked"
-    t: float
-    consumer: str
-    key: str
-    value: int
-    partition: int
-    position: int
     confirmed: bool | None
 
 

@@ -211,23 +211,8 @@ def consume(
     with contextlib.ExitStack() as stack:
         if links is not None:
             stack.callback(links.close)
-        _consume(
-            url, topic, name, records, subscription=subscription, ack_timeout=ack_timeout, mutate=mutate, stop=stop
-        )
-
-
-def _consume(
-    url: str,
-    topic: str,
-    name: str,
-    records: Path,
-    *,
-    subscription: str,
-    ack_timeout: float,
-    mutate: str | None,
-    stop: threading.Event,
-) -> None:
-    with RecordWriter(records) as writer, Client(url) as client:
+        writer = stack.enter_context(RecordWriter(records))
+        client = stack.enter_context(Client(url))
         consumer = client.subscribe(topic, subscription, name, receiver_queue_size=50)
 
         def handle(message: Message, handed: bool = True) -> None:
@@ -295,12 +280,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     consuming.add_argument("--lossy", type=int, default=None, metavar="SEED")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    where = (args.url, args.topic, args.name, args.records)  # what both commands take first
     if args.command == "produce":
         produce(
-            args.url,
-            args.topic,
-            args.name,
-            args.records,
+            *where,
             rate=args.rate,
             keys=args.keys,
             distribution=args.distribution,
@@ -308,10 +291,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     else:
         consume(
-            args.url,
-            args.topic,
-            args.name,
-            args.records,
+            *where,
             subscription=args.subscription,
             ack_timeout=args.ack_timeout,
             mutate=args.mutate,

@@ -59,6 +59,7 @@ def validate_consumer_id(consumer: object) -> str:
 
 
 def _check_slot(name: str, value: object, low: int, high: int) -> int:
+    """``value`` if it is an int in ``[low, high]``; else a RangeMapError naming ``name``."""
     if type(value) is not int or not low <= value <= high:
         raise RangeMapError(f"{name} must be an int in [{low}, {high}], not {value!r}")
     return value
@@ -432,6 +433,7 @@ class RangeMap:
     # -- internals -------------------------------------------------------------------
 
     def _changed(self) -> None:
+        """Count a change: the epoch moves on and what was derived from the lists is dropped."""
         self._epoch += 1
         self._forget()
 

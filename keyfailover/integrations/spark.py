@@ -287,7 +287,7 @@ ranges the code passes the JVM's 64 KB method limit and Spark falls back to inte
 def _range_index(hash_col: str, range_map: RangeMap, *, checked: bool) -> Column:
     """The index of the range holding ``hash_col``'s slot, null for a null slot; an int column.
 
-    A binary search over the range ends (about log2(n) integer comparisons per row), or for
+    A binary search over the range ends (about log2 n integer comparisons per row), or for
     more than ``_MAX_SEARCH_RANGES`` ranges a lookup in a 65536-entry slot table literal; one
     SQL expression, parsed in one call. ``checked``: a slot outside [0, 65535] fails the query
     rather than landing in an edge range. Slots that :func:`with_key_hash` computed need no

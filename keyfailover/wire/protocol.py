@@ -406,6 +406,7 @@ def encode(frame: Frame, version: int = PROTOCOL_VERSION) -> bytes:
 
 
 # -- field checks ---------------------------------------------------------------------------
+# Each check returns the value it was given, or raises a _FieldError saying what was expected.
 
 
 class _FieldError(Exception):
@@ -416,6 +417,7 @@ class _ShortRepr(reprlib.Repr):
     """reprlib, with bytes cut before ``repr`` (reprlib would render all of a 5 MiB payload)."""
 
     def repr_bytes(self, x: bytes, level: int) -> str:
+        """The repr of at most ``maxstring`` bytes of ``x``, and "..." when it is longer."""
         return repr(x[: self.maxstring]) + ("..." if len(x) > self.maxstring else "")
 
 
@@ -431,6 +433,7 @@ def _show(value: object) -> str:
 
 
 def _wrong(expected: str, value: object) -> _FieldError:
+    """The error for a field whose ``value`` is not ``expected``."""
     return _FieldError(f"must be {expected}, got {_show(value)}")
 
 
@@ -438,30 +441,35 @@ _UINT: Final = "a non-negative int64"
 
 
 def _uint(value: object) -> int:
+    """``value`` if it is a non-negative int64."""
     if type(value) is int and 0 <= value <= _INT64_MAX:
         return value
     raise _wrong(_UINT, value)
 
 
 def _opt_uint(value: object) -> int | None:
+    """``value`` if it is a non-negative int64 or None."""
     if value is None or (type(value) is int and 0 <= value <= _INT64_MAX):
         return value
     raise _wrong(f"{_UINT} or nil", value)
 
 
 def _int64(value: object) -> int:
+    """``value`` if it is an int64."""
     if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:
         return value
     raise _wrong("an int64", value)
 
 
 def _max_frame(value: object) -> int:
+    """``value`` if it can be a frame limit: an int the length prefix can say, at least 1."""
     if type(value) is int and 0 < value <= _MAX_LENGTH:
         return value
     raise _wrong(f"an int in [1, {_MAX_LENGTH}]", value)
 
 
 def _timeout(value: object) -> float:
+    """``value`` as a float, if it is a positive finite number."""
     # An int is accepted too: some msgpack libraries send integral floats as ints.
     if (type(value) is float or type(value) is int) and 0 < value < math.inf:
         return float(value)
@@ -487,30 +495,35 @@ def check_name(what: str, value: object) -> str:
 
 
 def _name(value: object) -> str:
+    """``value`` if it is a valid topic, subscription, consumer or producer name."""
     if valid_name(value):
         return value
     raise _wrong(_NAME_RULE, value)
 
 
 def _label(value: object) -> str:
+    """``value`` if it is a non-empty str."""
     if type(value) is str and value:
         return value
     raise _wrong("a non-empty str", value)
 
 
 def _opt_label(value: object) -> str | None:
+    """``value`` if it is a non-empty str or None."""
     if value is None or (type(value) is str and value):
         return value
     raise _wrong("a non-empty str or nil", value)
 
 
 def _text(value: object) -> str:
+    """``value`` if it is a str."""
     if type(value) is str:
         return value
     raise _wrong("a str", value)
 
 
 def _opt_text(value: object) -> str | None:
+    """``value`` if it is a str or None."""
     if value is None or type(value) is str:
         return value
     raise _wrong("a str or nil", value)
@@ -524,6 +537,7 @@ _KEY_TYPES: Final = frozenset({str, bytes, type(None)})
 
 
 def _array(value: object, expected: str) -> tuple[Any, ...]:
+    """``value`` if it is an array, as msgpack decodes one: a tuple."""
     if type(value) is tuple:
         return value
     raise _wrong(f"an array of {expected}", value)
@@ -536,6 +550,7 @@ def _bad_item(items: tuple[Any, ...], item: object, expected: str) -> _FieldErro
 
 
 def _uints(value: object) -> list[int]:
+    """``value`` as a list, if it is an array of non-negative int64s; the error names the first bad item."""
     items = _array(value, _UINT)
     # Checked in C as a whole (an ack frame holds many); the loop finds the bad item to name.
     if not ints_within(items, 0, _INT64_MAX):
@@ -549,6 +564,7 @@ _MAX_ROUTE: Final = HASH_RANGE_SIZE  # the most partitions a topic may have
 
 
 def _brokers(value: object) -> list[str | None]:
+    """A route's brokers: 1 to ``_MAX_ROUTE`` items, each a ``HOST:PORT`` str or None."""
     items = _array(value, "broker addresses")
     if not 0 < len(items) <= _MAX_ROUTE:
         raise _FieldError(f"must hold 1 to {_MAX_ROUTE} broker addresses (one per partition), got {len(items)}")
@@ -559,6 +575,7 @@ def _brokers(value: object) -> list[str | None]:
 
 
 def _bools(value: object) -> list[bool]:
+    """``value`` as a list, if it is an array of bools."""
     items = _array(value, "bool")
     for item in items:
         if type(item) is not bool:
@@ -570,6 +587,7 @@ _PRODUCED: Final = f"an array [seq: {_UINT} or nil, key: str, bin or nil, payloa
 
 
 def _produced(value: object) -> list[tuple[int | None, Key, bytes]]:
+    """A produce's messages: ``[seq, key, payload]`` arrays, each checked in one pass."""
     items = _array(value, "messages")
     try:
         for item in items:
@@ -610,6 +628,7 @@ def _opt_properties(value: object) -> list[bytes | None] | None:
 
 
 def _properties_match(values: dict[str, Any]) -> None:
+    """A produce's ``properties``, when given, hold one item per message."""
     if values["properties"] is not None and len(values["properties"]) != len(values["messages"]):
         raise _FieldError(
             f"'properties' has {len(values['properties'])} items and 'messages' {len(values['messages'])}; "
@@ -624,6 +643,7 @@ _DELIVERED: Final = (
 
 
 def _delivered(value: object) -> list[Delivered]:
+    """A ``messages`` frame's deliveries, each item checked in one pass and its properties after."""
     items = _array(value, "messages")
     with_properties = []
     try:
@@ -658,6 +678,7 @@ def _older_delivered(items: int) -> Callable[[object], list[Delivered]]:
     missing = (None,) * (6 - items)
 
     def check(value: object) -> list[Delivered]:
+        """``value`` if it is an array of deliveries of the older version, filled up to this version's."""
         found = _array(value, "messages")
         if any(type(item) is not tuple or len(item) != items for item in found):
             raise _FieldError(f"must be an array of {items}-item deliveries (protocol version {items + 1})")
@@ -667,6 +688,7 @@ def _older_delivered(items: int) -> Callable[[object], list[Delivered]]:
 
 
 def _same_length(values: dict[str, Any]) -> None:
+    """A receipt holds one duplicate flag per position."""
     if len(values["positions"]) != len(values["duplicates"]):
         raise _FieldError(
             f"'duplicates' has {len(values['duplicates'])} items and 'positions' {len(values['positions'])}; "
@@ -715,6 +737,7 @@ class _Spec(NamedTuple):
 def _spec(
     cls: type[Frame], across: Callable[[dict[str, Any]], None] | None = None, **checks: Callable[[Any], Any]
 ) -> _Spec:
+    """The spec of ``cls``: one check per field, in field order, and ``across`` for checks over several fields."""
     assert tuple(checks) == _FIELDS[cls], cls  # one check per field, in field order
     return _Spec(cls, tuple(checks.items()), frozenset({"type", *checks}), across)
 
@@ -794,6 +817,10 @@ _MAX_MAP_LEN: Final = 64
 
 
 def _build(spec: _Spec, body: dict[Any, Any]) -> Frame:
+    """The frame of ``spec`` from a decoded ``body``, every field checked.
+
+    A ``bad_field`` ProtocolError names what is wrong.
+    """
     frame_type = spec.cls.type
     if body.keys() != spec.keys:
         missing = ", ".join(sorted(spec.keys - body.keys())) or "none"
@@ -913,6 +940,7 @@ class Decoder:
         return frames, self._error
 
     def _feed(self, data: bytes | bytearray | memoryview, frames: list[Frame]) -> None:
+        """Append to ``frames`` the frames ``data`` completes; keep the bytes of an incomplete one."""
         if self._buffer:
             self._buffer += data
             data = self._buffer
@@ -937,6 +965,7 @@ class Decoder:
             self._buffer += data[offset:]
 
     def _decode(self, body: memoryview) -> Frame:
+        """The frame of one frame ``body``; a fatal ProtocolError when it is not a valid frame of this side."""
         self._maps = 0
         try:
             value = msgpack.unpackb(
@@ -963,15 +992,18 @@ class Decoder:
         return _build(spec, value)
 
     def _one_map(self, mapping: dict[str, Any]) -> dict[str, Any]:
-        # msgpack calls this for every map it builds, innermost first. A valid frame holds
-        # exactly one map, so decoding stops at the second: an array of empty maps would
-        # otherwise cost ~80 bytes of memory per byte received.
+        """Count a map msgpack built: a valid frame holds exactly one, so decoding stops at the second.
+
+        msgpack calls this for every map it builds, innermost first; an array of empty maps
+        would otherwise cost ~80 bytes of memory per byte received.
+        """
         self._maps += 1
         if self._maps > 1:
             raise ProtocolError(ErrorCode.MALFORMED_FRAME, "a frame holds one map, its body: nested maps are invalid")
         return mapping
 
     def _unknown(self, frame_type: str) -> str:
+        """Why ``frame_type`` is refused: a frame of the other side, or no frame at all."""
         if frame_type in _CLIENT_SPECS:
             return f"frame type {frame_type!r} is sent by clients, not accepted from a server"
         if frame_type in _SERVER_SPECS:

@@ -69,6 +69,7 @@ class ContiguousPolicy(Policy):
 
     @property
     def range_limit(self) -> int:
+        """One range per consumer."""
         return 1
 
     def join(self, ranges: RangeMap, newcomer: str, load: Load) -> RangeMap:
@@ -132,11 +133,16 @@ class ContiguousPolicy(Policy):
         return planned
 
     def shift(self, ranges: RangeMap, load: Load) -> RangeMap | None:
+        """Move the boundaries as little as possible so that every consumer fits under its cap.
+
+        See the module docstring.
+        """
         _require_contiguous(ranges)
         return _plan_shift(ranges, load, self.threshold, self.min_traffic)
 
 
 def _require_contiguous(ranges: RangeMap) -> None:
+    """A RangeMapError unless every consumer of ``ranges`` owns exactly one range."""
     if ranges.range_count() != len(ranges):
         raise RangeMapError(
             f"the contiguous policy needs one range per consumer; this map has {ranges.range_count()} ranges "

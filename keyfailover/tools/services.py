@@ -71,17 +71,15 @@ class ZooKeeper:
         return f"127.0.0.1:{self.port}"
 
     @staticmethod
-    def check_installed() -> str:
-        """The ``java`` to run ZooKeeper with; :class:`ServiceError` saying what is missing when it is not installed."""
-        java = shutil.which("java")
-        if java is None:
-            raise ServiceError("Java is not installed (no java on PATH); ZooKeeper needs it: run scripts/setup-system")
+    def check_installed() -> None:
+        """:class:`ServiceError` saying what is missing unless Java and ZooKeeper are installed."""
+        _java()
         if not ZOOKEEPER_JAR.exists():
             raise ServiceError(f"ZooKeeper is not installed (no {ZOOKEEPER_JAR}): run scripts/setup-system")
-        return java
 
     def start(self) -> ZooKeeper:
-        java = self.check_installed()
+        self.check_installed()
+        java = _java()
         if self._answers() or not self._port_free():
             raise ServiceError(f"ZooKeeper cannot start on {self.hosts}: something else listens there")
         data = self.folder / "data"
@@ -231,3 +229,11 @@ class PostgreSQL:
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+
+def _java() -> str:
+    """The ``java`` on PATH; :class:`ServiceError` saying so when there is none."""
+    java = shutil.which("java")
+    if java is None:
+        raise ServiceError("Java is not installed (no java on PATH); ZooKeeper needs it: run scripts/setup-system")
+    return java

@@ -34,7 +34,7 @@ from keyfailover.core.errors import (
     ProtocolError,
 )
 from keyfailover.core.hashing import HASH_RANGE_SIZE
-from keyfailover.wire._ints import ints_within
+from keyfailover.wire._ints import is_within_int_range
 from keyfailover.wire.properties import check_encoded
 
 __all__ = [
@@ -74,8 +74,8 @@ __all__ = [
     "Subscribed",
     "check_name",
     "encode",
+    "is_valid_name",
     "stream_transport",
-    "valid_name",
 ]
 
 PROTOCOL_VERSION: Final = 7
@@ -479,7 +479,7 @@ def _timeout(value: object) -> float:
 _NAME_RULE: Final = f"a str of 1 to {MAX_NAME_LENGTH} characters without NUL"
 
 
-def valid_name(value: object) -> TypeGuard[str]:
+def is_valid_name(value: object) -> TypeGuard[str]:
     """Whether ``value`` is a topic, subscription, consumer or producer name the protocol accepts."""
     return type(value) is str and 0 < len(value) <= MAX_NAME_LENGTH and "\0" not in value
 
@@ -489,14 +489,14 @@ def check_name(what: str, value: object) -> str:
 
     Clients call it before sending, so a name the server would refuse never reaches it.
     """
-    if valid_name(value):
+    if is_valid_name(value):
         return value
     raise KeyFailoverError(f"{what} must be {_NAME_RULE}, got {_show(value)}")
 
 
 def _name(value: object) -> str:
     """``value`` if it is a valid topic, subscription, consumer or producer name."""
-    if valid_name(value):
+    if is_valid_name(value):
         return value
     raise _wrong(_NAME_RULE, value)
 
@@ -553,7 +553,7 @@ def _uints(value: object) -> list[int]:
     """``value`` as a list, if it is an array of non-negative int64s; the error names the first bad item."""
     items = _array(value, _UINT)
     # Checked in C as a whole (an ack frame holds many); the loop finds the bad item to name.
-    if not ints_within(items, 0, _INT64_MAX):
+    if not is_within_int_range(items, 0, _INT64_MAX):
         for item in items:
             if not (type(item) is int and 0 <= item <= _INT64_MAX):
                 raise _bad_item(items, item, _UINT)
@@ -605,7 +605,7 @@ def _produced(value: object) -> list[tuple[int | None, Key, bytes]]:
     raise _bad_item(items, item, _PRODUCED)
 
 
-def _checked_properties(items: tuple[Any, ...], item: object, data: bytes) -> None:
+def _check_properties(items: tuple[Any, ...], item: object, data: bytes) -> None:
     """``data``, the properties of ``item`` of ``items``, checked: a :class:`_FieldError` naming the item."""
     try:
         check_encoded(data)
@@ -623,7 +623,7 @@ def _opt_properties(value: object) -> list[bytes | None] | None:
         if item is not None:
             if type(item) is not bytes:
                 raise _bad_item(items, item, "a bin (encoded properties) or nil")
-            _checked_properties(items, item, item)
+            _check_properties(items, item, item)
     return list(items)
 
 
@@ -665,7 +665,7 @@ def _delivered(value: object) -> list[Delivered]:
                 with_properties.append(item)
         else:
             for item in with_properties:
-                _checked_properties(items, item, item[5])
+                _check_properties(items, item, item[5])
             return list(items)
     except (TypeError, ValueError):  # the item is not an array of 6
         pass

@@ -77,7 +77,7 @@ class ContiguousPolicy(Policy):
         if newcomer in ranges:
             raise RangeMapError(f"{newcomer!r} already owns a range; expected a consumer without one")
         traffic = check_traffic(ranges, load)
-        _require_contiguous(ranges)
+        _check_contiguous(ranges)
         planned = ranges.copy()
         if not len(ranges):
             planned.assign_all(newcomer)
@@ -103,7 +103,7 @@ class ContiguousPolicy(Policy):
         can take it, and it goes as if nobody were closed (to the first standby, else the
         less busy neighbour, which grows although closed).
         """
-        _require_contiguous(ranges)
+        _check_contiguous(ranges)
         planned = ranges.copy()
         if leaver not in ranges:
             return planned
@@ -137,11 +137,11 @@ class ContiguousPolicy(Policy):
 
         See the module docstring.
         """
-        _require_contiguous(ranges)
+        _check_contiguous(ranges)
         return _plan_shift(ranges, load, self.threshold, self.min_traffic)
 
 
-def _require_contiguous(ranges: RangeMap) -> None:
+def _check_contiguous(ranges: RangeMap) -> None:
     """A RangeMapError unless every consumer of ``ranges`` owns exactly one range."""
     if ranges.range_count() != len(ranges):
         raise RangeMapError(

@@ -302,6 +302,8 @@ _CONSUMER_COUNTS = {
 
 
 class _Families:
+    """The metric families of one scrape, empty until the collector adds the samples it reads."""
+
     def __init__(self) -> None:
         self.by_name: dict[str, Metric] = {
             name: _FAMILY_TYPES[kind](name, help_text, labels=labels)
@@ -309,16 +311,19 @@ class _Families:
         }
 
     def add(self, name: str, labels: list[str], value: float) -> None:
+        """Add one sample to the gauge or counter ``name``."""
         family = self.by_name[name]
         assert isinstance(family, GaugeMetricFamily | CounterMetricFamily)
         family.add_metric(labels, value)
 
     def info(self, name: str, labels: list[str], value: dict[str, str]) -> None:
+        """Add one sample to the info family ``name``."""
         family = self.by_name[name]
         assert isinstance(family, InfoMetricFamily)
         family.add_metric(labels, value)
 
     def histogram(self, name: str, labels: list[str], histogram: Histogram) -> None:
+        """Add ``histogram`` as one sample of the histogram family ``name``: its cumulative buckets and sum."""
         family = self.by_name[name]
         assert isinstance(family, HistogramMetricFamily)
         buckets = [("+Inf" if bound == float("inf") else repr(bound), count) for bound, count in histogram.cumulative()]
@@ -341,6 +346,7 @@ class KeyFailoverCollector(Collector):
         return iter(_Families().by_name.values())
 
     def collect(self) -> Iterator[Metric]:
+        """Every family, with the samples read now from the subscriptions and the server."""
         families = _Families()
         for view in self._subscriptions():
             _subscription(families, view)

@@ -151,7 +151,7 @@ def _sides(direction: str) -> tuple[Direction, ...]:
     raise ConfigError(f"direction must be 'up', 'down' or 'both', got {direction!r}")
 
 
-def _number(name: str, value: object, *, low: float, high: float = math.inf, low_open: bool = False) -> float:
+def _check_number(name: str, value: object, *, low: float, high: float = math.inf, low_open: bool = False) -> float:
     """``value`` as a float, if it is a finite real number in ``[low, high]`` (``(low, high]``)."""
     bounds = f"{'above' if low_open else 'at least'} {low}" + ("" if high == math.inf else f" and at most {high}")
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
@@ -356,19 +356,22 @@ class FaultProxy:
     def delay(self, seconds: float, jitter: float = 0.0, *, direction: str = "both") -> None:
         """Hold each chunk ``seconds`` plus a uniform draw from ``[-jitter, jitter]`` (at least 0)."""
         sides = _sides(direction)
-        delay = (_number("delay seconds", seconds, low=0), _number("delay jitter", jitter, low=0))
+        delay = (_check_number("delay seconds", seconds, low=0), _check_number("delay jitter", jitter, low=0))
         self._switch_on(sides, "delay", lambda on: replace(on, delay=delay), f"seconds={delay[0]} jitter={delay[1]}")
 
     def slow(self, bytes_per_second: float, *, direction: str = "both") -> None:
         """Forward at most ``bytes_per_second`` on each connection, in each direction given."""
         sides = _sides(direction)
-        rate = _number("slow bytes_per_second", bytes_per_second, low=0, low_open=True)
+        rate = _check_number("slow bytes_per_second", bytes_per_second, low=0, low_open=True)
         self._switch_on(sides, "slow", lambda on: replace(on, rate=rate), f"bytes_per_second={rate}")
 
     def drop(self, probability: float, *, rto: float = 0.2, direction: str = "both") -> None:
         """Lose each chunk with ``probability``; a lost one waits ``rto`` seconds, doubling (see the module)."""
         sides = _sides(direction)
-        loss = (_number("drop probability", probability, low=0, high=1), _number("drop rto", rto, low=0, low_open=True))
+        loss = (
+            _check_number("drop probability", probability, low=0, high=1),
+            _check_number("drop rto", rto, low=0, low_open=True),
+        )
         self._switch_on(sides, "drop", lambda on: replace(on, loss=loss), f"probability={loss[0]} rto={loss[1]}")
 
     def blackhole(self, *, direction: str = "both") -> None:

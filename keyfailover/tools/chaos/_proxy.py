@@ -103,6 +103,7 @@ class FaultEvent:
     detail: str = ""
 
     def to_json(self) -> dict[str, object]:
+        """The event as a JSON object."""
         return asdict(self)
 
 
@@ -128,6 +129,7 @@ class ProxyStats:
     """Losses in all: one chunk lost three times counts three."""
 
     def to_json(self) -> dict[str, int]:
+        """The counts as a JSON object."""
         return asdict(self)
 
 
@@ -268,6 +270,7 @@ class FaultProxy:
 
     @property
     def address(self) -> tuple[str, int]:
+        """Where clients connect: ``("127.0.0.1", port)``."""
         return ("127.0.0.1", self._port)
 
     def start(self) -> FaultProxy:
@@ -425,6 +428,7 @@ class FaultProxy:
             return list(self._events)
 
     def stats(self) -> ProxyStats:
+        """What the proxy did so far, with the connections open now."""
         with self._lock:
             counts = dict(self._counts)
             counts["active"] = len(self._connections)

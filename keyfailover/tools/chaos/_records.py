@@ -63,6 +63,8 @@ UNANSWERED = "no receipt and no error by the end of the run"
 
 @dataclass(frozen=True)
 class Produced:
+    """A send and its receipt, or the error its producer got."""
+
     type: ClassVar[str] = "produced"
     t: float
     producer: str
@@ -88,18 +90,24 @@ class _AtConsumer:
 
 @dataclass(frozen=True)
 class Delivered(_AtConsumer):
+    """A message handed to a consumer's application, with its redelivery count."""
+
     type: ClassVar[str] = "delivered"
     redelivery: int = 0
 
 
 @dataclass(frozen=True)
 class Acked(_AtConsumer):
+    """A consumer's ack of a delivery and, once known, whether the broker settled it."""
+
     type: ClassVar[str] = "acked"
     confirmed: bool | None
 
 
 @dataclass(frozen=True)
 class DeadLettered:
+    """A message found in a dead-letter topic after the run."""
+
     type: ClassVar[str] = "dead_lettered"
     t: float
     key: str
@@ -110,6 +118,8 @@ class DeadLettered:
 
 @dataclass(frozen=True)
 class Served:
+    """A broker serving a partition under an owner epoch from ``t`` until ``until``."""
+
     type: ClassVar[str] = "served"
     t: float
     broker: str
@@ -120,6 +130,8 @@ class Served:
 
 @dataclass(frozen=True)
 class RangeMap:
+    """The consumers' ranges of one partition's slots from ``t`` on."""
+
     type: ClassVar[str] = "ranges"
     t: float
     partition: int
@@ -131,6 +143,8 @@ class RangeMap:
 
 @dataclass(frozen=True)
 class Fault:
+    """A fault injected or healed on a target."""
+
     type: ClassVar[str] = "fault"
     t: float
     kind: str
@@ -199,14 +213,17 @@ class RecordWriter:
         self._lock = threading.Lock()
 
     def write(self, record: Record) -> None:
+        """Append one record."""
         self.write_all((record,))
 
     def write_all(self, records: Iterable[Record]) -> None:
+        """Append ``records`` in one write, so no other thread's record falls between them."""
         text = "".join(to_json(record) + "\n" for record in records)
         with self._lock:
             self._file.write(text)
 
     def close(self) -> None:
+        """Close the file; a second call does nothing."""
         with self._lock:
             if not self._file.closed:
                 self._file.close()

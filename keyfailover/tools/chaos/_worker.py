@@ -260,6 +260,10 @@ def consume(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """Run a producer or a consumer worker of a chaos run, as the harness starts it.
+
+    ``argv`` is ``produce`` or ``consume`` and its flags.
+    """
     parser = argparse.ArgumentParser(prog="python -m keyfailover.tools.chaos")
     commands = parser.add_subparsers(dest="command", required=True)
     for command in ("produce", "consume"):

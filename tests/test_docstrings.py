@@ -1,9 +1,9 @@
 """Docstrings never nest parentheses: "(a, b)" reads, "(a (b))" makes the reader count.
 
 Every docstring of a module, class or function is read with :mod:`ast`; a ``(`` that opens
-while another is still open is a violation. Code keeps its own parentheses: an inline literal
-between double backticks, a literal block after ``::`` and a doctest line are not prose, so a
-formula or a call inside them is never counted.
+while another is still open is a violation. Code keeps its own parentheses: a literal block
+after ``::`` and a doctest line are not read, and an inline literal between double backticks
+counts as one word, so a formula or a call in it nests only when it stands inside parentheses.
 
 :data:`COVERED` lists the folders and files checked; :data:`NOT_YET` the parts inside them still
 being rewritten on other branches. Once those have landed, the merger sets :data:`COVERED` to the
@@ -37,12 +37,12 @@ COVERED = (
 NOT_YET = ("keyfailover/core/dispatcher", "keyfailover/tools/cli.py", "keyfailover/tools/serve.py")
 """Parts of :data:`COVERED` left out until the branches rewriting them have landed."""
 
-_LITERAL = re.compile(r"``.*?``", re.DOTALL)
+_LITERAL = re.compile(r"``(.*?)``", re.DOTALL)
 _DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 def prose(docstring: str) -> str:
-    """``docstring`` without its code: inline literals, literal blocks after ``::``, doctest lines."""
+    """``docstring`` without its literal blocks after ``::`` and its doctest lines."""
     kept: list[str] = []
     block_indent: int | None = None  # the indent of the line that opened a literal block
     for line in inspect.cleandoc(docstring).splitlines():
@@ -52,19 +52,28 @@ def prose(docstring: str) -> str:
         block_indent = indent if line.rstrip().endswith("::") else None
         if not line.lstrip().startswith(">>>"):
             kept.append(line)
-    return _LITERAL.sub("", "\n".join(kept))
+    return "\n".join(kept)
 
 
 def nests_parentheses(docstring: str) -> bool:
-    """Whether a ``(`` of the prose of ``docstring`` opens while another is open."""
+    """Whether a ``(`` opens in the prose of ``docstring`` while another is open.
+
+    A literal counts as one word: its parentheses nest only when it stands inside open ones.
+    """
     depth = 0
-    for char in prose(docstring):
-        if char == "(":
-            if depth:
+    text = prose(docstring)
+    for index, piece in enumerate(_LITERAL.split(text)):
+        if index % 2:  # a literal, without its backticks
+            if depth and "(" in piece:
                 return True
-            depth = 1
-        elif char == ")":
-            depth = 0
+            continue
+        for char in piece:
+            if char == "(":
+                if depth:
+                    return True
+                depth = 1
+            elif char == ")":
+                depth = 0
     return False
 
 
@@ -108,6 +117,7 @@ def test_no_docstring_nests_parentheses() -> None:
         ('class Planted:\n    """A class (see :meth:`go` (below))."""\n', "Planted"),
         ('def planted() -> None:\n    """A function (one\n    (two) lines)."""\n', "planted"),
         ('async def planted() -> None:\n    """An async one ((doubled))."""\n', "planted"),
+        ('def planted() -> None:\n    """A call (``f(x)``) inside prose parentheses."""\n', "planted"),
         ('def outer() -> None:\n    def planted() -> None:\n        """Nested (a (b))."""\n', "planted"),
     ],
 )
@@ -123,7 +133,7 @@ def test_a_planted_nesting_is_caught(tmp_path: Path, source: str, expected: str)
     "docstring",
     [
         "Side by side (a, b) and (c) are fine.",
-        "A call in a literal, ``f(g(x))``, is code (not prose).",
+        "A call in a literal, ``f(g(x))``, is code, and (``x``) a literal without any.",
         "A half-open interval ``(after, up_to]`` (of positions) is a literal.",
         "An example::\n\n    register(Collector(lambda: [view()]))\n\nAfter it (prose again).",
         ">>> f(g(1))\n2",

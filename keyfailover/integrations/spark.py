@@ -217,7 +217,7 @@ def with_key_hash(df: DataFrame, key_col: str, out: str = "key_hash") -> DataFra
 def load_range_map(source: RangeMapSource) -> RangeMap:
     """The :class:`RangeMap` of ``source``, checked to have ranges over the 65536 key-hash slots.
 
-    ``source`` is a :class:`RangeMap`, a snapshot dict (``RangeMap.snapshot()``), the path
+    ``source`` is a :class:`RangeMap`, a snapshot dict as ``RangeMap.snapshot()`` gives, the path
     of a snapshot JSON file, or the URL of a server's ``/ranges`` endpoint for one
     subscription (``http://HOST:PORT/ranges?topic=T&subscription=S``). Snapshots of version
     1 (one range per consumer) and 2 (several) are read.

@@ -102,8 +102,8 @@ class MultiRangePolicy(Policy):
     """Several ranges per consumer; see the module docstring.
 
     ``max_ranges`` bounds the ranges a consumer may own; ``threshold`` is the traffic
-    max/mean above which :meth:`shift` acts (and sets the tolerance, half its margin: a
-    consumer within ``1 ± (threshold - 1) / 2`` of its fair share is left alone);
+    max/mean above which :meth:`shift` acts, and sets the tolerance, half its margin: a
+    consumer within ``1 ± (threshold - 1) / 2`` of its fair share is left alone;
     ``min_traffic`` is the measured traffic below which :meth:`shift` does nothing.
     """
 

@@ -37,9 +37,9 @@ Randomness is seeded: each connection (numbered in accept order) and direction d
 its own ``random.Random`` derived from the proxy's seed, so the same seed, fault schedule and
 traffic give the same jitter and loss decisions whatever the other connections do.
 
-The proxy runs on an asyncio loop: its own, in a thread, after :meth:`~FaultProxy.start`
-(``with FaultProxy(...)``), so a synchronous harness can drive it; or the caller's, after
-:meth:`~FaultProxy.astart` (``async with FaultProxy(...)``). The fault methods are
+The proxy runs on an asyncio loop: its own, in a thread, after :meth:`~FaultProxy.start` or
+``with FaultProxy(...)``, so a synchronous harness can drive it; or the caller's, after
+:meth:`~FaultProxy.astart` or ``async with FaultProxy(...)``. The fault methods are
 thread-safe either way and may be called before the proxy starts.
 """
 
@@ -154,7 +154,7 @@ def _sides(direction: str) -> tuple[Direction, ...]:
 
 
 def _check_number(name: str, value: object, *, low: float, high: float = math.inf, low_open: bool = False) -> float:
-    """``value`` as a float, if it is a finite real number in ``[low, high]`` (``(low, high]``)."""
+    """``value`` as a float, if it is a finite real number in ``[low, high]``; in ``(low, high]`` if ``low_open``."""
     bounds = f"{'above' if low_open else 'at least'} {low}" + ("" if high == math.inf else f" and at most {high}")
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ConfigError(f"{name} must be a finite number {bounds}, got {value!r}")

@@ -1,8 +1,8 @@
 """What a chaos run records, one JSON object per line, and how it is read back.
 
-Every record has a ``type`` and ``t``, seconds on the machine's monotonic clock
-(``time.monotonic()``; CLOCK_MONOTONIC is one clock for every process on Linux, so the
-records of a run's processes interleave truly). A message is named by its ``key`` and its
+Every record has a ``type`` and ``t``, seconds on the machine's monotonic clock,
+``time.monotonic()``: CLOCK_MONOTONIC is one clock for every process on Linux, so the
+records of a run's processes interleave truly. A message is named by its ``key`` and its
 ``value``: the producer numbers each key's sends 0, 1, 2, ... in send order, so a value
 names one send and the produced order of a key is the order of its values.
 

@@ -165,7 +165,7 @@ class _Selector(ABC):
         return Ownership(table.consumers, table.owners[at])
 
     def _ring_table(self) -> _Table:
-        """``_ring`` as numpy arrays, built once after each change (``SortedDict.items()`` is slow)."""
+        """``_ring`` as numpy arrays, built once after each change, as ``SortedDict.items()`` is slow."""
         if self._table is None:
             position = {consumer: index for index, consumer in enumerate(self._names)}
             keys = list(self._ring)

@@ -5,7 +5,8 @@ bytes holding one msgpack map: ``"type"`` (a str) plus the frame's fields. ``str
 as msgpack str and ``bytes`` as msgpack bin, so a key comes back exactly as it was sent.
 docs/protocol.md is the specification for other implementations; this module is the
 reference. :func:`encode` trusts its input (mypy checks it); :class:`Decoder` trusts
-nothing: every frame it returns has exactly the documented fields, types and bounds.
+nothing: every frame it returns has exactly the documented fields, types and bounds. The frame
+types are declared in :mod:`keyfailover.wire._frames` and re-exported here.
 Message properties travel as their one encoding (:mod:`keyfailover.wire.properties`), a
 bin holding a msgpack map, which the decoder checks but does not decode for the frame: a frame
 body holds one map, so a nested map costs no memory before it is refused.
@@ -20,8 +21,8 @@ import reprlib
 import socket
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Final, Literal, NamedTuple, TypeAlias, TypeGuard, get_args
+from dataclasses import fields
+from typing import Any, Final, Literal, NamedTuple, TypeGuard, get_args
 
 import msgpack  # type: ignore[import-untyped]
 
@@ -34,6 +35,34 @@ from keyfailover.core.errors import (
     ProtocolError,
 )
 from keyfailover.core.hashing import HASH_RANGE_SIZE
+from keyfailover.wire._frames import (
+    Ack,
+    ClientFrame,
+    Close,
+    CloseConsumer,
+    Connect,
+    Connected,
+    ConsumerClosed,
+    Delivered,
+    Error,
+    Extend,
+    Flow,
+    Frame,
+    Key,
+    Lookup,
+    Messages,
+    Nack,
+    Ping,
+    Pong,
+    Produce,
+    RangesChanged,
+    Receipt,
+    Route,
+    ServerFrame,
+    Settled,
+    Subscribe,
+    Subscribed,
+)
 from keyfailover.wire._ints import is_within_int_range
 from keyfailover.wire.properties import check_encoded
 
@@ -93,269 +122,10 @@ DEFAULT_MAX_FRAME: Final = 5 * 1024 * 1024
 MAX_NAME_LENGTH: Final = 256
 """Topic, subscription and consumer names are 1 to this many characters, without NUL."""
 
-Key: TypeAlias = str | bytes | None
-"""A message key: str and bytes stay distinct on the wire (both hash by their UTF-8 bytes)."""
-
 _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
 _MAX_LENGTH: Final = 2**32 - 1  # what the 4-byte length prefix can say
 _HEADER: Final = struct.Struct(">I")
-
-
-# -- frames: client -> server ---------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Connect:
-    """The first frame of every connection: protocol version, optional token, client name."""
-
-    type: ClassVar[str] = "connect"
-    version: int
-    token: str | None
-    client: str
-
-
-@dataclass(frozen=True, slots=True)
-class Produce:
-    """Store messages ``(seq, key, payload)`` in ``topic``; ``(producer, seq)`` makes retries idempotent.
-
-    ``properties``: each message's encoded properties (None for one without), or None when no
-    message of the batch has any.
-    """
-
-    type: ClassVar[str] = "produce"
-    req: int
-    topic: str
-    producer: str | None
-    messages: list[tuple[int | None, Key, bytes]]
-    properties: list[bytes | None] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Subscribe:
-    """Attach consumer ``consumer`` to ``subscription`` of ``topic`` with ``receiver_queue`` permits.
-
-    ``secret`` is what the consumer's last ``subscribed`` returned (nil the first time): only
-    with it may a subscribe take over a consumer name that still has a live session.
-    """
-
-    type: ClassVar[str] = "subscribe"
-    req: int
-    topic: str
-    subscription: str
-    consumer: str
-    receiver_queue: int
-    secret: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Flow:
-    """Grant ``permits`` more messages to a consumer session."""
-
-    type: ClassVar[str] = "flow"
-    topic: str
-    subscription: str
-    session: int
-    permits: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Settle:
-    """The fields of the frames that settle delivered positions of a consumer session: ``ack``, ``nack``, ``extend``.
-
-    Each frame type is its own subclass, so frames of two types never compare equal.
-    """
-
-    topic: str
-    subscription: str
-    session: int
-    positions: list[int]
-    req: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Ack(_Settle):
-    """Acknowledge delivered positions of a consumer session; with ``req``, answered (``settled`` or ``error``)."""
-
-    type: ClassVar[str] = "ack"
-
-
-@dataclass(frozen=True, slots=True)
-class Nack(_Settle):
-    """Give delivered positions back: each key restarts from its oldest nacked position."""
-
-    type: ClassVar[str] = "nack"
-
-
-@dataclass(frozen=True, slots=True)
-class Extend(_Settle):
-    """Renew the leases (ack deadlines) of delivered positions a consumer is still working on."""
-
-    type: ClassVar[str] = "extend"
-
-
-@dataclass(frozen=True, slots=True)
-class CloseConsumer:
-    """Detach a consumer session; its unacked messages go to the new owners of its keys."""
-
-    type: ClassVar[str] = "close_consumer"
-    req: int
-    topic: str
-    subscription: str
-    session: int
-
-
-@dataclass(frozen=True, slots=True)
-class Lookup:
-    """Ask how many partitions ``topic`` has and which broker serves each (answered by ``route``)."""
-
-    type: ClassVar[str] = "lookup"
-    req: int
-    topic: str
-
-
-@dataclass(frozen=True, slots=True)
-class Ping:
-    """Heartbeat; the server answers ``pong`` with the same nonce."""
-
-    type: ClassVar[str] = "ping"
-    nonce: int
-
-
-@dataclass(frozen=True, slots=True)
-class Close:
-    """The client says goodbye; the server closes the connection."""
-
-    type: ClassVar[str] = "close"
-
-
-# -- frames: server -> client ---------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Connected:
-    """The answer to ``connect``: the server's limits for this connection."""
-
-    type: ClassVar[str] = "connected"
-    version: int
-    server: str
-    max_frame: int
-    session_timeout: float
-
-
-@dataclass(frozen=True, slots=True)
-class Receipt:
-    """The answer to ``produce``: a position per message, and whether it was already stored."""
-
-    type: ClassVar[str] = "receipt"
-    req: int
-    positions: list[int]
-    duplicates: list[bool]
-
-
-@dataclass(frozen=True, slots=True)
-class Subscribed:
-    """The answer to ``subscribe``: the new session, its hash ranges (none for a standby) and its secret.
-
-    ``ranges`` holds inclusive ``(start, end)`` slot pairs, sorted and non-overlapping.
-    """
-
-    type: ClassVar[str] = "subscribed"
-    req: int
-    session: int
-    consumer: str
-    ranges: list[tuple[int, int]]
-    secret: str
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """The answer to ``lookup``: one broker address (``HOST:PORT``) per partition of ``topic``.
-
-    ``""`` is the broker that answered; nil, a partition no broker serves right now (a
-    failover is under way: look up again). Partition p of a topic with P > 1 partitions is
-    produced to and subscribed to as the topic ``<topic>-partition-<p>``.
-    """
-
-    type: ClassVar[str] = "route"
-    req: int
-    topic: str
-    brokers: list[str | None]
-
-
-Delivered: TypeAlias = tuple[int, Key, bytes, int, int | None, bytes | None]
-"""``(position, key, payload, redelivery_count, publish_time, properties)``: one delivery. ``publish_time``
-is the broker's wall clock when the message was stored, in microseconds since the Unix epoch; None when
-unknown (stored before logs had publish times). ``properties`` are the message's encoded properties, None
-when it has none."""
-
-
-@dataclass(frozen=True, slots=True)
-class Messages:
-    """Deliveries to a session: ``(position, key, payload, redelivery_count, publish_time, properties)`` each."""
-
-    type: ClassVar[str] = "messages"
-    session: int
-    messages: list[Delivered]
-
-
-@dataclass(frozen=True, slots=True)
-class RangesChanged:
-    """A session's hash ranges changed (rebalance): all of them now; ``epoch`` is the range map's new epoch."""
-
-    type: ClassVar[str] = "ranges_changed"
-    session: int
-    epoch: int
-    ranges: list[tuple[int, int]]
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumerClosed:
-    """A session ended: "closed", "timeout", "superseded", "shutdown" (others may come)."""
-
-    type: ClassVar[str] = "consumer_closed"
-    session: int
-    reason: str
-    req: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Settled:
-    """The answer to an ``ack``, ``nack`` or ``extend`` that carried a ``req``: every position was accepted."""
-
-    type: ClassVar[str] = "settled"
-    req: int
-
-
-@dataclass(frozen=True, slots=True)
-class Pong:
-    """The answer to ``ping``."""
-
-    type: ClassVar[str] = "pong"
-    nonce: int
-
-
-@dataclass(frozen=True, slots=True)
-class Error:
-    """A request failed (``req`` set) or the connection is being closed (``code`` is fatal)."""
-
-    type: ClassVar[str] = "error"
-    code: str
-    message: str
-    req: int | None
-
-
-ClientFrame: TypeAlias = (
-    Connect | Produce | Subscribe | Flow | Ack | Nack | Extend | CloseConsumer | Lookup | Ping | Close
-)
-"""Frames a client sends."""
-
-ServerFrame: TypeAlias = (
-    Connected | Receipt | Subscribed | Route | Messages | RangesChanged | ConsumerClosed | Settled | Pong | Error
-)
-"""Frames a server sends."""
-
-Frame: TypeAlias = ClientFrame | ServerFrame
 
 _FIELDS: Final[dict[type[Frame], tuple[str, ...]]] = {
     cls: tuple(f.name for f in fields(cls)) for cls in (*get_args(ClientFrame), *get_args(ServerFrame))
@@ -801,14 +571,13 @@ def _without(spec: _Spec, name: str) -> _Spec:
 
 
 _OLDER: Final = {
-    6: {
+    version: {
         "produce": _without(_CLIENT_SPECS["produce"], "properties"),
-        "messages": _SERVER_SPECS["messages"]._replace(checks=(("session", _uint), ("messages", _older_delivered(5)))),
-    },
-    5: {
-        "produce": _without(_CLIENT_SPECS["produce"], "properties"),
-        "messages": _SERVER_SPECS["messages"]._replace(checks=(("session", _uint), ("messages", _older_delivered(4)))),
-    },
+        "messages": _SERVER_SPECS["messages"]._replace(
+            checks=(("session", _uint), ("messages", _older_delivered(version - 1)))  # one delivery item less each
+        ),
+    }
+    for version in (6, 5)
 }
 """The frames older versions still spoken send differently (version 6: no properties; 5: no publish times
 either)."""
@@ -817,10 +586,7 @@ _MAX_MAP_LEN: Final = 64
 
 
 def _build(spec: _Spec, body: dict[Any, Any]) -> Frame:
-    """The frame of ``spec`` from a decoded ``body``, every field checked.
-
-    A ``bad_field`` ProtocolError names what is wrong.
-    """
+    """The frame of ``spec`` from a decoded ``body``, every field checked; a ``bad_field`` error names what is wrong."""
     frame_type = spec.cls.type
     if body.keys() != spec.keys:
         missing = ", ".join(sorted(spec.keys - body.keys())) or "none"
@@ -869,11 +635,9 @@ class Decoder:
         accept: Literal["client", "server", "any"] = "any",
         version: int = PROTOCOL_VERSION,
     ) -> None:
-        if type(max_frame) is not int or not 0 < max_frame <= _MAX_LENGTH:
-            raise KeyFailoverError(f"max_frame must be an int in [1, {_MAX_LENGTH}], not {max_frame!r}")
+        self.max_frame = max_frame  # checked by the setter
         if accept not in _SPECS:
             raise KeyFailoverError(f"accept must be one of {sorted(_SPECS)}, not {accept!r}")
-        self._max_frame = max_frame
         self._accept = accept
         self.version = version  # sets the frame specs of this side and version
         self._buffer = bytearray()

@@ -105,8 +105,20 @@ def format_count(value: float) -> str:
     return f"{value:,.0f}"
 
 
-def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """Print a plain-text table: the first column left-aligned, the others right-aligned."""
+def print_table(
+    title: str,
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    skipped: tuple[str, str | None] = ("", None),
+) -> None:
+    """Print a plain-text table: the first column left-aligned, the others right-aligned.
+
+    ``skipped`` is a peer's name and why it was not run: when the reason is not None, a last row
+    says so, its other cells "-".
+    """
+    peer, why = skipped
+    if why is not None:
+        rows = [*rows, [peer, f"skipped: {why}", *["-"] * (len(headers) - 2)]]
     widths = [max(len(headers[i]), *(len(row[i]) for row in rows)) for i in range(len(headers))]
 
     def line(cells: Sequence[str]) -> str:

@@ -365,8 +365,6 @@ def print_throughput(
         ]
         for m, every in zip(medians, results, strict=True)
     ]
-    if skipped is not None:
-        rows.append(["Redis Streams", f"skipped: {skipped}", *["-"] * 5])
     print_table(
         f"End to end over loopback: {format_count(count)} messages of {PAYLOAD_BYTES} bytes, {KEYS:,} keys, "
         f"keyfailover topic of {PARTITIONS} partitions, {PRODUCERS} producer and {CONSUMERS} consumer processes "
@@ -381,6 +379,7 @@ def print_throughput(
             "order violations",
         ],
         rows,
+        skipped=("Redis Streams", skipped),
     )
     print(
         "Durability (what a message survives once its producer was told it is stored: power loss, for all):\n"

@@ -4,8 +4,8 @@ Run: ``python benchmarks/bench_dispatch.py [--quick]``. Messages carry keys draw
 from 100,000 distinct keys and go to 8 consumers; every 50,000 messages (5,000 with
 ``--quick``, so both runs see 19 changes) a new consumer joins or, alternately, a random
 one leaves. Each consumer gets a window of permits at the
-start and one permit back per ack. One round of the loop publishes up to 256 messages
-(fewer when ``wants()`` says so), polls, and acks, in delivery order, every delivery of the
+start and one permit back per ack. One round of the loop publishes up to 256 messages,
+fewer when ``wants()`` says so, polls, and acks, in delivery order, every delivery of the
 previous poll: acks trail one poll behind, so joins and leaves meet messages in flight
 (draining keys, redelivery of a leaver's messages), as they do in a live system. After
 the last publish the loop drains until nothing is left. The clock is manual: +1 ms a round.

@@ -876,8 +876,6 @@ def print_results(count: int, repeats: int, consumers: int, measured: Sequence[M
         ]
         for m in measured
     ]
-    if skipped is not None:
-        rows.append(["redis", f"skipped: {skipped}", *["-"] * 8])
     print_table(
         f"End to end over loopback: {format_count(count)} messages of {PAYLOAD_BYTES} bytes, {KEYS:,} keys, "
         f"batches of {BATCH}, 1 producer and {consumer_processes(consumers)} on {os.cpu_count()} cores, "
@@ -895,6 +893,7 @@ def print_results(count: int, repeats: int, consumers: int, measured: Sequence[M
             "vs redis same durability",
         ],
         rows,
+        skipped=("redis", skipped),
     )
     print(DURABILITY_NOTES)
     print_table(
@@ -986,8 +985,6 @@ def print_backlog(count: int, repeats: int, consumers: int, measured: Sequence[M
         ]
         for m in measured
     ]
-    if skipped is not None:
-        rows.append(["redis", f"skipped: {skipped}", *["-"] * 8])
     print_table(
         f"Consume path: a stored backlog of {format_count(count)} messages of {PAYLOAD_BYTES} bytes over {KEYS:,} keys "
         f"drained by {consumer_processes(consumers)} (receive and ack each; Redis: XREADGROUP COUNT {BATCH} and "
@@ -1005,6 +1002,7 @@ def print_backlog(count: int, repeats: int, consumers: int, measured: Sequence[M
             "vs fastest redis",
         ],
         rows,
+        skipped=("redis", skipped),
     )
     durable = next((m for m in measured if m.trial == DURABLE), None)
     if durable is not None:

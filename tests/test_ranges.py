@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from keyfailover.core.errors import KeyFailoverError, RangeMapError, SnapshotError
 from keyfailover.core.hashing import HASH_RANGE_SIZE
-from keyfailover.core.ranges import SNAPSHOT_VERSION, Range, RangeMap, validate_consumer_id
+from keyfailover.core.ranges import SNAPSHOT_VERSION, Range, RangeMap, check_consumer_id
 
 FULL = HASH_RANGE_SIZE - 1
 
@@ -145,11 +145,11 @@ def test_constructor_keeps_a_given_epoch() -> None:
 @pytest.mark.parametrize("consumer", ["", 0, None, b"a", ["a"]])
 def test_validate_consumer_id_rejects_non_strings_and_empty(consumer: Any) -> None:
     with pytest.raises(RangeMapError, match="non-empty str"):
-        validate_consumer_id(consumer)
+        check_consumer_id(consumer)
 
 
 def test_validate_consumer_id_returns_a_valid_id() -> None:
-    assert validate_consumer_id("consumer-1") == "consumer-1"
+    assert check_consumer_id("consumer-1") == "consumer-1"
 
 
 def test_a_consumer_with_three_ranges_is_read_from_every_view() -> None:

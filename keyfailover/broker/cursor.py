@@ -19,7 +19,7 @@ from itertools import chain
 import numpy as np
 
 from keyfailover.core.errors import CursorError
-from keyfailover.wire._ints import ints_within
+from keyfailover.wire._ints import is_within_int_range
 
 __all__ = ["Cursor"]
 
@@ -30,13 +30,15 @@ _HEADER = struct.Struct("<BQI")  # format version, mark_delete, number of acked 
 _LIMIT = 1 << 63  # positions are signed 64-bit integers in SQLite
 
 
-def _position(value: object, what: str, minimum: int) -> int:
+def _check_position(value: object, what: str, minimum: int) -> int:
+    """``value`` if it is an int from ``minimum`` to 2**63 - 1; else a CursorError naming ``what``."""
     if type(value) is not int or not minimum <= value < _LIMIT:
         raise CursorError(f"{what} must be an int in [{minimum}, 2**63 - 1], not {value!r}")
     return value
 
 
 def _malformed(reason: str) -> CursorError:
+    """The error for cursor bytes that are not what :meth:`Cursor.to_bytes` writes."""
     return CursorError(f"cursor bytes are malformed: {reason}; expected the output of Cursor.to_bytes()")
 
 
@@ -65,9 +67,9 @@ class Cursor:
 
         O(n log n) for n acked positions.
         """
-        mark_delete = _position(mark_delete, "mark_delete", 0)
+        mark_delete = _check_position(mark_delete, "mark_delete", 0)
         try:
-            positions = sorted({_position(p, "an acked position", 1) for p in acked})
+            positions = sorted({_check_position(p, "an acked position", 1) for p in acked})
         except TypeError:
             raise CursorError(f"acked must be an iterable of positions, not {type(acked).__name__}") from None
         starts = array("q")
@@ -111,13 +113,13 @@ class Cursor:
 
     def ack(self, position: int) -> None:
         """Acknowledge ``position`` (idempotent), advancing :attr:`mark_delete` over every contiguous run."""
-        self._ack(_position(position, "an acked position", 1))
+        self._ack(_check_position(position, "an acked position", 1))
 
     def ack_many(self, positions: Sequence[int]) -> None:
         """Acknowledge each of ``positions`` as :meth:`ack` does; all are checked first (a bad one: none is acked)."""
-        if not ints_within(positions, 1, _LIMIT - 1):
+        if not is_within_int_range(positions, 1, _LIMIT - 1):
             for position in positions:
-                _position(position, "an acked position", 1)
+                _check_position(position, "an acked position", 1)
         for position in positions:
             self._ack(position)
 
@@ -159,7 +161,7 @@ class Cursor:
 
     def is_acked(self, position: int) -> bool:
         """Whether ``position`` is acknowledged."""
-        position = _position(position, "a position", 1)
+        position = _check_position(position, "a position", 1)
         if position <= self._mark_delete:
             return True
         i = bisect_right(self._starts, position, self._head) - 1
@@ -171,8 +173,8 @@ class Cursor:
         Arguments are checked, and the ranges taken, when called; the iterator does not see
         later acks. O(ranges in the interval + positions yielded).
         """
-        after = _position(after, "after", 0)
-        up_to = _position(up_to, "up_to", 0)
+        after = _check_position(after, "after", 0)
+        up_to = _check_position(up_to, "up_to", 0)
         first = max(after, self._mark_delete) + 1
         lo = max(bisect_right(self._starts, first, self._head) - 1, self._head)
         hi = bisect_right(self._starts, up_to, self._head)

@@ -17,4 +17,5 @@ class ManualClock:
         return self.now
 
     def advance(self, seconds: float) -> None:
+        """Move the clock ``seconds`` forward."""
         self.now += seconds

@@ -90,7 +90,7 @@ def murmur3_31(data: bytes) -> int:
 
 
 def key_hash(key: str | bytes) -> int:
-    """The hash slot of ``key`` in ``[0, 65535]``; O(len(key))."""
+    """The hash slot of ``key`` in ``[0, 65535]``; linear in the length of ``key``."""
     return mmh3.hash(key_bytes(key), 0, False) & _SLOT_MASK
 
 
@@ -155,4 +155,5 @@ def _signed_murmur3(keys: Iterable[str | bytes], batch_name: str, single_name: s
 
 
 def _murmur3_of(encoded: Iterator[bytes], count: int) -> npt.NDArray[np.int32]:
+    """The signed Murmur3 of each of ``count`` encoded keys, as one int32 array."""
     return np.fromiter(map(mmh3.hash, encoded), dtype=np.int32, count=count)

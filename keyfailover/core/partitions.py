@@ -107,6 +107,7 @@ def split_partition_topic(name: str) -> tuple[str, int] | None:
 
 
 def _broker_ids(brokers: Iterable[str]) -> list[str]:
+    """``brokers`` sorted, each checked to be a non-empty str named once; else a ConfigError."""
     ids = list(brokers)
     for broker in ids:
         if not isinstance(broker, str) or not broker:
@@ -118,6 +119,7 @@ def _broker_ids(brokers: Iterable[str]) -> list[str]:
 
 
 def _partition_ids(partitions: Iterable[PartitionId]) -> list[PartitionId]:
+    """``partitions`` sorted, each checked to be a ``(topic, index)`` pair named once; else a ConfigError."""
     ids = list(partitions)
     for partition in ids:
         if (

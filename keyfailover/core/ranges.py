@@ -30,7 +30,7 @@ from keyfailover.core._tiling import splice
 from keyfailover.core.errors import RangeMapError, SnapshotError
 from keyfailover.core.hashing import HASH_RANGE_SIZE
 
-__all__ = ["SNAPSHOT_VERSION", "Range", "RangeArrays", "RangeMap", "validate_consumer_id"]
+__all__ = ["SNAPSHOT_VERSION", "Range", "RangeArrays", "RangeMap", "check_consumer_id"]
 
 SNAPSHOT_VERSION = 2
 """Version of :meth:`RangeMap.snapshot`. Version 1 (one range per consumer) is still read."""
@@ -51,7 +51,7 @@ class RangeArrays(NamedTuple):
     """Every consumer owning a range, in hash order of its first range (as :meth:`RangeMap.consumers`)."""
 
 
-def validate_consumer_id(consumer: object) -> str:
+def check_consumer_id(consumer: object) -> str:
     """Return ``consumer`` if it is a valid consumer id (a non-empty ``str``), else raise."""
     if not isinstance(consumer, str) or not consumer:
         raise RangeMapError(f"consumer id must be a non-empty str, not {consumer!r}")
@@ -59,6 +59,7 @@ def validate_consumer_id(consumer: object) -> str:
 
 
 def _check_slot(name: str, value: object, low: int, high: int) -> int:
+    """``value`` if it is an int in ``[low, high]``; else a RangeMapError naming ``name``."""
     if type(value) is not int or not low <= value <= high:
         raise RangeMapError(f"{name} must be an int in [{low}, {high}], not {value!r}")
     return value
@@ -255,7 +256,7 @@ class RangeMap:
 
     def assign_all(self, consumer: str) -> None:
         """Give the whole hash space to ``consumer``; the map must be empty."""
-        validate_consumer_id(consumer)
+        check_consumer_id(consumer)
         if self._counts:
             raise RangeMapError(
                 f"cannot give the whole space to {consumer!r}: the map already has "
@@ -290,7 +291,7 @@ class RangeMap:
                 raise RangeMapError(f"move {move!r} must be a (start, end, consumer) tuple")
             start = _check_slot("start", move[0], 0, high)
             end = _check_slot("end", move[1], start, high)
-            checked.append((start, end, validate_consumer_id(move[2])))
+            checked.append((start, end, check_consumer_id(move[2])))
         # Splice copies, so that moves which cancel out can be told from a change.
         starts, ends, owners = list(self._starts), list(self._ends), list(self._owners)
         counts = dict(self._counts)
@@ -370,7 +371,7 @@ class RangeMap:
         for item in items:
             if not isinstance(item, tuple) or len(item) != 3 or type(item[0]) is not int or type(item[1]) is not int:
                 raise RangeMapError(f"range {item!r} must be (start, end, consumer) with int start and end")
-            validate_consumer_id(item[2])
+            check_consumer_id(item[2])
         starts: list[int] = []
         ends: list[int] = []
         owners: list[str] = []
@@ -432,6 +433,7 @@ class RangeMap:
     # -- internals -------------------------------------------------------------------
 
     def _changed(self) -> None:
+        """Count a change: the epoch moves on and what was derived from the lists is dropped."""
         self._epoch += 1
         self._forget()
 

@@ -41,6 +41,7 @@ def whole_loop() -> asyncio.AbstractEventLoop:
     came: list[tuple[int, FrameType | None]] = []
 
     def put_off(signum: int, frame: FrameType | None) -> None:
+        """Remember a signal that came while the loop was being made, to run its handler once it is."""
         came.append((signum, frame))
 
     handlers: list[tuple[int, _Handler]] = []

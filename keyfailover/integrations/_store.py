@@ -95,6 +95,7 @@ def no_log_error(store: StoreURL) -> LogError:
 
 
 def unknown_topic_error(store: StoreURL, topic: str, topics: list[str]) -> LogError:
+    """The error for ``topic`` missing from the log at ``store``, naming the topics it has."""
     return LogError(f"topic {topic!r} is not in the log at {store}; expected one of {topics}")
 
 

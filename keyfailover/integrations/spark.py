@@ -217,7 +217,7 @@ def with_key_hash(df: DataFrame, key_col: str, out: str = "key_hash") -> DataFra
 def load_range_map(source: RangeMapSource) -> RangeMap:
     """The :class:`RangeMap` of ``source``, checked to have ranges over the 65536 key-hash slots.
 
-    ``source`` is a :class:`RangeMap`, a snapshot dict (``RangeMap.snapshot()``), the path
+    ``source`` is a :class:`RangeMap`, a snapshot dict as ``RangeMap.snapshot()`` gives, the path
     of a snapshot JSON file, or the URL of a server's ``/ranges`` endpoint for one
     subscription (``http://HOST:PORT/ranges?topic=T&subscription=S``). Snapshots of version
     1 (one range per consumer) and 2 (several) are read.
@@ -287,7 +287,7 @@ ranges the code passes the JVM's 64 KB method limit and Spark falls back to inte
 def _range_index(hash_col: str, range_map: RangeMap, *, checked: bool) -> Column:
     """The index of the range holding ``hash_col``'s slot, null for a null slot; an int column.
 
-    A binary search over the range ends (about log2(n) integer comparisons per row), or for
+    A binary search over the range ends (about log2 n integer comparisons per row), or for
     more than ``_MAX_SEARCH_RANGES`` ranges a lookup in a 65536-entry slot table literal; one
     SQL expression, parsed in one call. ``checked``: a slot outside [0, 65535] fails the query
     rather than landing in an edge range. Slots that :func:`with_key_hash` computed need no
@@ -300,6 +300,7 @@ def _range_index(hash_col: str, range_map: RangeMap, *, checked: bool) -> Column
         ends, _ = range_map.lookup_table()
 
         def search(low: int, high: int) -> str:
+            """A CASE expression finding the range among ``low`` to ``high`` that holds the slot, by halves."""
             if low == high:
                 return str(low)
             middle = (low + high) // 2
@@ -339,7 +340,7 @@ def with_range_id(
     (see :func:`load_range_map` for its forms).
     """
     found = load_range_map(range_map)
-    _require_slot_column(df, hash_col)
+    _check_slot_column(df, hash_col)
     return df.withColumn(out, _range_index(hash_col, found, checked=True))
 
 
@@ -359,7 +360,7 @@ def owner_column(
     """
     found = load_range_map(range_map)
     if key_col is None:
-        _require_slot_column(df, hash_col)
+        _check_slot_column(df, hash_col)
         return df.withColumn(out, _owner(hash_col, found, checked=True))
     slot = f"__kf_{out}_slot"
     return with_key_hash(df, key_col, slot).withColumn(out, _owner(slot, found, checked=False)).drop(slot)
@@ -457,14 +458,17 @@ def process_in_key_order(  # noqa: PLR0917  (the issue's positional signature)
     parted = partition_by_ranges(df, key_col, range_map, order_col, hash_col="__kf_hash", range_col="__kf_range")
 
     def output(rows: list[Mapping[str, Any]]) -> Any:
+        """One Arrow batch of the output rows ``rows``."""
         return pa.RecordBatch.from_pylist(rows, schema=arrow_schema)
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
+        """One partition's batches in, ``fn``'s rows out: ``fn`` is called once per run of equal keys."""
         pending: list[Mapping[str, Any]] = []
         group: list[dict[str, Any]] = []
         group_key: Any = None
 
         def finish() -> None:
+            """Call ``fn`` on the group just ended and queue its rows, each checked against the output schema."""
             results = fn(group_key, group)
             if not isinstance(results, Iterable):
                 raise TypeError(
@@ -665,7 +669,8 @@ def _column_type(df: DataFrame, name: str) -> Any:
     raise InvalidKeyError(f"column {name!r} is not in the DataFrame; its columns are {df.columns}")
 
 
-def _require_slot_column(df: DataFrame, hash_col: str) -> None:
+def _check_slot_column(df: DataFrame, hash_col: str) -> None:
+    """An InvalidKeyError unless ``hash_col`` of ``df`` is an integer column, as slots are."""
     found = _column_type(df, hash_col)
     if not isinstance(found, IntegralType):
         raise InvalidKeyError(

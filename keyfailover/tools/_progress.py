@@ -47,6 +47,7 @@ class Progress:
         return f"[{'#' * filled}{'.' * (_WIDTH - filled)}] {fraction:4.0%} {counts}"
 
     def update(self, sent: int, stored: int, done: int) -> None:
+        """Redraw the bar in place, at most once per interval."""
         now = self._clock()
         if now - self._drawn >= self._interval:
             self._drawn = now
@@ -54,5 +55,6 @@ class Progress:
             self._stream.flush()
 
     def finish(self, sent: int, stored: int, done: int) -> None:
+        """Draw the bar a last time and end its line."""
         self._stream.write("\r" + self.render(sent, stored, done) + "\n")
         self._stream.flush()

@@ -68,20 +68,20 @@ class ZooKeeper:
 
     @property
     def hosts(self) -> str:
+        """The connect string for kazoo."""
         return f"127.0.0.1:{self.port}"
 
     @staticmethod
-    def check_installed() -> str:
-        """The ``java`` to run ZooKeeper with; :class:`ServiceError` saying what is missing when it is not installed."""
-        java = shutil.which("java")
-        if java is None:
-            raise ServiceError("Java is not installed (no java on PATH); ZooKeeper needs it: run scripts/setup-system")
+    def check_installed() -> None:
+        """:class:`ServiceError` saying what is missing unless Java and ZooKeeper are installed."""
+        _java()
         if not ZOOKEEPER_JAR.exists():
             raise ServiceError(f"ZooKeeper is not installed (no {ZOOKEEPER_JAR}): run scripts/setup-system")
-        return java
 
     def start(self) -> ZooKeeper:
-        java = self.check_installed()
+        """Start the server and wait until it answers; a ServiceError saying why when it cannot."""
+        self.check_installed()
+        java = _java()
         if self._answers() or not self._port_free():
             raise ServiceError(f"ZooKeeper cannot start on {self.hosts}: something else listens there")
         data = self.folder / "data"
@@ -139,12 +139,14 @@ class ZooKeeper:
             return False
 
     def stop(self) -> None:
+        """Stop the server, if it runs."""
         if self._process is not None:
             stop_process(self._process)
             self._process = None
 
     @property
     def pid(self) -> int | None:
+        """The server's process id while it runs, else None."""
         return None if self._process is None else self._process.pid
 
     def __enter__(self) -> ZooKeeper:
@@ -168,6 +170,7 @@ class PostgreSQL:
 
     @property
     def dsn(self) -> str:
+        """The URL of database ``database`` as the superuser ``kf``."""
         return f"postgresql://kf@127.0.0.1:{self.port}/{self.database}"
 
     def _run(self, *command: str) -> subprocess.CompletedProcess[str]:
@@ -185,6 +188,10 @@ class PostgreSQL:
             raise ServiceError(f"PostgreSQL is not installed (no {initdb}): run scripts/setup-system")
 
     def start(self) -> PostgreSQL:
+        """Create the cluster if it is new, start the server and create the database.
+
+        A ServiceError says why when it cannot.
+        """
         self.check_installed()
         initdb, pg_ctl = POSTGRESQL_BIN / "initdb", POSTGRESQL_BIN / "pg_ctl"
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -222,6 +229,7 @@ class PostgreSQL:
         return self
 
     def stop(self) -> None:
+        """Stop the server, if it runs."""
         if self._started:
             self._run(str(POSTGRESQL_BIN / "pg_ctl"), "-D", str(self.folder / "data"), "-m", "fast", "-w", "stop")
             self._started = False
@@ -231,3 +239,11 @@ class PostgreSQL:
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+
+def _java() -> str:
+    """The ``java`` on PATH; :class:`ServiceError` saying so when there is none."""
+    java = shutil.which("java")
+    if java is None:
+        raise ServiceError("Java is not installed (no java on PATH); ZooKeeper needs it: run scripts/setup-system")
+    return java

@@ -8,7 +8,7 @@ from typing import Any, Final
 _INT_TYPE: Final = {int}
 
 
-def ints_within(values: Sequence[Any], low: int, high: int) -> bool:
+def is_within_int_range(values: Sequence[Any], low: int, high: int) -> bool:
     """Whether every value is an ``int`` (not a bool or a subclass) from ``low`` to ``high``; True when empty.
 
     Cheap for a long list (one pass each in ``set``, ``min`` and ``max``); a caller that gets

@@ -5,7 +5,8 @@ bytes holding one msgpack map: ``"type"`` (a str) plus the frame's fields. ``str
 as msgpack str and ``bytes`` as msgpack bin, so a key comes back exactly as it was sent.
 docs/protocol.md is the specification for other implementations; this module is the
 reference. :func:`encode` trusts its input (mypy checks it); :class:`Decoder` trusts
-nothing: every frame it returns has exactly the documented fields, types and bounds.
+nothing: every frame it returns has exactly the documented fields, types and bounds. The frame
+types are declared in :mod:`keyfailover.wire._frames` and re-exported here.
 Message properties travel as their one encoding (:mod:`keyfailover.wire.properties`), a
 bin holding a msgpack map, which the decoder checks but does not decode for the frame: a frame
 body holds one map, so a nested map costs no memory before it is refused.
@@ -20,8 +21,8 @@ import reprlib
 import socket
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Final, Literal, NamedTuple, TypeAlias, TypeGuard, get_args
+from dataclasses import fields
+from typing import Any, Final, Literal, NamedTuple, TypeGuard, get_args
 
 import msgpack  # type: ignore[import-untyped]
 
@@ -34,7 +35,35 @@ from keyfailover.core.errors import (
     ProtocolError,
 )
 from keyfailover.core.hashing import HASH_RANGE_SIZE
-from keyfailover.wire._ints import ints_within
+from keyfailover.wire._frames import (
+    Ack,
+    ClientFrame,
+    Close,
+    CloseConsumer,
+    Connect,
+    Connected,
+    ConsumerClosed,
+    Delivered,
+    Error,
+    Extend,
+    Flow,
+    Frame,
+    Key,
+    Lookup,
+    Messages,
+    Nack,
+    Ping,
+    Pong,
+    Produce,
+    RangesChanged,
+    Receipt,
+    Route,
+    ServerFrame,
+    Settled,
+    Subscribe,
+    Subscribed,
+)
+from keyfailover.wire._ints import is_within_int_range
 from keyfailover.wire.properties import check_encoded
 
 __all__ = [
@@ -74,8 +103,8 @@ __all__ = [
     "Subscribed",
     "check_name",
     "encode",
+    "is_valid_name",
     "stream_transport",
-    "valid_name",
 ]
 
 PROTOCOL_VERSION: Final = 7
@@ -93,270 +122,10 @@ DEFAULT_MAX_FRAME: Final = 5 * 1024 * 1024
 MAX_NAME_LENGTH: Final = 256
 """Topic, subscription and consumer names are 1 to this many characters, without NUL."""
 
-Key: TypeAlias = str | bytes | None
-"""A message key: str and bytes stay distinct on the wire (both hash by their UTF-8 bytes)."""
-
 _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
 _MAX_LENGTH: Final = 2**32 - 1  # what the 4-byte length prefix can say
 _HEADER: Final = struct.Struct(">I")
-
-
-# -- frames: client -> server ---------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Connect:
-    """The first frame of every connection: protocol version, optional token, client name."""
-
-    type: ClassVar[str] = "connect"
-    version: int
-    token: str | None
-    client: str
-
-
-@dataclass(frozen=True, slots=True)
-class Produce:
-    """Store messages ``(seq, key, payload)`` in ``topic``; ``(producer, seq)`` makes retries idempotent.
-
-    ``properties``: each message's encoded properties (None for one without), or None when no
-    message of the batch has any.
-    """
-
-    type: ClassVar[str] = "produce"
-    req: int
-    topic: str
-    producer: str | None
-    messages: list[tuple[int | None, Key, bytes]]
-    properties: list[bytes | None] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Subscribe:
-    """Attach consumer ``consumer`` to ``subscription`` of ``topic`` with ``receiver_queue`` permits.
-
-    ``secret`` is what the consumer's last ``subscribed`` returned (nil the first time): only
-    with it may a subscribe take over a consumer name that still has a live session.
-    """
-
-    type: ClassVar[str] = "subscribe"
-    req: int
-    topic: str
-    subscription: str
-    consumer: str
-    receiver_queue: int
-    secret: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Flow:
-    """Grant ``permits`` more messages to a consumer session."""
-
-    type: ClassVar[str] = "flow"
-    topic: str
-    subscription: str
-    session: int
-    permits: int
-
-
-@dataclass(frozen=True, slots=True)
-class Ack:
-    """Acknowledge delivered positions of a consumer session; with ``req``, answered (``settled`` or ``error``)."""
-
-    type: ClassVar[str] = "ack"
-    topic: str
-    subscription: str
-    session: int
-    positions: list[int]
-    req: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Nack:
-    """Give delivered positions back: each key restarts from its oldest nacked position."""
-
-    type: ClassVar[str] = "nack"
-    topic: str
-    subscription: str
-    session: int
-    positions: list[int]
-    req: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Extend:
-    """Renew the leases (ack deadlines) of delivered positions a consumer is still working on."""
-
-    type: ClassVar[str] = "extend"
-    topic: str
-    subscription: str
-    session: int
-    positions: list[int]
-    req: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CloseConsumer:
-    """Detach a consumer session; its unacked messages go to the new owners of its keys."""
-
-    type: ClassVar[str] = "close_consumer"
-    req: int
-    topic: str
-    subscription: str
-    session: int
-
-
-@dataclass(frozen=True, slots=True)
-class Lookup:
-    """Ask how many partitions ``topic`` has and which broker serves each (answered by ``route``)."""
-
-    type: ClassVar[str] = "lookup"
-    req: int
-    topic: str
-
-
-@dataclass(frozen=True, slots=True)
-class Ping:
-    """Heartbeat; the server answers ``pong`` with the same nonce."""
-
-    type: ClassVar[str] = "ping"
-    nonce: int
-
-
-@dataclass(frozen=True, slots=True)
-class Close:
-    """The client says goodbye; the server closes the connection."""
-
-    type: ClassVar[str] = "close"
-
-
-# -- frames: server -> client ---------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Connected:
-    """The answer to ``connect``: the server's limits for this connection."""
-
-    type: ClassVar[str] = "connected"
-    version: int
-    server: str
-    max_frame: int
-    session_timeout: float
-
-
-@dataclass(frozen=True, slots=True)
-class Receipt:
-    """The answer to ``produce``: a position per message, and whether it was already stored."""
-
-    type: ClassVar[str] = "receipt"
-    req: int
-    positions: list[int]
-    duplicates: list[bool]
-
-
-@dataclass(frozen=True, slots=True)
-class Subscribed:
-    """The answer to ``subscribe``: the new session, its hash ranges (none for a standby) and its secret.
-
-    ``ranges`` holds inclusive ``(start, end)`` slot pairs, sorted and non-overlapping.
-    """
-
-    type: ClassVar[str] = "subscribed"
-    req: int
-    session: int
-    consumer: str
-    ranges: list[tuple[int, int]]
-    secret: str
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """The answer to ``lookup``: one broker address (``HOST:PORT``) per partition of ``topic``.
-
-    ``""`` is the broker that answered; nil, a partition no broker serves right now (a
-    failover is under way: look up again). Partition p of a topic with P > 1 partitions is
-    produced to and subscribed to as the topic ``<topic>-partition-<p>``.
-    """
-
-    type: ClassVar[str] = "route"
-    req: int
-    topic: str
-    brokers: list[str | None]
-
-
-Delivered: TypeAlias = tuple[int, Key, bytes, int, int | None, bytes | None]
-"""``(position, key, payload, redelivery_count, publish_time, properties)``: one delivery. ``publish_time``
-is the broker's wall clock when the message was stored, in microseconds since the Unix epoch; None when
-unknown (stored before logs had publish times). ``properties`` are the message's encoded properties, None
-when it has none."""
-
-
-@dataclass(frozen=True, slots=True)
-class Messages:
-    """Deliveries to a session: ``(position, key, payload, redelivery_count, publish_time, properties)`` each."""
-
-    type: ClassVar[str] = "messages"
-    session: int
-    messages: list[Delivered]
-
-
-@dataclass(frozen=True, slots=True)
-class RangesChanged:
-    """A session's hash ranges changed (rebalance): all of them now; ``epoch`` is the range map's new epoch."""
-
-    type: ClassVar[str] = "ranges_changed"
-    session: int
-    epoch: int
-    ranges: list[tuple[int, int]]
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumerClosed:
-    """A session ended: "closed", "timeout", "superseded", "shutdown" (others may come)."""
-
-    type: ClassVar[str] = "consumer_closed"
-    session: int
-    reason: str
-    req: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Settled:
-    """The answer to an ``ack``, ``nack`` or ``extend`` that carried a ``req``: every position was accepted."""
-
-    type: ClassVar[str] = "settled"
-    req: int
-
-
-@dataclass(frozen=True, slots=True)
-class Pong:
-    """The answer to ``ping``."""
-
-    type: ClassVar[str] = "pong"
-    nonce: int
-
-
-@dataclass(frozen=True, slots=True)
-class Error:
-    """A request failed (``req`` set) or the connection is being closed (``code`` is fatal)."""
-
-    type: ClassVar[str] = "error"
-    code: str
-    message: str
-    req: int | None
-
-
-ClientFrame: TypeAlias = (
-    Connect | Produce | Subscribe | Flow | Ack | Nack | Extend | CloseConsumer | Lookup | Ping | Close
-)
-"""Frames a client sends."""
-
-ServerFrame: TypeAlias = (
-    Connected | Receipt | Subscribed | Route | Messages | RangesChanged | ConsumerClosed | Settled | Pong | Error
-)
-"""Frames a server sends."""
-
-Frame: TypeAlias = ClientFrame | ServerFrame
 
 _FIELDS: Final[dict[type[Frame], tuple[str, ...]]] = {
     cls: tuple(f.name for f in fields(cls)) for cls in (*get_args(ClientFrame), *get_args(ServerFrame))
@@ -407,6 +176,7 @@ def encode(frame: Frame, version: int = PROTOCOL_VERSION) -> bytes:
 
 
 # -- field checks ---------------------------------------------------------------------------
+# Each check returns the value it was given, or raises a _FieldError saying what was expected.
 
 
 class _FieldError(Exception):
@@ -417,6 +187,7 @@ class _ShortRepr(reprlib.Repr):
     """reprlib, with bytes cut before ``repr`` (reprlib would render all of a 5 MiB payload)."""
 
     def repr_bytes(self, x: bytes, level: int) -> str:
+        """The repr of at most ``maxstring`` bytes of ``x``, and "..." when it is longer."""
         return repr(x[: self.maxstring]) + ("..." if len(x) > self.maxstring else "")
 
 
@@ -432,6 +203,7 @@ def _show(value: object) -> str:
 
 
 def _wrong(expected: str, value: object) -> _FieldError:
+    """The error for a field whose ``value`` is not ``expected``."""
     return _FieldError(f"must be {expected}, got {_show(value)}")
 
 
@@ -439,30 +211,35 @@ _UINT: Final = "a non-negative int64"
 
 
 def _uint(value: object) -> int:
+    """``value`` if it is a non-negative int64."""
     if type(value) is int and 0 <= value <= _INT64_MAX:
         return value
     raise _wrong(_UINT, value)
 
 
 def _opt_uint(value: object) -> int | None:
+    """``value`` if it is a non-negative int64 or None."""
     if value is None or (type(value) is int and 0 <= value <= _INT64_MAX):
         return value
     raise _wrong(f"{_UINT} or nil", value)
 
 
 def _int64(value: object) -> int:
+    """``value`` if it is an int64."""
     if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:
         return value
     raise _wrong("an int64", value)
 
 
 def _max_frame(value: object) -> int:
+    """``value`` if it can be a frame limit: an int the length prefix can say, at least 1."""
     if type(value) is int and 0 < value <= _MAX_LENGTH:
         return value
     raise _wrong(f"an int in [1, {_MAX_LENGTH}]", value)
 
 
 def _timeout(value: object) -> float:
+    """``value`` as a float, if it is a positive finite number."""
     # An int is accepted too: some msgpack libraries send integral floats as ints.
     if (type(value) is float or type(value) is int) and 0 < value < math.inf:
         return float(value)
@@ -472,7 +249,7 @@ def _timeout(value: object) -> float:
 _NAME_RULE: Final = f"a str of 1 to {MAX_NAME_LENGTH} characters without NUL"
 
 
-def valid_name(value: object) -> TypeGuard[str]:
+def is_valid_name(value: object) -> TypeGuard[str]:
     """Whether ``value`` is a topic, subscription, consumer or producer name the protocol accepts."""
     return type(value) is str and 0 < len(value) <= MAX_NAME_LENGTH and "\0" not in value
 
@@ -482,36 +259,41 @@ def check_name(what: str, value: object) -> str:
 
     Clients call it before sending, so a name the server would refuse never reaches it.
     """
-    if valid_name(value):
+    if is_valid_name(value):
         return value
     raise KeyFailoverError(f"{what} must be {_NAME_RULE}, got {_show(value)}")
 
 
 def _name(value: object) -> str:
-    if valid_name(value):
+    """``value`` if it is a valid topic, subscription, consumer or producer name."""
+    if is_valid_name(value):
         return value
     raise _wrong(_NAME_RULE, value)
 
 
 def _label(value: object) -> str:
+    """``value`` if it is a non-empty str."""
     if type(value) is str and value:
         return value
     raise _wrong("a non-empty str", value)
 
 
 def _opt_label(value: object) -> str | None:
+    """``value`` if it is a non-empty str or None."""
     if value is None or (type(value) is str and value):
         return value
     raise _wrong("a non-empty str or nil", value)
 
 
 def _text(value: object) -> str:
+    """``value`` if it is a str."""
     if type(value) is str:
         return value
     raise _wrong("a str", value)
 
 
 def _opt_text(value: object) -> str | None:
+    """``value`` if it is a str or None."""
     if value is None or type(value) is str:
         return value
     raise _wrong("a str or nil", value)
@@ -525,6 +307,7 @@ _KEY_TYPES: Final = frozenset({str, bytes, type(None)})
 
 
 def _array(value: object, expected: str) -> tuple[Any, ...]:
+    """``value`` if it is an array, as msgpack decodes one: a tuple."""
     if type(value) is tuple:
         return value
     raise _wrong(f"an array of {expected}", value)
@@ -537,9 +320,10 @@ def _bad_item(items: tuple[Any, ...], item: object, expected: str) -> _FieldErro
 
 
 def _uints(value: object) -> list[int]:
+    """``value`` as a list, if it is an array of non-negative int64s; the error names the first bad item."""
     items = _array(value, _UINT)
     # Checked in C as a whole (an ack frame holds many); the loop finds the bad item to name.
-    if not ints_within(items, 0, _INT64_MAX):
+    if not is_within_int_range(items, 0, _INT64_MAX):
         for item in items:
             if not (type(item) is int and 0 <= item <= _INT64_MAX):
                 raise _bad_item(items, item, _UINT)
@@ -550,6 +334,7 @@ _MAX_ROUTE: Final = HASH_RANGE_SIZE  # the most partitions a topic may have
 
 
 def _brokers(value: object) -> list[str | None]:
+    """A route's brokers: 1 to ``_MAX_ROUTE`` items, each a ``HOST:PORT`` str or None."""
     items = _array(value, "broker addresses")
     if not 0 < len(items) <= _MAX_ROUTE:
         raise _FieldError(f"must hold 1 to {_MAX_ROUTE} broker addresses (one per partition), got {len(items)}")
@@ -560,6 +345,7 @@ def _brokers(value: object) -> list[str | None]:
 
 
 def _bools(value: object) -> list[bool]:
+    """``value`` as a list, if it is an array of bools."""
     items = _array(value, "bool")
     for item in items:
         if type(item) is not bool:
@@ -571,6 +357,7 @@ _PRODUCED: Final = f"an array [seq: {_UINT} or nil, key: str, bin or nil, payloa
 
 
 def _produced(value: object) -> list[tuple[int | None, Key, bytes]]:
+    """A produce's messages: ``[seq, key, payload]`` arrays, each checked in one pass."""
     items = _array(value, "messages")
     try:
         for item in items:
@@ -588,7 +375,7 @@ def _produced(value: object) -> list[tuple[int | None, Key, bytes]]:
     raise _bad_item(items, item, _PRODUCED)
 
 
-def _checked_properties(items: tuple[Any, ...], item: object, data: bytes) -> None:
+def _check_properties(items: tuple[Any, ...], item: object, data: bytes) -> None:
     """``data``, the properties of ``item`` of ``items``, checked: a :class:`_FieldError` naming the item."""
     try:
         check_encoded(data)
@@ -606,11 +393,12 @@ def _opt_properties(value: object) -> list[bytes | None] | None:
         if item is not None:
             if type(item) is not bytes:
                 raise _bad_item(items, item, "a bin (encoded properties) or nil")
-            _checked_properties(items, item, item)
+            _check_properties(items, item, item)
     return list(items)
 
 
 def _properties_match(values: dict[str, Any]) -> None:
+    """A produce's ``properties``, when given, hold one item per message."""
     if values["properties"] is not None and len(values["properties"]) != len(values["messages"]):
         raise _FieldError(
             f"'properties' has {len(values['properties'])} items and 'messages' {len(values['messages'])}; "
@@ -625,6 +413,7 @@ _DELIVERED: Final = (
 
 
 def _delivered(value: object) -> list[Delivered]:
+    """A ``messages`` frame's deliveries, each item checked in one pass and its properties after."""
     items = _array(value, "messages")
     with_properties = []
     try:
@@ -646,7 +435,7 @@ def _delivered(value: object) -> list[Delivered]:
                 with_properties.append(item)
         else:
             for item in with_properties:
-                _checked_properties(items, item, item[5])
+                _check_properties(items, item, item[5])
             return list(items)
     except (TypeError, ValueError):  # the item is not an array of 6
         pass
@@ -659,6 +448,7 @@ def _older_delivered(items: int) -> Callable[[object], list[Delivered]]:
     missing = (None,) * (6 - items)
 
     def check(value: object) -> list[Delivered]:
+        """``value`` if it is an array of deliveries of the older version, filled up to this version's."""
         found = _array(value, "messages")
         if any(type(item) is not tuple or len(item) != items for item in found):
             raise _FieldError(f"must be an array of {items}-item deliveries (protocol version {items + 1})")
@@ -668,6 +458,7 @@ def _older_delivered(items: int) -> Callable[[object], list[Delivered]]:
 
 
 def _same_length(values: dict[str, Any]) -> None:
+    """A receipt holds one duplicate flag per position."""
     if len(values["positions"]) != len(values["duplicates"]):
         raise _FieldError(
             f"'duplicates' has {len(values['duplicates'])} items and 'positions' {len(values['positions'])}; "
@@ -716,6 +507,7 @@ class _Spec(NamedTuple):
 def _spec(
     cls: type[Frame], across: Callable[[dict[str, Any]], None] | None = None, **checks: Callable[[Any], Any]
 ) -> _Spec:
+    """The spec of ``cls``: one check per field, in field order, and ``across`` for checks over several fields."""
     assert tuple(checks) == _FIELDS[cls], cls  # one check per field, in field order
     return _Spec(cls, tuple(checks.items()), frozenset({"type", *checks}), across)
 
@@ -743,9 +535,10 @@ _CLIENT_SPECS: Final = {
             secret=_opt_label,
         ),
         _spec(Flow, topic=_name, subscription=_name, session=_uint, permits=_uint),
-        _spec(Ack, topic=_name, subscription=_name, session=_uint, positions=_uints, req=_opt_uint),
-        _spec(Nack, topic=_name, subscription=_name, session=_uint, positions=_uints, req=_opt_uint),
-        _spec(Extend, topic=_name, subscription=_name, session=_uint, positions=_uints, req=_opt_uint),
+        *(
+            _spec(cls, topic=_name, subscription=_name, session=_uint, positions=_uints, req=_opt_uint)
+            for cls in (Ack, Nack, Extend)
+        ),
         _spec(CloseConsumer, req=_uint, topic=_name, subscription=_name, session=_uint),
         _spec(Lookup, req=_uint, topic=_name),
         _spec(Ping, nonce=_int64),
@@ -778,14 +571,13 @@ def _without(spec: _Spec, name: str) -> _Spec:
 
 
 _OLDER: Final = {
-    6: {
+    version: {
         "produce": _without(_CLIENT_SPECS["produce"], "properties"),
-        "messages": _SERVER_SPECS["messages"]._replace(checks=(("session", _uint), ("messages", _older_delivered(5)))),
-    },
-    5: {
-        "produce": _without(_CLIENT_SPECS["produce"], "properties"),
-        "messages": _SERVER_SPECS["messages"]._replace(checks=(("session", _uint), ("messages", _older_delivered(4)))),
-    },
+        "messages": _SERVER_SPECS["messages"]._replace(
+            checks=(("session", _uint), ("messages", _older_delivered(version - 1)))  # one delivery item less each
+        ),
+    }
+    for version in (6, 5)
 }
 """The frames older versions still spoken send differently (version 6: no properties; 5: no publish times
 either)."""
@@ -794,6 +586,7 @@ _MAX_MAP_LEN: Final = 64
 
 
 def _build(spec: _Spec, body: dict[Any, Any]) -> Frame:
+    """The frame of ``spec`` from a decoded ``body``, every field checked; a ``bad_field`` error names what is wrong."""
     frame_type = spec.cls.type
     if body.keys() != spec.keys:
         missing = ", ".join(sorted(spec.keys - body.keys())) or "none"
@@ -842,11 +635,9 @@ class Decoder:
         accept: Literal["client", "server", "any"] = "any",
         version: int = PROTOCOL_VERSION,
     ) -> None:
-        if type(max_frame) is not int or not 0 < max_frame <= _MAX_LENGTH:
-            raise KeyFailoverError(f"max_frame must be an int in [1, {_MAX_LENGTH}], not {max_frame!r}")
+        self.max_frame = max_frame  # checked by the setter
         if accept not in _SPECS:
             raise KeyFailoverError(f"accept must be one of {sorted(_SPECS)}, not {accept!r}")
-        self._max_frame = max_frame
         self._accept = accept
         self.version = version  # sets the frame specs of this side and version
         self._buffer = bytearray()
@@ -913,6 +704,7 @@ class Decoder:
         return frames, self._error
 
     def _feed(self, data: bytes | bytearray | memoryview, frames: list[Frame]) -> None:
+        """Append to ``frames`` the frames ``data`` completes; keep the bytes of an incomplete one."""
         if self._buffer:
             self._buffer += data
             data = self._buffer
@@ -937,6 +729,7 @@ class Decoder:
             self._buffer += data[offset:]
 
     def _decode(self, body: memoryview) -> Frame:
+        """The frame of one frame ``body``; a fatal ProtocolError when it is not a valid frame of this side."""
         self._maps = 0
         try:
             value = msgpack.unpackb(
@@ -963,15 +756,18 @@ class Decoder:
         return _build(spec, value)
 
     def _one_map(self, mapping: dict[str, Any]) -> dict[str, Any]:
-        # msgpack calls this for every map it builds, innermost first. A valid frame holds
-        # exactly one map, so decoding stops at the second: an array of empty maps would
-        # otherwise cost ~80 bytes of memory per byte received.
+        """Count a map msgpack built: a valid frame holds exactly one, so decoding stops at the second.
+
+        msgpack calls this for every map it builds, innermost first; an array of empty maps
+        would otherwise cost ~80 bytes of memory per byte received.
+        """
         self._maps += 1
         if self._maps > 1:
             raise ProtocolError(ErrorCode.MALFORMED_FRAME, "a frame holds one map, its body: nested maps are invalid")
         return mapping
 
     def _unknown(self, frame_type: str) -> str:
+        """Why ``frame_type`` is refused: a frame of the other side, or no frame at all."""
         if frame_type in _CLIENT_SPECS:
             return f"frame type {frame_type!r} is sent by clients, not accepted from a server"
         if frame_type in _SERVER_SPECS:

@@ -341,6 +341,7 @@ class ClusterMember:
 
     @property
     def state(self) -> ClusterState:
+        """A snapshot of this member's part in the cluster, taken under its lock."""
         with self._lock:
             return ClusterState(
                 self.broker_id,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Final
 
 from keyfailover.core.errors import KeyFailoverError
-from keyfailover.wire.protocol import MAX_NAME_LENGTH, valid_name
+from keyfailover.wire.protocol import MAX_NAME_LENGTH, is_valid_name
 
 __all__ = ["TopicNameError", "keyfailover_topic"]
 
@@ -42,7 +42,7 @@ def keyfailover_topic(name: str) -> str:
             "in NAME"
         )
     topic = parts[2] if path.startswith(_DEFAULT_NAMESPACE) else path
-    if not valid_name(topic):
+    if not is_valid_name(topic):
         raise TopicNameError(
             f"topic {name!r:.80} maps to the keyfailover topic {topic!r:.80}, which is not 1 to {MAX_NAME_LENGTH} "
             "characters without NUL"

@@ -70,7 +70,7 @@ from keyfailover.broker.storage._store import NotServedError, Result, Store
 from keyfailover.broker.storage.records import PropertiesColumn
 from keyfailover.core.errors import ConsumerError, ErrorCode, KeyFailoverError, PropertiesError, ProtocolError
 from keyfailover.core.partitions import split_partition_topic
-from keyfailover.wire.protocol import ConsumerClosed, Frame, Key, Messages, stream_transport, valid_name
+from keyfailover.wire.protocol import ConsumerClosed, Frame, Key, Messages, is_valid_name, stream_transport
 
 __all__ = ["PulsarConnection"]
 
@@ -620,7 +620,7 @@ class PulsarConnection(ReadPausing):
         try:
             topic = keyfailover_topic(request.topic)
             name = request.producer_name if request.HasField("producer_name") else f"pulsar-{secrets.token_hex(8)}"
-            if not valid_name(name):
+            if not is_valid_name(name):
                 raise _RefusedError(UnknownError, f"producer name {name!r:.80} must be 1 to 256 characters without NUL")
             if self._server.closing:
                 raise _RefusedError(ServiceNotReady, "the server is shutting down")
@@ -801,7 +801,7 @@ class PulsarConnection(ReadPausing):
             topic = keyfailover_topic(request.topic)
             sticky = _check_subscribe(request)
             consumer = request.consumer_name or f"pulsar-{secrets.token_hex(8)}"
-            if not valid_name(consumer) or not valid_name(request.subscription):
+            if not is_valid_name(consumer) or not is_valid_name(request.subscription):
                 raise _RefusedError(
                     UnknownError, "subscription and consumer names must be 1 to 256 characters without NUL"
                 )

@@ -45,6 +45,7 @@ class Load:
     closed: frozenset[str] = frozenset()
 
     def rate(self, consumer: str) -> float:
+        """The measured dispatch rate of ``consumer``, 0.0 when it has none."""
         return float(self.rates.get(consumer, 0.0))
 
 

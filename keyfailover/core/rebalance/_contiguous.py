@@ -69,6 +69,7 @@ class ContiguousPolicy(Policy):
 
     @property
     def range_limit(self) -> int:
+        """One range per consumer."""
         return 1
 
     def join(self, ranges: RangeMap, newcomer: str, load: Load) -> RangeMap:
@@ -76,7 +77,7 @@ class ContiguousPolicy(Policy):
         if newcomer in ranges:
             raise RangeMapError(f"{newcomer!r} already owns a range; expected a consumer without one")
         traffic = check_traffic(ranges, load)
-        _require_contiguous(ranges)
+        _check_contiguous(ranges)
         planned = ranges.copy()
         if not len(ranges):
             planned.assign_all(newcomer)
@@ -102,7 +103,7 @@ class ContiguousPolicy(Policy):
         can take it, and it goes as if nobody were closed (to the first standby, else the
         less busy neighbour, which grows although closed).
         """
-        _require_contiguous(ranges)
+        _check_contiguous(ranges)
         planned = ranges.copy()
         if leaver not in ranges:
             return planned
@@ -132,11 +133,16 @@ class ContiguousPolicy(Policy):
         return planned
 
     def shift(self, ranges: RangeMap, load: Load) -> RangeMap | None:
-        _require_contiguous(ranges)
+        """Move the boundaries as little as possible so that every consumer fits under its cap.
+
+        See the module docstring.
+        """
+        _check_contiguous(ranges)
         return _plan_shift(ranges, load, self.threshold, self.min_traffic)
 
 
-def _require_contiguous(ranges: RangeMap) -> None:
+def _check_contiguous(ranges: RangeMap) -> None:
+    """A RangeMapError unless every consumer of ``ranges`` owns exactly one range."""
     if ranges.range_count() != len(ranges):
         raise RangeMapError(
             f"the contiguous policy needs one range per consumer; this map has {ranges.range_count()} ranges "

@@ -102,8 +102,8 @@ class MultiRangePolicy(Policy):
     """Several ranges per consumer; see the module docstring.
 
     ``max_ranges`` bounds the ranges a consumer may own; ``threshold`` is the traffic
-    max/mean above which :meth:`shift` acts (and sets the tolerance, half its margin: a
-    consumer within ``1 ± (threshold - 1) / 2`` of its fair share is left alone);
+    max/mean above which :meth:`shift` acts, and sets the tolerance, half its margin: a
+    consumer within ``1 ± (threshold - 1) / 2`` of its fair share is left alone;
     ``min_traffic`` is the measured traffic below which :meth:`shift` does nothing.
     """
 
@@ -121,6 +121,7 @@ class MultiRangePolicy(Policy):
 
     @property
     def range_limit(self) -> int:
+        """``max_ranges``."""
         return self.max_ranges
 
     @property
@@ -129,6 +130,10 @@ class MultiRangePolicy(Policy):
         return (self.threshold - 1.0) / 2.0
 
     def join(self, ranges: RangeMap, newcomer: str, load: Load) -> RangeMap:
+        """The newcomer takes from the consumers above the new fair share, the busiest first.
+
+        See the module docstring.
+        """
         if newcomer in ranges:
             raise RangeMapError(f"{newcomer!r} already owns a range; expected a consumer without one")
         traffic, total = _measured(ranges, load)
@@ -203,6 +208,7 @@ class MultiRangePolicy(Policy):
         return layout.plan(ranges)
 
     def shift(self, ranges: RangeMap, load: Load) -> RangeMap | None:
+        """The settle step alone, when a member carries more than ``threshold`` times its fair share beyond noise."""
         traffic, total = _measured(ranges, load)
         if traffic is None or len(ranges) < 2 or total < max(self.min_traffic, 1e-300):
             return None
@@ -413,6 +419,10 @@ class _Layout:
         self.moves: list[Range] = []
 
     def _starts_set(self, owner: str) -> set[int]:
+        """The starts of ``owner``'s ranges: built from the map as given when first asked for.
+
+        The changes keep the set up to date from then on.
+        """
         found = self._starts_of.get(owner)
         if found is None:
             grouped = self._grouped
@@ -472,6 +482,7 @@ class _Layout:
         return self._peaks
 
     def weight(self, start: int, end: int) -> float:
+        """The traffic of the slots ``start`` to ``end``, both included."""
         return float(np.add.reduce(self._weights[start : end + 1]))
 
     def range_weight(self, index: int) -> float:
@@ -495,6 +506,7 @@ class _Layout:
         return found
 
     def count(self, owner: str) -> int:
+        """How many ranges ``owner`` holds."""
         found = self._starts_of.get(owner)
         return len(found if found is not None else self._starts_set(owner))
 
@@ -781,6 +793,7 @@ class _Layout:
 
     @staticmethod
     def _moved(donor: str, receiver: str, weight: float, gives: dict[str, float], takes: dict[str, float]) -> None:
+        """Book ``weight`` moved from ``donor`` to ``receiver``: both owe that much less."""
         gives[donor] -= weight
         takes[receiver] -= weight
 

@@ -89,4 +89,5 @@ class StickyPolicy(Policy):
 
 
 def _members(ranges: RangeMap) -> list[str]:
+    """The consumers of ``ranges``, without the unassigned owner."""
     return [consumer for consumer in ranges.consumers() if consumer != UNASSIGNED]

@@ -1,8 +1,8 @@
-"""Prometheus metrics for keyfailover: a custom collector read at scrape time.
+"""Prometheus metrics for keyfailover: a custom collector read at scrape time::
 
-registry = CollectorRegistry()
-registry.register(KeyFailoverCollector(lambda: [SubscriptionView("orders", "billing", dispatcher)]))
-text = prometheus_client.generate_latest(registry)
+    registry = CollectorRegistry()
+    registry.register(KeyFailoverCollector(lambda: [SubscriptionView("orders", "billing", dispatcher)]))
+    text = prometheus_client.generate_latest(registry)
 
 :func:`serve_metrics` puts the same collector behind a server's ``/metrics``.
 """

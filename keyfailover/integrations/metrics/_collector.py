@@ -281,32 +281,49 @@ METRIC_NAMES: frozenset[str] = frozenset(
 """Every sample name the collector exports: counters end in ``_total``, info in ``_info``, histograms as usual."""
 
 
+_FAMILY_TYPES: dict[str, Callable[..., Metric]] = {
+    "gauge": GaugeMetricFamily,
+    "counter": CounterMetricFamily,
+    "info": InfoMetricFamily,
+    "histogram": HistogramMetricFamily,
+}
+
+_CONSUMER_COUNTS = {
+    "keyfailover_messages_dispatched": "delivered",
+    "keyfailover_messages_acked": "acked",
+    "keyfailover_messages_redelivered": "redelivered",
+    "keyfailover_dispatch_rate": "rate",
+    "keyfailover_unacked_messages": "unacked",
+    "keyfailover_permits": "permits",
+    "keyfailover_draining_hashes": "draining_hashes",
+    "keyfailover_replay_messages": "replay",
+}
+"""The consumer families exported as they are from the dispatcher's stats: family name -> stats key."""
+
+
 class _Families:
+    """The metric families of one scrape, empty until the collector adds the samples it reads."""
+
     def __init__(self) -> None:
-        self.by_name: dict[str, Metric] = {}
-        for name, (kind, help_text, labels) in _SPECS.items():
-            family: Metric
-            if kind == "gauge":
-                family = GaugeMetricFamily(name, help_text, labels=labels)
-            elif kind == "counter":
-                family = CounterMetricFamily(name, help_text, labels=labels)
-            elif kind == "info":
-                family = InfoMetricFamily(name, help_text, labels=labels)
-            else:
-                family = HistogramMetricFamily(name, help_text, labels=labels)
-            self.by_name[name] = family
+        self.by_name: dict[str, Metric] = {
+            name: _FAMILY_TYPES[kind](name, help_text, labels=labels)
+            for name, (kind, help_text, labels) in _SPECS.items()
+        }
 
     def add(self, name: str, labels: list[str], value: float) -> None:
+        """Add one sample to the gauge or counter ``name``."""
         family = self.by_name[name]
         assert isinstance(family, GaugeMetricFamily | CounterMetricFamily)
         family.add_metric(labels, value)
 
     def info(self, name: str, labels: list[str], value: dict[str, str]) -> None:
+        """Add one sample to the info family ``name``."""
         family = self.by_name[name]
         assert isinstance(family, InfoMetricFamily)
         family.add_metric(labels, value)
 
     def histogram(self, name: str, labels: list[str], histogram: Histogram) -> None:
+        """Add ``histogram`` as one sample of the histogram family ``name``: its cumulative buckets and sum."""
         family = self.by_name[name]
         assert isinstance(family, HistogramMetricFamily)
         buckets = [("+Inf" if bound == float("inf") else repr(bound), count) for bound, count in histogram.cumulative()]
@@ -329,6 +346,7 @@ class KeyFailoverCollector(Collector):
         return iter(_Families().by_name.values())
 
     def collect(self) -> Iterator[Metric]:
+        """Every family, with the samples read now from the subscriptions and the server."""
         families = _Families()
         for view in self._subscriptions():
             _subscription(families, view)
@@ -390,14 +408,8 @@ def _subscription(families: _Families, view: SubscriptionView) -> None:
             load = sum(float(prefix[end + 1 - first] - prefix[start - first]) for start, end in owned)
             loads.append(load)
             families.add("keyfailover_traffic_share", labels, load / total if total > 0 else 0.0)
-        families.add("keyfailover_messages_dispatched", labels, info["delivered"])
-        families.add("keyfailover_messages_acked", labels, info["acked"])
-        families.add("keyfailover_messages_redelivered", labels, info["redelivered"])
-        families.add("keyfailover_dispatch_rate", labels, info["rate"])
-        families.add("keyfailover_unacked_messages", labels, info["unacked"])
-        families.add("keyfailover_permits", labels, info["permits"])
-        families.add("keyfailover_draining_hashes", labels, info["draining_hashes"])
-        families.add("keyfailover_replay_messages", labels, info["replay"])
+        for name, key in _CONSUMER_COUNTS.items():
+            families.add(name, labels, info[key])
         families.add("keyfailover_consumer_stuck", labels, 1.0 if info["stuck"] else 0.0)
         families.add("keyfailover_consumer_stalled", labels, 1.0 if info["stalled"] else 0.0)
         families.add("keyfailover_leases_expired", labels, info["expired"])

@@ -38,6 +38,7 @@ class ChaosOutcome:
 
     @property
     def passed(self) -> bool:
+        """Whether every checker passed."""
         return all(verdict.passed for verdict in self.verdicts)
 
 

@@ -105,6 +105,7 @@ class ChaosSettings:
         return self.session_timeout + self.rebalance_interval + 2.0
 
     def check(self) -> None:
+        """A ChaosError naming the first setting out of its bounds, before anything starts."""
         positive = {
             "duration": self.duration,
             "rate": self.rate,

@@ -48,6 +48,8 @@ LEVEL_2 = (KeyFailover, PulsarConsistent, PulsarAutoSplit)
 
 @dataclass(frozen=True)
 class RunMeasures:
+    """What a chaos run measured: sends, deliveries, latency and throughput, and who served what when."""
+
     sent: int
     confirmed: int
     delivered: int
@@ -65,6 +67,7 @@ class RunMeasures:
 
 
 def run_measures(records: Sequence[Record], started: float, partitions: int) -> RunMeasures:
+    """The measures of a run from its records; ``started`` is the schedule's start on the records' clock."""
     produced = [r for r in records if isinstance(r, Produced)]
     delivered = [r for r in records if isinstance(r, Delivered)]
     receipts = {(p.key, p.value): p.t for p in produced if p.ok}
@@ -179,6 +182,8 @@ def memberships(records: Sequence[Record], prefix: str, timeout: float) -> list[
 
 @dataclass(frozen=True)
 class StrategyMeasures:
+    """How one assignment strategy handled the run's membership changes, at one level."""
+
     level: int
     strategy: str
     changes: int

@@ -118,6 +118,7 @@ class Namespace:
         self._open = False
 
     def open(self) -> Namespace:
+        """Create the namespace and its veth pair, addressed and up; on a failure, what was made is removed again."""
         _run("ip", "netns", "add", self.name)
         self._open = True
         try:

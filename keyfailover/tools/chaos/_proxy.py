@@ -37,9 +37,9 @@ Randomness is seeded: each connection (numbered in accept order) and direction d
 its own ``random.Random`` derived from the proxy's seed, so the same seed, fault schedule and
 traffic give the same jitter and loss decisions whatever the other connections do.
 
-The proxy runs on an asyncio loop: its own, in a thread, after :meth:`~FaultProxy.start`
-(``with FaultProxy(...)``), so a synchronous harness can drive it; or the caller's, after
-:meth:`~FaultProxy.astart` (``async with FaultProxy(...)``). The fault methods are
+The proxy runs on an asyncio loop: its own, in a thread, after :meth:`~FaultProxy.start` or
+``with FaultProxy(...)``, so a synchronous harness can drive it; or the caller's, after
+:meth:`~FaultProxy.astart` or ``async with FaultProxy(...)``. The fault methods are
 thread-safe either way and may be called before the proxy starts.
 """
 
@@ -103,6 +103,7 @@ class FaultEvent:
     detail: str = ""
 
     def to_json(self) -> dict[str, object]:
+        """The event as a JSON object."""
         return asdict(self)
 
 
@@ -128,6 +129,7 @@ class ProxyStats:
     """Losses in all: one chunk lost three times counts three."""
 
     def to_json(self) -> dict[str, int]:
+        """The counts as a JSON object."""
         return asdict(self)
 
 
@@ -151,8 +153,8 @@ def _sides(direction: str) -> tuple[Direction, ...]:
     raise ConfigError(f"direction must be 'up', 'down' or 'both', got {direction!r}")
 
 
-def _number(name: str, value: object, *, low: float, high: float = math.inf, low_open: bool = False) -> float:
-    """``value`` as a float, if it is a finite real number in ``[low, high]`` (``(low, high]``)."""
+def _check_number(name: str, value: object, *, low: float, high: float = math.inf, low_open: bool = False) -> float:
+    """``value`` as a float, if it is a finite real number in ``[low, high]``; in ``(low, high]`` if ``low_open``."""
     bounds = f"{'above' if low_open else 'at least'} {low}" + ("" if high == math.inf else f" and at most {high}")
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ConfigError(f"{name} must be a finite number {bounds}, got {value!r}")
@@ -268,6 +270,7 @@ class FaultProxy:
 
     @property
     def address(self) -> tuple[str, int]:
+        """Where clients connect: ``("127.0.0.1", port)``."""
         return ("127.0.0.1", self._port)
 
     def start(self) -> FaultProxy:
@@ -356,19 +359,22 @@ class FaultProxy:
     def delay(self, seconds: float, jitter: float = 0.0, *, direction: str = "both") -> None:
         """Hold each chunk ``seconds`` plus a uniform draw from ``[-jitter, jitter]`` (at least 0)."""
         sides = _sides(direction)
-        delay = (_number("delay seconds", seconds, low=0), _number("delay jitter", jitter, low=0))
+        delay = (_check_number("delay seconds", seconds, low=0), _check_number("delay jitter", jitter, low=0))
         self._switch_on(sides, "delay", lambda on: replace(on, delay=delay), f"seconds={delay[0]} jitter={delay[1]}")
 
     def slow(self, bytes_per_second: float, *, direction: str = "both") -> None:
         """Forward at most ``bytes_per_second`` on each connection, in each direction given."""
         sides = _sides(direction)
-        rate = _number("slow bytes_per_second", bytes_per_second, low=0, low_open=True)
+        rate = _check_number("slow bytes_per_second", bytes_per_second, low=0, low_open=True)
         self._switch_on(sides, "slow", lambda on: replace(on, rate=rate), f"bytes_per_second={rate}")
 
     def drop(self, probability: float, *, rto: float = 0.2, direction: str = "both") -> None:
         """Lose each chunk with ``probability``; a lost one waits ``rto`` seconds, doubling (see the module)."""
         sides = _sides(direction)
-        loss = (_number("drop probability", probability, low=0, high=1), _number("drop rto", rto, low=0, low_open=True))
+        loss = (
+            _check_number("drop probability", probability, low=0, high=1),
+            _check_number("drop rto", rto, low=0, low_open=True),
+        )
         self._switch_on(sides, "drop", lambda on: replace(on, loss=loss), f"probability={loss[0]} rto={loss[1]}")
 
     def blackhole(self, *, direction: str = "both") -> None:
@@ -422,6 +428,7 @@ class FaultProxy:
             return list(self._events)
 
     def stats(self) -> ProxyStats:
+        """What the proxy did so far, with the connections open now."""
         with self._lock:
             counts = dict(self._counts)
             counts["active"] = len(self._connections)

@@ -1,8 +1,8 @@
 """What a chaos run records, one JSON object per line, and how it is read back.
 
-Every record has a ``type`` and ``t``, seconds on the machine's monotonic clock
-(``time.monotonic()``; CLOCK_MONOTONIC is one clock for every process on Linux, so the
-records of a run's processes interleave truly). A message is named by its ``key`` and its
+Every record has a ``type`` and ``t``, seconds on the machine's monotonic clock,
+``time.monotonic()``: CLOCK_MONOTONIC is one clock for every process on Linux, so the
+records of a run's processes interleave truly. A message is named by its ``key`` and its
 ``value``: the producer numbers each key's sends 0, 1, 2, ... in send order, so a value
 names one send and the produced order of a key is the order of its values.
 
@@ -63,6 +63,8 @@ UNANSWERED = "no receipt and no error by the end of the run"
 
 @dataclass(frozen=True)
 class Produced:
+    """A send and its receipt, or the error its producer got."""
+
     type: ClassVar[str] = "produced"
     t: float
     producer: str
@@ -75,31 +77,37 @@ class Produced:
 
 
 @dataclass(frozen=True)
-class Delivered:
-    type: ClassVar[str] = "delivered"
+class _AtConsumer:
+    """The fields of the records of a message at a consumer: :class:`Delivered` and :class:`Acked`."""
+
     t: float
     consumer: str
     key: str
     value: int
     partition: int
     position: int
+
+
+@dataclass(frozen=True)
+class Delivered(_AtConsumer):
+    """A message handed to a consumer's application, with its redelivery count."""
+
+    type: ClassVar[str] = "delivered"
     redelivery: int = 0
 
 
 @dataclass(frozen=True)
-class Acked:
+class Acked(_AtConsumer):
+    """A consumer's ack of a delivery and, once known, whether the broker settled it."""
+
     type: ClassVar[str] = "acked"
-    t: float
-    consumer: str
-    key: str
-    value: int
-    partition: int
-    position: int
     confirmed: bool | None
 
 
 @dataclass(frozen=True)
 class DeadLettered:
+    """A message found in a dead-letter topic after the run."""
+
     type: ClassVar[str] = "dead_lettered"
     t: float
     key: str
@@ -110,6 +118,8 @@ class DeadLettered:
 
 @dataclass(frozen=True)
 class Served:
+    """A broker serving a partition under an owner epoch from ``t`` until ``until``."""
+
     type: ClassVar[str] = "served"
     t: float
     broker: str
@@ -120,6 +130,8 @@ class Served:
 
 @dataclass(frozen=True)
 class RangeMap:
+    """The consumers' ranges of one partition's slots from ``t`` on."""
+
     type: ClassVar[str] = "ranges"
     t: float
     partition: int
@@ -131,6 +143,8 @@ class RangeMap:
 
 @dataclass(frozen=True)
 class Fault:
+    """A fault injected or healed on a target."""
+
     type: ClassVar[str] = "fault"
     t: float
     kind: str
@@ -199,14 +213,17 @@ class RecordWriter:
         self._lock = threading.Lock()
 
     def write(self, record: Record) -> None:
+        """Append one record."""
         self.write_all((record,))
 
     def write_all(self, records: Iterable[Record]) -> None:
+        """Append ``records`` in one write, so no other thread's record falls between them."""
         text = "".join(to_json(record) + "\n" for record in records)
         with self._lock:
             self._file.write(text)
 
     def close(self) -> None:
+        """Close the file; a second call does nothing."""
         with self._lock:
             if not self._file.closed:
                 self._file.close()

@@ -62,6 +62,7 @@ class PlannedFault:
     index: int
 
     def describe(self) -> str:
+        """One line for the run's output: when, what, on which target, for how long."""
         who = f"{self.target}[{self.index}]" if self.target in ("brokers", "consumers") else self.target
         return f"t+{self.at:.1f}s {self.kind} {who} for {self.length:.1f}s"
 

@@ -211,23 +211,8 @@ def consume(
     with contextlib.ExitStack() as stack:
         if links is not None:
             stack.callback(links.close)
-        _consume(
-            url, topic, name, records, subscription=subscription, ack_timeout=ack_timeout, mutate=mutate, stop=stop
-        )
-
-
-def _consume(
-    url: str,
-    topic: str,
-    name: str,
-    records: Path,
-    *,
-    subscription: str,
-    ack_timeout: float,
-    mutate: str | None,
-    stop: threading.Event,
-) -> None:
-    with RecordWriter(records) as writer, Client(url) as client:
+        writer = stack.enter_context(RecordWriter(records))
+        client = stack.enter_context(Client(url))
         consumer = client.subscribe(topic, subscription, name, receiver_queue_size=50)
 
         def handle(message: Message, handed: bool = True) -> None:
@@ -275,6 +260,10 @@ def _consume(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """Run a producer or a consumer worker of a chaos run, as the harness starts it.
+
+    ``argv`` is ``produce`` or ``consume`` and its flags.
+    """
     parser = argparse.ArgumentParser(prog="python -m keyfailover.tools.chaos")
     commands = parser.add_subparsers(dest="command", required=True)
     for command in ("produce", "consume"):
@@ -295,12 +284,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     consuming.add_argument("--lossy", type=int, default=None, metavar="SEED")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    where = (args.url, args.topic, args.name, args.records)  # what both commands take first
     if args.command == "produce":
         produce(
-            args.url,
-            args.topic,
-            args.name,
-            args.records,
+            *where,
             rate=args.rate,
             keys=args.keys,
             distribution=args.distribution,
@@ -308,10 +295,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     else:
         consume(
-            args.url,
-            args.topic,
-            args.name,
-            args.records,
+            *where,
             subscription=args.subscription,
             ack_timeout=args.ack_timeout,
             mutate=args.mutate,

@@ -47,6 +47,7 @@ def zipf_ids(count: int, distinct: int, seed: int) -> list[int]:
 
 
 def final_table(out: TextIO, report: DemoReport) -> None:
+    """Write each consumer's delivery count and status."""
     out.write(f"\n  {'consumer':<10}{'deliveries':>12}  {'status'}\n")
     for consumer in sorted(report.deliveries.keys() | report.status.keys()):
         count = report.deliveries.get(consumer, 0)
@@ -54,6 +55,7 @@ def final_table(out: TextIO, report: DemoReport) -> None:
 
 
 def verdict(out: TextIO, report: DemoReport, held: str) -> None:
+    """Write the guarantees' violations found, the first 20, or ``held`` when there are none."""
     if report.problems:
         out.write("GUARANTEE VIOLATED:\n" + "".join(f"  {p}\n" for p in report.problems[:20]))
     else:

@@ -33,6 +33,7 @@ class Arrivals:
         self._times: dict[int, list[float]] = defaultdict(list)
 
     def add(self, partition: int, at: float) -> None:
+        """Note that something happened in ``partition`` at ``at``."""
         self._times[partition].append(at)
 
     def first_after(self, partition: int, at: float) -> float | None:
@@ -81,6 +82,7 @@ class Observed:
         self.received_at = Arrivals()
 
     def record(self, consumer: str, message: Message) -> None:
+        """Record a delivery to ``consumer``: the counts, and which consumer had each event first."""
         key = message.key.decode() if isinstance(message.key, bytes) else str(message.key)
         number = int(message.payload.split(b":")[1])
         event = (message.partition, message.position)
@@ -164,6 +166,7 @@ class Worker:
                 self.consumer.acknowledge(message)
 
     def leave(self) -> None:
+        """Stop receiving and close the consumer: its keys go to the others."""
         self.stop.set()
         self._thread.join(timeout=10)
         self.consumer.close()

@@ -165,7 +165,7 @@ class _Selector(ABC):
         return Ownership(table.consumers, table.owners[at])
 
     def _ring_table(self) -> _Table:
-        """``_ring`` as numpy arrays, built once after each change (SortedDict.items() is slow)."""
+        """``_ring`` as numpy arrays, built once after each change, as ``SortedDict.items()`` is slow."""
         if self._table is None:
             position = {consumer: index for index, consumer in enumerate(self._names)}
             keys = list(self._ring)
@@ -282,9 +282,11 @@ class ConsistentHashingSelector(_Selector):
         self._name_indexes = _NameIndexTracker()
 
     def key_hash(self, key: str | bytes) -> int:
+        """The hash this Pulsar version places ``key`` by."""
         return pulsar4_consistent_hash(key) if self._version == "4.x" else pulsar3_hash(key)
 
     def key_hashes(self, keys: Iterable[str | bytes]) -> npt.NDArray[np.int32]:
+        """:meth:`key_hash` of each of ``keys``, as one array."""
         return pulsar4_consistent_hashes(keys) if self._version == "4.x" else pulsar3_hashes(keys)
 
     def key_hash_range(self) -> tuple[int, int]:
@@ -397,6 +399,7 @@ class AutoSplitSelector(_Selector):
         return murmur3_31(key_bytes(key)) % self._range_size or 1
 
     def key_hashes(self, keys: Iterable[str | bytes]) -> npt.NDArray[np.int32]:
+        """:meth:`key_hash` of each of ``keys``, as one array."""
         slots = pulsar3_hashes(keys) % np.int32(self._range_size)
         slots[slots == 0] = 1
         return slots

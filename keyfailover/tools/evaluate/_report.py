@@ -36,51 +36,41 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join([line(headers), line(["-" * width for width in widths]), *(line(row) for row in rows)])
 
 
+_SCENARIO_COLUMNS: tuple[tuple[str, str, str, bool], ...] = (
+    ("max/mean", "max_mean_traffic", ".3f", True),
+    ("at change", "max_mean_at_change", ".3f", True),
+    ("final", "max_mean_final", ".3f", True),
+    ("/floor", "over_floor", ".3f", False),
+    ("sd", "stddev_traffic", ".3f", False),
+    ("join traffic", "join_traffic_moved", ".3f", True),
+    ("leave traffic", "leave_traffic_moved", ".3f", True),
+    ("join keys", "join_keys_moved", ".3f", True),
+    ("leave keys", "leave_keys_moved", ".3f", True),
+    ("join/least", "join_vs_least", ".2f", False),
+    ("leave/least", "leave_vs_least", ".2f", False),
+    ("sticky keys", "stickiness_mean", ".3f", True),
+    ("worst", "stickiness_min", ".3f", True),
+    ("sticky traffic", "traffic_stickiness_mean", ".3f", True),
+    ("ranges/consumer", "ranges_per_consumer", ".1f", False),
+    ("ms", "reassign_ms_mean", ".3f", False),
+)
+"""The columns of :func:`scenario_table` after the strategy: header, :class:`Result` field, format, and whether
+the lower bound has a value there; where it has none the cell is "-"."""
+
+
 def scenario_table(results: Sequence[Result]) -> str:
     """One row per strategy (and the lower bound): balance, what each change moved, stickiness, ranges, time."""
-    headers = [
-        "strategy",
-        "max/mean",
-        "at change",
-        "final",
-        "/floor",
-        "sd",
-        "join traffic",
-        "leave traffic",
-        "join keys",
-        "leave keys",
-        "join/least",
-        "leave/least",
-        "sticky keys",
-        "worst",
-        "sticky traffic",
-        "ranges/consumer",
-        "ms",
+    headers = ["strategy", *(header for header, _, _, _ in _SCENARIO_COLUMNS)]
+    rows = [
+        [
+            r.strategy,
+            *(
+                format(getattr(r, name), spec) if r.strategy != BOUND or bounded else "-"
+                for _, name, spec, bounded in _SCENARIO_COLUMNS
+            ),
+        ]
+        for r in results
     ]
-    rows = []
-    for r in results:
-        bound = r.strategy == BOUND
-        rows.append(
-            [
-                r.strategy,
-                f"{r.max_mean_traffic:.3f}",
-                f"{r.max_mean_at_change:.3f}",
-                f"{r.max_mean_final:.3f}",
-                "-" if bound else f"{r.over_floor:.3f}",
-                "-" if bound else f"{r.stddev_traffic:.3f}",
-                f"{r.join_traffic_moved:.3f}",
-                f"{r.leave_traffic_moved:.3f}",
-                f"{r.join_keys_moved:.3f}",
-                f"{r.leave_keys_moved:.3f}",
-                "-" if bound else f"{r.join_vs_least:.2f}",
-                "-" if bound else f"{r.leave_vs_least:.2f}",
-                f"{r.stickiness_mean:.3f}",
-                f"{r.stickiness_min:.3f}",
-                f"{r.traffic_stickiness_mean:.3f}",
-                "-" if bound else f"{r.ranges_per_consumer:.1f}",
-                "-" if bound else f"{r.reassign_ms_mean:.3f}",
-            ]
-        )
     return _table(headers, rows)
 
 

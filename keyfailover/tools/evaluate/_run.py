@@ -222,7 +222,7 @@ def ideal(scenario: Scenario) -> Result:
 
     A join moves the newcomer's fair share of the traffic, a leave the leaver's (the fair
     level, for a leaver holding no key heavier than it); a policy keeping keys as balanced
-    as traffic moves the same share of keys (1/(n+1) on a join, 1/n on a leave). Balance is
+    as traffic moves the same share of keys: ``1/(n+1)`` on a join, ``1/n`` on a leave. Balance is
     the best any assignment can reach. One policy could move fewer keys by moving only
     the hottest ones; none can move less traffic and end balanced.
     """

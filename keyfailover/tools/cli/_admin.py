@@ -6,16 +6,15 @@ import argparse
 import json
 from typing import Any
 
+from keyfailover.core.dispatcher import DeliverySettings
 from keyfailover.tools.cli._common import (
     SubParsers,
-    _ack_seconds,
     _admin_call,
     _admin_url,
-    _int_between,
+    _delivery_setting,
     _name,
     _or_default,
     _positive_int,
-    _redeliveries_or_none,
     _UsageError,
     add_actions,
     tls_ca_arg,
@@ -116,6 +115,16 @@ def add_ranges(commands: SubParsers) -> None:
     ranges.set_defaults(run=_ranges)
 
 
+_CONFIGURE_HELP = {
+    "ack_timeout": "seconds, 0 for no leases, or default",
+    "max_redeliveries": "redeliveries before the dead-letter topic, none (for ever), or default",
+    "max_replay": "messages the subscription holds unacked in memory (as serve --max-replay), or default",
+    "nack_backoff": "seconds, 0 for none, or default",
+    "nack_backoff_max": "seconds, or default",
+}
+"""The help of each ``admin configure`` option: one for each of :meth:`DeliverySettings.own_names`."""
+
+
 def _set_consume_mode(args: argparse.Namespace) -> int:
     query = {"topic": args.topic, "subscription": args.subscription, "mode": args.mode}
     found = _admin_call(args, "/consume-mode", query, method="POST")
@@ -131,9 +140,7 @@ def _set_consume_mode(args: argparse.Namespace) -> int:
 def _configure(args: argparse.Namespace) -> int:
     query = {"topic": args.topic, "subscription": args.subscription}
     changes = {
-        setting: value
-        for setting in ("ack_timeout", "max_redeliveries", "nack_backoff", "nack_backoff_max", "max_replay")
-        if (value := getattr(args, setting)) is not None
+        setting: value for setting in DeliverySettings.own_names() if (value := getattr(args, setting)) is not None
     }
     if args.reset or changes:
         found = _admin_call(
@@ -197,27 +204,13 @@ def add_admin(commands: SubParsers) -> None:
         "drops nothing held: the subscription reads no more until acks bring it under the bound.",
     )
     _subscription_args(configure)
-    configure.add_argument(
-        "--ack-timeout", type=_or_default(_ack_seconds), default=None, help="seconds, 0 for no leases, or default"
-    )
-    configure.add_argument(
-        "--max-redeliveries",
-        type=_or_default(_redeliveries_or_none),
-        default=None,
-        help="redeliveries before the dead-letter topic, none (for ever), or default",
-    )
-    configure.add_argument(
-        "--nack-backoff", type=_or_default(_ack_seconds), default=None, help="seconds, 0 for none, or default"
-    )
-    configure.add_argument(
-        "--nack-backoff-max", type=_or_default(_ack_seconds), default=None, help="seconds, or default"
-    )
-    configure.add_argument(
-        "--max-replay",
-        type=_or_default(_int_between(100, 100_000_000, "a number of messages")),
-        default=None,
-        help="messages the subscription holds unacked in memory (as serve --max-replay), or default",
-    )
+    for setting in DeliverySettings.own_names():
+        configure.add_argument(
+            "--" + setting.replace("_", "-"),
+            type=_or_default(_delivery_setting(setting, none=True)),
+            default=None,
+            help=_CONFIGURE_HELP[setting],
+        )
     configure.add_argument("--reset", action="store_true", help="drop every own setting first (then apply those given)")
     configure.set_defaults(run=_configure)
 

@@ -16,6 +16,7 @@ from urllib.error import HTTPError, URLError
 from urllib.parse import urlencode, urlsplit
 from urllib.request import Request, urlopen
 
+from keyfailover.core.dispatcher import DeliverySettings
 from keyfailover.core.errors import KeyFailoverError
 
 if TYPE_CHECKING:
@@ -203,9 +204,24 @@ def _or_default(parse: Callable[[str], object]) -> Callable[[str], str]:
     return check
 
 
-def _redeliveries_or_none(text: str) -> int | None:
-    """A redelivery limit: an int from 0, or ``none`` (redeliver for ever)."""
-    return None if text == "none" else _int_between(0, 1_000_000, "a number of redeliveries or none")(text)
+def _delivery_setting(name: str, *, none: bool = False) -> Callable[[str], Any]:
+    """The parser of a delivery setting's option, from its field of :class:`DeliverySettings`: seconds from 0 to
+    a day for a float, an int in its ``flag_range`` for an int; with ``none``, also ``none`` for a setting that
+    may be None."""
+    number, optional = DeliverySettings.value_type(name)
+    if number is float:
+        return _ack_seconds
+    metadata = DeliverySettings.metadata(name)
+    low, high = metadata["flag_range"]
+    if not (none and optional):
+        return _int_between(low, high, metadata["what"])
+    parse = _int_between(low, high, f"{metadata['what']} or none")
+
+    def parse_or_none(text: str) -> int | None:
+        return None if text == "none" else parse(text)
+
+    parse_or_none.__name__ = parse.__name__
+    return parse_or_none
 
 
 def _server_url(text: str) -> str:

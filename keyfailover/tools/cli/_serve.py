@@ -8,12 +8,14 @@ import functools
 import sys
 from pathlib import Path
 
-from keyfailover.core.dispatcher import DEFAULT_ACK_TIMEOUT, DEFAULT_NACK_BACKOFF_MAX
+from keyfailover.core.dispatcher import DeliverySettings
+from keyfailover.core.errors import ConfigError
 from keyfailover.core.rebalance import DEFAULT_MAX_RANGES
 from keyfailover.tools.cli._common import (
     SubParsers,
     _ack_seconds,
     _cluster_url,
+    _delivery_setting,
     _frame_size,
     _int_at_least,
     _int_between,
@@ -40,11 +42,12 @@ def _serve(args: argparse.Namespace) -> int:
         raise _UsageError(
             f"--max-ranges goes with --policy multi; --policy {args.policy} gives each consumer one range"
         )
-    if args.nack_backoff > args.nack_backoff_max:
-        raise _UsageError(
-            f"--nack-backoff {args.nack_backoff:g} is longer than --nack-backoff-max {args.nack_backoff_max:g}; "
-            "expected a first backoff no longer than the longest"
+    try:
+        delivery = DeliverySettings(
+            **{declared.name: getattr(args, declared.name) for declared in DeliverySettings.declared()}
         )
+    except ConfigError as exc:
+        raise _UsageError(str(exc)) from None
     clustered = args.cluster is not None or args.store is not None
     if clustered and (args.cluster is None or args.store is None):
         raise _UsageError("a broker of a cluster needs both --cluster zk://... and --store postgresql://...")
@@ -92,13 +95,8 @@ def _serve(args: argparse.Namespace) -> int:
         subscription=SubscriptionConfig(
             policy=args.policy,
             max_ranges=DEFAULT_MAX_RANGES if args.max_ranges is None else args.max_ranges,
-            ack_timeout=args.ack_timeout,
-            max_redeliveries=args.max_redeliveries,
-            max_unacked_per_consumer=args.max_unacked_per_consumer,
             consume_mode=args.consume_mode,
-            max_replay=args.max_replay,
-            nack_backoff=args.nack_backoff,
-            nack_backoff_max=args.nack_backoff_max,
+            delivery=delivery,
         ),
     )
     configure_logging(args.log_level, config.cluster is not None)
@@ -223,53 +221,19 @@ def add_serve(commands: SubParsers) -> None:
         help=f"with --policy multi: the most ranges one consumer may own, 1 to 65536 (default {DEFAULT_MAX_RANGES})",
     )
     serve.add_argument(
-        "--ack-timeout",
-        type=_ack_seconds,
-        default=DEFAULT_ACK_TIMEOUT,
-        help="seconds a consumer has to ack a delivery before it is taken back and the consumer loses its ranges "
-        f"until it acks or asks for more again; 0 disables (default {DEFAULT_ACK_TIMEOUT:g})",
-    )
-    serve.add_argument(
-        "--max-redeliveries",
-        type=_int_between(0, 1_000_000, "a number of redeliveries"),
-        default=None,
-        help="after this many redeliveries a message goes to the dead-letter topic <topic>-<subscription>-DLQ "
-        "and its key goes on (default: redeliver for ever)",
-    )
-    serve.add_argument(
-        "--max-replay",
-        type=_int_between(100, 100_000_000, "a number of messages"),
-        default=100_000,
-        help="messages a subscription holds unacked in memory, waiting and in flight (default 100000); past half "
-        "of it, the messages of consumers that cannot take them stay in the log and are re-read later",
-    )
-    serve.add_argument(
         "--consume-mode",
         choices=("ordered", "unordered"),
         default="ordered",
         help="the consume mode of subscriptions without one of their own (`keyfailover admin set-consume-mode` "
         "sets one): ordered (per-key order, the default) or unordered (any consumer takes any message)",
     )
-    serve.add_argument(
-        "--max-unacked-per-consumer",
-        type=_int_between(0, 10_000_000, "a number of messages"),
-        default=50_000,
-        help="a consumer holding this many unacked messages gets no more until it acks half of them "
-        "(Pulsar's maxUnackedMessagesPerConsumer); 0 is no limit (default 50000)",
-    )
-    serve.add_argument(
-        "--nack-backoff",
-        type=_ack_seconds,
-        default=0.0,
-        help="seconds a nacked message waits before it is delivered again, doubling with each failure of it up to "
-        "--nack-backoff-max; in ordered mode its key waits with it, no other key does (default 0: at once)",
-    )
-    serve.add_argument(
-        "--nack-backoff-max",
-        type=_ack_seconds,
-        default=DEFAULT_NACK_BACKOFF_MAX,
-        help=f"the longest nack backoff in seconds (default {DEFAULT_NACK_BACKOFF_MAX:g})",
-    )
+    for declared in DeliverySettings.declared():  # each delivery setting's option, as its field declares it
+        serve.add_argument(
+            "--" + declared.name.replace("_", "-"),
+            type=_delivery_setting(declared.name),
+            default=declared.default,
+            help=declared.metadata["help"],
+        )
     serve.add_argument(
         "--metrics-port",
         type=_port,

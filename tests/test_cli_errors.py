@@ -135,7 +135,7 @@ def test_a_wrong_token_is_a_clear_refusal(tmp_path: Path) -> None:
         (["serve", "--data-dir", "d", "--entry-cache-mb", "-1"], "expected a number of MiB from 0 to 1048576"),
         (
             ["serve", "--data-dir", "d", "--nack-backoff", "90"],
-            "--nack-backoff 90 is longer than --nack-backoff-max 60",
+            "nack_backoff_max must be a finite number >= 90.0 (at least nack_backoff, 90), not 60.0",
         ),
         (["serve", "--data-dir", "d", "--nack-backoff-max", "-2"], "expected seconds from 0 (disabled) to 86400"),
         (["admin", "configure", "--topic", "t"], "the following arguments are required: --subscription"),

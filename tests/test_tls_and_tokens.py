@@ -19,7 +19,7 @@ import pytest
 import trustme
 
 from keyfailover.client import Client
-from keyfailover.tools.cli import _loopback
+from keyfailover.tools.cli._serve import _loopback
 from tests.server_process import ServerProcess, run_cli
 
 TOKEN = "tls-token-7f3a"

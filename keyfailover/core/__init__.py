@@ -5,7 +5,7 @@ Nothing here does I/O, reads a wall clock on its own or imports anything outside
 """
 
 from keyfailover.core.clock import ManualClock
-from keyfailover.core.dispatcher import DeadLetter, Delivery, Dispatcher, RebalanceEvent
+from keyfailover.core.dispatcher import DeadLetter, Delivery, DeliverySettings, Dispatcher, RebalanceEvent
 from keyfailover.core.errors import (
     BufferFullError,
     ConfigError,
@@ -34,6 +34,7 @@ __all__ = [
     "ContiguousPolicy",
     "DeadLetter",
     "Delivery",
+    "DeliverySettings",
     "Dispatcher",
     "DuplicateConsumerError",
     "InvalidKeyError",

@@ -15,16 +15,22 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.server._connection import ClientConnection, ReadPausing, TailWatcher, partial_since
 from keyfailover.broker.server._http import AdminServer, Handler, Response, json_response
-from keyfailover.broker.server._subscription import DeliverySettings, Session, Subscription, SubscriptionConfig
+from keyfailover.broker.server._subscription import (
+    DeliverySettings,
+    OwnSettings,
+    Session,
+    Subscription,
+    SubscriptionConfig,
+)
 from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES
 from keyfailover.broker.storage._executor import SQLiteStore
 from keyfailover.broker.storage._store import NotServedError, Result, Store, TopicDirectory
-from keyfailover.broker.storage.records import DELIVERY_SETTINGS, DeadLetterRecord, dead_letter_topic
+from keyfailover.broker.storage.records import DeadLetterRecord, dead_letter_topic
 from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, Log
 from keyfailover.core.dispatcher import check_consume_mode
 from keyfailover.core.errors import ConfigError, KeyFailoverError, RangeMapError
@@ -566,7 +572,7 @@ class Server:
             raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the server is shutting down")
         self.check_served(topic, "subscribe to")
         dlq = dead_letter_topic(topic, name)
-        if self.config.subscription.max_redeliveries is not None and len(dlq) > MAX_NAME_LENGTH:
+        if self.config.subscription.delivery.max_redeliveries is not None and len(dlq) > MAX_NAME_LENGTH:
             raise ProtocolError(
                 ErrorCode.BAD_FIELD,
                 f"the dead-letter topic name {dlq[:40]!r}... would be {len(dlq)} characters; expected topic "
@@ -728,9 +734,9 @@ class Server:
             await subscription.set_consume_mode(mode)
         return json_response({"topic": topic, "subscription": name, "consume_mode": mode, "was": before})
 
-    async def _own_settings(self, topic: str, name: str) -> DeliverySettings:
+    async def _own_settings(self, topic: str, name: str) -> OwnSettings:
         """The delivery settings saved for the subscription (the log checked them as it saved them)."""
-        return cast(DeliverySettings, await self.storage.load_delivery_settings(topic, name))
+        return await self.storage.load_delivery_settings(topic, name)
 
     async def _settings_of(self, query: dict[str, str]) -> tuple[str, str, list[Subscription]]:
         """The subscription ``query`` names (of a topic, or of the topic of a partition named) and its
@@ -756,7 +762,7 @@ class Server:
         except _RefusedError as refused:
             return refused.response
         own = live[0].own_settings if live else await self._own_settings(topic, name)
-        settings = self.config.subscription.delivery(own)
+        settings = self.config.subscription.delivery.with_overrides(own).own_view()
         return json_response(
             {"topic": topic, "subscription": name, "settings": settings, "own": sorted(own), "live": bool(live)}
         )
@@ -768,9 +774,10 @@ class Server:
         and max_replay given becomes the subscription's own (``default``: the server's
         again); ``reset=1`` drops every own setting first. Live and saved at once.
         """
-        unknown = sorted(set(query) - {"topic", "subscription", "reset", *DELIVERY_SETTINGS})
+        names = DeliverySettings.own_names()
+        unknown = sorted(set(query) - {"topic", "subscription", "reset", *names})
         if unknown or query.get("reset", "1") != "1":
-            expected = f"expected settings of {list(DELIVERY_SETTINGS)} and reset=1"
+            expected = f"expected settings of {list(names)} and reset=1"
             return json_response({"error": f"unknown parameters {unknown} or reset not 1; {expected}"}, 400)
         async with self._settings_lock:  # one change at a time, and none while the subscription opens
             return await self._configure_locked(query)
@@ -780,9 +787,9 @@ class Server:
             topic, name, _ = await self._settings_of(query)
         except _RefusedError as refused:
             return refused.response
-        own: dict[str, Any] = {} if "reset" in query else dict(await self._own_settings(topic, name))
+        own: OwnSettings = {} if "reset" in query else dict(await self._own_settings(topic, name))
         try:
-            for setting in DELIVERY_SETTINGS:
+            for setting in DeliverySettings.own_names():
                 text = query.get(setting)
                 if text is None:
                     continue
@@ -790,13 +797,13 @@ class Server:
                     own.pop(setting, None)
                 else:
                     own[setting] = _setting_value(setting, text)
-            settings = self.config.subscription.delivery(cast(DeliverySettings, own))
+            settings = self.config.subscription.delivery.with_overrides(own).own_view()
         except ConfigError as exc:
             return json_response({"error": str(exc)}, 400)
         await self.storage.save_delivery_settings(topic, name, own)
         live = self._live(topic, name)  # looked up after the save: a partition may have opened meanwhile
         for subscription in live:
-            subscription.configure(cast(DeliverySettings, own))
+            subscription.configure(own)
         return json_response(
             {"topic": topic, "subscription": name, "settings": settings, "own": sorted(own), "live": bool(live)}
         )
@@ -1274,21 +1281,19 @@ def _check_keys(topic: str, messages: list[tuple[int | None, Key, bytes]], first
 
 
 def _setting_value(setting: str, text: str) -> float | int | None:
-    """A delivery setting's value from an admin query (checked for range by ``SubscriptionConfig.delivery``)."""
-    if setting == "max_redeliveries":
-        if text == "none":
-            return None
-        if not text.isdigit():
-            raise ConfigError(f"max_redeliveries must be a number of redeliveries, none or default, not {text!r}")
+    """A delivery setting's value from an admin query, read as its field of :class:`DeliverySettings` is typed:
+    digits for an int, a number for a float, ``none`` for a setting that may be None. Its range is checked
+    by :meth:`DeliverySettings.with_overrides`."""
+    number, optional = DeliverySettings.value_type(setting)
+    if optional and text == "none":
+        return None
+    if number is int and text.isdigit():
         return int(text)
-    if setting == "max_replay":
-        if not text.isdigit():
-            raise ConfigError(f"max_replay must be a number of messages (at least 1) or default, not {text!r}")
-        return int(text)
-    try:
-        return float(text)
-    except ValueError:
-        raise ConfigError(f"{setting} must be a number of seconds or default, not {text!r}") from None
+    if number is float:
+        with contextlib.suppress(ValueError):
+            return float(text)
+    what = DeliverySettings.metadata(setting)["what"]
+    raise ConfigError(f"{setting} must be {what}{', none' if optional else ''} or default, not {text!r}")
 
 
 class _RefusedError(Exception):

@@ -17,9 +17,9 @@ import operator
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -27,28 +27,23 @@ from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.storage._store import NotServedError, Store
 from keyfailover.broker.storage.records import StoredMessage, dead_letter_topic, publish_clock
 from keyfailover.core.dispatcher import (
-    DEFAULT_ACK_TIMEOUT,
-    DEFAULT_NACK_BACKOFF_MAX,
     ConsumeMode,
     DeadLetter,
     Delivery,
+    DeliverySettings,
     Dispatcher,
     check_consume_mode,
-    check_delivery_settings,
 )
-from keyfailover.core.errors import ErrorCode, KeyFailoverError, NotInFlightError, ProtocolError
+from keyfailover.core.errors import ConfigError, ErrorCode, KeyFailoverError, NotInFlightError, ProtocolError
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
 from keyfailover.core.histogram import DEFAULT_BUCKETS, Histogram
 from keyfailover.core.ranges import Range
 from keyfailover.core.rebalance import DEFAULT_MAX_RANGES, StickyPolicy, check_policy_choice
 from keyfailover.wire.protocol import ConsumerClosed, Delivered, Frame, Messages, RangesChanged
 
-__all__ = ["DeliverySettings", "Session", "Subscription", "SubscriptionConfig"]
+__all__ = ["DeliverySettings", "OwnSettings", "Session", "Subscription", "SubscriptionConfig"]
 
 _log = logging.getLogger("keyfailover.server")
-
-DEFAULT_MAX_UNACKED = 50_000
-"""Apache Pulsar's default maxUnackedMessagesPerConsumer."""
 
 _FLUSH_SHARE = 0.1
 """The most of the log worker's time one subscription's cursor flushes may take."""
@@ -71,21 +66,15 @@ _DELIVERY_BUCKETS = (0.0005, *DEFAULT_BUCKETS, 600.0, 1800.0, 3600.0)
 """Publish to first delivery: from a consumer keeping up (below a millisecond) to one catching up on an hour."""
 
 
-class DeliverySettings(TypedDict, total=False):
-    """Delivery settings a subscription may have of its own (``keyfailover admin configure``)."""
-
-    ack_timeout: float
-    max_redeliveries: int | None
-    nack_backoff: float
-    nack_backoff_max: float
-    max_replay: int
+OwnSettings: TypeAlias = dict[str, float | int | None]
+"""The delivery settings a subscription has of its own, by name (``keyfailover admin configure``): some of
+:meth:`DeliverySettings.own_names`, as the log stores them."""
 
 
 @dataclass(frozen=True)
 class SubscriptionConfig:
-    """What every subscription of a server shares: buffer bounds and the rebalance policy."""
+    """What every subscription of a server shares: buffer bounds, the rebalance policy and the delivery settings."""
 
-    max_replay: int = 100_000
     payload_cache: int = 20_000
     """Payloads read from the log and not yet delivered kept in memory, the oldest dropped past this many (read
     again when their messages go out); a payload leaves as its message goes out (a redelivery reads it again)."""
@@ -95,46 +84,19 @@ class SubscriptionConfig:
     """The dispatcher's rebalance policy: ``"multi"`` (several ranges per consumer) or ``"contiguous"``."""
     max_ranges: int = DEFAULT_MAX_RANGES
     """With the multi policy, the most ranges one consumer may own."""
-    ack_timeout: float = DEFAULT_ACK_TIMEOUT
-    """Seconds a consumer has to ack a delivery before it is taken back and the consumer loses
-    its ranges until it shows progress (0 disables leases)."""
-    max_redeliveries: int | None = None
-    """Redeliveries after which a message goes to ``<topic>-<subscription>-DLQ``; None: never."""
-    max_unacked_per_consumer: int = DEFAULT_MAX_UNACKED
-    """Unacked deliveries at which a consumer gets no more until it acks half (0: no limit)."""
     consume_mode: ConsumeMode = "ordered"
     """The consume mode of a subscription that has none saved (``keyfailover admin set-consume-mode`` saves one)."""
-    nack_backoff: float = 0.0
-    """Seconds a nacked message (in ordered mode its key) waits before it is delivered again,
-    doubling with each failure of it up to ``nack_backoff_max``; 0: redeliver at once."""
-    nack_backoff_max: float = DEFAULT_NACK_BACKOFF_MAX
+    delivery: DeliverySettings = field(default_factory=DeliverySettings)
+    """The delivery settings of a subscription without settings of its own; each subscription may
+    override those :meth:`DeliverySettings.own_names` lists."""
 
     def __post_init__(self) -> None:
+        """Refuse a policy, consume mode or delivery settings that are not valid, with :class:`ConfigError`."""
         # Checked here, so a bad setting stops the server at start, not at its first subscribe.
         check_policy_choice(self.policy, self.max_ranges)
-        self.delivery({})
+        if not isinstance(self.delivery, DeliverySettings):
+            raise ConfigError(f"delivery must be a DeliverySettings, not {self.delivery!r}")
         check_consume_mode(self.consume_mode)
-
-    def delivery(self, own: DeliverySettings) -> DeliverySettings:
-        """The delivery settings of a subscription with ``own`` settings (over these); raises
-        :class:`ConfigError` when the result is not valid."""
-        settings: DeliverySettings = {
-            "ack_timeout": self.ack_timeout,
-            "max_redeliveries": self.max_redeliveries,
-            "nack_backoff": self.nack_backoff,
-            "nack_backoff_max": self.nack_backoff_max,
-            "max_replay": self.max_replay,
-        }
-        settings.update(own)
-        check_delivery_settings(
-            settings["ack_timeout"],
-            settings["max_redeliveries"],
-            self.max_unacked_per_consumer,
-            settings["nack_backoff"],
-            settings["nack_backoff_max"],
-            max_replay=settings["max_replay"],
-        )
-        return settings
 
 
 class Session:
@@ -158,6 +120,7 @@ class Session:
         *,
         counts_failures: bool = False,
     ) -> None:
+        """A session of ``consumer``, whose frames go out through ``send``; it owns no ranges yet."""
         self.id = session_id
         self.consumer = consumer
         self.secret = secrets.token_hex(16)  # proves a later subscribe is this consumer resuming
@@ -179,11 +142,13 @@ class Subscription:
         config: SubscriptionConfig,
         *,
         consume_mode: ConsumeMode = "ordered",
-        own_settings: DeliverySettings | None = None,
+        own_settings: Mapping[str, float | int | None] | None = None,
         slots: tuple[int, int] = (0, HASH_RANGE_SIZE - 1),
         settings_topic: str | None = None,
         may_act: Callable[[], bool] | None = None,
     ) -> None:
+        """The subscription ``name`` of ``topic``, from ``cursor``: its dispatcher has the server's delivery
+        settings of ``config`` with ``own_settings`` over them, and serves the hash ``slots``. Not started."""
         self.topic = topic
         self._may_act = may_act
         """A cluster broker's lease: while it returns False nothing is delivered and no ack, nack or
@@ -192,19 +157,13 @@ class Subscription:
         self.settings_topic = topic if settings_topic is None else settings_topic
         """The topic its consume mode and delivery settings are saved under: a partition's are its topic's."""
         self.cursor = cursor
-        self.own_settings: DeliverySettings = {} if own_settings is None else own_settings.copy()
-        delivery = config.delivery(self.own_settings)
+        self.own_settings: OwnSettings = {} if own_settings is None else dict(own_settings)
         self.dispatcher = Dispatcher(
             clock=time.monotonic,
-            max_replay=delivery["max_replay"],
             policy=config.policy,
             max_ranges=config.max_ranges,
-            ack_timeout=delivery["ack_timeout"],
-            max_redeliveries=delivery["max_redeliveries"],
-            nack_backoff=delivery["nack_backoff"],
-            nack_backoff_max=delivery["nack_backoff_max"],
             consume_mode=consume_mode,
-            max_unacked_per_consumer=config.max_unacked_per_consumer,
+            settings=config.delivery.with_overrides(self.own_settings),
             spill=True,  # the log is here: what a blocked consumer cannot take is re-read from it, not held
             slots=slots,
         )
@@ -228,11 +187,13 @@ class Subscription:
         """Seconds from each message's publish time to its first delivery (messages without one left out)."""
 
     def start(self) -> None:
+        """Start the pump, which reads and delivers, and the flusher, which saves the cursor."""
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._pump_loop(), name=f"pump {self.topic}/{self.name}")
         self._flusher = loop.create_task(self._flush_loop(), name=f"cursor {self.topic}/{self.name}")
 
     def wake(self) -> None:
+        """Something changed that the pump may act on: permits, acks, members or settings."""
         self._wake.set()
 
     def committed(self) -> None:
@@ -329,10 +290,12 @@ class Subscription:
         self.wake()
 
     def current(self, consumer: str, session_id: int) -> Session | None:
+        """The session ``session_id`` if it is still ``consumer``'s live one, else None."""
         session = self.sessions.get(consumer)
         return session if session is not None and session.id == session_id else None
 
     def session_by_id(self, session_id: int) -> Session | None:
+        """The live session with this id, or None."""
         for session in self.sessions.values():
             if session.id == session_id:
                 return session
@@ -368,27 +331,17 @@ class Subscription:
         self.dispatcher.set_consume_mode(checked)
         self.wake()
 
-    def configure(self, own: DeliverySettings) -> DeliverySettings:
-        """Give the subscription ``own`` delivery settings (over the server's), saved already by the
+    def configure(self, own: Mapping[str, float | int | None]) -> DeliverySettings:
+        """Give the subscription ``own`` delivery settings over the server's, saved already by the
         caller; returns the settings in force. Invalid ones raise :class:`ConfigError` and change nothing."""
-        delivery = self._config.delivery(own)
-        self.dispatcher.set_delivery_settings(**delivery)
-        self.own_settings = own
+        settings = self._config.delivery.with_overrides(own)
+        self.dispatcher.set_settings(settings)
+        self.own_settings = dict(own)
         self.wake()
-        return delivery
-
-    def delivery(self) -> DeliverySettings:
-        """The delivery settings in force."""
-        backoff, backoff_max = self.dispatcher.nack_backoff
-        return {
-            "ack_timeout": self.dispatcher.ack_timeout,
-            "max_redeliveries": self.dispatcher.max_redeliveries,
-            "nack_backoff": backoff,
-            "nack_backoff_max": backoff_max,
-            "max_replay": self.dispatcher.max_replay,
-        }
+        return settings
 
     def flow(self, session: Session, permits: int) -> None:
+        """Give the session's consumer ``permits`` more messages to receive, and wake the pump to send them."""
         epoch = self.dispatcher.epoch
         self.dispatcher.flow(session.consumer, permits)
         self._announce_since(epoch)
@@ -428,6 +381,8 @@ class Subscription:
         return rejected
 
     def nack(self, session: Session, positions: list[int]) -> list[int]:
+        """Nack each position: it is delivered again, after its backoff if there is one. Returns those that were
+        not in flight on the session, all of them while paused."""
         if self.paused():
             return list(positions)
         rejected = []
@@ -444,6 +399,8 @@ class Subscription:
     # -- the pump --------------------------------------------------------------------
 
     async def _pump_loop(self) -> None:
+        """Run :meth:`_pump` each time the subscription is woken, or at the next lease deadline or backoff end;
+        announce the ranges after a pump that changed them. A failed pump is logged, and the next one tries again."""
         epoch = -1
         while not self._closed:
             with contextlib.suppress(TimeoutError):
@@ -469,6 +426,13 @@ class Subscription:
         return min(max(deadline - time.monotonic(), 0.0) + 0.001, 1.0)
 
     async def _pump(self) -> None:
+        """Deliver what the dispatcher hands out, then read on from the log while it wants more, until nothing moves.
+
+        Each round sends the dispatcher's deliveries, stores its dead letters, re-reads parked slots
+        first when there are any, and reads the next batch only for a consumer with permits to spare:
+        at most what :meth:`Dispatcher.wants` allows, G4. Messages acked before a restart are skipped,
+        never published again. Nothing is done while the broker may not act, its lease having lapsed.
+        """
         dispatcher = self.dispatcher
         while not self.paused():
             await self._send(dispatcher.poll())
@@ -597,6 +561,12 @@ class Subscription:
                 del cache[position]
 
     async def _send(self, deliveries: list[Delivery]) -> None:
+        """Send ``deliveries`` to their sessions in frames, payloads from the cache or re-read from the log.
+
+        A consumer removed while payloads were read is skipped: its deliveries went back to pending.
+        A redelivery's count is its failures for a session that counts those. Nothing goes out when the
+        lease lapsed meanwhile; the deliveries stay in flight until their lease or their session ends.
+        """
         if not deliveries:
             return
         cache = self._cache
@@ -674,7 +644,7 @@ class Subscription:
             "policy": policy.name,
             "max_ranges": policy.range_limit,
             "consume_mode": self.dispatcher.consume_mode,
-            **self.delivery(),
+            **self.dispatcher.settings.own_view(),
             "own_settings": sorted(self.own_settings),
             "dead_lettered": self.dead_lettered,
             "dispatcher": self.dispatcher.stats(),
@@ -707,6 +677,7 @@ class Subscription:
             wait = max(self._config.cursor_flush_seconds, took * (1.0 - _FLUSH_SHARE) / _FLUSH_SHARE)
 
     async def flush_cursor(self) -> None:
+        """Save the cursor if acks changed it since it was last saved."""
         if not self._cursor_dirty:
             return
         self._cursor_dirty = False

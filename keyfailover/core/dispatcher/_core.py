@@ -88,6 +88,15 @@ import numpy.typing as npt
 from sortedcontainers import SortedDict
 
 from keyfailover.core.dispatcher._load import LoadMeter
+from keyfailover.core.dispatcher._settings import (
+    DEFAULT_ACK_TIMEOUT,
+    DEFAULT_MAX_REPLAY,
+    DEFAULT_NACK_BACKOFF_MAX,
+    DeliverySettings,
+    check_delivery_settings,
+    check_int,
+    check_number,
+)
 from keyfailover.core.errors import (
     BufferFullError,
     ConfigError,
@@ -134,50 +143,6 @@ __all__ = [
 ]
 
 
-DEFAULT_NACK_BACKOFF_MAX = 60.0
-"""The longest a nacked key waits for its redelivery unless configured otherwise (Apache Pulsar's
-MultiplierRedeliveryBackoff default maxDelayMs)."""
-
-
-def _check_int(name: str, value: object, low: int) -> None:
-    if type(value) is not int or value < low:
-        raise ConfigError(f"{name} must be an int >= {low}, not {value!r}")
-
-
-def _check_number(name: str, value: object, low: float, *, inclusive: bool = True, extra: str = "") -> None:
-    """``value`` is a finite int or float (not a bool) above ``low`` (or equal, when ``inclusive``)."""
-    sign = ">=" if inclusive else ">"
-    if type(value) not in (int, float):
-        raise ConfigError(f"{name} must be a finite number {sign} {low}{extra}, not {type(value).__name__} {value!r}")
-    number = float(value)  # type: ignore[arg-type]
-    if not math.isfinite(number) or number < low or (not inclusive and number == low):
-        raise ConfigError(f"{name} must be a finite number {sign} {low}{extra}, not {value!r}")
-
-
-def check_delivery_settings(
-    ack_timeout: object,
-    max_redeliveries: object,
-    max_unacked_per_consumer: object,
-    nack_backoff: object = 0.0,
-    nack_backoff_max: object = DEFAULT_NACK_BACKOFF_MAX,
-    *,
-    max_replay: object = None,
-) -> None:
-    """Check ``ack_timeout`` (finite seconds >= 0), ``max_redeliveries`` (an int >= 0 or None),
-    ``max_unacked_per_consumer`` (an int >= 0), ``nack_backoff`` (finite seconds >= 0),
-    ``nack_backoff_max`` (finite seconds, at least ``nack_backoff``) and ``max_replay`` (an int >= 1;
-    None: not given)."""
-    if max_replay is not None:
-        _check_int("max_replay", max_replay, 1)
-    _check_number("ack_timeout", ack_timeout, 0.0, extra=" (0 disables leases)")
-    if max_redeliveries is not None:
-        _check_int("max_redeliveries", max_redeliveries, 0)
-    _check_int("max_unacked_per_consumer", max_unacked_per_consumer, 0)
-    _check_number("nack_backoff", nack_backoff, 0.0, extra=" (0 redelivers a nacked message at once)")
-    low = float(nack_backoff)  # type: ignore[arg-type]
-    _check_number("nack_backoff_max", nack_backoff_max, low, extra=f" (at least nack_backoff, {low:g})")
-
-
 ConsumeMode = Literal["ordered", "unordered"]
 CONSUME_MODES: tuple[ConsumeMode, ...] = ("ordered", "unordered")
 
@@ -192,9 +157,10 @@ def check_consume_mode(mode: object) -> ConsumeMode:
     raise ConfigError(f"consume mode must be one of {CONSUME_MODES}, not {mode!r}")
 
 
-DEFAULT_ACK_TIMEOUT = 30.0
-"""The server's ack deadline unless configured otherwise: SQS's default visibility timeout and
-Kafka share groups' record lock. The core's own default is 0 (no leases): its caller owns the clock."""
+_KEYWORD_DEFAULTS = (DEFAULT_MAX_REPLAY, 0.0, None, 0, 0.0, DEFAULT_NACK_BACKOFF_MAX)
+"""The defaults of the keyword arguments that build a dispatcher's :class:`DeliverySettings`, in the order
+``max_replay``, ``ack_timeout``, ``max_redeliveries``, ``max_unacked_per_consumer``, ``nack_backoff``,
+``nack_backoff_max``: any other value of them given with ``settings`` is refused."""
 
 _MAX_DOUBLINGS = 60  # 2**60 times any backoff is past any max
 
@@ -515,6 +481,10 @@ class Dispatcher:
             or any message in unordered mode, waits alone. Only nacks back off: an expired
             lease or a removed consumer returns its messages at once. 0 (the default) is off.
         nack_backoff_max: the longest backoff, in seconds (default 60).
+        settings: the delivery settings as one :class:`DeliverySettings`, instead of the keyword
+            arguments ``max_replay``, ``ack_timeout``, ``max_redeliveries``,
+            ``max_unacked_per_consumer``, ``nack_backoff`` and ``nack_backoff_max``, which build
+            one; giving both is a :class:`ConfigError`.
         slots: ``(first, last)``, the inclusive block of hash slots this dispatcher serves (a
             partition's, see :mod:`keyfailover.core.partitions`); its ranges tile that block.
             Every slot argument and result (:meth:`ranges`, :meth:`owner_of`, :meth:`rereads`)
@@ -525,7 +495,7 @@ class Dispatcher:
     def __init__(
         self,
         clock: Callable[[], float] = time.monotonic,
-        max_replay: int = 100_000,
+        max_replay: int = DEFAULT_MAX_REPLAY,
         split: SplitMode = "traffic",
         *,
         half_life: float = 10.0,
@@ -544,25 +514,40 @@ class Dispatcher:
         nack_backoff: float = 0.0,
         nack_backoff_max: float = DEFAULT_NACK_BACKOFF_MAX,
         slots: tuple[int, int] = (0, HASH_RANGE_SIZE - 1),
+        settings: DeliverySettings | None = None,
     ) -> None:
         if not callable(clock):
             raise ConfigError(f"clock must be a callable returning seconds, not {clock!r}")
-        _check_int("max_replay", max_replay, 1)
         if not isinstance(split, str) or split not in SPLIT_MODES:
             raise ConfigError(f"split must be one of {SPLIT_MODES}, not {split!r}")
-        _check_number("half_life", half_life, 0.0, inclusive=False)
+        check_number("half_life", half_life, 0.0, inclusive=False)
         if shift_threshold is not None:
-            _check_number("shift_threshold", shift_threshold, 1.0, extra=" or None")
-        _check_number("shift_interval", shift_interval, 0.0)
-        _check_number("shift_min_traffic", shift_min_traffic, 0.0)
-        _check_int("history", history, 0)
+            check_number("shift_threshold", shift_threshold, 1.0, extra=" or None")
+        check_number("shift_interval", shift_interval, 0.0)
+        check_number("shift_min_traffic", shift_min_traffic, 0.0)
+        check_int("history", history, 0)
         check_policy_choice(policy, max_ranges, sticky=True)
-        check_delivery_settings(ack_timeout, max_redeliveries, max_unacked_per_consumer, nack_backoff, nack_backoff_max)
+        given = (max_replay, ack_timeout, max_redeliveries, max_unacked_per_consumer, nack_backoff, nack_backoff_max)
+        if settings is None:
+            settings = DeliverySettings(
+                ack_timeout=ack_timeout,
+                max_redeliveries=max_redeliveries,
+                max_replay=max_replay,
+                max_unacked_per_consumer=max_unacked_per_consumer,
+                nack_backoff=nack_backoff,
+                nack_backoff_max=nack_backoff_max,
+            )
+        elif not isinstance(settings, DeliverySettings):
+            raise ConfigError(f"settings must be a DeliverySettings or None, not {settings!r}")
+        elif given != _KEYWORD_DEFAULTS:
+            raise ConfigError(
+                "the delivery settings were given twice, as settings and as keyword arguments; expected one of them"
+            )
         check_consume_mode(consume_mode)
         if type(spill) is not bool:
             raise ConfigError(f"spill must be a bool, not {spill!r}")
         if backlog_interval is not None:
-            _check_number("backlog_interval", backlog_interval, 0.0, inclusive=False, extra=" or None")
+            check_number("backlog_interval", backlog_interval, 0.0, inclusive=False, extra=" or None")
         if (
             type(slots) is not tuple
             or len(slots) != 2
@@ -576,6 +561,8 @@ class Dispatcher:
         if type(now) not in (int, float) or not math.isfinite(now):
             raise ConfigError(f"clock() must return a finite number of seconds, returned {now!r}")
         self._clock = clock
+        self._settings = settings
+        max_replay = settings.max_replay
         self._max_replay = max_replay
         self._held_bound = max_replay  # what held may be: max_replay, or more when it was lowered under held
         self._split = split
@@ -620,8 +607,8 @@ class Dispatcher:
         self._draining_since: dict[int, int] = {}
         self._undrained: deque[_Change] = deque()  # not bounded by history: each change is observed once
         self._drain_seconds = Histogram()
-        self._ack_timeout = float(ack_timeout)
-        self._max_redeliveries = max_redeliveries
+        self._ack_timeout = float(settings.ack_timeout)
+        self._max_redeliveries = settings.max_redeliveries
         self._deadline = now + self._ack_timeout  # of a delivery made now (set at every poll)
         # (no earlier than the consumer's first deadline, seq, consumer): one entry per consumer with leases
         self._leases: list[tuple[float, int, _Consumer]] = []
@@ -632,8 +619,8 @@ class Dispatcher:
         self._dead_total = 0
         # Unordered mode: every waiting message is in ``_keyless`` (keyed ones too), in position order.
         self._unordered = consume_mode == "unordered"
-        self._unacked_limit = max_unacked_per_consumer
-        self._unacked_resume = max_unacked_per_consumer // 2
+        self._unacked_limit = settings.max_unacked_per_consumer
+        self._unacked_resume = settings.max_unacked_per_consumer // 2
         self._spill = spill
         self._park_at = max(max_replay // 2, 1)
         self._parked: dict[int, int] = {}  # slot -> the first position of it not held (re-read from the log)
@@ -646,8 +633,8 @@ class Dispatcher:
         self._backlog_seen: dict[str, int] = {}  # waiting messages per consumer at the last check
         self._backlog_acked: dict[str, int] = {}  # acks per consumer at the last check
         self._backlog_min = min(_BACKLOG_MIN, max(max_replay // 10, 1))
-        self._backoff = float(nack_backoff)
-        self._backoff_max = float(nack_backoff_max)
+        self._backoff = float(settings.nack_backoff)
+        self._backoff_max = float(settings.nack_backoff_max)
         self._key_backoffs: list[tuple[float, bytes]] = []  # (end, key): stale once the key's backoff differs
         self._delayed: list[tuple[float, int, _Message]] = []  # (end, position, message): shared-queue messages
 
@@ -1377,27 +1364,47 @@ class Dispatcher:
         nack_backoff_max: float = DEFAULT_NACK_BACKOFF_MAX,
         max_replay: int | None = None,
     ) -> None:
-        """Change the lease, dead-letter, backoff and buffer settings live (a bad value changes nothing).
+        """Change the lease, dead-letter, backoff and buffer settings live: :meth:`set_settings` with these
+        over the settings in force; ``max_replay`` None keeps its bound. A bad value changes nothing."""
+        self.set_settings(
+            replace(
+                self._settings,
+                ack_timeout=ack_timeout,
+                max_redeliveries=max_redeliveries,
+                nack_backoff=nack_backoff,
+                nack_backoff_max=nack_backoff_max,
+                max_replay=self._settings.max_replay if max_replay is None else max_replay,
+            )
+        )
+
+    def set_settings(self, settings: DeliverySettings) -> None:
+        """Change the delivery settings live to ``settings``; its ``max_unacked_per_consumer`` must be the one in
+        force. Raises :class:`ConfigError`, changing nothing, when it is not.
 
         A new ``ack_timeout`` applies to every delivery made from now on; a lease already out
-        ends no later than the new timeout from now (a longer timeout does not lengthen it; a
-        consumer that needs longer extends). Turning leases on leases what is in flight from
+        ends no later than the new timeout from now: a longer timeout does not lengthen it, and a
+        consumer that needs longer extends. Turning leases on leases what is in flight from
         now; turning them off ends every lease. A new ``max_redeliveries`` applies to every
         message when it is next due to go out; backoffs already running keep their ends. A new
-        ``max_replay`` (None: unchanged) bounds what is held from now on: lowered under what is held,
-        nothing is dropped and nothing more is taken (:meth:`wants` is 0) until acks bring the held
-        count under it; it parks slots from half of it, as at the start.
+        ``max_replay`` bounds what is held from now on: lowered under what is held, nothing is
+        dropped and nothing more is taken, :meth:`wants` being 0, until acks bring the held count
+        under it; it parks slots from half of it, as at the start.
         """
-        check_delivery_settings(
-            ack_timeout, max_redeliveries, self._unacked_limit, nack_backoff, nack_backoff_max, max_replay=max_replay
-        )
-        if max_replay is not None and max_replay != self._max_replay:
+        if not isinstance(settings, DeliverySettings):
+            raise ConfigError(f"settings must be a DeliverySettings, not {settings!r}")
+        if settings.max_unacked_per_consumer != self._unacked_limit:
+            raise ConfigError(
+                f"max_unacked_per_consumer is {self._unacked_limit} for the life of a dispatcher, not "
+                f"{settings.max_unacked_per_consumer!r}; expected settings with the one in force"
+            )
+        max_replay = settings.max_replay
+        if max_replay != self._max_replay:
             self._max_replay = max_replay
             self._held_bound = max(max_replay, self._held)
             self._park_at = max(max_replay // 2, 1)
             self._backlog_min = min(_BACKLOG_MIN, max(max_replay // 10, 1))
             self._reread_due = True
-        timeout = float(ack_timeout)
+        timeout = float(settings.ack_timeout)
         if timeout != self._ack_timeout:
             now = self._clock()
             self._leases = []
@@ -1412,9 +1419,15 @@ class Dispatcher:
                 self._schedule(consumer, next(iter(consumer.inflight.values())).deadline)
             self._ack_timeout = timeout
             self._deadline = cap
-        self._max_redeliveries = max_redeliveries
-        self._backoff = float(nack_backoff)
-        self._backoff_max = float(nack_backoff_max)
+        self._max_redeliveries = settings.max_redeliveries
+        self._backoff = float(settings.nack_backoff)
+        self._backoff_max = float(settings.nack_backoff_max)
+        self._settings = settings
+
+    @property
+    def settings(self) -> DeliverySettings:
+        """The delivery settings in force."""
+        return self._settings
 
     @property
     def max_replay(self) -> int:

@@ -18,10 +18,9 @@ import hmac
 import logging
 import secrets
 import time
-from collections import Counter
 from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from keyfailover.broker.pulsar import (
     MAX_FRAME_PADDING,
@@ -63,10 +62,10 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     TopicNotFound,
     UnknownError,
 )
-from keyfailover.broker.server._connection import ClientConnection, ReadPausing, TailWatcher, partial_since
+from keyfailover.broker.server._connection import ConnectionHost, FrameReader
 from keyfailover.broker.server._pulsar_reader import PulsarReader
 from keyfailover.broker.server._subscription import Session, Subscription
-from keyfailover.broker.storage._store import NotServedError, Result, Store
+from keyfailover.broker.storage._store import NotServedError, Result
 from keyfailover.broker.storage.sqlite import PropertiesColumn
 from keyfailover.core.errors import ConsumerError, ErrorCode, KeyFailoverError, PropertiesError, ProtocolError
 from keyfailover.core.partitions import split_partition_topic
@@ -91,73 +90,6 @@ _SERVER_ERRORS: Final = {
     ErrorCode.WRONG_PARTITION: NotAllowedError,
 }
 """The Pulsar ServerError for each keyfailover error code that has a close one (else UnknownError)."""
-
-
-class _Limits(Protocol):
-    """The server settings a Pulsar connection reads."""
-
-    @property
-    def token(self) -> str | None: ...
-
-    @property
-    def max_frame(self) -> int: ...
-
-    @property
-    def login_frame(self) -> int: ...
-
-    @property
-    def session_timeout(self) -> float: ...
-
-    @property
-    def max_output(self) -> int: ...
-
-
-class _Host(Protocol):
-    """What a Pulsar connection needs of its server (the native connections' paths)."""
-
-    @property
-    def config(self) -> _Limits: ...
-
-    @property
-    def closing(self) -> bool: ...
-
-    @property
-    def protocol_errors(self) -> Counter[str]: ...
-
-    @property
-    def storage(self) -> Store: ...
-
-    def connected(self, connection: ClientConnection) -> bool: ...
-
-    def disconnected(self, connection: ClientConnection) -> None: ...
-
-    def partition_of(self, served: str) -> tuple[str, int, int]: ...
-
-    def check_served(self, served: str, action: str) -> tuple[int, int] | None: ...
-
-    def check_produce(self, topic: str, messages: list[tuple[int | None, Key, bytes]]) -> None: ...
-
-    async def open_subscription(self, topic: str, name: str, at_end: bool = False) -> Subscription: ...
-
-    async def unsubscribe(self, subscription: Subscription) -> None: ...
-
-    async def seek(self, topic: str, name: str, position: int) -> int: ...
-
-    async def route(self, topic: str, pulsar: bool = False) -> list[str | None]: ...
-
-    async def partition_count(self, topic: str) -> int | None: ...
-
-    @property
-    def pulsar_advertised(self) -> str | None: ...
-
-    @property
-    def pulsar_tls(self) -> bool: ...
-
-    def watch(self, served: str, watcher: TailWatcher) -> None: ...
-
-    def unwatch(self, served: str, watcher: TailWatcher) -> None: ...
-
-    def next_session_id(self) -> int: ...
 
 
 class _RefusedError(Exception):
@@ -239,15 +171,16 @@ def _request_id(command: BaseCommand) -> int | None:
     return None
 
 
-class PulsarConnection(ReadPausing):
+class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
     """One Pulsar client connection: decodes commands, calls the server's subscriptions, writes replies."""
 
-    def __init__(self, server: _Host) -> None:
+    _answered = (_RefusedError,)
+
+    def __init__(self, server: ConnectionHost) -> None:
+        super().__init__()
         self._server = server
         config = server.config
         self._decoder = PulsarDecoder(min(config.login_frame, config.max_frame))
-        self._transport: asyncio.Transport | None = None
-        self.authenticated = False
         self.version = 0
         """The protocol version agreed at CONNECT: the lower of the client's and :data:`PROTOCOL_VERSION`."""
         self._producers: dict[int, _Producer] = {}
@@ -255,10 +188,6 @@ class PulsarConnection(ReadPausing):
         self._readers: dict[int, PulsarReader] = {}  # non-durable Exclusive subscriptions, by consumer id
         # Readers that seeked, by consumer id: their topic and the position their next SUBSCRIBE starts after.
         self._reader_seeks: dict[int, tuple[str, int]] = {}
-        self._closed = False
-        self.opened = self.last_seen = time.monotonic()
-        self.partial_since: float | None = None
-        self.peer = "?"
         self._keepalive: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._output: list[bytes] = []
@@ -278,29 +207,31 @@ class PulsarConnection(ReadPausing):
             return
         self._schedule_keepalive()
 
-    def data_received(self, data: bytes) -> None:
-        self.last_seen = now = time.monotonic()
+    def _decode(self, data: bytes) -> tuple[list[PulsarFrame | SendFrame], int, tuple[ErrorCode, str] | None]:
+        """The frames ``data`` completes, the bytes held of the next one, and the first bad frame's error."""
         frames, error = self._decoder.feed(data)
-        self.partial_since = partial_since(self.partial_since, self._decoder.buffered, bool(frames), now)
-        for frame in frames:
-            if self._closed:
-                return
-            try:
-                self._handle(frame)
-            except _RefusedError as refused:
-                request_id = None if isinstance(frame, SendFrame) else _request_id(frame.command)
-                if request_id is not None:
-                    self._error(request_id, *_server_error(refused))
-            except Exception:
-                kind = "SEND" if isinstance(frame, SendFrame) else _type_name(frame.command)
-                _log.exception("internal error handling Pulsar %s from %s", kind, self.peer)
-                self.refuse(ErrorCode.INTERNAL, "internal server error")
-                return
+        if error is None:
+            return frames, self._decoder.buffered, None
+        code = ErrorCode.FRAME_TOO_LARGE if error.too_large else ErrorCode.MALFORMED_FRAME
+        return frames, self._decoder.buffered, (code, str(error))
+
+    def _answer(self, frame: PulsarFrame | SendFrame, exc: Exception) -> bool:
+        """Answer a refused command with ERROR when it has a request id; a SEND was answered as it was read."""
+        request_id = None if isinstance(frame, SendFrame) else _request_id(frame.command)
+        if request_id is not None:
+            self._error(request_id, *_server_error(exc))
+        return True
+
+    def _frame_name(self, frame: PulsarFrame | SendFrame) -> str:
+        return "Pulsar " + ("SEND" if isinstance(frame, SendFrame) else _type_name(frame.command))
+
+    def _frames_handled(self) -> None:
+        """Store the SENDs of the read, in runs: see :meth:`_store_sends`."""
         if self._sends:
             self._store_sends()
-        if error is not None and not self._closed:
-            code = ErrorCode.FRAME_TOO_LARGE if error.too_large else ErrorCode.MALFORMED_FRAME
-            self.refuse(code, str(error))
+
+    def _close_for(self, code: ErrorCode, message: str) -> None:
+        self.refuse(code, message)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True

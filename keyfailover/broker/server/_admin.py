@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol, cast
 
+from keyfailover.broker.server._connection import ServerView
 from keyfailover.broker.server._http import Handler, Response, json_response
 from keyfailover.broker.server._subscription import DeliverySettings, Subscription, SubscriptionConfig
-from keyfailover.broker.storage._store import Store
 from keyfailover.broker.storage.sqlite import DELIVERY_SETTINGS, DeadLetterRecord, dead_letter_topic
 from keyfailover.core.errors import ConfigError, KeyFailoverError, RangeMapError
 from keyfailover.core.hashing import HASH_RANGE_SIZE
@@ -29,17 +29,11 @@ class _Settings(Protocol):
     def subscription(self) -> SubscriptionConfig: ...
 
 
-class AdminHost(Protocol):
+class AdminHost(ServerView, Protocol):
     """What the admin API needs of its server."""
 
     @property
     def config(self) -> _Settings: ...
-
-    @property
-    def closing(self) -> bool: ...
-
-    @property
-    def storage(self) -> Store: ...
 
     @property
     def connection_count(self) -> int: ...
@@ -47,13 +41,9 @@ class AdminHost(Protocol):
     @property
     def settings_lock(self) -> asyncio.Lock: ...
 
-    def subscriptions(self) -> dict[tuple[str, str], Subscription]: ...
-
     def live(self, topic: str, name: str) -> list[Subscription]: ...
 
     def partitions(self) -> dict[str, int]: ...
-
-    def partition_of(self, served: str) -> tuple[str, int, int]: ...
 
     def partition_names(self, topic: str) -> list[str]: ...
 
@@ -199,6 +189,7 @@ class AdminApi:
             return await self._configure_locked(query)
 
     async def _configure_locked(self, query: dict[str, str]) -> Response:
+        """The body of :meth:`_configure_subscription`, holding the settings lock."""
         try:
             topic, name, _ = await self._settings_of(query)
         except _RefusedError as refused:

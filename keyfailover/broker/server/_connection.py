@@ -17,7 +17,15 @@ if TYPE_CHECKING:
     from keyfailover.broker.storage._store import Store
     from keyfailover.wire.protocol import Key
 
-__all__ = ["ClientConnection", "ConnectionHost", "FrameReader", "ReadPausing", "TailWatcher", "partial_since"]
+__all__ = [
+    "ClientConnection",
+    "ConnectionHost",
+    "FrameReader",
+    "ReadPausing",
+    "ServerView",
+    "TailWatcher",
+    "partial_since",
+]
 
 _log = logging.getLogger("keyfailover.server")
 _F = TypeVar("_F")
@@ -179,30 +187,34 @@ class _Limits(Protocol):
     def max_connections(self) -> int: ...
 
 
-class ConnectionHost(Protocol):
+class ServerView(Protocol):
+    """What the server's client connections and its admin API both read of it."""
+
+    @property
+    def closing(self) -> bool: ...
+
+    @property
+    def storage(self) -> Store: ...
+
+    def subscriptions(self) -> dict[tuple[str, str], Subscription]: ...
+
+    def partition_of(self, served: str) -> tuple[str, int, int]: ...
+
+
+class ConnectionHost(ServerView, Protocol):
     """What a client connection needs of its server, whichever protocol it speaks."""
 
     @property
     def config(self) -> _Limits: ...
 
     @property
-    def closing(self) -> bool: ...
-
-    @property
     def protocol_errors(self) -> Counter[str]: ...
-
-    @property
-    def storage(self) -> Store: ...
 
     def connected(self, connection: ClientConnection) -> bool: ...
 
     def disconnected(self, connection: ClientConnection) -> None: ...
 
-    def subscriptions(self) -> dict[tuple[str, str], Subscription]: ...
-
     def opening(self, topic: str, name: str) -> bool: ...
-
-    def partition_of(self, served: str) -> tuple[str, int, int]: ...
 
     def check_served(self, served: str, action: str) -> tuple[int, int] | None: ...
 

@@ -159,6 +159,7 @@ class NativeConnection(FrameReader[Frame]):
         return True
 
     def _frame_name(self, frame: Frame) -> str:
+        """The frame's class name, for the log."""
         return type(frame).__name__
 
     def _handle(self, frame: Frame) -> None:

@@ -80,6 +80,7 @@ class _Consumer:
 
 
 def _command(kind: int) -> BaseCommand:
+    """A new command of type ``kind``."""
     return BaseCommand(type=kind)  # type: ignore[arg-type]
 
 
@@ -118,6 +119,7 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
     # -- asyncio.Protocol ------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Take the connection in and start its keepalive, or close it when the server has its maximum."""
         self._transport = stream = stream_transport(transport)
         self.peer = str(transport.get_extra_info("peername"))
         stream.set_write_buffer_limits(high=1024 * 1024)
@@ -144,6 +146,7 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         return True
 
     def _frame_name(self, frame: PulsarFrame | SendFrame) -> str:
+        """The command's type, for the log."""
         return "Pulsar " + ("SEND" if isinstance(frame, SendFrame) else _type_name(frame.command))
 
     def _frames_handled(self) -> None:
@@ -152,9 +155,11 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
             self._store_sends()
 
     def _close_for(self, code: ErrorCode, message: str) -> None:
+        """Close the connection: see :meth:`refuse`."""
         self.refuse(code, message)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        """Stop the keepalive and end the connection's consumer sessions and readers."""
         self._closed = True
         if self._keepalive is not None:
             self._keepalive.cancel()
@@ -165,9 +170,11 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
 
     @property
     def closed(self) -> bool:
+        """Closed by this side."""
         return self._closed
 
     def close(self) -> None:
+        """Write what is queued, then close the connection, ending its sessions without telling them."""
         if self._transport is not None and not self._closed:
             self._flush()  # an ERROR just queued goes out before the connection closes
             self._closed = True
@@ -181,6 +188,7 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         self.close()
 
     def sessions_open(self) -> int:
+        """How many consumers and readers this connection has."""
         return len(self._consumers) + len(self._readers)
 
     def expire_sessions(self, reason: str, notify: bool = True) -> None:
@@ -226,9 +234,11 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
             transport.abort()
 
     def _send(self, command: BaseCommand) -> None:
+        """Queue ``command``, a reply, for the next write."""
         self._write(encode_command(command))
 
     def _error(self, request_id: int, error: int, message: str) -> None:
+        """Answer request ``request_id`` with ERROR: the ServerError ``error`` and ``message``."""
         command = _command(BaseCommand.ERROR)
         command.error.request_id = request_id
         command.error.error = error  # type: ignore[assignment]
@@ -236,11 +246,13 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         self._send(command)
 
     def _success(self, request_id: int) -> None:
+        """Answer request ``request_id`` with SUCCESS."""
         command = _command(BaseCommand.SUCCESS)
         command.success.request_id = request_id
         self._send(command)
 
     def _schedule_keepalive(self) -> None:
+        """Check again for a quiet client in a third of the session timeout."""
         interval = self._server.config.session_timeout / 3
         self._keepalive = asyncio.get_running_loop().call_later(interval, self._ping, interval)
 
@@ -293,6 +305,7 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         self._send(command)
 
     def _drop_reader(self, reader: PulsarReader) -> None:
+        """Stop ``reader`` and forget it: it reads and watches its topic no more."""
         reader.close()
         self._readers.pop(reader.consumer_id, None)
         self._server.unwatch(reader.topic, reader)
@@ -306,6 +319,8 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
     # -- commands --------------------------------------------------------------------
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Answer a request in a task of its own; refused with ServiceNotReady while :data:`_MAX_OPEN`
+        requests of this connection are being answered."""
         if len(self._tasks) >= _MAX_OPEN:
             work.close()
             raise RefusedError(
@@ -324,6 +339,8 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
             self.refuse(ErrorCode.INTERNAL, "internal server error")
 
     def _handle(self, frame: PulsarFrame | SendFrame) -> None:
+        """Serve one command: a SEND or CONNECT here, any other by its handler in :attr:`_handlers`;
+        before CONNECT, anything else closes the connection."""
         if isinstance(frame, SendFrame):
             if self.authenticated:
                 self._send_command(frame)
@@ -348,6 +365,8 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         handler(self, frame)
 
     def _connect(self, command: BaseCommand) -> None:
+        """Log the client in: check its token, agree on the protocol version and raise the frame limit to
+        ``max_frame``; a wrong token is answered with ERROR and closes the connection."""
         if self.authenticated:
             self.refuse(ErrorCode.BAD_FIELD, "a second CONNECT on one connection")
             return
@@ -376,6 +395,7 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         self._send(reply)
 
     def _ping_command(self, frame: PulsarFrame) -> None:
+        """Answer the client's PING with PONG."""
         pong = _command(BaseCommand.PONG)
         pong.pong.SetInParent()
         self._send(pong)
@@ -384,6 +404,7 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         """The answer to our keepalive PING: its arrival already counted as a sign of life."""
 
     def _partitioned_metadata(self, frame: PulsarFrame) -> None:
+        """PARTITIONED_METADATA: how many partitions a topic has, answered in a task."""
         self._spawn(self._answer_partitioned_metadata(frame.command.partitionMetadata))
 
     async def _answer_partitioned_metadata(self, request: CommandPartitionedTopicMetadata) -> None:
@@ -391,6 +412,7 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         self._send(await partitioned_metadata(self._server, request))
 
     def _lookup(self, frame: PulsarFrame) -> None:
+        """LOOKUP: which broker serves a topic, answered in a task."""
         self._spawn(self._answer_lookup(frame.command.lookupTopic))
 
     async def _answer_lookup(self, request: CommandLookupTopic) -> None:
@@ -400,10 +422,13 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         self._send(await lookup(self._server, request, (str(here[0]), int(here[1]))))
 
     def _producer(self, frame: PulsarFrame) -> None:
+        """PRODUCER: open a producer, answered in a task once its last stored sequence id is read."""
         _check_room("producers", self._producers, frame.command.producer.producer_id)
         self._spawn(self._open_producer(frame.command))
 
     async def _open_producer(self, command: BaseCommand) -> None:
+        """Open the producer a PRODUCER asks for on a topic served here, and answer PRODUCER_SUCCESS with
+        the last sequence id stored for its name, or ERROR."""
         request = command.producer
         try:
             topic = keyfailover_topic(request.topic)
@@ -440,6 +465,8 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         return index if count > 1 else -1
 
     def _send_command(self, frame: SendFrame) -> None:
+        """Read a SEND into keyfailover messages and queue it for the read's store request; a SEND that
+        cannot be stored is answered with SEND_ERROR at once."""
         producer = self._producers.get(frame.producer_id)
         try:
             if producer is None:
@@ -526,6 +553,7 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         self._write(b"".join(receipts))
 
     def _send_error(self, producer_id: int, sequence_id: int, error: int, message: str) -> None:
+        """Answer a producer's SEND with SEND_ERROR: the ServerError ``error`` and ``message``."""
         command = _command(BaseCommand.SEND_ERROR)
         command.send_error.producer_id = producer_id
         command.send_error.sequence_id = sequence_id
@@ -534,11 +562,14 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         self._send(command)
 
     def _subscribe(self, frame: PulsarFrame) -> None:
+        """SUBSCRIBE: open a consumer or a reader, answered in a task."""
         open_ids = self._consumers.keys() | self._readers.keys() | self._reader_seeks.keys()
         _check_room("consumers", open_ids, frame.command.subscribe.consumer_id)
         self._spawn(self._open_consumer(frame.command))
 
     async def _open_consumer(self, command: BaseCommand) -> None:
+        """Attach a consumer session to the durable Key_Shared subscription a SUBSCRIBE names, and answer
+        SUCCESS, or ERROR; a non-durable one is a reader. Its deliveries wait for the client's FLOW."""
         request = command.subscribe
         if not request.durable:
             self._open_reader(request)
@@ -591,13 +622,12 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         consumer_id = request.consumer_id
         try:
             topic = keyfailover_topic(request.topic)
-            if request.subType != CommandSubscribe.Exclusive:
-                kind = CommandSubscribe.SubType.Name(request.subType)
-                raise RefusedError(
-                    NotAllowedError,
-                    f"a non-durable {kind} subscription is not served: keyfailover serves non-durable subscriptions "
-                    "as Readers (Exclusive, one consumer)",
-                )
+            _check_type(
+                request,
+                CommandSubscribe.Exclusive,
+                "a non-durable {kind} subscription is not served: keyfailover serves non-durable subscriptions as "
+                "Readers (Exclusive, one consumer)",
+            )
             if self._server.closing:
                 raise RefusedError(ServiceNotReady, "the server is shutting down")
             self._server.check_served(topic, "read")
@@ -646,6 +676,7 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         return min(max(start.entryId - 1, 0), last)
 
     def _flow(self, frame: PulsarFrame) -> None:
+        """FLOW: grant the consumer or reader more deliveries."""
         request = frame.command.flow
         reader = self._readers.get(request.consumer_id)
         if reader is not None:
@@ -656,6 +687,8 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
             consumer.session.subscription.flow(consumer.session, request.messagePermits)
 
     def _ack(self, frame: PulsarFrame) -> None:
+        """ACK: ack the consumer's positions, individual acks only; with a request id, ACK_RESPONSE says
+        whether some were not in flight."""
         request = frame.command.ack
         consumer = self._consumers.get(request.consumer_id)
         if request.consumer_id in self._readers:
@@ -680,6 +713,8 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
             self._send(reply)
 
     def _redeliver(self, frame: PulsarFrame) -> None:
+        """REDELIVER_UNACKNOWLEDGED_MESSAGES: nack the positions named, or every one delivered to the
+        consumer and not acked."""
         request = frame.command.redeliverUnacknowledgedMessages
         consumer = self._consumers.get(request.consumer_id)
         if consumer is None:
@@ -693,11 +728,13 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         consumer.session.subscription.nack(consumer.session, positions)
 
     def _close_producer(self, frame: PulsarFrame) -> None:
+        """CLOSE_PRODUCER: forget the producer, answered with SUCCESS."""
         request = frame.command.close_producer
         self._producers.pop(request.producer_id, None)
         self._success(request.request_id)
 
     def _close_consumer(self, frame: PulsarFrame) -> None:
+        """CLOSE_CONSUMER: end the consumer's session or the reader, answered with SUCCESS."""
         request = frame.command.close_consumer
         self._reader_seeks.pop(request.consumer_id, None)
         reader = self._readers.get(request.consumer_id)
@@ -733,6 +770,7 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         del self._consumers[request.consumer_id]
 
     async def _end_subscription(self, request_id: int, subscription: Subscription) -> None:
+        """End ``subscription`` for good, answering the UNSUBSCRIBE with SUCCESS or ERROR."""
         try:
             await self._server.unsubscribe(subscription)
         except KeyFailoverError as exc:
@@ -792,6 +830,7 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
     async def _seek_subscription(
         self, request_id: int, subscription: Subscription, position: int | None, publish_time: int
     ) -> None:
+        """Reset ``subscription`` to the seek's position, answering the SEEK with SUCCESS or ERROR."""
         try:
             start = await self._seek_start(subscription.topic, position, publish_time)
             await self._server.seek(subscription.topic, subscription.name, start)
@@ -871,20 +910,27 @@ def _check_room(what: str, open_ids: Collection[int], new_id: int) -> None:
         )
 
 
+def _check_type(request: CommandSubscribe, served: int, refusal: str) -> None:
+    """Refuse a SUBSCRIBE of another subscription type than ``served``: ``refusal`` says why, its ``{kind}``
+    the type asked for."""
+    if request.subType != served:
+        raise RefusedError(NotAllowedError, refusal.format(kind=CommandSubscribe.SubType.Name(request.subType)))
+
+
 def _check_subscribe(request: CommandSubscribe) -> list[tuple[int, int]] | None:
     """Refuse what keyfailover does not serve in a durable subscription (other types than Key_Shared);
     the hash ranges a STICKY consumer declares, None for AUTO_SPLIT."""
-    if request.subType != CommandSubscribe.Key_Shared:
-        kind = CommandSubscribe.SubType.Name(request.subType)
-        raise RefusedError(
-            NotAllowedError,
-            f"subscription type {kind} is not served: keyfailover serves Key_Shared subscriptions "
-            "(consumer_type=ConsumerType.KeyShared)",
-        )
+    _check_type(
+        request,
+        CommandSubscribe.Key_Shared,
+        "subscription type {kind} is not served: keyfailover serves Key_Shared subscriptions "
+        "(consumer_type=ConsumerType.KeyShared)",
+    )
     if not request.HasField("keySharedMeta") or request.keySharedMeta.keySharedMode != KeySharedMode.STICKY:
         return None
     return [(hash_range.start, hash_range.end) for hash_range in request.keySharedMeta.hashRanges]
 
 
 def _type_name(command: BaseCommand) -> str:
+    """The name of ``command``'s type, as the log and refusals say it."""
     return BaseCommand.Type.Name(command.type)

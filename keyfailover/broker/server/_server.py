@@ -148,6 +148,8 @@ class Server:
             raise
 
     async def _open(self) -> None:
+        """The body of :meth:`start`: open the log or the cluster's store, listen for native and Pulsar
+        clients, start the reaper and the admin endpoint, and join the cluster once listening."""
         if self.config.cluster is None:
             await self._open_log()
             # Every subscription with a saved cursor is live from the start, with no consumers, so
@@ -297,11 +299,13 @@ class Server:
 
     @property
     def storage(self) -> Store:
+        """The store of messages and cursors: the embedded log, or a cluster's shared store."""
         if self._storage is None:
             raise KeyFailoverError("the server is not started")
         return self._storage
 
     def subscriptions(self) -> dict[tuple[str, str], Subscription]:
+        """The live subscriptions by topic and name, a copy."""
         return dict(self._subscriptions)
 
     def opening(self, topic: str, name: str) -> bool:
@@ -328,6 +332,7 @@ class Server:
         return len(self._connections)
 
     async def wait_closed(self) -> None:
+        """Wait until :meth:`close` has finished."""
         await self._stopped.wait()
 
     async def close(self) -> None:
@@ -595,9 +600,11 @@ class Server:
         return start
 
     def next_session_id(self) -> int:
+        """A new consumer session id, never used before on this server."""
         return next(self._session_ids)
 
     def _committed(self, topic: str) -> None:
+        """Messages were committed to ``topic``: wake its subscriptions' pumps and tell its watchers."""
         for (sub_topic, _), subscription in self._subscriptions.items():
             if sub_topic == topic:
                 subscription.committed()
@@ -609,6 +616,7 @@ class Server:
         self._watchers.setdefault(served, set()).add(watcher)
 
     def unwatch(self, served: str, watcher: TailWatcher) -> None:
+        """Stop telling ``watcher`` of ``served``."""
         watchers = self._watchers.get(served)
         if watchers is not None:
             watchers.discard(watcher)
@@ -618,6 +626,8 @@ class Server:
     # -- liveness --------------------------------------------------------------------
 
     async def _reap_loop(self) -> None:
+        """Close connections that did not log in in time or trickle a frame too slowly; end the sessions of
+        connections silent for a session timeout, and close those silent for three."""
         config = self.config
         timeout = config.session_timeout
         while True:
@@ -647,6 +657,7 @@ class Server:
         return True
 
     def disconnected(self, connection: ClientConnection) -> None:
+        """Count ``connection`` out."""
         self._connections.discard(connection)
 
 

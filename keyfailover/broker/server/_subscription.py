@@ -228,11 +228,13 @@ class Subscription:
         """Seconds from each message's publish time to its first delivery (messages without one left out)."""
 
     def start(self) -> None:
+        """Start the pump and the cursor flusher tasks."""
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._pump_loop(), name=f"pump {self.topic}/{self.name}")
         self._flusher = loop.create_task(self._flush_loop(), name=f"cursor {self.topic}/{self.name}")
 
     def wake(self) -> None:
+        """Wake the pump: something may be ready to go out, a flow, an ack, a lease renewed."""
         self._wake.set()
 
     def committed(self) -> None:
@@ -329,10 +331,12 @@ class Subscription:
         self.wake()
 
     def current(self, consumer: str, session_id: int) -> Session | None:
+        """``consumer``'s session when it is session ``session_id``, else None: closed or superseded."""
         session = self.sessions.get(consumer)
         return session if session is not None and session.id == session_id else None
 
     def session_by_id(self, session_id: int) -> Session | None:
+        """The session with id ``session_id``, or None."""
         for session in self.sessions.values():
             if session.id == session_id:
                 return session
@@ -389,6 +393,7 @@ class Subscription:
         }
 
     def flow(self, session: Session, permits: int) -> None:
+        """Grant ``session``'s consumer ``permits`` more deliveries, and wake the pump to send them."""
         epoch = self.dispatcher.epoch
         self.dispatcher.flow(session.consumer, permits)
         self._announce_since(epoch)
@@ -428,6 +433,8 @@ class Subscription:
         return rejected
 
     def nack(self, session: Session, positions: list[int]) -> list[int]:
+        """Give ``positions`` back for redelivery after the nack backoff; returns the ones not in flight on
+        ``session``, all of them while the subscription is paused."""
         if self.paused():
             return list(positions)
         rejected = []
@@ -444,6 +451,8 @@ class Subscription:
     # -- the pump --------------------------------------------------------------------
 
     async def _pump_loop(self) -> None:
+        """Run the pump whenever it is woken, or at the next lease deadline or backoff end; announce the
+        ranges after a pump that changed them. A failed pump is logged, and the next wake tries again."""
         epoch = -1
         while not self._closed:
             with contextlib.suppress(TimeoutError):
@@ -469,6 +478,9 @@ class Subscription:
         return min(max(deadline - time.monotonic(), 0.0) + 0.001, 1.0)
 
     async def _pump(self) -> None:
+        """Dispatch until nothing more can go out: send what the dispatcher hands out, store its dead
+        letters, re-read the slots it wants again, and read on from the log while a consumer has permits
+        to spare. Messages acked before a restart are not published again."""
         dispatcher = self.dispatcher
         while not self.paused():
             await self._send(dispatcher.poll())
@@ -597,6 +609,8 @@ class Subscription:
                 del cache[position]
 
     async def _send(self, deliveries: list[Delivery]) -> None:
+        """Send ``deliveries`` to their consumers' sessions, in frames per consumer, their payloads read
+        from the cache or the log; a consumer gone meanwhile gets nothing, its deliveries were taken back."""
         if not deliveries:
             return
         cache = self._cache
@@ -707,6 +721,7 @@ class Subscription:
             wait = max(self._config.cursor_flush_seconds, took * (1.0 - _FLUSH_SHARE) / _FLUSH_SHARE)
 
     async def flush_cursor(self) -> None:
+        """Save the cursor when acks moved it since the last save."""
         if not self._cursor_dirty:
             return
         self._cursor_dirty = False

@@ -1,4 +1,8 @@
-"""The asyncio server: connections, sessions and heartbeats around the dispatcher core."""
+"""The asyncio server around the dispatcher core: its life cycle, and its registry of subscriptions and partitions.
+
+The native protocol's connection is :mod:`keyfailover.broker.server._native`, the Pulsar protocol's
+:mod:`keyfailover.broker.server._pulsar`; the admin endpoint's handlers are :mod:`keyfailover.broker.server._admin`.
+"""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from keyfailover import DeliverySettings, Dispatcher
-from keyfailover.broker.server._server import _setting_value
+from keyfailover.broker.server._admin import _setting_value
 from keyfailover.broker.server._subscription import SubscriptionConfig
 from keyfailover.broker.storage.sqlite import DELIVERY_SETTINGS
 from keyfailover.core.errors import ConfigError

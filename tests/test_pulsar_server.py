@@ -27,7 +27,7 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     ServiceNotReady,
     UnknownError,
 )
-from keyfailover.broker.server._pulsar import _server_error
+from keyfailover.broker.server._pulsar_errors import server_error as _server_error
 from keyfailover.broker.storage._store import NotServedError
 from keyfailover.core.errors import ConsumerError, ErrorCode, KeyFailoverError, ProtocolError
 from keyfailover.core.hashing import key_hash

@@ -11,66 +11,52 @@ docs/pulsar.md says what is served, what is refused and why.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import functools
 import hmac
 import logging
 import secrets
 import time
-from collections import Counter
 from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from keyfailover.broker.pulsar import (
     MAX_FRAME_PADDING,
     PROTOCOL_VERSION,
     SERVER_NAME,
-    MessageFields,
     PulsarDecoder,
     PulsarFrame,
-    PulsarFrameError,
     SendFrame,
-    SingleFields,
-    TopicNameError,
     encode_command,
     encode_delivery,
     encode_receipt,
-    from_pulsar,
     keyfailover_topic,
-    parse_message,
-    split_batch,
 )
 from keyfailover.broker.pulsar.PulsarApi_pb2 import (
-    NONE,
     AuthenticationError,
     BaseCommand,
-    ChecksumError,
     CommandAck,
-    CommandLookupTopicResponse,
-    CommandPartitionedTopicMetadataResponse,
+    CommandLookupTopic,
+    CommandPartitionedTopicMetadata,
     CommandSubscribe,
-    ConsumerAssignError,
     ConsumerBusy,
     ConsumerNotFound,
-    InvalidTopicName,
     KeySharedMode,
     MetadataError,
     NotAllowedError,
     PersistenceError,
     ServiceNotReady,
-    TopicNotFound,
     UnknownError,
 )
-from keyfailover.broker.server._connection import ClientConnection, ReadPausing, TailWatcher, partial_since
+from keyfailover.broker.server._connection import ConnectionHost, FrameReader
+from keyfailover.broker.server._pulsar_errors import RefusedError, server_error
+from keyfailover.broker.server._pulsar_lookup import lookup, partitioned_metadata
 from keyfailover.broker.server._pulsar_reader import PulsarReader
+from keyfailover.broker.server._pulsar_send import Producer, Send, joined, sent_messages
 from keyfailover.broker.server._subscription import Session, Subscription
-from keyfailover.broker.storage._store import NotServedError, Result, Store
-from keyfailover.broker.storage.records import PropertiesColumn
-from keyfailover.core.errors import ConsumerError, ErrorCode, KeyFailoverError, PropertiesError, ProtocolError
-from keyfailover.core.partitions import split_partition_topic
-from keyfailover.wire.protocol import ConsumerClosed, Frame, Key, Messages, is_valid_name, stream_transport
+from keyfailover.broker.storage._store import NotServedError, Result
+from keyfailover.core.errors import ErrorCode, KeyFailoverError
+from keyfailover.wire.protocol import ConsumerClosed, Frame, Messages, is_valid_name, stream_transport
 
 __all__ = ["PulsarConnection"]
 
@@ -83,103 +69,6 @@ _MINUS_ONE: Final = 2**64 - 1
 the request id of a command the broker sends unasked, and the ledger and entry of ``MessageId.earliest``."""
 _LATEST: Final = 2**63 - 1
 """The ledger of ``MessageId.latest`` (Long.MAX_VALUE)."""
-_SERVER_ERRORS: Final = {
-    ErrorCode.NOT_OWNER: ServiceNotReady,
-    ErrorCode.SHUTTING_DOWN: ServiceNotReady,
-    ErrorCode.CONSUMER_BUSY: ConsumerBusy,
-    ErrorCode.UNKNOWN_TOPIC: TopicNotFound,
-    ErrorCode.WRONG_PARTITION: NotAllowedError,
-}
-"""The Pulsar ServerError for each keyfailover error code that has a close one (else UnknownError)."""
-
-
-class _Limits(Protocol):
-    """The server settings a Pulsar connection reads."""
-
-    @property
-    def token(self) -> str | None: ...
-
-    @property
-    def max_frame(self) -> int: ...
-
-    @property
-    def login_frame(self) -> int: ...
-
-    @property
-    def session_timeout(self) -> float: ...
-
-    @property
-    def max_output(self) -> int: ...
-
-
-class _Host(Protocol):
-    """What a Pulsar connection needs of its server (the native connections' paths)."""
-
-    @property
-    def config(self) -> _Limits: ...
-
-    @property
-    def closing(self) -> bool: ...
-
-    @property
-    def protocol_errors(self) -> Counter[str]: ...
-
-    @property
-    def storage(self) -> Store: ...
-
-    def connected(self, connection: ClientConnection) -> bool: ...
-
-    def disconnected(self, connection: ClientConnection) -> None: ...
-
-    def partition_of(self, served: str) -> tuple[str, int, int]: ...
-
-    def check_served(self, served: str, action: str) -> tuple[int, int] | None: ...
-
-    def check_produce(self, topic: str, messages: list[tuple[int | None, Key, bytes]]) -> None: ...
-
-    async def open_subscription(self, topic: str, name: str, at_end: bool = False) -> Subscription: ...
-
-    async def unsubscribe(self, subscription: Subscription) -> None: ...
-
-    async def seek(self, topic: str, name: str, position: int) -> int: ...
-
-    async def route(self, topic: str, pulsar: bool = False) -> list[str | None]: ...
-
-    async def partition_count(self, topic: str) -> int | None: ...
-
-    @property
-    def pulsar_advertised(self) -> str | None: ...
-
-    @property
-    def pulsar_tls(self) -> bool: ...
-
-    def watch(self, served: str, watcher: TailWatcher) -> None: ...
-
-    def unwatch(self, served: str, watcher: TailWatcher) -> None: ...
-
-    def next_session_id(self) -> int: ...
-
-
-class _RefusedError(Exception):
-    """A request refused with a Pulsar ServerError and a message saying why."""
-
-    def __init__(self, error: int, message: str) -> None:
-        super().__init__(message)
-        self.error = error
-        self.message = message
-
-
-@dataclass
-class _Producer:
-    topic: str
-    name: str
-    partition: int
-
-
-_Messages = list[tuple[int | None, Key, bytes]]
-_Send = tuple[SendFrame, _Producer, _Messages, int, int, PropertiesColumn]
-"""A SEND read and waiting for its connection's next store request: the SEND, its producer, its messages,
-the first and last of their sequence ids (-1: none), and their encoded properties (None: none has any)."""
 
 
 @dataclass
@@ -191,43 +80,8 @@ class _Consumer:
 
 
 def _command(kind: int) -> BaseCommand:
+    """A new command of type ``kind``."""
     return BaseCommand(type=kind)  # type: ignore[arg-type]
-
-
-def _message_properties(metadata: MessageFields | SingleFields) -> bytes | None:
-    """The encoded properties to store for a message: its properties and event time (None: it has neither)."""
-    try:
-        return from_pulsar(metadata.properties, metadata.event_time)
-    except PropertiesError as exc:
-        raise _RefusedError(NotAllowedError, f"{exc}; nothing was stored") from None
-
-
-def _joined(sends: list[_Send]) -> tuple[_Messages, PropertiesColumn]:
-    """The messages of ``sends`` in one list, with their properties (None when none of them has any)."""
-    if len(sends) == 1:
-        return sends[0][2], sends[0][5]
-    messages = [message for send in sends for message in send[2]]
-    if all(send[5] is None for send in sends):
-        return messages, None
-    properties = [encoded for send in sends for encoded in (send[5] or [None] * len(send[2]))]
-    return messages, properties
-
-
-def _message_key(metadata: MessageFields | SingleFields) -> Key:
-    """Pulsar's sticky key: the ordering key if set, else the partition key (decoded when base64); None: keyless."""
-    if metadata.ordering_key is not None:
-        return metadata.ordering_key
-    key = metadata.partition_key
-    if key is not None and metadata.partition_key_b64_encoded:
-        try:
-            return base64.b64decode(key, validate=True)
-        except binascii.Error:
-            raise _RefusedError(UnknownError, "partition key is flagged base64 but is not valid base64") from None
-    return key
-
-
-def _pulsar_url(scheme: str, host: str, port: int) -> str:
-    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 def _request_id(command: BaseCommand) -> int | None:
@@ -239,35 +93,33 @@ def _request_id(command: BaseCommand) -> int | None:
     return None
 
 
-class PulsarConnection(ReadPausing):
+class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
     """One Pulsar client connection: decodes commands, calls the server's subscriptions, writes replies."""
 
-    def __init__(self, server: _Host) -> None:
+    _answered = (RefusedError,)
+
+    def __init__(self, server: ConnectionHost) -> None:
+        super().__init__()
         self._server = server
         config = server.config
         self._decoder = PulsarDecoder(min(config.login_frame, config.max_frame))
-        self._transport: asyncio.Transport | None = None
-        self.authenticated = False
         self.version = 0
         """The protocol version agreed at CONNECT: the lower of the client's and :data:`PROTOCOL_VERSION`."""
-        self._producers: dict[int, _Producer] = {}
+        self._producers: dict[int, Producer] = {}
         self._consumers: dict[int, _Consumer] = {}
         self._readers: dict[int, PulsarReader] = {}  # non-durable Exclusive subscriptions, by consumer id
         # Readers that seeked, by consumer id: their topic and the position their next SUBSCRIBE starts after.
         self._reader_seeks: dict[int, tuple[str, int]] = {}
-        self._closed = False
-        self.opened = self.last_seen = time.monotonic()
-        self.partial_since: float | None = None
-        self.peer = "?"
         self._keepalive: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._output: list[bytes] = []
-        self._sends: list[_Send] = []  # checked SENDs of the read being handled
+        self._sends: list[Send] = []  # checked SENDs of the read being handled
         self._replied = False  # whether what is queued holds a reply, not only deliveries
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Take the connection in and start its keepalive, or close it when the server has its maximum."""
         self._transport = stream = stream_transport(transport)
         self.peer = str(transport.get_extra_info("peername"))
         stream.set_write_buffer_limits(high=1024 * 1024)
@@ -278,31 +130,36 @@ class PulsarConnection(ReadPausing):
             return
         self._schedule_keepalive()
 
-    def data_received(self, data: bytes) -> None:
-        self.last_seen = now = time.monotonic()
+    def _decode(self, data: bytes) -> tuple[list[PulsarFrame | SendFrame], int, tuple[ErrorCode, str] | None]:
+        """The frames ``data`` completes, the bytes held of the next one, and the first bad frame's error."""
         frames, error = self._decoder.feed(data)
-        self.partial_since = partial_since(self.partial_since, self._decoder.buffered, bool(frames), now)
-        for frame in frames:
-            if self._closed:
-                return
-            try:
-                self._handle(frame)
-            except _RefusedError as refused:
-                request_id = None if isinstance(frame, SendFrame) else _request_id(frame.command)
-                if request_id is not None:
-                    self._error(request_id, *_server_error(refused))
-            except Exception:
-                kind = "SEND" if isinstance(frame, SendFrame) else _type_name(frame.command)
-                _log.exception("internal error handling Pulsar %s from %s", kind, self.peer)
-                self.refuse(ErrorCode.INTERNAL, "internal server error")
-                return
+        if error is None:
+            return frames, self._decoder.buffered, None
+        code = ErrorCode.FRAME_TOO_LARGE if error.too_large else ErrorCode.MALFORMED_FRAME
+        return frames, self._decoder.buffered, (code, str(error))
+
+    def _answer(self, frame: PulsarFrame | SendFrame, exc: Exception) -> bool:
+        """Answer a refused command with ERROR when it has a request id; a SEND was answered as it was read."""
+        request_id = None if isinstance(frame, SendFrame) else _request_id(frame.command)
+        if request_id is not None:
+            self._error(request_id, *server_error(exc))
+        return True
+
+    def _frame_name(self, frame: PulsarFrame | SendFrame) -> str:
+        """The command's type, for the log."""
+        return "Pulsar " + ("SEND" if isinstance(frame, SendFrame) else _type_name(frame.command))
+
+    def _frames_handled(self) -> None:
+        """Store the SENDs of the read, in runs: see :meth:`_store_sends`."""
         if self._sends:
             self._store_sends()
-        if error is not None and not self._closed:
-            code = ErrorCode.FRAME_TOO_LARGE if error.too_large else ErrorCode.MALFORMED_FRAME
-            self.refuse(code, str(error))
+
+    def _close_for(self, code: ErrorCode, message: str) -> None:
+        """Close the connection: see :meth:`refuse`."""
+        self.refuse(code, message)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        """Stop the keepalive and end the connection's consumer sessions and readers."""
         self._closed = True
         if self._keepalive is not None:
             self._keepalive.cancel()
@@ -313,9 +170,11 @@ class PulsarConnection(ReadPausing):
 
     @property
     def closed(self) -> bool:
+        """Closed by this side."""
         return self._closed
 
     def close(self) -> None:
+        """Write what is queued, then close the connection, ending its sessions without telling them."""
         if self._transport is not None and not self._closed:
             self._flush()  # an ERROR just queued goes out before the connection closes
             self._closed = True
@@ -329,6 +188,7 @@ class PulsarConnection(ReadPausing):
         self.close()
 
     def sessions_open(self) -> int:
+        """How many consumers and readers this connection has."""
         return len(self._consumers) + len(self._readers)
 
     def expire_sessions(self, reason: str, notify: bool = True) -> None:
@@ -374,9 +234,11 @@ class PulsarConnection(ReadPausing):
             transport.abort()
 
     def _send(self, command: BaseCommand) -> None:
+        """Queue ``command``, a reply, for the next write."""
         self._write(encode_command(command))
 
     def _error(self, request_id: int, error: int, message: str) -> None:
+        """Answer request ``request_id`` with ERROR: the ServerError ``error`` and ``message``."""
         command = _command(BaseCommand.ERROR)
         command.error.request_id = request_id
         command.error.error = error  # type: ignore[assignment]
@@ -384,11 +246,13 @@ class PulsarConnection(ReadPausing):
         self._send(command)
 
     def _success(self, request_id: int) -> None:
+        """Answer request ``request_id`` with SUCCESS."""
         command = _command(BaseCommand.SUCCESS)
         command.success.request_id = request_id
         self._send(command)
 
     def _schedule_keepalive(self) -> None:
+        """Check again for a quiet client in a third of the session timeout."""
         interval = self._server.config.session_timeout / 3
         self._keepalive = asyncio.get_running_loop().call_later(interval, self._ping, interval)
 
@@ -441,6 +305,7 @@ class PulsarConnection(ReadPausing):
         self._send(command)
 
     def _drop_reader(self, reader: PulsarReader) -> None:
+        """Stop ``reader`` and forget it: it reads and watches its topic no more."""
         reader.close()
         self._readers.pop(reader.consumer_id, None)
         self._server.unwatch(reader.topic, reader)
@@ -454,9 +319,11 @@ class PulsarConnection(ReadPausing):
     # -- commands --------------------------------------------------------------------
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Answer a request in a task of its own; refused with ServiceNotReady while :data:`_MAX_OPEN`
+        requests of this connection are being answered."""
         if len(self._tasks) >= _MAX_OPEN:
             work.close()
-            raise _RefusedError(
+            raise RefusedError(
                 ServiceNotReady, f"{_MAX_OPEN} requests of this connection are being answered; expected fewer at once"
             )
         task = asyncio.get_running_loop().create_task(self._guarded(work))
@@ -472,6 +339,8 @@ class PulsarConnection(ReadPausing):
             self.refuse(ErrorCode.INTERNAL, "internal server error")
 
     def _handle(self, frame: PulsarFrame | SendFrame) -> None:
+        """Serve one command: a SEND or CONNECT here, any other by its handler in :attr:`_handlers`;
+        before CONNECT, anything else closes the connection."""
         if isinstance(frame, SendFrame):
             if self.authenticated:
                 self._send_command(frame)
@@ -488,7 +357,7 @@ class PulsarConnection(ReadPausing):
             return
         handler = self._handlers.get(kind)
         if handler is None:
-            raise _RefusedError(
+            raise RefusedError(
                 NotAllowedError,
                 f"{_type_name(command)} is not supported by keyfailover's Pulsar endpoint; docs/pulsar.md lists "
                 "the commands it serves",
@@ -496,6 +365,8 @@ class PulsarConnection(ReadPausing):
         handler(self, frame)
 
     def _connect(self, command: BaseCommand) -> None:
+        """Log the client in: check its token, agree on the protocol version and raise the frame limit to
+        ``max_frame``; a wrong token is answered with ERROR and closes the connection."""
         if self.authenticated:
             self.refuse(ErrorCode.BAD_FIELD, "a second CONNECT on one connection")
             return
@@ -524,6 +395,7 @@ class PulsarConnection(ReadPausing):
         self._send(reply)
 
     def _ping_command(self, frame: PulsarFrame) -> None:
+        """Answer the client's PING with PONG."""
         pong = _command(BaseCommand.PONG)
         pong.pong.SetInParent()
         self._send(pong)
@@ -532,113 +404,54 @@ class PulsarConnection(ReadPausing):
         """The answer to our keepalive PING: its arrival already counted as a sign of life."""
 
     def _partitioned_metadata(self, frame: PulsarFrame) -> None:
+        """PARTITIONED_METADATA: how many partitions a topic has, answered in a task."""
         self._spawn(self._answer_partitioned_metadata(frame.command.partitionMetadata))
 
-    async def _answer_partitioned_metadata(self, request: Any) -> None:
-        reply = _command(BaseCommand.PARTITIONED_METADATA_RESPONSE)
-        answer = reply.partitionMetadataResponse
-        answer.request_id = request.request_id
-        try:
-            served = keyfailover_topic(request.topic)
-            count = 1 if await self._partition_of(served) is not None else len(await self._server.route(served))
-        except TopicNameError as exc:
-            answer.response = CommandPartitionedTopicMetadataResponse.Failed
-            answer.error = InvalidTopicName
-            answer.message = str(exc)
-        except KeyFailoverError as exc:
-            answer.response = CommandPartitionedTopicMetadataResponse.Failed
-            answer.error = ServiceNotReady
-            answer.message = f"the topic's partitions cannot be read now: {exc}"
-        else:
-            answer.response = CommandPartitionedTopicMetadataResponse.Success
-            answer.partitions = count if count > 1 else 0  # Pulsar's 0: a topic without partitions
-        self._send(reply)
+    async def _answer_partitioned_metadata(self, request: CommandPartitionedTopicMetadata) -> None:
+        """Send the PARTITIONED_METADATA_RESPONSE: see :func:`partitioned_metadata`."""
+        self._send(await partitioned_metadata(self._server, request))
 
     def _lookup(self, frame: PulsarFrame) -> None:
+        """LOOKUP: which broker serves a topic, answered in a task."""
         self._spawn(self._answer_lookup(frame.command.lookupTopic))
 
-    async def _answer_lookup(self, request: Any) -> None:
-        """Connect here when this broker serves the topic (a single server serves all), else Redirect to
-        the Pulsar endpoint of the cluster's broker that does, authoritative either way."""
-        reply = _command(BaseCommand.LOOKUP_RESPONSE)
-        answer = reply.lookupTopicResponse
-        answer.request_id = request.request_id
-        try:
-            owner = await self._owner(keyfailover_topic(request.topic))
-        except TopicNameError as exc:
-            answer.response = CommandLookupTopicResponse.Failed
-            answer.error = InvalidTopicName
-            answer.message = str(exc)
-        except KeyFailoverError as exc:
-            answer.response = CommandLookupTopicResponse.Failed
-            answer.error = ServiceNotReady
-            answer.message = f"the topic's broker cannot be looked up now: {exc}"
-        else:
-            if owner is None:
-                answer.response = CommandLookupTopicResponse.Failed
-                answer.error = ServiceNotReady
-                answer.message = f"no broker with a Pulsar endpoint serves {request.topic} now; try again"
-            else:
-                if owner in ("", self._server.pulsar_advertised):
-                    assert self._transport is not None
-                    host, port = self._transport.get_extra_info("sockname")[:2]
-                    answer.response = CommandLookupTopicResponse.Connect
-                else:
-                    host, _, found = owner.rpartition(":")
-                    host, port = host.strip("[]"), int(found)
-                    answer.response = CommandLookupTopicResponse.Redirect
-                # A TLS client takes brokerServiceUrlTls; the brokers of a cluster share one TLS setting.
-                answer.brokerServiceUrl = _pulsar_url("pulsar", host, port)
-                if self._server.pulsar_tls:
-                    answer.brokerServiceUrlTls = _pulsar_url("pulsar+ssl", host, port)
-            answer.authoritative = True
-        self._send(reply)
-
-    async def _owner(self, served: str) -> str | None:
-        """The Pulsar endpoint serving ``served`` (a topic, or partition ``T-partition-p``): ``""`` this
-        broker as a single server, a cluster broker's ``HOST:PORT``, or None when none serves it now."""
-        partition = await self._partition_of(served)
-        if partition is not None:
-            return (await self._server.route(partition[0], pulsar=True))[partition[1]]
-        return (await self._server.route(served, pulsar=True))[0]
-
-    async def _partition_of(self, served: str) -> tuple[str, int] | None:
-        """``(topic, index)`` when ``served`` names partition ``index`` of a topic created with more
-        partitions, else None (it is a topic of its own; looking it up creates nothing else)."""
-        split = split_partition_topic(served)
-        if split is None:
-            return None
-        count = await self._server.partition_count(split[0])
-        return split if count is not None and split[1] < count else None
+    async def _answer_lookup(self, request: CommandLookupTopic) -> None:
+        """Send the LOOKUP_RESPONSE: see :func:`lookup`. Connect answers the address the client reached."""
+        assert self._transport is not None
+        here = self._transport.get_extra_info("sockname")[:2]
+        self._send(await lookup(self._server, request, (str(here[0]), int(here[1]))))
 
     def _producer(self, frame: PulsarFrame) -> None:
+        """PRODUCER: open a producer, answered in a task once its last stored sequence id is read."""
         _check_room("producers", self._producers, frame.command.producer.producer_id)
         self._spawn(self._open_producer(frame.command))
 
     async def _open_producer(self, command: BaseCommand) -> None:
+        """Open the producer a PRODUCER asks for on a topic served here, and answer PRODUCER_SUCCESS with
+        the last sequence id stored for its name, or ERROR."""
         request = command.producer
         try:
             topic = keyfailover_topic(request.topic)
             name = request.producer_name if request.HasField("producer_name") else f"pulsar-{secrets.token_hex(8)}"
             if not is_valid_name(name):
-                raise _RefusedError(UnknownError, f"producer name {name!r:.80} must be 1 to 256 characters without NUL")
+                raise RefusedError(UnknownError, f"producer name {name!r:.80} must be 1 to 256 characters without NUL")
             if self._server.closing:
-                raise _RefusedError(ServiceNotReady, "the server is shutting down")
+                raise RefusedError(ServiceNotReady, "the server is shutting down")
             self._server.check_served(topic, "produce to")
             last = await self._server.storage.last_sequence(topic, name)
             if self._closed:
                 return
             known = self._producers.get(request.producer_id)
             if known is not None and (known.topic, known.name) != (topic, name):
-                raise _RefusedError(
+                raise RefusedError(
                     UnknownError,
                     f"producer id {request.producer_id} is open already on this connection for another topic or name",
                 )
-        except (_RefusedError, KeyFailoverError) as exc:
-            self._error(request.request_id, *_server_error(exc))
+        except (RefusedError, KeyFailoverError) as exc:
+            self._error(request.request_id, *server_error(exc))
             return
         # A PRODUCER repeated for an open producer (a client's retry) is answered as the first one.
-        self._producers[request.producer_id] = _Producer(topic, name, self._partition(topic))
+        self._producers[request.producer_id] = Producer(topic, name, self._partition(topic))
         reply = _command(BaseCommand.PRODUCER_SUCCESS)
         reply.producer_success.request_id = request.request_id
         reply.producer_success.producer_name = name
@@ -652,16 +465,18 @@ class PulsarConnection(ReadPausing):
         return index if count > 1 else -1
 
     def _send_command(self, frame: SendFrame) -> None:
+        """Read a SEND into keyfailover messages and queue it for the read's store request; a SEND that
+        cannot be stored is answered with SEND_ERROR at once."""
         producer = self._producers.get(frame.producer_id)
         try:
             if producer is None:
-                raise _RefusedError(UnknownError, f"producer id {frame.producer_id} is not open on this connection")
-            messages, properties = self._sent_messages(frame)
+                raise RefusedError(UnknownError, f"producer id {frame.producer_id} is not open on this connection")
+            messages, properties = sent_messages(frame)
             if self._server.closing:
-                raise _RefusedError(ServiceNotReady, "the server is shutting down; nothing was stored")
-        except (_RefusedError, KeyFailoverError) as exc:
+                raise RefusedError(ServiceNotReady, "the server is shutting down; nothing was stored")
+        except (RefusedError, KeyFailoverError) as exc:
             # ChecksumError fails this message at the client; any other error makes it reconnect and resend.
-            self._send_error(frame.producer_id, frame.sequence_id, *_server_error(exc))
+            self._send_error(frame.producer_id, frame.sequence_id, *server_error(exc))
             return
         first, last = messages[0][0], messages[-1][0]
         self._sends.append(
@@ -672,8 +487,8 @@ class PulsarConnection(ReadPausing):
         """Store the SENDs of one read: a producer's SENDs in a row go in one store request while their
         sequence ids rise (a key-based batcher's may not), answered together when it is stored."""
         sends, self._sends = self._sends, []
-        runs: list[list[_Send]] = []
-        last: dict[int, list[_Send]] = {}  # the run each producer id is filling
+        runs: list[list[Send]] = []
+        last: dict[int, list[Send]] = {}  # the run each producer id is filling
         for send in sends:
             frame, producer, _, first_seq, _, _ = send
             run = last.get(frame.producer_id)
@@ -684,7 +499,7 @@ class PulsarConnection(ReadPausing):
         storage = self._server.storage
         for sent in runs:
             producer = sent[0][1]
-            messages, properties = _joined(sent)
+            messages, properties = joined(sent)
             try:
                 self._server.check_produce(producer.topic, messages)
                 run = sent
@@ -692,11 +507,11 @@ class PulsarConnection(ReadPausing):
                 run = self._checked(sent)
                 if not run:
                     continue
-                messages, properties = _joined(run)
+                messages, properties = joined(run)
             stored = storage.append(producer.topic, producer.name, messages, properties)
             stored.add_done_callback(functools.partial(self._receipts, run))
 
-    def _checked(self, run: list[_Send]) -> list[_Send]:
+    def _checked(self, run: list[Send]) -> list[Send]:
         """The SENDs of ``run`` the server takes, each checked alone (as a whole the run was refused): a
         refused one is answered with why."""
         kept = []
@@ -705,12 +520,12 @@ class PulsarConnection(ReadPausing):
             try:
                 self._server.check_produce(producer.topic, messages)
             except KeyFailoverError as exc:
-                self._send_error(frame.producer_id, frame.sequence_id, *_server_error(exc))
+                self._send_error(frame.producer_id, frame.sequence_id, *server_error(exc))
             else:
                 kept.append(send)
         return kept
 
-    def _receipts(self, run: list[_Send], done: asyncio.Future[Result]) -> None:
+    def _receipts(self, run: list[Send], done: asyncio.Future[Result]) -> None:
         """Answer each SEND of ``run``, stored together in ``done``, in one write."""
         exc = done.exception()
         if exc is not None:
@@ -737,49 +552,8 @@ class PulsarConnection(ReadPausing):
             first += len(messages)
         self._write(b"".join(receipts))
 
-    def _sent_messages(self, frame: SendFrame) -> tuple[_Messages, PropertiesColumn]:
-        """The keyfailover messages a SEND carries: one, or each message of a batched entry with its own key;
-        and their encoded properties (each message's properties and event time; None when none has any)."""
-        try:
-            sent = parse_message(frame.rest)
-        except PulsarFrameError as exc:
-            raise _RefusedError(UnknownError, f"{exc}; nothing was stored") from None
-        if sent.checksum_ok is False:
-            raise _RefusedError(
-                ChecksumError, "the CRC32C of the message does not match its checksum field; nothing was stored"
-            )
-        metadata = sent.metadata
-        if metadata.compression != NONE:
-            raise _RefusedError(NotAllowedError, "compressed messages are not supported; expected compression NONE")
-        if metadata.encrypted or frame.is_chunk or metadata.num_chunks_from_msg > 1:
-            raise _RefusedError(NotAllowedError, "encrypted and chunked messages are not supported")
-        if frame.transactional:
-            raise _RefusedError(NotAllowedError, "transactions and markers are not supported")
-        count = metadata.num_messages_in_batch
-        if count is None:
-            message = (frame.sequence_id, _message_key(metadata), sent.payload)
-            if not (metadata.properties or metadata.event_time):
-                return [message], None  # the usual message: nothing more to store
-            return [message], [_message_properties(metadata)]
-        if count < 1:
-            raise _RefusedError(UnknownError, f"a batched entry of {count} messages; expected at least 1")
-        try:
-            singles = split_batch(sent.payload, count)
-        except PulsarFrameError as exc:
-            raise _RefusedError(UnknownError, f"{exc}; nothing was stored") from None
-        messages: _Messages = [
-            (
-                frame.sequence_id + index if single.sequence_id is None else single.sequence_id,
-                _message_key(single),
-                payload,
-            )
-            for index, (single, payload) in enumerate(singles)
-        ]
-        if not any(single.properties or single.event_time for single, _ in singles):
-            return messages, None
-        return messages, [_message_properties(single) for single, _ in singles]
-
     def _send_error(self, producer_id: int, sequence_id: int, error: int, message: str) -> None:
+        """Answer a producer's SEND with SEND_ERROR: the ServerError ``error`` and ``message``."""
         command = _command(BaseCommand.SEND_ERROR)
         command.send_error.producer_id = producer_id
         command.send_error.sequence_id = sequence_id
@@ -788,11 +562,14 @@ class PulsarConnection(ReadPausing):
         self._send(command)
 
     def _subscribe(self, frame: PulsarFrame) -> None:
+        """SUBSCRIBE: open a consumer or a reader, answered in a task."""
         open_ids = self._consumers.keys() | self._readers.keys() | self._reader_seeks.keys()
         _check_room("consumers", open_ids, frame.command.subscribe.consumer_id)
         self._spawn(self._open_consumer(frame.command))
 
     async def _open_consumer(self, command: BaseCommand) -> None:
+        """Attach a consumer session to the durable Key_Shared subscription a SUBSCRIBE names, and answer
+        SUCCESS, or ERROR; a non-durable one is a reader. Its deliveries wait for the client's FLOW."""
         request = command.subscribe
         if not request.durable:
             self._open_reader(request)
@@ -802,11 +579,11 @@ class PulsarConnection(ReadPausing):
             sticky = _check_subscribe(request)
             consumer = request.consumer_name or f"pulsar-{secrets.token_hex(8)}"
             if not is_valid_name(consumer) or not is_valid_name(request.subscription):
-                raise _RefusedError(
+                raise RefusedError(
                     UnknownError, "subscription and consumer names must be 1 to 256 characters without NUL"
                 )
             if request.consumer_id in self._readers:
-                raise _RefusedError(
+                raise RefusedError(
                     ConsumerBusy, f"consumer id {request.consumer_id} is open already on this connection as a reader"
                 )
             at_end = request.initialPosition == CommandSubscribe.Latest  # a new subscription's start
@@ -817,7 +594,7 @@ class PulsarConnection(ReadPausing):
             if known is not None:
                 # A SUBSCRIBE repeated for an open consumer (a client's retry) is answered as the first one.
                 if known.session.subscription is not subscription:
-                    raise _RefusedError(
+                    raise RefusedError(
                         ConsumerBusy,
                         f"consumer id {request.consumer_id} is open already on this connection for another "
                         "subscription",
@@ -834,8 +611,8 @@ class PulsarConnection(ReadPausing):
             )
             # Permits come with the client's FLOW, right after SUCCESS.
             subscription.attach(session, 0, sticky=sticky)
-        except (_RefusedError, KeyFailoverError) as exc:
-            self._error(request.request_id, *_server_error(exc))
+        except (RefusedError, KeyFailoverError) as exc:
+            self._error(request.request_id, *server_error(exc))
             return
         self._consumers[consumer_id] = _Consumer(session, self._partition(topic))
         self._success(request.request_id)
@@ -845,26 +622,25 @@ class PulsarConnection(ReadPausing):
         consumer_id = request.consumer_id
         try:
             topic = keyfailover_topic(request.topic)
-            if request.subType != CommandSubscribe.Exclusive:
-                kind = CommandSubscribe.SubType.Name(request.subType)
-                raise _RefusedError(
-                    NotAllowedError,
-                    f"a non-durable {kind} subscription is not served: keyfailover serves non-durable subscriptions "
-                    "as Readers (Exclusive, one consumer)",
-                )
+            _check_type(
+                request,
+                CommandSubscribe.Exclusive,
+                "a non-durable {kind} subscription is not served: keyfailover serves non-durable subscriptions as "
+                "Readers (Exclusive, one consumer)",
+            )
             if self._server.closing:
-                raise _RefusedError(ServiceNotReady, "the server is shutting down")
+                raise RefusedError(ServiceNotReady, "the server is shutting down")
             self._server.check_served(topic, "read")
             known = self._readers.get(consumer_id)
             if known is not None and known.topic == topic:
                 self._success(request.request_id)  # a SUBSCRIBE repeated (a client's retry)
                 return
             if known is not None or consumer_id in self._consumers:
-                raise _RefusedError(ConsumerBusy, f"consumer id {consumer_id} is open already on this connection")
+                raise RefusedError(ConsumerBusy, f"consumer id {consumer_id} is open already on this connection")
             seeked = self._reader_seeks.pop(consumer_id, None)
             after = seeked[1] if seeked is not None and seeked[0] == topic else self._start_after(request, topic)
-        except (_RefusedError, KeyFailoverError) as exc:
-            self._error(request.request_id, *_server_error(exc))
+        except (RefusedError, KeyFailoverError) as exc:
+            self._error(request.request_id, *server_error(exc))
             return
         reader = PulsarReader(
             self._server.storage,
@@ -892,7 +668,7 @@ class PulsarConnection(ReadPausing):
         if start.ledgerId == _LATEST:
             return last
         if start.ledgerId != 0:
-            raise _RefusedError(
+            raise RefusedError(
                 UnknownError,
                 f"start message id ({start.ledgerId}, {start.entryId}) is not one of this topic's: keyfailover's "
                 "message ids are ledger 0 and the message's log position",
@@ -900,6 +676,7 @@ class PulsarConnection(ReadPausing):
         return min(max(start.entryId - 1, 0), last)
 
     def _flow(self, frame: PulsarFrame) -> None:
+        """FLOW: grant the consumer or reader more deliveries."""
         request = frame.command.flow
         reader = self._readers.get(request.consumer_id)
         if reader is not None:
@@ -910,6 +687,8 @@ class PulsarConnection(ReadPausing):
             consumer.session.subscription.flow(consumer.session, request.messagePermits)
 
     def _ack(self, frame: PulsarFrame) -> None:
+        """ACK: ack the consumer's positions, individual acks only; with a request id, ACK_RESPONSE says
+        whether some were not in flight."""
         request = frame.command.ack
         consumer = self._consumers.get(request.consumer_id)
         if request.consumer_id in self._readers:
@@ -934,6 +713,8 @@ class PulsarConnection(ReadPausing):
             self._send(reply)
 
     def _redeliver(self, frame: PulsarFrame) -> None:
+        """REDELIVER_UNACKNOWLEDGED_MESSAGES: nack the positions named, or every one delivered to the
+        consumer and not acked."""
         request = frame.command.redeliverUnacknowledgedMessages
         consumer = self._consumers.get(request.consumer_id)
         if consumer is None:
@@ -947,11 +728,13 @@ class PulsarConnection(ReadPausing):
         consumer.session.subscription.nack(consumer.session, positions)
 
     def _close_producer(self, frame: PulsarFrame) -> None:
+        """CLOSE_PRODUCER: forget the producer, answered with SUCCESS."""
         request = frame.command.close_producer
         self._producers.pop(request.producer_id, None)
         self._success(request.request_id)
 
     def _close_consumer(self, frame: PulsarFrame) -> None:
+        """CLOSE_CONSUMER: end the consumer's session or the reader, answered with SUCCESS."""
         request = frame.command.close_consumer
         self._reader_seeks.pop(request.consumer_id, None)
         reader = self._readers.get(request.consumer_id)
@@ -973,12 +756,12 @@ class PulsarConnection(ReadPausing):
             return
         consumer = self._consumers.get(request.consumer_id)
         if consumer is None:
-            raise _RefusedError(ConsumerNotFound, f"consumer id {request.consumer_id} is not open on this connection")
+            raise RefusedError(ConsumerNotFound, f"consumer id {request.consumer_id} is not open on this connection")
         session = consumer.session
         subscription = session.subscription
         others = [name for name, other in subscription.sessions.items() if other is not session]
         if others:
-            raise _RefusedError(
+            raise RefusedError(
                 ConsumerBusy,
                 f"subscription {subscription.name!r} has {len(others)} other consumer(s); expected none to unsubscribe",
             )
@@ -987,10 +770,11 @@ class PulsarConnection(ReadPausing):
         del self._consumers[request.consumer_id]
 
     async def _end_subscription(self, request_id: int, subscription: Subscription) -> None:
+        """End ``subscription`` for good, answering the UNSUBSCRIBE with SUCCESS or ERROR."""
         try:
             await self._server.unsubscribe(subscription)
         except KeyFailoverError as exc:
-            self._error(request_id, *_server_error(exc))
+            self._error(request_id, *server_error(exc))
             return
         self._success(request_id)
 
@@ -1006,14 +790,14 @@ class PulsarConnection(ReadPausing):
         elif consumer is not None:
             topic = consumer.session.subscription.topic
         else:
-            raise _RefusedError(ConsumerNotFound, f"consumer id {request.consumer_id} is not open on this connection")
+            raise RefusedError(ConsumerNotFound, f"consumer id {request.consumer_id} is not open on this connection")
         if request.HasField("message_id"):
             position: int | None = self._seek_position(request.message_id, topic)
             publish_time = 0
         elif request.HasField("message_publish_time"):
             position, publish_time = None, min(request.message_publish_time * 1000, _LATEST)  # ms to µs
         else:
-            raise _RefusedError(MetadataError, "SEEK has neither a message id nor a publish time; expected one of them")
+            raise RefusedError(MetadataError, "SEEK has neither a message id nor a publish time; expected one of them")
         if reader is not None:
             self._spawn(self._seek_reader(request.request_id, reader, position, publish_time))
         elif consumer is not None:
@@ -1028,7 +812,7 @@ class PulsarConnection(ReadPausing):
         if message_id.ledgerId == _LATEST:
             return self._server.storage.last_position(topic) + 1
         if message_id.ledgerId != 0:
-            raise _RefusedError(
+            raise RefusedError(
                 UnknownError,
                 f"message id ({message_id.ledgerId}, {message_id.entryId}) is not one of this topic's: keyfailover's "
                 "message ids are ledger 0 and the message's log position",
@@ -1046,11 +830,12 @@ class PulsarConnection(ReadPausing):
     async def _seek_subscription(
         self, request_id: int, subscription: Subscription, position: int | None, publish_time: int
     ) -> None:
+        """Reset ``subscription`` to the seek's position, answering the SEEK with SUCCESS or ERROR."""
         try:
             start = await self._seek_start(subscription.topic, position, publish_time)
             await self._server.seek(subscription.topic, subscription.name, start)
         except KeyFailoverError as exc:
-            self._error(request_id, *_server_error(exc))
+            self._error(request_id, *server_error(exc))
             return
         self._success(request_id)
 
@@ -1062,7 +847,7 @@ class PulsarConnection(ReadPausing):
         try:
             start = await self._seek_start(reader.topic, position, publish_time)
         except KeyFailoverError as exc:
-            self._error(request_id, *_server_error(exc))
+            self._error(request_id, *server_error(exc))
             return
         if self._readers.get(reader.consumer_id) is not reader:  # closed or ended meanwhile
             self._error(request_id, ConsumerNotFound, f"consumer id {reader.consumer_id} was closed during the seek")
@@ -1084,7 +869,7 @@ class PulsarConnection(ReadPausing):
         elif consumer is not None:
             topic, acked = consumer.session.subscription.topic, consumer.session.subscription.cursor.mark_delete
         else:
-            raise _RefusedError(UnknownError, f"consumer id {request.consumer_id} is not open on this connection")
+            raise RefusedError(UnknownError, f"consumer id {request.consumer_id} is not open on this connection")
         partition = self._partition(topic)
         reply = _command(BaseCommand.GET_LAST_MESSAGE_ID_RESPONSE)
         answer = reply.getLastMessageIdResponse
@@ -1120,40 +905,32 @@ class PulsarConnection(ReadPausing):
 def _check_room(what: str, open_ids: Collection[int], new_id: int) -> None:
     """Refuse opening ``new_id`` when the connection has :data:`_MAX_OPEN` ``what`` open already."""
     if new_id not in open_ids and len(open_ids) >= _MAX_OPEN:
-        raise _RefusedError(
+        raise RefusedError(
             NotAllowedError, f"a connection may have {_MAX_OPEN} {what} open; close one, or use another connection"
         )
+
+
+def _check_type(request: CommandSubscribe, served: int, refusal: str) -> None:
+    """Refuse a SUBSCRIBE of another subscription type than ``served``: ``refusal`` says why, its ``{kind}``
+    the type asked for."""
+    if request.subType != served:
+        raise RefusedError(NotAllowedError, refusal.format(kind=CommandSubscribe.SubType.Name(request.subType)))
 
 
 def _check_subscribe(request: CommandSubscribe) -> list[tuple[int, int]] | None:
     """Refuse what keyfailover does not serve in a durable subscription (other types than Key_Shared);
     the hash ranges a STICKY consumer declares, None for AUTO_SPLIT."""
-    if request.subType != CommandSubscribe.Key_Shared:
-        kind = CommandSubscribe.SubType.Name(request.subType)
-        raise _RefusedError(
-            NotAllowedError,
-            f"subscription type {kind} is not served: keyfailover serves Key_Shared subscriptions "
-            "(consumer_type=ConsumerType.KeyShared)",
-        )
+    _check_type(
+        request,
+        CommandSubscribe.Key_Shared,
+        "subscription type {kind} is not served: keyfailover serves Key_Shared subscriptions "
+        "(consumer_type=ConsumerType.KeyShared)",
+    )
     if not request.HasField("keySharedMeta") or request.keySharedMeta.keySharedMode != KeySharedMode.STICKY:
         return None
     return [(hash_range.start, hash_range.end) for hash_range in request.keySharedMeta.hashRanges]
 
 
-def _server_error(exc: Exception) -> tuple[int, str]:
-    """The Pulsar ServerError and message that refuse a request, for the error that refused it."""
-    if isinstance(exc, _RefusedError):
-        return exc.error, exc.message
-    if isinstance(exc, TopicNameError):
-        return InvalidTopicName, str(exc)
-    if isinstance(exc, ProtocolError):
-        return _SERVER_ERRORS.get(exc.code, UnknownError), exc.message
-    if isinstance(exc, ConsumerError):  # a STICKY consumer's ranges: none, malformed, or another's
-        return ConsumerAssignError, str(exc)
-    if isinstance(exc, NotServedError):  # the partition moved away meanwhile: the client looks it up again
-        return ServiceNotReady, str(exc)
-    return UnknownError, str(exc)
-
-
 def _type_name(command: BaseCommand) -> str:
+    """The name of ``command``'s type, as the log and refusals say it."""
     return BaseCommand.Type.Name(command.type)

@@ -1,11 +1,14 @@
-"""The asyncio server: connections, sessions and heartbeats around the dispatcher core."""
+"""The asyncio server around the dispatcher core: its life cycle, and its registry of subscriptions and partitions.
+
+The native protocol's connection is :mod:`keyfailover.broker.server._native`, the Pulsar protocol's
+:mod:`keyfailover.broker.server._pulsar`; the admin endpoint's handlers are :mod:`keyfailover.broker.server._admin`.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import fcntl
-import hmac
 import itertools
 import logging
 import os
@@ -18,59 +21,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from keyfailover.broker.cursor import Cursor
-from keyfailover.broker.server._connection import ClientConnection, ReadPausing, TailWatcher, partial_since
-from keyfailover.broker.server._http import AdminServer, Handler, Response, json_response
-from keyfailover.broker.server._subscription import (
-    DeliverySettings,
-    OwnSettings,
-    Session,
-    Subscription,
-    SubscriptionConfig,
-)
+from keyfailover.broker.server._admin import AdminApi
+from keyfailover.broker.server._connection import ClientConnection, TailWatcher
+from keyfailover.broker.server._http import AdminServer, Handler
+from keyfailover.broker.server._native import NativeConnection
+from keyfailover.broker.server._subscription import OwnSettings, Subscription, SubscriptionConfig
 from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES
 from keyfailover.broker.storage._executor import SQLiteStore
-from keyfailover.broker.storage._store import NotServedError, Result, Store, TopicDirectory
-from keyfailover.broker.storage.records import DeadLetterRecord, dead_letter_topic
+from keyfailover.broker.storage._store import Store, TopicDirectory
+from keyfailover.broker.storage.records import dead_letter_topic
 from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, Log
 from keyfailover.core.dispatcher import check_consume_mode
-from keyfailover.core.errors import ConfigError, KeyFailoverError, RangeMapError
-from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
+from keyfailover.core.errors import ConfigError, KeyFailoverError
+from keyfailover.core.hashing import key_hash
 from keyfailover.core.partitions import partition_slots, partition_topic, split_partition_topic
-from keyfailover.core.ranges import Range, RangeMap
-from keyfailover.wire.properties import decode_properties
-from keyfailover.wire.protocol import (
-    DEFAULT_MAX_FRAME,
-    MAX_NAME_LENGTH,
-    OLDEST_PROTOCOL_VERSION,
-    PROTOCOL_VERSION,
-    Ack,
-    Close,
-    CloseConsumer,
-    Connect,
-    Connected,
-    ConsumerClosed,
-    Decoder,
-    Error,
-    ErrorCode,
-    Extend,
-    Flow,
-    Frame,
-    Key,
-    Lookup,
-    Messages,
-    Nack,
-    Ping,
-    Pong,
-    Produce,
-    ProtocolError,
-    Receipt,
-    Route,
-    Settled,
-    Subscribe,
-    Subscribed,
-    encode,
-    stream_transport,
-)
+from keyfailover.wire.protocol import DEFAULT_MAX_FRAME, MAX_NAME_LENGTH, ErrorCode, Key, ProtocolError
 
 if TYPE_CHECKING:
     from keyfailover.broker.server._cluster import BrokerRole
@@ -162,23 +127,12 @@ class Server:
         self._lock_file: TextIO | None = None
         self.protocol_errors: Counter[str] = Counter()  # error frames sent, by code
         self._admin_address: tuple[str, int] | None = None
-        self._settings_lock = asyncio.Lock()  # orders saving a subscription's settings with opening it
+        self.settings_lock = asyncio.Lock()
+        """Orders saving a subscription's settings with opening it."""
         self.closing = False
-        self._routes: dict[str, Handler] = {
-            "/healthz": self._healthz,
-            "/ranges": self._ranges,
-            "/stats": self._stats,
-            "/history": self._history,
-            "/dlq": self._dead_letters,
-            "/subscription-settings": self._subscription_settings,
-            "/topics": self._list_topics,
-        }
-        self._post_routes: dict[str, Handler] = {
-            "/dlq/replay": self._replay_dead_letters,
-            "/consume-mode": self._set_consume_mode,
-            "/subscription-settings": self._configure_subscription,
-            "/topics": self._create_topic,
-        }
+        api = AdminApi(self)
+        self._routes = api.routes
+        self._post_routes = api.post_routes
 
     def add_admin_route(self, path: str, handler: Handler) -> None:
         """Serve ``GET path`` on the admin endpoint (``--metrics-port``) too; call before :meth:`start`."""
@@ -199,6 +153,8 @@ class Server:
             raise
 
     async def _open(self) -> None:
+        """The body of :meth:`start`: open the log or the cluster's store, listen for native and Pulsar
+        clients, start the reaper and the admin endpoint, and join the cluster once listening."""
         if self.config.cluster is None:
             await self._open_log()
             # Every subscription with a saved cursor is live from the start, with no consumers, so
@@ -210,7 +166,7 @@ class Server:
         loop = asyncio.get_running_loop()
         host, port = self.config.host, self.config.port
         tls = self._tls()
-        self._server = await self._listen(lambda: _Connection(self), host, port, tls, "listen on")
+        self._server = await self._listen(lambda: NativeConnection(self), host, port, tls, "listen on")
         if self.config.pulsar_port is not None:
             from keyfailover.broker.server._pulsar import PulsarConnection
 
@@ -348,16 +304,27 @@ class Server:
 
     @property
     def storage(self) -> Store:
+        """The store of messages and cursors: the embedded log, or a cluster's shared store."""
         if self._storage is None:
             raise KeyFailoverError("the server is not started")
         return self._storage
 
     def subscriptions(self) -> dict[tuple[str, str], Subscription]:
+        """The live subscriptions by topic and name, a copy."""
         return dict(self._subscriptions)
 
     def opening(self, topic: str, name: str) -> bool:
         """Whether subscription ``name`` of ``topic`` is being opened or reset by a seek right now."""
         return (topic, name) in self._busy
+
+    async def own_settings(self, topic: str, name: str) -> OwnSettings:
+        """The delivery settings saved for the subscription (the log checked them as it saved them)."""
+        return await self.storage.load_delivery_settings(topic, name)
+
+    def live(self, topic: str, name: str) -> list[Subscription]:
+        """The live subscriptions of the partitions of ``topic`` named ``name`` on this broker."""
+        found = (self._subscriptions.get((served, name)) for served in self.partition_names(topic))
+        return [subscription for subscription in found if subscription is not None]
 
     @property
     def broker(self) -> BrokerRole | None:
@@ -370,6 +337,7 @@ class Server:
         return len(self._connections)
 
     async def wait_closed(self) -> None:
+        """Wait until :meth:`close` has finished."""
         await self._stopped.wait()
 
     async def close(self) -> None:
@@ -439,8 +407,8 @@ class Server:
             cursor = await self.storage.load_cursor(topic, name)
         saved = await self.storage.load_consume_mode(base, name)
         mode = self.config.subscription.consume_mode if saved is None else check_consume_mode(saved)
-        async with self._settings_lock:  # a change of its settings is saved before or applied after
-            own = await self._own_settings(base, name)
+        async with self.settings_lock:  # a change of its settings is saved before or applied after
+            own = await self.own_settings(base, name)
             subscription = Subscription(
                 topic,
                 name,
@@ -637,9 +605,11 @@ class Server:
         return start
 
     def next_session_id(self) -> int:
+        """A new consumer session id, never used before on this server."""
         return next(self._session_ids)
 
     def _committed(self, topic: str) -> None:
+        """Messages were committed to ``topic``: wake its subscriptions' pumps and tell its watchers."""
         for (sub_topic, _), subscription in self._subscriptions.items():
             if sub_topic == topic:
                 subscription.committed()
@@ -651,240 +621,18 @@ class Server:
         self._watchers.setdefault(served, set()).add(watcher)
 
     def unwatch(self, served: str, watcher: TailWatcher) -> None:
+        """Stop telling ``watcher`` of ``served``."""
         watchers = self._watchers.get(served)
         if watchers is not None:
             watchers.discard(watcher)
             if not watchers:
                 del self._watchers[served]
 
-    # -- admin endpoint ---------------------------------------------------------------
-
-    async def _history(self, query: dict[str, str]) -> Response:
-        """``/history?topic=T&subscription=S``: the recent range maps with their wall-clock times.
-
-        A partitioned subscription's maps are the union of its partitions' at each change of one
-        (only the ones that tile the slot space: every partition had consumers).
-        """
-        topic, name = query.get("topic", ""), query.get("subscription", "")
-        live = self._live(self.partition_of(topic)[0], name) if topic and name else []
-        if not live:
-            return json_response({"error": "give the topic and subscription of a live subscription"}, 404)
-        changes = sorted(
-            (at, index, epoch, ranges)
-            for index, subscription in enumerate(live)
-            for at, epoch, ranges in subscription.history()
-        )
-        now: dict[int, tuple[int, list[Range]]] = {}
-        history = []
-        for at, index, epoch, ranges in changes:
-            now[index] = (epoch, ranges)
-            union = _union_map(list(now.values())) if len(now) == len(live) else None
-            if union is not None:  # None: a partition without consumers, no whole map
-                history.append({"time": at, "snapshot": union})
-        return json_response({"topic": topic, "subscription": name, "history": history})
-
-    async def _dead_letters(self, query: dict[str, str]) -> Response:
-        """``/dlq?topic=T&subscription=S[&limit=N]``: the subscription's dead letters, oldest first."""
-        topic, name = query.get("topic"), query.get("subscription")
-        limit_text = query.get("limit", "1000")
-        if not topic or not name or not limit_text.isdigit():
-            return json_response({"error": "give topic and subscription (and a limit of digits, default 1000)"}, 400)
-        limit = int(limit_text)
-        records: list[tuple[int, DeadLetterRecord]] = []
-        partitions = self.partition_names(topic)  # a partitioned topic's partitions, else the topic itself
-        for served in partitions:
-            found = await self.storage.dead_letters(served, name, limit - len(records))
-            records += [(self.partition_of(served)[1], r) for r in found]
-        return json_response(
-            {
-                "topic": topic,
-                "subscription": name,
-                "dlq_topic": dead_letter_topic(topic, name) if len(partitions) == 1 else None,
-                "dead_letters": [
-                    {
-                        "partition": index,
-                        "dlq_position": r.dlq_position,
-                        "position": r.position,
-                        "key": r.key if not isinstance(r.key, bytes) else {"bytes": r.key.hex()},
-                        "payload_bytes": len(r.payload),
-                        "redelivery_count": r.redelivery_count,
-                        "reason": r.reason,
-                        "time": r.time,
-                        "replayed_at": r.replayed_at,
-                        "publish_time": r.publish_time,
-                        "properties": decode_properties(r.properties),
-                    }
-                    for index, r in records
-                ],
-            }
-        )
-
-    async def _set_consume_mode(self, query: dict[str, str]) -> Response:
-        """``POST /consume-mode?topic=T&subscription=S&mode=ordered|unordered``: switch live and save."""
-        topic, name, mode = query.get("topic"), query.get("subscription"), query.get("mode")
-        if not topic or not name or mode not in ("ordered", "unordered"):
-            return json_response({"error": "give topic, subscription and mode=ordered or mode=unordered"}, 400)
-        try:
-            topic, _, live = await self._settings_of(query)
-        except _RefusedError as refused:
-            return refused.response
-        before = live[0].dispatcher.consume_mode if live else None
-        await self.storage.save_consume_mode(topic, name, mode)
-        for subscription in live:
-            await subscription.set_consume_mode(mode)
-        return json_response({"topic": topic, "subscription": name, "consume_mode": mode, "was": before})
-
-    async def _own_settings(self, topic: str, name: str) -> OwnSettings:
-        """The delivery settings saved for the subscription (the log checked them as it saved them)."""
-        return await self.storage.load_delivery_settings(topic, name)
-
-    async def _settings_of(self, query: dict[str, str]) -> tuple[str, str, list[Subscription]]:
-        """The subscription ``query`` names (of a topic, or of the topic of a partition named) and its
-        live partitions (none when it is only stored); raises :class:`_RefusedError` if there is none."""
-        topic, name = query.get("topic"), query.get("subscription")
-        if not topic or not name:
-            raise _RefusedError(400, "give topic and subscription")
-        topic = self.partition_of(topic)[0]
-        live = self._live(topic, name)
-        if not live and not any([name in await self.storage.subscriptions(p) for p in self.partition_names(topic)]):
-            raise _RefusedError(404, f"no subscription {name!r} of topic {topic!r}")
-        return topic, name, live
-
-    def _live(self, topic: str, name: str) -> list[Subscription]:
-        """The live subscriptions of the partitions of ``topic`` named ``name`` on this broker."""
-        found = (self._subscriptions.get((served, name)) for served in self.partition_names(topic))
-        return [subscription for subscription in found if subscription is not None]
-
-    async def _subscription_settings(self, query: dict[str, str]) -> Response:
-        """``/subscription-settings?topic=T&subscription=S``: the delivery settings in force, and which are its own."""
-        try:
-            topic, name, live = await self._settings_of(query)
-        except _RefusedError as refused:
-            return refused.response
-        own = live[0].own_settings if live else await self._own_settings(topic, name)
-        settings = self.config.subscription.delivery.with_overrides(own).own_view()
-        return json_response(
-            {"topic": topic, "subscription": name, "settings": settings, "own": sorted(own), "live": bool(live)}
-        )
-
-    async def _configure_subscription(self, query: dict[str, str]) -> Response:
-        """``POST /subscription-settings?topic=T&subscription=S[&reset=1][&ack_timeout=SECONDS]...``.
-
-        Each of ack_timeout, max_redeliveries (``none``: never), nack_backoff, nack_backoff_max
-        and max_replay given becomes the subscription's own (``default``: the server's
-        again); ``reset=1`` drops every own setting first. Live and saved at once.
-        """
-        names = DeliverySettings.own_names()
-        unknown = sorted(set(query) - {"topic", "subscription", "reset", *names})
-        if unknown or query.get("reset", "1") != "1":
-            expected = f"expected settings of {list(names)} and reset=1"
-            return json_response({"error": f"unknown parameters {unknown} or reset not 1; {expected}"}, 400)
-        async with self._settings_lock:  # one change at a time, and none while the subscription opens
-            return await self._configure_locked(query)
-
-    async def _configure_locked(self, query: dict[str, str]) -> Response:
-        try:
-            topic, name, _ = await self._settings_of(query)
-        except _RefusedError as refused:
-            return refused.response
-        own: OwnSettings = {} if "reset" in query else dict(await self._own_settings(topic, name))
-        try:
-            for setting in DeliverySettings.own_names():
-                text = query.get(setting)
-                if text is None:
-                    continue
-                if text == "default":
-                    own.pop(setting, None)
-                else:
-                    own[setting] = _setting_value(setting, text)
-            settings = self.config.subscription.delivery.with_overrides(own).own_view()
-        except ConfigError as exc:
-            return json_response({"error": str(exc)}, 400)
-        await self.storage.save_delivery_settings(topic, name, own)
-        live = self._live(topic, name)  # looked up after the save: a partition may have opened meanwhile
-        for subscription in live:
-            subscription.configure(own)
-        return json_response(
-            {"topic": topic, "subscription": name, "settings": settings, "own": sorted(own), "live": bool(live)}
-        )
-
-    async def _replay_dead_letters(self, query: dict[str, str]) -> Response:
-        """``POST /dlq/replay?topic=T&subscription=S``: re-publish the dead letters not replayed yet to T."""
-        topic, name = query.get("topic"), query.get("subscription")
-        if not topic or not name:
-            return json_response({"error": "give topic and subscription"}, 400)
-        served = self.partition_names(topic)
-        positions: dict[str, list[int]] = {}
-        for partition in served:
-            if self.storage.serves(partition):
-                positions[partition] = [m.position for m in await self.storage.replay_dead_letters(partition, name)]
-        replayed = sum(map(len, positions.values()))
-        return json_response(
-            {
-                "topic": topic,
-                "subscription": name,
-                "replayed": replayed,
-                "positions": positions.get(topic, []) if len(served) == 1 else [],
-                "by_partition": positions,
-                "not_served_here": [p for p in served if p not in positions],
-            }
-        )
-
-    async def _list_topics(self, _query: dict[str, str]) -> Response:
-        """``/topics``: every topic created with partitions, and those this broker serves that hold messages."""
-        return json_response({"partitioned": self.partitions(), "served": self.storage.topics()})
-
-    async def _create_topic(self, query: dict[str, str]) -> Response:
-        """``POST /topics?topic=T&partitions=P``: create T with P partitions (a topic's count is fixed)."""
-        topic, text = query.get("topic"), query.get("partitions", "1")
-        if not topic or not text.isdigit():
-            return json_response({"error": "give topic and partitions (a number from 1 to 65536, default 1)"}, 400)
-        try:
-            created = await self.create_topic(topic, int(text))
-        except KeyFailoverError as exc:
-            return json_response({"error": str(exc)}, 409 if "exists" in str(exc) or "holds" in str(exc) else 400)
-        return json_response({"topic": topic, "partitions": int(text), "created": created})
-
-    async def _healthz(self, _query: dict[str, str]) -> Response:
-        return json_response({"status": "shutting down" if self.closing else "ok"}, 503 if self.closing else 200)
-
-    async def _ranges(self, query: dict[str, str]) -> Response:
-        """``/ranges``: every subscription's range map; with topic and subscription, that snapshot alone."""
-        topic, name = query.get("topic"), query.get("subscription")
-        if topic is None and name is None:
-            named = sorted({(s.settings_topic, s.name) for s in self._subscriptions.values()})
-            listing = [
-                {
-                    "topic": t,
-                    "subscription": n,
-                    "consume_mode": live[0].dispatcher.consume_mode,
-                    "partitions": self._partitions.get(t, 1),
-                    "ranges": _union_snapshot(live),
-                }
-                for t, n in named
-                if (live := self._live(t, n))
-            ]
-            return json_response({"subscriptions": listing})
-        if topic is None or name is None:
-            return json_response({"error": "give both topic and subscription, or neither"}, 400)
-        live = self._live(self.partition_of(topic)[0], name)
-        if not live:
-            return json_response({"error": f"no live subscription {name!r} of topic {topic!r}"}, 404)
-        return json_response(_union_snapshot(live))
-
-    async def _stats(self, _query: dict[str, str]) -> Response:
-        """``/stats``: per subscription, the dispatcher's per-consumer stats, cursor and backlog."""
-        return json_response(
-            {
-                "connections": len(self._connections),
-                "topics": {topic: self.storage.last_position(topic) for topic in self.storage.topics()},
-                "subscriptions": [s.describe() for _, s in sorted(self._subscriptions.items())],
-            }
-        )
-
     # -- liveness --------------------------------------------------------------------
 
     async def _reap_loop(self) -> None:
+        """Close connections that did not log in in time or trickle a frame too slowly; end the sessions of
+        connections silent for a session timeout, and close those silent for three."""
         config = self.config
         timeout = config.session_timeout
         while True:
@@ -914,6 +662,7 @@ class Server:
         return True
 
     def disconnected(self, connection: ClientConnection) -> None:
+        """Count ``connection`` out."""
         self._connections.discard(connection)
 
 
@@ -922,351 +671,6 @@ def _reason(exc: OSError) -> str:
     if exc.errno is not None and exc.errno > 0:
         return os.strerror(exc.errno).lower()
     return exc.strerror or str(exc)
-
-
-class _Connection(ReadPausing):
-    """One client connection: decodes frames, calls the subscriptions, writes replies."""
-
-    def __init__(self, server: Server) -> None:
-        self._server = server
-        config = server.config
-        self._decoder = Decoder(min(config.login_frame, config.max_frame), accept="server")
-        self._transport: asyncio.Transport | None = None
-        self.authenticated = False
-        self.version = PROTOCOL_VERSION
-        """The protocol version the client connected with (frames before ``connect`` are errors, the same in all)."""
-        self._sessions: dict[int, Session] = {}
-        self._refused: dict[tuple[str, str], int] = {}  # (topic, producer) -> first seq refused with not_owner
-        self._closed = False
-        self.opened = self.last_seen = time.monotonic()
-        self.partial_since: float | None = None  # when the frame still incomplete began to arrive
-        self.peer = "?"
-
-    # -- asyncio.Protocol ------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = stream = stream_transport(transport)
-        self.peer = str(transport.get_extra_info("peername"))
-        # Replies past the high-water mark pause reading from this client (pause_writing).
-        stream.set_write_buffer_limits(high=1024 * 1024)
-        if not self._server.connected(self):
-            self._violation(
-                ErrorCode.TOO_MANY_CONNECTIONS,
-                f"the server has its maximum of {self._server.config.max_connections} connections; try later",
-            )
-
-    def data_received(self, data: bytes) -> None:
-        self.last_seen = now = time.monotonic()
-        frames, error = self._decoder.feed_partial(data)
-        self.partial_since = partial_since(self.partial_since, self._decoder.buffered, bool(frames), now)
-        for frame in frames:
-            if self._closed:
-                return
-            try:
-                self._handle(frame)
-            except ProtocolError as exc:
-                if exc.fatal:
-                    self._violation(exc.code, exc.message)
-                    return
-                self.send(Error(code=exc.code, message=exc.message, req=getattr(frame, "req", None)))
-            except KeyFailoverError as exc:
-                self.send(Error(code=ErrorCode.INVALID_MESSAGE, message=str(exc), req=getattr(frame, "req", None)))
-            except Exception:
-                _log.exception("internal error handling %s from %s", type(frame).__name__, self.peer)
-                self._violation(ErrorCode.INTERNAL, "internal server error; the connection is closed")
-                return
-        if error is not None and not self._closed:
-            self._violation(error.code, error.message)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._closed = True
-        self.expire_sessions("closed", notify=False)
-        self._server.disconnected(self)
-
-    # -- sending ---------------------------------------------------------------------
-
-    def send(self, frame: Frame) -> None:
-        if type(frame) is Error:
-            self._server.protocol_errors[frame.code] += 1
-        elif type(frame) is ConsumerClosed:
-            # The server ended the session (seek, partition moved, superseded, shutdown): forget it,
-            # so it no longer holds its subscription (a seek replaces the subscription) in memory.
-            self._sessions.pop(frame.session, None)
-        transport = self._transport
-        if not self._closed and transport is not None:
-            transport.write(encode(frame, self.version))
-            # Deliveries are bounded by the consumer's permits and the subscription's max_replay;
-            # everything else is an answer the client asked for, and those may not pile up.
-            if type(frame) is not Messages and transport.get_write_buffer_size() > self._server.config.max_output:
-                _log.warning("closing %s: over %d bytes of replies unread", self.peer, self._server.config.max_output)
-                self._server.protocol_errors[ErrorCode.SLOW_CONNECTION] += 1
-                # Nothing more is written, and the buffer goes; the sessions end in
-                # connection_lost, on the next turn of the loop, not inside a caller that may be
-                # walking the subscription's sessions right now.
-                self._closed = True
-                transport.abort()
-
-    def close(self) -> None:
-        if self._transport is not None and not self._closed:
-            self._closed = True
-            self.expire_sessions("closed", notify=False)
-            self._transport.close()
-
-    def _violation(self, code: str, message: str) -> None:
-        self.send(Error(code=code, message=message, req=None))
-        self.close()
-
-    def refuse(self, code: ErrorCode, message: str) -> None:
-        """Close the connection with a fatal ``error`` saying why (a limit it broke)."""
-        _log.info("closing %s: %s", self.peer, message)
-        self._violation(code, message + "; the connection is closed")
-
-    @property
-    def closed(self) -> bool:
-        """Closed by this side (its transport may still be sending what it had)."""
-        return self._closed
-
-    def sessions_open(self) -> int:
-        """How many consumer sessions this connection has."""
-        return len(self._sessions)
-
-    def expire_sessions(self, reason: str, notify: bool = True) -> None:
-        for session in list(self._sessions.values()):
-            session.subscription.detach(session, reason, notify=notify)
-        self._sessions.clear()
-
-    # -- frames ----------------------------------------------------------------------
-
-    def _handle(self, frame: Frame) -> None:
-        if isinstance(frame, Connect):
-            self._connect(frame)
-            return
-        if not self.authenticated:
-            raise ProtocolError(ErrorCode.NOT_CONNECTED, f"expected a connect frame first, got {frame.type!r}")
-        if isinstance(frame, Ack | Nack | Extend | Flow):
-            self._consumer_frame(frame)
-        elif isinstance(frame, Produce):
-            self._produce(frame)
-        elif isinstance(frame, Subscribe):
-            asyncio.get_running_loop().create_task(self._subscribe(frame))
-        elif isinstance(frame, Lookup):
-            asyncio.get_running_loop().create_task(self._lookup(frame))
-        elif isinstance(frame, Ping):
-            self.send(Pong(nonce=frame.nonce))
-        elif isinstance(frame, CloseConsumer):
-            session = self._session_for(frame.topic, frame.subscription, frame.session)
-            self._sessions.pop(session.id, None)
-            session.subscription.detach(session, "closed", req=frame.req)
-        elif isinstance(frame, Close):
-            self.close()
-        else:
-            raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"frame type {frame.type!r} is not accepted by the server")
-
-    def _connect(self, frame: Connect) -> None:
-        if self.authenticated:
-            raise ProtocolError(ErrorCode.BAD_FIELD, "this connection already sent connect")
-        if not OLDEST_PROTOCOL_VERSION <= frame.version <= PROTOCOL_VERSION:
-            raise ProtocolError(
-                ErrorCode.VERSION_MISMATCH,
-                f"protocol version {frame.version} is not supported; expected {OLDEST_PROTOCOL_VERSION} to "
-                f"{PROTOCOL_VERSION}",
-            )
-        token = self._server.config.token
-        if token is not None and not hmac.compare_digest((frame.token or "").encode(), token.encode()):
-            raise ProtocolError(ErrorCode.UNAUTHORIZED, "wrong or missing token")
-        self.authenticated = True
-        self.version = self._decoder.version = frame.version  # an older client's frames lack what its version does
-        self._decoder.max_frame = self._server.config.max_frame
-        self.send(
-            Connected(
-                version=frame.version,
-                server="keyfailover",
-                max_frame=self._server.config.max_frame,
-                session_timeout=self._server.config.session_timeout,
-            )
-        )
-
-    def _produce(self, frame: Produce) -> None:
-        if self._server.closing:
-            raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the server is shutting down; nothing was stored")
-        self._check_resend(frame)
-        try:
-            self._server.check_produce(frame.topic, frame.messages)
-        except ProtocolError as exc:
-            if exc.code == ErrorCode.NOT_OWNER:
-                self._refuse_after(frame)
-            raise
-        future = self._server.storage.append(frame.topic, frame.producer, frame.messages, frame.properties)
-        req = frame.req
-
-        def answer(done: asyncio.Future[Result]) -> None:
-            exc = done.exception()
-            if exc is not None:
-                if isinstance(exc, NotServedError):
-                    code = ErrorCode.NOT_OWNER
-                    self._refuse_after(frame)
-                else:
-                    code = ErrorCode.INVALID_MESSAGE if isinstance(exc, KeyFailoverError) else ErrorCode.INTERNAL
-                self.send(Error(code=code, message=str(exc), req=req))
-                return
-            result = done.result()
-            self.send(Receipt(req=req, positions=[p for p, _ in result], duplicates=[dup for _, dup in result]))
-
-        future.add_done_callback(answer)
-
-    def _refuse_after(self, frame: Produce) -> None:
-        """A named producer's produce was refused with ``not_owner``: refuse its later ones on this
-        connection too, until it resends from the refused one. A later batch stored while an earlier
-        one waits for its resend would take its sequence ids out of order (and the resend would then
-        be dropped as a duplicate of ids never stored)."""
-        if frame.producer is not None and frame.messages and frame.messages[0][0] is not None:
-            self._refused.setdefault((frame.topic, frame.producer), frame.messages[0][0])
-
-    def _check_resend(self, frame: Produce) -> None:
-        """Refuse a produce that skips over a refused one of its producer (see :meth:`_refuse_after`)."""
-        if frame.producer is None or not self._refused:
-            return
-        key = (frame.topic, frame.producer)
-        refused = self._refused.get(key)
-        if refused is None:
-            return
-        first = frame.messages[0][0] if frame.messages else None
-        if first is not None and first <= refused:
-            del self._refused[key]  # the resend: from here on in order again
-            return
-        raise ProtocolError(
-            ErrorCode.NOT_OWNER,
-            f"an earlier produce of {frame.producer!r} to {frame.topic!r} (sequence id {refused}) was refused; "
-            "nothing was stored: resend from that one, in order, to the partition's broker",
-        )
-
-    async def _subscribe(self, frame: Subscribe) -> None:
-        try:
-            subscription = await self._server.open_subscription(frame.topic, frame.subscription)
-            if self._closed:
-                return
-            session = Session(self._server.next_session_id(), frame.consumer, subscription, self.send)
-            # Deliveries happen only in the subscription's pump task, so Subscribed, sent
-            # right after the attach, reaches the client before any message of the session.
-            subscription.attach(session, frame.receiver_queue, frame.secret)
-            self._sessions[session.id] = session
-            self.send(
-                Subscribed(
-                    req=frame.req,
-                    session=session.id,
-                    consumer=frame.consumer,
-                    ranges=session.ranges,
-                    secret=session.secret,
-                )
-            )
-        except ProtocolError as exc:
-            self.send(Error(code=exc.code, message=exc.message, req=frame.req))
-        except KeyFailoverError as exc:
-            self.send(Error(code=ErrorCode.INVALID_MESSAGE, message=str(exc), req=frame.req))
-
-    async def _lookup(self, frame: Lookup) -> None:
-        try:
-            brokers = await self._server.route(frame.topic)
-            self.send(Route(req=frame.req, topic=frame.topic, brokers=brokers))
-        except ProtocolError as exc:
-            self.send(Error(code=exc.code, message=exc.message, req=frame.req))
-        except KeyFailoverError as exc:
-            self.send(Error(code=ErrorCode.INVALID_MESSAGE, message=str(exc), req=frame.req))
-
-    def _session_for(self, topic: str, name: str, session_id: int) -> Session:
-        subscription = self._server.subscriptions().get((topic, name))
-        if subscription is None:
-            if self._server.opening(topic, name):
-                raise ProtocolError(
-                    ErrorCode.UNKNOWN_SESSION,
-                    f"session {session_id} of {topic!r}/{name!r} has ended: the subscription is being opened "
-                    "again (a seek); nothing was changed, its messages come again to the consumer's next session",
-                )
-            if not self._server.storage.serves(topic):
-                raise ProtocolError(
-                    ErrorCode.NOT_OWNER, f"this broker does not serve {topic!r} now; look the topic up again"
-                )
-            known = self._server.storage.last_position(topic) or any(
-                t == topic for t, _ in self._server.subscriptions()
-            )
-            if not known:
-                raise ProtocolError(ErrorCode.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
-            raise ProtocolError(ErrorCode.UNKNOWN_SUBSCRIPTION, f"subscription {name!r} of {topic!r} does not exist")
-        session = self._sessions.get(session_id)
-        if (
-            session is None
-            or session.subscription is not subscription
-            or subscription.current(session.consumer, session_id) is None
-        ):
-            raise ProtocolError(
-                ErrorCode.UNKNOWN_SESSION,
-                f"session {session_id} is not a live session of {topic!r}/{name!r} on this connection "
-                "(closed, timed out or superseded); nothing was changed",
-            )
-        return session
-
-    def _consumer_frame(self, frame: Ack | Nack | Extend | Flow) -> None:
-        session = self._session_for(frame.topic, frame.subscription, frame.session)
-        subscription = session.subscription
-        if isinstance(frame, Flow):
-            subscription.flow(session, frame.permits)
-            return
-        if subscription.paused():
-            raise ProtocolError(
-                ErrorCode.NOT_IN_FLIGHT,
-                f"{frame.type} of {len(frame.positions)} position(s) rejected: this broker paused "
-                f"{subscription.topic!r} (its lease lapsed: no answer from ZooKeeper); nothing was taken, "
-                "the messages come again",
-            )
-        if isinstance(frame, Ack):
-            rejected = subscription.ack(session, frame.positions)
-        elif isinstance(frame, Nack):
-            rejected = subscription.nack(session, frame.positions)
-        else:
-            rejected = subscription.extend(session, frame.positions)
-        if rejected:
-            late = [p for p in rejected if subscription.dispatcher.lease_expired(session.consumer, p)]
-            shown = ", ".join(str(p) for p in rejected[:10]) + (" ..." if len(rejected) > 10 else "")
-            if late:
-                raise ProtocolError(
-                    ErrorCode.LEASE_EXPIRED,
-                    f"{frame.type} of position(s) {shown} rejected on session {session.id}: "
-                    f"{len(late)} of them were taken back when their lease expired (ack_timeout "
-                    f"{subscription.dispatcher.ack_timeout:g} s) and are delivered again; "
-                    "the others were accepted",
-                )
-            raise ProtocolError(
-                ErrorCode.NOT_IN_FLIGHT,
-                f"{frame.type} of position(s) {shown} rejected: not in flight on session {session.id}",
-            )
-        if frame.req is not None:
-            self.send(Settled(req=frame.req))
-
-
-def _union_snapshot(live: list[Subscription]) -> dict[str, Any]:
-    """One range map snapshot of a subscription over all its partitions (their maps side by side).
-
-    When every partition has consumers their ranges tile the slot space; a partition without
-    any leaves its block out (the map does not tile then).
-    """
-    parts = [(subscription.dispatcher.epoch, subscription.dispatcher.ranges()) for subscription in live]
-    union = _union_map(parts)
-    if union is not None:
-        return union
-    snapshot = RangeMap(HASH_RANGE_SIZE, sum(epoch for epoch, _ in parts)).snapshot()
-    ranges = sorted(r for _, held in parts for r in held)
-    snapshot["ranges"] = [{"start": start, "end": end, "consumer": consumer} for start, end, consumer in ranges]
-    return snapshot
-
-
-def _union_map(parts: list[tuple[int, list[Range]]]) -> dict[str, Any] | None:
-    """The snapshot of the map that partitions' ``(epoch, ranges)`` make side by side (its epoch their
-    sum), or None when they do not tile the slot space."""
-    ranges = sorted(r for _, held in parts for r in held)
-    try:
-        return RangeMap.from_ranges(ranges, HASH_RANGE_SIZE, sum(epoch for epoch, _ in parts)).snapshot()
-    except RangeMapError:
-        return None
 
 
 def _check_keys(topic: str, messages: list[tuple[int | None, Key, bytes]], first: int, last: int) -> None:
@@ -1278,27 +682,3 @@ def _check_keys(topic: str, messages: list[tuple[int | None, Key, bytes]], first
                 f"message {index}'s key {key!r:.60} hashes to slot {key_hash(key)}, outside {topic!r}'s "
                 f"slots {first} to {last}; nothing was stored (route each key to the partition of its slot)",
             )
-
-
-def _setting_value(setting: str, text: str) -> float | int | None:
-    """A delivery setting's value from an admin query, read as its field of :class:`DeliverySettings` is typed:
-    digits for an int, a number for a float, ``none`` for a setting that may be None. Its range is checked
-    by :meth:`DeliverySettings.with_overrides`."""
-    number, optional = DeliverySettings.value_type(setting)
-    if optional and text == "none":
-        return None
-    if number is int and text.isdigit():
-        return int(text)
-    if number is float:
-        with contextlib.suppress(ValueError):
-            return float(text)
-    what = DeliverySettings.metadata(setting)["what"]
-    raise ConfigError(f"{setting} must be {what}{', none' if optional else ''} or default, not {text!r}")
-
-
-class _RefusedError(Exception):
-    """An admin request that names nothing to act on: its error response."""
-
-    def __init__(self, status: int, error: str) -> None:
-        super().__init__(error)
-        self.response = json_response({"error": error}, status)

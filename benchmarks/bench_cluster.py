@@ -61,11 +61,10 @@ from typing import Any
 
 import asyncpg
 from _common import format_count, print_goals, print_table
-from bench_e2e import (
+from _e2e_traffic import (
     CONSUMERS,
     KEYS,
     PAYLOAD_BYTES,
-    REDIS_ALWAYS,
     TOPIC,
     WINDOW,
     Delivery,
@@ -78,6 +77,7 @@ from bench_e2e import (
     redis_server,
     run_processes,
 )
+from bench_e2e import REDIS_ALWAYS
 
 from keyfailover.broker.cluster import cluster_status, connect
 from keyfailover.client import Client

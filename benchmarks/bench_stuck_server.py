@@ -39,12 +39,13 @@ from urllib.request import urlopen
 
 import numpy as np
 from _common import format_count, print_goals, print_table
-from bench_e2e import (
+from _e2e_traffic import (
     BATCH,
     HEADER,
     KEYS,
     POLL_SECONDS,
     RECEIVER_QUEUE,
+    TOPIC,
     end_processes,
     key_names,
     keyfailover_server,
@@ -53,7 +54,6 @@ from bench_e2e import (
 
 from keyfailover import key_hash
 
-TOPIC = "bench-e2e"  # what bench_e2e's producer sends to
 SUBSCRIPTION = "bench"
 QUIET = 3.0
 START_TIMEOUT = 60.0

@@ -10,7 +10,7 @@ import pytest
 from keyfailover import DeliverySettings, Dispatcher
 from keyfailover.broker.server._admin import _setting_value
 from keyfailover.broker.server._subscription import SubscriptionConfig
-from keyfailover.broker.storage.sqlite import DELIVERY_SETTINGS
+from keyfailover.broker.storage.records import DELIVERY_SETTINGS
 from keyfailover.core.errors import ConfigError
 from keyfailover.tools.cli import _parser
 
@@ -52,9 +52,15 @@ def test_overrides_apply_over_the_settings_and_refuse_what_a_subscription_may_no
         server.with_overrides({"nack_backoff": 90.0})
 
 
-def test_the_settings_a_subscription_may_have_are_those_the_log_stores() -> None:
-    assert set(DeliverySettings.own_names()) == set(DELIVERY_SETTINGS)
-    assert set(DeliverySettings().own_view()) == set(DELIVERY_SETTINGS)
+def test_the_settings_a_subscription_may_have_are_those_the_log_stores_and_the_admin_shows() -> None:
+    assert set(DELIVERY_SETTINGS) == {
+        "ack_timeout",
+        "max_redeliveries",
+        "nack_backoff",
+        "nack_backoff_max",
+        "max_replay",
+    }
+    assert list(DeliverySettings().own_view()) == list(DELIVERY_SETTINGS)
 
 
 def test_admin_values_are_read_as_each_field_is_typed() -> None:

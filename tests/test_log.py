@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.storage import _executor as executor_module
-from keyfailover.broker.storage import _sqlite_entries as sqlite_module
+from keyfailover.broker.storage import _sqlite_entries as entries_module
 from keyfailover.broker.storage._executor import SQLiteStore
 from keyfailover.broker.storage.records import Key, StoredMessage, publish_clock
 from keyfailover.broker.storage.sqlite import MAX_POSITION, SCHEMA_VERSION, Log, LogSnapshot
@@ -1059,7 +1059,7 @@ def _entries(path: Path) -> list[tuple[int, int]]:
 
 
 def test_a_large_batch_is_stored_in_entries_of_at_most_entry_messages(tmp_path: Path) -> None:
-    most = sqlite_module._ENTRY_MESSAGES
+    most = entries_module._ENTRY_MESSAGES
     assert 256 <= most < 1000
     with Log(tmp_path / "log.db") as log:
         log.append([("t", "p", [(seq, f"k{seq}", b"%d" % seq) for seq in range(2500)])], publish_time=9)
@@ -1096,7 +1096,7 @@ def test_large_payloads_cut_entries_at_a_mebibyte_and_a_larger_one_has_its_own(t
 def test_reads_cross_entry_boundaries_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With entries of three messages, every read of every start and limit, and every set of single positions,
     gives what a row per message would."""
-    monkeypatch.setattr(sqlite_module, "_ENTRY_MESSAGES", 3)
+    monkeypatch.setattr(entries_module, "_ENTRY_MESSAGES", 3)
     with Log(tmp_path / "log.db") as log:
         for size in (1, 5, 2, 7, 3):
             last = log.last_position("t")
@@ -1141,8 +1141,8 @@ def test_a_migration_inserts_as_it_goes_and_cuts_entries_by_size(
 ) -> None:
     """The rewrite into entries holds about _MIGRATE_BYTES of them at a time, whatever the log's size, and
     cuts a producer's run of large messages into entries of at most _ENTRY_BYTES of payload, as appends do."""
-    monkeypatch.setattr(sqlite_module, "_ENTRY_BYTES", 20_000)
-    monkeypatch.setattr(sqlite_module, "_MIGRATE_BYTES", 50_000)
+    monkeypatch.setattr(entries_module, "_ENTRY_BYTES", 20_000)
+    monkeypatch.setattr(entries_module, "_MIGRATE_BYTES", 50_000)
     path = tmp_path / "log.db"
     payloads = [os.urandom(3000) for _ in range(60)]
     with Log(path) as log:
@@ -1152,13 +1152,13 @@ def test_a_migration_inserts_as_it_goes_and_cuts_entries_by_size(
         before = {topic: log.read(topic, 0, 100) for topic in log.topics()}
     as_version_6(path)
     inserted: list[int] = []
-    insert = sqlite_module._insert_entries
+    insert = entries_module._insert_entries
 
     def counting(db: sqlite3.Connection, entries: list[Any]) -> None:
         inserted.append(sum(len(entry[-1]) for entry in entries))
         insert(db, entries)
 
-    monkeypatch.setattr(sqlite_module, "_insert_entries", counting)
+    monkeypatch.setattr(entries_module, "_insert_entries", counting)
     with Log(path) as log:
         assert {topic: log.read(topic, 0, 100) for topic in log.topics()} == before
     assert [count for _, count in _entries(path)] == [*[6] * 10, 1]  # 6 x 3000 bytes <= 20,000; then topic u
@@ -1225,7 +1225,7 @@ def test_a_version_6_log_is_rewritten_into_entries_and_keeps_everything(tmp_path
     with Log(path) as log:
         assert {topic: log.read(topic, 0, 10_000) for topic in log.topics()} == before
         # runs of one producer with increasing sequence ids make an entry each, of at most _ENTRY_MESSAGES
-        most = sqlite_module._ENTRY_MESSAGES
+        most = entries_module._ENTRY_MESSAGES
         q = [*[most] * (1500 // most), 1500 % most]
         assert [count for last, count in _entries(path) if last <= 1506] == [3, 2, *q, 1, 1, 2]
         assert log.append([("t", "p", [(3, "a", b"3"), (5, "f", b"5")]), ("t", "q", [(1499, "c", b"c1499")])]) == [

@@ -13,6 +13,8 @@ import time
 from collections.abc import Sequence
 from typing import NamedTuple, TypedDict
 
+from keyfailover.core.dispatcher import DeliverySettings
+
 __all__ = [
     "DEAD_LETTER_SUFFIX",
     "DELIVERY_SETTINGS",
@@ -46,8 +48,8 @@ ExportRow = tuple[int, Key, bytes, str | None, int | None, int | None, bytes | N
 """``(position, key, payload, producer name or None, sequence id or None, publish time or None, encoded
 properties or None)``: one stored message."""
 
-DELIVERY_SETTINGS = ("ack_timeout", "max_redeliveries", "nack_backoff", "nack_backoff_max", "max_replay")
-"""The settings a subscription may have of its own (the rest come from the server's)."""
+DELIVERY_SETTINGS = DeliverySettings.own_names()
+"""The settings a subscription may have of its own, the log stores and checks: the rest are the server's."""
 
 DEAD_LETTER_SUFFIX = "-DLQ"
 """The suffix of a subscription's dead-letter topic: :func:`dead_letter_topic`."""

@@ -124,6 +124,7 @@ class Cursor:
             self._ack(position)
 
     def _ack(self, position: int) -> None:
+        """Mark one ``position`` acked: advance the mark-delete position through acked ranges, or add it to a range."""
         mark_delete = self._mark_delete
         if position <= mark_delete:
             return
@@ -242,6 +243,7 @@ class Cursor:
 
     @classmethod
     def _of(cls, mark_delete: int, starts: array[int], ends: array[int]) -> Cursor:
+        """A cursor made from its parts, unchecked: ``mark_delete`` and the acked ranges beyond it."""
         cursor = cls.__new__(cls)
         cursor._mark_delete = mark_delete
         cursor._starts = starts
@@ -250,10 +252,12 @@ class Cursor:
         return cursor
 
     def _ranges(self) -> Iterator[tuple[int, int]]:
+        """The live acked ranges beyond the mark-delete position, as inclusive pairs."""
         head = self._head
         return zip(self._starts[head:], self._ends[head:], strict=True)
 
     def _drop_head(self) -> None:
+        """Drop the first acked range, compacting the arrays once at least half of them is dropped."""
         head = self._head + 1
         if head * 2 >= len(self._starts):  # at least half are dead: compact, O(1) amortised per range
             del self._starts[:head], self._ends[:head]
@@ -262,6 +266,7 @@ class Cursor:
 
 
 def _gaps(first: int, last: int, starts: array[int], ends: array[int]) -> Iterator[int]:
+    """The positions from ``first`` to ``last`` that no acked range holds, in order."""
     position = first
     for start, end in zip(starts, ends, strict=True):
         if end < position:

@@ -157,6 +157,7 @@ def _topics(zk: Any, root: str, watch: Callable[[Any], None] | None = None) -> d
 
 
 def _topic_node(root: str, topic: str) -> str:
+    """The znode of ``topic`` under the cluster ``root``: its partition count, the name quoted."""
     return f"{root}/topics/{quote(topic, safe='')}"
 
 
@@ -480,6 +481,8 @@ class ClusterMember:
     # -- the worker ------------------------------------------------------------------
 
     def _work(self) -> None:
+        """The worker thread: carry out each queued event in order (elect, rebalance, assignment, barrier, lost)
+        until stopped."""
         from kazoo.exceptions import KazooException
 
         handlers: dict[str, Callable[[], None]] = {
@@ -577,6 +580,7 @@ class ClusterMember:
         self._events.put("assignment")
 
     def _on_release_all(self) -> None:
+        """Stop serving every partition this broker holds, as when it leaves or loses its session."""
         for partition in sorted(self._owned):
             self._on_released(partition)
         with self._lock:
@@ -603,6 +607,7 @@ class ClusterMember:
     # -- election --------------------------------------------------------------------
 
     def _elect(self) -> None:
+        """Become the coordinator when this broker's node is the oldest; else watch the node just before it."""
         members = sorted(self._zk.get_children(f"{self.root}/brokers", watch=self._wake["rebalance"]))
         if self._node not in members:
             return  # our session was lost: the listener re-registers us
@@ -616,6 +621,8 @@ class ClusterMember:
             self._events.put("elect")
 
     def _become_coordinator(self) -> None:
+        """Take the next coordinator epoch with a conditional write, then rebalance under it; look again if beaten to
+        it."""
         from kazoo.exceptions import BadVersionError
 
         data, stat = self._zk.get(f"{self.root}/epoch")
@@ -636,6 +643,8 @@ class ClusterMember:
     # -- the coordinator's assignment ------------------------------------------------
 
     def _rebalance(self) -> None:
+        """As coordinator, write a new assignment of every partition to the live brokers, at most once a rebalance
+        interval."""
         if not self._coordinating:
             return
         wait = self._last_rebalance + self.min_rebalance_interval - time.monotonic()
@@ -683,6 +692,7 @@ class ClusterMember:
         return False
 
     def _step_down(self, epoch: int) -> None:
+        """A newer coordinator epoch was seen: stop coordinating and elect again."""
         _log.warning("broker %s steps down: epoch %d is newer than its %d", self.broker_id, epoch, self._epoch)
         with self._lock:
             self._coordinating = False
@@ -691,6 +701,8 @@ class ClusterMember:
     # -- every broker: apply the assignment ------------------------------------------
 
     def _apply(self) -> None:
+        """Apply the newest assignment: release the partitions no longer ours, then wait for the barriers of the new
+        ones."""
         data, _ = self._zk.get(f"{self.root}/assignment", watch=self._wake["assignment"])
         epoch, assignment = _parse_assignment(data)
         if self._coordinating and epoch < self._epoch:
@@ -714,6 +726,7 @@ class ClusterMember:
         self._acquire_waiting()
 
     def _release(self, partitions: set[PartitionId]) -> None:
+        """Stop serving ``partitions`` and delete their barrier znodes, so their new owners may open them."""
         from kazoo.exceptions import NoNodeError
 
         for partition in sorted(partitions):
@@ -724,6 +737,7 @@ class ClusterMember:
                 self._zk.delete(self._barrier(partition))
 
     def _acquire_waiting(self) -> None:
+        """Take the barrier of each partition assigned here whose previous owner released it; open it once taken."""
         from kazoo.exceptions import NodeExistsError, NoNodeError
 
         for partition in sorted(self._waiting):
@@ -768,16 +782,19 @@ class ClusterMember:
             self._assigned_at.pop(partition, None)
 
     def _barrier(self, partition: PartitionId) -> str:
+        """The barrier znode of ``partition``: held by the broker that serves it, ephemeral in its session."""
         topic, index = partition
         return f"{self.root}/barriers/{quote(topic, safe='')}-{index}"
 
 
 def _assignment_bytes(epoch: int, assignment: Assignment) -> bytes:
+    """The assignment znode's content: JSON of the coordinator ``epoch``, the generation and each partition's owner."""
     owners = [[topic, index, broker] for (topic, index), broker in sorted(assignment.owners.items())]
     return json.dumps({"epoch": epoch, "generation": assignment.generation, "owners": owners}).encode()
 
 
 def _parse_assignment(data: bytes) -> tuple[int, Assignment]:
+    """The epoch and assignment of an assignment znode's content; epoch 0 and an empty generation 0 when empty."""
     if not data:
         return 0, Assignment(0)
     found = json.loads(data)

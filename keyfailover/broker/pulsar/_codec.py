@@ -222,6 +222,8 @@ class PulsarDecoder:
         return frames, self._error
 
     def _feed(self, data: bytes, frames: list[PulsarFrame | SendFrame]) -> None:
+        """Append ``data`` to the buffer and decode every whole frame in it into ``frames``; a partial frame stays
+        buffered."""
         buffer = self._buffer
         buffer += data
         offset = 0

@@ -231,6 +231,8 @@ class _Change:
         self.drained_at: float | None = None
 
     def public(self) -> RebalanceEvent:
+        """The event as the public history shows it, with the seconds its moved keys took to drain: None while some
+        still drain."""
         seconds = None if self.drained_at is None else max(self.drained_at - self.event.time, 0.0)
         return replace(self.event, drain_seconds=seconds)
 
@@ -364,6 +366,7 @@ def _key_of(message: _Message) -> Key:
 
 
 def _wrong_partition(key: Key, slot: int, first: int, size: int) -> WrongPartitionError:
+    """The error for ``key``, whose ``slot`` is outside this dispatcher's block of ``size`` slots from ``first``."""
     return WrongPartitionError(
         f"key {key!r} hashes to slot {slot}, outside this dispatcher's slots [{first}, {first + size - 1}]; "
         "expected a key of its partition"
@@ -784,6 +787,8 @@ class Dispatcher:
         return len(made)
 
     def _check_room(self) -> None:
+        """Refuse a publish or restore while the dispatcher holds ``max_replay`` messages: G4's bound on what it
+        holds."""
         if self._held >= self._max_replay:
             raise BufferFullError(
                 f"the dispatcher holds {self._held} unacked messages, its max_replay bound; "
@@ -878,6 +883,8 @@ class Dispatcher:
         return not owner.permits or (state is not None and bool(state.draining or state.loose or state.backoff))
 
     def _park(self, message: _Message) -> None:
+        """Let ``message`` go: its slot is parked, and the message is read again from the log when the slot is re-
+        read."""
         self._held -= 1
         self._parked.setdefault(message.slot, message.position)
         self._parked_total += 1
@@ -1116,6 +1123,8 @@ class Dispatcher:
         return confirmed, rejected
 
     def _ack(self, consumer: _Consumer, position: int) -> bool:
+        """Acknowledge ``consumer``'s delivery at ``position``; False when it is not in flight there, a wrong type
+        included."""
         message = consumer.inflight.pop(position, None) if type(position) is int else None
         if message is None:
             return False
@@ -1190,6 +1199,8 @@ class Dispatcher:
         return self._ranges_of(cid)
 
     def _ranges_of(self, cid: str) -> list[tuple[int, int]]:
+        """The inclusive slot ranges consumer ``cid`` owns, in this dispatcher's slot numbers: its block's offset
+        added."""
         offset = self._first
         if not offset:
             return self._map.ranges_of(cid)
@@ -1229,6 +1240,7 @@ class Dispatcher:
         self._policy = self._make_policy(policy)
 
     def _make_policy(self, name: str) -> Policy:
+        """The rebalance policy called ``name``, built from this dispatcher's settings: multi, contiguous or sticky."""
         threshold = 1.1 if self._shift_threshold is None else float(self._shift_threshold)
         if name == MultiRangePolicy.name:
             return MultiRangePolicy(self._max_ranges, threshold, self._shift_min_traffic)
@@ -1568,6 +1580,8 @@ class Dispatcher:
     # -- internals: routing ----------------------------------------------------------
 
     def _deliver(self, consumer: _Consumer, message: _Message, out: list[Delivery]) -> None:
+        """Give ``message`` to ``consumer``: one permit spent, in flight on it with a lease when leases are on, and
+        out."""
         consumer.permits -= 1
         consumer.delivered += 1
         consumer.inflight[message.position] = message
@@ -1593,6 +1607,7 @@ class Dispatcher:
         consumer.permits = 0
 
     def _serve_ready(self, out: list[Delivery]) -> None:
+        """Deliver the heads of the keys waiting on each woken consumer, oldest position first, while it has permits."""
         keys = self._keys
         deliver = self._deliver
         heappop, heappush = heapq.heappop, heapq.heappush
@@ -1679,6 +1694,7 @@ class Dispatcher:
         self._serve_keyless(out)
 
     def _next_with_permits(self) -> _Consumer | None:
+        """The next consumer in round-robin order that has permits and is not stuck, its turn taken; None if none."""
         consumers = self._round_robin
         count = len(consumers)
         for step in range(count):
@@ -1689,6 +1705,7 @@ class Dispatcher:
         return None
 
     def _route_fresh(self, out: list[Delivery]) -> None:
+        """Route messages published since the last poll: to their key's owner at once when nothing of the key waits."""
         keys = self._keys
         heads = self._slot_keys
         ends, owners = self._ends, self._owners
@@ -1766,6 +1783,7 @@ class Dispatcher:
             self._unowned.add(state.slot)
 
     def _compact(self, consumer: _Consumer) -> None:
+        """Drop ``consumer``'s ready entries that no longer point at a key's head queued on it."""
         keys = self._keys
         live = []
         for position, kb in consumer.ready:
@@ -1808,6 +1826,7 @@ class Dispatcher:
         return found
 
     def _owner_of_slot(self, slot: int) -> _Consumer | None:
+        """The consumer owning ``slot`` in the current map; None while there are no consumers."""
         owners = self._owners
         return owners[bisect.bisect_left(self._ends, slot)] if owners else None
 
@@ -1953,6 +1972,7 @@ class Dispatcher:
     # -- internals: leases -----------------------------------------------------------
 
     def _schedule(self, consumer: _Consumer, deadline: float) -> None:
+        """Put ``consumer``'s lease check due at ``deadline`` on the lease heap."""
         self._lease_seq += 1
         heapq.heappush(self._leases, (deadline, self._lease_seq, consumer))
         consumer.lease_due = True
@@ -2158,6 +2178,8 @@ class Dispatcher:
         return entries > 64 and entries > 4 * len(self._keys)
 
     def _reroute(self, state: _KeyState) -> None:
+        """After the map changed, move ``state``'s key to its slot's owner: drain it off its old holder, or queue it
+        anew."""
         owner = self._owner_of_slot(state.slot)
         if state.inflight:
             if state.holder is not owner:
@@ -2178,6 +2200,7 @@ class Dispatcher:
         reason: str,
         consumer: str | None,
     ) -> None:
+        """Record a change of the range map from ``old`` to ``new`` in the history and the counters."""
         traffic = self._meter.traffic
         moved_count = sum(last - first + 1 for first, last, _, _ in moved)
         total = float(traffic.sum())
@@ -2263,6 +2286,7 @@ class Dispatcher:
             self._backlog_seen = {}
 
     def _maybe_shift(self, now: float) -> None:
+        """Sample the load and let the policy move ranges off an overloaded consumer, when its plan moves any."""
         self._sample(now)
         self._last_shift = now
         planned = self._policy.shift(self._map, self._load())
@@ -2290,6 +2314,7 @@ class Dispatcher:
         return now
 
     def _load(self) -> Load:
+        """The load the policies weigh: each consumer's dispatch rate and each slot's traffic."""
         return Load(self._meter.rates, self._meter.traffic)
 
     def _progressing(self, consumer: _Consumer, now: float) -> bool:
@@ -2432,6 +2457,7 @@ class Dispatcher:
             assert self._map.ranges_of(cid) == joined, f"{cid}: owns {self._map.ranges_of(cid)}, declared {joined}"
 
     def _consumer(self, cid: str) -> _Consumer:
+        """The connected consumer ``cid``; raises :class:`UnknownConsumerError` naming the known ones when it is not."""
         try:
             consumer = self._consumers.get(cid)
         except TypeError:  # unhashable
@@ -2444,6 +2470,7 @@ class Dispatcher:
         return consumer
 
     def _not_in_flight(self, cid: str, position: object, verb: str) -> str:
+        """Why ``cid`` cannot ``verb`` ``position``: not an int, or not in flight on it."""
         if type(position) is not int:
             return f"cannot {verb} position {position!r} on {cid!r}: expected an int position in flight"
         return f"cannot {verb} position {position} on {cid!r}: it is not in flight on that consumer"

@@ -83,6 +83,7 @@ class BrokerRole:
 
     @property
     def member(self) -> ClusterMember:
+        """This broker's cluster member; raises :class:`ConfigError` before the broker has joined."""
         if self._member is None:
             raise ConfigError("the broker has not joined its cluster yet")
         return self._member
@@ -161,6 +162,8 @@ class BrokerRole:
             self.acquire_seconds.observe(time.monotonic() - started)
 
     async def _open(self, topic: str, count: int, served: str) -> None:
+        """Serve partition ``served`` of ``topic``, one of ``count``: take it in the store, bumping its owner epoch,
+        then open it."""
         self._server.learn_partitions(topic, count)
         await self.store.acquire(served)
         await self._server.open_served(served)
@@ -178,6 +181,7 @@ class BrokerRole:
         asyncio.get_running_loop().create_task(self._server.close_served(served, "moved"))
 
     async def _close(self, served: str) -> None:
+        """Stop serving ``served``: close its subscriptions, then release it in the store."""
         await self._server.close_served(served, "moved")
         self.store.release(served)
 
@@ -198,14 +202,17 @@ class BrokerRole:
     # -- what the server asks ------------------------------------------------------------
 
     def _locate(self, served: str) -> tuple[str, int]:
+        """The topic and index of the partition served as ``served``."""
         topic, index, _ = self._server.partition_of(served)
         return topic, index
 
     async def partition_counts(self) -> dict[str, int]:
+        """Each topic of the cluster and its partition count, as ZooKeeper holds them."""
         counts: dict[str, int] = await self._in_executor(self.member.topics)
         return counts
 
     async def create_partitioned_topic(self, topic: str, partitions: int) -> bool:
+        """Create ``topic`` with ``partitions`` partitions in the cluster; False when it already existed."""
         created: bool = await self._in_executor(lambda: self.member.create_topic(topic, partitions))
         self._server.learn_partitions(topic, partitions)
         return created
@@ -226,4 +233,5 @@ class BrokerRole:
         return [addresses.get(owners.get((topic, index), "")) for index in range(count)]
 
     async def _in_executor(self, call: Callable[[], Any]) -> Any:
+        """Run the blocking ZooKeeper ``call`` on a worker thread, off the event loop."""
         return await asyncio.get_running_loop().run_in_executor(None, call)

@@ -212,7 +212,7 @@ class BrokerRole:
         return counts
 
     async def create_partitioned_topic(self, topic: str, partitions: int) -> bool:
-        """Create ``topic`` with ``partitions`` partitions in the cluster; False when it already existed."""
+        """Create ``topic`` with ``partitions`` partitions in the cluster; False when it exists with as many already."""
         created: bool = await self._in_executor(lambda: self.member.create_topic(topic, partitions))
         self._server.learn_partitions(topic, partitions)
         return created

@@ -39,6 +39,7 @@ def stored_payloads(data: Path, topic: str) -> list[bytes]:
         return [message.payload for message in log.read(topic, 0, 10_000)]
 
 
+@pytest.mark.integration
 def test_a_reconnect_resends_unconfirmed_batches_before_newer_ones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -88,6 +89,7 @@ def test_a_reconnect_resends_unconfirmed_batches_before_newer_ones(
     assert stored_payloads(data, "t") == [b"warm-up", b"A", b"B"]
 
 
+@pytest.mark.integration
 def test_a_nack_of_a_message_from_an_ended_session_drops_nothing_of_the_new_one(tmp_path: Path) -> None:
     data = tmp_path / "data"
     server = ServerProcess(data).start()
@@ -110,6 +112,7 @@ def test_a_nack_of_a_message_from_an_ended_session_drops_nothing_of_the_new_one(
         server.stop()
 
 
+@pytest.mark.integration
 def test_long_keys_count_toward_the_batch_limit(tmp_path: Path) -> None:
     """Small payloads with long keys: batches stay under the server's frame limit."""
     with ServerProcess(tmp_path / "data", "--max-frame", "65536") as server, Client(server.url) as client:
@@ -128,6 +131,7 @@ def test_long_keys_count_toward_the_batch_limit(tmp_path: Path) -> None:
     assert [m.key for m in got] == keys
 
 
+@pytest.mark.integration
 def test_properties_count_toward_the_batch_limit(tmp_path: Path) -> None:
     """Small payloads with a kilobyte of properties each: batches stay under the server's frame limit, and
     every message arrives with its own."""
@@ -145,6 +149,7 @@ def test_properties_count_toward_the_batch_limit(tmp_path: Path) -> None:
     assert [dict(m.properties) for m in got] == sent
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("properties", "match"),
     [
@@ -173,6 +178,7 @@ def test_refused_properties_raise_at_the_call_and_send_nothing(tmp_path: Path, p
         assert client.server_errors() == {}
 
 
+@pytest.mark.integration
 def test_the_asyncio_client_sends_and_receives_properties(tmp_path: Path) -> None:
     async def run(url: str) -> list[tuple[bytes, dict[str, str]]]:
         async with AsyncClient(url) as client:
@@ -190,6 +196,7 @@ def test_the_asyncio_client_sends_and_receives_properties(tmp_path: Path) -> Non
     assert got == [(b"a", {"trace": "t-1"}), (b"b", {"": ""}), (b"c", {})]
 
 
+@pytest.mark.integration
 def test_a_resubscribe_after_a_reconnect_presents_the_sessions_secret(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -219,6 +226,7 @@ def test_a_resubscribe_after_a_reconnect_presents_the_sessions_secret(
         assert consumer.receive(timeout=10).payload == b"x"
 
 
+@pytest.mark.integration
 def test_request_ids_are_unique_across_a_clients_links(tmp_path: Path) -> None:
     """A producer keeps its unconfirmed batches by request id and moves them to another broker's link
     in a failover; ids handed out by two links of one client must never collide, or a new batch
@@ -235,6 +243,7 @@ def test_request_ids_are_unique_across_a_clients_links(tmp_path: Path) -> None:
     assert len(set(ids)) == len(ids)
 
 
+@pytest.mark.integration
 def test_a_lookup_skips_a_link_a_lossy_network_stalled(tmp_path: Path) -> None:
     """The first broker's link stalls (nothing passes, as behind a segment TCP keeps resending), but stays up
     until its pings have gone unanswered for twice the session timeout. A lookup meanwhile (a consumer
@@ -265,6 +274,7 @@ def test_a_lookup_skips_a_link_a_lossy_network_stalled(tmp_path: Path) -> None:
     assert brokers == [f"127.0.0.1:{second.port}"]
 
 
+@pytest.mark.integration
 def test_a_lookup_for_a_lost_partition_asks_another_broker_than_the_one_it_was_lost_from(tmp_path: Path) -> None:
     """A part that lost its broker looks its partition up again, through a link other than the one it was lost
     from while another is up, however recently that one answered: its broker may be the trouble (a lossy link
@@ -367,6 +377,7 @@ def test_the_loops_thread_holds_off_ctrl_c_and_sigterm_so_they_reach_the_callers
     assert signal.SIGINT not in before
 
 
+@pytest.mark.integration
 def test_a_lookup_naming_a_broker_that_just_died_is_asked_again(tmp_path: Path) -> None:
     """Right after a failover a broker's view of the cluster may still name the dead broker as a partition's
     owner: the client's connection to it is refused. create_producer and subscribe look the topic up again

@@ -49,6 +49,8 @@ from keyfailover.core.hashing import HASH_RANGE_SIZE, key_bytes, key_hash
 from keyfailover.core.ranges import RangeMap
 from keyfailover.core.rebalance import UNASSIGNED, ContiguousPolicy, MultiRangePolicy, StickyPolicy
 
+pytestmark = pytest.mark.slow  # long property searches: about 8 minutes of CPU in all
+
 Key = str | bytes | None
 
 NAMES = ("c1", "c2", "c3", "c4")

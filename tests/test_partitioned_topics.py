@@ -37,6 +37,7 @@ def test_partition_names_round_trip() -> None:
         assert split_partition_topic(plain) is None, plain
 
 
+@pytest.mark.integration
 def test_keys_go_to_their_partitions_and_every_key_keeps_its_order(tmp_path: Path) -> None:
     with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server:
         created = run_cli("topics", "create", "orders", "--partitions", "4", "--admin-url", str(server.admin_url))
@@ -101,6 +102,7 @@ def test_keys_go_to_their_partitions_and_every_key_keeps_its_order(tmp_path: Pat
         assert {s for start, end in mine for s in range(start, end + 1)} == slots["c1"]
 
 
+@pytest.mark.integration
 def test_a_partition_count_is_fixed_and_survives_a_restart(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with ServerProcess(data, "--metrics-port", "0") as server:
@@ -125,6 +127,7 @@ def test_a_partition_count_is_fixed_and_survives_a_restart(tmp_path: Path) -> No
         connection.close()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("frame", "says"),
     [
@@ -165,6 +168,7 @@ def test_requests_to_the_wrong_partition_are_refused_and_store_nothing(
         assert admin(server, "/topics")["served"] == [home]
 
 
+@pytest.mark.integration
 def test_settings_of_a_partitioned_subscription_apply_to_every_partition(tmp_path: Path) -> None:
     with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server, Client(server.url) as client:
         admin(server, "/topics?topic=orders&partitions=3", "POST")
@@ -180,6 +184,7 @@ def test_settings_of_a_partitioned_subscription_apply_to_every_partition(tmp_pat
         consumer.close()
 
 
+@pytest.mark.integration
 def test_dead_letters_of_a_partitioned_subscription_are_listed_and_replayed_per_partition(tmp_path: Path) -> None:
     with (
         ServerProcess(tmp_path / "data", "--metrics-port", "0", "--max-redeliveries", "0") as server,
@@ -211,6 +216,7 @@ def test_dead_letters_of_a_partitioned_subscription_are_listed_and_replayed_per_
         assert again == [("a", 1, 2), ("k", 2, 2)]
 
 
+@pytest.mark.integration
 def test_the_command_line_produces_and_consumes_a_partitioned_topic(tmp_path: Path) -> None:
     with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server:
         admin(server, "/topics?topic=orders&partitions=4", "POST")
@@ -232,6 +238,7 @@ def test_the_command_line_produces_and_consumes_a_partitioned_topic(tmp_path: Pa
         ]
 
 
+@pytest.mark.integration
 def test_the_history_of_a_partitioned_subscription_is_one_map_and_plots(tmp_path: Path) -> None:
     with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server, Client(server.url) as client:
         admin(server, "/topics?topic=orders&partitions=2", "POST")

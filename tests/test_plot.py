@@ -226,6 +226,7 @@ def test_colours_stay_with_consumers_and_empty_maps_draw_nothing(tmp_path: Path)
     assert _check_bands(picture, history) == 4
 
 
+@pytest.mark.integration
 @needs_matplotlib
 def test_plot_from_a_running_server_through_the_cli(tmp_path: Path) -> None:
     query = "topic=orders&subscription=billing"
@@ -352,6 +353,7 @@ def test_without_matplotlib_a_clear_error(
     assert "keyfailover plot: drawing needs matplotlib" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_the_base_install_imports_no_matplotlib() -> None:
     check = (
         "import sys, keyfailover.tools.cli, keyfailover.integrations.plot; "

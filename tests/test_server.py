@@ -41,6 +41,8 @@ from keyfailover.wire.protocol import (
 )
 from tests.server_process import RawConnection, ServerProcess, run_cli, wait_until
 
+pytestmark = pytest.mark.integration  # servers in processes of their own, crashed and restarted
+
 WHOLE = [(0, HASH_RANGE_SIZE - 1)]
 
 

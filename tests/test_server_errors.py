@@ -41,6 +41,7 @@ from keyfailover.wire.protocol import (
     encode,
 )
 from tests.server_process import RawConnection, ServerProcess, wait_until
+from tests.tiers import starts_processes
 
 TOKEN = "s3cret"
 MAX_FRAME = 4096
@@ -49,6 +50,7 @@ F = TypeVar("F", bound=Frame)
 
 
 @pytest.fixture(scope="module")
+@starts_processes
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     data: Path = tmp_path_factory.mktemp("errors") / "data"
     with ServerProcess(data, "--max-frame", str(MAX_FRAME), "--token", TOKEN) as server:
@@ -430,6 +432,7 @@ def test_a_live_consumer_name_is_taken_only_with_its_secret(server: ServerProces
         assert sorted(deliveries(thief, 3)) == [*held[1:], held[-1] + 1]
 
 
+@pytest.mark.integration
 def test_a_second_client_cannot_take_a_live_consumers_name(tmp_path: Path) -> None:
     from keyfailover.client import ConsumerBusyError
 

@@ -21,6 +21,8 @@ import pytest
 from keyfailover.client import Client, Consumer, LeaseExpiredError, Message, Timeout
 from tests.server_process import ServerProcess, run_cli, wait_until
 
+pytestmark = pytest.mark.integration  # servers in processes of their own, restarted
+
 ACK_TIMEOUT = 2.0
 
 

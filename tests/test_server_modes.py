@@ -15,8 +15,12 @@ import time
 from pathlib import Path
 from urllib.request import urlopen
 
+import pytest
+
 from keyfailover.client import Client, Consumer, Timeout
 from tests.server_process import ServerProcess, run_cli, wait_until
+
+pytestmark = pytest.mark.integration  # servers in processes of their own
 
 KEYS = [f"order-{i}" for i in range(21)]  # odd: round robin over two consumers does not follow the key
 PER_PHASE = 300

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import logging
 import os
 import signal
 import socket
@@ -192,7 +193,8 @@ class ServerThread:
 
     It answers as :class:`ServerProcess` does: the same ``port``, ``url``, ``admin_url`` (with
     ``metrics_port`` set, ``/metrics`` included) and ``pulsar_url``, without a new interpreter to
-    start. ``server`` is the :class:`Server` itself, to be called only on its loop: :meth:`call`.
+    start. :meth:`errors` is what the process would have logged on stderr: the warnings and errors
+    logged on the server's thread, with their tracebacks. :meth:`call` runs code on its loop.
     """
 
     def __init__(self, config: ServerConfig) -> None:
@@ -203,6 +205,10 @@ class ServerThread:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="keyfailover server", daemon=True)
         self._server: Server | None = None
+        self._log = io.StringIO()
+        self._handler = logging.StreamHandler(self._log)
+        self._handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        self._handler.addFilter(lambda record: record.thread == self._thread.ident)
 
     def _run(self) -> None:
         """The thread: the loop until :meth:`stop`, then every task it still has cancelled."""
@@ -232,12 +238,14 @@ class ServerThread:
             await server.start()
             return server
 
+        logging.getLogger().addHandler(self._handler)
         self._thread.start()
         try:
             self._server = asyncio.run_coroutine_threadsafe(started(), self._loop).result(60)
         except BaseException:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
+            logging.getLogger().removeHandler(self._handler)
             raise
         self.port = self._server.address[1]
         if self._server.admin_address is not None:
@@ -258,6 +266,11 @@ class ServerThread:
             self.call(lambda server: server.close())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
+        logging.getLogger().removeHandler(self._handler)
+
+    def errors(self) -> str:
+        """The warnings and errors logged on the server's thread so far, each with its traceback."""
+        return self._log.getvalue()
 
     def __enter__(self) -> ServerThread:
         return self.start()

@@ -17,6 +17,7 @@ from urllib.request import Request, urlopen
 
 import pytest
 
+from keyfailover.broker.server import ServerConfig
 from keyfailover.client import Client, ServerError
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.wire.protocol import (
@@ -38,10 +39,10 @@ from keyfailover.wire.protocol import (
     Subscribed,
     encode,
 )
-from tests.server_process import ServerProcess, run_main, wait_until
+from tests.server_process import ServerProcess, ServerThread, run_main, wait_until
 
 
-def protocol_errors(server: ServerProcess, code: str, token: str | None = None) -> float:
+def protocol_errors(server: ServerProcess | ServerThread, code: str, token: str | None = None) -> float:
     assert server.admin_url is not None
     headers = {} if token is None else {"Authorization": f"Bearer {token}"}
     with urlopen(Request(f"{server.admin_url}/metrics", headers=headers), timeout=10) as response:
@@ -55,10 +56,9 @@ def protocol_errors(server: ServerProcess, code: str, token: str | None = None) 
 BAD_NAMES = ["t" * (MAX_NAME_LENGTH + 1), "", "with\0nul"]
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("bad", BAD_NAMES)
 def test_bad_names_are_refused_by_the_client_before_anything_is_sent(tmp_path: Path, bad: str) -> None:
-    with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server, Client(server.url) as client:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data", metrics_port=0)) as server, Client(server.url) as client:
         rule = f"must be a str of 1 to {MAX_NAME_LENGTH} characters without NUL"
         with pytest.raises(KeyFailoverError, match=f"topic {rule}"):
             client.create_producer(bad)

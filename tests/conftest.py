@@ -1,5 +1,8 @@
 """Fixtures shared across test modules: one local SparkSession, one ZooKeeper and one PostgreSQL
-for the whole run, each started by the first test that asks and stopped at the end."""
+for the whole run, each started by the first test that asks and stopped at the end.
+
+The hooks here sort the tests into tiers (see tests/tiers.py): a test is marked by the fixtures it
+uses, and a test outside the integration tier fails if it starts a process."""
 
 from __future__ import annotations
 
@@ -8,11 +11,13 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+from tests.tiers import ProcessGuard, tiers_of
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -27,6 +32,47 @@ def pytest_configure(config: pytest.Config) -> None:
     would wait for nothing; a handler is reset to the default at exec, so children act on it again."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test by the fixtures it uses, before ``-m`` deselects by the marks."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        fixtures = [(name, definition.func) for name, defs in info.name2fixturedefs.items() for definition in defs]
+        marked = {mark.name for mark in item.iter_markers()}
+        for tier in sorted(tiers_of(fixtures) | ({"integration"} if marked & {"cluster", "spark"} else set())):
+            if tier not in marked:
+                item.add_marker(tier)
+
+
+def _guarded(item: pytest.Item) -> Generator[None, object, object]:
+    """Run one phase of ``item``, under a :class:`ProcessGuard` when it is not in the integration tier."""
+    if item.get_closest_marker("integration") is not None:
+        return (yield)
+    guard = ProcessGuard(item.nodeid)
+    with guard:
+        result = yield
+    if guard.violations:  # also when the test caught the error
+        pytest.fail(f"{item.nodeid} started a process outside the integration tier: {guard.violations}")
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, object, object]:
+    """Fixtures set up for a test outside the integration tier start no process."""
+    return (yield from _guarded(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
+    """A test outside the integration tier starts no process.
+
+    Teardown is not guarded: the last test of a run may stop a session's service, and stopping one
+    may run a command, as PostgreSQL's ``pg_ctl stop``."""
+    return (yield from _guarded(item))
 
 
 @pytest.fixture(scope="session")

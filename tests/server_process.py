@@ -1,12 +1,19 @@
-"""Start and stop real ``keyfailover serve`` processes on loopback for the tests.
+"""Start and stop servers on loopback for the tests: real ``keyfailover serve`` processes, or in this process.
 
-:class:`RawConnection` talks to one over a plain socket, frame by frame, for the tests that
-send what no well-behaved client would. :func:`run_cli` runs any ``keyfailover`` command in
-a child process; :func:`wait_until` polls for something a process is expected to do.
+:class:`ServerProcess` is a server in a child process, for the tests that kill, suspend or
+restart it, or read its log; :class:`ServerThread` is one in this process, for the tests that
+only talk to it. :class:`RawConnection` talks to either over a plain socket, frame by frame, for
+the tests that send what no well-behaved client would. :func:`run_cli` runs any ``keyfailover``
+command in a child process, :func:`run_main` one that starts nothing in this process;
+:func:`wait_until` polls for something a process is expected to do.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import io
+import logging
 import os
 import signal
 import socket
@@ -19,11 +26,14 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Any
 
+from keyfailover.broker.server import Server, ServerConfig
+from keyfailover.integrations.metrics import serve_metrics
+from keyfailover.tools.cli import main
 from keyfailover.wire.protocol import PROTOCOL_VERSION, Connect, Connected, Decoder, Frame, encode
 
-__all__ = ["RawConnection", "ServerProcess", "run_cli", "wait_until"]
+__all__ = ["RawConnection", "ServerProcess", "ServerThread", "run_cli", "run_main", "wait_until"]
 
 
 def run_cli(*args: str, stdin: str | None = None, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
@@ -36,6 +46,34 @@ def run_cli(*args: str, stdin: str | None = None, timeout: float = 120.0) -> sub
         timeout=timeout,
         check=False,
     )
+
+
+def run_main(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    """``keyfailover ARGS`` run by the CLI's ``main`` in this process: what :func:`run_cli` gives, with no
+    interpreter to start.
+
+    For a command that starts nothing and changes nothing of the process, such as a usage error or
+    a client command against a server. ``stdin`` is what the command reads as its standard input.
+    ``SystemExit`` ends the command as it ends the interpreter: an int is the exit code, a message is
+    printed on stderr with exit code 1. Any other exception comes out of the call, where
+    :func:`run_cli` would have printed a traceback.
+    """
+    out, err = io.StringIO(), io.StringIO()
+    saved = sys.stdin
+    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin.encode()), encoding="utf-8")
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exited:
+                if exited.code is None or isinstance(exited.code, int):
+                    code = exited.code or 0
+                else:
+                    print(exited.code, file=sys.stderr)
+                    code = 1
+    finally:
+        sys.stdin = saved
+    return subprocess.CompletedProcess(["keyfailover", *args], code, out.getvalue(), err.getvalue())
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
@@ -144,6 +182,97 @@ class ServerProcess:
         return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
 
     def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+class ServerThread:
+    """A :class:`Server` in this process, on an event loop of its own thread, on a free loopback port.
+
+    It answers as :class:`ServerProcess` does: the same ``port``, ``url``, ``admin_url`` (with
+    ``metrics_port`` set, ``/metrics`` included) and ``pulsar_url``, without a new interpreter to
+    start. :meth:`errors` is what the process would have logged on stderr: the warnings and errors
+    logged on the server's thread, with their tracebacks. :meth:`call` runs code on its loop.
+    """
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.port = 0
+        self.admin_url: str | None = None
+        self.pulsar_url: str | None = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="keyfailover server", daemon=True)
+        self._server: Server | None = None
+        self._log = io.StringIO()
+        self._handler = logging.StreamHandler(self._log)
+        self._handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        self._handler.addFilter(lambda record: record.thread == self._thread.ident)
+
+    def _run(self) -> None:
+        """The thread: the loop until :meth:`stop`, then every task it still has cancelled."""
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+        left = asyncio.all_tasks(self._loop)
+        for task in left:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+        self._loop.close()
+
+    def call(self, work: Callable[[Server], Any], timeout: float = 60.0) -> Any:
+        """``work(server)`` on the server's loop, awaited when it returns an awaitable; its result."""
+
+        async def run() -> Any:
+            assert self._server is not None
+            result = work(self._server)
+            return await result if asyncio.isfuture(result) or asyncio.iscoroutine(result) else result
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
+
+    def start(self) -> ServerThread:
+        async def started() -> Server:
+            server = Server(self.config)
+            if self.config.metrics_port is not None:
+                serve_metrics(server)
+            await server.start()
+            return server
+
+        logging.getLogger().addHandler(self._handler)
+        self._thread.start()
+        try:
+            self._server = asyncio.run_coroutine_threadsafe(started(), self._loop).result(60)
+        except BaseException:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+            logging.getLogger().removeHandler(self._handler)
+            raise
+        self.port = self._server.address[1]
+        if self._server.admin_address is not None:
+            scheme = "https" if self.config.tls_cert is not None else "http"
+            self.admin_url = "{}://{}:{}".format(scheme, *self._server.admin_address)
+        if self._server.pulsar_address is not None:
+            scheme = "pulsar+ssl" if self.config.tls_cert is not None else "pulsar"
+            self.pulsar_url = "{}://{}:{}".format(scheme, *self._server.pulsar_address)
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"kf://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        """Close the server as ``serve`` does at SIGTERM, then end its loop and thread."""
+        if self._server is not None:
+            self.call(lambda server: server.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+        logging.getLogger().removeHandler(self._handler)
+
+    def errors(self) -> str:
+        """The warnings and errors logged on the server's thread so far, each with its traceback."""
+        return self._log.getvalue()
+
+    def __enter__(self) -> ServerThread:
         return self.start()
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:

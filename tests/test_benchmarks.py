@@ -59,6 +59,7 @@ def quick_run(script: str, *options: str) -> str:
     return done.stdout.decode("utf-8")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("script", sorted(HEADERS))
 def test_benchmark_quick_run_prints_its_table(script: str) -> None:
     stdout = quick_run(script)
@@ -70,6 +71,7 @@ def test_benchmark_quick_run_prints_its_table(script: str) -> None:
         assert expected in stdout, f"{script} did not print {expected!r}:\n{stdout}"
 
 
+@pytest.mark.integration
 def test_the_consume_path_run_of_bench_e2e_prints_its_table() -> None:
     stdout = quick_run("bench_e2e.py", "--backlog")
     assert "Consume path: a stored backlog of 10,000 messages" in stdout, stdout

@@ -18,7 +18,7 @@ import pytest
 
 from keyfailover.tools.chaos import ChaosError, ChaosSettings, Fault, Served, chaos, plan_faults
 from keyfailover.tools.services import PostgreSQL, ZooKeeper
-from tests.server_process import run_cli, wait_until
+from tests.server_process import run_main, wait_until
 
 
 def running_commands() -> list[str]:
@@ -121,19 +121,19 @@ def test_the_command_line_refuses_bad_flags_with_one_line_each() -> None:
         (["--duration", "0"], "expected a finite number > 0"),
         (["--rebalance-interval", "-1"], "expected a finite number >= 0"),
     ):
-        done = run_cli("chaos", *arguments)
+        done = run_main("chaos", *arguments)
         assert done.returncode == 2, done.stderr
         assert says in done.stderr and "Traceback" not in done.stderr
 
 
 def test_chaos_help_names_every_flag() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "keyfailover", "chaos", "--help"], capture_output=True, text=True, check=True
-    )
+    done = run_main("chaos", "--help")
+    assert done.returncode == 0, done.stderr
     for flag in ("--duration", "--seed", "--faults", "--targets", "--report", "--keep", "--session-timeout"):
         assert flag in done.stdout
 
 
+@pytest.mark.integration
 def test_sigterm_stops_a_run_and_everything_it_started() -> None:
     """The command line run starts its own ZooKeeper and PostgreSQL; SIGTERM halfway through stops
     every process it started and removes its folder (exit 130, as after Ctrl-C)."""

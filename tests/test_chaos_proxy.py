@@ -30,6 +30,7 @@ from keyfailover.core.errors import KeyFailoverError
 from keyfailover.tools.chaos._netns import Namespace, NamespaceError, support
 from keyfailover.tools.chaos._proxy import FaultEvent, FaultProxy, LinkFaults, Stall
 from tests.server_process import ServerProcess, wait_until
+from tests.tiers import starts_processes
 
 GRACE = 0.3  # seconds a test waits to see that nothing gets through
 
@@ -472,6 +473,7 @@ def test_faults_switch_from_many_threads_at_once(echo: EchoServer) -> None:
         assert len(proxy.events) >= 4 * 50 * 2
 
 
+@pytest.mark.integration
 def test_a_keyfailover_client_works_through_a_delay_and_gives_up_on_a_blackholed_server(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -520,6 +522,7 @@ with socket.create_server((sys.argv[1], 0)) as listener:
 
 
 @pytest.fixture
+@starts_processes
 def namespace() -> Iterator[Namespace]:
     found = support()
     if not found.available:

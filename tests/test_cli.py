@@ -1,4 +1,7 @@
-"""``keyfailover produce``, ``consume``, ``ranges`` and ``stats`` against a real server, and the progress bar."""
+"""``keyfailover produce``, ``consume``, ``ranges`` and ``stats`` against a real server, and the progress bar.
+
+The commands and the server run in this process: the CLI's ``main`` talks to the server over loopback
+as it would from a shell."""
 
 from __future__ import annotations
 
@@ -10,12 +13,13 @@ from functools import partial
 from pathlib import Path
 from urllib.request import urlopen
 
+from keyfailover.broker.server import ServerConfig
 from keyfailover.broker.storage.records import publish_clock
 from keyfailover.client import Client, Timeout
 from keyfailover.core.clock import ManualClock
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
 from keyfailover.tools._progress import Progress
-from tests.server_process import ServerProcess, run_cli, wait_until
+from tests.server_process import ServerThread, run_main, wait_until
 
 KEYS = 50
 MESSAGES = 2_000
@@ -26,19 +30,19 @@ def test_produce_a_file_then_consume_every_line_in_key_order(tmp_path: Path) -> 
     source = tmp_path / "events.csv"
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
     started = publish_clock()
-    with ServerProcess(tmp_path / "data") as server:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data")) as server:
         url = ["--url", server.url, "--topic", "orders"]
-        produced = run_cli("produce", *url, "--file", str(source), "--key-field", ",", "--progress")
+        produced = run_main("produce", *url, "--file", str(source), "--key-field", ",", "--progress")
         assert produced.returncode == 0, produced.stderr
         final = produced.stderr.splitlines()[-1]  # text mode reads each "\r" redraw as a line
         assert final.startswith(f"[{'#' * 30}] 100% {MESSAGES:,} sent, {MESSAGES:,} stored"), final
 
-        piped = run_cli(
+        piped = run_main(
             "produce", *url, "--json", "--key-field", "id", "--allow-keyless", stdin='{"id": 7, "n": 1}\n\n{"n": 2}\n'
         )
         assert piped.returncode == 0, piped.stderr
 
-        consumed = run_cli("consume", *url, "--subscription", "audit", "--json", "--idle-timeout", "2")
+        consumed = run_main("consume", *url, "--subscription", "audit", "--json", "--idle-timeout", "2")
         assert consumed.returncode == 0, consumed.stderr
         ended = publish_clock()
     records = [json.loads(line) for line in consumed.stdout.splitlines()]
@@ -54,27 +58,27 @@ def test_produce_a_file_then_consume_every_line_in_key_order(tmp_path: Path) -> 
 
 
 def test_produce_rejects_bad_input_with_the_line_number(tmp_path: Path) -> None:
-    with ServerProcess(tmp_path / "data") as server:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data")) as server:
         url = ["--url", server.url, "--topic", "orders"]
-        no_separator = run_cli("produce", *url, "--key-field", ",", stdin="a,1\nno separator here\n")
+        no_separator = run_main("produce", *url, "--key-field", ",", stdin="a,1\nno separator here\n")
         assert no_separator.returncode != 0
         assert "line 2: no ',' separator between key and payload" in no_separator.stderr
-        not_json = run_cli("produce", *url, "--json", stdin='{"a": 1}\n[1, 2]\n')
+        not_json = run_main("produce", *url, "--json", stdin='{"a": 1}\n[1, 2]\n')
         assert "line 2: expected a JSON object, got list" in not_json.stderr
-        missing = run_cli("produce", *url, "--file", str(tmp_path / "absent.txt"))
+        missing = run_main("produce", *url, "--file", str(tmp_path / "absent.txt"))
         assert missing.returncode != 0 and "cannot read" in missing.stderr and "absent.txt" in missing.stderr
 
 
 def test_ranges_pulsar_sticky_is_the_servers_map_and_routes_every_key_to_its_consumer(tmp_path: Path) -> None:
     """Consumers joined and left, so some own several ranges: ``ranges --pulsar-sticky`` lists, per consumer,
     exactly the ranges /ranges has, and every key was delivered to the consumer whose sticky ranges hold its slot."""
-    with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server, Client(server.url) as client:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data", metrics_port=0)) as server, Client(server.url) as client:
         assert server.admin_url is not None
         consumers = {name: client.subscribe("orders", "billing", consumer_name=name) for name in "abcde"}
         for name in "bd":
             consumers.pop(name).close()
         where = ["--admin-url", server.admin_url, "--topic", "orders", "--subscription", "billing"]
-        done = run_cli("ranges", *where, "--pulsar-sticky")
+        done = run_main("ranges", *where, "--pulsar-sticky")
         assert done.returncode == 0, done.stderr
         sticky = json.loads(done.stdout)
         assert len(done.stdout.splitlines()) == len(sticky) + 2  # "{", a consumer a line, "}"
@@ -115,13 +119,13 @@ def test_ranges_pulsar_sticky_is_the_servers_map_and_routes_every_key_to_its_con
                 received += 1
 
         # The table: one line per range, so a consumer owning several ranges is on several lines.
-        table = run_cli("ranges", *where)
+        table = run_main("ranges", *where)
         assert table.returncode == 0, table.stderr
         lines = re.findall(r"^  (\w) +\[ *(\d+), +(\d+)\] +[\d.]+%$", table.stdout, re.MULTILINE)
         assert [(name, int(start), int(end)) for name, start, end in lines] == [
             (entry["consumer"], entry["start"], entry["end"]) for entry in snapshot["ranges"]
         ]
-        stats = run_cli("stats", "--admin-url", server.admin_url)
+        stats = run_main("stats", "--admin-url", server.admin_url)
         assert stats.returncode == 0, stats.stderr
         assert "policy multi (max 16 ranges per consumer)" in stats.stdout
         for name, pairs in sticky.items():
@@ -131,7 +135,7 @@ def test_ranges_pulsar_sticky_is_the_servers_map_and_routes_every_key_to_its_con
 
         for consumer in consumers.values():
             consumer.close()
-        emptied = run_cli("ranges", *where, "--pulsar-sticky")
+        emptied = run_main("ranges", *where, "--pulsar-sticky")
         assert (emptied.returncode, emptied.stdout) == (0, "{}\n")
 
 

@@ -3,6 +3,10 @@
 Exit codes: 2 for usage (options that do not parse or do not go together), 1 for a runtime
 failure (nothing listening, a refused token, a bad input line), 130 for Ctrl-C, 0 when the
 reader of ``consume``'s output goes away (``keyfailover consume ... | head -1``).
+
+A mistake that needs no process of its own is made in this process, by the CLI's ``main``, against
+a server in this process; Ctrl-C, a closed pipe and ``serve`` failing to start run the command in
+a child process, as a user would.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from urllib.request import urlopen
 
 import pytest
 
+from keyfailover.broker.server import ServerConfig
 from keyfailover.client import Client
-from tests.server_process import ServerProcess, run_cli, wait_until
+from tests.server_process import ServerProcess, ServerThread, run_cli, run_main, wait_until
 
 
 def closed_port() -> int:
@@ -39,13 +44,14 @@ def assert_clean_failure(done: subprocess.CompletedProcess[str], code: int, *fra
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     """One server with an admin endpoint for the tests that do not restart it."""
-    with ServerProcess(tmp_path_factory.mktemp("cli-errors") / "data", "--metrics-port", "0") as started:
+    config = ServerConfig(data_dir=tmp_path_factory.mktemp("cli-errors") / "data", metrics_port=0)
+    with ServerThread(config) as started:
         yield started
 
 
-def stored_count(server: ServerProcess, topic: str) -> int:
+def stored_count(server: ServerThread, topic: str) -> int:
     assert server.admin_url is not None
     with urlopen(f"{server.admin_url}/stats", timeout=10) as response:
         return int(json.load(response)["topics"].get(topic, 0))
@@ -62,12 +68,12 @@ def stored_count(server: ServerProcess, topic: str) -> int:
     ],
 )
 def test_client_commands_against_a_closed_port(command: list[str]) -> None:
-    done = run_cli(*command, "--url", f"kf://127.0.0.1:{closed_port()}", stdin="k,v\n")
+    done = run_main(*command, "--url", f"kf://127.0.0.1:{closed_port()}", stdin="k,v\n")
     assert_clean_failure(done, 1, "cannot connect to kf://127.0.0.1:", "Connection refused", "keyfailover serve")
 
 
 def test_a_host_that_does_not_resolve() -> None:
-    done = run_cli("produce", "--topic", "t", "--url", "kf://no-such-host.invalid:6650", stdin="k,v\n")
+    done = run_main("produce", "--topic", "t", "--url", "kf://no-such-host.invalid:6650", stdin="k,v\n")
     assert_clean_failure(done, 1, "cannot connect to kf://no-such-host.invalid:6650 (")
     assert "Unknown error" not in done.stderr
 
@@ -83,23 +89,23 @@ def test_a_host_that_does_not_resolve() -> None:
     ],
 )
 def test_admin_commands_against_a_closed_port(command: list[str], tmp_path: Path) -> None:
-    done = run_cli(*command, "--admin-url", f"http://127.0.0.1:{closed_port()}")
+    done = run_main(*command, "--admin-url", f"http://127.0.0.1:{closed_port()}")
     assert_clean_failure(done, 1, "cannot reach http://127.0.0.1:", "Connection refused", "--metrics-port")
     assert not (tmp_path / "never.png").exists()
 
 
 @pytest.mark.parametrize("command", ["ranges", "stats"])
-def test_admin_commands_pointed_at_the_broker_port(server: ServerProcess, command: str) -> None:
-    done = run_cli(command, "--admin-url", f"http://127.0.0.1:{server.port}")
+def test_admin_commands_pointed_at_the_broker_port(server: ServerThread, command: str) -> None:
+    done = run_main(command, "--admin-url", f"http://127.0.0.1:{server.port}")
     assert_clean_failure(done, 1, "did not answer as an HTTP admin endpoint", "not the broker port")
 
 
 def test_a_wrong_token_is_a_clear_refusal(tmp_path: Path) -> None:
-    with ServerProcess(tmp_path / "data", "--token", "s3cret") as guarded:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data", token="s3cret")) as guarded:
         url = ["--url", guarded.url, "--topic", "t", "--token", "wrong"]
-        produced = run_cli("produce", *url, stdin="k,v\n")
+        produced = run_main("produce", *url, stdin="k,v\n")
         assert_clean_failure(produced, 1, f"the server at {guarded.url} refused the connection", "unauthorized")
-        consumed = run_cli("consume", *url, "--subscription", "s", "--idle-timeout", "1")
+        consumed = run_main("consume", *url, "--subscription", "s", "--idle-timeout", "1")
         assert_clean_failure(consumed, 1, "refused the connection", "unauthorized")
 
 
@@ -144,23 +150,23 @@ def test_a_wrong_token_is_a_clear_refusal(tmp_path: Path) -> None:
     ],
 )
 def test_usage_errors_exit_2(command: list[str], fragment: str) -> None:
-    assert_clean_failure(run_cli(*command, stdin=""), 2, fragment)
+    assert_clean_failure(run_main(*command), 2, fragment)
 
 
 # -- input that must not be stored wrongly --------------------------------------------------------
 
 
-def produce(server: ServerProcess, topic: str, stdin: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return run_cli("produce", "--url", server.url, "--topic", topic, *extra, stdin=stdin)
+def produce(server: ServerThread, topic: str, stdin: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return run_main("produce", "--url", server.url, "--topic", topic, *extra, stdin=stdin)
 
 
-def test_produce_says_what_it_stored(server: ServerProcess) -> None:
+def test_produce_says_what_it_stored(server: ServerThread) -> None:
     done = produce(server, "said", "a,1\n\nb,2\nc,3\n", "--key-field", ",")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "stored 3 messages in 'said', positions 1..3 from lines 1..4"
 
 
-def test_a_json_line_without_its_key_stops_the_run_and_says_what_was_stored(server: ServerProcess) -> None:
+def test_a_json_line_without_its_key_stops_the_run_and_says_what_was_stored(server: ServerThread) -> None:
     lines = '{"account": "a", "n": 1}\n{"account": "b", "n": 2}\n{"n": 3}\n{"account": "c", "n": 4}\n'
     done = produce(server, "missing-key", lines, "--json", "--key-field", "account")
     assert_clean_failure(
@@ -172,11 +178,11 @@ def test_a_json_line_without_its_key_stops_the_run_and_says_what_was_stored(serv
     assert stored_count(server, "missing-key") == 2
 
 
-def test_property_options_go_with_every_message_and_consume_json_shows_them(server: ServerProcess) -> None:
+def test_property_options_go_with_every_message_and_consume_json_shows_them(server: ServerThread) -> None:
     done = produce(server, "tagged", "a,1\nb,2\n", "--key-field", ",", "--property", "source=cli", "--property",
                    "query=a=b&c", "--property", "source=file")  # fmt: skip
     assert done.returncode == 0, done.stderr
-    consumed = run_cli(
+    consumed = run_main(
         "consume", "--url", server.url, "--topic", "tagged", "--subscription", "s", "--json", "--idle-timeout", "2"
     )
     assert consumed.returncode == 0, consumed.stderr
@@ -184,7 +190,7 @@ def test_property_options_go_with_every_message_and_consume_json_shows_them(serv
     assert [line["properties"] for line in lines] == [{"source": "file", "query": "a=b&c"}] * 2
 
 
-def test_allow_keyless_sends_such_lines_without_a_key(server: ServerProcess) -> None:
+def test_allow_keyless_sends_such_lines_without_a_key(server: ServerThread) -> None:
     lines = '{"account": "a"}\n{"n": 2}\n{"account": null}\n'
     done = produce(server, "keyless", lines, "--json", "--key-field", "account", "--allow-keyless")
     assert done.returncode == 0, done.stderr
@@ -203,12 +209,12 @@ def test_allow_keyless_sends_such_lines_without_a_key(server: ServerProcess) -> 
         ("true", "the 'account' field is bool true; expected a string or an integer"),
     ],
 )
-def test_a_key_that_is_not_a_string_is_refused(server: ServerProcess, value: str, expected: str) -> None:
+def test_a_key_that_is_not_a_string_is_refused(server: ServerThread, value: str, expected: str) -> None:
     done = produce(server, "typed-keys", f'{{"account": {value}}}\n', "--json", "--key-field", "account")
     assert_clean_failure(done, 1, f"line 1: {expected}", "stored 0 messages")
 
 
-def test_an_integer_key_is_sent_as_its_decimal_text(server: ServerProcess) -> None:
+def test_an_integer_key_is_sent_as_its_decimal_text(server: ServerThread) -> None:
     done = produce(server, "int-keys", '{"account": 42}\n{"account": -7}\n', "--json", "--key-field", "account")
     assert done.returncode == 0, done.stderr
     with Client(server.url) as client:
@@ -217,17 +223,17 @@ def test_an_integer_key_is_sent_as_its_decimal_text(server: ServerProcess) -> No
     assert keys == ["42", "-7"]
 
 
-def test_invalid_utf8_is_refused_with_the_line_number(server: ServerProcess, tmp_path: Path) -> None:
+def test_invalid_utf8_is_refused_with_the_line_number(server: ServerThread, tmp_path: Path) -> None:
     source = tmp_path / "bad.txt"
     source.write_bytes(b"a,1\nb,\xff\xfe\n")
-    done = run_cli("produce", "--url", server.url, "--topic", "utf8", "--key-field", ",", "--file", str(source))
+    done = run_main("produce", "--url", server.url, "--topic", "utf8", "--key-field", ",", "--file", str(source))
     assert_clean_failure(done, 1, "line 2: not UTF-8 (invalid start byte at byte 2)", "stored 1 message")
 
 
 def test_an_oversized_payload_is_refused_with_the_line_number(tmp_path: Path) -> None:
-    with ServerProcess(tmp_path / "data", "--max-frame", "65536") as small:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data", max_frame=65536)) as small:
         lines = "a,1\nb," + "x" * 70_000 + "\n"
-        done = run_cli("produce", "--url", small.url, "--topic", "big", "--key-field", ",", stdin=lines)
+        done = run_main("produce", "--url", small.url, "--topic", "big", "--key-field", ",", stdin=lines)
         assert_clean_failure(done, 1, "line 2: a message of", "bytes a message may have", "stored 1 message")
 
 
@@ -244,7 +250,7 @@ def start_cli(*args: str, stdin: int | None = None) -> subprocess.Popen[str]:
     )
 
 
-def fill(server: ServerProcess, topic: str, count: int, payload: bytes = b"p" * 100) -> None:
+def fill(server: ServerThread, topic: str, count: int, payload: bytes = b"p" * 100) -> None:
     with Client(server.url) as client:
         producer = client.create_producer(topic)
         for i in range(count):
@@ -256,7 +262,8 @@ def read_positions(stream: IO[str]) -> list[int]:
     return [int(line.split("\t", 1)[0]) for line in stream]
 
 
-def test_ctrl_c_during_consume_exits_130_and_acknowledges_only_what_was_printed(server: ServerProcess) -> None:
+@pytest.mark.integration
+def test_ctrl_c_during_consume_exits_130_and_acknowledges_only_what_was_printed(server: ServerThread) -> None:
     fill(server, "interrupted", 20_000)
     first = start_cli("consume", "--url", server.url, "--topic", "interrupted", "--subscription", "s")
     assert first.stdout is not None and first.stderr is not None
@@ -282,7 +289,8 @@ def test_ctrl_c_during_consume_exits_130_and_acknowledges_only_what_was_printed(
     assert set(seen) | set(again) == set(range(1, 20_001))
 
 
-def test_ctrl_c_during_produce_exits_130_and_says_what_was_stored(server: ServerProcess) -> None:
+@pytest.mark.integration
+def test_ctrl_c_during_produce_exits_130_and_says_what_was_stored(server: ServerThread) -> None:
     running = start_cli("produce", "--url", server.url, "--topic", "stopped", "--key-field", ",", stdin=subprocess.PIPE)
     assert running.stdin is not None and running.stderr is not None
     running.stdin.write("".join(f"k{i},{i}\n" for i in range(100)))
@@ -297,7 +305,8 @@ def test_ctrl_c_during_produce_exits_130_and_says_what_was_stored(server: Server
     assert stored_count(server, "stopped") == 100
 
 
-def test_consume_piped_into_head_exits_quietly(server: ServerProcess) -> None:
+@pytest.mark.integration
+def test_consume_piped_into_head_exits_quietly(server: ServerThread) -> None:
     fill(server, "piped", 2_000)
     command = (
         f"{sys.executable} -m keyfailover consume --url {server.url} --topic piped --subscription s "
@@ -309,7 +318,8 @@ def test_consume_piped_into_head_exits_quietly(server: ServerProcess) -> None:
     assert len(done.stdout.splitlines()) == 1
 
 
-def test_consume_prints_and_acks_under_a_reader_that_keeps_up(server: ServerProcess) -> None:
+@pytest.mark.integration
+def test_consume_prints_and_acks_under_a_reader_that_keeps_up(server: ServerThread) -> None:
     fill(server, "kept-up", 3_000)
     reader = start_cli(
         "consume", "--url", server.url, "--topic", "kept-up", "--subscription", "s", "--idle-timeout", "2"
@@ -366,13 +376,13 @@ def test_every_option_of_every_command_has_help_text() -> None:
     ],
 )
 def test_serve_options_out_of_range_exit_2(tmp_path: Path, option: str, value: str, fragment: str) -> None:
-    done = run_cli("serve", "--data-dir", str(tmp_path / "data"), option, value)
+    done = run_main("serve", "--data-dir", str(tmp_path / "data"), option, value)
     assert_clean_failure(done, 2, fragment)
     assert not (tmp_path / "data").exists()
 
 
 def test_serve_max_ranges_goes_with_the_multi_policy(tmp_path: Path) -> None:
-    done = run_cli("serve", "--data-dir", str(tmp_path / "data"), "--policy", "contiguous", "--max-ranges", "4")
+    done = run_main("serve", "--data-dir", str(tmp_path / "data"), "--policy", "contiguous", "--max-ranges", "4")
     assert_clean_failure(done, 2, "--max-ranges goes with --policy multi; --policy contiguous gives each consumer one")
     assert not (tmp_path / "data").exists()
 
@@ -381,18 +391,21 @@ def serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return run_cli("serve", "--port", "0", *args, timeout=60)
 
 
+@pytest.mark.integration
 def test_serve_with_a_data_dir_that_is_a_file(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("not a directory")
     done = serve(tmp_path, "--data-dir", str(tmp_path / "afile"))
     assert_clean_failure(done, 1, f"data dir {tmp_path / 'afile'} is not a directory")
 
 
+@pytest.mark.integration
 def test_serve_with_a_data_dir_that_cannot_be_written() -> None:
     # As root permission bits stop nothing; sysfs refuses to create a directory even to root.
     done = run_cli("serve", "--port", "0", "--data-dir", "/sys/keyfailover-test-data", timeout=60)
     assert_clean_failure(done, 1, "cannot use data dir /sys/keyfailover-test-data (", "expected a directory this")
 
 
+@pytest.mark.integration
 def test_serve_on_a_port_in_use(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -404,11 +417,13 @@ def test_serve_on_a_port_in_use(tmp_path: Path) -> None:
         assert_clean_failure(metrics, 1, f"cannot serve the admin endpoint on 127.0.0.1:{port} (address already")
 
 
+@pytest.mark.integration
 def test_serve_on_an_address_this_host_does_not_have(tmp_path: Path) -> None:
     done = serve(tmp_path, "--data-dir", str(tmp_path / "data"), "--host", "192.0.2.1")  # TEST-NET-1: never ours
     assert_clean_failure(done, 1, "cannot listen on 192.0.2.1:0 (cannot assign requested address)")
 
 
+@pytest.mark.integration
 def test_a_failed_start_releases_the_data_dir(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

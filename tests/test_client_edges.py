@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from keyfailover.broker.server import ServerConfig
 from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, Log
 from keyfailover.client import Client, PropertiesError
 from keyfailover.client._link import Link as _Link
@@ -23,7 +24,7 @@ from keyfailover.client.aio import AsyncClient
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.tools.chaos._proxy import FaultProxy
 from keyfailover.wire.protocol import Connected, Frame
-from tests.server_process import ServerProcess, wait_until
+from tests.server_process import ServerProcess, ServerThread, wait_until
 
 WAIT = 30.0
 
@@ -40,6 +41,7 @@ def stored_payloads(data: Path, topic: str) -> list[bytes]:
         return [message.payload for message in log.read(topic, 0, 10_000)]
 
 
+@pytest.mark.integration
 def test_a_reconnect_resends_unconfirmed_batches_before_newer_ones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -89,6 +91,7 @@ def test_a_reconnect_resends_unconfirmed_batches_before_newer_ones(
     assert stored_payloads(data, "t") == [b"warm-up", b"A", b"B"]
 
 
+@pytest.mark.integration
 def test_a_nack_of_a_message_from_an_ended_session_drops_nothing_of_the_new_one(tmp_path: Path) -> None:
     data = tmp_path / "data"
     server = ServerProcess(data).start()
@@ -113,7 +116,10 @@ def test_a_nack_of_a_message_from_an_ended_session_drops_nothing_of_the_new_one(
 
 def test_long_keys_count_toward_the_batch_limit(tmp_path: Path) -> None:
     """Small payloads with long keys: batches stay under the server's frame limit."""
-    with ServerProcess(tmp_path / "data", "--max-frame", "65536") as server, Client(server.url) as client:
+    with (
+        ServerThread(ServerConfig(data_dir=tmp_path / "data", max_frame=65536)) as server,
+        Client(server.url) as client,
+    ):
         producer = client.create_producer("t", "p")
         keys = ["k" * 300 + str(i) for i in range(400)]
         for key in keys:
@@ -132,7 +138,10 @@ def test_long_keys_count_toward_the_batch_limit(tmp_path: Path) -> None:
 def test_properties_count_toward_the_batch_limit(tmp_path: Path) -> None:
     """Small payloads with a kilobyte of properties each: batches stay under the server's frame limit, and
     every message arrives with its own."""
-    with ServerProcess(tmp_path / "data", "--max-frame", "65536") as server, Client(server.url) as client:
+    with (
+        ServerThread(ServerConfig(data_dir=tmp_path / "data", max_frame=65536)) as server,
+        Client(server.url) as client,
+    ):
         producer = client.create_producer("t", "p")
         sent = [{"i": str(i), "pad": "p" * 1000} if i % 2 else {} for i in range(200)]
         for properties in sent:
@@ -158,7 +167,7 @@ def test_properties_count_toward_the_batch_limit(tmp_path: Path) -> None:
     ],
 )
 def test_refused_properties_raise_at_the_call_and_send_nothing(tmp_path: Path, properties: object, match: str) -> None:
-    with ServerProcess(tmp_path / "data") as server, Client(server.url) as client:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data")) as server, Client(server.url) as client:
         producer = client.create_producer("t", "p")
         producer.send_async(b"before", "k", properties={"ok": "yes"})
         with pytest.raises(PropertiesError, match=match):
@@ -186,7 +195,7 @@ def test_the_asyncio_client_sends_and_receives_properties(tmp_path: Path) -> Non
             consumer = await client.subscribe("t", "s", "c")
             return [((m := await consumer.receive(timeout=WAIT)).payload, dict(m.properties)) for _ in range(3)]
 
-    with ServerProcess(tmp_path / "data") as server:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data")) as server:
         got = asyncio.run(run(server.url))
     assert got == [(b"a", {"trace": "t-1"}), (b"b", {"": ""}), (b"c", {})]
 
@@ -196,7 +205,7 @@ def test_a_resubscribe_after_a_reconnect_presents_the_sessions_secret(
 ) -> None:
     from keyfailover.wire.protocol import Subscribe
 
-    with ServerProcess(tmp_path / "data") as server, Client(server.url) as client:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data")) as server, Client(server.url) as client:
         consumer = client.subscribe("t", "s", consumer_name="c1")
         link = next(iter(client._async._links.values()))
         secret = consumer._consumer.parts[0]._secret
@@ -225,24 +234,28 @@ def test_request_ids_are_unique_across_a_clients_links(tmp_path: Path) -> None:
     in a failover; ids handed out by two links of one client must never collide, or a new batch
     would take an old one's place (and the old one be lost)."""
 
-    async def scenario(first: ServerProcess, second: ServerProcess) -> list[int]:
+    async def scenario(first: ServerThread, second: ServerThread) -> list[int]:
         async with AsyncClient(f"kf://127.0.0.1:{first.port},127.0.0.1:{second.port}") as client:
             a = await client._link(f"127.0.0.1:{first.port}")
             b = await client._link(f"127.0.0.1:{second.port}")
             return [a.next_req(), b.next_req(), a.next_req(), b.next_req()]
 
-    with ServerProcess(tmp_path / "a") as first, ServerProcess(tmp_path / "b") as second:
+    with (
+        ServerThread(ServerConfig(data_dir=tmp_path / "a")) as first,
+        ServerThread(ServerConfig(data_dir=tmp_path / "b")) as second,
+    ):
         ids = asyncio.run(scenario(first, second))
     assert len(set(ids)) == len(ids)
 
 
+@pytest.mark.slow
 def test_a_lookup_skips_a_link_a_lossy_network_stalled(tmp_path: Path) -> None:
     """The first broker's link stalls (nothing passes, as behind a segment TCP keeps resending), but stays up
     until its pings have gone unanswered for twice the session timeout. A lookup meanwhile (a consumer
     relocating after a failover) must not wait on it once it missed two pings: it goes over the other
     broker's link, still answering. (Two single servers: each answers a lookup with itself.)"""
 
-    async def scenario(first: ServerProcess, second: ServerProcess, proxy: FaultProxy) -> list[str | None]:
+    async def scenario(first: ServerThread, second: ServerThread, proxy: FaultProxy) -> list[str | None]:
         async with AsyncClient(f"kf://127.0.0.1:{proxy.port},127.0.0.1:{second.port}") as client:
             stalled = await client._link(f"127.0.0.1:{proxy.port}")
             other = await client._link(f"127.0.0.1:{second.port}")
@@ -258,8 +271,8 @@ def test_a_lookup_skips_a_link_a_lossy_network_stalled(tmp_path: Path) -> None:
                 return await client._lookup("orders")
 
     with (
-        ServerProcess(tmp_path / "a") as first,
-        ServerProcess(tmp_path / "b") as second,
+        ServerThread(ServerConfig(data_dir=tmp_path / "a")) as first,
+        ServerThread(ServerConfig(data_dir=tmp_path / "b")) as second,
         FaultProxy(("127.0.0.1", first.port)) as proxy,
     ):
         brokers = asyncio.run(scenario(first, second, proxy))
@@ -272,7 +285,7 @@ def test_a_lookup_for_a_lost_partition_asks_another_broker_than_the_one_it_was_l
     answers pings now and then, and a lookup through it waits as long as its stalls). (Two single servers:
     each answers a lookup with itself.)"""
 
-    async def scenario(first: ServerProcess, second: ServerProcess) -> list[list[str | None]]:
+    async def scenario(first: ServerThread, second: ServerThread) -> list[list[str | None]]:
         async with AsyncClient(f"kf://127.0.0.1:{first.port},127.0.0.1:{second.port}") as client:
             a = await client._link(f"127.0.0.1:{first.port}")
             b = await client._link(f"127.0.0.1:{second.port}")
@@ -282,7 +295,10 @@ def test_a_lookup_for_a_lost_partition_asks_another_broker_than_the_one_it_was_l
                 await client._lookup("orders", avoid=b),
             ]
 
-    with ServerProcess(tmp_path / "a") as first, ServerProcess(tmp_path / "b") as second:
+    with (
+        ServerThread(ServerConfig(data_dir=tmp_path / "a")) as first,
+        ServerThread(ServerConfig(data_dir=tmp_path / "b")) as second,
+    ):
         plain, avoiding_first, avoiding_second = asyncio.run(scenario(first, second))
     assert plain == avoiding_second == [f"127.0.0.1:{first.port}"]
     assert avoiding_first == [f"127.0.0.1:{second.port}"]
@@ -376,7 +392,7 @@ def test_a_lookup_naming_a_broker_that_just_died_is_asked_again(tmp_path: Path) 
         closed.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{closed.getsockname()[1]}"
 
-    async def scenario(server: ServerProcess) -> tuple[int, list[bytes]]:
+    async def scenario(server: ServerThread) -> tuple[int, list[bytes]]:
         async with AsyncClient(server.url) as client:
             lookup = client._lookup
             asked = 0
@@ -395,7 +411,7 @@ def test_a_lookup_naming_a_broker_that_just_died_is_asked_again(tmp_path: Path) 
             message = await consumer.receive()
             return asked_by_producer + asked, [message.payload]
 
-    with ServerProcess(tmp_path / "data") as server:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data")) as server:
         lookups, received = asyncio.run(scenario(server))
     assert lookups == 4  # each of the two asked twice: the stale answer, then the live one
     assert received == [b"after the failover"]

@@ -17,6 +17,7 @@ from urllib.request import Request, urlopen
 
 import pytest
 
+from keyfailover.broker.server import ServerConfig
 from keyfailover.client import Client, ServerError
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.wire.protocol import (
@@ -38,10 +39,10 @@ from keyfailover.wire.protocol import (
     Subscribed,
     encode,
 )
-from tests.server_process import ServerProcess, run_cli, wait_until
+from tests.server_process import ServerProcess, ServerThread, run_main, wait_until
 
 
-def protocol_errors(server: ServerProcess, code: str, token: str | None = None) -> float:
+def protocol_errors(server: ServerProcess | ServerThread, code: str, token: str | None = None) -> float:
     assert server.admin_url is not None
     headers = {} if token is None else {"Authorization": f"Bearer {token}"}
     with urlopen(Request(f"{server.admin_url}/metrics", headers=headers), timeout=10) as response:
@@ -57,7 +58,7 @@ BAD_NAMES = ["t" * (MAX_NAME_LENGTH + 1), "", "with\0nul"]
 
 @pytest.mark.parametrize("bad", BAD_NAMES)
 def test_bad_names_are_refused_by_the_client_before_anything_is_sent(tmp_path: Path, bad: str) -> None:
-    with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server, Client(server.url) as client:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data", metrics_port=0)) as server, Client(server.url) as client:
         rule = f"must be a str of 1 to {MAX_NAME_LENGTH} characters without NUL"
         with pytest.raises(KeyFailoverError, match=f"topic {rule}"):
             client.create_producer(bad)
@@ -80,12 +81,13 @@ def test_bad_names_are_refused_by_the_client_before_anything_is_sent(tmp_path: P
     ],
 )
 def test_the_cli_refuses_bad_names_at_once(arguments: list[str]) -> None:
-    done = run_cli(*arguments, "--url", "kf://127.0.0.1:1", stdin="k,v\n", timeout=60)
+    done = run_main(*arguments, "--url", "kf://127.0.0.1:1", stdin="k,v\n")
     assert done.returncode == 2
     assert f"a name must be a str of 1 to {MAX_NAME_LENGTH} characters without NUL" in done.stderr
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.integration
 def test_a_server_that_refuses_for_good_fails_everything_once_and_is_not_retried(tmp_path: Path) -> None:
     first = ServerProcess(tmp_path / "data", "--token", "old").start()
     client = Client(first.url, token="old")
@@ -111,6 +113,7 @@ def test_a_server_that_refuses_for_good_fails_everything_once_and_is_not_retried
         client.close()
 
 
+@pytest.mark.integration
 def test_a_server_that_drops_every_connection_is_retried_with_backoff(tmp_path: Path) -> None:
     """Transient: the server goes away and comes back; the client gets through once it is back."""
     server = ServerProcess(tmp_path / "data", "--metrics-port", "0").start()
@@ -124,6 +127,7 @@ def test_a_server_that_drops_every_connection_is_retried_with_backoff(tmp_path: 
             assert again.port == port
 
 
+@pytest.mark.integration
 def test_a_server_that_stops_answering_is_dropped_and_reconnected_to(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -24,7 +24,7 @@ from keyfailover.core.errors import ConfigError
 from keyfailover.core.partitions import Assignment, PartitionId
 from keyfailover.tools.chaos._proxy import FaultProxy
 from keyfailover.tools.services import ZooKeeper, free_port
-from tests.server_process import wait_until
+from tests.server_process import run_main, wait_until
 
 
 class Ledger:
@@ -287,13 +287,12 @@ def test_topics_create_and_cluster_status_from_the_command_line(zookeeper: ZooKe
             member.stop()
 
 
+@pytest.mark.slow
 def test_cluster_commands_name_a_bad_url_or_an_unreachable_zookeeper() -> None:
-    from tests.server_process import run_cli
-
-    bad = run_cli("cluster", "status", "--cluster", "http://127.0.0.1:2181/kf")
+    bad = run_main("cluster", "status", "--cluster", "http://127.0.0.1:2181/kf")
     assert bad.returncode == 2 and "is not of the form zk://HOST:PORT" in bad.stderr
     hosts = f"127.0.0.1:{free_port()}"
-    gone = run_cli("topics", "create", "orders", "--cluster", f"zk://{hosts}/kf")
+    gone = run_main("topics", "create", "orders", "--cluster", f"zk://{hosts}/kf")
     assert gone.returncode == 1 and f"cannot reach ZooKeeper at {hosts}" in gone.stderr
     assert "Traceback" not in gone.stderr
 

@@ -259,6 +259,7 @@ def test_a_bad_timeout_is_refused_with_what_was_expected(
     assert expected in error and "Traceback" not in error, error
 
 
+@pytest.mark.integration
 def test_a_zookeeper_that_takes_connections_but_never_answers_is_named_at_once(silent: str) -> None:
     """A frozen ZooKeeper (the kernel completes the connection, nothing answers): the command says it cannot
     reach it within its time limit (2 s by default, --timeout when longer), not after the usual 10 s."""

@@ -50,6 +50,7 @@ def test_every_constructor_argument_is_checked_at_construction(argument: str, ba
         Dispatcher(**arguments)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(
     st.fixed_dictionaries(

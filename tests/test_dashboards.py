@@ -262,6 +262,7 @@ def expected_samples(found: dict[tuple[tuple[str, str], ...], float]) -> list[di
     ]
 
 
+@pytest.mark.integration
 def test_range_panels_evaluate_to_the_range_map_with_a_consumer_owning_several_ranges(tmp_path: Path) -> None:
     """The range table, the Ranges, Policy and Ranges per consumer panels, evaluated by promtool on a real scrape
     (the policy panel shows the consume mode too)."""
@@ -345,6 +346,7 @@ def evaluate_panels(tmp_path: Path, series: list[dict[str, str]], expected: Expe
     assert "SUCCESS" in run_promtool("test", "rules", str(unit_tests))
 
 
+@pytest.mark.integration
 def test_cluster_panels_evaluate_to_what_the_brokers_of_a_cluster_report(tmp_path: Path) -> None:
     """Partitions per broker, Coordinator and Partitions now, evaluated by promtool on the scrapes of two brokers
     of one cluster: the coordinator b1 serves 2 of orders' 3 partitions, b2 the third and audit (one partition)."""
@@ -454,6 +456,7 @@ def test_dashboard_panels_are_unique_and_use_the_data_source_variable() -> None:
             assert panel.get("description"), f"panel {panel['title']!r} has no description"
 
 
+@pytest.mark.integration
 def test_dashboard_expressions_parse_in_prometheus(tmp_path: Path) -> None:
     board = dashboard()
     exprs = [expr for _, expr in dashboard_exprs(board)]
@@ -527,11 +530,13 @@ def test_alert_unit_tests_use_exported_series_and_show_every_alert_firing() -> N
     assert quiet == alerts, f"alerts never shown quiet: {alerts - quiet}"
 
 
+@pytest.mark.integration
 def test_promtool_checks_the_alert_rules() -> None:
     count = len(alert_rules())
     assert f"SUCCESS: {count} rules found" in run_promtool("check", "rules", str(ALERTS))
 
 
+@pytest.mark.integration
 def test_promtool_runs_the_alert_unit_tests() -> None:
     assert "SUCCESS" in run_promtool("test", "rules", str(ALERTS_TEST))
 
@@ -539,6 +544,7 @@ def test_promtool_runs_the_alert_unit_tests() -> None:
 # -- the example Prometheus config -----------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_example_prometheus_config_scrapes_the_admin_endpoint_and_loads_the_rules() -> None:
     config = yaml.safe_load(PROMETHEUS_YML.read_text(encoding="utf-8"))
     assert config["rule_files"] == [ALERTS.name]

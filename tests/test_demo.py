@@ -42,6 +42,7 @@ def test_demo_keeps_every_guarantee() -> None:
     assert abs(sum(float(share) for _, _, share in shares) - 100.0) < 0.2
 
 
+@pytest.mark.integration
 def test_core_demo_command_line_exits_zero() -> None:
     done = run_cli("demo", "--core", "--messages", "5000", "--keys", "300")
     assert done.returncode == 0, done.stderr
@@ -49,6 +50,7 @@ def test_core_demo_command_line_exits_zero() -> None:
     assert "per-key order held" in done.stdout
 
 
+@pytest.mark.integration
 def test_server_demo_consumes_everything_in_key_order() -> None:
     out = io.StringIO()
     report = run_server_demo(events=6_000, accounts=400, seed=5, out=out)
@@ -84,6 +86,7 @@ def test_server_demo_consumes_everything_in_key_order() -> None:
     assert "the stalled c4 gets none" in titles[left]
 
 
+@pytest.mark.integration
 def test_server_demo_command_line_exits_zero() -> None:
     done = run_cli("demo", "--messages", "3000", "--keys", "200", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -145,6 +148,7 @@ def assert_nothing_left(folder: Path, zookeeper: str) -> None:
     wait_until(lambda: not processes_mentioning(str(folder), zookeeper), "every process of the demo gone", timeout=10)
 
 
+@pytest.mark.integration
 def test_cluster_demo_kills_a_broker_and_shows_its_partitions_move_with_nothing_lost() -> None:
     done = run_cli("demo", "--cluster", "--messages", "2000", "--keys", "200", timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -171,6 +175,7 @@ def test_cluster_demo_kills_a_broker_and_shows_its_partitions_move_with_nothing_
     assert_nothing_left(*started(text))
 
 
+@pytest.mark.integration
 def test_cluster_demo_interrupted_stops_everything_it_started() -> None:
     """Ctrl-C in a terminal: SIGINT to the demo and every process it started (one process group)."""
     demo = subprocess.Popen(
@@ -198,6 +203,7 @@ def test_cluster_demo_interrupted_stops_everything_it_started() -> None:
     assert_nothing_left(*started(output))
 
 
+@pytest.mark.integration
 def test_cluster_demo_stopped_by_sigterm_while_starting_stops_what_it_started() -> None:
     demo = subprocess.Popen(
         [sys.executable, "-m", "keyfailover", "demo", "--cluster"],

@@ -980,6 +980,7 @@ def test_a_held_message_keeps_no_copy_of_its_key() -> None:
     assert not state.pending and state.pending.maxlen == 0, "an emptied queue is let go for the shared empty one"
 
 
+@pytest.mark.slow
 def test_core_memory_per_held_message_is_under_200_bytes() -> None:
     """20,000 messages over 200 keys, in flight or waiting: what the core keeps per message beyond
     its fixed tables, keys decoded afresh per message as a reader makes them (was about 350 bytes)."""

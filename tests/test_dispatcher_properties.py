@@ -1194,17 +1194,17 @@ BlockMachine.TestCase.settings = settings(max_examples=75, stateful_step_count=1
 StickyMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=100, deadline=None)
 StallingMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=100, deadline=None)
 StallingContiguousMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=100, deadline=None)
-TestStallingMachine = StallingMachine.TestCase
-TestStallingContiguousMachine = StallingContiguousMachine.TestCase
-TestStickyMachine = StickyMachine.TestCase
-TestBlockMachine = BlockMachine.TestCase
-TestSpillMachine = SpillMachine.TestCase
-TestModeMachine = ModeMachine.TestCase
-TestDispatcherMachine = DispatcherMachine.TestCase
-TestLeaseMachine = LeaseMachine.TestCase
-TestMultiShiftingMachine = MultiShiftingMachine.TestCase
-TestContiguousMachine = ContiguousMachine.TestCase
-TestContiguousMidpointShiftingMachine = ContiguousMidpointShiftingMachine.TestCase
+TestStallingMachine = pytest.mark.slow(StallingMachine.TestCase)
+TestStallingContiguousMachine = pytest.mark.slow(StallingContiguousMachine.TestCase)
+TestStickyMachine = pytest.mark.slow(StickyMachine.TestCase)
+TestBlockMachine = pytest.mark.slow(BlockMachine.TestCase)
+TestSpillMachine = pytest.mark.slow(SpillMachine.TestCase)
+TestModeMachine = pytest.mark.slow(ModeMachine.TestCase)
+TestDispatcherMachine = pytest.mark.slow(DispatcherMachine.TestCase)
+TestLeaseMachine = pytest.mark.slow(LeaseMachine.TestCase)
+TestMultiShiftingMachine = pytest.mark.slow(MultiShiftingMachine.TestCase)
+TestContiguousMachine = pytest.mark.slow(ContiguousMachine.TestCase)
+TestContiguousMidpointShiftingMachine = pytest.mark.slow(ContiguousMidpointShiftingMachine.TestCase)
 
 
 # -- the checkers catch planted violations ------------------------------------------------
@@ -1461,6 +1461,7 @@ def make_contiguous_shifting(clock: ManualClock) -> Dispatcher:
 PRELUDE: list[Op] = [("add", "c1"), ("add", "c2"), ("flow", "c1", 4), ("flow", "c2", 4)]
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(
     ops=st.lists(OPS, min_size=40, max_size=150).map(lambda ops: PRELUDE + ops),
@@ -1490,6 +1491,7 @@ def test_same_calls_and_clock_give_same_deliveries_and_ranges(
 STALL_KEYS = tuple(f"order-{i}" for i in range(40))
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(
     keys=st.lists(st.sampled_from(STALL_KEYS), min_size=150, max_size=300),

@@ -226,7 +226,7 @@ class CacheAgainstTheLog(RuleBasedStateMachine):
 
 
 CacheAgainstTheLog.TestCase.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
-test_the_cache_agrees_with_the_log = CacheAgainstTheLog.TestCase
+test_the_cache_agrees_with_the_log = pytest.mark.slow(CacheAgainstTheLog.TestCase)
 
 
 def test_a_store_reads_what_it_just_stored_from_its_cache_and_the_rest_from_the_log(tmp_path: Path) -> None:

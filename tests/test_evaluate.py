@@ -47,7 +47,7 @@ from keyfailover.tools.evaluate import (
     stickiness,
 )
 from keyfailover.tools.evaluate._drain import PROCESSING, TICK
-from tests.server_process import run_cli
+from tests.server_process import run_cli, run_main
 
 Owners = npt.NDArray[np.intp]
 
@@ -417,6 +417,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return run_cli("evaluate", *args)
 
 
+@pytest.mark.integration
 def test_json_lists_every_strategy_and_scenario_with_exactly_the_documented_keys() -> None:
     done = _run("--quick", "--json")
     assert done.returncode == 0, done.stderr
@@ -436,6 +437,7 @@ def test_json_lists_every_strategy_and_scenario_with_exactly_the_documented_keys
     assert row["stickiness_mean"] == again.stickiness_mean
 
 
+@pytest.mark.integration
 @needs_matplotlib
 def test_plot_writes_a_png_and_the_tables_name_each_strategy(tmp_path: Path) -> None:
     chart = tmp_path / "evaluation.png"
@@ -448,6 +450,7 @@ def test_plot_writes_a_png_and_the_tables_name_each_strategy(tmp_path: Path) -> 
     assert "uniform:" not in done.stdout
 
 
+@pytest.mark.integration
 def test_seed_runs_the_scenarios_drawn_with_it_and_refuses_a_negative_one() -> None:
     done = _run("--quick", "--json", "--scenario", "random", "--seed", str(SEED + 1))
     assert done.returncode == 0, done.stderr
@@ -462,12 +465,13 @@ def test_seed_runs_the_scenarios_drawn_with_it_and_refuses_a_negative_one() -> N
 
 
 def test_an_unknown_scenario_is_a_clear_error() -> None:
-    done = _run("--scenario", "nope")
+    done = run_main("evaluate", "--scenario", "nope")
     assert done.returncode == 2
     assert "unknown scenario 'nope'; expected one of uniform, zipf, hot-key" in done.stderr
     assert done.stdout == ""
 
 
+@pytest.mark.integration
 def test_check_exits_1_exactly_when_a_printed_goal_fails_and_progress_goes_to_stderr() -> None:
     done = run_cli("evaluate", "--quick", "--scenario", "uniform", "--check")
     verdicts = [line for line in done.stdout.splitlines() if line.startswith(("[holds]", "[FAILS]"))]

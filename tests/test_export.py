@@ -18,6 +18,7 @@ from keyfailover.core.errors import InvalidKeyError, LogError, LogFileError
 from keyfailover.integrations.export import export_topic
 from keyfailover.tools.cli import main
 from tests.server_process import ServerProcess
+from tests.tiers import starts_processes
 
 Sent = dict[int, tuple[str | bytes | None, bytes, str, dict[str, str]]]
 """position -> (key, payload, producer name, properties)."""
@@ -62,6 +63,7 @@ def text(key: str | bytes | None) -> str | None:
 
 
 @pytest.fixture(scope="module")
+@starts_processes
 def server_data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Sent, ServerProcess, Windows]]:
     """A running server with messages on ``orders``; the tests below run in order and the last one stops it."""
     data = tmp_path_factory.mktemp("export") / "data"
@@ -128,6 +130,7 @@ def test_jsonl_export_with_binary_keys_in_files_of_a_given_size(
     assert all(in_window(windows, position, at) for position, at in stamps.items())
 
 
+@pytest.mark.integration
 def test_cli_export_after_the_server_stopped(
     server_data: tuple[Path, Sent, ServerProcess, Windows], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -147,6 +150,7 @@ def test_cli_export_after_the_server_stopped(
     assert (data / "keyfailover.db-wal").stat().st_size == 0
 
 
+@pytest.mark.integration
 def test_export_errors_say_what_was_expected(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with pytest.raises(LogFileError, match="no keyfailover log"):

@@ -809,6 +809,7 @@ WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("synchronous", ["full", "normal"])
 def test_every_acknowledged_append_survives_sigkill(tmp_path: Path, synchronous: str) -> None:
     path = tmp_path / "log.db"

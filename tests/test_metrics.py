@@ -598,6 +598,7 @@ def test_every_family_is_named_typed_and_documented_as_the_issue_asks() -> None:
     assert sample_names == METRIC_NAMES
 
 
+@pytest.mark.integration
 def test_promtool_finds_no_convention_problem() -> None:
     promtool = shutil.which("promtool")
     if promtool is None:

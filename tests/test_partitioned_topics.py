@@ -11,16 +11,18 @@ from urllib.request import Request, urlopen
 
 import pytest
 
+from keyfailover.broker.server import ServerConfig, SubscriptionConfig
 from keyfailover.client import Client, Message
+from keyfailover.core.dispatcher import DeliverySettings
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
 from keyfailover.core.partitions import partition_of_key, partition_slots, partition_topic, split_partition_topic
 from keyfailover.wire.protocol import Error, ErrorCode, Lookup, Produce, Receipt, Route, Subscribe, Subscribed
-from tests.server_process import RawConnection, ServerProcess, run_cli, wait_until
+from tests.server_process import RawConnection, ServerThread, run_main, wait_until
 
 WAIT = 30.0
 
 
-def admin(server: ServerProcess, path: str, method: str = "GET") -> dict[str, object]:
+def admin(server: ServerThread, path: str, method: str = "GET") -> dict[str, object]:
     assert server.admin_url is not None
     with urlopen(Request(server.admin_url + path, method=method), timeout=10) as response:
         found: dict[str, object] = json.load(response)
@@ -38,8 +40,8 @@ def test_partition_names_round_trip() -> None:
 
 
 def test_keys_go_to_their_partitions_and_every_key_keeps_its_order(tmp_path: Path) -> None:
-    with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server:
-        created = run_cli("topics", "create", "orders", "--partitions", "4", "--admin-url", str(server.admin_url))
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data", metrics_port=0)) as server:
+        created = run_main("topics", "create", "orders", "--partitions", "4", "--admin-url", str(server.admin_url))
         assert created.returncode == 0, created.stderr
         assert "created with 4 partition(s)" in created.stdout
         with Client(server.url) as client:
@@ -103,19 +105,19 @@ def test_keys_go_to_their_partitions_and_every_key_keeps_its_order(tmp_path: Pat
 
 def test_a_partition_count_is_fixed_and_survives_a_restart(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    with ServerProcess(data, "--metrics-port", "0") as server:
+    with ServerThread(ServerConfig(data_dir=data, metrics_port=0)) as server:
         url = str(server.admin_url)
-        assert run_cli("topics", "create", "orders", "--partitions", "8", "--admin-url", url).returncode == 0
-        again = run_cli("topics", "create", "orders", "--partitions", "8", "--admin-url", url)
+        assert run_main("topics", "create", "orders", "--partitions", "8", "--admin-url", url).returncode == 0
+        again = run_main("topics", "create", "orders", "--partitions", "8", "--admin-url", url)
         assert again.returncode == 0 and "exists already" in again.stdout
-        other = run_cli("topics", "create", "orders", "--partitions", "3", "--admin-url", url)
+        other = run_main("topics", "create", "orders", "--partitions", "3", "--admin-url", url)
         assert other.returncode == 1
         assert "exists with 8 partitions" in other.stderr and "Traceback" not in other.stderr
         with Client(server.url) as client:
             client.create_producer("plain").send(b"x", "k")
-        held = run_cli("topics", "create", "plain", "--partitions", "2", "--admin-url", url)
+        held = run_main("topics", "create", "plain", "--partitions", "2", "--admin-url", url)
         assert held.returncode == 1 and "already holds messages" in held.stderr
-    with ServerProcess(data, "--metrics-port", "0") as server:
+    with ServerThread(ServerConfig(data_dir=data, metrics_port=0)) as server:
         assert admin(server, "/topics")["partitioned"] == {"orders": 8}
         connection = RawConnection(server.port)
         connection.connect()
@@ -147,7 +149,7 @@ def test_a_partition_count_is_fixed_and_survives_a_restart(tmp_path: Path) -> No
 def test_requests_to_the_wrong_partition_are_refused_and_store_nothing(
     tmp_path: Path, frame: Produce | Subscribe, says: str
 ) -> None:
-    with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data", metrics_port=0)) as server:
         assert admin(server, "/topics?topic=orders&partitions=4", "POST")["created"] is True
         connection = RawConnection(server.port)
         connection.connect()
@@ -166,7 +168,7 @@ def test_requests_to_the_wrong_partition_are_refused_and_store_nothing(
 
 
 def test_settings_of_a_partitioned_subscription_apply_to_every_partition(tmp_path: Path) -> None:
-    with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server, Client(server.url) as client:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data", metrics_port=0)) as server, Client(server.url) as client:
         admin(server, "/topics?topic=orders&partitions=3", "POST")
         consumer = client.subscribe("orders", "s", "c")
         changed = admin(server, "/consume-mode?topic=orders&subscription=s&mode=unordered", "POST")
@@ -182,7 +184,13 @@ def test_settings_of_a_partitioned_subscription_apply_to_every_partition(tmp_pat
 
 def test_dead_letters_of_a_partitioned_subscription_are_listed_and_replayed_per_partition(tmp_path: Path) -> None:
     with (
-        ServerProcess(tmp_path / "data", "--metrics-port", "0", "--max-redeliveries", "0") as server,
+        ServerThread(
+            ServerConfig(
+                data_dir=tmp_path / "data",
+                metrics_port=0,
+                subscription=SubscriptionConfig(delivery=DeliverySettings(max_redeliveries=0)),
+            )
+        ) as server,
         Client(server.url) as client,
     ):
         admin(server, "/topics?topic=orders&partitions=4", "POST")
@@ -212,17 +220,17 @@ def test_dead_letters_of_a_partitioned_subscription_are_listed_and_replayed_per_
 
 
 def test_the_command_line_produces_and_consumes_a_partitioned_topic(tmp_path: Path) -> None:
-    with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data", metrics_port=0)) as server:
         admin(server, "/topics?topic=orders&partitions=4", "POST")
         url = ("--url", server.url)
-        produced = run_cli("produce", "--topic", "orders", "--key-field", ",", *url, stdin="a,1\nk,2\na,3\n")
+        produced = run_main("produce", "--topic", "orders", "--key-field", ",", *url, stdin="a,1\nk,2\na,3\n")
         assert produced.returncode == 0, produced.stderr
         assert "stored 3 messages in 'orders' over 4 partitions (positions count within each)" in produced.stderr + (
             produced.stdout
         )
-        text = run_cli("consume", "--topic", "orders", "--subscription", "t", "--idle-timeout", "1", *url).stdout
+        text = run_main("consume", "--topic", "orders", "--subscription", "t", "--idle-timeout", "1", *url).stdout
         assert sorted(text.splitlines()) == ["1:1\ta\t1", "1:2\ta\t3", "2:1\tk\t2"]
-        lines = run_cli(
+        lines = run_main(
             "consume", "--topic", "orders", "--subscription", "j", "--idle-timeout", "1", "--json", *url
         ).stdout.splitlines()
         assert sorted((r["partition"], r["position"], r["key"]) for r in map(json.loads, lines)) == [
@@ -233,7 +241,7 @@ def test_the_command_line_produces_and_consumes_a_partitioned_topic(tmp_path: Pa
 
 
 def test_the_history_of_a_partitioned_subscription_is_one_map_and_plots(tmp_path: Path) -> None:
-    with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server, Client(server.url) as client:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data", metrics_port=0)) as server, Client(server.url) as client:
         admin(server, "/topics?topic=orders&partitions=2", "POST")
         first = client.subscribe("orders", "s", "c1")
         client.subscribe("orders", "s", "c2")
@@ -249,7 +257,7 @@ def test_the_history_of_a_partitioned_subscription_is_one_map_and_plots(tmp_path
         shown = {slot for e in maps[-1] if e["consumer"] == "c1" for slot in range(e["start"], e["end"] + 1)}
         assert shown == {slot for start, end in first.ranges for slot in range(start, end + 1)}
         out = tmp_path / "ownership.png"
-        plotted = run_cli(
+        plotted = run_main(
             "plot", "--admin-url", str(server.admin_url), "--topic", "orders", "--subscription", "s", "--out", str(out)
         )
         assert plotted.returncode == 0, plotted.stderr

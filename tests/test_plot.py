@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from keyfailover.broker.server import ServerConfig
 from keyfailover.client import Client
 from keyfailover.core.ranges import RangeMap
 from keyfailover.integrations.plot import (
@@ -26,7 +27,7 @@ from keyfailover.integrations.plot import (
     render_ownership,
 )
 from keyfailover.tools.cli import main
-from tests.server_process import ServerProcess, run_cli
+from tests.server_process import ServerThread, run_main
 
 needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs keyfailover[plot]")
 
@@ -230,18 +231,18 @@ def test_colours_stay_with_consumers_and_empty_maps_draw_nothing(tmp_path: Path)
 def test_plot_from_a_running_server_through_the_cli(tmp_path: Path) -> None:
     query = "topic=orders&subscription=billing"
     out = tmp_path / "server.png"
-    with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server, Client(server.url) as client:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data", metrics_port=0)) as server, Client(server.url) as client:
         assert server.admin_url is not None
         joined = {name: client.subscribe("orders", "billing", consumer_name=name) for name in ("c1", "c2", "c3")}
         joined["c2"].close()  # returns once the server answered, after it recorded the merge
         joined["c4"] = client.subscribe("orders", "billing", consumer_name="c4")
         command = ["plot", "--admin-url", server.admin_url, "--topic", "orders"]
-        done = run_cli(*command, "--subscription", "billing", "--out", str(out), "--title", "billing", timeout=60)
+        done = run_main(*command, "--subscription", "billing", "--out", str(out), "--title", "billing")
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == f"wrote {out}: 5 range maps"
         with urlopen(f"{server.admin_url}/history?{query}", timeout=10) as response:
             found: dict[str, Any] = json.load(response)
-        unknown = run_cli(*command, "--subscription", "nope", "--out", str(tmp_path / "no.png"), timeout=60)
+        unknown = run_main(*command, "--subscription", "nope", "--out", str(tmp_path / "no.png"))
     assert unknown.returncode == 1
     assert "404" in unknown.stderr and "live subscription" in unknown.stderr
     assert not (tmp_path / "no.png").exists()
@@ -352,6 +353,7 @@ def test_without_matplotlib_a_clear_error(
     assert "keyfailover plot: drawing needs matplotlib" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_the_base_install_imports_no_matplotlib() -> None:
     check = (
         "import sys, keyfailover.tools.cli, keyfailover.integrations.plot; "

@@ -37,10 +37,13 @@ PROMETHEUS = shutil.which("prometheus")
 METRICS_DIR = Path(__file__).resolve().parent.parent / "metrics"
 DEADLINE = 30.0  # seconds; a healthy run needs about 3
 
-pytestmark = pytest.mark.skipif(
-    PROMETHEUS is None,
-    reason="the prometheus binary is not installed (Debian package prometheus; scripts/setup-system installs it)",
-)
+pytestmark = [
+    pytest.mark.integration,  # a server and Prometheus in processes of their own
+    pytest.mark.skipif(
+        PROMETHEUS is None,
+        reason="the prometheus binary is not installed (Debian package prometheus; scripts/setup-system installs it)",
+    ),
+]
 
 T = TypeVar("T")
 

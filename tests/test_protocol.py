@@ -841,12 +841,14 @@ def test_fuzz_random_bodies(body: bytes) -> None:
     feed_hostile([struct.pack(">I", len(body)) + body])
 
 
+@pytest.mark.slow
 @FUZZ
 @given(msgpack_values)
 def test_fuzz_random_msgpack_values(value: object) -> None:
     feed_hostile([raw(value)])
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.sampled_from(sorted(SAMPLES)), st.data())
 def test_fuzz_random_fields(frame_type: str, data: st.DataObject) -> None:
@@ -870,6 +872,7 @@ def mutated_streams(draw: st.DrawFn) -> bytes:
     return draw(mutated(b"".join(encode(frame) for frame in draw(st.lists(frames, min_size=1, max_size=3)))))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(mutated_streams(), st.lists(st.integers(0, 10**6), max_size=4))
 def test_fuzz_mutated_frames(stream: bytes, cuts: list[int]) -> None:

@@ -35,6 +35,8 @@ from keyfailover.core.rebalance import UNASSIGNED
 from tests.pulsar_wire import RawPulsar, connect_command, sticky_subscribe, subscribe_command
 from tests.server_process import ServerProcess, run_cli, wait_until
 
+pytestmark = pytest.mark.integration  # a server in a process of its own, which a test crashes
+
 TOKEN = "pulsar-token-for-tests"
 QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 

@@ -22,6 +22,8 @@ from tests.pulsar_wire import RawPulsar, command, connect_command, producer_comm
 from tests.server_process import ServerProcess
 from tests.strategies import mutated, random_streams
 
+pytestmark = pytest.mark.integration  # a server in a process of its own, whose log is read
+
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 CONNECT = encode_command(connect_command())
 

@@ -28,12 +28,14 @@ from keyfailover.tools.services import PostgreSQL, ZooKeeper
 from tests.pulsar_wire import RawPulsar, command, connect_command
 from tests.server_process import ServerProcess, wait_until
 from tests.test_cluster_failover import running
+from tests.tiers import starts_processes
 
 QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 KEYS = [f"account-{i}" for i in range(12)]
 
 
 @pytest.fixture(scope="module")
+@starts_processes
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     data: Path = tmp_path_factory.mktemp("pulsar-seek") / "data"
     with ServerProcess(data, "--metrics-port", "0", "--pulsar-port", "0", "--session-timeout", "3") as server:
@@ -320,6 +322,7 @@ def test_no_traceback_in_the_server_log(server: ServerProcess) -> None:
     assert "Traceback" not in server.errors(), server.errors()
 
 
+@pytest.mark.integration
 def test_the_new_cursor_survives_a_restart_of_the_server(tmp_path: Path) -> None:
     data = tmp_path / "data"
     extra = ("--metrics-port", "0", "--pulsar-port", "0", "--session-timeout", "3")

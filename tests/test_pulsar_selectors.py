@@ -308,6 +308,7 @@ def test_pulsar_should_contain_minimal_mapping_changes_when_consumer_leaves_and_
     assert changed < int(65535 * (1 / 100.0))
 
 
+@pytest.mark.slow
 def test_pulsar_should_not_swap_existing_consumers() -> None:
     """testShouldNotSwapExistingConsumers: 100 consumers "consumer<i>", 200 points, each leaves and rejoins."""
     selector = ConsistentHashingSelector(200, "4.x")

@@ -34,9 +34,11 @@ from keyfailover.core.hashing import key_hash
 from keyfailover.core.partitions import partition_slots
 from tests.pulsar_wire import RawPulsar, command, connect_command, producer_command, send_frame, subscribe_command
 from tests.server_process import ServerProcess
+from tests.tiers import starts_processes
 
 
 @pytest.fixture(scope="module")
+@starts_processes
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     data: Path = tmp_path_factory.mktemp("pulsar-raw") / "data"
     with ServerProcess(data, "--metrics-port", "0", "--pulsar-port", "0", "--max-frame", "65536") as server:
@@ -275,6 +277,7 @@ def test_no_traceback_in_the_server_log(server: ServerProcess) -> None:
     assert "Traceback" not in server.errors(), server.errors()
 
 
+@pytest.mark.integration
 def test_a_silent_consumer_times_out_and_is_told_and_one_that_answers_pings_stays(tmp_path: Path) -> None:
     """The server PINGs a quiet client; one that answers keeps its session, one that does not is closed."""
     with (
@@ -293,6 +296,7 @@ def test_a_silent_consumer_times_out_and_is_told_and_one_that_answers_pings_stay
         assert closed.consumer_id == 1
 
 
+@pytest.mark.integration
 def test_a_repeated_producer_or_subscribe_is_answered_as_the_first_and_a_taken_consumer_name_is_busy(
     server: ServerProcess,
 ) -> None:

@@ -810,6 +810,7 @@ def _check_against(ranges: RangeMap, model: Model, slots: list[int]) -> None:
     assert [owners[i] for i in ranges.slot_owners()] == model
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.data(), st.one_of(st.integers(1, 8), st.integers(9, 40)))
 def test_any_sequence_of_changes_agrees_with_a_slot_model(data: st.DataObject, range_size: int) -> None:

@@ -1059,6 +1059,7 @@ def _check_shift(policy: Policy, planned: RangeMap, shifted: RangeMap, traffic: 
         assert all(before[r] < mean for r in receivers if r is not None), (before, receivers)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.data(), st.one_of(st.integers(1, 6), st.integers(7, 64)))
 def test_joins_leaves_and_shifts_keep_every_invariant(data: st.DataObject, size: int) -> None:
@@ -1257,6 +1258,7 @@ def _grown(policy: Policy, data: st.DataObject, size: int, names: list[str]) -> 
     return ranges
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.data(), st.one_of(st.integers(2, 8), st.integers(9, 64)))
 def test_a_closed_member_never_gains_in_a_join_or_a_leave_while_an_open_one_can(data: st.DataObject, size: int) -> None:

@@ -21,6 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from keyfailover import RangeMap
+from keyfailover.broker.server import ServerConfig
 from keyfailover.broker.storage.records import publish_clock
 from keyfailover.client import Client, ClientClosed, Consumer, Message, Timeout
 from keyfailover.client.aio import AsyncClient
@@ -39,7 +40,7 @@ from keyfailover.wire.protocol import (
     Subscribed,
     encode,
 )
-from tests.server_process import RawConnection, ServerProcess, run_cli, wait_until
+from tests.server_process import RawConnection, ServerProcess, ServerThread, run_cli, run_main, wait_until
 
 WHOLE = [(0, HASH_RANGE_SIZE - 1)]
 
@@ -73,6 +74,7 @@ def drain(consumer: Consumer, recorder: Recorder, name: str, stop: threading.Eve
         consumer.acknowledge(message)
 
 
+@pytest.mark.integration
 def test_end_to_end_ordered_with_joins_and_leaves(tmp_path: Path) -> None:
     keys = [f"key-{i}" for i in range(1000)]
     rng = random.Random(5)
@@ -134,6 +136,7 @@ def test_end_to_end_ordered_with_joins_and_leaves(tmp_path: Path) -> None:
         assert recorder.by_key[key] == positions, f"{key}: first deliveries out of order"
 
 
+@pytest.mark.integration
 def test_crash_restart_loses_nothing_confirmed(tmp_path: Path, record_property: Callable[[str, object], None]) -> None:
     """SIGKILL the server at random moments while a producer sends and a consumer consumes; restart each time.
 
@@ -246,7 +249,7 @@ def test_crash_restart_loses_nothing_confirmed(tmp_path: Path, record_property: 
 
 @pytest.mark.parametrize("token", ["s3cret"])
 def test_wrong_token_is_refused(tmp_path: Path, token: str) -> None:
-    with ServerProcess(tmp_path / "data", "--token", token) as server:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data", token=token)) as server:
         with pytest.raises(Exception, match=r"unauthorized"):
             Client(server.url, token="wrong", connect_timeout=3.0)
         with Client(server.url, token=token) as client:
@@ -254,7 +257,7 @@ def test_wrong_token_is_refused(tmp_path: Path, token: str) -> None:
 
 
 def test_admin_endpoint_and_ranges_stats_commands(tmp_path: Path) -> None:
-    with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data", metrics_port=0)) as server:
         assert server.admin_url is not None
         with Client(server.url) as client:
             producer = client.create_producer("orders")
@@ -286,12 +289,12 @@ def test_admin_endpoint_and_ranges_stats_commands(tmp_path: Path) -> None:
                 urlopen(f"{server.admin_url}/ranges?topic=orders&subscription=nope")
             assert missing.value.code == 404
             for command in ("ranges", "stats"):
-                done = run_cli(command, "--admin-url", server.admin_url, timeout=60)
+                done = run_main(command, "--admin-url", server.admin_url)
                 assert done.returncode == 0, done.stderr
                 assert "orders/billing" in done.stdout
 
 
-def subscription_ranges(server: ServerProcess, topic: str, subscription: str) -> dict[str, list[tuple[int, int]]]:
+def subscription_ranges(server: ServerThread, topic: str, subscription: str) -> dict[str, list[tuple[int, int]]]:
     """Every consumer's ranges, as the admin endpoint's ``/ranges`` has them now."""
     snapshot = json.loads(urlopen(f"{server.admin_url}/ranges?topic={topic}&subscription={subscription}").read())
     return RangeMap.from_snapshot(snapshot).ranges_by_consumer()
@@ -300,7 +303,10 @@ def subscription_ranges(server: ServerProcess, topic: str, subscription: str) ->
 def test_a_session_hears_of_its_ranges_exactly_when_they_change(tmp_path: Path) -> None:
     """Joins and leaves, frame by frame: each ranges_changed brings a session a list it did not have, and
     after every step the last list each live session was told is its part of the map that /ranges serves."""
-    with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server, RawConnection(server.port) as raw:
+    with (
+        ServerThread(ServerConfig(data_dir=tmp_path / "data", metrics_port=0)) as server,
+        RawConnection(server.port) as raw,
+    ):
         raw.connect()
         told: dict[int, list[list[tuple[int, int]]]] = {}  # session -> every ranges list it got, in order
         epochs: dict[int, int] = {}
@@ -344,7 +350,7 @@ def test_a_session_hears_of_its_ranges_exactly_when_they_change(tmp_path: Path) 
 
 
 def test_on_ranges_changed_tells_a_consumer_its_new_ranges_at_each_join_and_leave(tmp_path: Path) -> None:
-    with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server, Client(server.url) as client:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data", metrics_port=0)) as server, Client(server.url) as client:
         seen: list[list[tuple[int, int]]] = []
         a = client.subscribe("t", "s", consumer_name="a", on_ranges_changed=seen.append)
         assert seen == [WHOLE] == [a.ranges]  # told before subscribe returned
@@ -369,6 +375,7 @@ def test_on_ranges_changed_tells_a_consumer_its_new_ranges_at_each_join_and_leav
         assert seen[-1] == WHOLE and len(seen) >= 3  # b's join took slots from a; the last leave gave all back
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("options", "policy", "most"),
     [(("--policy", "contiguous"), "contiguous", 1), (("--max-ranges", "2"), "multi", 2)],
@@ -397,6 +404,7 @@ def test_serve_policy_and_max_ranges_reach_every_subscription(
             assert all(1 <= len(ranges) <= most for ranges in owned.values()), owned
 
 
+@pytest.mark.integration
 def test_second_server_on_the_same_data_dir_is_refused(tmp_path: Path) -> None:
     with ServerProcess(tmp_path / "data"):
         done = run_cli("serve", "--data-dir", str(tmp_path / "data"), "--port", "0", timeout=60)
@@ -405,7 +413,7 @@ def test_second_server_on_the_same_data_dir_is_refused(tmp_path: Path) -> None:
 
 
 def test_negative_acknowledge_restarts_the_key_in_order(tmp_path: Path) -> None:
-    with ServerProcess(tmp_path / "data") as server, Client(server.url) as client:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data")) as server, Client(server.url) as client:
         producer = client.create_producer("jobs")
         for i in range(6):
             producer.send_async(f"a{i}".encode(), key="a")
@@ -448,7 +456,7 @@ def test_asyncio_client_round_trip(tmp_path: Path) -> None:
                 await consumer.receive(timeout=0.3)
             return received
 
-    with ServerProcess(tmp_path / "data") as server:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data")) as server:
         received = asyncio.run(run(server.url))
     assert sorted(received, key=lambda item: int(item[1][1:])) == [(f"k{i % 3}", f"m{i}".encode()) for i in range(9)]
 
@@ -460,7 +468,7 @@ def test_publish_time_is_the_broker_clock_between_send_and_receive_and_survives_
     data = tmp_path / "data"
     sent: dict[int, int] = {}  # position -> the clock just before its send
     received: dict[int, tuple[int, int]] = {}  # position -> (publish time, the clock just after receive)
-    with ServerProcess(data, "--metrics-port", "0") as server, Client(server.url) as client:
+    with ServerThread(ServerConfig(data_dir=data, metrics_port=0)) as server, Client(server.url) as client:
         consumer = client.subscribe("orders", "billing", consumer_name="c")
         producer = client.create_producer("orders", "p")
         for i in range(20):
@@ -482,7 +490,7 @@ def test_publish_time_is_the_broker_clock_between_send_and_receive_and_survives_
     longest = max(got - sent[p] for p, (_, got) in received.items()) / 1e6
     total = next(s.value for s in latency.samples if s.name.endswith("_sum"))
     assert 0 <= total <= longest * len(sent)  # each observation lies within its message's send -> receive
-    with ServerProcess(data) as server, Client(server.url) as client:
+    with ServerThread(ServerConfig(data_dir=data)) as server, Client(server.url) as client:
         audit = client.subscribe("orders", "audit", consumer_name="a", receiver_queue_size=100)
         again: dict[int, int | None] = {}
         while len(again) < len(sent):
@@ -507,6 +515,7 @@ def frames_of(sock: socket.socket, buffer: bytearray) -> list[dict[str, object]]
         buffer += data
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("version", [5, 6])
 def test_an_older_client_is_served_deliveries_without_what_its_version_lacks(tmp_path: Path, version: int) -> None:
     """A client of an older protocol version connects, produces in its version's frames, and gets deliveries it
@@ -546,6 +555,7 @@ def test_an_older_client_is_served_deliveries_without_what_its_version_lacks(tmp
     assert "Traceback" not in server.errors(), server.errors()
 
 
+@pytest.mark.integration
 def test_consumer_resumes_after_a_server_restart(tmp_path: Path) -> None:
     data = tmp_path / "data"
     server = ServerProcess(data).start()
@@ -587,7 +597,7 @@ def test_consumer_resumes_after_a_server_restart(tmp_path: Path) -> None:
 def test_stored_subscriptions_are_live_after_a_restart_before_anyone_subscribes(tmp_path: Path) -> None:
     """A subscription whose consumers never come back still shows its backlog and its 0 consumers."""
     data = tmp_path / "data"
-    with ServerProcess(data) as server, Client(server.url) as client:
+    with ServerThread(ServerConfig(data_dir=data)) as server, Client(server.url) as client:
         producer = client.create_producer("orders")
         for i in range(30):
             producer.send_async(b"x", key=f"k{i}")
@@ -595,7 +605,7 @@ def test_stored_subscriptions_are_live_after_a_restart_before_anyone_subscribes(
         consumer = client.subscribe("orders", "billing", consumer_name="c")
         consumer.acknowledge(consumer.receive(timeout=5.0))
         consumer.close()
-    with ServerProcess(data, "--metrics-port", "0") as server:
+    with ServerThread(ServerConfig(data_dir=data, metrics_port=0)) as server:
         assert server.admin_url is not None
         listing = json.loads(urlopen(f"{server.admin_url}/ranges").read())
         assert [(s["topic"], s["subscription"], s["ranges"]["ranges"]) for s in listing["subscriptions"]] == [
@@ -607,6 +617,7 @@ def test_stored_subscriptions_are_live_after_a_restart_before_anyone_subscribes(
         assert 'keyfailover_consumers{partition="",subscription="billing",topic="orders"} 0.0' in metrics
 
 
+@pytest.mark.integration
 def test_log_level_info_logs_each_consumer_sessions_start_and_end(tmp_path: Path) -> None:
     """``--log-level info``: a line when a consumer joins and when it leaves, with why; the default
     (warning) logs neither."""

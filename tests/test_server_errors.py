@@ -18,6 +18,7 @@ from urllib.request import urlopen
 import msgpack  # type: ignore[import-untyped]
 import pytest
 
+from keyfailover.broker.server import ServerConfig
 from keyfailover.client import Client, Consumer, Message
 from keyfailover.core.errors import FATAL_CODES, ErrorCode
 from keyfailover.wire.protocol import (
@@ -40,7 +41,7 @@ from keyfailover.wire.protocol import (
     Subscribed,
     encode,
 )
-from tests.server_process import RawConnection, ServerProcess, wait_until
+from tests.server_process import RawConnection, ServerThread, wait_until
 
 TOKEN = "s3cret"
 MAX_FRAME = 4096
@@ -49,9 +50,9 @@ F = TypeVar("F", bound=Frame)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
     data: Path = tmp_path_factory.mktemp("errors") / "data"
-    with ServerProcess(data, "--max-frame", str(MAX_FRAME), "--token", TOKEN) as server:
+    with ServerThread(ServerConfig(data_dir=data, max_frame=MAX_FRAME, token=TOKEN)) as server:
         yield server
         assert "Traceback" not in server.errors(), server.errors()
 
@@ -122,7 +123,7 @@ def consume(consumer: Consumer, positions: set[int]) -> dict[int, Message]:
     return received
 
 
-def assert_no_tracebacks(server: ServerProcess) -> None:
+def assert_no_tracebacks(server: ServerThread) -> None:
     assert "Traceback" not in server.errors(), server.errors()
 
 
@@ -219,7 +220,7 @@ def test_every_fatal_code_is_covered() -> None:
 
 @pytest.mark.parametrize("case", FATAL.values(), ids=FATAL.keys())
 def test_fatal_error_closes_only_that_connection(
-    server: ServerProcess, case: Fatal, request: pytest.FixtureRequest
+    server: ServerThread, case: Fatal, request: pytest.FixtureRequest
 ) -> None:
     topic = f"fatal/{request.node.callspec.id}"
     with Client(server.url, token=TOKEN) as witness:
@@ -253,7 +254,7 @@ def test_fatal_error_closes_only_that_connection(
     assert_no_tracebacks(server)
 
 
-def test_frames_before_a_fatal_frame_are_processed(server: ServerProcess) -> None:
+def test_frames_before_a_fatal_frame_are_processed(server: ServerThread) -> None:
     """Only frames *after* the bad one are dropped, however TCP cuts the stream into reads.
 
     Here the produce and the bad frame go out in one write (so, on loopback, usually in one
@@ -276,7 +277,7 @@ def test_frames_before_a_fatal_frame_are_processed(server: ServerProcess) -> Non
 # -- non-fatal --------------------------------------------------------------------------------
 
 
-def test_a_frame_before_connect_closes_the_connection(server: ServerProcess) -> None:
+def test_a_frame_before_connect_closes_the_connection(server: ServerThread) -> None:
     topic = "not connected"
     with RawConnection(server.port) as raw:
         raw.send(Produce(req=7, topic=topic, producer=None, messages=[(None, "k", b"ignored")]), Ping(nonce=1))
@@ -289,7 +290,7 @@ def test_a_frame_before_connect_closes_the_connection(server: ServerProcess) -> 
     assert_no_tracebacks(server)
 
 
-def test_unknown_topic(server: ServerProcess) -> None:
+def test_unknown_topic(server: ServerThread) -> None:
     topic = "no such topic"
     with RawConnection(server.port) as raw:
         raw.connect(TOKEN)
@@ -306,7 +307,7 @@ def test_unknown_topic(server: ServerProcess) -> None:
     assert_no_tracebacks(server)
 
 
-def test_unknown_subscription(server: ServerProcess) -> None:
+def test_unknown_subscription(server: ServerThread) -> None:
     topic = "unknown subscription"
     with RawConnection(server.port) as raw:
         raw.connect(TOKEN)
@@ -324,7 +325,7 @@ def test_unknown_subscription(server: ServerProcess) -> None:
     assert_no_tracebacks(server)
 
 
-def test_unknown_and_foreign_sessions_change_nothing(server: ServerProcess) -> None:
+def test_unknown_and_foreign_sessions_change_nothing(server: ServerThread) -> None:
     topic, sub = "unknown session", "s"
     with RawConnection(server.port) as owner, RawConnection(server.port) as other:
         owner.connect(TOKEN)
@@ -366,7 +367,7 @@ def test_unknown_and_foreign_sessions_change_nothing(server: ServerProcess) -> N
     assert_no_tracebacks(server)
 
 
-def test_ack_of_a_position_not_in_flight(server: ServerProcess) -> None:
+def test_ack_of_a_position_not_in_flight(server: ServerThread) -> None:
     topic, sub = "not in flight", "s"
     with RawConnection(server.port) as raw:
         raw.connect(TOKEN)
@@ -402,7 +403,7 @@ def subscribe(raw: RawConnection, req: int, topic: str, consumer: str, secret: s
     return frame
 
 
-def test_a_live_consumer_name_is_taken_only_with_its_secret(server: ServerProcess) -> None:
+def test_a_live_consumer_name_is_taken_only_with_its_secret(server: ServerThread) -> None:
     topic = "identity"
     with RawConnection(server.port) as owner, RawConnection(server.port) as thief:
         owner.connect(TOKEN)
@@ -434,7 +435,7 @@ def test_a_second_client_cannot_take_a_live_consumers_name(tmp_path: Path) -> No
     from keyfailover.client import ConsumerBusyError
 
     with (
-        ServerProcess(tmp_path / "data", "--metrics-port", "0") as started,
+        ServerThread(ServerConfig(data_dir=tmp_path / "data", metrics_port=0)) as started,
         Client(started.url) as owner,
         Client(started.url) as other,
     ):
@@ -453,7 +454,7 @@ def test_a_second_client_cannot_take_a_live_consumers_name(tmp_path: Path) -> No
         other.subscribe("orders", "billing", consumer_name="c2")  # another name is welcome
 
 
-def backlog(server: ServerProcess, topic: str, subscription: str) -> int:
+def backlog(server: ServerThread, topic: str, subscription: str) -> int:
     assert server.admin_url is not None
     with urlopen(f"{server.admin_url}/stats", timeout=10) as response:
         found = json.load(response)

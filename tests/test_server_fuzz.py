@@ -36,6 +36,8 @@ from keyfailover.wire.protocol import (
 from tests.server_process import RawConnection, ServerProcess
 from tests.strategies import mutated, random_streams
 
+pytestmark = pytest.mark.integration  # a server in a process of its own, whose log is read
+
 CONNECT = encode(Connect(version=PROTOCOL_VERSION, token=None, client="fuzz"))
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -18,8 +18,10 @@ from urllib.request import Request, urlopen
 
 import pytest
 
+from keyfailover.broker.server import ServerConfig, SubscriptionConfig
 from keyfailover.client import Client, Consumer, LeaseExpiredError, Message, Timeout
-from tests.server_process import ServerProcess, run_cli, wait_until
+from keyfailover.core.dispatcher import DeliverySettings
+from tests.server_process import ServerThread, run_main, wait_until
 
 ACK_TIMEOUT = 2.0
 
@@ -40,7 +42,13 @@ def test_a_stuck_consumer_loses_its_keys_to_the_others_in_order_and_its_late_ack
     keys = [f"account-{i}" for i in range(40)]
     messages = [(keys[i % len(keys)], f"{i}".encode()) for i in range(400)]
     with (
-        ServerProcess(tmp_path / "data", "--ack-timeout", str(ACK_TIMEOUT), "--metrics-port", "0") as server,
+        ServerThread(
+            ServerConfig(
+                data_dir=tmp_path / "data",
+                metrics_port=0,
+                subscription=SubscriptionConfig(delivery=DeliverySettings(ack_timeout=ACK_TIMEOUT)),
+            )
+        ) as server,
         Client(server.url) as client,
     ):
         stuck = client.subscribe("orders", "billing", consumer_name="stuck", receiver_queue_size=1000)
@@ -82,7 +90,7 @@ def test_a_stuck_consumer_loses_its_keys_to_the_others_in_order_and_its_late_ack
         for position, (key, _) in enumerate(messages, start=1):
             expected[key].append(position)
         assert {key: sorted(set(positions)) for key, positions in got.items()} == expected, "nothing lost"
-        stats = json.loads(run_cli("stats", "--admin-url", str(server.admin_url), "--json").stdout)
+        stats = json.loads(run_main("stats", "--admin-url", str(server.admin_url), "--json").stdout)
         (subscription,) = stats["subscriptions"]
         consumers = subscription["dispatcher"]["consumers"]
         assert consumers["stuck"]["stuck"] is True and consumers["stuck"]["ranges"] == []
@@ -105,7 +113,13 @@ def test_a_poison_message_goes_to_the_dead_letter_topic_and_its_key_goes_on(tmp_
     Its properties go with it everywhere."""
     trace = {"trace-id": "4bf92f35", "content-type": "text/plain"}
     with (
-        ServerProcess(tmp_path / "data", "--max-redeliveries", "2", "--metrics-port", "0") as server,
+        ServerThread(
+            ServerConfig(
+                data_dir=tmp_path / "data",
+                metrics_port=0,
+                subscription=SubscriptionConfig(delivery=DeliverySettings(max_redeliveries=2)),
+            )
+        ) as server,
         Client(server.url) as client,
     ):
         consumer = client.subscribe("orders", "billing", consumer_name="worker", receiver_queue_size=10)
@@ -129,7 +143,7 @@ def test_a_poison_message_goes_to_the_dead_letter_topic_and_its_key_goes_on(tmp_
         published = deliveries[0].publish_time
         assert published is not None and {m.publish_time for m in deliveries} == {published}
         admin = ("--admin-url", str(server.admin_url))
-        listed = json.loads(run_cli("dlq", "list", *admin, "--topic", "orders", "--subscription", "billing",
+        listed = json.loads(run_main("dlq", "list", *admin, "--topic", "orders", "--subscription", "billing",
                                     "--json").stdout)  # fmt: skip
         (letter,) = listed["dead_letters"]
         assert (letter["position"], letter["key"], letter["redelivery_count"], letter["reason"]) == (
@@ -150,16 +164,16 @@ def test_a_poison_message_goes_to_the_dead_letter_topic_and_its_key_goes_on(tmp_
             trace,
         )
         reader.acknowledge(stored)
-        replay = run_cli("dlq", "replay", *admin, "--topic", "orders", "--subscription", "billing")
+        replay = run_main("dlq", "replay", *admin, "--topic", "orders", "--subscription", "billing")
         assert replay.returncode == 0 and "replayed 1 dead letter" in replay.stdout, replay
         again = consumer.receive(timeout=10)
         assert (again.key, again.payload, again.redelivery_count, again.properties) == ("acct-7", b"poison", 0, trace)
         assert again.publish_time == published  # replayed, it keeps the time it was first published
         assert again.position > after
         consumer.acknowledge_confirmed(again)
-        replay = run_cli("dlq", "replay", *admin, "--topic", "orders", "--subscription", "billing")
+        replay = run_main("dlq", "replay", *admin, "--topic", "orders", "--subscription", "billing")
         assert "replayed 0 dead letter" in replay.stdout, "a dead letter is replayed once"
-        listed_text = run_cli("dlq", "list", *admin, "--topic", "orders", "--subscription", "billing").stdout
+        listed_text = run_main("dlq", "list", *admin, "--topic", "orders", "--subscription", "billing").stdout
         assert "orders-billing-DLQ: 1 dead letter(s)" in listed_text and "3 deliveries, nack" in listed_text
         # Reads take GET, the replay POST; anything else is refused without a change.
         for method, path, status in [
@@ -172,7 +186,7 @@ def test_a_poison_message_goes_to_the_dead_letter_topic_and_its_key_goes_on(tmp_
             with pytest.raises(HTTPError) as refused:
                 urlopen(Request(f"{server.admin_url}{path}", method=method), timeout=10)
             assert refused.value.code == status, (method, path)
-        assert len(json.loads(run_cli("dlq", "list", *admin, "--topic", "orders", "--subscription", "billing",
+        assert len(json.loads(run_main("dlq", "list", *admin, "--topic", "orders", "--subscription", "billing",
                                       "--json").stdout)["dead_letters"]) == 1  # fmt: skip
     assert "Traceback" not in server.errors(), server.errors()
 
@@ -180,7 +194,15 @@ def test_a_poison_message_goes_to_the_dead_letter_topic_and_its_key_goes_on(tmp_
 def test_extend_keeps_a_lease_past_the_ack_timeout(tmp_path: Path) -> None:
     """A consumer working longer than ack_timeout keeps its message by extending the lease."""
     timeout = 1.0
-    with ServerProcess(tmp_path / "data", "--ack-timeout", str(timeout)) as server, Client(server.url) as client:
+    with (
+        ServerThread(
+            ServerConfig(
+                data_dir=tmp_path / "data",
+                subscription=SubscriptionConfig(delivery=DeliverySettings(ack_timeout=timeout)),
+            )
+        ) as server,
+        Client(server.url) as client,
+    ):
         consumer: Consumer = client.subscribe("jobs", "workers", consumer_name="slow", receiver_queue_size=5)
         other = client.subscribe("jobs", "workers", consumer_name="idle", receiver_queue_size=5)
         produce(client, "jobs", [("job-1", b"work")])
@@ -203,15 +225,18 @@ def _owns(consumer: Consumer, key: str) -> bool:
     return any(start <= slot <= end for start, end in consumer.ranges)
 
 
+@pytest.mark.slow
 def test_a_consumer_that_never_acks_does_not_stop_the_others(tmp_path: Path) -> None:
     """The never-acking bar at small scale: with a buffer of 200 and an unacked limit of 20, the healthy
     consumer gets every message of its keys while the other holds its 20 (its keys' messages stay in the
     log, parked, not in memory); once the stuck one leaves, the rest comes from the log, in order."""
     keys = [f"account-{i}" for i in range(100)]
     count = 5000
-    options = ("--max-replay", "200", "--max-unacked-per-consumer", "20", "--ack-timeout", "3600")
+    options = SubscriptionConfig(
+        delivery=DeliverySettings(max_replay=200, max_unacked_per_consumer=20, ack_timeout=3600)
+    )
     with (
-        ServerProcess(tmp_path / "data", *options, "--metrics-port", "0") as server,
+        ServerThread(ServerConfig(data_dir=tmp_path / "data", metrics_port=0, subscription=options)) as server,
         Client(server.url) as client,
     ):
         stuck = client.subscribe("orders", "billing", consumer_name="stuck", receiver_queue_size=1000)
@@ -232,7 +257,7 @@ def test_a_consumer_that_never_acks_does_not_stop_the_others(tmp_path: Path) -> 
                 healthy.acknowledge(message)
 
         take_healthy(expected)  # the stuck consumer never takes a message: its application is blocked
-        stats = json.loads(run_cli("stats", "--admin-url", str(server.admin_url), "--json").stdout)
+        stats = json.loads(run_main("stats", "--admin-url", str(server.admin_url), "--json").stdout)
         dispatcher = stats["subscriptions"][0]["dispatcher"]
         assert dispatcher["consumers"]["stuck"]["unacked"] == 20
         assert dispatcher["held"] <= 200 and dispatcher["parked_slots"] > 0
@@ -254,7 +279,7 @@ def test_a_backlog_is_read_only_as_far_as_its_consumers_can_take(tmp_path: Path)
     key in order."""
     keys = [f"account-{i}" for i in range(100)]
     count = 10_000
-    with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server, Client(server.url) as client:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data", metrics_port=0)) as server, Client(server.url) as client:
         producer = client.create_producer("orders")
         for i in range(count):
             producer.send_async(b"x", keys[i % len(keys)])
@@ -263,7 +288,7 @@ def test_a_backlog_is_read_only_as_far_as_its_consumers_can_take(tmp_path: Path)
         consumer = client.subscribe("orders", "billing", consumer_name="slow", receiver_queue_size=100)
 
         def dispatcher() -> dict[str, Any]:
-            stats = json.loads(run_cli("stats", "--admin-url", str(server.admin_url), "--json").stdout)
+            stats = json.loads(run_main("stats", "--admin-url", str(server.admin_url), "--json").stdout)
             found: dict[str, Any] = stats["subscriptions"][0]["dispatcher"]
             return found
 
@@ -280,6 +305,7 @@ def test_a_backlog_is_read_only_as_far_as_its_consumers_can_take(tmp_path: Path)
     assert "Traceback" not in server.errors(), server.errors()
 
 
+@pytest.mark.slow
 def test_a_consumer_whose_leases_all_expired_rejoins_once_its_application_waits_for_more(tmp_path: Path) -> None:
     """The only consumer takes every message and acks none in time (its acks late, on a lossy link, say):
     its leases expire, it owns no range and has nothing left to take or ack. Its application waiting for
@@ -287,7 +313,12 @@ def test_a_consumer_whose_leases_all_expired_rejoins_once_its_application_waits_
     and when it asks only after they went. Without that, no consumer of the subscription would own any key."""
     count = 20
     with (
-        ServerProcess(tmp_path / "data", "--ack-timeout", str(ACK_TIMEOUT)) as server,
+        ServerThread(
+            ServerConfig(
+                data_dir=tmp_path / "data",
+                subscription=SubscriptionConfig(delivery=DeliverySettings(ack_timeout=ACK_TIMEOUT)),
+            )
+        ) as server,
         Client(server.url) as client,
     ):
         consumer = client.subscribe("orders", "billing", consumer_name="late", receiver_queue_size=1000)
@@ -317,7 +348,7 @@ def test_delivery_settings_are_per_subscription_live_and_saved(
     apply at once, survive a restart, and a bad one is refused without a change."""
     data = tmp_path / "data"
     with (
-        ServerProcess(data, "--metrics-port", "0") as server,  # the server's ack timeout: 30 s
+        ServerThread(ServerConfig(data_dir=data, metrics_port=0)) as server,  # the server's ack timeout: 30 s
         Client(server.url) as client,
     ):
         admin = ("--admin-url", str(server.admin_url))
@@ -327,15 +358,15 @@ def test_delivery_settings_are_per_subscription_live_and_saved(
         wait_until(lambda: bool(stuck.ranges) and bool(healthy.ranges), "both consumers own ranges")
         fast = ("--topic", "orders", "--subscription", "fast")
         options = ("--ack-timeout", "1", "--max-redeliveries", "2", "--nack-backoff", "0.5", "--max-replay", "500")
-        shown = run_cli("admin", "configure", *admin, *fast, *options)
+        shown = run_main("admin", "configure", *admin, *fast, *options)
         assert shown.returncode == 0, shown
         assert "ack timeout       1 s (own)" in shown.stdout and "nack backoff max  60 s (server)" in shown.stdout
         assert "max replay        500 messages (own)" in shown.stdout
-        too_small = run_cli("admin", "configure", *admin, *fast, "--max-replay", "5")
+        too_small = run_main("admin", "configure", *admin, *fast, "--max-replay", "5")
         assert too_small.returncode == 2 and "a number of messages" in too_small.stderr
-        refused = run_cli("admin", "configure", *admin, *fast, "--nack-backoff", "90")
+        refused = run_main("admin", "configure", *admin, *fast, "--nack-backoff", "90")
         assert refused.returncode == 1 and "nack_backoff_max must be a finite number >= 90" in refused.stderr
-        assert run_cli("admin", "configure", *admin, *fast, "--ack-timeout", "-1").returncode == 2
+        assert run_main("admin", "configure", *admin, *fast, "--ack-timeout", "-1").returncode == 2
         keys = [key for key in (f"acct-{i}" for i in range(200)) if _owns(stuck, key)][:5]
         positions = produce(client, "orders", [(key, b"x") for key in keys])
         first = stuck.receive(timeout=10)  # its application takes one and never acks: 1 s later it is stuck
@@ -357,7 +388,7 @@ def test_delivery_settings_are_per_subscription_live_and_saved(
         assert [m.redelivery_count for m in audit] == [0] * len(positions), "the other subscription kept 30 s"
         for message in audit:
             reader.acknowledge(message)
-        settings = json.loads(run_cli("admin", "configure", *admin, *fast, "--json").stdout)
+        settings = json.loads(run_main("admin", "configure", *admin, *fast, "--json").stdout)
         assert settings["settings"] == {
             "ack_timeout": 1.0,
             "max_redeliveries": 2,
@@ -365,26 +396,26 @@ def test_delivery_settings_are_per_subscription_live_and_saved(
             "nack_backoff_max": 60.0,
             "max_replay": 500,
         }
-        other = json.loads(run_cli("admin", "configure", *admin, "--topic", "orders", "--subscription", "audit",
+        other = json.loads(run_main("admin", "configure", *admin, "--topic", "orders", "--subscription", "audit",
                                    "--json").stdout)  # fmt: skip
         assert other["settings"]["ack_timeout"] == 30.0 and other["own"] == []
-        stats = json.loads(run_cli("stats", *admin, "--json").stdout)
+        stats = json.loads(run_main("stats", *admin, "--json").stdout)
         by_name = {item["subscription"]: item for item in stats["subscriptions"]}
         assert by_name["fast"]["dispatcher"]["nack_backoff"] == 0.5 and by_name["fast"]["ack_timeout"] == 1.0
         assert by_name["fast"]["dispatcher"]["max_replay"] == 500
         assert by_name["audit"]["dispatcher"]["max_replay"] == 100_000
     assert "Traceback" not in server.errors(), server.errors()
-    with ServerProcess(data, "--metrics-port", "0") as server:
+    with ServerThread(ServerConfig(data_dir=data, metrics_port=0)) as server:
         admin = ("--admin-url", str(server.admin_url))
-        saved = json.loads(run_cli("admin", "configure", *admin, *fast, "--json").stdout)
+        saved = json.loads(run_main("admin", "configure", *admin, *fast, "--json").stdout)
         assert saved["own"] == ["ack_timeout", "max_redeliveries", "max_replay", "nack_backoff"]
         assert saved["settings"]["max_replay"] == 500
-        back = json.loads(run_cli("admin", "configure", *admin, *fast, "--ack-timeout", "default", "--json").stdout)
+        back = json.loads(run_main("admin", "configure", *admin, *fast, "--ack-timeout", "default", "--json").stdout)
         assert back["settings"]["ack_timeout"] == 30.0
         assert back["own"] == ["max_redeliveries", "max_replay", "nack_backoff"]
-        reset = json.loads(run_cli("admin", "configure", *admin, *fast, "--reset", "--json").stdout)
+        reset = json.loads(run_main("admin", "configure", *admin, *fast, "--reset", "--json").stdout)
         assert reset["own"] == [] and reset["settings"]["max_redeliveries"] is None
-        missing = run_cli("admin", "configure", *admin, "--topic", "orders", "--subscription", "nobody")
+        missing = run_main("admin", "configure", *admin, "--topic", "orders", "--subscription", "nobody")
         assert missing.returncode == 1 and "no subscription 'nobody' of topic 'orders'" in missing.stderr
     assert "Traceback" not in server.errors(), server.errors()
 
@@ -395,7 +426,7 @@ def test_parked_messages_come_back_after_a_restart_that_finds_the_log_end_acked(
     The messages parked on the way (one unacked at a time) are re-read from the log as the consumer
     acks, every one of them, in order, with no new message needed to move things on."""
     count, unacked = 100, 60
-    with ServerProcess(tmp_path / "data", "--metrics-port", "0") as server, Client(server.url) as client:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data", metrics_port=0)) as server, Client(server.url) as client:
         positions = produce(client, "orders", [("account-1", b"x")] * count)
         consumer = client.subscribe("orders", "billing", consumer_name="c", receiver_queue_size=count)
         for _ in range(count):
@@ -403,8 +434,11 @@ def test_parked_messages_come_back_after_a_restart_that_finds_the_log_end_acked(
             if message.position > positions[unacked - 1]:
                 consumer.acknowledge_confirmed(message)
         consumer.close()
-    options = ("--max-replay", "100", "--max-unacked-per-consumer", "1", "--metrics-port", "0")
-    with ServerProcess(tmp_path / "data", *options) as server, Client(server.url) as client:
+    options = SubscriptionConfig(delivery=DeliverySettings(max_replay=100, max_unacked_per_consumer=1))
+    with (
+        ServerThread(ServerConfig(data_dir=tmp_path / "data", metrics_port=0, subscription=options)) as server,
+        Client(server.url) as client,
+    ):
         consumer = client.subscribe("orders", "billing", consumer_name="c", receiver_queue_size=1)
         got = []
         for _ in range(unacked):

@@ -20,6 +20,8 @@ from keyfailover.core.errors import ErrorCode
 from keyfailover.wire.protocol import Error, Ping, encode
 from tests.server_process import RawConnection, ServerProcess, wait_until
 
+pytestmark = pytest.mark.integration  # servers in processes of their own
+
 MiB = 1024 * 1024
 
 

@@ -15,8 +15,12 @@ import time
 from pathlib import Path
 from urllib.request import urlopen
 
+import pytest
+
+from keyfailover.broker.server import ServerConfig, SubscriptionConfig
 from keyfailover.client import Client, Consumer, Timeout
-from tests.server_process import ServerProcess, run_cli, wait_until
+from keyfailover.core.dispatcher import DeliverySettings
+from tests.server_process import ServerProcess, ServerThread, run_main, wait_until
 
 KEYS = [f"order-{i}" for i in range(21)]  # odd: round robin over two consumers does not follow the key
 PER_PHASE = 300
@@ -44,8 +48,8 @@ class Log:
                 self.acked.setdefault(message.position, time.monotonic())
 
 
-def switch(server: ServerProcess, mode: str) -> None:
-    done = run_cli(
+def switch(server: ServerProcess | ServerThread, mode: str) -> None:
+    done = run_main(
         "admin", "set-consume-mode", mode, "--admin-url", str(server.admin_url), "--topic", "orders",
         "--subscription", "billing",
     )  # fmt: skip
@@ -54,7 +58,16 @@ def switch(server: ServerProcess, mode: str) -> None:
 
 def test_ordered_unordered_ordered_under_traffic_loses_nothing_and_keeps_key_order_after(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    with ServerProcess(data, "--metrics-port", "0", "--ack-timeout", "10") as server, Client(server.url) as client:
+    with (
+        ServerThread(
+            ServerConfig(
+                data_dir=data,
+                metrics_port=0,
+                subscription=SubscriptionConfig(delivery=DeliverySettings(ack_timeout=10)),
+            )
+        ) as server,
+        Client(server.url) as client,
+    ):
         consumers = {
             name: client.subscribe("orders", "billing", consumer_name=name, receiver_queue_size=50)
             for name in ("c1", "c2")
@@ -98,20 +111,21 @@ def test_ordered_unordered_ordered_under_traffic_loses_nothing_and_keeps_key_ord
         metrics = urlopen(f"{server.admin_url}/metrics", timeout=10).read().decode()
         info = 'keyfailover_consume_mode_info{mode="unordered",partition="",subscription="billing",topic="orders"} 1.0'
         assert info in metrics
-        listed = run_cli("ranges", "--admin-url", str(server.admin_url)).stdout
+        listed = run_main("ranges", "--admin-url", str(server.admin_url)).stdout
         assert "orders/billing (epoch" in listed and ", unordered)" in listed
     assert "Traceback" not in server.errors(), server.errors()
-    with ServerProcess(data, "--metrics-port", "0") as server, Client(server.url) as client:
+    with ServerThread(ServerConfig(data_dir=data, metrics_port=0)) as server, Client(server.url) as client:
         client.subscribe("orders", "billing", consumer_name="c1")
         stats = json.load(urlopen(f"{server.admin_url}/stats", timeout=10))
         assert stats["subscriptions"][0]["consume_mode"] == "unordered", "the mode is saved with the subscription"
-        refused = run_cli(
+        refused = run_main(
             "admin", "set-consume-mode", "ordered", "--admin-url", str(server.admin_url), "--topic", "orders",
             "--subscription", "nobody",
         )  # fmt: skip
         assert refused.returncode == 1 and "no subscription 'nobody'" in refused.stderr, refused
 
 
+@pytest.mark.integration
 def test_serve_consume_mode_is_the_mode_of_subscriptions_without_their_own(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with ServerProcess(data, "--metrics-port", "0") as server, Client(server.url) as client:

@@ -35,6 +35,8 @@ from keyfailover.client import Client, Consumer, Message, Timeout
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
 from tests.server_process import ServerProcess, wait_until
 
+pytestmark = pytest.mark.integration  # a server in a process of its own, suspended
+
 TOPIC = "orders"
 SUBSCRIPTION = "billing"
 SESSION_TIMEOUT = 1.0

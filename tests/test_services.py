@@ -81,6 +81,7 @@ def test_a_service_not_installed_says_what_is_missing_and_how_to_install_it(
     assert not (tmp_path / "zookeeper").exists() and not (tmp_path / "postgresql").exists()
 
 
+@pytest.mark.integration
 def test_a_start_interrupted_by_ctrl_c_stops_the_server_it_launched(monkeypatch: pytest.MonkeyPatch) -> None:
     """KeyboardInterrupt while ZooKeeper comes up, or once PostgreSQL is up (creating the database):
     neither server is left running, though the caller never got an object to stop."""

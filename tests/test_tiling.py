@@ -168,6 +168,7 @@ def check_splice(function: Splice, ranges: list[Triple], start: int, end: int, o
     assert added == [r for r in after if r not in ranges], f"added {added}"
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(tilings(), st.data())
 def test_splice_agrees_with_a_slot_model(tiling: tuple[int, list[Triple]], data: st.DataObject) -> None:

@@ -20,7 +20,7 @@ import trustme
 
 from keyfailover.client import Client
 from keyfailover.tools.cli._serve import _loopback
-from tests.server_process import ServerProcess, run_cli
+from tests.server_process import ServerProcess, run_cli, run_main
 
 TOKEN = "tls-token-7f3a"
 
@@ -65,6 +65,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
         yield setup
 
 
+@pytest.mark.integration
 def test_produce_and_consume_over_tls_with_a_token_from_a_file(secured: Secured) -> None:
     with Client(secured.url, TOKEN, tls_ca=secured.ca) as client:
         producer = client.create_producer("secure")
@@ -81,6 +82,7 @@ def test_produce_and_consume_over_tls_with_a_token_from_a_file(secured: Secured)
     assert consumed.returncode == 0 and consumed.stdout == "1\ta\t1\n", consumed.stderr
 
 
+@pytest.mark.integration
 def test_the_token_from_the_environment(secured: Secured) -> None:
     url = ["--url", secured.url, "--tls-ca", str(secured.ca), "--topic", "env-token"]
     env = dict(os.environ, KEYFAILOVER_TOKEN=TOKEN)
@@ -96,6 +98,7 @@ def test_the_token_from_the_environment(secured: Secured) -> None:
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.integration
 def test_the_admin_endpoint_needs_the_token_but_healthz(secured: Secured) -> None:
     admin = secured.server.admin_url
     assert admin is not None and admin.startswith("https://")
@@ -113,6 +116,7 @@ def test_the_admin_endpoint_needs_the_token_but_healthz(secured: Secured) -> Non
     assert denied.value.code == 401
 
 
+@pytest.mark.integration
 def test_plain_and_untrusting_clients_fail_clearly(secured: Secured) -> None:
     port = secured.server.port
     plain = run_cli("produce", "--url", f"kf://127.0.0.1:{port}", "--topic", "t", "--token", TOKEN, stdin="a\n")
@@ -145,10 +149,11 @@ def test_plain_and_untrusting_clients_fail_clearly(secured: Secured) -> None:
 def test_token_options_are_checked(tmp_path: Path, arguments: list[str], code: int, fragment: str) -> None:
     (tmp_path / "EMPTY").write_text("\n")
     resolved = [str(tmp_path / value) if value in ("EMPTY", "MISSING") else value for value in arguments]
-    done = run_cli("produce", "--url", "kf://127.0.0.1:1", "--topic", "t", *resolved, stdin="a\n")
+    done = run_main("produce", "--url", "kf://127.0.0.1:1", "--topic", "t", *resolved, stdin="a\n")
     assert done.returncode == code and fragment in done.stderr, done.stderr
 
 
+@pytest.mark.integration
 def test_serving_beyond_loopback_without_a_token_warns(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("")  # the start fails at the data dir, after the warning, before binding
     done = run_cli("serve", "--host", "0.0.0.0", "--port", "0", "--data-dir", str(tmp_path / "afile"))
@@ -158,6 +163,7 @@ def test_serving_beyond_loopback_without_a_token_warns(tmp_path: Path) -> None:
     assert not _loopback("0.0.0.0") and not _loopback("10.1.2.3") and not _loopback("example.org")
 
 
+@pytest.mark.integration
 def test_tls_options_go_together(tmp_path: Path) -> None:
     done = run_cli("serve", "--data-dir", str(tmp_path / "d"), "--tls-cert", "c.pem")
     assert done.returncode == 2 and "--tls-cert and --tls-key go together" in done.stderr

@@ -1,9 +1,15 @@
-"""Start the real parts a cluster needs on loopback: Debian's ZooKeeper and PostgreSQL.
+"""Start the real parts a cluster needs on loopback: Debian's ZooKeeper, PostgreSQL and Patroni.
 
 For tests, benchmarks and the cluster demo: each service runs in a folder of its own (config,
 data and log), listens on 127.0.0.1 only, on a free port unless one is given, and is stopped
 (its process and every child gone) when the context ends; the folder is the caller's to
-remove. ``scripts/setup-system`` installs both (``zookeeper``, ``postgresql``).
+remove. ``scripts/setup-system`` installs them (``zookeeper``, ``postgresql``, ``patroni`` with
+``python3-kazoo``).
+
+:class:`PatroniGroup` is a replicated store: PostgreSQL servers managed by Patroni, which keeps
+its state in ZooKeeper, elects the primary, promotes a standby when the primary dies and, in
+synchronous mode, acknowledges a commit only once a synchronous standby has it. keyfailover
+only follows the primary: :attr:`PatroniGroup.dsn` names every member.
 
 PostgreSQL refuses to run as root: as root the server runs as the ``postgres`` system user
 (the folder is handed to it, and the folders above it must let that user through), otherwise
@@ -12,22 +18,28 @@ as the calling user.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from keyfailover.core.errors import KeyFailoverError
 
-__all__ = ["PostgreSQL", "ServiceError", "ZooKeeper", "free_port", "stop_process"]
+__all__ = ["PatroniGroup", "PostgreSQL", "ServiceError", "ZooKeeper", "free_port", "stop_process"]
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
 ZOOKEEPER_CONF = Path("/etc/zookeeper/conf")
 POSTGRESQL_BIN = Path("/usr/lib/postgresql/15/bin")
+PATRONI = Path("/usr/bin/patroni")
+PATRONI_KAZOO = Path("/usr/lib/python3/dist-packages/kazoo")
+"""Debian's kazoo, with which Debian's Patroni reaches ZooKeeper: its package names it only as one of several stores."""
 START_TIMEOUT = 60.0
 
 
@@ -247,3 +259,219 @@ def _java() -> str:
     if java is None:
         raise ServiceError("Java is not installed (no java on PATH); ZooKeeper needs it: run scripts/setup-system")
     return java
+
+
+def _as_postgres() -> list[str]:
+    """The prefix that runs a command as the ``postgres`` user when this process is root: PostgreSQL refuses root."""
+    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+
+class PatroniGroup:
+    """PostgreSQL servers under Patroni in ``folder``: one primary and synchronous standbys, on loopback.
+
+    Each member has a folder, a PostgreSQL port and a REST port of its own; Patroni keeps the
+    group's state in ZooKeeper at ``hosts``, under ``namespace``. ``ttl`` is Patroni's leader key
+    lifetime: a primary that stops renewing it is replaced within about that long. The superuser
+    ``kf`` connects with trust auth on loopback, and database ``database`` is created once a
+    primary runs. Synchronous mode is on: a commit returns only once a synchronous standby has it.
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        hosts: str,
+        *,
+        members: int = 2,
+        namespace: str = "/keyfailover-store",
+        scope: str = "kf",
+        ttl: int = 10,
+        database: str = "keyfailover",
+    ) -> None:
+        if members < 2:
+            raise ServiceError(f"a Patroni group needs at least 2 members for a synchronous standby, not {members}")
+        self.folder = Path(folder)
+        self.hosts = hosts
+        self.namespace = namespace
+        self.scope = scope
+        self.ttl = ttl
+        self.database = database
+        self.names = [f"member{index}" for index in range(members)]
+        self.ports = {name: free_port() for name in self.names}
+        self.rest_ports = {name: free_port() for name in self.names}
+        self._processes: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def dsn(self) -> str:
+        """The URL of database ``database`` naming every member, for a connection to whichever is the primary."""
+        members = ",".join(f"127.0.0.1:{self.ports[name]}" for name in self.names)
+        return f"postgresql://kf@{members}/{self.database}?target_session_attrs=read-write"
+
+    @staticmethod
+    def check_installed() -> None:
+        """:class:`ServiceError` saying what is missing when Patroni or PostgreSQL 15 is not installed."""
+        PostgreSQL.check_installed()
+        if not PATRONI.exists():
+            raise ServiceError(f"Patroni is not installed (no {PATRONI}): run scripts/setup-system")
+        if not PATRONI_KAZOO.exists():
+            raise ServiceError(
+                f"Patroni cannot reach ZooKeeper without Debian's python3-kazoo (no {PATRONI_KAZOO}): "
+                "run scripts/setup-system"
+            )
+
+    def _config(self, name: str) -> dict[str, Any]:
+        """Patroni's configuration of member ``name``."""
+        home = self.folder / name
+        port, rest = self.ports[name], self.rest_ports[name]
+        return {
+            "scope": self.scope,
+            "namespace": self.namespace,
+            "name": name,
+            "log": {"dir": str(home), "level": "INFO"},
+            "restapi": {"listen": f"127.0.0.1:{rest}", "connect_address": f"127.0.0.1:{rest}"},
+            "zookeeper": {"hosts": self.hosts.split(",")},
+            "bootstrap": {
+                "dcs": {
+                    "ttl": self.ttl,
+                    "loop_wait": 1,
+                    "retry_timeout": max(1, (self.ttl - 1) // 2),
+                    "synchronous_mode": True,
+                    "postgresql": {"use_pg_rewind": False, "parameters": {"max_wal_senders": 10}},
+                },
+                "initdb": [{"encoding": "UTF8"}, {"auth": "trust"}, "no-sync"],
+            },
+            "postgresql": {
+                "listen": f"127.0.0.1:{port}",
+                "connect_address": f"127.0.0.1:{port}",
+                "data_dir": str(home / "data"),
+                "bin_dir": str(POSTGRESQL_BIN),
+                "pgpass": str(home / "pgpass"),
+                "authentication": {"superuser": {"username": "kf"}, "replication": {"username": "kf"}},
+                "pg_hba": [
+                    "local all all trust",
+                    "host all all 127.0.0.1/32 trust",
+                    "host replication all 127.0.0.1/32 trust",
+                ],
+                "parameters": {"unix_socket_directories": str(home)},
+            },
+        }
+
+    def start(self) -> PatroniGroup:
+        """Start every member, wait for a primary and a synchronous standby, and create the database.
+
+        A ServiceError says why when the group does not come up within the start timeout.
+        """
+        self.check_installed()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            for name in self.names:
+                self._start_member(name)
+            self.wait_until_ready()
+            primary = self.primary()
+            created = subprocess.run(
+                [
+                    *_as_postgres(), str(POSTGRESQL_BIN / "psql"), "-h", "127.0.0.1", "-p", str(self.ports[primary]),
+                    "-U", "kf", "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-c", f'CREATE DATABASE "{self.database}"',
+                ],
+                capture_output=True, text=True, check=False, timeout=START_TIMEOUT, cwd="/",
+            )  # fmt: skip
+            if created.returncode and "already exists" not in created.stderr:
+                raise ServiceError(f"cannot create database {self.database!r}: {created.stderr.strip()}")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_member(self, name: str) -> None:
+        """Write member ``name``'s configuration and start its Patroni, which starts its PostgreSQL."""
+        home = self.folder / name
+        home.mkdir(parents=True, exist_ok=True)
+        config = home / "patroni.json"  # JSON is YAML: Patroni reads it as its YAML configuration
+        config.write_text(json.dumps(self._config(name), indent=2))
+        if os.geteuid() == 0:
+            for path in (self.folder, home, config):
+                shutil.chown(path, "postgres", "postgres")
+        home.chmod(0o700)
+        with (home / "patroni.out").open("ab") as out:
+            self._processes[name] = subprocess.Popen(
+                [*_as_postgres(), str(PATRONI), str(config)], stdout=out, stderr=subprocess.STDOUT,
+                cwd="/", start_new_session=True,
+            )  # fmt: skip
+
+    def members(self) -> list[dict[str, Any]]:
+        """The group's members as Patroni's REST API lists them: name, role, state, lag; [] when none answers."""
+        for name in self.names:
+            process = self._processes.get(name)
+            if process is None or process.poll() is not None:
+                continue
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.rest_ports[name]}/cluster", timeout=1.0) as got:
+                    found: list[dict[str, Any]] = json.loads(got.read())["members"]
+                    return found
+            except (OSError, ValueError, KeyError):
+                continue
+        return []
+
+    def primary(self) -> str:
+        """The member Patroni runs as the primary; a ServiceError when there is none."""
+        for member in self.members():
+            if member.get("role") == "leader" and member.get("state") == "running":
+                return str(member["name"])
+        raise ServiceError(f"the Patroni group {self.scope!r} has no running primary now")
+
+    def wait_until_ready(self, timeout: float = START_TIMEOUT) -> str:
+        """Wait until a primary runs and a synchronous standby streams from it; the primary's name."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.members()
+            roles = {member.get("role") for member in found if member.get("state") in ("running", "streaming")}
+            if {"leader", "sync_standby"} <= roles:
+                return self.primary()
+            if time.monotonic() > deadline:
+                raise ServiceError(
+                    f"the Patroni group {self.scope!r} has no primary with a synchronous standby after {timeout:g} s: "
+                    f"{found or 'no member answers'}; logs under {self.folder}"
+                )
+            time.sleep(0.2)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL member ``name``: its Patroni and its PostgreSQL, as a machine that dies."""
+        process = self._processes.get(name)
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        self._kill_postmaster(name)
+
+    def _kill_postmaster(self, name: str) -> None:
+        """SIGKILL member ``name``'s postmaster, which Patroni runs in a session of its own; its backends follow."""
+        pid_file = self.folder / name / "data" / "postmaster.pid"
+        try:
+            pid = int(pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Stop every member: Patroni stops its PostgreSQL; what is left after the timeout is killed."""
+        for process in self._processes.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for name, process in self._processes.items():
+            try:
+                process.wait(timeout=20.0)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            self._kill_postmaster(name)
+        self._processes.clear()
+
+    def __enter__(self) -> PatroniGroup:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()

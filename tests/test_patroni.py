@@ -1,0 +1,96 @@
+"""The replicated store of issue 37, first step: a Patroni group that keyfailover only follows.
+
+Two PostgreSQL servers under Debian's Patroni, which keeps its state in the test run's ZooKeeper:
+one primary and a synchronous standby. A commit acknowledged by the primary is on the standby
+too, so when the primary dies (Patroni and PostgreSQL SIGKILLed together, as a machine that dies)
+the promoted standby still has it, and a client of the URL naming every member writes again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from keyfailover.tools.services import PatroniGroup, ServiceError, ZooKeeper
+from tests.server_process import wait_until
+
+
+@pytest.fixture
+def group(zookeeper: ZooKeeper) -> Iterator[PatroniGroup]:
+    """A fresh group of two members in its own ZooKeeper namespace, stopped and removed afterwards."""
+    try:
+        PatroniGroup.check_installed()
+    except ServiceError as missing:
+        pytest.skip(str(missing))
+    folder = Path(tempfile.mkdtemp(prefix="keyfailover-patroni-"))  # under /tmp: open to the postgres user
+    namespace = f"/kf-store-{uuid.uuid4().hex[:8]}"
+    try:
+        with PatroniGroup(folder, zookeeper.hosts, namespace=namespace) as started:
+            yield started
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+async def _write(dsn: str, value: int) -> tuple[list[int], str]:
+    """Insert ``value`` through ``dsn``: every value stored then, and the standbys the primary waits for."""
+    connection = await asyncpg.connect(dsn, timeout=5.0)
+    try:
+        await connection.execute("CREATE TABLE IF NOT EXISTS acked (value int)")
+        await connection.execute("INSERT INTO acked VALUES ($1)", value)
+        stored = [row["value"] for row in await connection.fetch("SELECT value FROM acked ORDER BY value")]
+        standbys = await connection.fetchval("SHOW synchronous_standby_names")
+        return stored, str(standbys)
+    finally:
+        await connection.close()
+
+
+def _writes(dsn: str, value: int) -> tuple[list[int], str] | None:
+    """:func:`_write`, or None while no primary accepts it."""
+    try:
+        return asyncio.run(_write(dsn, value))
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+        return None
+
+
+@pytest.mark.slow
+def test_a_commit_survives_the_primary_s_death_and_the_members_url_writes_on_the_promoted_standby(
+    group: PatroniGroup,
+) -> None:
+    first = group.primary()
+    standby = next(name for name in group.names if name != first)
+    written = _writes(group.dsn, 1)
+    assert written is not None
+    stored, standbys = written
+    assert stored == [1]
+    assert standby in standbys  # the commit returned only once this standby had it
+    group.kill(first)
+
+    def promoted() -> bool:
+        try:
+            return group.primary() == standby
+        except ServiceError:  # no primary yet
+            return False
+
+    wait_until(promoted, "the standby promoted", timeout=60)
+    again: list[tuple[list[int], str]] = []
+
+    def written_again() -> bool:
+        done = _writes(group.dsn, 2)
+        if done is not None:
+            again.append(done)
+        return done is not None
+
+    wait_until(written_again, "a write through the members' URL on the new primary")
+    assert again[0][0] == [1, 2]
+
+
+def test_a_group_needs_a_standby() -> None:
+    with pytest.raises(ServiceError, match="at least 2 members for a synchronous standby, not 1"):
+        PatroniGroup(Path("/nonexistent"), "127.0.0.1:1", members=1)

@@ -105,21 +105,19 @@ def test_a_start_interrupted_by_ctrl_c_stops_the_server_it_launched(monkeypatch:
                 ZooKeeper(folder / "zookeeper").start()
         assert launched and launched[0].poll() is not None
 
-        run = PostgreSQL._run
+        run = services._run_as_postgres
 
-        def ctrl_c_at_psql(self: PostgreSQL, *command: str) -> subprocess.CompletedProcess[str]:
+        def ctrl_c_at_psql(*command: str) -> subprocess.CompletedProcess[str]:
             if command[0].endswith("/psql"):
                 raise KeyboardInterrupt
-            return run(self, *command)
+            return run(*command)
 
         server = PostgreSQL(folder / "postgresql")
         with monkeypatch.context() as patch:
-            patch.setattr(PostgreSQL, "_run", ctrl_c_at_psql)
+            patch.setattr(services, "_run_as_postgres", ctrl_c_at_psql)
             with pytest.raises(KeyboardInterrupt):
                 server.start()
-        status = server._run(
-            str(services.POSTGRESQL_BIN / "pg_ctl"), "-D", str(folder / "postgresql" / "data"), "status"
-        )
+        status = run(str(services.POSTGRESQL_BIN / "pg_ctl"), "-D", str(folder / "postgresql" / "data"), "status")
         assert status.returncode == 3, status.stdout  # "no server running"
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -168,6 +168,29 @@ class ZooKeeper:
         self.stop()
 
 
+def _as_postgres() -> list[str]:
+    """The prefix that runs a command as the ``postgres`` user when this process is root: PostgreSQL refuses root."""
+    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+
+def _run_as_postgres(*command: str) -> subprocess.CompletedProcess[str]:
+    """Run one of PostgreSQL's programs, as the ``postgres`` user when this process is root."""
+    return subprocess.run(
+        [*_as_postgres(), *command], capture_output=True, text=True, check=False, timeout=START_TIMEOUT, cwd="/"
+    )
+
+
+def _create_database(port: int, database: str) -> None:
+    """Create ``database`` on the server at ``port`` as the superuser ``kf``, unless it exists; a
+    :class:`ServiceError` says why it could not."""
+    created = _run_as_postgres(
+        str(POSTGRESQL_BIN / "psql"), "-h", "127.0.0.1", "-p", str(port), "-U", "kf", "-d", "postgres",
+        "-v", "ON_ERROR_STOP=1", "-c", f'CREATE DATABASE "{database}"',
+    )  # fmt: skip
+    if created.returncode and "already exists" not in created.stderr:
+        raise ServiceError(f"cannot create database {database!r}: {created.stderr.strip()}")
+
+
 class PostgreSQL:
     """A PostgreSQL 15 server with its own cluster in ``folder``: superuser ``kf``, trust auth on loopback.
 
@@ -184,13 +207,6 @@ class PostgreSQL:
     def dsn(self) -> str:
         """The URL of database ``database`` as the superuser ``kf``."""
         return f"postgresql://kf@127.0.0.1:{self.port}/{self.database}"
-
-    def _run(self, *command: str) -> subprocess.CompletedProcess[str]:
-        """Run one of PostgreSQL's programs, as the ``postgres`` user when this process is root."""
-        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        return subprocess.run(
-            [*prefix, *command], capture_output=True, text=True, check=False, timeout=START_TIMEOUT, cwd="/"
-        )
 
     @staticmethod
     def check_installed() -> None:
@@ -209,32 +225,28 @@ class PostgreSQL:
         self.folder.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             shutil.chown(self.folder, "postgres", "postgres")
-            if self._run("test", "-w", str(self.folder)).returncode:
+            if _run_as_postgres("test", "-w", str(self.folder)).returncode:
                 raise ServiceError(
                     f"the postgres user cannot write {self.folder}: every folder above it must be open to it "
                     "(a folder made by tempfile.mkdtemp() under /tmp is)"
                 )
         data = self.folder / "data"
         if not data.exists():
-            done = self._run(str(initdb), "-D", str(data), "-A", "trust", "-U", "kf", "-E", "UTF8", "--no-sync")
+            done = _run_as_postgres(str(initdb), "-D", str(data), "-A", "trust", "-U", "kf", "-E", "UTF8", "--no-sync")
             if done.returncode:
                 raise ServiceError(f"initdb failed in {data}: {done.stderr.strip() or done.stdout.strip()}")
         options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1"
         log = self.folder / "postgresql.log"
         self._started = True  # from here on: stopped again when it does not start, or start is interrupted (Ctrl-C)
         try:
-            done = self._run(str(pg_ctl), "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "60", "start")
+            done = _run_as_postgres(
+                str(pg_ctl), "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "60", "start"
+            )
             if done.returncode:
                 raise ServiceError(
                     f"PostgreSQL did not start on port {self.port}: {done.stderr.strip()}; its log: {log}"
                 )
-            psql = POSTGRESQL_BIN / "psql"
-            created = self._run(
-                str(psql), "-h", "127.0.0.1", "-p", str(self.port), "-U", "kf", "-d", "postgres",
-                "-v", "ON_ERROR_STOP=1", "-c", f'CREATE DATABASE "{self.database}"',
-            )  # fmt: skip
-            if created.returncode and "already exists" not in created.stderr:
-                raise ServiceError(f"cannot create database {self.database!r}: {created.stderr.strip()}")
+            _create_database(self.port, self.database)
         except BaseException:
             self.stop()
             raise
@@ -243,7 +255,9 @@ class PostgreSQL:
     def stop(self) -> None:
         """Stop the server, if it runs."""
         if self._started:
-            self._run(str(POSTGRESQL_BIN / "pg_ctl"), "-D", str(self.folder / "data"), "-m", "fast", "-w", "stop")
+            _run_as_postgres(
+                str(POSTGRESQL_BIN / "pg_ctl"), "-D", str(self.folder / "data"), "-m", "fast", "-w", "stop"
+            )
             self._started = False
 
     def __enter__(self) -> PostgreSQL:
@@ -259,11 +273,6 @@ def _java() -> str:
     if java is None:
         raise ServiceError("Java is not installed (no java on PATH); ZooKeeper needs it: run scripts/setup-system")
     return java
-
-
-def _as_postgres() -> list[str]:
-    """The prefix that runs a command as the ``postgres`` user when this process is root: PostgreSQL refuses root."""
-    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 
 
 class PatroniGroup:
@@ -365,17 +374,7 @@ class PatroniGroup:
         try:
             for name in self.names:
                 self._start_member(name)
-            self.wait_until_ready()
-            primary = self.primary()
-            created = subprocess.run(
-                [
-                    *_as_postgres(), str(POSTGRESQL_BIN / "psql"), "-h", "127.0.0.1", "-p", str(self.ports[primary]),
-                    "-U", "kf", "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-c", f'CREATE DATABASE "{self.database}"',
-                ],
-                capture_output=True, text=True, check=False, timeout=START_TIMEOUT, cwd="/",
-            )  # fmt: skip
-            if created.returncode and "already exists" not in created.stderr:
-                raise ServiceError(f"cannot create database {self.database!r}: {created.stderr.strip()}")
+            _create_database(self.ports[self.wait_until_ready()], self.database)
         except BaseException:
             self.stop()
             raise

@@ -1,7 +1,10 @@
 """Cluster mode end to end: keyfailover brokers on PostgreSQL (and ZooKeeper) beside the single-node
-SQLite server and Redis Streams, then how long a killed broker's partitions stay unserved.
+SQLite server and Redis Streams, then how long a killed broker's partitions stay unserved, and how long
+a killed PostgreSQL primary of a replicated store stops writes.
 
-Run: ``python benchmarks/bench_cluster.py [--quick] [--messages N] [--runs N] [--kills N]``.
+Run: ``python benchmarks/bench_cluster.py [--quick] [--messages N] [--runs N] [--kills N] [--store-kills N]
+[--ha-only | --no-ha]``. ``--ha-only`` runs the 3 brokers on one PostgreSQL, the 3 brokers on the
+replicated store and part 3; ``--no-ha`` leaves the replicated store out (no Patroni needed).
 
 Part 1, throughput. Each setup runs ``--runs`` times in interleaved rounds (so a burst of load
 elsewhere on the machine hits every setup alike) and the run with the median throughput is shown
@@ -11,13 +14,17 @@ elsewhere on the machine hits every setup alike) and the run with the median thr
 - keyfailover 1 broker and 3 brokers: ``keyfailover serve --cluster zk://... --store postgresql://...``,
   on one ZooKeeper and one PostgreSQL started for the whole benchmark (each run gets a cluster root
   of its own and a fresh database);
+- keyfailover 3 brokers on the replicated store: the same, ``--store`` naming both members of a
+  Patroni group started for the whole benchmark (2 members, synchronous mode, ttl ``HA_TTL`` s, its
+  state in the same ZooKeeper), so a commit returns once the standby has it too;
 - Redis Streams: ``redis-server`` with ``appendonly yes``, ``appendfsync always``.
 
 The processes and messages are bench_e2e's (its producers, consumers and checks): the keyfailover
 topic has ``PARTITIONS`` partitions (created before the consumers subscribe), the messages are 100
 bytes over 10,000 keys, sent by ``PRODUCERS`` producer processes (each sends the messages of its
 own keys, batches of 1000, one batch unconfirmed at a time) and taken by 4 consumer processes that
-acknowledge each. Every message must arrive, and per-key order is checked on every run: a
+acknowledge each. The p50 and p99 columns are each message's latency from its send to its delivery.
+Every message must arrive, and per-key order is checked on every run: a
 keyfailover run that breaks it makes the script exit 1 (after the tables). The CPU table says
 where the time goes: CPU seconds of the brokers (the server), PostgreSQL (every process of it),
 ZooKeeper, the producers and the consumers while messages flowed, on a machine whose cores they
@@ -33,8 +40,19 @@ next kill waits until the three share the partitions again. The light traffic's 
 never see a message refused (its client resends until stored): how many were is reported beside the
 goal.
 
-ZooKeeper (Debian's ``zookeeper``), PostgreSQL 15 and ``redis-server`` come from
-``scripts/setup-system``; without Redis the Redis row says it was skipped. Timing is printed, never
+Part 3, store failover. Three brokers on the replicated store serve a topic under steady traffic (a
+producer sending one message to each partition every 20 ms through the client's normal path) and a
+probe (a producer of its own sending one message at a time, resent by the probe on errors).
+``--store-kills`` times, the group's primary is SIGKILLed (Patroni and its PostgreSQL, as a machine
+that dies); the time from the kill to the first receipt of a probe message sent after it is the
+failover time. The killed member is then restarted, and the next kill waits until it streams as the
+synchronous standby again. At the end every message of the steady traffic is read back from the
+store: an acknowledged message missing is lost, and a (partition, producer, sequence id) or a payload
+stored more than once is stored twice; the goals are the issue's: median failover within ttl + 5 s,
+none lost, none stored twice.
+
+ZooKeeper (Debian's ``zookeeper``), PostgreSQL 15, Patroni and ``redis-server`` come from
+``scripts/setup-system``; without Redis or Patroni their rows say they were skipped. Timing is printed, never
 asserted.
 """
 
@@ -77,12 +95,24 @@ from _e2e_traffic import (
     redis_server,
     run_processes,
 )
+from _ha import (
+    HA_MARGIN,
+    HA_TTL,
+    INDEX,
+    STEADY_PERIOD,
+    FailoverProbe,
+    HAStore,
+    Losses,
+    SteadyTraffic,
+    lost_and_duplicated,
+    summarise_failovers,
+)
 from bench_e2e import REDIS_ALWAYS
 
 from keyfailover.broker.cluster import cluster_status, connect
 from keyfailover.client import Client
 from keyfailover.core.partitions import partition_of_key
-from keyfailover.tools.services import PostgreSQL, ServiceError, ZooKeeper, free_port
+from keyfailover.tools.services import PatroniGroup, PostgreSQL, ServiceError, ZooKeeper, free_port
 
 PARTITIONS = 6
 PRODUCERS = 2
@@ -103,13 +133,23 @@ class Setup:
     system: System
     brokers: int  # brokers of a cluster; 0: one server with its own storage
     durability: str
+    replicated: bool = False  # the cluster's store is the Patroni group, not the one PostgreSQL
 
 
 SINGLE = Setup("keyfailover single node (SQLite)", "keyfailover", 0, "fsync per group commit")
+ONE_STORE = Setup("keyfailover 3 brokers (PostgreSQL + ZooKeeper)", "keyfailover", 3, "fsync per commit")
+REPLICATED = Setup(
+    "keyfailover 3 brokers (Patroni: primary + sync standby)",
+    "keyfailover",
+    3,
+    "fsync per commit on 2 servers",
+    replicated=True,
+)
 SETUPS = [
     SINGLE,
     Setup("keyfailover 1 broker (PostgreSQL + ZooKeeper)", "keyfailover", 1, "fsync per commit"),
-    Setup("keyfailover 3 brokers (PostgreSQL + ZooKeeper)", "keyfailover", 3, "fsync per commit"),
+    ONE_STORE,
+    REPLICATED,
     Setup("Redis Streams (appendfsync always)", "redis", 0, "fsync per event-loop iteration"),
 ]
 KINDS = ("brokers", "PostgreSQL", "ZooKeeper")
@@ -220,15 +260,17 @@ class Services:
 
 
 class Cluster:
-    """Brokers of one cluster (a root path in the ZooKeeper, a database in the PostgreSQL), each
-    started, killed and restarted on its own port; every broker still running is stopped at exit."""
+    """Brokers of one cluster (a root path in the ZooKeeper, a database in the PostgreSQL or, given ``ha``,
+    in its Patroni group), each started, killed and restarted on its own port; every broker still running
+    is stopped at exit."""
 
-    def __init__(self, services: Services, folder: Path, name: str, brokers: int) -> None:
+    def __init__(self, services: Services, folder: Path, name: str, brokers: int, ha: HAStore | None = None) -> None:
         self.services = services
+        self.ha = ha
         self.folder = folder
         self.root = f"/{name}"
         self.zk_url = f"zk://{services.zookeeper.hosts}{self.root}"
-        self.store = services.create_database(name)
+        self.store = services.create_database(name) if ha is None else ha.create_database(name)
         self.ports = [free_port() for _ in range(brokers)]
         self._running: dict[int, tuple[contextlib.ExitStack, int]] = {}
 
@@ -274,7 +316,11 @@ class Cluster:
         wait_until(spread, f"the partitions of {topic} spread over {sorted(ids)}")
 
     def cpu(self) -> dict[str, float]:
-        return {"brokers": sum(cpu_seconds(pid) for _, pid in self._running.values()), **self.services.cpu()}
+        """CPU seconds so far of its brokers, its ZooKeeper and its store: every member's PostgreSQL when replicated."""
+        used = {"brokers": sum(cpu_seconds(pid) for _, pid in self._running.values()), **self.services.cpu()}
+        if self.ha is not None:
+            used["PostgreSQL"] = sum(tree_cpu_seconds(pid) for pid in self.ha.postmasters())
+        return used
 
     def __enter__(self) -> Cluster:
         try:
@@ -318,12 +364,14 @@ def server_cpu(pid: int) -> ServiceCpu:
     return lambda: {"brokers": cpu_seconds(pid)}
 
 
-def run_setup(setup: Setup, services: Services, count: int, name: str) -> Measured:
-    """One run of ``setup`` in fresh storage, ``name`` naming its cluster root and database."""
+def run_setup(setup: Setup, services: Services, ha: HAStore | None, count: int, name: str) -> Measured:
+    """One run of ``setup`` in fresh storage, ``name`` naming its cluster root and database (in ``ha`` when the
+    setup is replicated)."""
     with tempfile.TemporaryDirectory(prefix="bench_cluster-") as temporary, contextlib.ExitStack() as stack:
         folder = Path(temporary)
         if setup.brokers:
-            cluster = stack.enter_context(Cluster(services, folder, name, setup.brokers))
+            store = ha if setup.replicated else None
+            cluster = stack.enter_context(Cluster(services, folder, name, setup.brokers, store))
             cluster.create_topic(TOPIC, PARTITIONS)
             address, service_cpu = cluster.address, cluster.cpu
         else:
@@ -339,47 +387,67 @@ def run_setup(setup: Setup, services: Services, count: int, name: str) -> Measur
     return Measured(setup, delivery(run, count, setup.label), run.seconds, cpu, run.other_cores())
 
 
-def median_runs(setups: Sequence[Setup], services: Services, count: int, runs: int) -> list[list[Measured]]:
+def median_runs(
+    setups: Sequence[Setup], services: Services, ha: HAStore | None, count: int, runs: int
+) -> list[list[Measured]]:
     """Every run of each setup, sorted by throughput; the setups run in interleaved rounds."""
     measured: dict[Setup, list[Measured]] = {setup: [] for setup in setups}
     for round_ in range(runs):
         for index, setup in enumerate(setups):
-            measured[setup].append(run_setup(setup, services, count, f"bench_{round_}_{index}"))
+            measured[setup].append(run_setup(setup, services, ha, count, f"bench_{round_}_{index}"))
     return [sorted(measured[setup], key=lambda m: m.delivery.rate) for setup in setups]
 
 
+def ratio(measured: Measured, of: Setup, medians: Sequence[Measured]) -> str:
+    """The throughput of ``measured`` over that of the median run of ``of``; "-" when ``of`` did not run."""
+    base = next((m for m in medians if m.setup == of), None)
+    return "-" if base is None else f"{measured.delivery.rate / base.delivery.rate:.2f}x"
+
+
 def print_throughput(
-    count: int, runs: int, results: Sequence[list[Measured]], skipped: str | None, postgres: str
+    count: int,
+    runs: int,
+    results: Sequence[list[Measured]],
+    *,
+    skipped: Sequence[tuple[str, str]],
+    postgres: str,
+    replicated: str | None,
 ) -> None:
+    """The throughput and CPU tables of the median runs, ``skipped`` rows (label, why) last; ``postgres`` and
+    ``replicated`` are the durability settings of the one PostgreSQL and of the Patroni group's primary."""
     medians = [every[(len(every) - 1) // 2] for every in results]
-    single = next(m for m in medians if m.setup == SINGLE)
     rows = [
         [
             m.setup.label,
             m.setup.durability,
             format_count(m.delivery.rate),
             f"{format_count(every[0].delivery.rate)}-{format_count(every[-1].delivery.rate)}",
-            f"{m.delivery.rate / single.delivery.rate:.2f}x",
+            ratio(m, SINGLE, medians),
+            ratio(m, ONE_STORE, medians) if m.setup == REPLICATED else "-",
             f"{m.delivery.p50_ms:.0f}",
+            f"{m.delivery.p99_ms:.0f}",
             format_count(sum(r.delivery.violations for r in every)),
         ]
         for m, every in zip(medians, results, strict=True)
     ]
+    rows += [[label, f"skipped: {why}", *["-"] * 7] for label, why in skipped]
     print_table(
         f"End to end over loopback: {format_count(count)} messages of {PAYLOAD_BYTES} bytes, {KEYS:,} keys, "
         f"keyfailover topic of {PARTITIONS} partitions, {PRODUCERS} producer and {CONSUMERS} consumer processes "
-        f"(each message acknowledged) on {os.cpu_count()} cores; median of {runs} run(s)",
+        f"(each message acknowledged) on {os.cpu_count()} cores; median of {runs} run(s); p50/p99: produce to "
+        "deliver latency",
         [
             "setup",
             "durability",
             "msgs/s produce+consume",
             "range",
             "vs single-node SQLite",
+            "vs 1 PostgreSQL",
             "p50 ms",
+            "p99 ms",
             "order violations",
         ],
         rows,
-        skipped=("Redis Streams", skipped),
     )
     print(
         "Durability (what a message survives once its producer was told it is stored: power loss, for all):\n"
@@ -387,7 +455,13 @@ def print_throughput(
         "    the previous commit ran) is fsynced before the receipts go out.\n"
         "  brokers: a broker's group commit per partition is one PostgreSQL transaction (one COPY), answered once\n"
         f"    its commit record is flushed; PostgreSQL 15 ran with {postgres}.\n"
-        "  Redis: appendonly yes, appendfsync always: the AOF is fsynced in each event-loop iteration before the\n"
+        + (
+            "  Patroni: the same transactions on the group's primary, answered once the synchronous standby has\n"
+            f"    flushed the commit record too; the primary ran with {replicated}.\n"
+            if replicated is not None
+            else ""
+        )
+        + "  Redis: appendonly yes, appendfsync always: the AOF is fsynced in each event-loop iteration before the\n"
         "    replies of that iteration go out.\n"
         "Order violations, over every run: first deliveries of a key taken (by receive time, across consumers)\n"
         "after a later message of that key. keyfailover must have none; Redis Streams hands a key's messages to\n"
@@ -396,8 +470,8 @@ def print_throughput(
     print_table(
         "Where the time goes: CPU seconds (user + system) of each kind of process in the median run, from the "
         "producers' start to the last message received (wall s); brokers = the server for the single node and "
-        "Redis; cores busy = their total over wall s; other load = cores kept busy meanwhile by processes outside "
-        "the benchmark",
+        "Redis; PostgreSQL = both members' for the Patroni row, without Patroni's own daemons; cores busy = their "
+        "total over wall s; other load = cores kept busy meanwhile by processes outside the benchmark",
         ["setup", "wall s", *KINDS, "producers", "consumers", "total", "µs/msg", "cores busy", "other load"],
         [
             [
@@ -564,26 +638,172 @@ def print_failovers(kills: Sequence[Kill], traffic: LightTraffic) -> list[tuple[
     ]
 
 
+# -- part 3: store failover ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoreKill:
+    """One SIGKILLed primary of the Patroni group: which member, which one Patroni promoted, the seconds from the
+    kill to the first write acknowledged on the new primary, and from the killed member's restart until it
+    streamed as the synchronous standby again."""
+
+    victim: str
+    promoted: str
+    seconds: float
+    back: float
+
+
+@dataclass(frozen=True)
+class StoreFailovers:
+    """The kills of part 3, what the steady traffic's client was told and what the store holds of it."""
+
+    kills: list[StoreKill]
+    losses: Losses
+    sent: int
+    refused: int
+    first_refusal: str | None
+    probe_refused: int
+
+
+def store_failovers(services: Services, ha: HAStore, kills: int) -> StoreFailovers:
+    """``kills`` primaries of the Patroni group killed in turn under steady traffic through three brokers, each
+    restarted once measured; then every message of the steady traffic read back from the store."""
+    keys = partition_keys(PARTITIONS)
+    name = "bench_store_failover"
+    with (
+        tempfile.TemporaryDirectory(prefix="bench_cluster-") as folder,
+        Cluster(services, Path(folder), name, FAILOVER_BROKERS, ha) as cluster,
+    ):
+        cluster.create_topic(FAILOVER_TOPIC, PARTITIONS)
+        probe(cluster.address, FAILOVER_TOPIC, keys)
+        with Client(cluster.address) as client:
+            traffic = SteadyTraffic(client, FAILOVER_TOPIC, keys, "steady-traffic")
+            watcher = FailoverProbe(cluster.address, FAILOVER_TOPIC, keys, POLL)
+            try:
+                measured = [store_failover(ha.group, watcher) for _ in range(kills)]
+            except ServiceError as error:
+                raise SystemExit(f"the Patroni group did not fail over and come back as expected: {error}") from None
+            finally:
+                watcher.stop()
+                traffic.stop(WAIT)
+        rows = ha.fetch(
+            name,
+            "SELECT partition, producer, seq, payload FROM kf_messages WHERE topic = $1 AND producer = $2",
+            FAILOVER_TOPIC,
+            traffic.name,
+        )
+    stored = [(row[0], row[1], row[2], INDEX.unpack(row[3])[0]) for row in rows]
+    losses = lost_and_duplicated(traffic.acknowledged, stored)
+    return StoreFailovers(measured, losses, traffic.sent, traffic.refused, traffic.first_refusal, watcher.refused)
+
+
+def store_failover(group: PatroniGroup, watcher: FailoverProbe) -> StoreKill:
+    """Kill the primary, measure until a write begun after the kill is acknowledged, restart the killed member and
+    return once it streams as the synchronous standby again."""
+    victim = group.wait_until_ready()
+    killed = time.monotonic()
+    group.kill(victim)
+    wait_until(lambda: watcher.first_ack_after(killed) is not None, "a write acknowledged after the primary's kill")
+    acked = watcher.first_ack_after(killed)
+    assert acked is not None
+    promoted = group.primary()
+    restarted = time.monotonic()
+    group.restart(victim)
+    group.wait_until_ready()
+    return StoreKill(victim, promoted, acked - killed, time.monotonic() - restarted)
+
+
+def print_store_failovers(done: StoreFailovers) -> list[tuple[str, str, bool]]:
+    """The table of the store failovers and their summary; the goals they are held to."""
+    print_table(
+        f"Store failover: a Patroni group of 2 members (synchronous mode, ttl {HA_TTL} s, loop_wait 1 s), "
+        f"{FAILOVER_BROKERS} brokers, topic of {PARTITIONS} partitions, steady traffic (a message to each "
+        f"partition every {STEADY_PERIOD * 1000:.0f} ms) and a probe (one message at a time, resent on errors); "
+        "seconds from the primary's SIGKILL to the first probe message sent after it and acknowledged",
+        ["kill", "killed primary", "promoted", "first write acknowledged s", "standby streaming again s"],
+        [[str(i + 1), k.victim, k.promoted, f"{k.seconds:.2f}", f"{k.back:.1f}"] for i, k in enumerate(done.kills)],
+    )
+    summary = summarise_failovers([k.seconds for k in done.kills])
+    losses = done.losses
+    refused = f"{format_count(done.refused)} refused" + (f" (the first: {done.first_refusal})" if done.refused else "")
+    twice = max(losses.twice_by_sequence, losses.twice_by_payload)
+    print(
+        f"Store failover, kill to first write acknowledged: min {summary.least:.2f} s, median {summary.median:.2f} s, "
+        f"max {summary.largest:.2f} s (ttl {HA_TTL} s).\n"
+        f"Steady traffic meanwhile (the client's normal path): {format_count(done.sent)} sent, "
+        f"{format_count(losses.acknowledged)} acknowledged, {refused}; the probe's sends refused: "
+        f"{format_count(done.probe_refused)}.\n"
+        f"Read back from the store: {format_count(losses.stored)} stored; acknowledged but lost: {losses.lost}; "
+        f"stored twice: {losses.twice_by_sequence} by (partition, producer, sequence id), "
+        f"{losses.twice_by_payload} by payload.\n"
+    )
+    bar = HA_TTL + HA_MARGIN
+    return [
+        (
+            f"store failover <= ttl + {HA_MARGIN:g} s = {bar:g} s (median of {len(done.kills)} kills)",
+            f"{summary.median:.2f} s",
+            summary.meets(HA_TTL),
+        ),
+        ("no acknowledged message lost across the primary kills", str(losses.lost), losses.lost == 0),
+        ("no message stored twice across the primary kills", str(twice), twice == 0),
+    ]
+
+
+def patroni_missing() -> str | None:
+    """Why the replicated store cannot run here, or None when it can."""
+    try:
+        PatroniGroup.check_installed()
+    except ServiceError as missing:
+        return str(missing)
+    return None
+
+
 def main() -> None:
+    """Parse the options, run the parts they ask for and print their tables and goals."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a small run that finishes in about a minute")
+    parser.add_argument("--quick", action="store_true", help="a small run that finishes in about two minutes")
     parser.add_argument("--messages", type=int, default=None, help="messages per run (default 100,000; 2,000 quick)")
     parser.add_argument("--runs", type=int, default=None, help="runs per setup, the median shown (default 3; 1 quick)")
     parser.add_argument("--kills", type=int, default=None, help="brokers killed in part 2 (default 5; 1 quick)")
+    parser.add_argument(
+        "--store-kills", type=int, default=None, help="store primaries killed in part 3 (default 5; 1 quick)"
+    )
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument(
+        "--ha-only",
+        action="store_true",
+        help="only the replicated store: its row beside the 3 brokers on one PostgreSQL, and part 3",
+    )
+    only.add_argument("--no-ha", action="store_true", help="without the replicated store: no Patroni row, no part 3")
     options = parser.parse_args()
     count = options.messages or (2_000 if options.quick else 100_000)
     runs = options.runs or (1 if options.quick else 3)
     kills = options.kills or (1 if options.quick else 5)
-    if count < 1 or runs < 1 or kills < 1:
-        parser.error("--messages, --runs and --kills must be positive")
+    store_kills = options.store_kills or (1 if options.quick else 5)
+    if count < 1 or runs < 1 or kills < 1 or store_kills < 1:
+        parser.error("--messages, --runs, --kills and --store-kills must be positive")
 
-    skipped = redis_missing()
-    setups = [s for s in SETUPS if s.system == "keyfailover" or skipped is None]
-    with Services() as services:
-        results = median_runs(setups, services, count, runs)
-        print_throughput(count, runs, results, skipped, services.durability())
-        measured, traffic = failovers(services, kills)
-    goals = print_failovers(measured, traffic)
+    missing = {"redis": redis_missing(), "patroni": None if options.no_ha else patroni_missing()}
+    if options.ha_only and missing["patroni"] is not None:
+        raise SystemExit(f"--ha-only needs the replicated store: {missing['patroni']}")
+    wanted = [ONE_STORE, REPLICATED] if options.ha_only else [s for s in SETUPS if not (options.no_ha and s.replicated)]
+    skipped = [
+        (s.label, why)
+        for s in wanted
+        if (why := missing["patroni"] if s.replicated else missing["redis"] if s.system == "redis" else None)
+    ]
+    setups = [s for s in wanted if s.label not in dict(skipped)]
+    goals: list[tuple[str, str, bool]] = []
+    with Services() as services, contextlib.ExitStack() as stack:
+        ha = stack.enter_context(HAStore(services.zookeeper.hosts)) if REPLICATED in setups else None
+        results = median_runs(setups, services, ha, count, runs)
+        settings = ha.settings() if ha is not None else None
+        print_throughput(count, runs, results, skipped=skipped, postgres=services.durability(), replicated=settings)
+        if not options.ha_only:
+            measured, traffic = failovers(services, kills)
+            goals += print_failovers(measured, traffic)
+        if ha is not None:
+            goals += print_store_failovers(store_failovers(services, ha, store_kills))
     print_goals(goals)
     broken = sum(m.delivery.violations for every in results for m in every if m.setup.system == "keyfailover")
     if broken:

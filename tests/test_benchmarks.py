@@ -35,6 +35,8 @@ ALSO_PRINTS = {
     "bench_cluster.py": (
         "brokers  PostgreSQL  ZooKeeper",  # the CPU table
         "every partition served s",  # the failover table
+        "first write acknowledged s",  # the store failover table
+        "acknowledged but lost: 0",
         "per-key order held in every keyfailover run",
     ),
 }

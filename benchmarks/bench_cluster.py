@@ -761,7 +761,7 @@ def patroni_missing() -> str | None:
 def main() -> None:
     """Parse the options, run the parts they ask for and print their tables and goals."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a small run that finishes in about two minutes")
+    parser.add_argument("--quick", action="store_true", help="a small run that finishes in one to two minutes")
     parser.add_argument("--messages", type=int, default=None, help="messages per run (default 100,000; 2,000 quick)")
     parser.add_argument("--runs", type=int, default=None, help="runs per setup, the median shown (default 3; 1 quick)")
     parser.add_argument("--kills", type=int, default=None, help="brokers killed in part 2 (default 5; 1 quick)")

@@ -175,25 +175,28 @@ class PostgresLog:
         self._pool = pool
 
     @classmethod
-    async def connect(cls, dsn: str, *, min_size: int = 1, max_size: int = 4) -> PostgresLog:
+    async def connect(cls, dsn: str, *, max_size: int = 4) -> PostgresLog:
         """Connect to ``dsn`` and create the tables if missing; :class:`LogError` names an unreachable server,
         or each member of ``dsn`` and why none accepts writes.
 
-        The connections name themselves :data:`APPLICATION_NAME` (``pg_stat_activity`` shows it)."""
+        The connections name themselves :data:`APPLICATION_NAME` (``pg_stat_activity`` shows it). The pool
+        keeps no floor of connections: while the store fails over, connections are made when a call needs
+        one, not retried in the background."""
+        pool = await asyncpg.create_pool(
+            dsn,
+            connect=connect_writable,
+            min_size=0,
+            max_size=max_size,
+            timeout=CONNECT_TIMEOUT,
+            command_timeout=STATEMENT_TIMEOUT,
+            server_settings={"application_name": APPLICATION_NAME},
+        )
         try:
-            pool = await asyncpg.create_pool(
-                dsn,
-                connect=connect_writable,
-                min_size=min_size,
-                max_size=max_size,
-                timeout=CONNECT_TIMEOUT,
-                command_timeout=STATEMENT_TIMEOUT,
-                server_settings={"application_name": APPLICATION_NAME},
-            )
+            async with pool.acquire() as connection, connection.transaction():
+                await create_schema(connection)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            await pool.close()
             raise LogError(f"cannot reach PostgreSQL at {_redacted(dsn)}: {_described(exc)}") from None
-        async with pool.acquire() as connection, connection.transaction():
-            await create_schema(connection)
         return cls(pool)
 
     @property

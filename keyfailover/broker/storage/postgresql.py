@@ -99,7 +99,10 @@ STATEMENT_TIMEOUT = 10.0
 """Seconds a statement may wait for its server's answer before the call fails with
 :class:`StoreUnavailableError`: a primary whose machine froze answers nothing, and Patroni replaces it
 within its leader key's lifetime. A commit waiting for a synchronous standby that died waits about as long,
-until Patroni lets the primary commit alone."""
+until Patroni lets the primary commit alone. A commit whose wait is cancelled so stays committed on the primary
+alone, and is not acknowledged; its resend finds it stored, in a transaction that locks the partition's row, so
+its own commit waits for the standby too, which then has everything before it: the duplicate is acknowledged only
+once replicated, as the original would have been."""
 
 _LOST = (
     asyncpg.PostgresConnectionError,

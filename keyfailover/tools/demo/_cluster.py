@@ -480,7 +480,10 @@ def _store_failover(
             f"store failover: {promoted[1]} the primary {promoted[0] - killed:.2f} s after the kill "
             f"(Patroni's ttl {group.ttl} s); events stored again {resumed - killed:.2f} s after it\n"
         )
-        out.write(f"the store after the kill: {_roles(group)}\n")
+        roles = _roles(group)
+        if "synchronous standby" not in roles:
+            roles += ": no synchronous standby left, so it commits alone (synchronous mode, not strict) until one joins"
+        out.write(f"the store after the kill: {roles}\n")
 
 
 def _two_owners(served: list[Ownership], victim: str, killed: float | None) -> list[str]:

@@ -144,10 +144,14 @@ def started(output: str) -> tuple[Path, str]:
     return Path(folder.group(1)), zookeeper.group(1)
 
 
-def assert_nothing_left(folder: Path, zookeeper: str) -> None:
-    """No folder, and no process of the demo's (ZooKeeper, PostgreSQL, brokers: they name the folder or ZooKeeper)."""
+def assert_nothing_left(folder: Path, *others: str) -> None:
+    """No folder, and no process of the demo's: ZooKeeper, the store, the brokers, which name the folder or ``others``
+    such as ZooKeeper's address."""
     assert not folder.exists()
-    wait_until(lambda: not processes_mentioning(str(folder), zookeeper), "every process of the demo gone", timeout=10)
+    try:
+        wait_until(lambda: not processes_mentioning(str(folder), *others), "every process of the demo gone", timeout=10)
+    except TimeoutError:
+        pytest.fail(f"processes of the demo left 10 s after it ended: {processes_mentioning(str(folder), *others)}")
 
 
 def assert_broker_failover(text: str) -> None:
@@ -290,6 +294,7 @@ def test_cluster_demo_stopped_by_sigterm_while_starting_stops_what_it_started() 
 
 @pytest.mark.integration
 @pytest.mark.cluster
+@pytest.mark.slow
 def test_cluster_demo_stopped_by_sigterm_while_patroni_starts_stops_the_group_too() -> None:
     try:
         services.PatroniGroup.check_installed()
@@ -305,15 +310,22 @@ def test_cluster_demo_stopped_by_sigterm_while_patroni_starts_stops_the_group_to
     output = demo.stdout.readline()
     assert "starting ZooKeeper, a Patroni group of 2 PostgreSQL servers and 3 brokers" in output, output
     folder = Path(output.split("data in ")[1].strip())
+    store = folder / "store"
+
+    def bootstrapping() -> bool:
+        """Both members' Patroni run and one of them has begun its PostgreSQL: the group is half made."""
+        running = [store / name / "patroni.json" for name in ("member0", "member1")]
+        made = any((store / name / "data").exists() for name in ("member0", "member1"))
+        return made and all(processes_mentioning(str(config)) for config in running)
+
     try:
-        wait_until(lambda: bool(processes_mentioning(str(folder / "store"))), "Patroni started", timeout=60)
+        wait_until(bootstrapping, "the Patroni group bootstrapping", timeout=60)
     finally:
         demo.terminate()
         rest, errors = demo.communicate(timeout=60)
     assert demo.returncode == 130, output + rest + errors
     assert errors == "keyfailover demo: interrupted\n"
-    assert not folder.exists()
-    wait_until(lambda: not processes_mentioning(str(folder)), "every process of the demo gone", timeout=10)
+    assert_nothing_left(folder)
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 import pytest
@@ -35,6 +35,17 @@ from tests.server_process import ServerProcess, run_cli, wait_until
 
 SESSION = 1.0  # the brokers' ZooKeeper session timeout in these tests
 WAIT = 60.0
+
+
+class LogStore(Protocol):
+    """The brokers' store: a PostgreSQL server, or a replicated group of them."""
+
+    @property
+    def dsn(self) -> str:
+        """The URL the brokers take as ``--store``."""
+        ...
+
+
 _SERVES = re.compile(r"broker (\S+) serves '([^']+)' at owner epoch (\d+)")
 
 
@@ -44,7 +55,7 @@ def cluster(zookeeper: ZooKeeper) -> Iterator[str]:
     yield f"zk://{zookeeper.hosts}/kf-failover-{uuid.uuid4().hex[:8]}"
 
 
-def broker(cluster: str, postgres: PostgreSQL, *extra: str) -> ServerProcess:
+def broker(cluster: str, postgres: LogStore, *extra: str) -> ServerProcess:
     port = free_port()
     return ServerProcess(
         None,
@@ -63,7 +74,7 @@ def broker(cluster: str, postgres: PostgreSQL, *extra: str) -> ServerProcess:
 
 @contextlib.contextmanager
 def running(
-    cluster: str, postgres: PostgreSQL, count: int, partitions: int, *extra: str
+    cluster: str, postgres: LogStore, count: int, partitions: int, *extra: str
 ) -> Iterator[tuple[str, list[ServerProcess]]]:
     """``count`` brokers (``extra`` their options) serving a new topic of ``partitions`` partitions, each
     broker some: the topic and the brokers (a test may add restarted ones); every one still running is
@@ -108,7 +119,7 @@ def epochs_of_events(brokers: list[ServerProcess]) -> dict[tuple[str, int], str]
     return owners
 
 
-def written_epochs(postgres: PostgreSQL, topic: str) -> dict[int, list[int]]:
+def written_epochs(postgres: LogStore, topic: str) -> dict[int, list[int]]:
     """Partition -> the owner epoch of each of its messages, in position order."""
 
     async def fetch() -> list[Any]:
@@ -128,7 +139,7 @@ def written_epochs(postgres: PostgreSQL, topic: str) -> dict[int, list[int]]:
     return found
 
 
-def check_one_writer(postgres: PostgreSQL, topic: str, partitions: int, brokers: list[ServerProcess]) -> None:
+def check_one_writer(postgres: LogStore, topic: str, partitions: int, brokers: list[ServerProcess]) -> None:
     owners = epochs_of_events(brokers)
     for partition, epochs in written_epochs(postgres, topic).items():
         assert epochs == sorted(epochs), f"partition {partition}: a fenced broker wrote after its successor"
@@ -204,7 +215,7 @@ def check_order(acked: dict[str, list[int]], consumed: dict[str, list[int]]) -> 
 
 
 def flows_again_and_holds(
-    client: Client, traffic: Traffic, postgres: PostgreSQL, topic: str, *, partitions: int, brokers: list[ServerProcess]
+    client: Client, traffic: Traffic, postgres: LogStore, topic: str, *, partitions: int, brokers: list[ServerProcess]
 ) -> None:
     """Traffic flows again after a fault, then stops: no send failed, every acknowledged message is consumed,
     in each key's order, and each partition had one writer at a time."""
@@ -244,7 +255,7 @@ def test_a_killed_broker_s_partitions_are_served_again_and_nothing_acknowledged_
         assert victim_id not in survivors and len(survivors) == 2
 
 
-def stored_sequence_ids(postgres: PostgreSQL, topic: str) -> dict[int, list[int]]:
+def stored_sequence_ids(postgres: LogStore, topic: str) -> dict[int, list[int]]:
     """Partition -> the sequence ids of the traffic producer's messages, in position order."""
 
     async def fetch() -> list[Any]:

@@ -18,6 +18,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from keyfailover.broker.storage._postgresql_members import connect_writable
 from keyfailover.tools.services import PatroniGroup, ServiceError, ZooKeeper
 from tests.server_process import wait_until
 
@@ -40,7 +41,7 @@ def group(zookeeper: ZooKeeper) -> Iterator[PatroniGroup]:
 
 async def _write(dsn: str, value: int) -> tuple[list[int], str]:
     """Insert ``value`` through ``dsn``: every value stored then, and the standbys the primary waits for."""
-    connection = await asyncpg.connect(dsn, timeout=5.0)
+    connection = await connect_writable(dsn, timeout=5.0)  # every member at once: a frozen one costs nothing
     try:
         await connection.execute("CREATE TABLE IF NOT EXISTS acked (value int)")
         await connection.execute("INSERT INTO acked VALUES ($1)", value)
@@ -89,6 +90,46 @@ def test_a_commit_survives_the_primary_s_death_and_the_members_url_writes_on_the
 
     wait_until(written_again, "a write through the members' URL on the new primary")
     assert again[0][0] == [1, 2]
+
+
+def _promoted(group: PatroniGroup, member: str) -> bool:
+    """Whether Patroni runs ``member`` as the primary now."""
+    try:
+        return group.primary() == member
+    except ServiceError:  # no primary yet
+        return False
+
+
+def _stored_after(dsn: str, value: int, into: list[list[int]]) -> bool:
+    """Write ``value`` through ``dsn`` and put every value stored then into ``into``; False while no primary
+    accepts it."""
+    done = _writes(dsn, value)
+    if done is not None:
+        into.append(done[0])
+    return done is not None
+
+
+@pytest.mark.slow
+def test_a_killed_primary_comes_back_as_a_standby_and_a_frozen_one_is_replaced_then_rejoins(
+    group: PatroniGroup,
+) -> None:
+    first = group.primary()
+    second = next(name for name in group.names if name != first)
+    assert _writes(group.dsn, 1) is not None
+    group.kill(first)
+    wait_until(lambda: _promoted(group, second), "the standby promoted", timeout=60)
+    wait_until(lambda: _writes(group.dsn, 2) is not None, "a write on the promoted standby")  # the old one lacks it
+    group.restart(first)
+    assert group.wait_until_ready() == second  # the old primary rejoined as the synchronous standby
+    group.suspend(second)
+    wait_until(lambda: _promoted(group, first), "the rejoined member promoted while the primary froze", timeout=60)
+    written: list[list[int]] = []
+    wait_until(lambda: _stored_after(group.dsn, 3, written), "a write on the member promoted second")
+    assert written[0] == [1, 2, 3]
+    group.resume(second)
+    assert group.wait_until_ready() == first  # the frozen primary woke, stepped down and follows
+    with pytest.raises(ServiceError, match=f"member {first!r} .* still runs; kill it first"):
+        group.restart(first)
 
 
 def test_a_group_needs_a_standby() -> None:

@@ -185,8 +185,8 @@ class PartConsumer(Part):
             if not self._subscribed.done():
                 self._subscribed.set_result(None)
         elif isinstance(reply, Error):
-            if reply.code == ErrorCode.NOT_OWNER:
-                self._on_lost(self)  # the partition moved: subscribe where it is now
+            if reply.code in (ErrorCode.NOT_OWNER, ErrorCode.STORE_UNAVAILABLE):
+                self._on_lost(self)  # the partition moved, or the store fails over: subscribe again, with backoff
                 return
             error_class = ConsumerBusyError if reply.code == ErrorCode.CONSUMER_BUSY else ServerError
             self._end(error_class(reply.code, reply.message))

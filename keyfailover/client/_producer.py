@@ -22,6 +22,10 @@ from keyfailover.core.partitions import partition_of_key
 from keyfailover.wire.properties import encode_properties
 from keyfailover.wire.protocol import Error, Frame, Key, Produce, Receipt
 
+_RESENT = frozenset({ErrorCode.NOT_OWNER, ErrorCode.STORE_UNAVAILABLE})
+"""Refusals a produce is resent after, in order, with backoff: the partition moved (``not_owner``), or the broker's
+store fails over (``store_unavailable``: the resend waits until a new primary writes)."""
+
 SendCallback = Callable[["int | None", "BaseException | None"], None]
 
 
@@ -213,12 +217,12 @@ class PartProducer(Part):
             link.pending.pop(req, None)  # resent by reconnected()
 
     def _answered(self, req: int, reply: Frame | None, link: Link) -> None:
-        """A produce's answer on ``link``: a receipt calls back each position; not_owner keeps this batch and the later
-        ones for a resend where the partition is now; another error fails its messages. None: the connection dropped,
-        the batch is resent after a reconnect."""
+        """A produce's answer on ``link``: a receipt calls back each position; not_owner or store_unavailable keeps
+        this batch and the later ones for a resend where the partition is now; another error fails its messages.
+        None: the connection dropped, the batch is resent after a reconnect."""
         if reply is None:
             return  # connection lost: kept in _unconfirmed and resent after reconnecting
-        if isinstance(reply, Error) and reply.code == ErrorCode.NOT_OWNER:
+        if isinstance(reply, Error) and reply.code in _RESENT:
             # Kept in _unconfirmed, with everything after it (the broker refuses those too), and resent
             # in order to the partition's broker once found; newer batches wait for that.
             refused = self._unconfirmed.get(req)

@@ -130,6 +130,7 @@ class ErrorCode(StrEnum):
     LEASE_EXPIRED = "lease_expired"
     CONSUMER_BUSY = "consumer_busy"
     NOT_OWNER = "not_owner"
+    STORE_UNAVAILABLE = "store_unavailable"
     WRONG_PARTITION = "wrong_partition"
     INVALID_MESSAGE = "invalid_message"
     SHUTTING_DOWN = "shutting_down"

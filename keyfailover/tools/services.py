@@ -18,6 +18,7 @@ as the calling user.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -275,6 +276,19 @@ def _java() -> str:
     return java
 
 
+def _children(parent: int) -> list[int]:
+    """The pids of ``parent``'s child processes now, from ``/proc``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process ended meanwhile
+        if int(fields[1]) == parent:
+            found.append(int(stat.parent.name))
+    return found
+
+
 class PatroniGroup:
     """PostgreSQL servers under Patroni in ``folder``: one primary and synchronous standbys, on loopback.
 
@@ -344,7 +358,12 @@ class PatroniGroup:
                     "loop_wait": 1,
                     "retry_timeout": max(1, (self.ttl - 1) // 2),
                     "synchronous_mode": True,
-                    "postgresql": {"use_pg_rewind": False, "parameters": {"max_wal_senders": 10}},
+                    "postgresql": {
+                        "use_pg_rewind": True,
+                        "remove_data_directory_on_rewind_failure": True,
+                        "remove_data_directory_on_diverged_timelines": True,
+                        "parameters": {"max_wal_senders": 10, "wal_log_hints": "on"},
+                    },
                 },
                 "initdb": [{"encoding": "UTF8"}, {"auth": "trust"}, "no-sync"],
             },
@@ -440,12 +459,46 @@ class PatroniGroup:
             process.wait()
         self._kill_postmaster(name)
 
+    def restart(self, name: str) -> None:
+        """Start member ``name`` again after :meth:`kill`, on its folder and ports: Patroni makes it a standby
+        of the primary now, rewinding its data, or copying the primary's afresh when it cannot rewind."""
+        process = self._processes.get(name)
+        if process is not None and process.poll() is None:
+            raise ServiceError(f"member {name!r} of the Patroni group {self.scope!r} still runs; kill it first")
+        self._start_member(name)
+
+    def suspend(self, name: str) -> None:
+        """SIGSTOP member ``name``: its Patroni and every PostgreSQL process of it, as a machine that freezes."""
+        self._signal(name, signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        """SIGCONT member ``name`` after :meth:`suspend`."""
+        self._signal(name, signal.SIGCONT)
+
+    def _signal(self, name: str, number: signal.Signals) -> None:
+        """Send ``number`` to member ``name``'s Patroni, then to its postmaster and each of the postmaster's
+        children: PostgreSQL puts every child in a session of its own, so no process group holds them all."""
+        process = self._processes.get(name)
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, number)
+        postmaster = self._postmaster(name)
+        if postmaster is None:
+            return
+        for pid in [postmaster, *_children(postmaster)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, number)
+
+    def _postmaster(self, name: str) -> int | None:
+        """The pid of member ``name``'s postmaster, from its ``postmaster.pid``; None when it has none."""
+        try:
+            return int((self.folder / name / "data" / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
     def _kill_postmaster(self, name: str) -> None:
         """SIGKILL member ``name``'s postmaster, which Patroni runs in a session of its own; its backends follow."""
-        pid_file = self.folder / name / "data" / "postmaster.pid"
-        try:
-            pid = int(pid_file.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
+        pid = self._postmaster(name)
+        if pid is None:
             return
         try:
             os.kill(pid, signal.SIGKILL)

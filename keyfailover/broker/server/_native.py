@@ -8,7 +8,7 @@ import logging
 
 from keyfailover.broker.server._connection import ConnectionHost, FrameReader
 from keyfailover.broker.server._subscription import Session
-from keyfailover.broker.storage._store import NotServedError, Result
+from keyfailover.broker.storage._store import NotServedError, Result, StoreUnavailableError
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.wire.protocol import (
     OLDEST_PROTOCOL_VERSION,
@@ -232,8 +232,8 @@ class NativeConnection(FrameReader[Frame]):
             """Answer the produce once the append is done: its receipt, or why nothing was stored."""
             exc = done.exception()
             if exc is not None:
-                if isinstance(exc, NotServedError):
-                    code = ErrorCode.NOT_OWNER
+                if isinstance(exc, NotServedError | StoreUnavailableError):
+                    code = ErrorCode.NOT_OWNER if isinstance(exc, NotServedError) else ErrorCode.STORE_UNAVAILABLE
                     self._refuse_after(frame)
                 else:
                     code = ErrorCode.INVALID_MESSAGE if isinstance(exc, KeyFailoverError) else ErrorCode.INTERNAL
@@ -292,6 +292,8 @@ class NativeConnection(FrameReader[Frame]):
             )
         except ProtocolError as exc:
             self.send(Error(code=exc.code, message=exc.message, req=frame.req))
+        except StoreUnavailableError as exc:
+            self.send(Error(code=ErrorCode.STORE_UNAVAILABLE, message=str(exc), req=frame.req))
         except KeyFailoverError as exc:
             self.send(Error(code=ErrorCode.INVALID_MESSAGE, message=str(exc), req=frame.req))
 
@@ -302,6 +304,8 @@ class NativeConnection(FrameReader[Frame]):
             self.send(Route(req=frame.req, topic=frame.topic, brokers=brokers))
         except ProtocolError as exc:
             self.send(Error(code=exc.code, message=exc.message, req=frame.req))
+        except StoreUnavailableError as exc:
+            self.send(Error(code=ErrorCode.STORE_UNAVAILABLE, message=str(exc), req=frame.req))
         except KeyFailoverError as exc:
             self.send(Error(code=ErrorCode.INVALID_MESSAGE, message=str(exc), req=frame.req))
 

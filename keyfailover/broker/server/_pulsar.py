@@ -54,7 +54,7 @@ from keyfailover.broker.server._pulsar_lookup import lookup, partitioned_metadat
 from keyfailover.broker.server._pulsar_reader import PulsarReader
 from keyfailover.broker.server._pulsar_send import Producer, Send, joined, sent_messages
 from keyfailover.broker.server._subscription import Session, Subscription
-from keyfailover.broker.storage._store import NotServedError, Result
+from keyfailover.broker.storage._store import NotServedError, Result, StoreUnavailableError
 from keyfailover.core.errors import ErrorCode, KeyFailoverError
 from keyfailover.wire.protocol import ConsumerClosed, Frame, Messages, is_valid_name, stream_transport
 
@@ -529,7 +529,7 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         """Answer each SEND of ``run``, stored together in ``done``, in one write."""
         exc = done.exception()
         if exc is not None:
-            if isinstance(exc, NotServedError):
+            if isinstance(exc, NotServedError | StoreUnavailableError):
                 error = ServiceNotReady
             else:
                 error = UnknownError if isinstance(exc, KeyFailoverError) else PersistenceError

@@ -14,13 +14,14 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     TopicNotFound,
     UnknownError,
 )
-from keyfailover.broker.storage._store import NotServedError
+from keyfailover.broker.storage._store import NotServedError, StoreUnavailableError
 from keyfailover.core.errors import ConsumerError, ErrorCode, ProtocolError
 
 __all__ = ["RefusedError", "server_error"]
 
 _SERVER_ERRORS: Final = {
     ErrorCode.NOT_OWNER: ServiceNotReady,
+    ErrorCode.STORE_UNAVAILABLE: ServiceNotReady,
     ErrorCode.SHUTTING_DOWN: ServiceNotReady,
     ErrorCode.CONSUMER_BUSY: ConsumerBusy,
     ErrorCode.UNKNOWN_TOPIC: TopicNotFound,
@@ -48,6 +49,6 @@ def server_error(exc: Exception) -> tuple[int, str]:
         return _SERVER_ERRORS.get(exc.code, UnknownError), exc.message
     if isinstance(exc, ConsumerError):  # a STICKY consumer's ranges: none, malformed, or another's
         return ConsumerAssignError, str(exc)
-    if isinstance(exc, NotServedError):  # the partition moved away meanwhile: the client looks it up again
+    if isinstance(exc, NotServedError | StoreUnavailableError):  # moved away, or the store fails over: retried
         return ServiceNotReady, str(exc)
     return UnknownError, str(exc)

@@ -24,7 +24,7 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from keyfailover.broker.cursor import Cursor
-from keyfailover.broker.storage._store import NotServedError, Store
+from keyfailover.broker.storage._store import NotServedError, Store, StoreUnavailableError
 from keyfailover.broker.storage.records import StoredMessage, dead_letter_topic, publish_clock
 from keyfailover.core.dispatcher import (
     ConsumeMode,
@@ -410,6 +410,8 @@ class Subscription:
                 return
             try:
                 await self._pump()
+            except StoreUnavailableError as exc:  # the store fails over: consumers keep what they hold
+                _log.warning("dispatch of %s/%s waits for the store: %s", self.topic, self.name, exc)
             except Exception:
                 _log.exception("dispatch of %s/%s failed", self.topic, self.name)
             now_epoch = self.dispatcher.epoch
@@ -673,6 +675,8 @@ class Subscription:
                 await self.flush_cursor()
             except NotServedError:
                 return  # another broker took the partition: the server closes this subscription
+            except StoreUnavailableError as exc:  # the store fails over: saved at the next flush
+                _log.warning("the cursor of %s/%s was not saved now: %s", self.topic, self.name, exc)
             took = time.monotonic() - started
             wait = max(self._config.cursor_flush_seconds, took * (1.0 - _FLUSH_SHARE) / _FLUSH_SHARE)
 
@@ -682,7 +686,11 @@ class Subscription:
             return
         self._cursor_dirty = False
         snapshot = self.cursor.copy()
-        await self._storage.save_cursors([(self.topic, self.name, snapshot)])
+        try:
+            await self._storage.save_cursors([(self.topic, self.name, snapshot)])
+        except StoreUnavailableError:
+            self._cursor_dirty = True  # not saved: the next flush saves it
+            raise
 
     async def close(self, reason: str = "shutdown") -> None:
         """Stop the pump, tell every session (``consumer_closed`` with ``reason``), and persist the cursor."""
@@ -698,8 +706,13 @@ class Subscription:
         self.sessions.clear()
         self._cache.clear()  # payloads: a closed subscription is not read again (a seek opens a new one)
         self._cursor_dirty = True
-        with contextlib.suppress(NotServedError):  # fenced out: acks since the last flush are redelivered
+        try:
             await self.flush_cursor()
+        except NotServedError:
+            pass  # fenced out: acks since the last flush are redelivered
+        except StoreUnavailableError as exc:
+            _log.warning("the cursor of %s/%s was not saved at close (%s): its acks since the last save are "
+                         "redelivered", self.topic, self.name, exc)  # fmt: skip
 
 
 def _send_in_frames(session: Session, items: list[Delivered], properties_bytes: int) -> None:

@@ -3,7 +3,7 @@ cluster's shared log in PostgreSQL (:mod:`keyfailover.broker.storage.postgresql`
 
 from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES, EntryCache
 from keyfailover.broker.storage._executor import SQLiteStore
-from keyfailover.broker.storage._store import NotServedError, Store
+from keyfailover.broker.storage._store import NotServedError, Store, StoreUnavailableError
 from keyfailover.broker.storage.records import StoredMessage
 from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, Log, LogSnapshot
 
@@ -16,5 +16,6 @@ __all__ = [
     "NotServedError",
     "SQLiteStore",
     "Store",
+    "StoreUnavailableError",
     "StoredMessage",
 ]

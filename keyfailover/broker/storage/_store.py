@@ -70,6 +70,12 @@ class NotServedError(KeyFailoverError, RuntimeError):
     """A write for a topic (partition) this server does not serve: another broker does, or none."""
 
 
+class StoreUnavailableError(KeyFailoverError, ConnectionError):
+    """The log cannot be reached now: no member of a replicated store accepts writes, or the connection to it
+    dropped. Retriable: a write it refused may or may not have been stored, and a named producer's resend of
+    it is stored once."""
+
+
 class Store(ABC):
     """Asynchronous storage for one server: every call runs off the event loop."""
 
@@ -270,6 +276,9 @@ class Store(ABC):
         now = publish_clock()
         try:
             results = await self._write([batch for batch, _ in queued], now)
+        except StoreUnavailableError as exc:  # out of reach as a whole: every request fails, retriable
+            _log.warning("log append failed: %s; %d produce requests refused", exc, len(queued))
+            results = [exc] * len(queued)
         except Exception as exc:  # the backend failed as a whole: every request fails with it
             _log.exception("log append failed; %d produce requests rejected", len(queued))
             results = [exc] * len(queued)

@@ -20,24 +20,33 @@ write began, in microseconds since the Unix epoch; NULL (unknown) for a message 
 the log had the column. Its properties are kept as in the embedded log, encoded (a msgpack map
 of str to str, :mod:`keyfailover.wire.properties`) in a nullable ``bytea``: NULL when it has
 none. A dead letter, and a dead letter replayed, keeps its message's publish time and properties.
+
+The store URL may name every member of a replicated PostgreSQL (a primary and its synchronous standbys
+under Patroni): connections go to whichever member accepts writes (see
+:mod:`keyfailover.broker.storage._postgresql_members`). While none does, or a connection drops under a
+statement, or a statement gets no answer within :data:`STATEMENT_TIMEOUT` (its server froze), a call
+raises :class:`StoreUnavailableError`, which is retriable: the pool connects to the new primary once
+Patroni promotes one, and the owner epochs, which live in the replicated database, fence as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import asyncpg
 
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES
+from keyfailover.broker.storage._postgresql_members import connect_writable
 from keyfailover.broker.storage._postgresql_schema import (
     Row,
     check_message,
@@ -48,7 +57,7 @@ from keyfailover.broker.storage._postgresql_schema import (
     message_from_row,
     properties_from_row,
 )
-from keyfailover.broker.storage._store import Batch, Letter, NotServedError, Result, Store
+from keyfailover.broker.storage._store import Batch, Letter, NotServedError, Result, Store, StoreUnavailableError
 from keyfailover.broker.storage.records import (
     DELIVERY_SETTINGS,
     DeadLetterRecord,
@@ -59,7 +68,17 @@ from keyfailover.broker.storage.records import (
 )
 from keyfailover.core.errors import CursorError, LogError, LogFileError, PropertiesError
 
-__all__ = ["APPLICATION_NAME", "FENCE_PATIENCE", "FencedError", "Lease", "PostgresLog", "PostgresStore", "Row"]
+__all__ = [
+    "APPLICATION_NAME",
+    "CONNECT_TIMEOUT",
+    "FENCE_PATIENCE",
+    "STATEMENT_TIMEOUT",
+    "FencedError",
+    "Lease",
+    "PostgresLog",
+    "PostgresStore",
+    "Row",
+]
 
 _log = logging.getLogger("keyfailover.server")
 _ownership = logging.getLogger("keyfailover.ownership")  # every partition a broker starts or stops serving
@@ -71,6 +90,16 @@ FENCE_PATIENCE = 0.25
 """Seconds a new owner's epoch bump waits for a transaction of the partition's previous owner before it ends
 it. The new owner holds the partition's barrier, so the previous owner let the partition go or its ZooKeeper
 session ended: a live one commits within milliseconds; one still holding the row after this is stopped."""
+
+CONNECT_TIMEOUT = 5.0
+"""Seconds a new connection to a member of the store may take: a member that does not answer within it
+(frozen, cut off) is given up; the others are tried at the same time."""
+
+STATEMENT_TIMEOUT = 10.0
+"""Seconds a statement may wait for its server's answer before the call fails with
+:class:`StoreUnavailableError`: a primary whose machine froze answers nothing, and Patroni replaces it
+within its leader key's lifetime. A commit waiting for a synchronous standby that died waits about as long,
+until Patroni lets the primary commit alone."""
 
 _LOST = (
     asyncpg.PostgresConnectionError,
@@ -99,11 +128,32 @@ _BLOCKERS = """SELECT pid, application_name, state, wait_event, client_addr, cli
 stopped broker leaves it. One that is working (a COMMIT waiting for a synchronous standby, which may commit) is
 left alone, and so is one that began its wait just now (a live broker's connection, reused since it was listed)."""
 
+_UNREACHABLE = (*_LOST, TimeoutError, asyncpg.exceptions.ReadOnlySQLTransactionError)
+"""What a call raises when the store is out of reach: a lost connection, a statement unanswered within
+:data:`STATEMENT_TIMEOUT`, or a write on a member that a failover made a standby."""
+
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class FencedError(NotServedError):
     """A write under an owner epoch that is no longer the partition's: another broker opened it."""
+
+
+def _reachable(method: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+    """``method``, with the store out of reach raised as :class:`StoreUnavailableError`."""
+
+    @functools.wraps(method)
+    async def reaching(*args: P.args, **kwargs: P.kwargs) -> T:
+        """Call ``method``; the store out of reach is a :class:`StoreUnavailableError`."""
+        try:
+            return await method(*args, **kwargs)
+        except _UNREACHABLE as exc:
+            raise StoreUnavailableError(
+                f"the log's PostgreSQL cannot be reached now: {_described(exc)}; nothing was changed, try again"
+            ) from exc
+
+    return reaching
 
 
 @dataclass(frozen=True)
@@ -126,19 +176,22 @@ class PostgresLog:
 
     @classmethod
     async def connect(cls, dsn: str, *, min_size: int = 1, max_size: int = 4) -> PostgresLog:
-        """Connect to ``dsn`` and create the tables if missing; :class:`LogError` names an unreachable server.
+        """Connect to ``dsn`` and create the tables if missing; :class:`LogError` names an unreachable server,
+        or each member of ``dsn`` and why none accepts writes.
 
         The connections name themselves :data:`APPLICATION_NAME` (``pg_stat_activity`` shows it)."""
         try:
             pool = await asyncpg.create_pool(
                 dsn,
+                connect=connect_writable,
                 min_size=min_size,
                 max_size=max_size,
-                timeout=10,
+                timeout=CONNECT_TIMEOUT,
+                command_timeout=STATEMENT_TIMEOUT,
                 server_settings={"application_name": APPLICATION_NAME},
             )
-        except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-            raise LogError(f"cannot reach PostgreSQL at {_redacted(dsn)}: {exc}") from None
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            raise LogError(f"cannot reach PostgreSQL at {_redacted(dsn)}: {_described(exc)}") from None
         async with pool.acquire() as connection, connection.transaction():
             await create_schema(connection)
         return cls(pool)
@@ -502,6 +555,7 @@ class PostgresStore(Store):
         """The topics this broker serves now, with their leases."""
         return dict(self._leases)
 
+    @_reachable
     async def acquire(self, topic: str) -> Lease:
         """Serve ``topic``: bump its owner epoch (fencing whoever had it) and learn its last position."""
         name, partition = self._locate(topic)
@@ -538,25 +592,31 @@ class PostgresStore(Store):
         stops serving the topic. So it does when the connection died under the write while another broker
         opened the partition (a new owner ends the connections of a stopped one): :class:`FencedError` too.
         When this broker let the topic go meanwhile, :class:`NotServedError`. Either way the client looks
-        the topic up again and resends; any other lost connection is raised as it is."""
+        the topic up again and resends. When the store is out of reach, or the lease still holds after the
+        connection died (a failover of the store), :class:`StoreUnavailableError`: the client resends here."""
         lease = self._lease(topic)
         try:
             return await write(lease)
         except FencedError:
             self._fenced(topic, lease)
             raise
-        except _LOST as exc:
+        except _UNREACHABLE as exc:
             if self._leases.get(topic) is not lease:
                 raise NotServedError(
                     f"this broker stopped serving {topic!r} while writing it (its connection to PostgreSQL was lost: "
-                    f"{exc}); nothing of the write was acknowledged"
+                    f"{_described(exc)}); nothing of the write was acknowledged"
                 ) from exc
+            unknown = "the write may have been stored or not: a named producer's resend is stored once"
             try:
                 now = await self.log.owner_epoch(lease.topic, lease.partition)
-            except (*_LOST, asyncpg.PostgresError):
-                raise exc from None
+            except (*_UNREACHABLE, asyncpg.PostgresError):
+                raise StoreUnavailableError(
+                    f"the log's PostgreSQL cannot be reached to write {topic!r} ({_described(exc)}); {unknown}"
+                ) from None
             if now is not None and now[1] == lease.epoch:
-                raise
+                raise StoreUnavailableError(
+                    f"the connection to the log's PostgreSQL was lost writing {topic!r} ({_described(exc)}); {unknown}"
+                ) from exc
             self._fenced(topic, lease)
             opened = "nobody" if now is None else f"{now[0]} at owner epoch {now[1]}"
             raise FencedError(
@@ -588,8 +648,8 @@ class PostgresStore(Store):
             requests = [batches[i][1:] for i in indexes]
             try:
                 stored = await self._leased(topic, lambda lease: self.log.append_batches(lease, requests, publish_time))
-            except (LogError, PropertiesError, NotServedError) as exc:
-                if len(indexes) > 1 and not isinstance(exc, NotServedError):  # one bad request: the others alone
+            except (LogError, PropertiesError, NotServedError, StoreUnavailableError) as exc:
+                if len(indexes) > 1 and isinstance(exc, LogError | PropertiesError):  # a bad request: each alone
                     for i in indexes:
                         await write(topic, [i])
                     return
@@ -602,16 +662,19 @@ class PostgresStore(Store):
         await asyncio.gather(*(write(topic, indexes) for topic, indexes in by_topic.items()))
         return results
 
+    @_reachable
     async def _read(self, topic: str, after: int, limit: int) -> list[StoredMessage]:
         """Up to ``limit`` messages of the partition ``topic`` names, above position ``after``."""
         name, partition = self._locate(topic)
         return await self.log.read(name, partition, after, limit)
 
+    @_reachable
     async def position_at_time(self, topic: str, publish_time: int) -> int | None:
         """The first position of the partition ``topic`` names stored at or after ``publish_time``."""
         name, partition = self._locate(topic)
         return await self.log.position_at_time(name, partition, publish_time)
 
+    @_reachable
     async def _partition_value(self, topic: str, sql: str, *arguments: object) -> Any:
         """The one value of ``sql`` for the partition ``topic`` names: its ``$1`` and ``$2`` are the
         partition's topic and number, then come ``arguments``; None when it finds no row."""
@@ -625,6 +688,7 @@ class PostgresStore(Store):
         )
         return -1 if found is None else int(found)
 
+    @_reachable
     async def _read_positions(self, topic: str, positions: Iterable[int]) -> dict[int, StoredMessage]:
         """The messages at ``positions`` of the partition ``topic`` names, those it holds."""
         name, partition = self._locate(topic)
@@ -637,6 +701,7 @@ class PostgresStore(Store):
         )
         return {int(r["position"]): message_from_row(r) for r in rows}
 
+    @_reachable
     async def subscriptions(self, topic: str) -> list[str]:
         """The subscriptions with a saved cursor of the partition ``topic`` names, sorted."""
         name, partition = self._locate(topic)
@@ -658,6 +723,7 @@ class PostgresStore(Store):
         )
         return found is not None
 
+    @_reachable
     async def load_cursor(self, topic: str, subscription: str) -> Cursor:
         """The subscription's saved cursor; :class:`LogFileError` when it is unreadable."""
         name, partition = self._locate(topic)
@@ -671,6 +737,7 @@ class PostgresStore(Store):
         for topic, subscription, cursor in cursors:
             await self._leased(topic, partial(self.log.save_cursor, subscription=subscription, cursor=cursor))
 
+    @_reachable
     async def _setting(self, topic: str, subscription: str, column: str) -> Any:
         """The subscription's saved ``column`` of ``kf_subscription_settings``; None when none was saved."""
         return await self.log.pool.fetchval(
@@ -684,6 +751,7 @@ class PostgresStore(Store):
         found = await self._setting(topic, subscription, "consume_mode")
         return None if found is None else str(found)
 
+    @_reachable
     async def save_consume_mode(self, topic: str, subscription: str, mode: str) -> None:
         """Save the subscription's consume mode, ``"ordered"`` or ``"unordered"``."""
         if mode not in ("ordered", "unordered"):
@@ -702,6 +770,7 @@ class PostgresStore(Store):
         settings = {} if found is None else json.loads(found)
         return {name: settings[name] for name in DELIVERY_SETTINGS if name in settings}
 
+    @_reachable
     async def save_delivery_settings(self, topic: str, subscription: str, settings: Mapping[str, object]) -> None:
         """Replace the subscription's own delivery settings; empty: none."""
         unknown = sorted(set(settings) - set(DELIVERY_SETTINGS))
@@ -777,6 +846,7 @@ class PostgresStore(Store):
 
         return await self._leased(topic, store)
 
+    @_reachable
     async def dead_letters(self, topic: str, subscription: str, limit: int) -> list[DeadLetterRecord]:
         """The subscription's dead letters in the partition ``topic`` names, oldest first, ``limit`` at most."""
         name, partition = self._locate(topic)
@@ -834,6 +904,13 @@ class PostgresStore(Store):
             StoredMessage(position, r.key, r.payload, r.publish_time, r.properties)
             for r, (position, _) in zip(waiting, stored, strict=True)
         ]
+
+
+def _described(exc: BaseException) -> str:
+    """``exc`` in a few words: its message, or its kind when it has none (a timeout)."""
+    if isinstance(exc, TimeoutError):
+        return "no answer within the timeout"
+    return str(exc) or type(exc).__name__
 
 
 def _redacted(dsn: str) -> str:

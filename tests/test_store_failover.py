@@ -1,0 +1,155 @@
+"""The log failing over under traffic: brokers on a Patroni group, its primary killed, then frozen.
+
+Two ``keyfailover serve --cluster`` brokers take the group's URL naming every member as ``--store``.
+A producer sends steadily through them while the primary is SIGKILLed (Patroni and PostgreSQL, as a
+machine that dies), the killed member comes back as a standby, and then the new primary is SIGSTOPped
+(as a machine that freezes). The brokers follow whichever member Patroni promotes; the producer waits
+through each switch, refused with the retriable ``store_unavailable`` and resending: no send fails, no
+acknowledged message is lost, each key's order holds, no (producer, sequence id) is stored twice,
+and each partition had one writer at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from keyfailover.broker.storage._postgresql_members import member_urls
+from keyfailover.client import Client
+from keyfailover.core.partitions import partition_of_key
+from keyfailover.tools.services import PatroniGroup, ServiceError, ZooKeeper, free_port
+from tests.server_process import run_cli, wait_until
+from tests.test_cluster_failover import (
+    WAIT,
+    Traffic,
+    check_one_writer,
+    check_order,
+    consume_all,
+    running,
+    url_of,
+)
+
+
+@pytest.fixture
+def group(zookeeper: ZooKeeper) -> Iterator[PatroniGroup]:
+    """A fresh group of two members in its own ZooKeeper namespace, stopped and removed afterwards."""
+    try:
+        PatroniGroup.check_installed()
+    except ServiceError as missing:
+        pytest.skip(str(missing))
+    folder = Path(tempfile.mkdtemp(prefix="keyfailover-patroni-"))  # under /tmp: open to the postgres user
+    try:
+        with PatroniGroup(folder, zookeeper.hosts, namespace=f"/kf-store-{uuid.uuid4().hex[:8]}") as started:
+            yield started
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _promoted(group: PatroniGroup, other_than: str) -> bool:
+    """Whether Patroni runs a member other than ``other_than`` as the primary now."""
+    try:
+        return group.primary() != other_than
+    except ServiceError:  # no primary yet
+        return False
+
+
+def _stored_twice(dsn: str, topic: str) -> list[Any]:
+    """The (partition, sequence id) pairs of the traffic producer stored more than once."""
+
+    async def fetch() -> list[Any]:
+        connection = await asyncpg.connect(dsn)
+        try:
+            return list(
+                await connection.fetch(
+                    "SELECT partition, seq FROM kf_messages WHERE topic = $1 AND producer = 'traffic'", topic
+                )
+            )
+        finally:
+            await connection.close()
+
+    counts = Counter((int(row["partition"]), int(row["seq"])) for row in asyncio.run(fetch()))
+    return [pair for pair, count in counts.items() if count > 1]
+
+
+def _flows_again(traffic: Traffic, what: str) -> None:
+    """Wait until 200 more messages were acknowledged after ``what``."""
+    before = traffic.sent()
+    started = time.monotonic()
+    wait_until(lambda: traffic.sent() > before + 200, f"traffic acknowledged again after {what}", timeout=WAIT)
+    print(f"traffic acknowledged again {time.monotonic() - started:.2f} s after {what}")
+
+
+@pytest.mark.slow
+def test_brokers_follow_the_primary_through_a_kill_and_a_freeze_and_nothing_acknowledged_is_lost(
+    zookeeper: ZooKeeper, group: PatroniGroup
+) -> None:
+    standby = next(name for name in group.names if name != group.primary())
+    only_standby = group.dsn.replace(",".join(f"127.0.0.1:{group.ports[n]}" for n in group.names), "")
+    only_standby = only_standby.replace("@/", f"@127.0.0.1:{group.ports[standby]}/")
+    said = _serve_refused(zookeeper, only_standby)
+    assert f"127.0.0.1:{group.ports[standby]}" in said and "a standby, read-only" in said
+    cluster = f"zk://{zookeeper.hosts}/kf-store-failover-{uuid.uuid4().hex[:8]}"
+    with running(cluster, group, 2, 2) as (topic, brokers):
+        keys = [f"key-{i}" for i in range(8)]
+        assert {partition_of_key(k, 2) for k in keys} == {0, 1}
+        with Client(url_of(brokers)) as client:
+            traffic = Traffic(client, topic, keys).start()
+            wait_until(lambda: traffic.sent() > 300, "traffic through both partitions")
+            first = group.primary()
+            group.kill(first)
+            wait_until(lambda: _promoted(group, first), "the standby promoted", timeout=WAIT)
+            _flows_again(traffic, "the primary's kill")
+            group.restart(first)
+            second = group.wait_until_ready()
+            group.suspend(second)
+            try:
+                wait_until(lambda: _promoted(group, second), "the rejoined member promoted", timeout=WAIT)
+                _flows_again(traffic, "the primary froze")
+            finally:
+                group.resume(second)
+            traffic.stop()
+            assert traffic.failed == []
+            consumed = consume_all(client, topic, traffic.acked)
+        check_order(traffic.acked, consumed)
+        check_one_writer(group, topic, 2, brokers)
+        assert _stored_twice(group.dsn, topic) == []
+        assert all(process.process is not None and process.process.poll() is None for process in brokers)
+
+
+def _serve_refused(zookeeper: ZooKeeper, store: str) -> str:
+    """Run a broker on ``store`` that must refuse to start: its stderr, one line without a traceback."""
+    cluster = f"zk://{zookeeper.hosts}/kf-store-refused-{uuid.uuid4().hex[:8]}"
+    done = run_cli("serve", "--cluster", cluster, "--store", store, "--port", str(free_port()))
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    return done.stderr
+
+
+def test_a_store_url_with_no_reachable_member_is_refused_in_one_line_naming_each(zookeeper: ZooKeeper) -> None:
+    first, second = free_port(), free_port()
+    said = _serve_refused(
+        zookeeper, f"postgresql://kf@127.0.0.1:{first},127.0.0.1:{second}/kf?target_session_attrs=read-write"
+    )
+    assert f"127.0.0.1:{first}: connection refused" in said
+    assert f"127.0.0.1:{second}: connection refused" in said
+
+
+def test_a_url_naming_every_member_gives_one_url_per_member_with_the_rest_unchanged() -> None:
+    dsn = "postgresql://kf:secret@10.0.0.1:5432,10.0.0.2:5433/kf?target_session_attrs=read-write"
+    assert member_urls(dsn) == [
+        "postgresql://kf:secret@10.0.0.1:5432/kf?target_session_attrs=read-write",
+        "postgresql://kf:secret@10.0.0.2:5433/kf?target_session_attrs=read-write",
+    ]
+    assert member_urls("postgresql://127.0.0.1:5432/kf") == ["postgresql://127.0.0.1:5432/kf"]
+    assert member_urls("postgresql://a,b/kf") == ["postgresql://a/kf", "postgresql://b/kf"]

@@ -347,7 +347,7 @@ def _scenario(
     if not wait_for(balanced, WAIT):
         raise ServiceError(f"the {PARTITIONS} partitions of {TOPIC!r} were not all served within {WAIT:g} s")
     events = len(account_ids)
-    # With a primary to kill too, the producer stops at two thirds until that kill: events are sent during it.
+    # With a primary to kill too, the producer stops at two thirds until that kill: events are sent around it.
     held_back = events * 2 // 3 // 100 * 100 if group is not None else events
     before = _status(zk)
     _print_assignment(out, "partitions before the kill", before, brokers)
@@ -429,22 +429,24 @@ def _store_failover(
 ) -> None:
     """Kill the store's primary under traffic: print Patroni's promotion and when events were stored again.
 
-    The producer, held at ``held_back``, is released first; once a quarter of the rest is stored,
-    the primary dies (Patroni and PostgreSQL together). An event sent after that can be stored only
-    on the promoted standby: the first one acknowledged marks writes resumed.
+    The producer, held at ``held_back``, is released to halfway through the rest; once half of
+    those are stored, with the others in flight, the primary dies: Patroni and PostgreSQL together.
+    Only then is the producer released to the end, so the events from halfway on are sent with the
+    old primary dead: the first of them acknowledged marks writes resumed.
     """
     if not wait_for(lambda: len(produced.stored) >= held_back, WAIT):
         report.problems.append(f"only {len(produced.stored)} of the first {held_back} events were stored in {WAIT:g} s")
         return
     primary = group.primary()
     out.write(f"\nthe store before the kill: {_roles(group)}; a commit returns once the synchronous standby has it\n")
-    gate.release(events)
-    if not wait_for(lambda: len(produced.stored) >= held_back + (events - held_back) // 4, WAIT):
+    halfway = (held_back + events) // 2 // 100 * 100
+    gate.release(halfway)
+    if not wait_for(lambda: len(produced.stored) >= (held_back + halfway) // 2, WAIT):
         report.problems.append(f"only {len(produced.stored)} of {events} events were stored in {WAIT:g} s")
         return
     stored, killed = len(produced.stored), time.time()
     group.kill(primary)
-    sent = produced.sent  # every event from this one on was sent with the old primary dead
+    gate.release(events)
     out.write(
         f"killed {primary} (the store's primary: Patroni and PostgreSQL) with SIGKILL "
         f"after {stored} of {events} events were stored\n"
@@ -465,7 +467,7 @@ def _store_failover(
             promoted = (time.time(), name)
             lines.append((promoted[0], f"{name} is the primary: Patroni promoted it"))
         if resumed is None:
-            resumed = produced.first_stored_from(sent, killed)
+            resumed = produced.first_stored_from(halfway, killed)
     if resumed is not None:
         lines.append((resumed, "events stored again: the first sent after the kill acknowledged"))
     lines += [

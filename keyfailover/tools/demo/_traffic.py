@@ -51,8 +51,6 @@ class Produced:
         self.stored: dict[EventId, tuple[str, int]] = {}
         self.stored_at = Arrivals()
         self.failed: list[str] = []
-        self.sent = 0
-        """How many events were sent: those numbered below it, as the producer sends them in order."""
         self._acked: list[tuple[float, int]] = []  # (when, event number) of each event stored, in that order
         self._partitions = partitions
 
@@ -70,7 +68,6 @@ class Produced:
                 else:
                     self.failed.append(f"event {number} of {key} was not stored: {error}")
 
-        self.sent = number + 1
         producer.send_async(f"{key}:{number}:{(number * 37) % 1000 - 500}".encode(), key, done)
 
     def first_stored_from(self, number: int, since: float) -> float | None:

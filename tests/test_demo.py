@@ -17,7 +17,7 @@ from keyfailover.tools import services
 from keyfailover.tools._ownership import Ownership
 from keyfailover.tools.cli import main
 from keyfailover.tools.demo import DemoReport, run_core_demo, run_server_demo
-from keyfailover.tools.demo._cluster import _two_owners
+from keyfailover.tools.demo._cluster import _patroni_missing, _two_owners
 from keyfailover.tools.demo._traffic import Observed, Produced, check_events
 from tests.server_process import run_cli, wait_until
 
@@ -349,6 +349,26 @@ def test_cluster_demo_says_what_is_not_installed_and_starts_nothing(
     assert re.fullmatch(rf"keyfailover demo: {said}\n", captured.err), captured.err
     assert captured.out == ""
     assert set(Path("/tmp").glob("keyfailover-demo-cluster-*")) == before
+
+
+@pytest.mark.parametrize(
+    ("missing", "said"),
+    [
+        ("PATRONI", "Patroni is not installed (no /nonexistent/patroni): run scripts/setup-system"),
+        (
+            "PATRONI_KAZOO",
+            "Patroni cannot reach ZooKeeper without Debian's python3-kazoo (no /nonexistent/patroni_kazoo): "
+            "run scripts/setup-system",
+        ),
+    ],
+)
+def test_the_cluster_demo_names_what_patroni_lacks(missing: str, said: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The line the demo prints before it runs one PostgreSQL server instead of a Patroni group."""
+    monkeypatch.setattr(services.PostgreSQL, "check_installed", staticmethod(lambda: None))
+    for present in ("PATRONI", "PATRONI_KAZOO"):
+        monkeypatch.setattr(services, present, Path(sys.executable))
+    monkeypatch.setattr(services, missing, Path("/nonexistent") / missing.lower())
+    assert _patroni_missing() == said
 
 
 def test_the_demo_is_of_one_kind(capsys: pytest.CaptureFixture[str]) -> None:

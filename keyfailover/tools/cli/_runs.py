@@ -23,6 +23,8 @@ from keyfailover.tools.cli._common import (
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.single_store and not args.cluster:
+        raise _UsageError("--single-store goes with --cluster: only the cluster demo has a store to choose")
     if args.core:
         from keyfailover.tools.demo import run_core_demo
 
@@ -30,7 +32,9 @@ def _demo(args: argparse.Namespace) -> int:
     elif args.cluster:
         from keyfailover.tools.demo import run_cluster_demo
 
-        report = run_cluster_demo(events=args.messages, accounts=args.keys, seed=args.seed)
+        report = run_cluster_demo(
+            events=args.messages, accounts=args.keys, seed=args.seed, out=sys.stdout, single_store=args.single_store
+        )
     else:
         from keyfailover.tools.demo import run_server_demo
 
@@ -46,8 +50,14 @@ def add_demo(commands: SubParsers) -> None:
     kind.add_argument(
         "--cluster",
         action="store_true",
-        help="start ZooKeeper, PostgreSQL and three brokers on loopback and kill one under traffic "
-        "(scripts/setup-system installs ZooKeeper and PostgreSQL)",
+        help="start ZooKeeper, a Patroni group of two PostgreSQL servers and three brokers on loopback; kill a "
+        "broker, then the store's primary, under traffic (scripts/setup-system installs ZooKeeper, PostgreSQL and "
+        "Patroni; without Patroni the store is one PostgreSQL server)",
+    )
+    demo.add_argument(
+        "--single-store",
+        action="store_true",
+        help="with --cluster: one PostgreSQL server as the store instead of a Patroni group; only a broker is killed",
     )
     demo.add_argument(
         "--messages", type=_int_at_least(1000), default=30_000, help="events to produce, >= 1000 (default 30000)"

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -135,3 +138,21 @@ def test_a_killed_primary_comes_back_as_a_standby_and_a_frozen_one_is_replaced_t
 def test_a_group_needs_a_standby() -> None:
     with pytest.raises(ServiceError, match="at least 2 members for a synchronous standby, not 1"):
         PatroniGroup(Path("/nonexistent"), "127.0.0.1:1", members=1)
+
+
+@pytest.mark.integration
+def test_stop_kills_a_member_s_process_that_a_signal_kept_from_being_recorded(tmp_path: Path) -> None:
+    """A process started for a member's configuration, as Popen leaves one a signal interrupted before it
+    returned: stop() finds it by its command line and kills it."""
+    group = PatroniGroup(tmp_path, "127.0.0.1:1")
+    config = tmp_path / "member1" / "patroni.json"
+    stray = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", str(config)], start_new_session=True
+    )
+    try:
+        group.stop()
+        assert stray.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if stray.poll() is None:
+            stray.kill()
+            stray.wait()

@@ -126,6 +126,36 @@ def test_brokers_follow_the_primary_through_a_kill_and_a_freeze_and_nothing_ackn
         assert all(process.process is not None and process.process.poll() is None for process in brokers)
 
 
+@pytest.mark.slow
+def test_partitions_of_a_broker_killed_while_the_store_fails_over_are_served_once_a_primary_writes(
+    zookeeper: ZooKeeper, group: PatroniGroup
+) -> None:
+    """The survivor is given the dead broker's partitions while no member accepts writes: it opens them once
+    Patroni promotes the standby, so traffic to every partition is acknowledged again."""
+    cluster = f"zk://{zookeeper.hosts}/kf-store-failover-{uuid.uuid4().hex[:8]}"
+    with running(cluster, group, 2, 2) as (topic, brokers):
+        keys = [f"key-{i}" for i in range(8)]
+        with Client(url_of(brokers)) as client:
+            traffic = Traffic(client, topic, keys).start()
+            wait_until(lambda: traffic.sent() > 300, "traffic through both partitions")
+            first = group.primary()
+            group.kill(first)
+            brokers[0].kill()
+            wait_until(lambda: _promoted(group, first), "the standby promoted", timeout=WAIT)
+            acked = {key: len(numbers) for key, numbers in traffic.acked.items()}
+            wait_until(
+                lambda: all(len(traffic.acked[key]) > acked.get(key, 0) + 20 for key in keys),
+                "every key acknowledged again, through the survivor",
+                timeout=WAIT,
+            )
+            traffic.stop()
+            assert traffic.failed == []
+            consumed = consume_all(client, topic, traffic.acked)
+        check_order(traffic.acked, consumed)
+        check_one_writer(group, topic, 2, brokers)
+        assert _stored_twice(group.dsn, topic) == []
+
+
 def _serve_refused(zookeeper: ZooKeeper, store: str) -> str:
     """Run a broker on ``store`` that must refuse to start: its stderr, one line without a traceback."""
     cluster = f"zk://{zookeeper.hosts}/kf-store-refused-{uuid.uuid4().hex[:8]}"

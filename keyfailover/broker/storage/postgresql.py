@@ -555,6 +555,7 @@ class PostgresStore(Store):
         """The topics this broker serves now, with their leases."""
         return dict(self._leases)
 
+    @_reachable
     async def acquire(self, topic: str) -> Lease:
         """Serve ``topic``: bump its owner epoch (fencing whoever had it) and learn its last position."""
         name, partition = self._locate(topic)

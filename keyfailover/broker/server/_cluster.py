@@ -195,9 +195,12 @@ class BrokerRole:
         asyncio.get_running_loop().create_task(self._server.close_served(served, "moved"))
 
     async def _close(self, served: str) -> None:
-        """Stop serving ``served``: close its subscriptions, then release it in the store."""
-        await self._server.close_served(served, "moved")
-        self.store.release(served)
+        """Stop serving ``served``: close its subscriptions, then release it in the store, even when closing them
+        failed: a broker that lets a partition go writes nothing more for it."""
+        try:
+            await self._server.close_served(served, "moved")
+        finally:
+            self.store.release(served)
 
     def _handover(self, work: Coroutine[Any, Any, None], what: str) -> bool:
         """Run ``work`` on the server's loop and wait for it; whether it succeeded (a failure is logged)."""

@@ -14,8 +14,10 @@ import pytest
 
 from keyfailover.client import Message
 from keyfailover.tools import services
+from keyfailover.tools._ownership import Ownership
 from keyfailover.tools.cli import main
 from keyfailover.tools.demo import DemoReport, run_core_demo, run_server_demo
+from keyfailover.tools.demo._cluster import _patroni_missing, _two_owners
 from keyfailover.tools.demo._traffic import Observed, Produced, check_events
 from tests.server_process import run_cli, wait_until
 
@@ -142,18 +144,18 @@ def started(output: str) -> tuple[Path, str]:
     return Path(folder.group(1)), zookeeper.group(1)
 
 
-def assert_nothing_left(folder: Path, zookeeper: str) -> None:
-    """No folder, and no process of the demo's (ZooKeeper, PostgreSQL, brokers: they name the folder or ZooKeeper)."""
+def assert_nothing_left(folder: Path, *others: str) -> None:
+    """No folder, and no process of the demo's: ZooKeeper, the store, the brokers, which name the folder or ``others``
+    such as ZooKeeper's address."""
     assert not folder.exists()
-    wait_until(lambda: not processes_mentioning(str(folder), zookeeper), "every process of the demo gone", timeout=10)
+    try:
+        wait_until(lambda: not processes_mentioning(str(folder), *others), "every process of the demo gone", timeout=10)
+    except TimeoutError:
+        pytest.fail(f"processes of the demo left 10 s after it ended: {processes_mentioning(str(folder), *others)}")
 
 
-@pytest.mark.integration
-def test_cluster_demo_kills_a_broker_and_shows_its_partitions_move_with_nothing_lost() -> None:
-    done = run_cli("demo", "--cluster", "--messages", "2000", "--keys", "200", timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stderr == ""
-    text = done.stdout
+def assert_broker_failover(text: str) -> None:
+    """The cluster demo's broker kill as it printed it: the coordinator's partitions moved to the others."""
     killed = re.search(r"^killed (b\d) \(the coordinator; it served partitions (\d), (\d)\) with SIGKILL", text, re.M)
     assert killed is not None, text
     victim, moved = killed.group(1), {int(killed.group(2)), int(killed.group(3))}
@@ -170,8 +172,77 @@ def test_cluster_demo_kills_a_broker_and_shows_its_partitions_move_with_nothing_
     after = text[text.index("partitions after the kill") : text.index("* moved from the killed broker")]
     assert re.search(rf"^  {victim} +127\.0\.0\.1:\d+ +none +killed$", after, re.M), after
     assert sorted(int(p) for p in re.findall(r"(\d)\*", after)) == sorted(moved)
-    assert "stored 2000, consumed 2000" in text
+
+
+def assert_every_check_held(text: str, events: int) -> None:
+    """The cluster demo's end: every event stored was consumed once, in order per account, one owner at a time."""
+    assert f"stored {events}, consumed {events}" in text
+    assert "one owner: no two brokers served a partition at once, by their own lines, until they were stopped" in text
     assert "every event stored was consumed, none twice; each account's events first delivered in produced" in text
+
+
+@pytest.mark.integration
+@pytest.mark.cluster
+def test_cluster_demo_without_patroni_says_so_and_kills_a_broker_of_a_single_store_cluster(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(services, "PATRONI", Path("/nonexistent/patroni"))
+    assert main(["demo", "--cluster", "--messages", "2000", "--keys", "200"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    text = captured.out
+    assert text.splitlines()[0] == (
+        "Patroni is not installed (no /nonexistent/patroni): run scripts/setup-system; "
+        "without it the store is one PostgreSQL server, with no primary to kill"
+    )
+    assert re.search(r"^ZooKeeper at 127\.0\.0\.1:\d+, PostgreSQL at postgresql://\S+$", text, re.M), text
+    assert_broker_failover(text)
+    assert "the store's primary" not in text
+    assert_every_check_held(text, 2000)
+    assert_nothing_left(*started(text))
+
+
+@pytest.mark.integration
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_cluster_demo_kills_a_broker_then_the_store_s_primary_and_patroni_promotes_the_standby() -> None:
+    try:
+        services.PatroniGroup.check_installed()
+    except services.ServiceError as missing:
+        pytest.skip(str(missing))
+    done = run_cli("demo", "--cluster", "--messages", "3000", "--keys", "200", timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stderr == ""
+    text = done.stdout
+    group = r"Patroni group 'kf' at postgresql://kf@127\.0\.0\.1:\d+,127\.0\.0\.1:\d+/keyfailover\?target_session_attrs=read-write"
+    assert re.search(
+        rf"^ZooKeeper at 127\.0\.0\.1:\d+, {group} \(its state in ZooKeeper under /keyfailover-demo/store", text, re.M
+    )
+    assert_broker_failover(text)
+    # The store's failover: Patroni promotes the synchronous standby, then events are stored on it.
+    before = re.search(r"^the store before the kill: (member\d) (\w[\w ]*), (member\d) (\w[\w ]*); ", text, re.M)
+    assert before is not None, text
+    roles = {before.group(1): before.group(2), before.group(3): before.group(4)}
+    assert sorted(roles.values()) == ["primary", "synchronous standby"], roles
+    primary = next(name for name, role in roles.items() if role == "primary")
+    standby = next(name for name, role in roles.items() if role != "primary")
+    killed = re.search(
+        rf"^killed {primary} \(the store's primary: Patroni and PostgreSQL\) with SIGKILL after (\d+)", text, re.M
+    )
+    assert killed is not None and 2000 <= int(killed.group(1)) < 3000, text
+    assert re.search(rf"^ +\d+\.\d\d s  {standby} is the primary: Patroni promoted it$", text, re.M), text
+    assert re.search(r"^ +\d+\.\d\d s  events stored again: the first sent after the kill acknowledged$", text, re.M)
+    failover = re.search(
+        rf"^store failover: {standby} the primary ([\d.]+) s after the kill \(Patroni's ttl 10 s\); "
+        r"events stored again ([\d.]+) s after it$",
+        text,
+        re.M,
+    )
+    assert failover is not None and 0 < float(failover.group(1)) <= float(failover.group(2)) < 60, text
+    assert re.search(
+        rf"^the store after the kill: {standby} primary: no synchronous standby left, so it commits alone", text, re.M
+    )
+    assert_every_check_held(text, 3000)
     assert_nothing_left(*started(text))
 
 
@@ -179,7 +250,7 @@ def test_cluster_demo_kills_a_broker_and_shows_its_partitions_move_with_nothing_
 def test_cluster_demo_interrupted_stops_everything_it_started() -> None:
     """Ctrl-C in a terminal: SIGINT to the demo and every process it started (one process group)."""
     demo = subprocess.Popen(
-        [sys.executable, "-m", "keyfailover", "demo", "--cluster", "--messages", "2000", "--keys", "200"],
+        [sys.executable, "-m", "keyfailover", "demo", "--cluster", "--single-store", "--messages", "2000"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -206,7 +277,7 @@ def test_cluster_demo_interrupted_stops_everything_it_started() -> None:
 @pytest.mark.integration
 def test_cluster_demo_stopped_by_sigterm_while_starting_stops_what_it_started() -> None:
     demo = subprocess.Popen(
-        [sys.executable, "-m", "keyfailover", "demo", "--cluster"],
+        [sys.executable, "-m", "keyfailover", "demo", "--cluster", "--single-store"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -219,6 +290,42 @@ def test_cluster_demo_stopped_by_sigterm_while_starting_stops_what_it_started() 
     assert demo.returncode == 130, output + rest + errors
     assert errors == "keyfailover demo: interrupted\n"
     assert_nothing_left(*started(output))
+
+
+@pytest.mark.integration
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_cluster_demo_stopped_by_sigterm_while_patroni_starts_stops_the_group_too() -> None:
+    try:
+        services.PatroniGroup.check_installed()
+    except services.ServiceError as missing:
+        pytest.skip(str(missing))
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "keyfailover", "demo", "--cluster"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert demo.stdout is not None
+    output = demo.stdout.readline()
+    assert "starting ZooKeeper, a Patroni group of 2 PostgreSQL servers and 3 brokers" in output, output
+    folder = Path(output.split("data in ")[1].strip())
+    store = folder / "store"
+
+    def bootstrapping() -> bool:
+        """Both members' Patroni run and one of them has begun its PostgreSQL: the group is half made."""
+        running = [store / name / "patroni.json" for name in ("member0", "member1")]
+        made = any((store / name / "data").exists() for name in ("member0", "member1"))
+        return made and all(processes_mentioning(str(config)) for config in running)
+
+    try:
+        wait_until(bootstrapping, "the Patroni group bootstrapping", timeout=60)
+    finally:
+        demo.terminate()
+        rest, errors = demo.communicate(timeout=60)
+    assert demo.returncode == 130, output + rest + errors
+    assert errors == "keyfailover demo: interrupted\n"
+    assert_nothing_left(folder)
 
 
 @pytest.mark.parametrize(
@@ -244,8 +351,52 @@ def test_cluster_demo_says_what_is_not_installed_and_starts_nothing(
     assert set(Path("/tmp").glob("keyfailover-demo-cluster-*")) == before
 
 
+@pytest.mark.parametrize(
+    ("missing", "said"),
+    [
+        ("PATRONI", "Patroni is not installed (no /nonexistent/patroni): run scripts/setup-system"),
+        (
+            "PATRONI_KAZOO",
+            "Patroni cannot reach ZooKeeper without Debian's python3-kazoo (no /nonexistent/patroni_kazoo): "
+            "run scripts/setup-system",
+        ),
+    ],
+)
+def test_the_cluster_demo_names_what_patroni_lacks(missing: str, said: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The line the demo prints before it runs one PostgreSQL server instead of a Patroni group."""
+    monkeypatch.setattr(services.PostgreSQL, "check_installed", staticmethod(lambda: None))
+    for present in ("PATRONI", "PATRONI_KAZOO"):
+        monkeypatch.setattr(services, present, Path(sys.executable))
+    monkeypatch.setattr(services, missing, Path("/nonexistent") / missing.lower())
+    assert _patroni_missing() == said
+
+
 def test_the_demo_is_of_one_kind(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["demo", "--core", "--cluster"])
     assert exited.value.code == 2
     assert "argument --cluster: not allowed with argument --core" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", [[], ["--core"]])
+def test_a_single_store_is_for_the_cluster_demo_only(kind: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", *kind, "--single-store"]) == 2
+    assert capsys.readouterr().err == (
+        "keyfailover demo: --single-store goes with --cluster: only the cluster demo has a store to choose\n"
+    )
+
+
+def test_the_owner_check_finds_two_brokers_serving_a_partition_and_lets_a_killed_one_go() -> None:
+    """A killed broker serves nothing after its kill; a live one serves until it says it stops."""
+    served = [
+        Ownership(1.0, "b1", 0, 1, serves=True),
+        Ownership(1.0, "b2", 1, 1, serves=True),
+        Ownership(2.0, "b2", 1, 1, serves=False),
+        Ownership(2.5, "b3", 1, 2, serves=True),  # after b2 stopped: fine
+        Ownership(5.0, "b3", 1, 3, serves=True),  # b3 again: one owner still
+        Ownership(6.0, "b2", 1, 4, serves=True),  # b3 never stopped
+        Ownership(11.0, "b2", 0, 2, serves=True),  # after b1 was killed: fine
+    ]
+    assert _two_owners(served, "b1", 10.0) == [
+        "partition 1: b2 (owner epoch 4) served it while b3 (owner epoch 3) did too"
+    ]

@@ -22,6 +22,7 @@ from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.storage import _executor as executor_module
 from keyfailover.broker.storage import _sqlite_entries as entries_module
 from keyfailover.broker.storage._executor import SQLiteStore
+from keyfailover.broker.storage._store import Batch, Result, StoreUnavailableError
 from keyfailover.broker.storage.records import Key, StoredMessage, publish_clock
 from keyfailover.broker.storage.sqlite import MAX_POSITION, SCHEMA_VERSION, Log, LogSnapshot
 from keyfailover.core.errors import (
@@ -1243,3 +1244,49 @@ def test_a_version_6_log_is_rewritten_into_entries_and_keeps_everything(tmp_path
     with LogSnapshot(path) as snapshot:
         assert list(snapshot.messages("u")) == exported["u"]
         assert list(snapshot.messages("t", chunk=1))[:1506] == exported["t"]
+
+
+class _StoreOutOnce(SQLiteStore):
+    """A store whose first write finds it out of reach, after the test let it go on: what came in
+    meanwhile waits in the queue for the next commit, which finds the store back."""
+
+    def __init__(self, log: Log) -> None:
+        super().__init__(log)
+        self.writing = asyncio.Event()
+        self.go_on = asyncio.Event()
+        self._out = True
+
+    async def _write(self, batches: list[Batch], publish_time: int) -> list[Result | BaseException]:
+        """The first call: wait for ``go_on``, then fail every batch out of reach; the others: write."""
+        if not self._out:
+            return await super()._write(batches, publish_time)
+        self._out = False
+        self.writing.set()
+        await self.go_on.wait()
+        return [StoreUnavailableError("no member of the store accepts writes")] * len(batches)
+
+
+def test_a_producer_s_requests_that_came_in_during_a_refused_write_are_refused_too_never_stored_ahead(
+    tmp_path: Path,
+) -> None:
+    """Stored by the next commit, the later request would go before the refused one's resend: out of order."""
+
+    async def run() -> tuple[list[BaseException | None], list[StoredMessage]]:
+        store = _StoreOutOnce(Log(tmp_path / "log.db"))
+        await store.start()
+        try:
+            first = store.append("t", "p", [(1, "a", b"1")])
+            await asyncio.wait_for(store.writing.wait(), 30)
+            later = store.append("t", "p", [(2, "a", b"2")])
+            other = store.append("t", "q", [(1, "a", b"3")])  # another producer: not held back
+            store.go_on.set()
+            done = await asyncio.wait_for(asyncio.gather(first, later, other, return_exceptions=True), 30)
+            return [d if isinstance(d, BaseException) else None for d in done], await store.read("t", 0, 10)
+        finally:
+            await store.close()
+
+    errors, stored = asyncio.run(run())
+    assert isinstance(errors[0], StoreUnavailableError)
+    assert isinstance(errors[1], StoreUnavailableError) and "resend from the refused one" in str(errors[1])
+    assert errors[2] is None
+    assert [m.payload for m in stored] == [b"3"]

@@ -16,12 +16,13 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections import Counter
-from collections.abc import Iterator
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pulsar
 import pytest
 
 from keyfailover.broker.storage._postgresql_members import member_urls
@@ -38,6 +39,7 @@ from tests.test_cluster_failover import (
     running,
     url_of,
 )
+from tests.test_pulsar_cluster import QUIET, router
 
 
 @pytest.fixture
@@ -124,6 +126,82 @@ def test_brokers_follow_the_primary_through_a_kill_and_a_freeze_and_nothing_ackn
         check_one_writer(group, topic, 2, brokers)
         assert _stored_twice(group.dsn, topic) == []
         assert all(process.process is not None and process.process.poll() is None for process in brokers)
+
+
+@pytest.mark.slow
+def test_partitions_of_a_broker_killed_while_the_store_fails_over_are_served_once_a_primary_writes(
+    zookeeper: ZooKeeper, group: PatroniGroup
+) -> None:
+    """The survivor is given the dead broker's partitions while no member accepts writes: it opens them once
+    Patroni promotes the standby, so traffic to every partition is acknowledged again."""
+    cluster = f"zk://{zookeeper.hosts}/kf-store-failover-{uuid.uuid4().hex[:8]}"
+    with running(cluster, group, 2, 2) as (topic, brokers):
+        keys = [f"key-{i}" for i in range(8)]
+        with Client(url_of(brokers)) as client:
+            traffic = Traffic(client, topic, keys).start()
+            wait_until(lambda: traffic.sent() > 300, "traffic through both partitions")
+            first = group.primary()
+            group.kill(first)
+            brokers[0].kill()
+            wait_until(lambda: _promoted(group, first), "the standby promoted", timeout=WAIT)
+            acked = {key: len(numbers) for key, numbers in traffic.acked.items()}
+            wait_until(
+                lambda: all(len(traffic.acked[key]) > acked.get(key, 0) + 20 for key in keys),
+                "every key acknowledged again, through the survivor",
+                timeout=WAIT,
+            )
+            traffic.stop()
+            assert traffic.failed == []
+            consumed = consume_all(client, topic, traffic.acked)
+        check_order(traffic.acked, consumed)
+        check_one_writer(group, topic, 2, brokers)
+        assert _stored_twice(group.dsn, topic) == []
+
+
+@pytest.mark.slow
+def test_a_pulsar_producer_waits_through_a_primary_kill_and_each_key_stays_in_order(
+    zookeeper: ZooKeeper, group: PatroniGroup
+) -> None:
+    """The official Pulsar client sends through the kill: refused with ServiceNotReady, its connection closed,
+    it reconnects and resends in order; every send is confirmed, nothing stored twice, each key in order."""
+    count, keys = 600, 12
+    cluster = f"zk://{zookeeper.hosts}/kf-store-pulsar-{uuid.uuid4().hex[:8]}"
+    with running(cluster, group, 2, 2, "--pulsar-port", "0") as (topic, brokers):
+        client = pulsar.Client(brokers[0].pulsar_url or "", operation_timeout_seconds=30, logger=QUIET)
+        try:
+            consumer = client.subscribe(topic, "all", consumer_type=pulsar.ConsumerType.KeyShared)
+            producer = client.create_producer(
+                topic, producer_name="traffic", message_router=router, send_timeout_millis=0, block_if_queue_full=True
+            )
+            confirmed: list[int] = []
+            failed: list[int] = []
+
+            def sent(index: int) -> Callable[[pulsar.Result, pulsar.MessageId], None]:
+                def done(result: pulsar.Result, _: pulsar.MessageId) -> None:
+                    (confirmed if result == pulsar.Result.Ok else failed).append(index)
+
+                return done
+
+            for index in range(count):
+                if index == count // 3:
+                    group.kill(group.primary())
+                producer.send_async(str(index).encode(), sent(index), partition_key=f"k{index % keys}")
+            producer.flush()
+            assert failed == [] and sorted(confirmed) == list(range(count))
+            first_seen: dict[str, list[int]] = defaultdict(list)
+            seen: set[int] = set()
+            while len(seen) < count:
+                message = consumer.receive(timeout_millis=30_000)
+                index = int(message.data())
+                if index not in seen:
+                    seen.add(index)
+                    first_seen[message.partition_key()].append(index)
+                consumer.acknowledge(message)
+            for key, indexes in first_seen.items():
+                assert indexes == sorted(indexes), f"{key}: stored out of order"
+        finally:
+            client.close()
+        assert _stored_twice(group.dsn, topic) == []
 
 
 def _serve_refused(zookeeper: ZooKeeper, store: str) -> str:

@@ -509,7 +509,12 @@ class PatroniGroup:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        """Stop every member: Patroni stops its PostgreSQL; what is left after the timeout is killed."""
+        """Stop every member: Patroni stops its PostgreSQL; what is left after the timeout is killed. A Patroni
+        of this group started but not recorded, when a signal interrupted its start, is killed too."""
+        recorded = {process.pid for process in self._processes.values()}
+        for pid in self._unrecorded(recorded):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
         for process in self._processes.values():
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
@@ -521,6 +526,20 @@ class PatroniGroup:
                 process.wait()
             self._kill_postmaster(name)
         self._processes.clear()
+
+    def _unrecorded(self, recorded: set[int]) -> list[int]:
+        """The pids of processes running a configuration of this group other than ``recorded``: leaders of
+        sessions that Popen started before a signal kept it from returning."""
+        configs = {str(self.folder / name / "patroni.json").encode() for name in self.names}
+        found = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            pid = int(cmdline.parent.name)
+            try:
+                if set(cmdline.read_bytes().split(b"\0")) & configs and pid not in recorded and os.getpgid(pid) == pid:
+                    found.append(pid)
+            except OSError:
+                continue  # ended meanwhile
+        return found
 
     def __enter__(self) -> PatroniGroup:
         return self.start()

@@ -21,6 +21,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from keyfailover.broker.cluster import ClusterMember, parse_cluster_url
+from keyfailover.broker.storage._store import StoreUnavailableError
 from keyfailover.broker.storage.postgresql import PostgresStore
 from keyfailover.core.errors import ConfigError
 from keyfailover.core.histogram import Histogram
@@ -31,6 +32,7 @@ __all__ = ["BrokerRole"]
 _log = logging.getLogger("keyfailover.cluster")
 _ownership = logging.getLogger("keyfailover.ownership")
 _HANDOVER_TIMEOUT = 60.0  # seconds the member's thread waits for the loop to open or close a partition
+_STORE_RETRY = (0.1, 1.0)  # seconds between tries to open a partition while the store fails over: first, most
 
 
 class _Served(Protocol):
@@ -163,10 +165,22 @@ class BrokerRole:
 
     async def _open(self, topic: str, count: int, served: str) -> None:
         """Serve partition ``served`` of ``topic``, one of ``count``: take it in the store, bumping its owner epoch,
-        then open it."""
+        then open it. While the store fails over, each step is tried again, with backoff, within the handover's
+        time: a partition assigned then is served once a primary writes, not left unserved."""
         self._server.learn_partitions(topic, count)
-        await self.store.acquire(served)
-        await self._server.open_served(served)
+        leased = False
+        delay, most = _STORE_RETRY
+        while True:
+            try:
+                if not leased:
+                    await self.store.acquire(served)
+                    leased = True
+                await self._server.open_served(served)
+                return
+            except StoreUnavailableError as exc:
+                _ownership.warning("broker %s waits for the store to open %r: %s", self.store.owner, served, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, most)
 
     def _released(self, partition: PartitionId) -> None:
         """Stop serving before the member lets the barrier go (on the member's thread)."""
@@ -181,9 +195,12 @@ class BrokerRole:
         asyncio.get_running_loop().create_task(self._server.close_served(served, "moved"))
 
     async def _close(self, served: str) -> None:
-        """Stop serving ``served``: close its subscriptions, then release it in the store."""
-        await self._server.close_served(served, "moved")
-        self.store.release(served)
+        """Stop serving ``served``: close its subscriptions, then release it in the store, even when closing them
+        failed: a broker that lets a partition go writes nothing more for it."""
+        try:
+            await self._server.close_served(served, "moved")
+        finally:
+            self.store.release(served)
 
     def _handover(self, work: Coroutine[Any, Any, None], what: str) -> bool:
         """Run ``work`` on the server's loop and wait for it; whether it succeeded (a failure is logged)."""

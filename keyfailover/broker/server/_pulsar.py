@@ -535,6 +535,12 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
                 error = UnknownError if isinstance(exc, KeyFailoverError) else PersistenceError
             for frame, _, _, _, _, _ in run:
                 self._send_error(frame.producer_id, frame.sequence_id, error, f"not stored: {exc}")
+            if isinstance(exc, StoreUnavailableError):
+                # SENDs after these on the connection would be stored ahead of their resends once the store is
+                # back: closed, the client reconnects and resends what is pending, in order (the dedup drops
+                # what was stored after all).
+                _log.info("closing Pulsar connection %s: a SEND found the store out of reach", self.peer)
+                self.close()
             return
         results = done.result()
         receipts = []

@@ -1,4 +1,4 @@
-"""Connecting to whichever member of a replicated PostgreSQL accepts writes.
+"""Connecting to whichever member of a replicated PostgreSQL accepts writes, and letting go of one that froze.
 
 A store URL may name every member of a group, ``postgresql://kf@h1:p1,h2:p2/kf?target_session_attrs=read-write``,
 as libpq and asyncpg spell it. asyncpg tries the hosts one after the other within one timeout: a member
@@ -6,6 +6,11 @@ that accepts the TCP connection but never answers, because its machine froze or 
 packet, spends the whole timeout and the primary after it is never tried. Here every member is tried at
 once, each with its own timeout, and the first one that accepts writes wins: a frozen member costs
 nothing while another is the primary. When none does, the error names each member and why.
+
+asyncpg cleans a connection up after a statement timed out: it asks the server to cancel the statement,
+and the next use of the connection, its rollback or its return to the pool waits for that cancel to be
+done. A frozen server answers none of it, so each waits until the server wakes. :class:`FailoverPool`
+drops such a connection instead (its transaction ends with it, on the server's side) and goes on.
 """
 
 from __future__ import annotations
@@ -13,11 +18,95 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import urllib.parse
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 
-__all__ = ["NoWritableMemberError", "connect_writable", "member_urls"]
+__all__ = ["LOST", "FailoverPool", "NoWritableMemberError", "connect_writable", "member_urls"]
+
+LOST = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
+    OSError,
+)
+"""What asyncpg raises when a connection died under a statement (ended by another broker, or a network fault):
+a broker woken after its connection was ended may also find the connection's protocol in a state it cannot
+leave (``InternalClientError``, seen at the commit after a COPY)."""
+
+_DROPPED = (*LOST, TimeoutError)
+"""What makes :class:`FailoverPool` drop a connection rather than clean it up: it died, or its server did not
+answer a statement in time."""
+
+POOL_CLOSE_TIMEOUT = 10.0
+"""Seconds closing the pool waits for its connections to close politely before it drops them."""
+
+
+class FailoverPool:
+    """An asyncpg pool, connections lent as by ``acquire``, that drops a connection whose server stopped
+    answering or which died, instead of cleaning it up: its rollback and its return to the pool do not wait
+    for a frozen server. A connection in a transaction that ended so is ended on the server's side too: its
+    transaction is rolled back there, as when its client dies."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+
+    @contextlib.asynccontextmanager
+    async def acquire(self) -> AsyncIterator[Any]:
+        """A connection of the pool for the ``async with`` block; dropped when the block fails with it gone."""
+        connection = await self._pool.acquire()
+        try:
+            yield connection
+        except _DROPPED:
+            connection.terminate()
+            raise
+        finally:
+            await self._pool.release(connection)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Any]:
+        """A connection in a transaction for the ``async with`` block: committed after it, rolled back when it
+        fails, dropped when it fails with the connection gone or unanswered."""
+        async with self.acquire() as connection:
+            transaction = connection.transaction()
+            await transaction.start()
+            try:
+                yield connection
+            except _DROPPED:
+                raise  # no rollback: the connection is dropped
+            except BaseException:
+                await transaction.rollback()
+                raise
+            await transaction.commit()
+
+    async def fetch(self, query: str, *arguments: object) -> list[Any]:
+        """The rows of ``query``."""
+        async with self.acquire() as connection:
+            return list(await connection.fetch(query, *arguments))
+
+    async def fetchrow(self, query: str, *arguments: object) -> Any:
+        """The first row of ``query``; None when it has none."""
+        async with self.acquire() as connection:
+            return await connection.fetchrow(query, *arguments)
+
+    async def fetchval(self, query: str, *arguments: object) -> Any:
+        """The first value of the first row of ``query``; None when it has none."""
+        async with self.acquire() as connection:
+            return await connection.fetchval(query, *arguments)
+
+    async def execute(self, query: str, *arguments: object) -> str:
+        """Run ``query``; its status."""
+        async with self.acquire() as connection:
+            return str(await connection.execute(query, *arguments))
+
+    async def close(self) -> None:
+        """Close every connection, politely within :data:`POOL_CLOSE_TIMEOUT`, then by dropping those left."""
+        try:
+            await asyncio.wait_for(self._pool.close(), POOL_CLOSE_TIMEOUT)
+        except TimeoutError:
+            self._pool.terminate()
 
 
 class NoWritableMemberError(ConnectionError):

@@ -39,7 +39,7 @@ from keyfailover.broker.storage.records import (
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.histogram import Histogram
 
-__all__ = ["Batch", "Letter", "NotServedError", "Result", "Store", "TopicDirectory"]
+__all__ = ["Batch", "Letter", "NotServedError", "Result", "Store", "StoreUnavailableError", "TopicDirectory"]
 
 _log = logging.getLogger("keyfailover.server")
 _key, _payload, _duplicate = operator.itemgetter(1), operator.itemgetter(2), operator.itemgetter(1)
@@ -283,6 +283,7 @@ class Store(ABC):
             _log.exception("log append failed; %d produce requests rejected", len(queued))
             results = [exc] * len(queued)
         self.commit_seconds.observe(time.perf_counter() - started)
+        self._withdraw_after_refusals(queued, results)
         new_columns = []  # per batch with new messages: what the entry cache takes, once every future is set
         for (batch, future), result in zip(queued, results, strict=True):
             if isinstance(result, BaseException):
@@ -320,6 +321,34 @@ class Store(ABC):
         for topic in touched:
             for listener in self._listeners:
                 listener(topic)
+
+    def _withdraw_after_refusals(
+        self, queued: list[tuple[Batch, asyncio.Future[Result]]], results: Sequence[Result | BaseException]
+    ) -> None:
+        """Refuse the queued produce requests of each named producer the store refused a request of, out of
+        reach, in this commit: they came in meanwhile, after the refused one, and the next commit may find
+        the store back. Stored then, they would go before the refused one's resend, out of the producer's
+        order. Refused before the refusals are answered: the server refuses that producer's later requests
+        itself from then on, until the resend."""
+        refused = {
+            (topic, producer)
+            for ((topic, producer, _, _), _), result in zip(queued, results, strict=True)
+            if producer is not None and isinstance(result, StoreUnavailableError)
+        }
+        if not refused:
+            return
+        kept = []
+        for batch, future in self._queue:
+            if (batch[0], batch[1]) not in refused:
+                kept.append((batch, future))
+            elif not future.done():
+                future.set_exception(
+                    StoreUnavailableError(
+                        f"an earlier produce of {batch[1]!r} to {batch[0]!r} was refused with the store out of reach; "
+                        "nothing of this one was stored: resend from the refused one, in order"
+                    )
+                )
+        self._queue = kept
 
     def _stored(self, topic: str, stored: list[StoredMessage]) -> None:
         """Account messages stored outside a group commit, and tell the listeners."""

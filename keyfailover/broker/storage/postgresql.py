@@ -46,7 +46,8 @@ import asyncpg
 
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES
-from keyfailover.broker.storage._postgresql_members import connect_writable
+from keyfailover.broker.storage._postgresql_members import LOST as _LOST
+from keyfailover.broker.storage._postgresql_members import FailoverPool, connect_writable
 from keyfailover.broker.storage._postgresql_schema import (
     Row,
     check_message,
@@ -99,18 +100,10 @@ STATEMENT_TIMEOUT = 10.0
 """Seconds a statement may wait for its server's answer before the call fails with
 :class:`StoreUnavailableError`: a primary whose machine froze answers nothing, and Patroni replaces it
 within its leader key's lifetime. A commit waiting for a synchronous standby that died waits about as long,
-until Patroni lets the primary commit alone."""
-
-_LOST = (
-    asyncpg.PostgresConnectionError,
-    asyncpg.exceptions.OperatorInterventionError,
-    asyncpg.InterfaceError,
-    asyncpg.exceptions.InternalClientError,
-    OSError,
-)
-"""What asyncpg raises when a connection died under a statement (ended by another broker, or a network fault):
-a broker woken after its connection was ended may also find the connection's protocol in a state it cannot
-leave (``InternalClientError``, seen at the commit after a COPY)."""
+until Patroni lets the primary commit alone. A commit whose wait is cancelled so stays committed on the primary
+alone, and is not acknowledged; its resend finds it stored, in a transaction that locks the partition's row, so
+its own commit waits for the standby too, which then has everything before it: the duplicate is acknowledged only
+once replicated, as the original would have been."""
 
 _BUMP = """INSERT INTO kf_partitions (topic, partition, owner, owner_epoch) VALUES ($1, $2, $3, 1)
            ON CONFLICT (topic, partition) DO UPDATE
@@ -171,34 +164,38 @@ class Lease:
 class PostgresLog:
     """The shared log; open it with :meth:`connect`, close it with :meth:`close`."""
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: FailoverPool) -> None:
         self._pool = pool
 
     @classmethod
-    async def connect(cls, dsn: str, *, min_size: int = 1, max_size: int = 4) -> PostgresLog:
+    async def connect(cls, dsn: str, *, max_size: int = 4) -> PostgresLog:
         """Connect to ``dsn`` and create the tables if missing; :class:`LogError` names an unreachable server,
         or each member of ``dsn`` and why none accepts writes.
 
-        The connections name themselves :data:`APPLICATION_NAME` (``pg_stat_activity`` shows it)."""
+        The connections name themselves :data:`APPLICATION_NAME` (``pg_stat_activity`` shows it). The pool
+        keeps no floor of connections: while the store fails over, connections are made when a call needs
+        one, not retried in the background."""
+        pool = await asyncpg.create_pool(
+            dsn,
+            connect=connect_writable,
+            min_size=0,
+            max_size=max_size,
+            timeout=CONNECT_TIMEOUT,
+            command_timeout=STATEMENT_TIMEOUT,
+            server_settings={"application_name": APPLICATION_NAME},
+        )
+        failover = FailoverPool(pool)
         try:
-            pool = await asyncpg.create_pool(
-                dsn,
-                connect=connect_writable,
-                min_size=min_size,
-                max_size=max_size,
-                timeout=CONNECT_TIMEOUT,
-                command_timeout=STATEMENT_TIMEOUT,
-                server_settings={"application_name": APPLICATION_NAME},
-            )
+            async with failover.transaction() as connection:
+                await create_schema(connection)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            await failover.close()
             raise LogError(f"cannot reach PostgreSQL at {_redacted(dsn)}: {_described(exc)}") from None
-        async with pool.acquire() as connection, connection.transaction():
-            await create_schema(connection)
-        return cls(pool)
+        return cls(failover)
 
     @property
-    def pool(self) -> Any:
-        """The asyncpg connection pool."""
+    def pool(self) -> FailoverPool:
+        """The connection pool."""
         return self._pool
 
     async def close(self) -> None:
@@ -318,7 +315,7 @@ class PostgresLog:
         checked = [
             (producer, check_rows(producer, messages, properties, now)) for producer, messages, properties in batches
         ]
-        async with self._pool.acquire() as connection, connection.transaction():
+        async with self._pool.transaction() as connection:
             return await self.append_in(connection, lease, checked)
 
     async def append_in(
@@ -458,7 +455,7 @@ class PostgresLog:
 
     async def save_cursor(self, lease: Lease, subscription: str, cursor: Cursor) -> None:
         """Save a subscription's cursor of the leased partition; :class:`FencedError` if the lease is stale."""
-        async with self._pool.acquire() as connection, connection.transaction():
+        async with self._pool.transaction() as connection:
             await self.check_lease(connection, lease)
             await connection.execute(
                 """INSERT INTO kf_cursors (topic, partition, subscription, state) VALUES ($1, $2, $3, $4)
@@ -472,7 +469,7 @@ class PostgresLog:
     async def delete_cursor(self, lease: Lease, subscription: str) -> bool:
         """Forget a subscription's cursor of the leased partition; whether it had one (:class:`FencedError`
         if the lease is stale)."""
-        async with self._pool.acquire() as connection, connection.transaction():
+        async with self._pool.transaction() as connection:
             await self.check_lease(connection, lease)
             deleted = await connection.execute(
                 "DELETE FROM kf_cursors WHERE topic = $1 AND partition = $2 AND subscription = $3",
@@ -555,6 +552,7 @@ class PostgresStore(Store):
         """The topics this broker serves now, with their leases."""
         return dict(self._leases)
 
+    @_reachable
     async def acquire(self, topic: str) -> Lease:
         """Serve ``topic``: bump its owner epoch (fencing whoever had it) and learn its last position."""
         name, partition = self._locate(topic)
@@ -793,7 +791,7 @@ class PostgresStore(Store):
 
         async def store(lease: Lease) -> list[int]:
             """Copy the letters in one transaction that checks ``lease``."""
-            async with self.log.pool.acquire() as connection, connection.transaction():
+            async with self.log.pool.transaction() as connection:
                 await PostgresLog.check_lease(connection, lease)
                 last = await connection.fetchval(
                     """SELECT coalesce(max(dlq_position), 0) FROM kf_dead_letters
@@ -886,7 +884,7 @@ class PostgresStore(Store):
 
         async def replay(lease: Lease) -> list[tuple[int, bool]]:
             """Append the rows and mark their letters in one transaction that checks ``lease``."""
-            async with self.log.pool.acquire() as connection, connection.transaction():
+            async with self.log.pool.transaction() as connection:
                 [stored] = await self.log.append_in(connection, lease, [(None, rows)])
                 await connection.executemany(
                     """UPDATE kf_dead_letters SET replayed_at = $5

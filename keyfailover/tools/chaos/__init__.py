@@ -3,11 +3,12 @@
 Built in steps for ``keyfailover chaos`` (issue 15). Here so far:
 
 - :mod:`._records`: what a run records, as JSON lines (sends and receipts, deliveries,
-  acks, dead letters, brokers serving partitions, consumers' ranges, faults).
+  acks, dead letters, brokers serving partitions, consumers' ranges, faults, the store's roles).
 - :mod:`._checkers`: pure functions from the records to verdicts (lost, unanswered, duplicated,
-  order, two owners, held twice, unowned partitions and ranges, dead-letter accounting).
+  order, two owners, held twice, unowned partitions and ranges, dead-letter accounting, writes resumed
+  after a fault on the replicated store).
 - :mod:`._schedule`: the seeded fault schedule (kill, suspend, loss on brokers, consumers,
-  the coordinator, ZooKeeper).
+  the coordinator, ZooKeeper, the replicated store's primary).
 - :mod:`._harness`: the cluster, the traffic and the faults (:func:`run_chaos`).
 - :mod:`._measures`, :mod:`._report`: what a run measured, strategies under its faults, report.md.
 - :func:`chaos`: all of it, for ``keyfailover chaos``.
@@ -15,6 +16,8 @@ Built in steps for ``keyfailover chaos`` (issue 15). Here so far:
 
 from keyfailover.tools.chaos._chaos import ChaosOutcome, chaos
 from keyfailover.tools.chaos._checkers import (
+    RESUME_MARGIN,
+    StoreFailover,
     Verdict,
     check_all,
     dead_letter_accounting,
@@ -23,10 +26,12 @@ from keyfailover.tools.chaos._checkers import (
     lost,
     order,
     settled_unanswered,
+    store_failovers,
     two_owners,
     unanswered,
     unowned_partitions,
     unowned_ranges,
+    writes_resumed,
 )
 from keyfailover.tools.chaos._harness import ChaosError, ChaosRun, ChaosSettings, run_chaos
 from keyfailover.tools.chaos._records import (
@@ -41,6 +46,7 @@ from keyfailover.tools.chaos._records import (
     RecordError,
     RecordWriter,
     Served,
+    StoreRoles,
     from_json,
     read_records,
     to_json,
@@ -49,6 +55,7 @@ from keyfailover.tools.chaos._schedule import FAULTS, TARGETS, PlannedFault, Sch
 
 __all__ = [
     "FAULTS",
+    "RESUME_MARGIN",
     "TARGETS",
     "UNANSWERED",
     "Acked",
@@ -67,6 +74,8 @@ __all__ = [
     "RecordWriter",
     "ScheduleError",
     "Served",
+    "StoreFailover",
+    "StoreRoles",
     "Verdict",
     "chaos",
     "check_all",
@@ -80,9 +89,11 @@ __all__ = [
     "read_records",
     "run_chaos",
     "settled_unanswered",
+    "store_failovers",
     "to_json",
     "two_owners",
     "unanswered",
     "unowned_partitions",
     "unowned_ranges",
+    "writes_resumed",
 ]

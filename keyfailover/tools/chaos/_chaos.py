@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from keyfailover.tools.chaos._checkers import Verdict, check_all
+from keyfailover.tools.chaos._checkers import Verdict, check_all, store_failovers
 from keyfailover.tools.chaos._harness import ChaosRun, ChaosSettings, run_chaos
 from keyfailover.tools.chaos._measures import (
     RunMeasures,
@@ -60,11 +60,17 @@ def chaos(
     zookeeper: ZooKeeper | None = None,
     postgres: PostgreSQL | None = None,
 ) -> ChaosOutcome:
-    """Run :func:`run_chaos`, then every checker, the measures and (with ``report``) the report."""
+    """Run :func:`run_chaos`, then every checker, the measures and (with ``report``) the report.
+
+    ``postgres`` is not used by a run with the ``store`` target: it starts a replicated store of its own.
+    """
     logs = None if report is None else report / "logs"
     run = run_chaos(settings, out, zookeeper=zookeeper, postgres=postgres, keep=keep, logs=logs)
     records = run.records
-    verdicts = check_all(records, settings.partitions, settings.unowned_limit, settings.ack_timeout, end=run.ended)
+    store_ttl = settings.store_ttl if "store" in settings.targets else None
+    verdicts = check_all(
+        records, settings.partitions, settings.unowned_limit, settings.ack_timeout, end=run.ended, store_ttl=store_ttl
+    )
     measures = run_measures(records, run.started, settings.partitions)
     brokers = [f"b{n}" for n in range(1, settings.brokers + 1)]
     consumers = [f"c{n}" for n in range(1, settings.consumers + 1)]
@@ -84,12 +90,14 @@ def chaos(
             records=records,
             started=run.started,
             netem=_netem(),
+            store_ttl=store_ttl,
+            ended=run.ended,
         )
         if keep is None or keep.resolve() != report.resolve():
             (report / "records.jsonl").unlink(missing_ok=True)
             with RecordWriter(report / "records.jsonl") as writer:
                 writer.write_all(records)
-    for line in summary_lines(verdicts, measures):
+    for line in summary_lines(verdicts, measures, store_failovers(records, store_ttl, run.ended) if store_ttl else []):
         out.write(line + "\n")
     if path is not None:
         out.write(f"report: {path}\n")

@@ -27,6 +27,10 @@ pass and that fail (tests/test_chaos_checkers.py).
   the end of the run. An ack that got no answer counts as acknowledged once its consumer was
   killed after sending it, or a lease's time had passed since (:func:`settled_unanswered`): had
   the broker not settled it, the message would have come again by then.
+- :func:`writes_resumed`: after each fault on the replicated store, every partition stored a send
+  made after the fault began within a bound: Patroni's ``ttl`` plus :data:`RESUME_MARGIN`, plus
+  the fault's own length for a suspension or a loss (the primary is back, or its links healed, only
+  then). :func:`store_failovers` measures each fault for the report.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import numpy as np
 
 from keyfailover.core.partitions import partition_slots
 from keyfailover.tools.chaos._records import (
+    STORE,
     UNANSWERED,
     Acked,
     DeadLettered,
@@ -52,9 +57,12 @@ from keyfailover.tools.chaos._records import (
     RangeMap,
     Record,
     Served,
+    on_store,
 )
 
 __all__ = [
+    "RESUME_MARGIN",
+    "StoreFailover",
     "Verdict",
     "acknowledgements",
     "check_all",
@@ -65,10 +73,12 @@ __all__ = [
     "lost",
     "order",
     "settled_unanswered",
+    "store_failovers",
     "two_owners",
     "unanswered",
     "unowned_partitions",
     "unowned_ranges",
+    "writes_resumed",
     "zookeeper_outages",
 ]
 
@@ -463,10 +473,115 @@ def dead_letter_accounting(records: Sequence[Record], ack_timeout: float, end: f
     return _verdict("dead-letter accounting", problems, measures)
 
 
+RESUME_MARGIN = 5.0
+"""Seconds past Patroni's ``ttl`` within which writes must resume after a fault on the store: the time
+for the brokers to notice the new primary and reconnect to it, and for the producer to resend."""
+
+
+@dataclass(frozen=True)
+class StoreFailover:
+    """A fault on the replicated store and how long every partition took to store a send made after it began."""
+
+    t: float
+    kind: str
+    member: str
+    length: float
+    """From the fault's start to its end (the restart of a killed member, SIGCONT, the links healed)."""
+    bound: float
+    first: float | None
+    """From the fault's start to the first receipt of a send made after it, on any partition."""
+    resumed: float | None
+    """From the fault's start to the moment every partition had one: the slowest partition's first."""
+    waiting: tuple[int, ...]
+    """Partitions that stored no send made after the fault's start by the end of the run."""
+
+    def describe(self) -> str:
+        """One line naming the fault, the member it hit and when."""
+        return f"{self.kind} {STORE}:{self.member} at t={self.t:.3f} for {self.length:.1f} s"
+
+
+def store_failovers(records: Sequence[Record], ttl: float, end: float | None = None) -> list[StoreFailover]:
+    """Each fault on the store with the time writes took to resume on each partition after it began.
+
+    A partition's writes resumed at the first receipt of a send made at or after the fault's start (a
+    receipt right after it could be of a write committed before). The partitions are those the run
+    stored anything on. The bound is ``ttl`` + :data:`RESUME_MARGIN`, plus the fault's length for a
+    ``suspend`` or a ``loss``; a fault with no end on record lasts until ``end``.
+    """
+    stop = _end_of(records, end)
+    by_partition: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for produced in _of(records, Produced):
+        if produced.ok and produced.partition is not None and produced.sent is not None:
+            by_partition[produced.partition].append((produced.sent, produced.t))
+    sends: dict[int, tuple[list[float], list[float]]] = {}
+    for partition, pairs in by_partition.items():
+        pairs.sort()
+        earliest = list(itertools.accumulate((t for _, t in reversed(pairs)), min))[::-1]  # receipt, from here on
+        sends[partition] = ([sent for sent, _ in pairs], earliest)
+    faults = sorted((fault for fault in _of(records, Fault) if on_store(fault)), key=lambda fault: fault.t)
+    found = []
+    for start in (fault for fault in faults if fault.action == "start"):
+        healed = next((f.t for f in faults if f.target == start.target and f.action == "end" and f.t >= start.t), stop)
+        length = healed - start.t
+        bound = ttl + RESUME_MARGIN + (length if start.kind in ("suspend", "loss") else 0.0)
+        firsts: dict[int, float] = {}
+        for partition, (sent, earliest) in sends.items():
+            at = bisect.bisect_left(sent, start.t)
+            if at < len(sent):
+                firsts[partition] = earliest[at] - start.t
+        waiting = tuple(sorted(set(sends) - set(firsts)))
+        found.append(
+            StoreFailover(
+                t=start.t,
+                kind=start.kind,
+                member=start.target.split(":", 1)[1],
+                length=length,
+                bound=bound,
+                first=min(firsts.values(), default=None),
+                resumed=None if waiting or not firsts else max(firsts.values()),
+                waiting=waiting,
+            )
+        )
+    return found
+
+
+def writes_resumed(records: Sequence[Record], ttl: float, end: float | None = None) -> Verdict:
+    """After each fault on the store, every partition stored a send made after it began within the bound
+    :func:`store_failovers` gives; failed when one took longer or never did."""
+    failovers = store_failovers(records, ttl, end)
+    problems = []
+    for failover in failovers:
+        if failover.waiting:
+            problems.append(
+                f"{failover.describe()}: partitions {', '.join(map(str, failover.waiting))} stored no send made "
+                "after it by the end of the run"
+            )
+        elif failover.resumed is not None and failover.resumed > failover.bound:
+            problems.append(
+                f"{failover.describe()}: writes resumed on every partition only after {failover.resumed:.3f} s "
+                f"(bound {failover.bound:.1f} s)"
+            )
+    measures = {
+        "store faults": len(failovers),
+        "longest s": max((f.resumed for f in failovers if f.resumed is not None), default=0.0),
+        "bound s (+ the fault's length for suspend, loss)": ttl + RESUME_MARGIN,
+    }
+    return _verdict("writes resumed", problems, measures)
+
+
 def check_all(
-    records: Sequence[Record], partitions: int, unowned_limit: float, ack_timeout: float, end: float | None = None
+    records: Sequence[Record],
+    partitions: int,
+    unowned_limit: float,
+    ack_timeout: float,
+    end: float | None = None,
+    *,
+    store_ttl: float | None = None,
 ) -> list[Verdict]:
-    """Every checker over one run's records, in report order; ``end``: the run's end (default: the last record)."""
+    """Every checker over one run's records, in report order; ``end``: the run's end (default: the last record).
+
+    With ``store_ttl``, Patroni's ``ttl`` of a run with a replicated store, :func:`writes_resumed` too.
+    """
     end = _end_of(records, end)
     return [
         lost(records),
@@ -478,4 +593,5 @@ def check_all(
         unowned_partitions(records, unowned_limit, end),
         unowned_ranges(records, partitions, unowned_limit, end),
         dead_letter_accounting(records, ack_timeout, end),
+        *([writes_resumed(records, store_ttl, end)] if store_ttl is not None else []),
     ]

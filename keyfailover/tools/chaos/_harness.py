@@ -1,6 +1,7 @@
 """The chaos harness: a real cluster on loopback, traffic through it, a seeded fault schedule, every record kept.
 
-:func:`run_chaos` starts ZooKeeper and PostgreSQL (or uses the ones given), ``brokers``
+:func:`run_chaos` starts ZooKeeper and PostgreSQL (or uses the ones given; with ``store`` among the
+targets, a :class:`~keyfailover.tools.services.PatroniGroup` instead of PostgreSQL), ``brokers``
 ``keyfailover serve --cluster`` processes, a topic of ``partitions``, one producer process and
 ``consumers`` consumer processes (:mod:`._worker`); applies the faults of
 :func:`~._schedule.plan_faults` one at a time; then heals everything, stops the producer, waits
@@ -14,7 +15,15 @@ folder:
   serving``); an interval ends at its broker's kill, and a suspension cuts it in two (a
   stopped process does nothing; after SIGCONT it may, until it says it stopped serving);
 - :class:`~._records.RangeMap` snapshots of each partition's consumer ranges, polled from each
-  broker's admin ``/stats`` every ``POLL`` seconds (each broker on its own thread).
+  broker's admin ``/stats`` every ``POLL`` seconds (each broker on its own thread);
+- :class:`~._records.StoreRoles`, with a replicated store: its members' roles as Patroni lists them,
+  polled every ``STORE_POLL`` seconds on a thread of its own, written as they change.
+
+A fault on the store hits the member that is its primary when the fault starts (once the group has a
+primary and a synchronous standby, waited for up to Patroni's ``ttl``; else the fault is skipped):
+``kill`` SIGKILLs its Patroni and PostgreSQL and restarts the member at the fault's end, to rejoin
+as a standby; ``suspend`` stops both and continues them; ``loss`` makes every broker's link to it lose
+and delay traffic (each broker reaches each member through a proxy of its own).
 
 Every process it started is stopped and (unless ``keep``) its folder removed, after an error,
 Ctrl-C or SIGTERM too.
@@ -56,18 +65,24 @@ from keyfailover.tools.chaos._records import (
     Record,
     RecordWriter,
     Served,
+    StoreRoles,
     from_json,
     read_records,
+    store_target,
 )
 from keyfailover.tools.chaos._schedule import DELAY, FAULTS, LOSS, PlannedFault, heal, lose, plan_faults
 from keyfailover.tools.chaos._worker import MUTATIONS
-from keyfailover.tools.services import PostgreSQL, ZooKeeper, free_port, stop_process
+from keyfailover.tools.services import PatroniGroup, PostgreSQL, ZooKeeper, free_port, stop_process
 
 __all__ = ["ChaosError", "ChaosRun", "ChaosSettings", "run_chaos"]
 
 NO_LEASE = "no-lease"
 POLL = 0.25
 """Seconds between polls of the brokers' consumer ranges."""
+STORE_POLL = 0.5
+"""Seconds between polls of the replicated store's members."""
+UP = ("running", "streaming")
+"""The states Patroni gives a member whose PostgreSQL runs (a standby streaming, in later versions)."""
 TOPIC = "chaos"
 SUBSCRIPTION = "checked"
 START_TIMEOUT = 60.0
@@ -95,6 +110,8 @@ class ChaosSettings:
     rebalance_interval: float = 1.0
     ack_timeout: float = 5.0
     drain_timeout: float = 60.0
+    store_ttl: int = 10
+    """Patroni's ``ttl`` for the replicated store a run with the ``store`` target starts."""
     mutate: str | None = None
     """For the harness's own tests, a guarantee broken on purpose: the first consumer's (``_worker.MUTATIONS``),
     or ``no-lease``: brokers without their lease (a woken broker serves beside its partitions' new owners)."""
@@ -123,6 +140,7 @@ class ChaosSettings:
             ("partitions", self.partitions, 1),
             ("consumers", self.consumers, 1),
             ("keys", self.keys, 1),
+            ("store_ttl", self.store_ttl, 4),
         ):
             if type(value) is not int or value < least:
                 raise ChaosError(f"{name} must be an int >= {least}, not {value!r}")
@@ -130,7 +148,18 @@ class ChaosSettings:
             raise ChaosError(f"distribution must be zipf or uniform, not {self.distribution!r}")
         if self.mutate is not None and self.mutate not in (*MUTATIONS, NO_LEASE):
             raise ChaosError(f"mutate must be one of {', '.join((*MUTATIONS, NO_LEASE))}, not {self.mutate!r}")
-        plan_faults(self.seed, self.duration, self.faults, self.targets, session_timeout=self.session_timeout)
+        self.schedule()
+
+    def schedule(self) -> list[PlannedFault]:
+        """The run's faults, as :func:`~._schedule.plan_faults` plans them from these settings."""
+        return plan_faults(
+            self.seed,
+            self.duration,
+            self.faults,
+            self.targets,
+            session_timeout=self.session_timeout,
+            store_ttl=self.store_ttl,
+        )
 
 
 @dataclass
@@ -213,6 +242,8 @@ class _Broker(_Process):
     links: list[FaultProxy] = field(default_factory=list)
     """Its client, ZooKeeper and PostgreSQL proxies (none unless the run has loss faults)."""
     zookeeper_link: FaultProxy | None = None
+    store_links: dict[str, FaultProxy] = field(default_factory=dict)
+    """Its link to each member of the store, by member name (none unless the run has loss faults)."""
 
     @property
     def stats_url(self) -> str:
@@ -249,7 +280,32 @@ class _ZooKeeperProcess:
             os.kill(self.zookeeper.pid, signal.SIGCONT)
 
 
-Target = _Process | _ZooKeeperProcess
+class _StoreMember:
+    """A member of the replicated store as a fault target: Patroni and its PostgreSQL together, as a machine."""
+
+    def __init__(self, group: PatroniGroup, member: str) -> None:
+        self.group = group
+        self.member = member
+        self.name = store_target(member)
+        self.suspended = False
+
+    def kill(self) -> None:
+        self.group.kill(self.member)
+
+    def start(self) -> None:
+        self.group.restart(self.member)
+
+    def suspend(self) -> None:
+        self.group.suspend(self.member)
+        self.suspended = True
+
+    def resume(self) -> None:
+        if self.suspended:
+            self.group.resume(self.member)
+        self.suspended = False
+
+
+Target = _Process | _ZooKeeperProcess | _StoreMember
 
 
 def run_chaos(
@@ -267,16 +323,17 @@ def run_chaos(
     run's folder is removed (the report keeps them for diagnosis).
 
     With ``zookeeper`` and ``postgres`` given (a test session's), the run uses them under a
-    root and topic of its own and may not target ZooKeeper; otherwise it starts its own.
+    root and topic of its own and may not target ZooKeeper; otherwise it starts its own. With
+    ``store`` among the targets it starts a Patroni group of two members under the run's root in
+    ZooKeeper, and the brokers store in it instead of ``postgres``.
     ``keep``: the folder for the run's data and records, kept; by default a temporary one,
     removed at the end (the records are returned).
     """
     settings.check()
     if zookeeper is not None and "zookeeper" in settings.targets:
         raise ChaosError("a shared ZooKeeper cannot be a fault target; let the run start its own")
-    schedule = plan_faults(
-        settings.seed, settings.duration, settings.faults, settings.targets, session_timeout=settings.session_timeout
-    )
+    schedule = settings.schedule()
+    root = f"/keyfailover-chaos-{uuid.uuid4().hex[:8]}"
     with sigterm_interrupts(), contextlib.ExitStack() as stack:
         if keep is None:
             folder = Path(tempfile.mkdtemp(prefix="keyfailover-chaos-"))
@@ -287,9 +344,16 @@ def run_chaos(
         folder.chmod(0o711)  # the postgres user must get through to its own folder inside
         if zookeeper is None:
             zookeeper = stack.enter_context(ZooKeeper(folder / "zookeeper"))
-        if postgres is None:
-            postgres = stack.enter_context(PostgreSQL(folder / "postgresql"))
-        run = _Run(settings, folder=folder, zookeeper=zookeeper, postgres=postgres, schedule=schedule, out=out)
+        store: PostgreSQL | PatroniGroup
+        if "store" in settings.targets:
+            out.write(f"starting the replicated store: 2 PostgreSQL under Patroni, ttl {settings.store_ttl} s\n")
+            group = PatroniGroup(folder / "store", zookeeper.hosts, namespace=f"{root}/store", ttl=settings.store_ttl)
+            store = stack.enter_context(group)
+        elif postgres is None:
+            store = stack.enter_context(PostgreSQL(folder / "postgresql"))
+        else:
+            store = postgres
+        run = _Run(settings, folder=folder, zookeeper=zookeeper, store=store, root=root, schedule=schedule, out=out)
         try:
             return run.carry_out(stack)
         finally:
@@ -297,6 +361,8 @@ def run_chaos(
                 logs.mkdir(parents=True, exist_ok=True)
                 for path in [*folder.glob("*.log"), *folder.glob("*.stats.json")]:
                     shutil.copy(path, logs / path.name)
+                for path in folder.glob("store/*/patroni.*"):  # each member's Patroni log, and PostgreSQL's
+                    shutil.copy(path, logs / f"store-{path.parent.name}-{path.name}")
     raise AssertionError("unreachable")  # pragma: no cover  (mypy: the with block returns)
 
 
@@ -307,26 +373,32 @@ class _Run:
         *,
         folder: Path,
         zookeeper: ZooKeeper,
-        postgres: PostgreSQL,
+        store: PostgreSQL | PatroniGroup,
+        root: str,
         schedule: list[PlannedFault],
         out: TextIO,
     ) -> None:
         self.settings = settings
         self.folder = folder
         self.zookeeper = zookeeper
-        self.postgres = postgres
+        self.store = store
+        self.group = store if isinstance(store, PatroniGroup) else None
         self.schedule = schedule
         self.out = out
-        self.root = f"/keyfailover-chaos-{uuid.uuid4().hex[:8]}"
+        self.root = root
         self.topic = f"{TOPIC}-{uuid.uuid4().hex[:8]}"
         self.cluster = f"zk://{zookeeper.hosts}{self.root}"
         self.faults = RecordWriter(folder / "faults.jsonl")
         self.maps = RecordWriter(folder / "ranges.jsonl")
+        self.roles = RecordWriter(folder / "store.jsonl")
         self.brokers: list[_Broker] = []
         self.consumers: list[_Process] = []
         self.applied: list[str] = []
         self.clock_offset = time.time() - time.monotonic()
         self._polling = threading.Event()
+        self.store_target: _StoreMember | None = None
+        """The store member of the last fault on the store: continued if the run ends while it is stopped
+        (the group stops a stopped Patroni, but a stopped PostgreSQL's backends would outlive it)."""
 
     def say(self, text: str) -> None:
         self.out.write(text + "\n")
@@ -335,6 +407,8 @@ class _Run:
     def carry_out(self, stack: contextlib.ExitStack) -> ChaosRun:
         stack.callback(self.faults.close)
         stack.callback(self.maps.close)
+        stack.callback(self.roles.close)
+        stack.callback(self._continue_store)
         settings = self.settings
         self.say(
             f"keyfailover chaos: {settings.brokers} brokers, {settings.partitions} partitions, "
@@ -376,6 +450,10 @@ class _Run:
             threading.Thread(target=self._poll, args=(broker,), name=f"chaos-ranges-{broker.name}", daemon=True)
             for broker in self.brokers
         ]
+        if self.group is not None:
+            pollers.append(
+                threading.Thread(target=self._watch_store, args=(self.group,), name="chaos-store", daemon=True)
+            )
         for poller in pollers:
             poller.start()
             stack.callback(poller.join, 5.0)
@@ -411,10 +489,13 @@ class _Run:
         settings = self.settings
         for number in range(1, settings.brokers + 1):
             name, port, admin = f"b{number}", free_port(), free_port()
-            cluster, store, advertised = self.cluster, self.postgres.dsn, port
+            cluster, dsn, advertised = self.cluster, self.store.dsn, port
             links: list[FaultProxy] = []
+            store_links: dict[str, FaultProxy] = {}
             if "loss" in settings.faults:  # every link of the broker through a proxy that can lose packets
-                for upstream in (port, self.zookeeper.port, self.postgres.port):
+                store = self.store
+                members = store.ports if isinstance(store, PatroniGroup) else {"postgresql": store.port}
+                for upstream in (port, self.zookeeper.port, *members.values()):
                     proxy = FaultProxy(
                         ("127.0.0.1", upstream), seed=settings.seed * 1000 + len(self.brokers) * 10 + len(links)
                     )
@@ -422,9 +503,11 @@ class _Run:
                     stack.callback(proxy.close)
                 advertised = links[0].port
                 cluster = f"zk://127.0.0.1:{links[1].port}{self.root}"
-                store = urllib.parse.urlsplit(store)._replace(netloc=f"kf@127.0.0.1:{links[2].port}").geturl()
+                store_links = dict(zip(members, links[2:], strict=True))
+                hosts = ",".join(f"127.0.0.1:{link.port}" for link in store_links.values())  # in the URL's order
+                dsn = urllib.parse.urlsplit(dsn)._replace(netloc=f"kf@{hosts}").geturl()
             command = [
-                sys.executable, "-m", "keyfailover", "serve", "--cluster", cluster, "--store", store,
+                sys.executable, "-m", "keyfailover", "serve", "--cluster", cluster, "--store", dsn,
                 "--port", str(port), "--advertise", f"127.0.0.1:{advertised}", "--broker-id", name,
                 "--metrics-port", str(admin), "--cluster-session-timeout", f"{settings.session_timeout:g}",
                 "--min-rebalance-interval", f"{settings.rebalance_interval:g}",
@@ -438,6 +521,7 @@ class _Run:
                 admin=admin,
                 links=links,
                 zookeeper_link=links[1] if links else None,
+                store_links=store_links,
                 env={UNSAFE_NO_LEASE: "1"} if settings.mutate == NO_LEASE else {},
             )
             broker.start()
@@ -450,26 +534,49 @@ class _Run:
                     raise ChaosError(f"broker {broker.name} did not start: {broker.tail()}")
                 time.sleep(0.05)
 
-    def _coordinator(self) -> _Broker | None:
+    def _coordinator(self) -> _Broker | str:
+        """The coordinating broker, or why none could be told."""
+        unknown = "no coordinator could be read from ZooKeeper"
         try:
             zk = connect(self.zookeeper.hosts, timeout=2.0)
         except KeyFailoverError:
-            return None
+            return unknown
         try:
             name = cluster_status(zk, self.root)["coordinator"]
         finally:
             zk.stop()
             zk.close()
-        return next((broker for broker in self.brokers if broker.name == name), None)
+        return next((broker for broker in self.brokers if broker.name == name), unknown)
 
-    def _target(self, fault: PlannedFault) -> Target | None:
+    def _target(self, fault: PlannedFault) -> Target | str:
+        """What ``fault`` hits now, or why nothing: the fault is skipped."""
         if fault.target == "brokers":
             return self.brokers[fault.index % len(self.brokers)]
         if fault.target == "consumers":
             return self.consumers[fault.index % len(self.consumers)]
         if fault.target == "coordinator":
             return self._coordinator()
+        if fault.target == "store":
+            return self._store_primary()
         return _ZooKeeperProcess(self.zookeeper)
+
+    def _store_primary(self) -> _StoreMember | str:
+        """The store's primary, once it has a synchronous standby too (waited for up to Patroni's ``ttl``:
+        the group is still taking its last fault's member back); when it has none by then, what it has."""
+        assert self.group is not None  # a run targeting the store starts a group
+        deadline = time.monotonic() + self.settings.store_ttl
+        wake = threading.Event()
+        while True:
+            roles = _roles(self.group.members())
+            leaders = [member for member, role, state in roles if role == "leader" and state == "running"]
+            if leaders and any(role == "sync_standby" and state in UP for _, role, state in roles):
+                self.store_target = _StoreMember(self.group, leaders[0])
+                return self.store_target
+            if time.monotonic() > deadline:
+                return "the store had no primary with a synchronous standby: " + (
+                    ", ".join(f"{member} {role} {state}" for member, role, state in roles) or "no member answered"
+                )
+            wake.wait(STORE_POLL)  # polling Patroni's REST API
 
     # -- faults -------------------------------------------------------------------------
 
@@ -478,8 +585,8 @@ class _Run:
         for fault in self.schedule:
             wake.wait(max(started + fault.at - time.monotonic(), 0.0))
             target = self._target(fault)
-            if target is None:
-                self.applied.append(f"{fault.describe()}: skipped (no coordinator could be read from ZooKeeper)")
+            if isinstance(target, str):
+                self.applied.append(f"{fault.describe()}: skipped ({target})")
                 self.say(self.applied[-1])
                 continue
             self._fault(fault, target, "start")
@@ -493,6 +600,8 @@ class _Run:
             return target.links
         if isinstance(target, _ZooKeeperProcess):
             return [broker.zookeeper_link for broker in self.brokers if broker.zookeeper_link is not None]
+        if isinstance(target, _StoreMember):
+            return [broker.store_links[target.member] for broker in self.brokers if target.member in broker.store_links]
         return []
 
     def _fault(self, fault: PlannedFault, target: Target, action: str) -> None:
@@ -511,8 +620,11 @@ class _Run:
             ("loss", "end"): ((lambda: heal(links)) if links else (lambda: _signal(target, signal.SIGUSR2)), "healed"),
         }
         act, detail = actions[(fault.kind, action)]
+        began = time.monotonic()
         act()
-        now = time.monotonic()
+        # a fault starts as it is injected and ends once healed: killing a store member (waiting for its
+        # postmaster to go) takes a second or two, in which no write commits
+        now = began if action == "start" else time.monotonic()
         self.faults.write(Fault(now, fault.kind, target.name, "start" if action == "start" else "end", detail))
         if action == "start":
             self.applied.append(f"{fault.describe()}: {target.name}")
@@ -548,6 +660,23 @@ class _Run:
                 if last.get(partition) != ranges:
                     last[partition] = ranges
                     self.maps.write(RangeMap(now, partition, ranges, broker.name))
+
+    def _continue_store(self) -> None:
+        """SIGCONT the store member of the last fault on the store, if the run ends while it is stopped."""
+        if self.store_target is not None:
+            self.store_target.resume()
+
+    def _watch_store(self, group: PatroniGroup) -> None:
+        """Write the store's members' roles as they change, read from Patroni every ``STORE_POLL`` seconds
+        (with the time the answer arrived; a poll no member answers is an empty list)."""
+        last: tuple[tuple[str, str, str], ...] | None = None
+        while True:
+            roles = _roles(group.members())
+            if roles != last:
+                last = roles
+                self.roles.write(StoreRoles(time.monotonic(), roles))
+            if self._polling.wait(STORE_POLL):
+                return
 
     @staticmethod
     def _check_alive(workers: list[_Process]) -> None:
@@ -614,6 +743,11 @@ class _Run:
         with RecordWriter(self.folder / "records.jsonl") as writer:
             writer.write_all(records)
         return records
+
+
+def _roles(members: list[dict[str, Any]]) -> tuple[tuple[str, str, str], ...]:
+    """``(member, role, state)`` of each member Patroni lists, sorted by member."""
+    return tuple(sorted((str(m.get("name")), str(m.get("role", "")), str(m.get("state", ""))) for m in members))
 
 
 def _signal(target: Target, signum: int) -> None:

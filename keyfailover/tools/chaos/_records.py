@@ -7,7 +7,8 @@ records of a run's processes interleave truly. A message is named by its ``key``
 names one send and the produced order of a key is the order of its values.
 
 - :class:`Produced`: a send and its receipt (``ok`` with the stored ``partition`` and
-  ``position``, or the error the producer got; an unconfirmed send may still be stored).
+  ``position``, or the error the producer got; an unconfirmed send may still be stored); ``t`` is
+  the receipt's time, ``sent`` the send's.
 - :class:`Delivered`: a message handed to a consumer's application, with its redelivery count.
 - :class:`Acked`: a consumer's ack of a delivery, sent at ``t``; ``confirmed`` True when the
   broker said it settled the message, False when it refused it (the lease had ended), None while
@@ -19,7 +20,10 @@ names one send and the produced order of a key is the order of its values.
   release, its kill, or the moment it was fenced.
 - :class:`RangeMap`: the consumers' ranges of one partition's slots from ``t`` on (a whole
   map; an empty one while nobody consumes it).
-- :class:`Fault`: a fault injected (``start``) or healed (``end``) on a target.
+- :class:`Fault`: a fault injected (``start``) or healed (``end``) on a target; a fault on the
+  replicated store names the member it hit: ``store:member0``.
+- :class:`StoreRoles`: the replicated store's members as Patroni lists them from ``t`` on: each
+  member's role and state (a whole list; an empty one while no member answers).
 
 Everything is a frozen dataclass; :func:`to_json` and :func:`from_json` round-trip them, and
 :class:`RecordWriter` appends them to a file from many threads.
@@ -47,6 +51,7 @@ __all__ = [
     "RecordError",
     "RecordWriter",
     "Served",
+    "StoreRoles",
     "from_json",
     "read_records",
     "to_json",
@@ -74,6 +79,8 @@ class Produced:
     partition: int | None = None
     position: int | None = None
     error: str | None = None
+    sent: float | None = None
+    """When the send was made; None in the records of a producer that did not say."""
 
 
 @dataclass(frozen=True)
@@ -153,10 +160,35 @@ class Fault:
     detail: str = ""
 
 
-Record = Produced | Delivered | Acked | DeadLettered | Served | RangeMap | Fault
+STORE = "store"
+"""The role name of the replicated store: the schedule's target, and the prefix of its faults' targets."""
+
+
+def store_target(member: str) -> str:
+    """The :class:`Fault` target of a fault on the store's member ``member``: ``store:member0``."""
+    return f"{STORE}:{member}"
+
+
+def on_store(fault: Fault) -> bool:
+    """Whether ``fault`` hit a member of the replicated store."""
+    return fault.target.startswith(STORE + ":")
+
+
+@dataclass(frozen=True)
+class StoreRoles:
+    """The replicated store's members from ``t`` on, as Patroni lists them."""
+
+    type: ClassVar[str] = "store_roles"
+    t: float
+    members: tuple[tuple[str, str, str], ...]
+    """``(member, role, state)`` sorted by member: role ``leader``, ``sync_standby`` or ``replica``, state
+    ``running``, ``streaming``, ``stopped``...; a member Patroni does not list is missing."""
+
+
+Record = Produced | Delivered | Acked | DeadLettered | Served | RangeMap | Fault | StoreRoles
 
 _TYPES: dict[str, type[Record]] = {
-    kind.type: kind for kind in (Produced, Delivered, Acked, DeadLettered, Served, RangeMap, Fault)
+    kind.type: kind for kind in (Produced, Delivered, Acked, DeadLettered, Served, RangeMap, Fault, StoreRoles)
 }
 
 
@@ -181,6 +213,8 @@ def from_json(line: str) -> Record:
         raise RecordError(f"{kind.type} record has unknown fields {sorted(unknown)}: {line[:80]!r}")
     if kind is RangeMap and isinstance(data.get("ranges"), list):
         data["ranges"] = tuple(_range(item, line) for item in data["ranges"])
+    if kind is StoreRoles and isinstance(data.get("members"), list):
+        data["members"] = tuple(_role(item, line) for item in data["members"])
     try:
         return kind(**data)
     except TypeError as error:
@@ -191,6 +225,13 @@ def _range(item: Any, line: str) -> tuple[int, int, str]:
     if not (isinstance(item, list) and len(item) == 3):
         raise RecordError(f"a range must be [first, last, consumer], not {item!r}: {line[:80]!r}")
     return int(item[0]), int(item[1]), str(item[2])
+
+
+def _role(item: Any, line: str) -> tuple[str, str, str]:
+    """One ``(member, role, state)`` of a :class:`StoreRoles` line, or RecordError."""
+    if not (isinstance(item, list) and len(item) == 3):
+        raise RecordError(f"a store member must be [member, role, state], not {item!r}: {line[:80]!r}")
+    return str(item[0]), str(item[1]), str(item[2])
 
 
 def read_records(path: Path) -> Iterator[Record]:

@@ -4,14 +4,19 @@ The nemesis of OpenMessaging-Chaos and Jepsen, planned ahead so the same seed gi
 same schedule (and the report can print it before the run): faults come one at a time,
 each followed by a quiet spell, so every fault's effect and recovery can be told apart.
 
-- ``kill``: SIGKILL, then a restart after the fault's length.
+- ``kill``: SIGKILL, then a restart after the fault's length (on the store, half to twice Patroni's
+  ``ttl``: longer than it two times in three, so Patroni must elect a new primary).
 - ``suspend``: SIGSTOP, then SIGCONT after the fault's length (half to twice a session timeout:
-  longer than it two times in three, so the cluster must fence the suspended broker and take over).
+  longer than it two times in three, so the cluster must fence the suspended broker and take over;
+  on the store, half to twice Patroni's ``ttl``, for the same reason).
 - ``loss``: the target's links lose and delay traffic for the fault's length.
 
 Targets name roles, not processes: ``brokers`` and ``consumers`` pick one by index (the
 harness takes it modulo how many run), ``coordinator`` is whichever broker coordinates when
-the fault starts, ``zookeeper`` is the ZooKeeper server.
+the fault starts, ``zookeeper`` is the ZooKeeper server, ``store`` is whichever member of the
+replicated store is its primary when the fault starts. After a fault on the store the quiet spell
+is longer by ``store_ttl``: the group elects a new primary and takes its old one back as a standby
+before the next fault.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from keyfailover.tools.chaos._proxy import FaultProxy
 __all__ = ["DELAY", "FAULTS", "LOSS", "TARGETS", "PlannedFault", "ScheduleError", "heal", "lose", "plan_faults"]
 
 FAULTS = ("kill", "suspend", "loss")
-TARGETS = ("brokers", "consumers", "coordinator", "zookeeper")
+TARGETS = ("brokers", "consumers", "coordinator", "zookeeper", "store")
 
 LOSS = 0.3
 """Share of TCP segments (proxy chunks) a loss fault loses on each of its links."""
@@ -86,17 +91,24 @@ def plan_faults(
     warmup: float = 5.0,
     quiet: float = 5.0,
     longest: float = 10.0,
+    store_ttl: float = 10.0,
 ) -> list[PlannedFault]:
     """The faults of a run of ``duration`` seconds, the same for the same arguments.
 
     Nothing happens in the first ``warmup`` seconds (traffic starts) nor the last ``quiet``
     (the cluster recovers before the run ends); after each fault heals, a quiet spell of
-    ``quiet`` to twice that. A fault lasts from 1 s to ``longest``; a suspension from half
-    to twice ``session_timeout``.
+    ``quiet`` to twice that, and ``store_ttl`` more after a fault on the store. A fault lasts from
+    1 s to ``longest``; a suspension from half to twice ``session_timeout``; a kill or a suspension of the
+    store from half to twice ``store_ttl``.
     """
     kinds = _choices(faults, FAULTS, "faults")
     whom = _choices(targets, TARGETS, "targets")
-    for name, value in (("duration", duration), ("session_timeout", session_timeout), ("longest", longest)):
+    for name, value in (
+        ("duration", duration),
+        ("session_timeout", session_timeout),
+        ("longest", longest),
+        ("store_ttl", store_ttl),
+    ):
         if not value > 0:
             raise ScheduleError(f"{name} must be a positive number of seconds, not {value!r}")
     for name, value in (("warmup", warmup), ("quiet", quiet)):
@@ -111,11 +123,13 @@ def plan_faults(
         kind = rng.choice(kinds)
         target = rng.choice(whom)
         index = rng.randrange(1 << 16)
-        if kind == "suspend":
+        if target == "store" and kind in ("kill", "suspend"):
+            length = rng.uniform(store_ttl / 2.0, store_ttl * 2.0)
+        elif kind == "suspend":
             length = rng.uniform(session_timeout / 2.0, session_timeout * 2.0)
         else:
             length = rng.uniform(1.0, longest)
         if at + length + quiet > duration:
             return planned
         planned.append(PlannedFault(round(at, 3), round(length, 3), kind, target, index))
-        at += length + rng.uniform(quiet, 2.0 * quiet) if quiet else length
+        at += length + (rng.uniform(quiet, 2.0 * quiet) if quiet else 0.0) + (store_ttl if target == "store" else 0.0)

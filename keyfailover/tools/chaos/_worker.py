@@ -6,7 +6,8 @@ kernel at once (a killed worker's records up to its last instant survive it), wi
 from ``time.monotonic()``, the clock every process of the machine shares.
 
 - ``produce``: sends keyed messages at a steady rate until SIGTERM; each key's sends are
-  numbered 0, 1, 2, ... (the payload is ``key:value``); each receipt is a ``produced`` record.
+  numbered 0, 1, 2, ... (the payload is ``key:value``); each receipt is a ``produced`` record,
+  with the time of its send.
 - ``consume``: receives until SIGTERM; each message is a ``delivered`` record, then it is
   acknowledged with the broker's confirmation, recorded as ``acked`` with the time the ack was
   sent: first with ``confirmed`` None (sent, outcome not known yet), then with the answer: True
@@ -135,7 +136,7 @@ def produce(
     producer got no receipt and no error for it (a producer stalled on a partition).
     """
     stop = _stop_on_sigterm()
-    waiting: set[tuple[str, int]] = set()  # sends not answered yet (the client's thread answers them)
+    waiting: dict[tuple[str, int], float] = {}  # sends not answered yet and when they were made
     guard = threading.Lock()
     with RecordWriter(records) as writer, Client(url) as client:
         producer = client.create_producer(topic, name)
@@ -157,18 +158,25 @@ def produce(
                 key = f"key-{number}"
                 value = values.get(key, 0)
                 values[key] = value + 1
+                sent = time.monotonic()
 
-                def done(position: int | None, error: BaseException | None, key: str = key, value: int = value) -> None:
+                def done(
+                    position: int | None,
+                    error: BaseException | None,
+                    key: str = key,
+                    value: int = value,
+                    sent: float = sent,
+                ) -> None:
                     with guard:
-                        waiting.discard((key, value))
+                        waiting.pop((key, value), None)
                     if error is None:
                         partition = partition_of_key(key, partitions)
-                        writer.write(Produced(time.monotonic(), name, key, value, True, partition, position))
+                        writer.write(Produced(time.monotonic(), name, key, value, True, partition, position, sent=sent))
                     else:
-                        writer.write(Produced(time.monotonic(), name, key, value, False, error=_said(error)))
+                        writer.write(Produced(time.monotonic(), name, key, value, False, error=_said(error), sent=sent))
 
                 with guard:
-                    waiting.add((key, value))
+                    waiting[(key, value)] = sent
                 producer.send_async(f"{key}:{value}".encode(), key, done)
             ticks += 1
             stop.wait(max(start + ticks * TICK - time.monotonic(), 0.0))  # pacing, not synchronisation
@@ -177,9 +185,9 @@ def produce(
         except (KeyFailoverError, TimeoutError) as error:
             print(f"producer {name}: not every send was answered: {_said(error)}", file=sys.stderr)
         with guard:
-            unanswered = sorted(waiting)
-        for key, value in unanswered:
-            writer.write(Produced(time.monotonic(), name, key, value, False, error=UNANSWERED))
+            unanswered = sorted(waiting.items())
+        for (key, value), sent in unanswered:
+            writer.write(Produced(time.monotonic(), name, key, value, False, error=UNANSWERED, sent=sent))
 
 
 def _said(error: BaseException) -> str:

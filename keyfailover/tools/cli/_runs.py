@@ -23,6 +23,8 @@ from keyfailover.tools.cli._common import (
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.single_store and not args.cluster:
+        raise _UsageError("--single-store goes with --cluster: only the cluster demo has a store to choose")
     if args.core:
         from keyfailover.tools.demo import run_core_demo
 
@@ -30,7 +32,9 @@ def _demo(args: argparse.Namespace) -> int:
     elif args.cluster:
         from keyfailover.tools.demo import run_cluster_demo
 
-        report = run_cluster_demo(events=args.messages, accounts=args.keys, seed=args.seed)
+        report = run_cluster_demo(
+            events=args.messages, accounts=args.keys, seed=args.seed, out=sys.stdout, single_store=args.single_store
+        )
     else:
         from keyfailover.tools.demo import run_server_demo
 
@@ -46,8 +50,14 @@ def add_demo(commands: SubParsers) -> None:
     kind.add_argument(
         "--cluster",
         action="store_true",
-        help="start ZooKeeper, PostgreSQL and three brokers on loopback and kill one under traffic "
-        "(scripts/setup-system installs ZooKeeper and PostgreSQL)",
+        help="start ZooKeeper, a Patroni group of two PostgreSQL servers and three brokers on loopback; kill a "
+        "broker, then the store's primary, under traffic (scripts/setup-system installs ZooKeeper, PostgreSQL and "
+        "Patroni; without Patroni the store is one PostgreSQL server)",
+    )
+    demo.add_argument(
+        "--single-store",
+        action="store_true",
+        help="with --cluster: one PostgreSQL server as the store instead of a Patroni group; only a broker is killed",
     )
     demo.add_argument(
         "--messages", type=_int_at_least(1000), default=30_000, help="events to produce, >= 1000 (default 30000)"
@@ -172,6 +182,7 @@ def _chaos(args: argparse.Namespace) -> int:
         rebalance_interval=args.rebalance_interval,
         ack_timeout=args.ack_timeout,
         drain_timeout=args.drain_timeout,
+        store_ttl=args.store_ttl,
     )
     command = "keyfailover chaos " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["chaos"] else "keyfailover chaos"
     outcome = chaos(settings, report=args.report, keep=args.keep, command=command.strip())
@@ -183,10 +194,11 @@ def add_chaos(commands: SubParsers) -> None:
     chaos = commands.add_parser(
         "chaos",
         help="kill, suspend and cut off processes of a real cluster on loopback; check every invariant",
-        description="Start ZooKeeper, PostgreSQL, brokers, a producer and consumers on 127.0.0.1, apply a seeded "
-        "schedule of faults under traffic, record every send, delivery, ack, fault and ownership change, and "
-        "check: nothing lost, per-key order, never two brokers on a partition, never two consumers holding a "
-        "key, unowned time bounded. Exit 1 when a checker fails. See docs/chaos.md.",
+        description="Start ZooKeeper, PostgreSQL (with --targets store, two under Patroni), brokers, a producer and "
+        "consumers on 127.0.0.1, apply a seeded schedule of faults under traffic, record every send, delivery, "
+        "ack, fault and ownership change, and check: nothing lost, per-key order, never two brokers on a "
+        "partition, never two consumers holding a key, unowned time bounded, writes resumed after each fault on "
+        "the store. Exit 1 when a checker fails. See docs/chaos.md.",
     )
     chaos.add_argument("--duration", type=_positive_float, default=60.0, help="seconds of faults and traffic (60)")
     chaos.add_argument("--seed", type=int, default=1, help="the schedule's seed: the same seed, the same faults (1)")
@@ -200,7 +212,9 @@ def add_chaos(commands: SubParsers) -> None:
         "--targets",
         type=_chaos_names("targets"),
         default=("brokers", "consumers", "coordinator"),
-        help="comma-separated, of brokers, consumers, coordinator, zookeeper (default brokers,consumers,coordinator)",
+        help="comma-separated, of brokers, consumers, coordinator, zookeeper, store (default "
+        "brokers,consumers,coordinator); store: the run stores in PostgreSQL under Patroni, a primary and a "
+        "synchronous standby, and faults hit its primary",
     )
     chaos.add_argument("--brokers", type=_positive_int, default=3, help="brokers in the cluster (3)")
     chaos.add_argument("--partitions", type=_positive_int, default=6, help="partitions of the topic (6)")
@@ -218,6 +232,12 @@ def add_chaos(commands: SubParsers) -> None:
         help="brokers' least seconds between rebalances (1)",
     )
     chaos.add_argument("--ack-timeout", type=_positive_float, default=5.0, help="consumers' lease, seconds (5)")
+    chaos.add_argument(
+        "--store-ttl",
+        type=_int_at_least(4),
+        default=10,
+        help="with --targets store: Patroni's ttl, seconds; writes must resume within it + 5 s of a kill (10)",
+    )
     chaos.add_argument(
         "--drain-timeout", type=_positive_float, default=60.0, help="seconds to wait for the last acks (60)"
     )

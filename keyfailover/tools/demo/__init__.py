@@ -15,9 +15,10 @@ order, one consumer per key at a time, nothing lost.
 Both print who owns what after every change, one line per consumer (it may own several
 ranges of the hash space: how many, its share of the slots, the first few), and a final table.
 
-:func:`run_cluster_demo` (``keyfailover demo --cluster``) starts ZooKeeper, PostgreSQL and
-three brokers, runs the account events through a topic of six partitions, kills the
-coordinator broker halfway and shows its partitions move to the others, with the same checks.
+:func:`run_cluster_demo` (``keyfailover demo --cluster``) starts ZooKeeper, a Patroni group of
+two PostgreSQL servers and three brokers, runs the account events through a topic of six
+partitions, kills the coordinator broker and shows its partitions move to the others, then kills
+the store's primary and shows Patroni promote its standby, with the same checks.
 
 One module per demo (``_core``, ``_server``, ``_cluster``); ``_report`` holds what they report
 and print, ``_traffic`` the events and consumers of the demos with real processes, and their checks.

@@ -51,6 +51,7 @@ class Produced:
         self.stored: dict[EventId, tuple[str, int]] = {}
         self.stored_at = Arrivals()
         self.failed: list[str] = []
+        self._acked: list[tuple[float, int]] = []  # (when, event number) of each event stored, in that order
         self._partitions = partitions
 
     def send(self, producer: Producer, key: str, number: int) -> None:
@@ -61,11 +62,19 @@ class Produced:
             with self.lock:
                 if error is None and position is not None:
                     self.stored[(partition, position)] = (key, number)
-                    self.stored_at.add(partition, time.time())
+                    now = time.time()
+                    self.stored_at.add(partition, now)
+                    self._acked.append((now, number))
                 else:
                     self.failed.append(f"event {number} of {key} was not stored: {error}")
 
         producer.send_async(f"{key}:{number}:{(number * 37) % 1000 - 500}".encode(), key, done)
+
+    def first_stored_from(self, number: int, since: float) -> float | None:
+        """When the server first confirmed, after ``since``, an event numbered ``number`` or higher; None: none yet."""
+        with self.lock:
+            start = bisect.bisect_right(self._acked, (since, number))
+            return next((at for at, acked in self._acked[start:] if acked >= number), None)
 
 
 class Observed:

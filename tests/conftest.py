@@ -22,7 +22,7 @@ from tests.tiers import ProcessGuard, tiers_of
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from keyfailover.tools.services import PostgreSQL, ZooKeeper
+    from keyfailover.tools.services import PatroniGroup, PostgreSQL, ZooKeeper
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -126,3 +126,24 @@ def postgres() -> Iterator[PostgreSQL]:
     with PostgreSQL(folder) as server:
         yield server
     shutil.rmtree(folder, ignore_errors=True)  # owned by the postgres user when run as root
+
+
+@pytest.fixture
+def patroni(zookeeper: ZooKeeper) -> Iterator[PatroniGroup]:
+    """A fresh Patroni group of two PostgreSQL members, a primary and a synchronous standby, its state in the
+    session's ZooKeeper under a namespace of its own; stopped and removed afterwards. Skipped with what is
+    missing when Patroni is not installed."""
+    import uuid
+
+    from keyfailover.tools.services import PatroniGroup, ServiceError
+
+    try:
+        PatroniGroup.check_installed()
+    except ServiceError as missing:
+        pytest.skip(str(missing))
+    folder = Path(tempfile.mkdtemp(prefix="keyfailover-patroni-"))  # under /tmp: open to the postgres user
+    try:
+        with PatroniGroup(folder, zookeeper.hosts, namespace=f"/kf-store-{uuid.uuid4().hex[:8]}") as started:
+            yield started
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

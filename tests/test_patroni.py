@@ -10,37 +10,17 @@ killed member comes back as a standby; when the primary then freezes, it is prom
 from __future__ import annotations
 
 import asyncio
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
 import pytest
 
 from keyfailover.broker.storage._postgresql_members import connect_writable
-from keyfailover.tools.services import PatroniGroup, ServiceError, ZooKeeper
+from keyfailover.tools.services import PatroniGroup, ServiceError
 from tests.server_process import wait_until
-
-
-@pytest.fixture
-def group(zookeeper: ZooKeeper) -> Iterator[PatroniGroup]:
-    """A fresh group of two members in its own ZooKeeper namespace, stopped and removed afterwards."""
-    try:
-        PatroniGroup.check_installed()
-    except ServiceError as missing:
-        pytest.skip(str(missing))
-    folder = Path(tempfile.mkdtemp(prefix="keyfailover-patroni-"))  # under /tmp: open to the postgres user
-    namespace = f"/kf-store-{uuid.uuid4().hex[:8]}"
-    try:
-        with PatroniGroup(folder, zookeeper.hosts, namespace=namespace) as started:
-            yield started
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 async def _write(dsn: str, value: int) -> tuple[list[int], str]:
@@ -83,27 +63,27 @@ def _stored_after(dsn: str, value: int, into: list[list[int]]) -> bool:
 
 @pytest.mark.slow
 def test_a_commit_survives_the_primary_s_kill_which_comes_back_as_a_standby_then_a_frozen_one_is_replaced(
-    group: PatroniGroup,
+    patroni: PatroniGroup,
 ) -> None:
-    first = group.primary()
-    second = next(name for name in group.names if name != first)
-    before_kill = _writes(group.dsn, 1)
+    first = patroni.primary()
+    second = next(name for name in patroni.names if name != first)
+    before_kill = _writes(patroni.dsn, 1)
     assert before_kill is not None
     assert second in before_kill[1]  # the commit returned only once this standby had it
-    group.kill(first)
-    wait_until(lambda: _promoted(group, second), "the standby promoted", timeout=60)
-    wait_until(lambda: _writes(group.dsn, 2) is not None, "a write on the promoted standby")  # the old one lacks it
-    group.restart(first)
-    assert group.wait_until_ready() == second  # the old primary rejoined as the synchronous standby
-    group.suspend(second)
-    wait_until(lambda: _promoted(group, first), "the rejoined member promoted while the primary froze", timeout=60)
+    patroni.kill(first)
+    wait_until(lambda: _promoted(patroni, second), "the standby promoted", timeout=60)
+    wait_until(lambda: _writes(patroni.dsn, 2) is not None, "a write on the promoted standby")  # the old one lacks it
+    patroni.restart(first)
+    assert patroni.wait_until_ready() == second  # the old primary rejoined as the synchronous standby
+    patroni.suspend(second)
+    wait_until(lambda: _promoted(patroni, first), "the rejoined member promoted while the primary froze", timeout=60)
     written: list[list[int]] = []
-    wait_until(lambda: _stored_after(group.dsn, 3, written), "a write on the member promoted second")
+    wait_until(lambda: _stored_after(patroni.dsn, 3, written), "a write on the member promoted second")
     assert written[0] == [1, 2, 3]
-    group.resume(second)
-    assert group.wait_until_ready() == first  # the frozen primary woke, stepped down and follows
+    patroni.resume(second)
+    assert patroni.wait_until_ready() == first  # the frozen primary woke, stepped down and follows
     with pytest.raises(ServiceError, match=f"member {first!r} .* still runs; kill it first"):
-        group.restart(first)
+        patroni.restart(first)
 
 
 def test_a_group_needs_a_standby() -> None:

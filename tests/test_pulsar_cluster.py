@@ -50,6 +50,22 @@ def lookup(broker: ServerProcess, topic: str) -> CommandLookupTopicResponse:
         return answer
 
 
+def check_first_deliveries_in_order(consumer: pulsar.Consumer, count: int) -> None:
+    """Receive and acknowledge until messages 0 to ``count`` - 1, each numbered in its payload, have all come:
+    each key's first deliveries come in the order of their numbers."""
+    first_seen: dict[str, list[int]] = defaultdict(list)
+    seen: set[int] = set()
+    while len(seen) < count:
+        message = consumer.receive(timeout_millis=30_000)
+        index = int(message.data())
+        if index not in seen:
+            seen.add(index)
+            first_seen[message.partition_key()].append(index)
+        consumer.acknowledge(message)
+    for key, indexes in first_seen.items():
+        assert indexes == sorted(indexes), f"{key}: first deliveries out of order"
+
+
 def pulsar_of(broker: ServerProcess) -> str:
     return (broker.pulsar_url or "").removeprefix("pulsar://")
 
@@ -111,17 +127,7 @@ def test_pulsar_clients_reach_each_partitions_broker_and_follow_a_killed_brokers
                 lambda: set(served_by(cluster).values()) == {f"127.0.0.1:{first.port}"},
                 "the killed broker's partitions served by the other",
             )
-            first_seen: dict[str, list[int]] = defaultdict(list)
-            seen: set[int] = set()
-            while len(seen) < count:
-                message = consumer.receive(timeout_millis=30_000)
-                index = int(message.data())
-                if index not in seen:
-                    seen.add(index)
-                    first_seen[message.partition_key()].append(index)
-                consumer.acknowledge(message)
-            for key, indexes in first_seen.items():
-                assert indexes == sorted(indexes), f"{key}: first deliveries out of order"
+            check_first_deliveries_in_order(consumer, count)
         finally:
             client.close()
     assert "Traceback" not in first.errors(), first.errors()

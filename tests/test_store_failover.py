@@ -12,13 +12,10 @@ and each partition had one writer at a time.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 import time
 import uuid
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -29,7 +26,7 @@ from keyfailover.broker.storage._postgresql_members import member_urls
 from keyfailover.client import Client
 from keyfailover.core.partitions import partition_of_key
 from keyfailover.tools.services import PatroniGroup, ServiceError, ZooKeeper, free_port
-from tests.server_process import run_cli, wait_until
+from tests.server_process import ServerProcess, run_cli, wait_until
 from tests.test_cluster_failover import (
     WAIT,
     Traffic,
@@ -39,22 +36,7 @@ from tests.test_cluster_failover import (
     running,
     url_of,
 )
-from tests.test_pulsar_cluster import QUIET, router
-
-
-@pytest.fixture
-def group(zookeeper: ZooKeeper) -> Iterator[PatroniGroup]:
-    """A fresh group of two members in its own ZooKeeper namespace, stopped and removed afterwards."""
-    try:
-        PatroniGroup.check_installed()
-    except ServiceError as missing:
-        pytest.skip(str(missing))
-    folder = Path(tempfile.mkdtemp(prefix="keyfailover-patroni-"))  # under /tmp: open to the postgres user
-    try:
-        with PatroniGroup(folder, zookeeper.hosts, namespace=f"/kf-store-{uuid.uuid4().hex[:8]}") as started:
-            yield started
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+from tests.test_pulsar_cluster import QUIET, check_first_deliveries_in_order, router
 
 
 def _promoted(group: PatroniGroup, other_than: str) -> bool:
@@ -91,82 +73,84 @@ def _flows_again(traffic: Traffic, what: str) -> None:
     print(f"traffic acknowledged again {time.monotonic() - started:.2f} s after {what}")
 
 
+def _stop_and_check(
+    client: Client, traffic: Traffic, group: PatroniGroup, topic: str, brokers: list[ServerProcess]
+) -> None:
+    """Stop the traffic: no send failed, every acknowledged message is consumed in each key's order, each
+    partition had one writer at a time, and none of the producer's messages was stored twice."""
+    traffic.stop()
+    assert traffic.failed == []
+    check_order(traffic.acked, consume_all(client, topic, traffic.acked))
+    check_one_writer(group, topic, 2, brokers)
+    assert _stored_twice(group.dsn, topic) == []
+
+
 @pytest.mark.slow
 def test_brokers_follow_the_primary_through_a_kill_and_a_freeze_and_nothing_acknowledged_is_lost(
-    zookeeper: ZooKeeper, group: PatroniGroup
+    zookeeper: ZooKeeper, patroni: PatroniGroup
 ) -> None:
-    standby = next(name for name in group.names if name != group.primary())
-    only_standby = group.dsn.replace(",".join(f"127.0.0.1:{group.ports[n]}" for n in group.names), "")
-    only_standby = only_standby.replace("@/", f"@127.0.0.1:{group.ports[standby]}/")
+    standby = next(name for name in patroni.names if name != patroni.primary())
+    only_standby = patroni.dsn.replace(",".join(f"127.0.0.1:{patroni.ports[n]}" for n in patroni.names), "")
+    only_standby = only_standby.replace("@/", f"@127.0.0.1:{patroni.ports[standby]}/")
     said = _serve_refused(zookeeper, only_standby)
-    assert f"127.0.0.1:{group.ports[standby]}" in said and "a standby, read-only" in said
+    assert f"127.0.0.1:{patroni.ports[standby]}" in said and "a standby, read-only" in said
     cluster = f"zk://{zookeeper.hosts}/kf-store-failover-{uuid.uuid4().hex[:8]}"
-    with running(cluster, group, 2, 2) as (topic, brokers):
+    with running(cluster, patroni, 2, 2) as (topic, brokers):
         keys = [f"key-{i}" for i in range(8)]
         assert {partition_of_key(k, 2) for k in keys} == {0, 1}
         with Client(url_of(brokers)) as client:
             traffic = Traffic(client, topic, keys).start()
             wait_until(lambda: traffic.sent() > 300, "traffic through both partitions")
-            first = group.primary()
-            group.kill(first)
-            wait_until(lambda: _promoted(group, first), "the standby promoted", timeout=WAIT)
+            first = patroni.primary()
+            patroni.kill(first)
+            wait_until(lambda: _promoted(patroni, first), "the standby promoted", timeout=WAIT)
             _flows_again(traffic, "the primary's kill")
-            group.restart(first)
-            second = group.wait_until_ready()
-            group.suspend(second)
+            patroni.restart(first)
+            second = patroni.wait_until_ready()
+            patroni.suspend(second)
             try:
-                wait_until(lambda: _promoted(group, second), "the rejoined member promoted", timeout=WAIT)
+                wait_until(lambda: _promoted(patroni, second), "the rejoined member promoted", timeout=WAIT)
                 _flows_again(traffic, "the primary froze")
             finally:
-                group.resume(second)
-            traffic.stop()
-            assert traffic.failed == []
-            consumed = consume_all(client, topic, traffic.acked)
-        check_order(traffic.acked, consumed)
-        check_one_writer(group, topic, 2, brokers)
-        assert _stored_twice(group.dsn, topic) == []
+                patroni.resume(second)
+            _stop_and_check(client, traffic, patroni, topic, brokers)
         assert all(process.process is not None and process.process.poll() is None for process in brokers)
 
 
 @pytest.mark.slow
 def test_partitions_of_a_broker_killed_while_the_store_fails_over_are_served_once_a_primary_writes(
-    zookeeper: ZooKeeper, group: PatroniGroup
+    zookeeper: ZooKeeper, patroni: PatroniGroup
 ) -> None:
     """The survivor is given the dead broker's partitions while no member accepts writes: it opens them once
     Patroni promotes the standby, so traffic to every partition is acknowledged again."""
     cluster = f"zk://{zookeeper.hosts}/kf-store-failover-{uuid.uuid4().hex[:8]}"
-    with running(cluster, group, 2, 2) as (topic, brokers):
+    with running(cluster, patroni, 2, 2) as (topic, brokers):
         keys = [f"key-{i}" for i in range(8)]
         with Client(url_of(brokers)) as client:
             traffic = Traffic(client, topic, keys).start()
             wait_until(lambda: traffic.sent() > 300, "traffic through both partitions")
-            first = group.primary()
-            group.kill(first)
+            first = patroni.primary()
+            patroni.kill(first)
             brokers[0].kill()
-            wait_until(lambda: _promoted(group, first), "the standby promoted", timeout=WAIT)
+            wait_until(lambda: _promoted(patroni, first), "the standby promoted", timeout=WAIT)
             acked = {key: len(numbers) for key, numbers in traffic.acked.items()}
             wait_until(
                 lambda: all(len(traffic.acked[key]) > acked.get(key, 0) + 20 for key in keys),
                 "every key acknowledged again, through the survivor",
                 timeout=WAIT,
             )
-            traffic.stop()
-            assert traffic.failed == []
-            consumed = consume_all(client, topic, traffic.acked)
-        check_order(traffic.acked, consumed)
-        check_one_writer(group, topic, 2, brokers)
-        assert _stored_twice(group.dsn, topic) == []
+            _stop_and_check(client, traffic, patroni, topic, brokers)
 
 
 @pytest.mark.slow
 def test_a_pulsar_producer_waits_through_a_primary_kill_and_each_key_stays_in_order(
-    zookeeper: ZooKeeper, group: PatroniGroup
+    zookeeper: ZooKeeper, patroni: PatroniGroup
 ) -> None:
     """The official Pulsar client sends through the kill: refused with ServiceNotReady, its connection closed,
     it reconnects and resends in order; every send is confirmed, nothing stored twice, each key in order."""
     count, keys = 600, 12
     cluster = f"zk://{zookeeper.hosts}/kf-store-pulsar-{uuid.uuid4().hex[:8]}"
-    with running(cluster, group, 2, 2, "--pulsar-port", "0") as (topic, brokers):
+    with running(cluster, patroni, 2, 2, "--pulsar-port", "0") as (topic, brokers):
         client = pulsar.Client(brokers[0].pulsar_url or "", operation_timeout_seconds=30, logger=QUIET)
         try:
             consumer = client.subscribe(topic, "all", consumer_type=pulsar.ConsumerType.KeyShared)
@@ -184,24 +168,14 @@ def test_a_pulsar_producer_waits_through_a_primary_kill_and_each_key_stays_in_or
 
             for index in range(count):
                 if index == count // 3:
-                    group.kill(group.primary())
+                    patroni.kill(patroni.primary())
                 producer.send_async(str(index).encode(), sent(index), partition_key=f"k{index % keys}")
             producer.flush()
             assert failed == [] and sorted(confirmed) == list(range(count))
-            first_seen: dict[str, list[int]] = defaultdict(list)
-            seen: set[int] = set()
-            while len(seen) < count:
-                message = consumer.receive(timeout_millis=30_000)
-                index = int(message.data())
-                if index not in seen:
-                    seen.add(index)
-                    first_seen[message.partition_key()].append(index)
-                consumer.acknowledge(message)
-            for key, indexes in first_seen.items():
-                assert indexes == sorted(indexes), f"{key}: stored out of order"
+            check_first_deliveries_in_order(consumer, count)
         finally:
             client.close()
-        assert _stored_twice(group.dsn, topic) == []
+        assert _stored_twice(patroni.dsn, topic) == []
 
 
 def _serve_refused(zookeeper: ZooKeeper, store: str) -> str:

@@ -40,6 +40,7 @@ TIERS = ("integration", "cluster", "spark", "slow")
 SERVICE_FIXTURES: dict[str, tuple[str, ...]] = {
     "zookeeper": ("integration", "cluster"),
     "postgres": ("integration", "cluster"),
+    "patroni": ("integration", "cluster"),
     "java": ("integration", "spark"),
     "spark": ("integration", "spark"),
 }

@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from keyfailover.broker.storage._store import StoreUnavailableError
+
 __all__ = ["AdminServer", "Handler", "Response", "json_response"]
 
 _log = logging.getLogger("keyfailover.server")
@@ -115,6 +117,8 @@ class AdminServer:
         query = {name: values[-1] for name, values in parse_qs(url.query).items()}
         try:
             return await handler(query)
+        except StoreUnavailableError as exc:  # the store fails over: the caller tries again
+            return 503, "text/plain", f"{exc}\n".encode()
         except Exception:
             _log.exception("admin handler for %s failed", url.path)
             return 500, "text/plain", b"internal error\n"

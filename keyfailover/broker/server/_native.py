@@ -245,8 +245,8 @@ class NativeConnection(FrameReader[Frame]):
         future.add_done_callback(answer)
 
     def _refuse_after(self, frame: Produce) -> None:
-        """A named producer's produce was refused with ``not_owner``: refuse its later ones on this
-        connection too, until it resends from the refused one. A later batch stored while an earlier
+        """A named producer's produce was refused with ``not_owner`` or ``store_unavailable``: refuse its later
+        ones on this connection too, until it resends from the refused one. A later batch stored while an earlier
         one waits for its resend would take its sequence ids out of order (and the resend would then
         be dropped as a duplicate of ids never stored)."""
         if frame.producer is not None and frame.messages and frame.messages[0][0] is not None:

@@ -496,8 +496,10 @@ class Server:
         self._closing.add(served)
         for watcher in self._watchers.pop(served, set()):
             watcher.topic_closed()
-        for key in [key for key in self._subscriptions if key[0] == served]:
-            subscription = self._subscriptions.pop(key)
+        closing = [self._subscriptions.pop(key) for key in [key for key in self._subscriptions if key[0] == served]]
+        for subscription in closing:  # none delivers on from here, however long saving the cursors takes
+            subscription.stop(reason)
+        for subscription in closing:
             await subscription.close(reason)
 
     def check_served(self, served: str, action: str) -> tuple[int, int] | None:

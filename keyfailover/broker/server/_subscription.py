@@ -497,6 +497,10 @@ class Subscription:
             )
         try:
             await self._storage.dead_letter(self.topic, self.name, entries)
+        except StoreUnavailableError as exc:  # stored or not: the retry may store them twice, at least once
+            _log.warning("storing %d dead letters of %s/%s waits for the store: %s", len(entries), self.topic,
+                         self.name, exc)  # fmt: skip
+            return
         except Exception:
             _log.exception("storing %d dead letters of %s/%s failed; retrying", len(entries), self.topic, self.name)
             return
@@ -692,19 +696,29 @@ class Subscription:
             self._cursor_dirty = True  # not saved: the next flush saves it
             raise
 
-    async def close(self, reason: str = "shutdown") -> None:
-        """Stop the pump, tell every session (``consumer_closed`` with ``reason``), and persist the cursor."""
+    def stop(self, reason: str) -> None:
+        """Stop delivering now, without waiting for anything: cancel the pump and the flusher, and tell every
+        session (``consumer_closed`` with ``reason``). A server letting a partition go stops all of its
+        subscriptions so before it saves their cursors, which may take long while the store fails over."""
+        if self._closed:
+            return
         self._closed = True
         self._wake.set()
         for task in (self._task, self._flusher):
             if task is not None:
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
         for session in list(self.sessions.values()):
             session.send(ConsumerClosed(session=session.id, reason=reason, req=None))
         self.sessions.clear()
         self._cache.clear()  # payloads: a closed subscription is not read again (a seek opens a new one)
+
+    async def close(self, reason: str = "shutdown") -> None:
+        """:meth:`stop`, wait for the pump and the flusher to end, and persist the cursor."""
+        self.stop(reason)
+        for task in (self._task, self._flusher):
+            if task is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         self._cursor_dirty = True
         try:
             await self.flush_cursor()

@@ -36,9 +36,10 @@ LOST = (
 a broker woken after its connection was ended may also find the connection's protocol in a state it cannot
 leave (``InternalClientError``, seen at the commit after a COPY)."""
 
-_DROPPED = (*LOST, TimeoutError)
-"""What makes :class:`FailoverPool` drop a connection rather than clean it up: it died, or its server did not
-answer a statement in time."""
+_DROPPED = (*LOST, TimeoutError, asyncpg.exceptions.ReadOnlySQLTransactionError, asyncio.CancelledError)
+"""What makes :class:`FailoverPool` drop a connection rather than clean it up: it died, its server did not
+answer a statement in time or became a standby, or the call was cancelled in the middle of a statement,
+whose cleanup would wait for the server as a timeout's does."""
 
 POOL_CLOSE_TIMEOUT = 10.0
 """Seconds closing the pool waits for its connections to close politely before it drops them."""
@@ -132,10 +133,13 @@ def member_name(url: str) -> str:
 async def connect_writable(dsn: str, *, timeout: float, **options: Any) -> Any:
     """A connection to a member of ``dsn`` that accepts writes, every member tried at once.
 
-    ``options`` go to :func:`asyncpg.connect` as they are: the connection pool passes its own. The URL's
-    ``target_session_attrs`` applies to each member: with ``read-write`` a standby is refused. Raises
-    :class:`NoWritableMemberError` naming each member and why when none is taken within ``timeout``."""
+    ``options`` go to :func:`asyncpg.connect` as they are: the connection pool passes its own. With several
+    members a standby is refused (``target_session_attrs`` is ``read-write``, whatever the URL says); with
+    one, the URL's ``target_session_attrs`` applies. Raises :class:`NoWritableMemberError` naming each member
+    and why when none is taken within ``timeout``, or what :func:`asyncpg.connect` raises for one member."""
     urls = member_urls(dsn)
+    if len(urls) > 1:  # several members: only the primary will do, whatever the URL says
+        options["target_session_attrs"] = "read-write"
     if len(urls) == 1:
         try:
             return await asyncpg.connect(dsn, timeout=timeout, **options)

@@ -43,6 +43,7 @@ __all__ = ["Batch", "Letter", "NotServedError", "Result", "Store", "StoreUnavail
 
 _log = logging.getLogger("keyfailover.server")
 _key, _payload, _duplicate = operator.itemgetter(1), operator.itemgetter(2), operator.itemgetter(1)
+_position = operator.itemgetter(0)
 
 Batch = tuple[str, str | None, Sequence[tuple[int | None, Key, bytes]], PropertiesColumn]
 """``(topic, producer or None, messages, properties)``: one produce request; each message ``(seq, key, payload)``,
@@ -83,6 +84,7 @@ class Store(ABC):
         self.entry_cache = EntryCache(entry_cache_bytes)
         """What was stored last, answering reads of it without the backend (:mod:`._cache`)."""
         self._queue: list[tuple[Batch, asyncio.Future[Result]]] = []
+        self._refusing: dict[tuple[str, str], int] = {}  # (topic, producer) -> the first sequence id refused
         self._wake = asyncio.Event()
         self._closing = False
         self._last: dict[str, int] = {}
@@ -194,11 +196,18 @@ class Store(ABC):
         """Up to ``limit`` messages of ``topic`` above position ``after``, ascending.
 
         From the entry cache when it holds position ``after + 1`` (then up to where it ends:
-        fewer than the log has, maybe, never none); else from the backend.
+        fewer than the log has, maybe, never none); else from the backend. Never above the last position
+        this server knows of a topic it serves: a row there is of a commit it did not see succeed, which a
+        failover of the store may undo (a commit whose wait for a synchronous standby was cancelled stays
+        visible on the old primary, and the new one gives its position to another message).
         """
         found = self.entry_cache.read(topic, after, limit)
         if found is None:
-            return await self._read(topic, after, limit)
+            found = await self._read(topic, after, limit)
+            if self.serves(topic):
+                last = self._last.get(topic, 0)
+                found = list(itertools.takewhile(lambda message: message.position <= last, found))
+            return found
         await asyncio.sleep(0)  # no backend call awaited: let the event loop's other work in
         return found
 
@@ -230,6 +239,11 @@ class Store(ABC):
         if self._closing:
             future.set_exception(KeyFailoverError("the server is shutting down; nothing was stored"))
             return future
+        if self._refusing:
+            refusal = self._refused_after((topic, producer, messages, properties))
+            if refusal is not None:
+                future.set_exception(refusal)
+                return future
         self._queue.append(((topic, producer, messages, properties), future))
         self._wake.set()
         return future
@@ -283,14 +297,21 @@ class Store(ABC):
             _log.exception("log append failed; %d produce requests rejected", len(queued))
             results = [exc] * len(queued)
         self.commit_seconds.observe(time.perf_counter() - started)
-        self._withdraw_after_refusals(queued, results)
+        refused = self._withdraw_after_refusals(queued, results)
         new_columns = []  # per batch with new messages: what the entry cache takes, once every future is set
+        touched: dict[str, None] = {}  # the topics whose last position moved, in the order first moved
         for (batch, future), result in zip(queued, results, strict=True):
             if isinstance(result, BaseException):
                 if not future.done():
                     future.set_exception(result)
                 continue
             topic, _, messages, properties = batch
+            highest = max(map(_position, result), default=0)
+            if highest > self._last.get(topic, 0):
+                # New messages, or duplicates above the last known: those of a commit whose answer was lost
+                # when the store failed over (stored, but never counted here). Either way readers may go on.
+                self._last[topic] = highest
+                touched[topic] = None
             new = len(result) - sum(map(_duplicate, result))
             if new:
                 placed = result
@@ -301,12 +322,9 @@ class Store(ABC):
                     placed = list(itertools.compress(result, fresh))
                 first, last = placed[0][0], placed[-1][0]
                 self.appended += new
-                # The new positions ascend; a duplicate's was stored before, so the topic's last counts it already.
-                self._last[topic] = max(self._last.get(topic, 0), last)
                 new_columns.append((topic, first, last, messages, [None] * new if properties is None else properties))
             if not future.done():
                 future.set_result(result)
-        touched: dict[str, None] = {}  # the topics with new messages, in the order first stored
         for topic, first, last, messages, properties in new_columns:
             self.entry_cache.add_columns(
                 topic,
@@ -317,38 +335,55 @@ class Store(ABC):
                 [now] * len(messages),
                 properties,
             )
-            touched[topic] = None
         for topic in touched:
             for listener in self._listeners:
                 listener(topic)
+        if refused:  # forgotten once the refusals just set are answered: their callbacks run first
+            asyncio.get_running_loop().call_soon(self._forget_refusals, refused)
 
     def _withdraw_after_refusals(
         self, queued: list[tuple[Batch, asyncio.Future[Result]]], results: Sequence[Result | BaseException]
-    ) -> None:
-        """Refuse the queued produce requests of each named producer the store refused a request of, out of
-        reach, in this commit: they came in meanwhile, after the refused one, and the next commit may find
-        the store back. Stored then, they would go before the refused one's resend, out of the producer's
-        order. Refused before the refusals are answered: the server refuses that producer's later requests
-        itself from then on, until the resend."""
-        refused = {
-            (topic, producer)
-            for ((topic, producer, _, _), _), result in zip(queued, results, strict=True)
-            if producer is not None and isinstance(result, StoreUnavailableError)
-        }
+    ) -> list[tuple[str, str]]:
+        """Refuse the later produce requests of each named producer the store refused a request of, out of
+        reach, in this commit: the next commit may find the store back, and stored then they would go before
+        the refused one's resend, out of the producer's order. Those queued meanwhile are refused now; those
+        that come until the refusals are answered are refused by :meth:`append` (the server then refuses the
+        producer's later requests itself, until the resend, which starts at or below the refused one). The
+        producers refused, for :meth:`_forget_refusals` once the refusals are answered."""
+        refused: dict[tuple[str, str], int] = {}
+        for ((topic, producer, messages, _), _), result in zip(queued, results, strict=True):
+            if producer is not None and isinstance(result, StoreUnavailableError) and messages:
+                first = messages[0][0]
+                if first is not None:
+                    refused[topic, producer] = min(first, refused.get((topic, producer), first))
         if not refused:
-            return
+            return []
+        self._refusing.update(refused)
         kept = []
         for batch, future in self._queue:
-            if (batch[0], batch[1]) not in refused:
+            refusal = self._refused_after(batch)
+            if refusal is None:
                 kept.append((batch, future))
             elif not future.done():
-                future.set_exception(
-                    StoreUnavailableError(
-                        f"an earlier produce of {batch[1]!r} to {batch[0]!r} was refused with the store out of reach; "
-                        "nothing of this one was stored: resend from the refused one, in order"
-                    )
-                )
+                future.set_exception(refusal)
         self._queue = kept
+        return list(refused)
+
+    def _refused_after(self, batch: Batch) -> StoreUnavailableError | None:
+        """Why ``batch`` must not be stored: it follows a request of its producer refused just now; else None."""
+        topic, producer, messages, _ = batch
+        refused = None if producer is None else self._refusing.get((topic, producer))
+        if refused is None or not messages or messages[0][0] is None or messages[0][0] <= refused:
+            return None
+        return StoreUnavailableError(
+            f"an earlier produce of {producer!r} to {topic!r} (sequence id {refused}) was refused with the store "
+            "out of reach; nothing of this one was stored: resend from the refused one, in order"
+        )
+
+    def _forget_refusals(self, keys: list[tuple[str, str]]) -> None:
+        """The refusals of ``keys`` are answered: the server holds the producers' later requests back now."""
+        for key in keys:
+            self._refusing.pop(key, None)
 
     def _stored(self, topic: str, stored: list[StoredMessage]) -> None:
         """Account messages stored outside a group commit, and tell the listeners."""

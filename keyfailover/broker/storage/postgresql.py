@@ -142,8 +142,11 @@ def _reachable(method: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, 
         try:
             return await method(*args, **kwargs)
         except _UNREACHABLE as exc:
+            if isinstance(exc, asyncpg.DataError):  # an argument PostgreSQL cannot take: no retry cures it
+                raise
             raise StoreUnavailableError(
-                f"the log's PostgreSQL cannot be reached now: {_described(exc)}; nothing was changed, try again"
+                f"the log's PostgreSQL cannot be reached now: {_described(exc)}; what was asked may have been done "
+                "or not: try again"
             ) from exc
 
     return reaching
@@ -598,6 +601,8 @@ class PostgresStore(Store):
             self._fenced(topic, lease)
             raise
         except _UNREACHABLE as exc:
+            if isinstance(exc, asyncpg.DataError):  # an argument PostgreSQL cannot take: no retry cures it
+                raise
             if self._leases.get(topic) is not lease:
                 raise NotServedError(
                     f"this broker stopped serving {topic!r} while writing it (its connection to PostgreSQL was lost: "
@@ -647,8 +652,12 @@ class PostgresStore(Store):
                 stored = await self._leased(topic, lambda lease: self.log.append_batches(lease, requests, publish_time))
             except (LogError, PropertiesError, NotServedError, StoreUnavailableError) as exc:
                 if len(indexes) > 1 and isinstance(exc, LogError | PropertiesError):  # a bad request: each alone
-                    for i in indexes:
+                    for at, i in enumerate(indexes):
                         await write(topic, [i])
+                        if isinstance(results[i], StoreUnavailableError):  # the rest would go ahead of its resend
+                            for j in indexes[at + 1 :]:
+                                results[j] = results[i]
+                            return
                     return
                 for i in indexes:
                     results[i] = exc

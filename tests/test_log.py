@@ -1273,6 +1273,7 @@ def test_a_producer_s_requests_that_came_in_during_a_refused_write_are_refused_t
 
     async def run() -> tuple[list[BaseException | None], list[StoredMessage]]:
         store = _StoreOutOnce(Log(tmp_path / "log.db"))
+        store.store_wait = 0.0  # out of reach for longer than the store waits
         await store.start()
         try:
             first = store.append("t", "p", [(1, "a", b"1")])
@@ -1324,3 +1325,26 @@ def test_a_duplicate_above_the_last_position_known_is_counted_and_read_only_then
     assert resent == [(1, True), (2, True)]
     assert heard == ["t"]
     assert [m.payload for m in read] == [b"1", b"2"]
+
+
+def test_a_group_commit_that_finds_the_store_out_of_reach_is_written_once_it_is_back_in_order(
+    tmp_path: Path,
+) -> None:
+    """Within the wait, nothing is refused: the requests that came in meanwhile are stored after, in order."""
+
+    async def run() -> tuple[list[Result], list[StoredMessage]]:
+        store = _StoreOutOnce(Log(tmp_path / "log.db"))
+        await store.start()
+        try:
+            first = store.append("t", "p", [(1, "a", b"1")])
+            await asyncio.wait_for(store.writing.wait(), 30)
+            later = store.append("t", "p", [(2, "a", b"2")])
+            store.go_on.set()
+            done = await asyncio.wait_for(asyncio.gather(first, later), 30)
+            return list(done), await store.read("t", 0, 10)
+        finally:
+            await store.close()
+
+    done, stored = asyncio.run(run())
+    assert done == [[(1, False)], [(2, False)]]
+    assert [m.payload for m in stored] == [b"1", b"2"]

@@ -45,6 +45,12 @@ _log = logging.getLogger("keyfailover.server")
 _key, _payload, _duplicate = operator.itemgetter(1), operator.itemgetter(2), operator.itemgetter(1)
 _position = operator.itemgetter(0)
 
+STORE_WAIT = 20.0
+"""Seconds a group commit goes on trying while the store is out of reach before it refuses its requests: more
+than a failover of a Patroni group with its default ``ttl`` of 10 s takes on loopback (writes acknowledged
+again 10-13 s after a primary's SIGKILL), less than a Pulsar client's default send timeout of 30 s."""
+_STORE_RETRY = (0.05, 0.5)  # seconds between those tries: the first, the most
+
 Batch = tuple[str, str | None, Sequence[tuple[int | None, Key, bytes]], PropertiesColumn]
 """``(topic, producer or None, messages, properties)``: one produce request; each message ``(seq, key, payload)``,
 ``properties`` the encoded properties of each message, or None when none of them has any."""
@@ -85,6 +91,8 @@ class Store(ABC):
         """What was stored last, answering reads of it without the backend (:mod:`._cache`)."""
         self._queue: list[tuple[Batch, asyncio.Future[Result]]] = []
         self._refusing: dict[tuple[str, str], int] = {}  # (topic, producer) -> the first sequence id refused
+        self.store_wait = STORE_WAIT
+        """Seconds a group commit goes on trying while the store is out of reach: :data:`STORE_WAIT`."""
         self._wake = asyncio.Event()
         self._closing = False
         self._last: dict[str, int] = {}
@@ -288,14 +296,7 @@ class Store(ABC):
         entry cache before the listeners hear of their topics."""
         started = time.perf_counter()
         now = publish_clock()
-        try:
-            results = await self._write([batch for batch, _ in queued], now)
-        except StoreUnavailableError as exc:  # out of reach as a whole: every request fails, retriable
-            _log.warning("log append failed: %s; %d produce requests refused", exc, len(queued))
-            results = [exc] * len(queued)
-        except Exception as exc:  # the backend failed as a whole: every request fails with it
-            _log.exception("log append failed; %d produce requests rejected", len(queued))
-            results = [exc] * len(queued)
+        results = await self._write_waiting([batch for batch, _ in queued], now)
         self.commit_seconds.observe(time.perf_counter() - started)
         refused = self._withdraw_after_refusals(queued, results)
         new_columns = []  # per batch with new messages: what the entry cache takes, once every future is set
@@ -340,6 +341,35 @@ class Store(ABC):
                 listener(topic)
         if refused:  # forgotten once the refusals just set are answered: their callbacks run first
             asyncio.get_running_loop().call_soon(self._forget_refusals, refused)
+
+    async def _write_waiting(self, batches: list[Batch], publish_time: int) -> list[Result | BaseException]:
+        """:meth:`_write`, the requests the store was out of reach for written again, with backoff, for up to
+        :attr:`store_wait` seconds: a failover of the store takes about that long, and a request held here is
+        stored as soon as a new primary writes, while one refused waits for its producer's backoff. The
+        requests queued meanwhile wait behind these, in order. What still finds the store out of reach is
+        refused, retriable."""
+        results: list[Result | BaseException] = [StoreUnavailableError()] * len(batches)
+        pending = list(range(len(batches)))
+        deadline = time.monotonic() + self.store_wait
+        delay = _STORE_RETRY[0]
+        while True:
+            try:
+                written = await self._write([batches[i] for i in pending], publish_time)
+            except StoreUnavailableError as exc:  # out of reach as a whole
+                written = [exc] * len(pending)
+            except Exception as exc:  # the backend failed as a whole: every request fails with it
+                _log.exception("log append failed; %d produce requests rejected", len(pending))
+                written = [exc] * len(pending)
+            for i, result in zip(pending, written, strict=True):
+                results[i] = result
+            pending = [i for i in pending if isinstance(results[i], StoreUnavailableError)]
+            if not pending or self._closing or time.monotonic() + delay > deadline:
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _STORE_RETRY[1])
+        if pending:
+            _log.warning("log append failed: %s; %d produce requests refused", results[pending[0]], len(pending))
+        return results
 
     def _withdraw_after_refusals(
         self, queued: list[tuple[Batch, asyncio.Future[Result]]], results: Sequence[Result | BaseException]

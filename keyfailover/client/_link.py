@@ -261,8 +261,9 @@ class Link(asyncio.Protocol):
         return next(self._req)
 
     def send(self, frame: Frame) -> bool:
-        """Write ``frame`` if connected; False when it could not be sent now."""
-        if self._transport is None or not self.ready.is_set():
+        """Write ``frame`` if connected; False when it could not be sent now: not connected, or the connection
+        is closing (lost, its loss not handled yet: asyncio would drop the write and warn on stderr)."""
+        if self._transport is None or not self.ready.is_set() or self._transport.is_closing():
             return False
         self._transport.write(encode(frame))
         return True

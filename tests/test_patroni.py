@@ -19,7 +19,7 @@ import asyncpg
 import pytest
 
 from keyfailover.broker.storage._postgresql_members import connect_writable
-from keyfailover.tools.services import PatroniGroup, ServiceError
+from keyfailover.tools.services import PatroniGroup, ServiceError, _children
 from tests.server_process import wait_until
 
 
@@ -84,6 +84,12 @@ def test_a_commit_survives_the_primary_s_kill_which_comes_back_as_a_standby_then
     assert patroni.wait_until_ready() == first  # the frozen primary woke, stepped down and follows
     with pytest.raises(ServiceError, match=f"member {first!r} .* still runs; kill it first"):
         patroni.restart(first)
+    postmaster = patroni._postmaster(first)
+    assert postmaster is not None
+    frozen = [postmaster, *_children(postmaster)]
+    patroni.suspend(first)  # stopped while frozen: none of its processes may be left behind
+    patroni.stop()
+    assert [pid for pid in frozen if Path(f"/proc/{pid}").exists()] == []
 
 
 def test_a_group_needs_a_standby() -> None:

@@ -496,14 +496,19 @@ class PatroniGroup:
             return None
 
     def _kill_postmaster(self, name: str) -> None:
-        """SIGKILL member ``name``'s postmaster, which Patroni runs in a session of its own; its backends follow."""
+        """SIGKILL member ``name``'s postmaster, which Patroni runs in a session of its own, and each of its
+        children: a running backend would follow the postmaster by itself, a frozen one (:meth:`suspend`) never."""
         pid = self._postmaster(name)
         if pid is None:
             return
+        children = _children(pid)  # listed first: once the postmaster is dead they are init's
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             return
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
             time.sleep(0.05)

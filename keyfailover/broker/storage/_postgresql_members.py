@@ -23,9 +23,16 @@ from typing import Any
 
 import asyncpg
 
-__all__ = ["LOST", "FailoverPool", "NoWritableMemberError", "connect_writable", "member_urls"]
+__all__ = [
+    "UNREACHABLE",
+    "FailoverPool",
+    "NoWritableMemberError",
+    "connect_writable",
+    "described",
+    "member_urls",
+]
 
-LOST = (
+_LOST = (
     asyncpg.PostgresConnectionError,
     asyncpg.exceptions.OperatorInterventionError,
     asyncpg.InterfaceError,
@@ -36,10 +43,13 @@ LOST = (
 a broker woken after its connection was ended may also find the connection's protocol in a state it cannot
 leave (``InternalClientError``, seen at the commit after a COPY)."""
 
-_DROPPED = (*LOST, TimeoutError, asyncpg.exceptions.ReadOnlySQLTransactionError, asyncio.CancelledError)
-"""What makes :class:`FailoverPool` drop a connection rather than clean it up: it died, its server did not
-answer a statement in time or became a standby, or the call was cancelled in the middle of a statement,
-whose cleanup would wait for the server as a timeout's does."""
+UNREACHABLE = (*_LOST, TimeoutError, asyncpg.exceptions.ReadOnlySQLTransactionError)
+"""What a call raises when the store is out of reach: a lost connection, a statement unanswered within the
+statement timeout, or a write on a member that a failover made a standby."""
+
+_DROPPED = (*UNREACHABLE, asyncio.CancelledError)
+"""What makes :class:`FailoverPool` drop a connection rather than clean it up: the store out of reach, or the
+call cancelled in the middle of a statement, whose cleanup would wait for the server as a timeout's does."""
 
 POOL_CLOSE_TIMEOUT = 10.0
 """Seconds closing the pool waits for its connections to close politely before it drops them."""
@@ -138,14 +148,13 @@ async def connect_writable(dsn: str, *, timeout: float, **options: Any) -> Any:
     one, the URL's ``target_session_attrs`` applies. Raises :class:`NoWritableMemberError` naming each member
     and why when none is taken within ``timeout``, or what :func:`asyncpg.connect` raises for one member."""
     urls = member_urls(dsn)
-    if len(urls) > 1:  # several members: only the primary will do, whatever the URL says
-        options["target_session_attrs"] = "read-write"
     if len(urls) == 1:
         try:
             return await asyncpg.connect(dsn, timeout=timeout, **options)
         except asyncpg.exceptions.TargetServerAttributeNotMatched as exc:
             raise NoWritableMemberError(f"the store's server does not accept writes ({member_name(dsn)}: "
                                         f"{_reason(exc)})") from None  # fmt: skip
+    options["target_session_attrs"] = "read-write"  # several members: only the primary will do
     tries = {asyncio.ensure_future(asyncpg.connect(url, timeout=timeout, **options)): url for url in urls}
     why: dict[str, str] = {}
     chosen: Any = None
@@ -182,4 +191,11 @@ def _reason(error: BaseException) -> str:
         return "no answer within the connect timeout"
     if isinstance(error, ConnectionRefusedError):
         return "connection refused"
-    return str(error) or type(error).__name__
+    return described(error)
+
+
+def described(exc: BaseException) -> str:
+    """``exc`` in a few words: its message, or its kind when it has none (a timeout)."""
+    if isinstance(exc, TimeoutError):
+        return "no answer within the timeout"
+    return str(exc) or type(exc).__name__

@@ -46,8 +46,9 @@ import asyncpg
 
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES
-from keyfailover.broker.storage._postgresql_members import LOST as _LOST
+from keyfailover.broker.storage._postgresql_members import UNREACHABLE as _UNREACHABLE
 from keyfailover.broker.storage._postgresql_members import FailoverPool, connect_writable
+from keyfailover.broker.storage._postgresql_members import described as _described
 from keyfailover.broker.storage._postgresql_schema import (
     Row,
     check_message,
@@ -120,10 +121,6 @@ _BLOCKERS = """SELECT pid, application_name, state, wait_event, client_addr, cli
 ($3) that has waited for its client since at least $4 seconds ago: idle in a transaction, or in a COPY, the way a
 stopped broker leaves it. One that is working (a COMMIT waiting for a synchronous standby, which may commit) is
 left alone, and so is one that began its wait just now (a live broker's connection, reused since it was listed)."""
-
-_UNREACHABLE = (*_LOST, TimeoutError, asyncpg.exceptions.ReadOnlySQLTransactionError)
-"""What a call raises when the store is out of reach: a lost connection, a statement unanswered within
-:data:`STATEMENT_TIMEOUT`, or a write on a member that a failover made a standby."""
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -910,13 +907,6 @@ class PostgresStore(Store):
             StoredMessage(position, r.key, r.payload, r.publish_time, r.properties)
             for r, (position, _) in zip(waiting, stored, strict=True)
         ]
-
-
-def _described(exc: BaseException) -> str:
-    """``exc`` in a few words: its message, or its kind when it has none (a timeout)."""
-    if isinstance(exc, TimeoutError):
-        return "no answer within the timeout"
-    return str(exc) or type(exc).__name__
 
 
 def _redacted(dsn: str) -> str:

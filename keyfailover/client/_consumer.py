@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from keyfailover.client._errors import (
+    LOOK_AGAIN,
     ClientClosed,
     ConsumerBusyError,
     ConsumerClosedError,
@@ -185,7 +186,7 @@ class PartConsumer(Part):
             if not self._subscribed.done():
                 self._subscribed.set_result(None)
         elif isinstance(reply, Error):
-            if reply.code in (ErrorCode.NOT_OWNER, ErrorCode.STORE_UNAVAILABLE):
+            if reply.code in LOOK_AGAIN:
                 self._on_lost(self)  # the partition moved, or the store fails over: subscribe again, with backoff
                 return
             error_class = ConsumerBusyError if reply.code == ErrorCode.CONSUMER_BUSY else ServerError

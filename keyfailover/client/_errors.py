@@ -15,6 +15,12 @@ PERMANENT: frozenset[str] = FATAL_CODES - {
 }
 
 
+LOOK_AGAIN: frozenset[str] = frozenset({ErrorCode.NOT_OWNER, ErrorCode.STORE_UNAVAILABLE})
+"""Refusals after which a part looks its partition up again, with backoff, and resends or subscribes again:
+the partition moved (``not_owner``), or the broker's store fails over (``store_unavailable``: the retry waits
+until a new primary writes)."""
+
+
 class Timeout(KeyFailoverError, TimeoutError):  # noqa: N818  (the name the Pulsar client uses)
     """Nothing arrived (or nothing was confirmed) within the timeout."""
 

@@ -15,16 +15,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from keyfailover.client._errors import ClientClosed, ServerError
+from keyfailover.client._errors import LOOK_AGAIN, ClientClosed, ServerError
 from keyfailover.client._link import MAX_BATCH, Link, LostCallback, Part, call_soon
-from keyfailover.core.errors import ErrorCode, KeyFailoverError
+from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.partitions import partition_of_key
 from keyfailover.wire.properties import encode_properties
 from keyfailover.wire.protocol import Error, Frame, Key, Produce, Receipt
-
-_RESENT = frozenset({ErrorCode.NOT_OWNER, ErrorCode.STORE_UNAVAILABLE})
-"""Refusals a produce is resent after, in order, with backoff: the partition moved (``not_owner``), or the broker's
-store fails over (``store_unavailable``: the resend waits until a new primary writes)."""
 
 SendCallback = Callable[["int | None", "BaseException | None"], None]
 
@@ -222,7 +218,7 @@ class PartProducer(Part):
         None: the connection dropped, the batch is resent after a reconnect."""
         if reply is None:
             return  # connection lost: kept in _unconfirmed and resent after reconnecting
-        if isinstance(reply, Error) and reply.code in _RESENT:
+        if isinstance(reply, Error) and reply.code in LOOK_AGAIN:
             # Kept in _unconfirmed, with everything after it (the broker refuses those too), and resent
             # in order to the partition's broker once found; newer batches wait for that.
             refused = self._unconfirmed.get(req)

@@ -46,6 +46,12 @@ __all__ = ["NativeConnection"]
 _log = logging.getLogger("keyfailover.server")
 
 
+def _refusal(exc: KeyFailoverError) -> ErrorCode:
+    """The code refusing a request ``exc`` failed: ``store_unavailable``, retriable, when the store is out of
+    reach; else ``invalid_message``."""
+    return ErrorCode.STORE_UNAVAILABLE if isinstance(exc, StoreUnavailableError) else ErrorCode.INVALID_MESSAGE
+
+
 class NativeConnection(FrameReader[Frame]):
     """One client connection: decodes frames, calls the subscriptions, writes replies."""
 
@@ -233,10 +239,11 @@ class NativeConnection(FrameReader[Frame]):
             exc = done.exception()
             if exc is not None:
                 if isinstance(exc, NotServedError | StoreUnavailableError):
-                    code = ErrorCode.NOT_OWNER if isinstance(exc, NotServedError) else ErrorCode.STORE_UNAVAILABLE
                     self._refuse_after(frame)
+                if isinstance(exc, NotServedError):
+                    code = ErrorCode.NOT_OWNER
                 else:
-                    code = ErrorCode.INVALID_MESSAGE if isinstance(exc, KeyFailoverError) else ErrorCode.INTERNAL
+                    code = _refusal(exc) if isinstance(exc, KeyFailoverError) else ErrorCode.INTERNAL
                 self.send(Error(code=code, message=str(exc), req=req))
                 return
             result = done.result()
@@ -292,10 +299,8 @@ class NativeConnection(FrameReader[Frame]):
             )
         except ProtocolError as exc:
             self.send(Error(code=exc.code, message=exc.message, req=frame.req))
-        except StoreUnavailableError as exc:
-            self.send(Error(code=ErrorCode.STORE_UNAVAILABLE, message=str(exc), req=frame.req))
         except KeyFailoverError as exc:
-            self.send(Error(code=ErrorCode.INVALID_MESSAGE, message=str(exc), req=frame.req))
+            self.send(Error(code=_refusal(exc), message=str(exc), req=frame.req))
 
     async def _lookup(self, frame: Lookup) -> None:
         """Answer ``route``: the broker serving each partition of the topic."""
@@ -304,10 +309,8 @@ class NativeConnection(FrameReader[Frame]):
             self.send(Route(req=frame.req, topic=frame.topic, brokers=brokers))
         except ProtocolError as exc:
             self.send(Error(code=exc.code, message=exc.message, req=frame.req))
-        except StoreUnavailableError as exc:
-            self.send(Error(code=ErrorCode.STORE_UNAVAILABLE, message=str(exc), req=frame.req))
         except KeyFailoverError as exc:
-            self.send(Error(code=ErrorCode.INVALID_MESSAGE, message=str(exc), req=frame.req))
+            self.send(Error(code=_refusal(exc), message=str(exc), req=frame.req))
 
     def _session_for(self, topic: str, name: str, session_id: int) -> Session:
         """This connection's live session ``session_id`` of subscription ``name`` of ``topic``, or the

@@ -749,15 +749,6 @@ def print_store_failovers(done: StoreFailovers) -> list[tuple[str, str, bool]]:
     ]
 
 
-def patroni_missing() -> str | None:
-    """Why the replicated store cannot run here, or None when it can."""
-    try:
-        PatroniGroup.check_installed()
-    except ServiceError as missing:
-        return str(missing)
-    return None
-
-
 def main() -> None:
     """Parse the options, run the parts they ask for and print their tables and goals."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -783,7 +774,7 @@ def main() -> None:
     if count < 1 or runs < 1 or kills < 1 or store_kills < 1:
         parser.error("--messages, --runs, --kills and --store-kills must be positive")
 
-    missing = {"redis": redis_missing(), "patroni": None if options.no_ha else patroni_missing()}
+    missing = {"redis": redis_missing(), "patroni": None if options.no_ha else PatroniGroup.missing()}
     if options.ha_only and missing["patroni"] is not None:
         raise SystemExit(f"--ha-only needs the replicated store: {missing['patroni']}")
     wanted = [ONE_STORE, REPLICATED] if options.ha_only else [s for s in SETUPS if not (options.no_ha and s.replicated)]

@@ -135,12 +135,10 @@ def patroni(zookeeper: ZooKeeper) -> Iterator[PatroniGroup]:
     missing when Patroni is not installed."""
     import uuid
 
-    from keyfailover.tools.services import PatroniGroup, ServiceError
+    from keyfailover.tools.services import PatroniGroup
+    from tests.server_process import skip_without_patroni
 
-    try:
-        PatroniGroup.check_installed()
-    except ServiceError as missing:
-        pytest.skip(str(missing))
+    skip_without_patroni()
     folder = Path(tempfile.mkdtemp(prefix="keyfailover-patroni-"))  # under /tmp: open to the postgres user
     try:
         with PatroniGroup(folder, zookeeper.hosts, namespace=f"/kf-store-{uuid.uuid4().hex[:8]}") as started:

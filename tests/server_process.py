@@ -28,9 +28,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+import pytest
+
 from keyfailover.broker.server import Server, ServerConfig
 from keyfailover.integrations.metrics import serve_metrics
 from keyfailover.tools.cli import main
+from keyfailover.tools.services import PatroniGroup
 from keyfailover.wire.protocol import PROTOCOL_VERSION, Connect, Connected, Decoder, Frame, encode
 
 __all__ = ["RawConnection", "ServerProcess", "ServerThread", "run_cli", "run_main", "wait_until"]
@@ -354,3 +357,10 @@ class RawConnection:
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+
+def skip_without_patroni() -> None:
+    """Skip the test, saying what is missing, when a Patroni group cannot run here."""
+    missing = PatroniGroup.missing()
+    if missing is not None:
+        pytest.skip(missing)

@@ -33,8 +33,8 @@ from keyfailover.tools.chaos import (
 )
 from keyfailover.tools.chaos._measures import run_measures
 from keyfailover.tools.chaos._report import write_report
-from keyfailover.tools.services import PatroniGroup, ServiceError, ZooKeeper
-from tests.server_process import run_main
+from keyfailover.tools.services import ZooKeeper
+from tests.server_process import run_main, skip_without_patroni
 from tests.test_chaos import running_commands
 
 TTL = 10.0
@@ -217,10 +217,7 @@ def test_the_command_line_takes_the_store_target_and_refuses_a_short_ttl() -> No
 def test_a_run_that_kills_the_store_s_primary_passes_every_checker_and_shows_the_promotion(
     tmp_path: Path, zookeeper: ZooKeeper
 ) -> None:
-    try:
-        PatroniGroup.check_installed()
-    except ServiceError as missing:
-        pytest.skip(str(missing))
+    skip_without_patroni()
     # seed 7 in 40 s: one kill of the primary, at t+5 s for 14.8 s (ttl 10 s: Patroni promotes the standby)
     settings = ChaosSettings(
         duration=40.0, seed=7, faults=("kill",), targets=("store",), brokers=2, partitions=3, consumers=2,

@@ -17,9 +17,9 @@ from keyfailover.tools import services
 from keyfailover.tools._ownership import Ownership
 from keyfailover.tools.cli import main
 from keyfailover.tools.demo import DemoReport, run_core_demo, run_server_demo
-from keyfailover.tools.demo._cluster import _patroni_missing, _two_owners
+from keyfailover.tools.demo._cluster import _two_owners
 from keyfailover.tools.demo._traffic import Observed, Produced, check_events
-from tests.server_process import run_cli, wait_until
+from tests.server_process import run_cli, skip_without_patroni, wait_until
 
 
 def test_demo_keeps_every_guarantee() -> None:
@@ -206,10 +206,7 @@ def test_cluster_demo_without_patroni_says_so_and_kills_a_broker_of_a_single_sto
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_cluster_demo_kills_a_broker_then_the_store_s_primary_and_patroni_promotes_the_standby() -> None:
-    try:
-        services.PatroniGroup.check_installed()
-    except services.ServiceError as missing:
-        pytest.skip(str(missing))
+    skip_without_patroni()
     done = run_cli("demo", "--cluster", "--messages", "3000", "--keys", "200", timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stderr == ""
@@ -296,10 +293,7 @@ def test_cluster_demo_stopped_by_sigterm_while_starting_stops_what_it_started() 
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_cluster_demo_stopped_by_sigterm_while_patroni_starts_stops_the_group_too() -> None:
-    try:
-        services.PatroniGroup.check_installed()
-    except services.ServiceError as missing:
-        pytest.skip(str(missing))
+    skip_without_patroni()
     demo = subprocess.Popen(
         [sys.executable, "-m", "keyfailover", "demo", "--cluster"],
         stdout=subprocess.PIPE,
@@ -368,7 +362,7 @@ def test_the_cluster_demo_names_what_patroni_lacks(missing: str, said: str, monk
     for present in ("PATRONI", "PATRONI_KAZOO"):
         monkeypatch.setattr(services, present, Path(sys.executable))
     monkeypatch.setattr(services, missing, Path("/nonexistent") / missing.lower())
-    assert _patroni_missing() == said
+    assert services.PatroniGroup.missing() == said
 
 
 def test_the_demo_is_of_one_kind(capsys: pytest.CaptureFixture[str]) -> None:

@@ -341,6 +341,16 @@ class PatroniGroup:
                 "run scripts/setup-system"
             )
 
+    @classmethod
+    def missing(cls) -> str | None:
+        """What is missing to run a group here, and where to get it (:meth:`check_installed`'s message); None
+        when nothing is."""
+        try:
+            cls.check_installed()
+        except ServiceError as missing:
+            return str(missing)
+        return None
+
     def _config(self, name: str) -> dict[str, Any]:
         """Patroni's configuration of member ``name``."""
         home = self.folder / name

@@ -103,7 +103,7 @@ def run_cluster_demo(
     if events < 1000 or accounts < 1:
         raise KeyFailoverError(f"demo needs events >= 1000 and accounts >= 1, got {events} and {accounts}")
     _check_installed()
-    missing = None if single_store else _patroni_missing()
+    missing = None if single_store else PatroniGroup.missing()
     account_ids = zipf_ids(events, accounts, seed)
     report = DemoReport()
     observed, produced = Observed(), Produced(PARTITIONS)
@@ -170,15 +170,6 @@ def _check_installed() -> None:
             raise ServiceError(
                 f"{module} is not installed in {sys.executable}: run scripts/setup dev,cluster"
             ) from None
-
-
-def _patroni_missing() -> str | None:
-    """What is missing to run the store as a Patroni group, and where to get it; None when nothing is."""
-    try:
-        PatroniGroup.check_installed()
-    except ServiceError as missing:
-        return str(missing)
-    return None
 
 
 @contextlib.contextmanager

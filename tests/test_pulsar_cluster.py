@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pulsar
 import pytest
@@ -48,6 +48,28 @@ def lookup(broker: ServerProcess, topic: str) -> CommandLookupTopicResponse:
         raw.send(command(BaseCommand.LOOKUP, topic=topic, request_id=1))
         answer: CommandLookupTopicResponse = raw.receive_type(BaseCommand.LOOKUP_RESPONSE).lookupTopicResponse
         return answer
+
+
+class Sends:
+    """What a Pulsar producer's sends came to: the numbers of those confirmed, and of those failed with why."""
+
+    def __init__(self) -> None:
+        self.confirmed: list[int] = []
+        self.failed: list[tuple[int, str]] = []
+        self._lock = threading.Lock()
+
+    def callback(self, index: int) -> Callable[[pulsar.Result, pulsar.MessageId], None]:
+        """The send callback of message ``index``, run on the client's thread."""
+
+        def done(result: pulsar.Result, _: pulsar.MessageId) -> None:
+            """Record whether message ``index`` was confirmed."""
+            with self._lock:
+                if result == pulsar.Result.Ok:
+                    self.confirmed.append(index)
+                else:
+                    self.failed.append((index, str(result)))
+
+        return done
 
 
 def check_first_deliveries_in_order(consumer: pulsar.Consumer, count: int) -> None:
@@ -100,29 +122,16 @@ def test_pulsar_clients_reach_each_partitions_broker_and_follow_a_killed_brokers
             producer = client.create_producer(
                 topic, producer_name="steady", message_router=router, send_timeout_millis=0, block_if_queue_full=True
             )
-            confirmed: list[int] = []
-            failed: list[str] = []
-            lock = threading.Lock()
-
-            def sent(index: int) -> object:
-                def done(result: pulsar.Result, _: pulsar.MessageId) -> None:
-                    with lock:
-                        if result == pulsar.Result.Ok:
-                            confirmed.append(index)
-                        else:
-                            failed.append(str(result))
-
-                return done
-
+            sends = Sends()
             for index in range(count // 2):
-                producer.send_async(str(index).encode(), sent(index), partition_key=f"k{index % keys}")
+                producer.send_async(str(index).encode(), sends.callback(index), partition_key=f"k{index % keys}")
             producer.flush()
-            assert failed == [] and sorted(confirmed) == list(range(count // 2))
+            assert sends.failed == [] and sorted(sends.confirmed) == list(range(count // 2))
             second.kill()
             for index in range(count // 2, count):
-                producer.send_async(str(index).encode(), sent(index), partition_key=f"k{index % keys}")
+                producer.send_async(str(index).encode(), sends.callback(index), partition_key=f"k{index % keys}")
             producer.flush()
-            assert failed == [] and sorted(confirmed) == list(range(count))
+            assert sends.failed == [] and sorted(sends.confirmed) == list(range(count))
             wait_until(
                 lambda: set(served_by(cluster).values()) == {f"127.0.0.1:{first.port}"},
                 "the killed broker's partitions served by the other",

@@ -15,7 +15,6 @@ import asyncio
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -36,7 +35,7 @@ from tests.test_cluster_failover import (
     running,
     url_of,
 )
-from tests.test_pulsar_cluster import QUIET, check_first_deliveries_in_order, router
+from tests.test_pulsar_cluster import QUIET, Sends, check_first_deliveries_in_order, router
 
 
 def _promoted(group: PatroniGroup, other_than: str) -> bool:
@@ -157,21 +156,13 @@ def test_a_pulsar_producer_waits_through_a_primary_kill_and_each_key_stays_in_or
             producer = client.create_producer(
                 topic, producer_name="traffic", message_router=router, send_timeout_millis=0, block_if_queue_full=True
             )
-            confirmed: list[int] = []
-            failed: list[int] = []
-
-            def sent(index: int) -> Callable[[pulsar.Result, pulsar.MessageId], None]:
-                def done(result: pulsar.Result, _: pulsar.MessageId) -> None:
-                    (confirmed if result == pulsar.Result.Ok else failed).append(index)
-
-                return done
-
+            sends = Sends()
             for index in range(count):
                 if index == count // 3:
                     patroni.kill(patroni.primary())
-                producer.send_async(str(index).encode(), sent(index), partition_key=f"k{index % keys}")
+                producer.send_async(str(index).encode(), sends.callback(index), partition_key=f"k{index % keys}")
             producer.flush()
-            assert failed == [] and sorted(confirmed) == list(range(count))
+            assert sends.failed == [] and sorted(sends.confirmed) == list(range(count))
             check_first_deliveries_in_order(consumer, count)
         finally:
             client.close()

@@ -668,6 +668,35 @@ class DispatcherMachine(RuleBasedStateMachine):
         self.d.nack(consumer, position)
         self.model.nack(consumer, position, self.clock())
 
+    @precondition(lambda self: bool(self.model.holder))
+    @rule(data=st.data())
+    def unsent(self, data: st.DataObject) -> None:
+        """Deliveries the IO layer could not send come back as if never made, their permits too, with every
+        later delivery of their keys on that consumer (G2); strays are rejected."""
+        model = self.model
+        consumer = data.draw(st.sampled_from(sorted(set(model.holder.values()))), label="consumer")
+        mine = model.inflight_on(consumer)
+        strays = [p for p in model.holder if p not in mine] + [model.last_position + 1]
+        positions = data.draw(st.lists(st.sampled_from(mine + strays), max_size=6), label="unsent")
+        taken, rejected = self.d.unsent(consumer, positions)
+        expected: tuple[list[int], list[int]] = ([], [])
+        for position in positions:
+            expected[position not in mine or position in expected[0]].append(position)
+        assert (taken, rejected) == expected
+        returned = set(taken)
+        for position in taken:
+            if model.messages[position].kb is not None and not model.unordered and position not in model.loose:
+                returned.update(model.later_of_key(consumer, position))
+        for position in returned:
+            del model.holder[position]
+            model.deadline.pop(position, None)
+            model.loose.discard(position)
+            model.delivered[position] -= 1
+        model.permits[consumer] += len(returned)
+        model.settle_limit(consumer)
+        if returned:
+            event("deliveries not sent came back")
+
     @rule(seconds=st.sampled_from(CLOCK_STEPS))
     def tick(self, seconds: float) -> None:
         self.clock.advance(seconds)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,9 @@ from keyfailover.broker.server import _subscription as subscription_module
 from keyfailover.broker.server._subscription import Session, Subscription, SubscriptionConfig
 from keyfailover.broker.storage import DEFAULT_ENTRY_CACHE_BYTES
 from keyfailover.broker.storage._cache import ENTRY_OVERHEAD
+from keyfailover.broker.storage._store import StoreUnavailableError
+from keyfailover.broker.storage.records import StoredMessage
+from keyfailover.core.dispatcher import DeliverySettings
 from keyfailover.wire.protocol import Messages
 from tests.test_server_seek import Inbox, run
 
@@ -107,3 +111,71 @@ def test_a_backlog_is_delivered_whole_and_in_key_order_however_much_of_it_the_en
             await server.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("fault", ["read fails", "lease lapses"])
+def test_deliveries_that_could_not_be_sent_go_out_later_whole_in_order_and_with_their_permits(
+    tmp_path: Path, fault: str
+) -> None:
+    """A read of payloads for deliveries fails (the store fails over), or the broker's lease lapses while it reads:
+    those deliveries were not sent. They go back with their permits and out again once the store answers or the
+    lease is renewed: every message once, in key order, and the consumer holds no permit the server spent on
+    nothing. Without leases (ack_timeout 0), a delivery kept in flight unsent would hold its key for good."""
+
+    async def main() -> None:
+        subscription_config = SubscriptionConfig(payload_cache=7, delivery=DeliverySettings(ack_timeout=0))
+        server = Server(ServerConfig(data_dir=tmp_path, subscription=subscription_config))
+        await server.start()
+        try:
+            sent = [(None, f"k{i % 3}", b"payload %d" % i) for i in range(50)]
+            positions = [p for p, _ in await server.storage.append("orders", None, sent)]
+            faults = FaultyReads(server, fault)
+            subscription = await server.subscription("orders", "billing")
+            subscription._may_act = faults.may_act
+            inbox = Inbox()
+            session = Session(server.next_session_id(), "c1", subscription, inbox.send)
+            subscription.attach(session, len(sent) + 5)
+            await asyncio.wait_for(faults.over.wait(), 30)
+            faults.lapsed = False
+            subscription.wake()  # as the server does when the lease is renewed
+            delivered = await asyncio.wait_for(inbox.until(len(sent)), 30)
+            assert sorted(delivered) == positions  # each once
+            for key in {key for _, key, _ in sent}:
+                of_key = [item for frame in inbox.frames if isinstance(frame, Messages) for item in frame.messages]
+                assert [p for p, k, *_ in of_key if k == key] == sorted(p for p, k, *_ in of_key if k == key)
+            assert all(item[3] == 0 for frame in inbox.frames if isinstance(frame, Messages) for item in frame.messages)
+            entry = subscription.dispatcher.stats()["consumers"]["c1"]
+            assert (entry["permits"], entry["unacked"]) == (5, len(sent))
+        finally:
+            await server.close()
+
+    asyncio.run(main())
+
+
+class FaultyReads:
+    """The server's store, whose reads of payloads by position fail twice (``read fails``), or during whose first
+    read the broker's lease lapses (``lease lapses``: ``may_act`` says no until ``lapsed`` is cleared); ``over``
+    is set once the fault happened."""
+
+    def __init__(self, server: Server, fault: str) -> None:
+        self.over = asyncio.Event()
+        self.lapsed = False
+        read = server.storage.read_positions
+        failures = 2 if fault == "read fails" else 0
+
+        async def faulty(topic: str, positions: Iterable[int]) -> dict[int, StoredMessage]:
+            nonlocal failures
+            if failures:
+                failures -= 1
+                if not failures:
+                    self.over.set()
+                raise StoreUnavailableError("no member of the store accepts reads")
+            if fault == "lease lapses" and not self.over.is_set():
+                self.lapsed = True
+                self.over.set()
+            return await read(topic, positions)
+
+        server.storage.read_positions = faulty  # type: ignore[method-assign]
+
+    def may_act(self) -> bool:
+        return not self.lapsed

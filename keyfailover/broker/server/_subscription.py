@@ -570,8 +570,10 @@ class Subscription:
         """Send ``deliveries`` to their sessions in frames, payloads from the cache or re-read from the log.
 
         A consumer removed while payloads were read is skipped: its deliveries went back to pending.
-        A redelivery's count is its failures for a session that counts those. Nothing goes out when the
-        lease lapsed meanwhile; the deliveries stay in flight until their lease or their session ends.
+        A redelivery's count is its failures for a session that counts those. Deliveries that cannot
+        go out (reading their payloads failed, or the lease lapsed meanwhile) go back to the dispatcher
+        with their permits (:meth:`Dispatcher.unsent`): else their keys would wait for their leases, and
+        their consumers for them, having asked for them.
         """
         if not deliveries:
             return
@@ -580,7 +582,11 @@ class Subscription:
         missing = [d.position for d in deliveries if d.position not in cache]
         if missing:
             before = {d.consumer: sessions.get(d.consumer) for d in deliveries}
-            await self._read_into_cache(missing)
+            try:
+                await self._read_into_cache(missing)
+            except BaseException:
+                self._unsent(deliveries)
+                raise
             # A consumer removed while payloads were read had its deliveries sent back to pending.
             gone = {name for name, session in before.items() if session is None or sessions.get(name) is not session}
             if gone:
@@ -617,12 +623,23 @@ class Subscription:
             self._trim_cache()
         if self.paused():
             # The lease lapsed while payloads were read (the broker may have been stopped): nothing goes
-            # out; the deliveries stay in flight until their lease or their session ends, then come again.
+            # out; the deliveries go back, and out again once the lease is renewed.
+            self._unsent(deliveries)
             return
         for name, items in by_consumer.items():
             session = sessions.get(name)
             if session is not None:
                 _send_in_frames(session, items, properties_bytes.get(name, 0))
+
+    def _unsent(self, deliveries: list[Delivery]) -> None:
+        """Give ``deliveries`` back to the dispatcher, with their permits: they were not sent (those of a
+        consumer removed meanwhile went back already)."""
+        by_consumer: dict[str, list[int]] = {}
+        for delivery in deliveries:
+            by_consumer.setdefault(delivery.consumer, []).append(delivery.position)
+        for name, positions in by_consumer.items():
+            if name in self.sessions:
+                self.dispatcher.unsent(name, positions)
 
     # -- reading -----------------------------------------------------------------------
 

@@ -359,6 +359,11 @@ def _make_message(position: int, key: Key, payload: Any, first: int = 0, size: i
     return _Message(position, text, kb, slot, payload)
 
 
+def _ordered_key(message: _Message, unordered: bool) -> bytes | None:
+    """The key whose order ``message``, in flight, keeps (G2): None when keyless or delivered in unordered mode."""
+    return None if unordered or message.flags & _LOOSE else message.kb
+
+
 def _key_of(message: _Message) -> Key:
     """The key ``message`` was published with (a str decoded again from its bytes)."""
     kb = message.kb
@@ -1184,6 +1189,51 @@ class Dispatcher:
         if consumer.stuck:
             self._recover(consumer)
 
+    def unsent(self, cid: str, positions: Iterable[int]) -> tuple[list[int], list[int]]:
+        """Take back deliveries to ``cid`` that the IO layer could not send: returns ``(taken, rejected)``.
+
+        As if :meth:`poll` had never made them: each goes back to pending ahead of its key (G2),
+        with its permit; no redelivery or failure is counted, and ``cid`` is not stuck. Every
+        later delivery of their keys on ``cid`` comes back with them (G2: an IO layer sends a
+        consumer's deliveries in the order ``poll`` made them, so what did not go out includes
+        those). A rejected position (not in flight on ``cid``, a repeat included) changes nothing. Without this, a
+        delivery lost before it was sent would hold its key until its lease ended (forever
+        without leases), and its permit would be gone for good: the consumer would wait for it.
+        """
+        consumer = self._consumer(cid)
+        inflight = consumer.inflight
+        firsts: dict[bytes, int] = {}
+        taken: list[int] = []
+        rejected: list[int] = []
+        messages: dict[int, _Message] = {}
+        for position in positions:
+            message = inflight.get(position) if type(position) is int else None
+            if message is None or position in messages:
+                rejected.append(position)
+                continue
+            taken.append(position)
+            messages[position] = message
+            kb = _ordered_key(message, self._unordered)
+            if kb is not None and position < firsts.get(kb, position + 1):
+                firsts[kb] = position
+        if not messages:
+            return taken, rejected
+        for message in inflight.values():
+            kb = _ordered_key(message, self._unordered)
+            if kb is not None and message.position >= firsts.get(kb, message.position + 1):
+                messages[message.position] = message
+        if consumer.unacked_blocked:
+            consumer.withheld += len(messages)
+        else:
+            consumer.permits += len(messages)
+        self._reread_due = True
+        for state in self._return_inflight(consumer, list(messages.values()), "", counted=False):
+            if not (state.draining or state.loose or state.backoff):
+                self._queue(state, self._owner_of_slot(state.slot))
+        if consumer.permits and (consumer.ready or consumer.adopted):
+            self._wake[consumer] = None
+        return taken, rejected
+
     # -- reading ---------------------------------------------------------------------
 
     def ranges(self) -> list[Range]:
@@ -1837,13 +1887,16 @@ class Dispatcher:
         reason: str,
         failed: _Message | None = None,
         delay_until: float = 0.0,
+        *,
+        counted: bool = True,
     ) -> list[_KeyState]:
         """Move ``messages`` (in flight on ``consumer``) back to pending, each key ahead of its queue.
 
-        ``failed`` (a nack's message) alone counts a failure when given; else each key's
-        oldest returned message, every keyless or loose one, and in unordered mode every
-        one. A loose message goes back into its key's queue by position (ahead of everything
-        in unordered mode). With ``delay_until``, ``failed`` waits until then if it goes back
+        Each counts a redelivery, and ``failed`` (a nack's message) alone a failure when given; else
+        each key's oldest returned message, every keyless or loose one, and in unordered mode every
+        one. Not ``counted``: none of that (deliveries that were never sent), ``reason`` unused. A
+        loose message goes back into its key's queue by position (ahead of everything in unordered
+        mode). With ``delay_until``, ``failed`` waits until then if it goes back
         to the shared queue (keyless, or unordered mode). Returns the ordered-mode key states
         that got messages back, for the caller to queue.
         """
@@ -1854,11 +1907,12 @@ class Dispatcher:
         loose: list[tuple[bytes, _Message]] = []
         for message in messages:
             del consumer.inflight[message.position]
-            back = message.returns()
-            back.count += 1
-            back.reason = reason
-            if message is failed or (each and (message.kb is None or unordered or message.flags & _LOOSE)):
-                back.failures += 1
+            if counted:
+                back = message.returns()
+                back.count += 1
+                back.reason = reason
+                if message is failed or (each and (message.kb is None or unordered or message.flags & _LOOSE)):
+                    back.failures += 1
             if message.flags & _LOOSE and message.kb is not None:  # only keyed deliveries go out loose
                 loose.append((message.kb, message))
             elif message.kb is None or unordered:
@@ -1874,7 +1928,7 @@ class Dispatcher:
         for kb, returned in by_key.items():
             state = states[kb] = keys[kb]
             returned.sort(key=lambda m: m.position)
-            if each:
+            if each and counted:
                 returned[0].returns().failures += 1
             state.queue().extendleft(reversed(returned))
             self._settle_inflight(state, len(returned))

@@ -10,17 +10,22 @@ killed member comes back as a standby; when the primary then freezes, it is prom
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import uuid
 from pathlib import Path
 
 import asyncpg
 import pytest
 
 from keyfailover.broker.storage._postgresql_members import connect_writable
-from keyfailover.tools.services import PatroniGroup, ServiceError, _children
-from tests.server_process import wait_until
+from keyfailover.tools.chaos._proxy import FaultProxy
+from keyfailover.tools.services import PatroniGroup, ServiceError, ZooKeeper, _children
+from tests.server_process import skip_without_patroni, wait_until
 
 
 async def _write(dsn: str, value: int) -> tuple[list[int], str]:
@@ -113,3 +118,30 @@ def test_stop_kills_a_member_s_process_that_a_signal_kept_from_being_recorded(tm
         if stray.poll() is None:
             stray.kill()
             stray.wait()
+
+
+@pytest.mark.slow
+def test_each_member_s_own_links_go_through_the_proxies_it_is_given(zookeeper: ZooKeeper) -> None:
+    """A fault on a member must reach its own links: its Patroni's session with ZooKeeper goes through its proxy, and
+    the standby streams from the primary through the primary's proxy (so a commit, synchronous, crosses it)."""
+    skip_without_patroni()
+    folder = Path(tempfile.mkdtemp(prefix="keyfailover-patroni-"))  # under /tmp: open to the postgres user
+    group = PatroniGroup(folder, zookeeper.hosts, namespace=f"/kf-store-{uuid.uuid4().hex[:8]}")
+    links: dict[str, tuple[FaultProxy, FaultProxy]] = {}
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, folder, ignore_errors=True)
+        for name in group.names:
+            to_zookeeper = FaultProxy(("127.0.0.1", zookeeper.port)).start()
+            stack.callback(to_zookeeper.close)
+            to_postgresql = FaultProxy(("127.0.0.1", group.ports[name])).start()
+            stack.callback(to_postgresql.close)
+            group.reach_through(name, zookeeper=f"127.0.0.1:{to_zookeeper.port}", postgresql=to_postgresql.port)
+            links[name] = (to_zookeeper, to_postgresql)
+        with pytest.raises(ServiceError, match="has no member 'member9'; its members: \\['member0', 'member1'\\]"):
+            group.reach_through("member9", zookeeper=zookeeper.hosts, postgresql=1)
+        stack.enter_context(group)
+        primary = group.wait_until_ready()
+        streamed = links[primary][1].stats().bytes_down
+        assert _writes(group.dsn, 1) is not None
+        assert all(to_zookeeper.stats().active >= 1 for to_zookeeper, _ in links.values())
+        assert links[primary][1].stats().active >= 1 and links[primary][1].stats().bytes_down > streamed

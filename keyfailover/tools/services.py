@@ -322,6 +322,8 @@ class PatroniGroup:
         self.ports = {name: free_port() for name in self.names}
         self.rest_ports = {name: free_port() for name in self.names}
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._zookeeper_hosts: dict[str, str] = {}  # a member's own way to ZooKeeper (see reach_through)
+        self._connect_ports: dict[str, int] = {}  # the port the others reach a member's PostgreSQL at
 
     @property
     def dsn(self) -> str:
@@ -351,17 +353,28 @@ class PatroniGroup:
             return str(missing)
         return None
 
+    def reach_through(self, name: str, *, zookeeper: str, postgresql: int) -> None:
+        """Member ``name``'s own links go through ``zookeeper`` (the hosts its Patroni reaches ZooKeeper at) and
+        loopback port ``postgresql`` (where the other members reach its PostgreSQL: streaming replication from
+        it and pg_rewind against it), a fault proxy's each, so that a fault can cut that member's links alone.
+        From its next start on; by default a member reaches ZooKeeper at ``hosts`` and is reached at its port."""
+        if name not in self.ports:
+            raise ServiceError(f"the Patroni group {self.scope!r} has no member {name!r}; its members: {self.names}")
+        self._zookeeper_hosts[name] = zookeeper
+        self._connect_ports[name] = postgresql
+
     def _config(self, name: str) -> dict[str, Any]:
         """Patroni's configuration of member ``name``."""
         home = self.folder / name
         port, rest = self.ports[name], self.rest_ports[name]
+        reached_at = self._connect_ports.get(name, port)
         return {
             "scope": self.scope,
             "namespace": self.namespace,
             "name": name,
             "log": {"dir": str(home), "level": "INFO"},
             "restapi": {"listen": f"127.0.0.1:{rest}", "connect_address": f"127.0.0.1:{rest}"},
-            "zookeeper": {"hosts": self.hosts.split(",")},
+            "zookeeper": {"hosts": self._zookeeper_hosts.get(name, self.hosts).split(",")},
             "bootstrap": {
                 "dcs": {
                     "ttl": self.ttl,
@@ -379,7 +392,7 @@ class PatroniGroup:
             },
             "postgresql": {
                 "listen": f"127.0.0.1:{port}",
-                "connect_address": f"127.0.0.1:{port}",
+                "connect_address": f"127.0.0.1:{reached_at}",
                 "data_dir": str(home / "data"),
                 "bin_dir": str(POSTGRESQL_BIN),
                 "pgpass": str(home / "pgpass"),

@@ -345,15 +345,27 @@ def run_chaos(
         if zookeeper is None:
             zookeeper = stack.enter_context(ZooKeeper(folder / "zookeeper"))
         store: PostgreSQL | PatroniGroup
+        member_links: dict[str, list[FaultProxy]] = {}
         if "store" in settings.targets:
             out.write(f"starting the replicated store: 2 PostgreSQL under Patroni, ttl {settings.store_ttl} s\n")
             group = PatroniGroup(folder / "store", zookeeper.hosts, namespace=f"{root}/store", ttl=settings.store_ttl)
+            if "loss" in settings.faults:
+                member_links = _member_links(group, zookeeper, settings.seed, stack)
             store = stack.enter_context(group)
         elif postgres is None:
             store = stack.enter_context(PostgreSQL(folder / "postgresql"))
         else:
             store = postgres
-        run = _Run(settings, folder=folder, zookeeper=zookeeper, store=store, root=root, schedule=schedule, out=out)
+        run = _Run(
+            settings,
+            folder=folder,
+            zookeeper=zookeeper,
+            store=store,
+            member_links=member_links,
+            root=root,
+            schedule=schedule,
+            out=out,
+        )
         try:
             return run.carry_out(stack)
         finally:
@@ -366,6 +378,25 @@ def run_chaos(
     raise AssertionError("unreachable")  # pragma: no cover  (mypy: the with block returns)
 
 
+def _member_links(
+    group: PatroniGroup, zookeeper: ZooKeeper, seed: int, stack: contextlib.ExitStack
+) -> dict[str, list[FaultProxy]]:
+    """A fault proxy on each store member's own links, started and routed before the group starts (closed after
+    it stops): its Patroni's link to ZooKeeper, and the others' link to its PostgreSQL (streaming replication
+    from it, pg_rewind against it). By member name, ZooKeeper's first."""
+    links: dict[str, list[FaultProxy]] = {}
+    for number, name in enumerate(group.names):
+        proxies: list[FaultProxy] = []
+        for upstream in (zookeeper.port, group.ports[name]):
+            proxy = FaultProxy(("127.0.0.1", upstream), seed=seed * 1000 + 900 + number * 10 + len(proxies))
+            proxies.append(proxy.start())
+            stack.callback(proxy.close)
+        to_zookeeper, to_postgresql = proxies
+        group.reach_through(name, zookeeper=f"127.0.0.1:{to_zookeeper.port}", postgresql=to_postgresql.port)
+        links[name] = proxies
+    return links
+
+
 class _Run:
     def __init__(
         self,
@@ -374,6 +405,7 @@ class _Run:
         folder: Path,
         zookeeper: ZooKeeper,
         store: PostgreSQL | PatroniGroup,
+        member_links: dict[str, list[FaultProxy]],
         root: str,
         schedule: list[PlannedFault],
         out: TextIO,
@@ -383,6 +415,8 @@ class _Run:
         self.zookeeper = zookeeper
         self.store = store
         self.group = store if isinstance(store, PatroniGroup) else None
+        self.member_links = member_links
+        """Each store member's own links (its Patroni's to ZooKeeper, the others' to its PostgreSQL), by name."""
         self.schedule = schedule
         self.out = out
         self.root = root
@@ -595,13 +629,16 @@ class _Run:
         wake.wait(max(started + self.settings.duration - time.monotonic(), 0.0))
 
     def _links(self, target: Target) -> list[FaultProxy]:
-        """The proxies a loss fault on ``target`` acts on: a broker's own links, or every link to ZooKeeper."""
+        """The proxies a loss fault on ``target`` acts on: a broker's own links, every link to ZooKeeper, or a store
+        member's links (the brokers' to it, its Patroni's to ZooKeeper, the others' replication from it)."""
         if isinstance(target, _Broker):
             return target.links
         if isinstance(target, _ZooKeeperProcess):
             return [broker.zookeeper_link for broker in self.brokers if broker.zookeeper_link is not None]
         if isinstance(target, _StoreMember):
-            return [broker.store_links[target.member] for broker in self.brokers if target.member in broker.store_links]
+            member = target.member
+            brokers = [broker.store_links[member] for broker in self.brokers if member in broker.store_links]
+            return brokers + self.member_links.get(member, [])
         return []
 
     def _fault(self, fault: PlannedFault, target: Target, action: str) -> None:

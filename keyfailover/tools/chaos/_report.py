@@ -38,8 +38,8 @@ STORE_METHODS = {
     "restarted after the fault's length and rejoins as a standby",
     "suspend": "SIGSTOP to the primary's Patroni and every PostgreSQL process of it, as a machine that freezes; "
     "SIGCONT after the fault's length",
-    "loss": "every broker's link to the primary (a proxy per broker and member) loses and delays as above; "
-    "Patroni's own links, to ZooKeeper and to the standby, are not touched",
+    "loss": "every link of the primary loses and delays as above: each broker's to it, its Patroni's to "
+    "ZooKeeper, and the standby's replication from it (a proxy per link)",
 }
 
 

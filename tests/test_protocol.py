@@ -272,7 +272,7 @@ def test_older_connections_get_deliveries_without_what_their_version_lacks() -> 
         "session": 1,
         "messages": [[1, "k", b"v", 0], [2, None, b"w", 1]],
     }
-    assert encode(frame, PROTOCOL_VERSION) == encode(frame)
+    assert encode(frame, PROTOCOL_VERSION) == encode(frame) == encode(frame, 7)  # version 8 changed no delivery
     for other in (Pong(nonce=3), Receipt(req=1, positions=[1], duplicates=[False])):
         assert encode(other, 5) == encode(other) == encode(other, 6)  # only deliveries and produce changed
 
@@ -281,6 +281,8 @@ def test_a_produce_for_an_older_connection_has_no_properties_field() -> None:
     plain = Produce(req=1, topic="t", producer=None, messages=[(None, "k", b"v")])
     assert "properties" not in msgpack.unpackb(encode(plain, 6)[4:])
     assert msgpack.unpackb(encode(plain)[4:])["properties"] is None
+    with_properties = replace(plain, properties=[TRACE])
+    assert encode(with_properties, 7) == encode(with_properties)  # version 8 changed no produce
     with pytest.raises(FrameEncodeError, match="protocol version 6 cannot carry message properties"):
         encode(replace(plain, properties=[TRACE]), 6)
 

@@ -121,6 +121,9 @@ PROTOCOL_VERSION: Final = 8
 READ_VERSION: Final = 8
 """The first version with ``read`` and ``entries``: a connection of an older version has neither frame."""
 
+_PROPERTIES_VERSION: Final = 7
+"""The first version with message properties: an older connection's produce and deliveries lack them."""
+
 OLDEST_PROTOCOL_VERSION: Final = 5
 """The oldest version a server still speaks; it answers ``version_mismatch`` to versions outside
 ``OLDEST_PROTOCOL_VERSION`` .. ``PROTOCOL_VERSION``. Version 7 frames have no ``read`` and ``entries``;
@@ -182,7 +185,7 @@ def encode(frame: Frame, version: int = PROTOCOL_VERSION) -> bytes:
     body: dict[str, Any] = {"type": frame.type}
     for name in names:
         body[name] = getattr(frame, name)
-    if version < PROTOCOL_VERSION:
+    if version < _PROPERTIES_VERSION:
         if type(frame) is Messages:
             items = 4 if version < 6 else 5  # version 5: no publish time; 6: no properties
             body["messages"] = [delivered[:items] for delivered in frame.messages]

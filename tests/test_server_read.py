@@ -15,7 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keyfailover.broker.server import ServerConfig
-from keyfailover.client import Client, LogEntries, LogEntry, ServerError, ServerTooOldError
+from keyfailover.broker.storage import Store, StoreUnavailableError
+from keyfailover.broker.storage.records import StoredMessage
+from keyfailover.client import Client, LogEntries, LogEntry, ServerError, ServerTooOldError, Timeout
 from keyfailover.client.aio import AsyncClient
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
@@ -309,3 +311,34 @@ def test_a_client_of_a_server_too_old_for_reads_gets_a_clear_error_and_still_pro
             [refusal] = raw.until_closed()
             assert isinstance(refusal, Error) and refusal.code == ErrorCode.UNKNOWN_TYPE
             assert "'read' came with protocol version 8; this connection speaks version 7" in refusal.message
+
+
+def test_a_read_while_the_store_is_out_of_reach_is_refused_retriably_and_the_client_waits_it_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data")) as server, Client(server.url) as client:
+        produce(client, "t", [("k", b"v", None)])
+        store: Store = server.call(lambda s: s.storage)
+        real = store.read
+        refusals = [3]  # how many reads the store refuses next; counted on the server's loop
+
+        async def failing_over(topic: str, after: int, limit: int) -> list[StoredMessage]:
+            """The store's read, out of reach for the next ``refusals[0]`` reads."""
+            if refusals[0] > 0:
+                refusals[0] -= 1
+                raise StoreUnavailableError("the store fails over (a test)")
+            return await real(topic, after, limit)
+
+        monkeypatch.setattr(store, "read", failing_over)
+        with RawConnection(server.port) as raw:
+            raw.connect()
+            raw.send(Read(req=4, topic="t", after=0, limit=5))
+            refusal = raw.receive()
+            assert isinstance(refusal, Error) and (refusal.code, refusal.req) == (ErrorCode.STORE_UNAVAILABLE, 4)
+            raw.send(Read(req=5, topic="t", after=0, limit=0))  # the end alone needs no read of the store
+            assert raw.receive() == Entries(req=5, through=0, last=1, messages=[])
+        assert [m.payload for m in client.read("t").messages] == [b"v"]  # after the two refusals left
+        assert refusals == [0]
+        refusals[0] = 10**9
+        with pytest.raises(Timeout, match=r"could not be read within 1\.0 s: .*store_unavailable"):
+            client.read("t", timeout=1.0)

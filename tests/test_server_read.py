@@ -182,6 +182,62 @@ def test_paging_from_zero_yields_every_message_in_the_filter_once_in_order(
     assert [m.position for m in found] == expected
 
 
+SMALL_FRAME = 16 * 1024
+SIZED: list[tuple[Key, bytes, dict[str, str] | None]] = [
+    (f"key-{i % 17}" if i % 4 else None, bytes([i % 256]) * (i * 977 % 6000), {"i": str(i)} if i % 3 else None)
+    for i in range(80)
+]
+"""Messages of up to 6,000 bytes: a few fill a frame of :data:`SMALL_FRAME`."""
+
+
+@pytest.fixture(scope="module")
+def small_frames(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    """A server with frames of at most :data:`SMALL_FRAME` bytes whose topic ``sized`` holds :data:`SIZED`."""
+    data = tmp_path_factory.mktemp("read-small-frames") / "data"
+    with ServerThread(ServerConfig(data_dir=data, max_frame=SMALL_FRAME)) as server:
+        with Client(server.url) as client:
+            produce(client, "sized", SIZED)
+        yield server
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    limits=st.lists(st.integers(1, 40), min_size=1, max_size=6),
+    first=st.integers(0, LAST_SLOT),
+    width=st.integers(0, HASH_RANGE_SIZE),
+    filtered=st.booleans(),
+)
+def test_pages_cut_to_the_frame_limit_still_yield_every_message_once(
+    small_frames: ServerThread, limits: list[int], first: int, width: int, filtered: bool
+) -> None:
+    """As the paging property, over raw frames of a server with small frames: every answer fits the frame
+    limit, holds at least one message when one is left to take, and the pages hold each message once."""
+    slots = (first, min(first + width, LAST_SLOT)) if filtered else None
+    expected = [
+        (position, key, payload)
+        for position, (key, payload, _) in enumerate(SIZED, start=1)
+        if slots is None or (key is not None and slots[0] <= key_hash(key) <= slots[1])
+    ]
+    found = []
+    after = 0
+    with RawConnection(small_frames.port) as raw:
+        raw.connect()
+        for page_number in range(len(SIZED) + 1):
+            raw.send(
+                Read(req=page_number, topic="sized", after=after, limit=limits[page_number % len(limits)], slots=slots)
+            )
+            answer = raw.receive()
+            assert isinstance(answer, Entries), answer
+            assert len(encode(answer)) - 4 <= SMALL_FRAME
+            assert len(answer.messages) <= limits[page_number % len(limits)]
+            assert answer.messages or not [e for e in expected if e[0] > after]  # never an empty page mid-way
+            found += [(position, key, payload) for position, key, payload, _, _ in answer.messages]
+            if answer.through >= answer.last:
+                break
+            after = answer.through
+    assert found == expected
+
+
 def test_an_answer_is_cut_to_the_frame_limit_and_a_message_larger_than_a_frame_is_refused(tmp_path: Path) -> None:
     max_frame = 64 * 1024
     big = [(f"k{i}", bytes([i]) * 10_000, None) for i in range(12)]

@@ -11,18 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from keyfailover.client._errors import ServerError
+from keyfailover.client._errors import ServerTooOldError
 from keyfailover.core.errors import ErrorCode, KeyFailoverError
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
 from keyfailover.wire.properties import NO_PROPERTIES, Properties
 from keyfailover.wire.protocol import MAX_READ, READ_VERSION, Entries, Key
 
-__all__ = ["LogEntries", "LogEntry", "ServerTooOldError", "check_read", "check_version", "log_entries"]
-
-
-class ServerTooOldError(ServerError):
-    """The broker speaks a protocol version without the request asked for (reads came with version 8); nothing
-    was sent. Its ``code`` is ``version_mismatch``, what the broker would have answered."""
+__all__ = ["LogEntries", "LogEntry", "check_read", "check_version", "log_entries"]
 
 
 class LogEntry(NamedTuple):

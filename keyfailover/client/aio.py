@@ -42,18 +42,12 @@ from keyfailover.client._errors import (
     NoBrokerError,
     NotInFlight,
     ServerError,
+    ServerTooOldError,
     Timeout,
 )
 from keyfailover.client._link import MAX_BACKOFF, MIN_BACKOFF, Link, Part
 from keyfailover.client._producer import AsyncProducer, PartProducer, SendCallback
-from keyfailover.client._reader import (
-    LogEntries,
-    LogEntry,
-    ServerTooOldError,
-    check_read,
-    check_version,
-    log_entries,
-)
+from keyfailover.client._reader import LogEntries, LogEntry, check_read, check_version, log_entries
 from keyfailover.client._urls import Address, client_tls, parse_url
 from keyfailover.core.errors import KeyFailoverError, PropertiesError
 from keyfailover.core.partitions import partition_topic

@@ -26,8 +26,10 @@ from keyfailover.wire.properties import MAX_PROPERTIES, encode_properties
 from keyfailover.wire.protocol import (
     DEFAULT_MAX_FRAME,
     MAX_NAME_LENGTH,
+    MAX_READ,
     OLDEST_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
+    READ_VERSION,
     Ack,
     ClientFrame,
     Close,
@@ -37,6 +39,7 @@ from keyfailover.wire.protocol import (
     ConsumerClosed,
     Decoder,
     Delivered,
+    Entries,
     Error,
     Extend,
     Flow,
@@ -49,6 +52,7 @@ from keyfailover.wire.protocol import (
     Pong,
     Produce,
     RangesChanged,
+    Read,
     Receipt,
     Route,
     ServerFrame,
@@ -113,6 +117,23 @@ def produces(draw: st.DrawFn) -> Produce:
 
 
 @st.composite
+def entries(draw: st.DrawFn) -> Entries:
+    """An answer to a read: messages at strictly ascending positions, ``through`` at or after the last of them."""
+    gaps = draw(st.lists(st.integers(1, 1000) | st.integers(1, 2**40), max_size=30))
+    position = 0
+    messages = []
+    for gap in gaps:
+        position += gap
+        message = (position, draw(keys), draw(payloads), draw(st.none() | uints), draw(encoded_properties))
+        messages.append(message)
+    through = draw(st.integers(position, INT64_MAX))
+    return Entries(req=draw(uints), through=through, last=draw(uints), messages=messages)
+
+
+slot_pairs = st.integers(0, LAST_SLOT).flatmap(lambda first: st.tuples(st.just(first), st.integers(first, LAST_SLOT)))
+
+
+@st.composite
 def receipts(draw: st.DrawFn) -> Receipt:
     stored = draw(st.lists(st.tuples(uints, st.booleans()), max_size=40))
     return Receipt(req=draw(uints), positions=[p for p, _ in stored], duplicates=[d for _, d in stored])
@@ -140,6 +161,7 @@ client_frames: st.SearchStrategy[Frame] = st.one_of(
     st.builds(Extend, topic=names, subscription=names, session=uints, positions=positions, req=st.none() | uints),
     st.builds(CloseConsumer, req=uints, topic=names, subscription=names, session=uints),
     st.builds(Lookup, req=uints, topic=names),
+    st.builds(Read, req=uints, topic=names, after=uints, limit=st.integers(0, MAX_READ), slots=st.none() | slot_pairs),
     st.builds(Ping, nonce=int64s),
     st.just(Close()),
 )
@@ -155,6 +177,7 @@ server_frames: st.SearchStrategy[Frame] = st.one_of(
     subscribeds(),
     st.builds(Route, req=uints, topic=names, brokers=st.lists(st.none() | texts, min_size=1, max_size=20)),
     st.builds(Messages, session=uints, messages=delivered),
+    entries(),
     ranges_changeds(),
     st.builds(ConsumerClosed, session=uints, reason=labels, req=st.none() | uints),
     st.builds(Settled, req=uints),
@@ -249,7 +272,7 @@ def test_older_connections_get_deliveries_without_what_their_version_lacks() -> 
         "session": 1,
         "messages": [[1, "k", b"v", 0], [2, None, b"w", 1]],
     }
-    assert encode(frame, PROTOCOL_VERSION) == encode(frame)
+    assert encode(frame, PROTOCOL_VERSION) == encode(frame) == encode(frame, 7)  # version 8 changed no delivery
     for other in (Pong(nonce=3), Receipt(req=1, positions=[1], duplicates=[False])):
         assert encode(other, 5) == encode(other) == encode(other, 6)  # only deliveries and produce changed
 
@@ -258,6 +281,8 @@ def test_a_produce_for_an_older_connection_has_no_properties_field() -> None:
     plain = Produce(req=1, topic="t", producer=None, messages=[(None, "k", b"v")])
     assert "properties" not in msgpack.unpackb(encode(plain, 6)[4:])
     assert msgpack.unpackb(encode(plain)[4:])["properties"] is None
+    with_properties = replace(plain, properties=[TRACE])
+    assert encode(with_properties, 7) == encode(with_properties)  # version 8 changed no produce
     with pytest.raises(FrameEncodeError, match="protocol version 6 cannot carry message properties"):
         encode(replace(plain, properties=[TRACE]), 6)
 
@@ -279,14 +304,61 @@ def test_a_decoder_of_an_older_version_reads_its_frames(version: int) -> None:
     assert f"{version - 1}-item deliveries (protocol version {version})" in error.message
 
 
-@pytest.mark.parametrize("bad", [4, 8, "7", True, None])
+@pytest.mark.parametrize("bad", [4, 9, "8", True, None])
 def test_a_decoder_version_must_be_one_spoken(bad: Any) -> None:
-    with pytest.raises(KeyFailoverError, match=f"version must be an int from {OLDEST_PROTOCOL_VERSION} to 7"):
+    with pytest.raises(KeyFailoverError, match=f"version must be an int from {OLDEST_PROTOCOL_VERSION} to 8"):
         Decoder(version=bad)
     decoder = Decoder()
     with pytest.raises(KeyFailoverError, match="version must be an int"):
         decoder.version = bad
     assert decoder.version == PROTOCOL_VERSION
+
+
+@pytest.mark.parametrize("version", [5, 6, 7])
+def test_connections_older_than_reads_have_no_read_or_entries(version: int) -> None:
+    """``read`` and ``entries`` came with version 8: a decoder of an older connection refuses them, naming the
+    version they need, and encode will not write them for one."""
+    assert READ_VERSION == PROTOCOL_VERSION == 8
+    read = Read(req=1, topic="t", after=0, limit=10)
+    answer = Entries(req=1, through=0, last=0, messages=[])
+    cases: list[tuple[Frame, Accept]] = [(read, "server"), (answer, "client")]
+    for frame, side in cases:
+        error = rejection_by(Decoder(accept=side, version=version), raw(body_of(frame)))
+        assert error.code is ErrorCode.UNKNOWN_TYPE
+        assert f"frame type {frame.type!r} came with protocol version 8; this connection speaks version {version}" in (
+            error.message
+        )
+        with pytest.raises(FrameEncodeError, match=f"protocol version {version} has no {frame.type!r} frame"):
+            encode(frame, version)
+        assert same(Decoder(accept=side, version=8).feed(encode(frame, 8)), [frame])
+
+
+def test_an_entries_frame_keeps_keys_positions_and_properties() -> None:
+    frame = Entries(
+        req=3,
+        through=9,
+        last=12,
+        messages=[(1, "k", b"a", 1_750_000_000_000_000, TRACE), (4, b"k", b"", None, None), (9, None, b"c", 0, None)],
+    )
+    body = msgpack.unpackb(encode(frame)[4:])
+    assert body == {
+        "type": "entries",
+        "req": 3,
+        "through": 9,
+        "last": 12,
+        "messages": [
+            [1, "k", b"a", 1_750_000_000_000_000, TRACE],
+            [4, b"k", b"", None, None],
+            [9, None, b"c", 0, None],
+        ],
+    }
+    assert same(Decoder(accept="client").feed(encode(frame)), [frame])
+
+
+def test_a_read_round_trips_with_and_without_its_slot_filter() -> None:
+    for slots in (None, (0, 0), (0, LAST_SLOT), (100, 200)):
+        frame = Read(req=1, topic="t-partition-1", after=INT64_MAX, limit=MAX_READ, slots=slots)
+        assert same(Decoder(accept="server").feed(encode(frame)), [frame])
 
 
 def test_properties_travel_as_a_bin_holding_a_msgpack_map() -> None:
@@ -437,7 +509,7 @@ def test_frame_of_exactly_max_frame_is_accepted() -> None:
 
 def test_default_limit() -> None:
     assert DEFAULT_MAX_FRAME == 5 * 1024 * 1024 == Decoder().max_frame
-    assert (OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION) == (5, 7)
+    assert (OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION) == (5, 8)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2**32, True, 1.5, "5"])
@@ -464,12 +536,14 @@ SAMPLES: dict[str, Frame] = {
         Nack(topic="t", subscription="s", session=1, positions=[1, 2]),
         Extend(topic="t", subscription="s", session=1, positions=[1, 2], req=4),
         CloseConsumer(req=1, topic="t", subscription="s", session=1),
+        Read(req=1, topic="t", after=5, limit=100, slots=(10, 20)),
         Ping(nonce=1),
         Close(),
         Connected(version=1, server="keyfailover", max_frame=1024, session_timeout=10.0),
         Receipt(req=1, positions=[1, 2], duplicates=[False, True]),
         Subscribed(req=1, session=1, consumer="c", ranges=[(0, 99), (200, HASH_RANGE_SIZE - 1)], secret="f00d"),
         Messages(session=1, messages=[(1, "k", b"v", 0, 7, None), (2, None, b"w", 1, None, TRACE)]),
+        Entries(req=1, through=7, last=9, messages=[(1, "k", b"v", 7, None), (3, None, b"w", None, TRACE)]),
         RangesChanged(session=1, epoch=2, ranges=[(0, 99)]),
         ConsumerClosed(session=1, reason="timeout", req=None),
         Settled(req=4),
@@ -565,6 +639,44 @@ BAD_FIELDS: list[tuple[str, str, object]] = [
     ("messages", "messages", [b"abcdef"]),
     ("messages", "messages", [[1, "k", b"v", 0, None, None], [2, "k", b"v", 0, 0, None, 0]]),
     ("messages", "messages", None),
+    # read: a position, a limit up to MAX_READ, an optional [first, last] pair of slots
+    ("read", "req", None),
+    ("read", "topic", ""),
+    ("read", "after", -1),
+    ("read", "after", INT64_MAX + 1),
+    ("read", "after", None),
+    ("read", "limit", MAX_READ + 1),
+    ("read", "limit", -1),
+    ("read", "limit", True),
+    ("read", "limit", None),
+    ("read", "slots", [5, 4]),
+    ("read", "slots", [0, HASH_RANGE_SIZE]),
+    ("read", "slots", [-1, 3]),
+    ("read", "slots", [1]),
+    ("read", "slots", [1, 2, 3]),
+    ("read", "slots", [[1, 2]]),
+    ("read", "slots", [1, 2.0]),
+    ("read", "slots", [True, 2]),
+    ("read", "slots", 5),
+    # entries: [position, key, payload, publish_time, properties], ascending, through covering them
+    ("entries", "through", -1),
+    ("entries", "through", 2),
+    ("entries", "last", None),
+    ("entries", "last", -1),
+    ("entries", "messages", [[0, "k", b"v", None, None]]),
+    ("entries", "messages", [[-1, "k", b"v", None, None]]),
+    ("entries", "messages", [[1, "k", b"v", None, None], [1, "k", b"w", None, None]]),
+    ("entries", "messages", [[2, "k", b"v", None, None], [1, "k", b"w", None, None]]),
+    ("entries", "messages", [[1, 2, b"v", None, None]]),
+    ("entries", "messages", [[1, "k", "v", None, None]]),
+    ("entries", "messages", [[1, "k", b"v", -1, None]]),
+    ("entries", "messages", [[1, "k", b"v", True, None]]),
+    ("entries", "messages", [[1, "k", b"v", None, "trace"]]),
+    ("entries", "messages", [[1, "k", b"v", None, b"\x80"]]),
+    ("entries", "messages", [[1, "k", b"v", 0, None, None]]),  # a delivery, with a redelivery count
+    ("entries", "messages", [[1, "k", b"v", None]]),
+    ("entries", "messages", [[i, "k", b"", None, None] for i in range(1, MAX_READ + 2)]),
+    ("entries", "messages", None),
     # receipts, ranges, limits
     ("receipt", "duplicates", [0, 1]),
     ("receipt", "duplicates", [False]),

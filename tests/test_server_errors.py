@@ -206,7 +206,7 @@ FATAL = {
     "version_mismatch/v4_client": Fatal(
         encode(Connect(version=4, token=TOKEN, client="x")),
         ErrorCode.VERSION_MISMATCH,
-        r"version 4 is not supported; expected 5 to 7",
+        rf"version 4 is not supported; expected 5 to {PROTOCOL_VERSION}",
         after_connect=False,
     ),
 }

@@ -45,6 +45,11 @@ class ServerError(KeyFailoverError, RuntimeError):
         self.code = code
 
 
+class ServerTooOldError(ServerError):
+    """The broker speaks a protocol version without the request asked for (reads came with version 8); nothing
+    was sent. Its ``code`` is ``version_mismatch``, what the broker would have answered."""
+
+
 class ConsumerBusyError(ServerError):
     """The consumer name is in use by a live session of another client; pick another name."""
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 
 from keyfailover.client._errors import PERMANENT, ServerError, Timeout
 from keyfailover.client._urls import Address, host_port
-from keyfailover.core.errors import KeyFailoverError
+from keyfailover.core.errors import ErrorCode, KeyFailoverError
 from keyfailover.core.partitions import partition_topic
 from keyfailover.wire.protocol import (
     PROTOCOL_VERSION,
@@ -32,6 +32,7 @@ from keyfailover.wire.protocol import (
     Connected,
     ConsumerClosed,
     Decoder,
+    Entries,
     Error,
     Frame,
     Messages,
@@ -53,6 +54,9 @@ _MAX_BATCH_BYTES = 1 << 20
 MIN_BACKOFF = 0.05  # seconds before the second reconnect attempt; doubles up to MAX_BACKOFF
 MAX_BACKOFF = 2.0
 _STABLE = 5.0  # a connection up this long resets the backoff
+OLDEST_SERVER_VERSION = 7
+"""The oldest protocol version the client falls back to when a server refuses its own with ``version_mismatch``:
+a server not yet upgraded to reads by position (version 8) still takes produces with properties."""
 
 
 class Link(asyncio.Protocol):
@@ -65,6 +69,10 @@ class Link(asyncio.Protocol):
         self._tls = tls
         self._transport: asyncio.Transport | None = None
         self._decoder = Decoder(accept="client")
+        self.version = PROTOCOL_VERSION
+        """The protocol version of the connection: the newest the server speaks, down to
+        :data:`OLDEST_SERVER_VERSION`."""
+        self._gone: asyncio.Future[None] | None = None  # the current connection's loss
         # Request ids come from the client's one counter, unique across its links: a producer's
         # unconfirmed batches, keyed by request id, move between links in a failover.
         self._req = reqs
@@ -91,9 +99,29 @@ class Link(asyncio.Protocol):
         self._maintainer = asyncio.get_running_loop().create_task(self._maintain(), name="keyfailover-link")
 
     async def _connect_once(self, timeout: float) -> None:
-        """Connect and wait for the server's connected, within ``timeout`` seconds; raises Timeout or the refusal."""
+        """Connect and wait for the server's connected, within ``timeout`` seconds each try; raises Timeout or the
+        refusal. A server refusing the protocol version with ``version_mismatch`` is asked again with each older
+        one down to :data:`OLDEST_SERVER_VERSION`, once its refused connection is gone."""
+        self.version = PROTOCOL_VERSION
+        while True:
+            try:
+                await self._connect_version(timeout)
+                return
+            except ServerError as exc:
+                if exc.code != ErrorCode.VERSION_MISMATCH or self.version <= OLDEST_SERVER_VERSION:
+                    raise
+            transport, gone = self._transport, self._gone
+            if transport is not None:
+                transport.abort()
+            if gone is not None:
+                await gone
+            self.version -= 1
+            _log.info("%s refused protocol version %d; trying %d", self.address, self.version + 1, self.version)
+
+    async def _connect_version(self, timeout: float) -> None:
+        """One connection speaking :attr:`version`, up once the server answered connected within ``timeout``."""
         loop = asyncio.get_running_loop()
-        self._decoder = Decoder(accept="client")
+        self._decoder = Decoder(accept="client", version=self.version)
         self._connected_waiter = loop.create_future()
         try:
             async with asyncio.timeout(timeout):
@@ -160,7 +188,8 @@ class Link(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Say connect, with the token and the client's name."""
         self._transport = stream = stream_transport(transport)
-        stream.write(encode(Connect(version=PROTOCOL_VERSION, token=self._token, client=_client_name())))
+        self._gone = asyncio.get_running_loop().create_future()
+        stream.write(encode(Connect(version=self.version, token=self._token, client=_client_name())))
 
     def data_received(self, data: bytes) -> None:
         """Decode frames and dispatch them; malformed data drops the connection, which reconnects."""
@@ -178,6 +207,8 @@ class Link(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         """Fail the requests waiting on this connection, forget its sessions and tell the parts: lost, or refused."""
         self._transport = None
+        if self._gone is not None and not self._gone.done():
+            self._gone.set_result(None)
         was_ready = self.ready.is_set()
         self.ready.clear()
         waiter = self._connected_waiter
@@ -218,7 +249,7 @@ class Link(asyncio.Protocol):
                 if frame.req is not None and (callback := self.pending.pop(frame.req, None)) is not None:
                     callback(frame)
             return
-        if isinstance(frame, Receipt | Subscribed | Settled | Route):
+        if isinstance(frame, Receipt | Subscribed | Settled | Route | Entries):
             callback = self.pending.pop(frame.req, None)
             if callback is not None:
                 callback(frame)
@@ -241,10 +272,10 @@ class Link(asyncio.Protocol):
             self.max_batch_bytes = min(_MAX_BATCH_BYTES, frame.max_frame // 2)
             self._ready_since = time.monotonic()
             self.ready.set()
+            self._lost.clear()  # also the loss of a connection refused for its protocol version
             if self._maintainer is not None:
                 # A reconnection: what was unconfirmed goes out now, in this same step, before
                 # anything queued meanwhile can send newer batches ahead of it.
-                self._lost.clear()
                 for party in list(self.parties):
                     party.reconnected()
             waiter = self._connected_waiter
@@ -265,7 +296,7 @@ class Link(asyncio.Protocol):
         is closing (lost, its loss not handled yet: asyncio would drop the write and warn on stderr)."""
         if self._transport is None or not self.ready.is_set() or self._transport.is_closing():
             return False
-        self._transport.write(encode(frame))
+        self._transport.write(encode(frame, self.version))
         return True
 
     async def close(self) -> None:

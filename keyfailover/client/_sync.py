@@ -7,6 +7,7 @@ that the loop flushes, and ``receive`` takes from a thread-safe inbox.
     client = Client("kf://127.0.0.1:6650")
     producer = client.create_producer("orders")
     position = producer.send(b"payload", key="customer-7")
+    entries = client.read("orders", after=0, limit=100)  # the log by position: entries.messages, .through, .last
     consumer = client.subscribe("orders", "billing", consumer_name="c1")
     print(consumer.ranges)  # e.g. [(0, 16383), (40960, 49151)]: the hash ranges it owns
     msg = consumer.receive(timeout=1.0)
@@ -31,6 +32,8 @@ from keyfailover.client.aio import (
     ConsumerClosedError,
     Key,
     LeaseExpiredError,
+    LogEntries,
+    LogEntry,
     Message,
     NoBrokerError,
     NotInFlight,
@@ -38,6 +41,7 @@ from keyfailover.client.aio import (
     RangesCallback,
     SendCallback,
     ServerError,
+    ServerTooOldError,
     Timeout,
 )
 from keyfailover.core.signals import interrupts_held, whole_loop
@@ -49,12 +53,15 @@ __all__ = [
     "ConsumerBusyError",
     "ConsumerClosedError",
     "LeaseExpiredError",
+    "LogEntries",
+    "LogEntry",
     "Message",
     "NoBrokerError",
     "NotInFlight",
     "Producer",
     "PropertiesError",
     "ServerError",
+    "ServerTooOldError",
     "Timeout",
 ]
 
@@ -134,6 +141,24 @@ class Client:
             self._async.subscribe(topic, subscription_name, consumer_name, receiver_queue_size, on_ranges_changed)
         )
         return Consumer(self, consumer)
+
+    def read(
+        self,
+        topic: str,
+        partition: int = 0,
+        after: int = 0,
+        limit: int = 1000,
+        *,
+        slots: tuple[int, int] | None = None,
+        timeout: float | None = None,
+    ) -> LogEntries:
+        """The stored messages of a partition above position ``after``, at most ``limit``, optionally only those
+        whose key's slot lies in ``slots``; as :meth:`AsyncClient.read <keyfailover.client.aio.AsyncClient.read>`."""
+        return self._run(self._async.read(topic, partition, after, limit, slots=slots, timeout=timeout))
+
+    def log_ends(self, topic: str, timeout: float | None = None) -> list[int]:
+        """The last position of every partition of ``topic``, in partition order (0: an empty partition)."""
+        return self._run(self._async.log_ends(topic, timeout))
 
     def server_errors(self) -> dict[str, int]:
         """Errors the server sent that answered no request (e.g. rejected acks), by code."""

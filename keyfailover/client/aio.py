@@ -22,15 +22,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import os
 import random
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 
 from keyfailover.client._consumer import AsyncConsumer, Message, PartConsumer, RangesCallback
 from keyfailover.client._errors import (
+    LOOK_AGAIN,
     PERMANENT,
     ClientClosed,
     ConsumerBusyError,
@@ -39,13 +42,16 @@ from keyfailover.client._errors import (
     NoBrokerError,
     NotInFlight,
     ServerError,
+    ServerTooOldError,
     Timeout,
 )
 from keyfailover.client._link import MAX_BACKOFF, MIN_BACKOFF, Link, Part
 from keyfailover.client._producer import AsyncProducer, PartProducer, SendCallback
+from keyfailover.client._reader import LogEntries, LogEntry, check_read, check_version, log_entries
 from keyfailover.client._urls import Address, client_tls, parse_url
 from keyfailover.core.errors import KeyFailoverError, PropertiesError
-from keyfailover.wire.protocol import Error, Frame, Key, Lookup, Route, check_name
+from keyfailover.core.partitions import partition_topic
+from keyfailover.wire.protocol import Entries, Error, Frame, Key, Lookup, Read, Route, check_name
 
 __all__ = [
     "Address",
@@ -57,6 +63,8 @@ __all__ = [
     "ConsumerClosedError",
     "Key",
     "LeaseExpiredError",
+    "LogEntries",
+    "LogEntry",
     "Message",
     "NoBrokerError",
     "NotInFlight",
@@ -64,6 +72,7 @@ __all__ = [
     "RangesCallback",
     "SendCallback",
     "ServerError",
+    "ServerTooOldError",
     "Timeout",
     "client_tls",
     "parse_url",
@@ -103,6 +112,7 @@ class AsyncClient:
         self._failure: ServerError | None = None
         self._relocating: dict[Part, asyncio.Task[None]] = {}
         self._again: set[Part] = set()
+        self._routes: dict[str, list[Address | None]] = {}  # topic -> its partitions' brokers, for reads
 
     async def connect(self) -> AsyncClient:
         """Connect to the first broker of the URL that answers (done by the first create_producer/subscribe)."""
@@ -175,6 +185,103 @@ class AsyncClient:
             await consumer.close()
             raise
         return consumer
+
+    async def read(
+        self,
+        topic: str,
+        partition: int = 0,
+        after: int = 0,
+        limit: int = 1000,
+        *,
+        slots: tuple[int, int] | None = None,
+        timeout: float | None = None,
+    ) -> LogEntries:
+        """The stored messages of partition ``partition`` of ``topic`` above position ``after``, in position order.
+
+        At most ``limit`` of them (0 to :data:`~keyfailover.wire.protocol.MAX_READ`; 0 asks only where the log
+        ends), fewer when the answer would pass the frame limit or the read examined its most; with ``slots``,
+        an inclusive ``(first, last)`` pair of hash slots, only those whose key's slot lies in it (keyless ones
+        left out). Read on with ``after=entries.through`` until ``through`` reaches ``last``. A topic nothing
+        was produced to reads as an empty log. The read goes to the partition's broker: it follows a moved
+        partition and waits out a store failover, with backoff, for up to ``timeout`` seconds (default: the
+        connect timeout), then raises :class:`Timeout`. Positions start at 1.
+        """
+        check_name("topic", topic)
+        wire_slots = check_read(partition, after, limit, slots)
+        await self.connect()
+        self._check_usable()
+        entries, _ = await self._read_partition(topic, partition, after, limit, slots=wire_slots, timeout=timeout)
+        return entries
+
+    async def log_ends(self, topic: str, timeout: float | None = None) -> list[int]:
+        """The last position of every partition of ``topic``, in partition order (0: an empty partition); each
+        asked of its partition's broker as :meth:`read` does."""
+        check_name("topic", topic)
+        await self.connect()
+        self._check_usable()
+        first, partitions = await self._read_partition(topic, 0, 0, 0, slots=None, timeout=timeout)
+        rest = await asyncio.gather(
+            *(self._read_partition(topic, index, 0, 0, slots=None, timeout=timeout) for index in range(1, partitions))
+        )
+        return [first.last, *(entries.last for entries, _ in rest)]
+
+    async def _read_partition(
+        self,
+        topic: str,
+        partition: int,
+        after: int,
+        limit: int,
+        *,
+        slots: tuple[int, int] | None,
+        timeout: float | None,
+    ) -> tuple[LogEntries, int]:
+        """:meth:`read`, arguments checked, and how many partitions the topic has: asked of the broker the last
+        lookup named for the partition, looked up again (with backoff, until ``timeout``) when it is not known,
+        cannot be reached, dropped the connection, or refused the lookup or the read with ``not_owner`` or
+        ``store_unavailable``."""
+        within = self._connect_timeout if timeout is None else timeout
+        deadline = time.monotonic() + within
+        delay = MIN_BACKOFF
+        why = "no lookup answered"
+        while True:
+            routes = self._routes.get(topic)
+            try:
+                if routes is None:
+                    routes = self._routes[topic] = await self._lookup(topic)
+                if partition >= len(routes):
+                    raise KeyFailoverError(
+                        f"topic {topic!r} has {len(routes)} partition(s), numbered from 0; it has no partition "
+                        f"{partition}"
+                    )
+                address = routes[partition]
+                if address is None:
+                    why = f"partition {partition} of {topic!r} had no broker"
+                else:
+                    link = await self._link(address)
+                    check_version(link.version, address)
+                    served = partition_topic(topic, partition, len(routes))
+                    make = functools.partial(Read, topic=served, after=after, limit=limit, slots=slots)
+                    reply = await self._request(link, make, f"the read of {served!r}")
+                    if isinstance(reply, Entries):
+                        return log_entries(reply, partition), len(routes)
+                    if not isinstance(reply, Error):
+                        raise ClientClosed(f"unexpected {reply.type!r} frame answering the read of {served!r}")
+                    if reply.code not in LOOK_AGAIN:
+                        raise ServerError(reply.code, reply.message)
+                    why = f"{address} answered {reply.code}: {reply.message}"
+            except Timeout:
+                raise
+            except ServerError as exc:
+                if exc.code not in LOOK_AGAIN:
+                    raise
+                why = str(exc)
+            except (OSError, ClientClosed) as exc:
+                why = _reason(exc)
+            self._routes.pop(topic, None)
+            if time.monotonic() + delay > deadline:
+                raise Timeout(f"partition {partition} of {topic!r} could not be read within {within} s: {why}")
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, MAX_BACKOFF)
 
     def server_errors(self) -> dict[str, int]:
         """Errors the servers sent that answered no request (e.g. rejected acks), by code."""
@@ -275,31 +382,38 @@ class AsyncClient:
         """The broker address of each partition of ``topic`` (None: not served right now), asked of a link
         other than ``avoid`` if another is up."""
         link = await self._any_link(avoid)
+        reply = await self._request(link, lambda req: Lookup(req=req, topic=topic), f"the lookup of {topic!r}")
+        if isinstance(reply, Error):
+            raise ServerError(reply.code, reply.message)
+        if not isinstance(reply, Route):
+            raise ClientClosed(f"unexpected {reply.type!r} frame answering the lookup of {topic!r}")
+        return [link.address if broker == "" else broker for broker in reply.brokers]
+
+    async def _request(self, link: Link, make: Callable[[int], Frame], what: str) -> Frame:
+        """The frame answering the request ``make`` builds with a new request id, sent on ``link``: raises
+        :class:`ClientClosed` when the connection dropped first, :class:`Timeout` when no answer came within the
+        connect timeout. ``what`` names the request in those errors."""
         answer: asyncio.Future[Frame | None] = asyncio.get_running_loop().create_future()
         req = link.next_req()
 
         def answered(reply: Frame | None) -> None:
-            """Hold the lookup's answer: None when the connection was lost."""
+            """Hold the request's answer: None when the connection was lost."""
             if not answer.done():
                 answer.set_result(reply)
 
         link.pending[req] = answered
-        if not link.send(Lookup(req=req, topic=topic)):
+        if not link.send(make(req)):
             link.pending.pop(req, None)
-            raise ClientClosed(f"the connection to {link.address} dropped before the lookup of {topic!r}")
+            raise ClientClosed(f"the connection to {link.address} dropped before {what}")
         try:
             async with asyncio.timeout(self._connect_timeout):
                 reply = await answer
         except TimeoutError:
             link.pending.pop(req, None)
-            raise Timeout(
-                f"no answer to the lookup of {topic!r} from {link.address} within {self._connect_timeout} s"
-            ) from None
-        if isinstance(reply, Error):
-            raise ServerError(reply.code, reply.message)
-        if not isinstance(reply, Route):
-            raise ClientClosed(f"the connection to {link.address} dropped before the lookup of {topic!r} was answered")
-        return [link.address if broker == "" else broker for broker in reply.brokers]
+            raise Timeout(f"no answer to {what} from {link.address} within {self._connect_timeout} s") from None
+        if reply is None:
+            raise ClientClosed(f"the connection to {link.address} dropped before {what} was answered")
+        return reply
 
     async def _served(self, topic: str) -> list[Link]:
         """The connection to the broker of every partition of ``topic``, waiting (up to the connect

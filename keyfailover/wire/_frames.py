@@ -123,6 +123,22 @@ class Lookup:
 
 
 @dataclass(frozen=True, slots=True)
+class Read:
+    """Read the stored messages of ``topic`` above position ``after`` (answered by ``entries``; version 8).
+
+    At most ``limit`` messages, 0 asking only where the log ends; with ``slots``, an inclusive
+    ``(first, last)`` pair of hash slots, only the messages whose key hashes into it (keyless ones left out).
+    """
+
+    type: ClassVar[str] = "read"
+    req: int
+    topic: str
+    after: int
+    limit: int
+    slots: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Ping:
     """Heartbeat; the server answers ``pong`` with the same nonce."""
 
@@ -207,6 +223,24 @@ class Messages:
     messages: list[Delivered]
 
 
+Entry: TypeAlias = tuple[int, Key, bytes, int | None, bytes | None]
+"""``(position, key, payload, publish_time, properties)``: one stored message read by position, as a delivery
+holds it without a redelivery count."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entries:
+    """The answer to ``read``: the messages found, in position order; ``through`` is the last position the
+    read examined (the next read goes on after it, even when the slot filter kept nothing) and ``last`` the
+    last position the log holds now, its end."""
+
+    type: ClassVar[str] = "entries"
+    req: int
+    through: int
+    last: int
+    messages: list[Entry]
+
+
 @dataclass(frozen=True, slots=True)
 class RangesChanged:
     """A session's hash ranges changed (rebalance): all of them now; ``epoch`` is the range map's new epoch."""
@@ -254,12 +288,22 @@ class Error:
 
 
 ClientFrame: TypeAlias = (
-    Connect | Produce | Subscribe | Flow | Ack | Nack | Extend | CloseConsumer | Lookup | Ping | Close
+    Connect | Produce | Subscribe | Flow | Ack | Nack | Extend | CloseConsumer | Lookup | Read | Ping | Close
 )
 """Frames a client sends."""
 
 ServerFrame: TypeAlias = (
-    Connected | Receipt | Subscribed | Route | Messages | RangesChanged | ConsumerClosed | Settled | Pong | Error
+    Connected
+    | Receipt
+    | Subscribed
+    | Route
+    | Messages
+    | Entries
+    | RangesChanged
+    | ConsumerClosed
+    | Settled
+    | Pong
+    | Error
 )
 """Frames a server sends."""
 

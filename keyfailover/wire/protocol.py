@@ -44,6 +44,8 @@ from keyfailover.wire._frames import (
     Connected,
     ConsumerClosed,
     Delivered,
+    Entries,
+    Entry,
     Error,
     Extend,
     Flow,
@@ -56,6 +58,7 @@ from keyfailover.wire._frames import (
     Pong,
     Produce,
     RangesChanged,
+    Read,
     Receipt,
     Route,
     ServerFrame,
@@ -70,8 +73,10 @@ __all__ = [
     "DEFAULT_MAX_FRAME",
     "FATAL_CODES",
     "MAX_NAME_LENGTH",
+    "MAX_READ",
     "OLDEST_PROTOCOL_VERSION",
     "PROTOCOL_VERSION",
+    "READ_VERSION",
     "Ack",
     "ClientFrame",
     "Close",
@@ -81,6 +86,8 @@ __all__ = [
     "ConsumerClosed",
     "Decoder",
     "Delivered",
+    "Entries",
+    "Entry",
     "Error",
     "ErrorCode",
     "Extend",
@@ -95,6 +102,7 @@ __all__ = [
     "Produce",
     "ProtocolError",
     "RangesChanged",
+    "Read",
     "Receipt",
     "Route",
     "ServerFrame",
@@ -107,12 +115,19 @@ __all__ = [
     "stream_transport",
 ]
 
-PROTOCOL_VERSION: Final = 7
+PROTOCOL_VERSION: Final = 8
 """The version this client sends in ``connect``, and the newest a server speaks."""
+
+READ_VERSION: Final = 8
+"""The first version with ``read`` and ``entries``: a connection of an older version has neither frame."""
+
+_PROPERTIES_VERSION: Final = 7
+"""The first version with message properties: an older connection's produce and deliveries lack them."""
 
 OLDEST_PROTOCOL_VERSION: Final = 5
 """The oldest version a server still speaks; it answers ``version_mismatch`` to versions outside
-``OLDEST_PROTOCOL_VERSION`` .. ``PROTOCOL_VERSION``. Version 6 frames carry no properties (a
+``OLDEST_PROTOCOL_VERSION`` .. ``PROTOCOL_VERSION``. Version 7 frames have no ``read`` and ``entries``;
+version 6 frames carry no properties (a
 ``produce`` has no ``properties`` field, a delivery no properties item), version 5 deliveries no
 publish time either."""
 
@@ -121,6 +136,9 @@ DEFAULT_MAX_FRAME: Final = 5 * 1024 * 1024
 
 MAX_NAME_LENGTH: Final = 256
 """Topic, subscription and consumer names are 1 to this many characters, without NUL."""
+
+MAX_READ: Final = 10_000
+"""The most messages one ``read`` may ask for (its ``limit``), and the most an ``entries`` frame holds."""
 
 _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
@@ -149,7 +167,8 @@ def stream_transport(transport: asyncio.BaseTransport) -> asyncio.Transport:
 def encode(frame: Frame, version: int = PROTOCOL_VERSION) -> bytes:
     """Return ``frame`` as it goes on the wire: the 4-byte body length, then the msgpack body.
 
-    ``version`` is the protocol version of the connection: for version 6, deliveries leave out
+    ``version`` is the protocol version of the connection: before version 8 there is no ``read`` or
+    ``entries`` (either raises :class:`FrameEncodeError`); for version 6, deliveries leave out
     their properties and a produce has no ``properties`` field (a produce with properties raises
     :class:`FrameEncodeError`: that version cannot carry them); for version 5, deliveries leave out
     their publish time too. Nothing is validated beyond what msgpack needs; a value it cannot carry
@@ -159,10 +178,14 @@ def encode(frame: Frame, version: int = PROTOCOL_VERSION) -> bytes:
     names = _FIELDS.get(type(frame))
     if names is None:
         raise FrameEncodeError(f"cannot encode {frame!r}: expected a protocol frame")
+    if version < READ_VERSION and type(frame) in (Read, Entries):
+        raise FrameEncodeError(
+            f"protocol version {version} has no {frame.type!r} frame; expected version {READ_VERSION} or newer"
+        )
     body: dict[str, Any] = {"type": frame.type}
     for name in names:
         body[name] = getattr(frame, name)
-    if version < PROTOCOL_VERSION:
+    if version < _PROPERTIES_VERSION:
         if type(frame) is Messages:
             items = 4 if version < 6 else 5  # version 5: no publish time; 6: no properties
             body["messages"] = [delivered[:items] for delivered in frame.messages]
@@ -457,6 +480,84 @@ def _older_delivered(items: int) -> Callable[[object], list[Delivered]]:
     return check
 
 
+_ENTRY: Final = (
+    f"an array [position: an int in [1, 2^63 - 1], key: str, bin or nil, payload: bin, publish_time: {_UINT} or nil, "
+    "properties: bin or nil]"
+)
+
+
+def _entries(value: object) -> list[Entry]:
+    """An ``entries`` frame's messages: at most :data:`MAX_READ`, each item checked in one pass, in strictly
+    ascending position order, and their properties after."""
+    items = _array(value, "messages")
+    if len(items) > MAX_READ:
+        raise _FieldError(f"must hold at most {MAX_READ} messages, got {len(items)}")
+    with_properties = []
+    before = 0  # the previous item's position
+    try:
+        for item in items:
+            position, key, payload, at, properties = item
+            if not (
+                type(position) is int
+                and type(payload) is bytes
+                and type(key) in _KEY_TYPES
+                and 0 < position <= _INT64_MAX
+                and (at is None or (type(at) is int and 0 <= at <= _INT64_MAX))
+            ):
+                break
+            if position <= before:
+                raise _FieldError(
+                    f"item at position {position} follows position {before}; expected strictly ascending positions"
+                )
+            before = position
+            if properties is not None:
+                if type(properties) is not bytes:
+                    break
+                with_properties.append(item)
+        else:
+            for item in with_properties:
+                _check_properties(items, item, item[4])
+            return list(items)
+    except (TypeError, ValueError):  # the item is not an array of 5
+        pass
+    raise _bad_item(items, item, _ENTRY)
+
+
+def _through_covers(values: dict[str, Any]) -> None:
+    """An ``entries`` frame's ``through`` is at or after the position of every message it holds."""
+    messages = values["messages"]
+    if messages and messages[-1][0] > values["through"]:
+        raise _FieldError(
+            f"'through' {values['through']} is before the last message's position {messages[-1][0]}; "
+            "expected the last position examined, at or after every message returned"
+        )
+
+
+def _read_limit(value: object) -> int:
+    """``value`` if it is an int from 0 to :data:`MAX_READ`."""
+    if type(value) is int and 0 <= value <= MAX_READ:
+        return value
+    raise _wrong(f"an int in [0, {MAX_READ}]", value)
+
+
+_SLOTS: Final = f"nil or an array [first, last] of hash slots in [0, {HASH_RANGE_SIZE - 1}] with first <= last"
+
+
+def _opt_slots(value: object) -> tuple[int, int] | None:
+    """A ``read``'s ``slots``: nil, or one inclusive ``[first, last]`` pair of hash slots."""
+    if value is None:
+        return None
+    if (
+        type(value) is tuple
+        and len(value) == 2
+        and type(value[0]) is int
+        and type(value[1]) is int
+        and 0 <= value[0] <= value[1] < HASH_RANGE_SIZE
+    ):
+        return (value[0], value[1])
+    raise _wrong(_SLOTS, value)
+
+
 def _same_length(values: dict[str, Any]) -> None:
     """A receipt holds one duplicate flag per position."""
     if len(values["positions"]) != len(values["duplicates"]):
@@ -541,6 +642,7 @@ _CLIENT_SPECS: Final = {
         ),
         _spec(CloseConsumer, req=_uint, topic=_name, subscription=_name, session=_uint),
         _spec(Lookup, req=_uint, topic=_name),
+        _spec(Read, req=_uint, topic=_name, after=_uint, limit=_read_limit, slots=_opt_slots),
         _spec(Ping, nonce=_int64),
         _spec(Close),
     )
@@ -553,6 +655,7 @@ _SERVER_SPECS: Final = {
         _spec(Subscribed, req=_uint, session=_uint, consumer=_name, ranges=_slot_ranges, secret=_label),
         _spec(Route, req=_uint, topic=_name, brokers=_brokers),
         _spec(Messages, session=_uint, messages=_delivered),
+        _spec(Entries, _through_covers, req=_uint, through=_uint, last=_uint, messages=_entries),
         _spec(RangesChanged, session=_uint, epoch=_uint, ranges=_slot_ranges),
         _spec(ConsumerClosed, session=_uint, reason=_label, req=_opt_uint),
         _spec(Settled, req=_uint),
@@ -569,6 +672,10 @@ def _without(spec: _Spec, name: str) -> _Spec:
         checks=tuple(check for check in spec.checks if check[0] != name), keys=spec.keys - {name}, across=None
     )
 
+
+_INTRODUCED: Final = {"read": READ_VERSION, "entries": READ_VERSION}
+"""The frame types newer than the oldest version spoken, and the version each came with: a connection of an
+older version refuses them as unknown."""
 
 _OLDER: Final = {
     version: {
@@ -655,7 +762,7 @@ class Decoder:
             raise KeyFailoverError(
                 f"version must be an int from {OLDEST_PROTOCOL_VERSION} to {PROTOCOL_VERSION}, not {value!r}"
             )
-        specs = _SPECS[self._accept]
+        specs = {name: spec for name, spec in _SPECS[self._accept].items() if _INTRODUCED.get(name, 0) <= value}
         self._specs = {**specs, **{name: spec for name, spec in _OLDER.get(value, {}).items() if name in specs}}
         self._version = value
 
@@ -767,7 +874,13 @@ class Decoder:
         return mapping
 
     def _unknown(self, frame_type: str) -> str:
-        """Why ``frame_type`` is refused: a frame of the other side, or no frame at all."""
+        """Why ``frame_type`` is refused: a frame of a newer version, of the other side, or no frame at all."""
+        introduced = _INTRODUCED.get(frame_type, 0)
+        if introduced > self._version and frame_type in _SPECS[self._accept]:
+            return (
+                f"frame type {frame_type!r} came with protocol version {introduced}; this connection speaks "
+                f"version {self._version}"
+            )
         if frame_type in _CLIENT_SPECS:
             return f"frame type {frame_type!r} is sent by clients, not accepted from a server"
         if frame_type in _SERVER_SPECS:

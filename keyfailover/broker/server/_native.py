@@ -7,6 +7,7 @@ import hmac
 import logging
 
 from keyfailover.broker.server._connection import ConnectionHost, FrameReader
+from keyfailover.broker.server._native_read import read_entries
 from keyfailover.broker.server._subscription import Session
 from keyfailover.broker.storage._store import NotServedError, Result, StoreUnavailableError
 from keyfailover.core.errors import KeyFailoverError
@@ -32,6 +33,7 @@ from keyfailover.wire.protocol import (
     Pong,
     Produce,
     ProtocolError,
+    Read,
     Receipt,
     Route,
     Settled,
@@ -169,7 +171,7 @@ class NativeConnection(FrameReader[Frame]):
         return type(frame).__name__
 
     def _handle(self, frame: Frame) -> None:
-        """Serve one frame: produce, subscribe, lookup, ping, a consumer's ack, nack, extend or flow, close."""
+        """Serve one frame: produce, subscribe, lookup, read, ping, a consumer's ack, nack, extend or flow, close."""
         if isinstance(frame, Connect):
             self._connect(frame)
             return
@@ -183,6 +185,8 @@ class NativeConnection(FrameReader[Frame]):
             asyncio.get_running_loop().create_task(self._subscribe(frame))
         elif isinstance(frame, Lookup):
             asyncio.get_running_loop().create_task(self._lookup(frame))
+        elif isinstance(frame, Read):
+            asyncio.get_running_loop().create_task(self._read(frame))
         elif isinstance(frame, Ping):
             self.send(Pong(nonce=frame.nonce))
         elif isinstance(frame, CloseConsumer):
@@ -311,6 +315,22 @@ class NativeConnection(FrameReader[Frame]):
             self.send(Error(code=exc.code, message=exc.message, req=frame.req))
         except KeyFailoverError as exc:
             self.send(Error(code=_refusal(exc), message=str(exc), req=frame.req))
+
+    async def _read(self, frame: Read) -> None:
+        """Answer ``entries``: the stored messages of the topic after the read's position, and where the log ends."""
+        try:
+            entries = await read_entries(self._server, frame, self._server.config.max_frame)
+        except ProtocolError as exc:
+            self.send(Error(code=exc.code, message=exc.message, req=frame.req))
+            return
+        except KeyFailoverError as exc:
+            self.send(Error(code=_refusal(exc), message=str(exc), req=frame.req))
+            return
+        except Exception:  # a fault of the log: the reader is told, the connection goes on
+            _log.exception("read of %r after position %d failed", frame.topic, frame.after)
+            self.send(Error(code=ErrorCode.INTERNAL, message="the log failed to read; nothing was read", req=frame.req))
+            return
+        self.send(entries)
 
     def _session_for(self, topic: str, name: str, session_id: int) -> Session:
         """This connection's live session ``session_id`` of subscription ``name`` of ``topic``, or the

@@ -72,13 +72,14 @@ def create_topic(server: ServerProcess, topic: str) -> None:
         assert response.status == 200
 
 
-def stored(server: ServerProcess, topic: str) -> list[Stored]:
-    """Every message of ``topic`` in the server's log, partition by partition, in position order."""
+def stored(server: ServerProcess, topic: str, partitions: int = PARTITIONS) -> list[Stored]:
+    """Every message of ``topic`` of ``partitions`` partitions in the server's log, partition by partition, in
+    position order."""
     assert server.data_dir is not None
     found = []
     with LogSnapshot(server.data_dir / LOG_FILE_NAME) as snapshot:
-        for partition in range(PARTITIONS):
-            name = partition_topic(topic, partition, PARTITIONS)
+        for partition in range(partitions):
+            name = partition_topic(topic, partition, partitions)
             if name in snapshot.topics():
                 found += [Stored(partition, row) for row in snapshot.messages(name)]
     return found
@@ -334,3 +335,37 @@ def test_a_stream_refuses_a_write_id_and_a_batch_write_refuses_overwrite(
             "overwrite"
         ).save()
     assert stored(server, "bad") == []
+
+
+def test_a_server_with_a_token_takes_the_write_with_it_and_refuses_it_without(kf: SparkSession, tmp_path: Path) -> None:
+    frame = kf.createDataFrame([("k", b"with the token")], GOOD)
+    with ServerProcess(tmp_path / "data", "--token", "secret") as guarded:
+        for given, expected in ((None, "was not given"), ("wrong", "was refused")):
+            refused = options(guarded, "guarded") | ({} if given is None else {"token": given})
+            with pytest.raises(PySparkException, match=rf"option 'token' {expected}: the server at kf://.* answered "):
+                frame.write.format("keyfailover").options(**refused).mode("append").save()
+        frame.write.format("keyfailover").options(**options(guarded, "guarded", token="secret")).mode("append").save()
+        assert [(m.key, m.payload) for m in stored(guarded, "guarded", partitions=1)] == [("k", b"with the token")]
+
+
+def test_a_row_the_sink_cannot_send_fails_its_task_naming_the_row(kf: SparkSession, server: ServerProcess) -> None:
+    rows = [("k", b"fine", {"a": "1"}), ("k", b"null value", {"a": "1", "b": None})]
+    frame = kf.createDataFrame(
+        kf.sparkContext.parallelize(rows, 1), "key string, payload binary, properties map<string,string>"
+    )
+    with pytest.raises(
+        PySparkException,
+        match=r"keyfailover sink, topic 'bad-rows', producer 'spark-[-0-9a-f]+-0': row 1 has a null value for the "
+        r"properties \['b'\]; expected a string for each property",
+    ):
+        frame.write.format("keyfailover").options(**options(server, "bad-rows")).mode("append").save()
+    big = kf.createDataFrame(
+        [("k", b"big", {"p": "x" * 70_000})], "key string, payload binary, properties map<string,string>"
+    )
+    with pytest.raises(
+        PySparkException,
+        match=r"keyfailover sink, topic 'bad-rows', producer '[^']+': .*over the limit of 65536 per message",
+    ):
+        big.write.format("keyfailover").options(**options(server, "bad-rows")).mode("append").save()
+    # the row before the bad one, stored by the first attempt and sent again by the second: once
+    assert [m.payload for m in stored(server, "bad-rows", partitions=1)] == [b"fine"]

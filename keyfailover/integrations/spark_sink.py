@@ -44,9 +44,9 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, DataType, MapType, StringType, StructType
 
-from keyfailover.client import Client
+from keyfailover.client import Client, ServerError
 from keyfailover.client.aio import parse_url
-from keyfailover.core.errors import ConfigError, KeyFailoverError
+from keyfailover.core.errors import ConfigError, ErrorCode, KeyFailoverError
 from keyfailover.wire.protocol import MAX_NAME_LENGTH, check_name
 
 __all__ = [
@@ -254,6 +254,13 @@ def _check_reachable(settings: SinkSettings) -> None:
     """Connect to the server of ``settings`` once, so that an unreachable one fails the write before any batch."""
     try:
         client = Client(settings.url, settings.token, tls_ca=settings.tls_ca)
+    except ServerError as exc:
+        if exc.code != ErrorCode.UNAUTHORIZED:
+            raise
+        given = "was not given" if settings.token is None else "was refused"
+        raise ConfigError(
+            f"option 'token' {given}: the server at {settings.url} answered {exc}; expected the server's token"
+        ) from None
     except (OSError, KeyFailoverError) as exc:
         raise ConfigError(
             f"option 'url': cannot connect to {settings.url}: {_reason(exc)}; expected a keyfailover server there, "

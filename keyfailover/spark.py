@@ -14,6 +14,7 @@ from keyfailover.integrations.spark import (
     with_key_hash,
     with_range_id,
 )
+from keyfailover.integrations.spark_datasource import register
 
 __all__ = [
     "POSTGRESQL_JDBC_JAR",
@@ -26,6 +27,7 @@ __all__ = [
     "partition_by_ranges",
     "process_in_key_order",
     "read_log",
+    "register",
     "with_key_hash",
     "with_range_id",
 ]

@@ -86,17 +86,20 @@ def java() -> str:
 
 @pytest.fixture(scope="session")
 def spark(java: str) -> Iterator[SparkSession]:
-    """A ``local[2]`` SparkSession on loopback, made by the first test that asks and stopped at the end.
+    """A ``local[2,2]`` SparkSession on loopback, made by the first test that asks and stopped at the end.
 
     Python workers run the interpreter running the tests; ANSI mode is on, as by default in
-    Spark 4. Skipped only when there is no ``java`` to start Spark with.
+    Spark 4. A failed task runs once more before its job fails, as on a cluster, so that the tests
+    of exactly once see a task retried. Skipped only when there is no ``java`` to start Spark with.
     """
     from keyfailover.integrations.spark import local_session
 
     previous = os.environ.get("PYSPARK_PYTHON")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     session = local_session(
-        "keyfailover-tests", config={"spark.sql.shuffle.partitions": "4", "spark.sql.ansi.enabled": "true"}
+        "keyfailover-tests",
+        task_attempts=2,
+        config={"spark.sql.shuffle.partitions": "4", "spark.sql.ansi.enabled": "true"},
     )
     try:
         yield session

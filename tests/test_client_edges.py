@@ -415,3 +415,37 @@ def test_a_lookup_naming_a_broker_that_just_died_is_asked_again(tmp_path: Path) 
         lookups, received = asyncio.run(scenario(server))
     assert lookups == 4  # each of the two asked twice: the stale answer, then the live one
     assert received == [b"after the failover"]
+
+
+def test_explicit_sequence_ids_store_a_message_sent_again_once(tmp_path: Path) -> None:
+    """A producer that numbers its messages itself: sent again under the same name with the same ids, by a new
+    client, they are answered with the positions they were stored at; ids may skip, and new ones are stored."""
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data")) as server:
+        with Client(server.url) as client:
+            producer = client.create_producer("t", "numbered")
+            first = [producer.send(f"m{seq}".encode(), "k", sequence_id=seq) for seq in (5, 10, 1 << 40)]
+        with Client(server.url) as client:
+            producer = client.create_producer("t", "numbered")
+            again = [producer.send(f"m{seq}".encode(), "k", sequence_id=seq) for seq in (5, 10, 1 << 40)]
+            later = producer.send(b"later", "k", sequence_id=(1 << 40) + 7)
+            counted = producer.send(b"counted", "k")  # the counter goes on above the ids given
+    assert first == again == [1, 2, 3]
+    assert (later, counted) == (4, 5)
+    with Log(tmp_path / "data" / LOG_FILE_NAME) as log:
+        assert log.last_sequence("t", "numbered") > (1 << 40) + 7
+    assert stored_payloads(tmp_path / "data", "t") == [b"m5", b"m10", f"m{1 << 40}".encode(), b"later", b"counted"]
+
+
+def test_sequence_ids_that_do_not_increase_are_refused_and_queue_nothing(tmp_path: Path) -> None:
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data")) as server, Client(server.url) as client:
+        producer = client.create_producer("t", "numbered")
+        producer.send(b"a", "k", sequence_id=10)
+        for wrong in (10, 3):
+            with pytest.raises(KeyFailoverError, match=rf"sequence id {wrong} of producer 'numbered' is not above 10"):
+                producer.send_async(b"x", "k", sequence_id=wrong)
+        refused: tuple[object, ...] = (-1, 2**63, True, 1.5)
+        for value in refused:
+            with pytest.raises(KeyFailoverError, match=r"sequence_id must be an int in \[0, 2\*\*63 - 1\] or None"):
+                producer.send_async(b"x", "k", sequence_id=value)  # type: ignore[arg-type]
+        producer.send(b"b", "k", sequence_id=11)
+    assert stored_payloads(tmp_path / "data", "t") == [b"a", b"b"]

@@ -24,6 +24,9 @@ from keyfailover.wire.protocol import Error, Frame, Key, Produce, Receipt
 
 SendCallback = Callable[["int | None", "BaseException | None"], None]
 
+MAX_SEQUENCE_ID = 2**63 - 1
+"""The highest sequence id a message may have (the broker stores them as signed 64-bit ints)."""
+
 
 def _message_size(key: Key, payload: bytes, properties: bytes | None = None) -> int:
     """An upper bound on the encoded size of one message in a ``produce`` frame, with its encoded properties."""
@@ -40,6 +43,14 @@ def _message_size(key: Key, payload: bytes, properties: bytes | None = None) -> 
     else:
         key_size = len(key)
     return len(payload) + key_size + 32 + (0 if properties is None else len(properties) + 8)
+
+
+def _check_sequence_id(sequence_id: object) -> None:
+    """Raise :class:`KeyFailoverError` unless ``sequence_id`` is None or an int in ``[0, MAX_SEQUENCE_ID]``."""
+    if sequence_id is None:
+        return
+    if type(sequence_id) is not int or not 0 <= sequence_id <= MAX_SEQUENCE_ID:
+        raise KeyFailoverError(f"sequence_id must be an int in [0, 2**63 - 1] or None, got {sequence_id!r}")
 
 
 def _check_key(key: object) -> None:
@@ -130,6 +141,7 @@ class PartProducer(Part):
         # the same name continues above what it stored before (unless it sent over a million
         # messages a second for the whole downtime).
         self._seq = itertools.count(time.time_ns() // 1000)
+        self._last_seq = -1  # the highest sequence id queued, given or counted
         self._batch = _PendingBatch()
         self._full: list[_PendingBatch] = []  # batches at their limit, not yet sent
         self._flush_scheduled = False
@@ -144,9 +156,17 @@ class PartProducer(Part):
         self._loop = asyncio.get_running_loop()
 
     def send_async(
-        self, payload: bytes, key: Key, callback: SendCallback | None, properties: Mapping[str, str] | None
+        self,
+        payload: bytes,
+        key: Key,
+        callback: SendCallback | None,
+        properties: Mapping[str, str] | None,
+        sequence_id: int | None = None,
     ) -> None:
-        """Queue a message; ``callback(position, None)`` or ``callback(None, error)`` follows."""
+        """Queue a message; ``callback(position, None)`` or ``callback(None, error)`` follows.
+
+        ``sequence_id``: the message's own, above every one queued here before (a checked int, or None
+        for the next of the counter, which then goes on above the given ones)."""
         if self._failure is not None:
             raise self._failure
         if self._closed:
@@ -165,13 +185,24 @@ class PartProducer(Part):
                 "message may have on this connection (half the server's frame limit, less 1 KiB)"
             )
         with self._lock:
+            seq = next(self._seq) if sequence_id is None else sequence_id
+            if seq <= self._last_seq:
+                if sequence_id is not None:
+                    raise KeyFailoverError(
+                        f"sequence id {sequence_id} of producer {self.producer_name!r} is not above {self._last_seq}, "
+                        f"the last it sent to partition {self.partition} of {self.base_topic!r}; expected increasing "
+                        "sequence ids"
+                    )
+                seq = self._last_seq + 1  # the counter is behind the ids given: it goes on above them
+                self._seq = itertools.count(seq + 1)
+            self._last_seq = seq
             batch = self._batch
             if batch.messages and (len(batch.messages) >= MAX_BATCH or batch.size + size > self.link.max_batch_bytes):
                 # Full: it goes out with the next flush as it is; a new batch starts.
                 self._full.append(batch)
                 batch = self._batch = _PendingBatch()
             # batch.add, inline: this is every message's path
-            batch.messages.append((next(self._seq), key, data))
+            batch.messages.append((seq, key, data))
             batch.callbacks.append(callback)
             batch.size += size
             if encoded is not None or batch.properties is not None:
@@ -364,13 +395,23 @@ class AsyncProducer:
         callback: SendCallback | None = None,
         *,
         properties: Mapping[str, str] | None = None,
+        sequence_id: int | None = None,
     ) -> None:
         """Queue a message; ``callback(position, None)`` or ``callback(None, error)`` follows.
 
         ``properties``: str keys and values sent with it (at most 128, keys of at most 256 characters,
         64 KiB encoded: :mod:`keyfailover.wire.properties`); :class:`PropertiesError` refuses others
         and queues nothing.
+
+        ``sequence_id``: the message's sequence id, for a producer that numbers its messages itself (as
+        Pulsar's ``sequence_id``): the broker stores a message of this producer's name and sequence id
+        once per partition, so a restarted producer that sends a message again with the same id stores
+        nothing new. An int in ``[0, 2**63 - 1]``, above every id this producer sent to the message's
+        partition before; ids may skip. :class:`KeyFailoverError` refuses others and queues nothing.
+        None: the producer's counter numbers it (the wall clock in microseconds when the producer was
+        created, then +1 a message, and above the ids given).
         """
+        _check_sequence_id(sequence_id)
         parts = self._parts
         if len(parts) == 1:
             part = parts[0]
@@ -379,10 +420,18 @@ class AsyncProducer:
         else:
             _check_key(key)  # before it is hashed
             part = parts[partition_of_key(key, len(parts))]
-        part.send_async(payload, key, callback, properties)
+        part.send_async(payload, key, callback, properties, sequence_id)
 
-    async def send(self, payload: bytes, key: Key = None, *, properties: Mapping[str, str] | None = None) -> int:
-        """Send and wait until the message is stored; returns its position (within its partition)."""
+    async def send(
+        self,
+        payload: bytes,
+        key: Key = None,
+        *,
+        properties: Mapping[str, str] | None = None,
+        sequence_id: int | None = None,
+    ) -> int:
+        """Send and wait until the message is stored; returns its position (within its partition), for a
+        message of a sequence id stored before the position it was stored at. Arguments as :meth:`send_async`."""
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
         def done(position: int | None, error: BaseException | None) -> None:
@@ -394,7 +443,7 @@ class AsyncProducer:
             else:
                 future.set_result(position or 0)
 
-        self.send_async(payload, key, done, properties=properties)
+        self.send_async(payload, key, done, properties=properties, sequence_id=sequence_id)
         return await future
 
     async def flush(self) -> None:

@@ -216,11 +216,15 @@ class Producer:
         timeout: float | None = 30.0,
         *,
         properties: Mapping[str, str] | None = None,
+        sequence_id: int | None = None,
     ) -> int:
         """Send and block until stored; returns the message's position.
 
         ``properties``: str keys and values sent with the message (at most 128, keys of at most 256
         characters, 64 KiB encoded); :class:`PropertiesError` refuses others and sends nothing.
+        ``sequence_id``: the message's own sequence id, above the ones this producer sent before to its
+        partition: a message sent again with the same id is stored once, and answered with the position
+        it was stored at (:meth:`AsyncProducer.send_async <keyfailover.client.aio.AsyncProducer.send_async>`).
         """
         done = threading.Event()
         outcome: list[int | BaseException | None] = [None]
@@ -230,7 +234,7 @@ class Producer:
             outcome[0] = error if error is not None else position
             done.set()
 
-        self._producer.send_async(payload, key, callback, properties=properties)
+        self._producer.send_async(payload, key, callback, properties=properties, sequence_id=sequence_id)
         if not done.wait(timeout):
             raise Timeout(f"message not confirmed within {timeout} s (it may still be stored)")
         result = outcome[0]
@@ -246,12 +250,13 @@ class Producer:
         callback: SendCallback | None = None,
         *,
         properties: Mapping[str, str] | None = None,
+        sequence_id: int | None = None,
     ) -> None:
         """Queue a message; ``callback(position, error)`` runs on the client's thread when stored.
 
-        ``properties`` as for :meth:`send`; refused ones raise :class:`PropertiesError` here, queuing nothing.
+        ``properties`` and ``sequence_id`` as for :meth:`send`; refused ones raise here, queuing nothing.
         """
-        self._producer.send_async(payload, key, callback, properties=properties)
+        self._producer.send_async(payload, key, callback, properties=properties, sequence_id=sequence_id)
 
     def flush(self, timeout: float | None = 60.0) -> None:
         """Block until every message sent so far is stored."""

@@ -503,16 +503,21 @@ def process_in_key_order(  # noqa: PLR0917  (the issue's positional signature)
     return parted.select(*columns).mapInArrow(run, out_schema)
 
 
-def local_session(app_name: str, *, cores: int = 2, config: Mapping[str, str] | None = None) -> SparkSession:
+def local_session(
+    app_name: str, *, cores: int = 2, task_attempts: int = 1, config: Mapping[str, str] | None = None
+) -> SparkSession:
     """A ``local[cores]`` SparkSession on loopback, without the web UI and progress bars (or the one running).
 
     Python workers run this interpreter unless ``PYSPARK_PYTHON`` names another (it is set
-    when missing). ``config`` adds or overrides Spark settings. When :data:`POSTGRESQL_JDBC_JAR`
-    exists it goes first in ``spark.jars`` (before any jar ``config`` names), so
-    :func:`read_log` can use it: a JVM takes its jars when it starts, not later.
+    when missing). ``task_attempts``: how often a failing task runs before its job fails; local
+    mode runs it once unless told in the master URL, ``local[cores,attempts]``, where Spark reads it
+    (``spark.task.maxFailures`` is not read in local mode). ``config`` adds or overrides Spark
+    settings. When :data:`POSTGRESQL_JDBC_JAR` exists it goes first in ``spark.jars`` (before any jar
+    ``config`` names), so :func:`read_log` can use it: a JVM takes its jars when it starts, not later.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
+    master = f"local[{cores}]" if task_attempts == 1 else f"local[{cores},{task_attempts}]"
+    builder = SparkSession.builder.master(master).appName(app_name)
     settings = {
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",

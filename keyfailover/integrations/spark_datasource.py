@@ -1,0 +1,37 @@
+"""The ``keyfailover`` format of Spark's Python Data Source API, registered by :func:`register`.
+
+One :class:`KeyFailoverDataSource` answers for the format; each of its methods hands over to the
+module of its role: the sink's writers in :mod:`keyfailover.integrations.spark_sink`.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import DataSource
+from pyspark.sql.types import StructType
+
+from keyfailover.integrations.spark_sink import KeyFailoverStreamWriter, KeyFailoverWriter, batch_writer, stream_writer
+
+__all__ = ["KeyFailoverDataSource", "register"]
+
+
+class KeyFailoverDataSource(DataSource):
+    """``format("keyfailover")``: writes to a keyfailover topic, exactly once."""
+
+    @classmethod
+    def name(cls) -> str:
+        """The format's name."""
+        return "keyfailover"
+
+    def writer(self, schema: StructType, overwrite: bool) -> KeyFailoverWriter:
+        """The writer of ``df.write.format("keyfailover")``."""
+        return batch_writer(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> KeyFailoverStreamWriter:  # noqa: N802  (Spark's name)
+        """The writer of ``df.writeStream.format("keyfailover")``."""
+        return stream_writer(self.options, schema, overwrite)
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``format("keyfailover")`` known to ``spark``'s readers and writers."""
+    spark.dataSource.register(KeyFailoverDataSource)

@@ -14,11 +14,14 @@ from keyfailover.integrations.spark import (
     with_key_hash,
     with_range_id,
 )
+from keyfailover.integrations.spark_source import KeyFailoverDataSource, SourceOptionError, register
 
 __all__ = [
     "POSTGRESQL_JDBC_JAR",
+    "KeyFailoverDataSource",
     "KeyFunction",
     "RangeMapSource",
+    "SourceOptionError",
     "load_range_map",
     "local_session",
     "owner_column",
@@ -26,6 +29,7 @@ __all__ = [
     "partition_by_ranges",
     "process_in_key_order",
     "read_log",
+    "register",
     "with_key_hash",
     "with_range_id",
 ]

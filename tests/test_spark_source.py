@@ -422,6 +422,40 @@ def test_a_once_trigger_reads_everything_available_in_one_batch(
     _check_batches(batches, server.log("once"))
 
 
+def test_latest_starts_after_what_the_log_held_when_the_query_started(
+    source: SparkSession, server: Server, tmp_path: Path
+) -> None:
+    server.produce("late", range(10))
+    batches = Batches()
+    query = _stream(
+        source,
+        batches,
+        tmp_path / "checkpoint",
+        {"processingTime": "0 seconds"},
+        url=server.url,
+        topic="late",
+        startingPositions="latest",
+    )
+    sent = iter(range(10, 100_000))
+    with Client(server.url) as client:
+        producer = client.create_producer("late")
+
+        def one_more_and_read() -> bool:
+            """Produce one message; whether the query has read any yet."""
+            i = next(sent)
+            producer.send(f"payload-{i}".encode(), "k")
+            return bool(batches.all()) or query.exception() is not None
+
+        try:
+            wait_until(one_more_and_read, "a micro-batch of messages produced after the start", 120)
+        finally:
+            query.stop()
+    assert query.exception() is None
+    read = sorted(row[4] for row in batches.all())
+    assert read[0] > 10  # none of the ten before the start
+    assert read == list(range(read[0], read[-1] + 1))  # from the first one read on, every message once
+
+
 @pytest.mark.parametrize(
     ("options", "expected"),
     [

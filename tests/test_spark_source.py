@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import trustme
 from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.errors import PySparkException
@@ -153,21 +154,50 @@ def test_a_plan_by_ranges_reads_each_slot_once_and_each_partitions_keyless_messa
     assert plan_by_partition(start, end)[1][0].after == plan_by_partition(start, end)[1][0].last == 3
 
 
-def test_connecting_names_the_url_the_token_or_the_ca_file_at_fault(tmp_path: Path) -> None:
-    with ServerThread(ServerConfig(data_dir=tmp_path / "data", token="s3cret")) as guarded:
-        given = {"url": guarded.url, "topic": "t"}
-        with pytest.raises(SourceOptionError, match=r"option token: the server at .* refused the connection"):
-            connect(SourceOptions.parse({**given, "token": "wrong"}))
-        with connect(SourceOptions.parse({**given, "token": "s3cret"})) as client:
-            assert client.log_ends("t") == [0]
-        with pytest.raises(SourceOptionError, match=r"option tlsCa is given but url .* is plain TCP"):
-            connect(SourceOptions.parse({**given, "tlsCa": str(tmp_path)}))
-        secure = {"url": guarded.url.replace("kf://", "kf+ssl://"), "topic": "t"}
-        with pytest.raises(SourceOptionError, match=r"option tlsCa is .*, which is not a file"):
-            connect(SourceOptions.parse({**secure, "tlsCa": str(tmp_path)}))
-        (tmp_path / "ca.pem").write_text("not a certificate")
-        with pytest.raises(SourceOptionError, match="option tlsCa: cannot load the CA file"):
-            connect(SourceOptions.parse({**secure, "tlsCa": str(tmp_path / "ca.pem")}))
+class Secured:
+    """A server over TLS that requires a token, with its CA file and a CA that did not sign it."""
+
+    def __init__(self, folder: Path, server: ServerThread) -> None:
+        self.folder = folder
+        self.server = server
+        self.url = server.url.replace("kf://", "kf+ssl://")
+        self.ca = folder / "ca.pem"
+        self.other_ca = folder / "other-ca.pem"
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
+    """A TLS server in this process, its certificate from a throwaway CA, requiring the token ``s3cret``."""
+    folder = tmp_path_factory.mktemp("secured")
+    authority = trustme.CA()
+    authority.cert_pem.write_to_path(str(folder / "ca.pem"))
+    trustme.CA().cert_pem.write_to_path(str(folder / "other-ca.pem"))
+    certificate = authority.issue_cert("127.0.0.1")
+    certificate.cert_chain_pems[0].write_to_path(str(folder / "server.pem"))
+    certificate.private_key_pem.write_to_path(str(folder / "server.key"))
+    config = ServerConfig(
+        data_dir=folder / "data", token="s3cret", tls_cert=folder / "server.pem", tls_key=folder / "server.key"
+    )
+    with ServerThread(config) as server:
+        yield Secured(folder, server)
+
+
+def test_connecting_names_the_url_the_token_or_the_ca_file_at_fault(secured: Secured) -> None:
+    given = {"url": secured.url, "topic": "t", "tlsCa": str(secured.ca)}
+    with pytest.raises(SourceOptionError, match=r"option token: the server at .* refused the connection"):
+        connect(SourceOptions.parse({**given, "token": "wrong"}))
+    with connect(SourceOptions.parse({**given, "token": "s3cret"})) as client:
+        assert client.log_ends("t") == [0]
+    plain = {"url": secured.server.url, "topic": "t"}
+    with pytest.raises(SourceOptionError, match=r"option tlsCa is given but url .* is plain TCP"):
+        connect(SourceOptions.parse({**plain, "tlsCa": str(secured.ca)}))
+    with pytest.raises(SourceOptionError, match=r"option tlsCa is .*, which is not a file"):
+        connect(SourceOptions.parse({**given, "tlsCa": str(secured.folder)}))
+    (secured.folder / "not-a-ca.pem").write_text("not a certificate")
+    with pytest.raises(SourceOptionError, match="option tlsCa: cannot load the CA file"):
+        connect(SourceOptions.parse({**given, "tlsCa": str(secured.folder / "not-a-ca.pem")}))
+    with pytest.raises(SourceOptionError, match=r"option tlsCa: cannot connect to .* over TLS: .*CERTIFICATE_VERIFY"):
+        connect(SourceOptions.parse({**given, "tlsCa": str(secured.other_ca), "token": "s3cret"}))
 
 
 # -- on Spark, against a server ----------------------------------------------------------------------------------
@@ -497,6 +527,15 @@ def test_a_store_is_read_as_its_brokers_would_serve_it(source: SparkSession, pos
     assert all(row[5] == (None if row[0] is None else key_hash(row[0])) for row in rows)
     with pytest.raises(PySparkException, match="option store: cannot read the log at"):
         source.read.format("keyfailover").options(store=f"postgresql://kf@127.0.0.1:{free_port()}/kf", topic="t").load()
+
+
+def test_a_read_over_tls_with_a_token(source: SparkSession, secured: Secured) -> None:
+    with Client(secured.url, "s3cret", tls_ca=secured.ca) as client:
+        producer = client.create_producer("secure")
+        positions = [producer.send(f"m{i}".encode(), f"k{i % 3}") for i in range(6)]
+    options = {"url": secured.url, "topic": "secure", "token": "s3cret", "tlsCa": str(secured.ca), "ranges": "2"}
+    df = source.read.format("keyfailover").options(**options).load()
+    assert sorted(row.position for row in df.collect()) == positions
 
 
 def test_latest_reads_nothing_in_a_bounded_read(source: SparkSession, server: Server) -> None:

@@ -3,9 +3,11 @@ SparkSession against a real ``keyfailover serve`` process, and every bad option 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import urllib.request
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,9 +23,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 
 from keyfailover.broker.server import ServerConfig
+from keyfailover.broker.storage.postgresql import PostgresLog
+from keyfailover.broker.storage.records import Message
 from keyfailover.client import Client, LogEntry
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
-from keyfailover.core.partitions import partition_slots
+from keyfailover.core.partitions import partition_of_key, partition_slots
 from keyfailover.integrations._source_plan import (
     SourceOptionError,
     SourceOptions,
@@ -527,6 +531,37 @@ def test_a_store_is_read_as_its_brokers_would_serve_it(source: SparkSession, pos
     assert all(row[5] == (None if row[0] is None else key_hash(row[0])) for row in rows)
     with pytest.raises(PySparkException, match="option store: cannot read the log at"):
         source.read.format("keyfailover").options(store=f"postgresql://kf@127.0.0.1:{free_port()}/kf", topic="t").load()
+
+
+def test_a_store_cut_into_ranges_reads_whole_keys_in_order(source: SparkSession, postgres: PostgreSQL) -> None:
+    topic = f"ranged-{uuid.uuid4().hex[:8]}"
+    stored: list[tuple[int, int, Key, bytes]] = []
+
+    async def write() -> None:
+        """Each message to its key's partition, as brokers store them, in batches of ten."""
+        log = await PostgresLog.connect(postgres.dsn)
+        try:
+            leases = [await log.open_partition(topic, partition, "broker-1") for partition in range(PARTITIONS)]
+            for first in range(0, 200, 10):
+                by_partition: dict[int, list[Message]] = defaultdict(list)
+                for i in range(first, first + 10):
+                    key, payload, _ = _hot_message(i)
+                    assert key is not None
+                    by_partition[partition_of_key(key, PARTITIONS)].append((None, key, payload))
+                for partition, mine in sorted(by_partition.items()):
+                    appended = await log.append(leases[partition], None, mine, publish_time=1_750_000_000_000_000)
+                    for (position, _), (_, key, payload) in zip(appended, mine, strict=True):
+                        stored.append((partition, position, key, payload))
+        finally:
+            await log.close()
+
+    asyncio.run(write())
+    df = source.read.format("keyfailover").options(store=postgres.dsn, topic=topic, ranges="3").load()
+    assert df.rdd.getNumPartitions() == 3
+    rows = _rows(df)
+    _check_order_and_whole_keys(rows)
+    assert sorted((row[3], row[4], row[0], row[1]) for row in rows) == sorted(stored)
+    assert len({row[8] for row in rows}) >= 2
 
 
 def test_a_read_over_tls_with_a_token(source: SparkSession, secured: Secured) -> None:

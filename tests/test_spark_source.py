@@ -114,6 +114,12 @@ def test_admission_takes_at_most_the_limit_split_by_backlog(logs: list[tuple[int
         assert all(abs(t - most * b / sum(backlogs)) < 1 for t, b in zip(taken, backlogs, strict=True))
 
 
+def test_partitions_that_appear_later_are_read_from_their_first_position() -> None:
+    end = admit({"0": 1}, [0, 5, 2], 4)
+    assert end == {"0": 1, "1": 4, "2": 2}
+    assert [tasks[0][1:3] for tasks in plan_by_partition({"0": 1}, end)] == [(0, 0), (0, 3), (0, 1)]
+
+
 def test_admission_refuses_an_offset_beyond_the_log() -> None:
     with pytest.raises(Exception, match="starts partition 1 at position 9, but its log ends at 3"):
         admit({"0": 1, "1": 9}, [4, 3], None)

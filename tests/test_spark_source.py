@@ -40,9 +40,10 @@ from keyfailover.integrations._source_plan import (
     starting_offsets,
 )
 from keyfailover.spark import register
-from keyfailover.tools.services import PostgreSQL, free_port
+from keyfailover.tools.services import PostgreSQL, ZooKeeper, free_port
 from keyfailover.wire.protocol import Key
 from tests.server_process import ServerProcess, ServerThread, wait_until
+from tests.test_cluster_failover import running
 from tests.test_store_read import as_text, write_topic
 from tests.tiers import starts_processes
 
@@ -224,15 +225,15 @@ def _message(i: int) -> tuple[Key, bytes, dict[str, str] | None]:
 
 
 class Server:
-    """The module's server, with what each test produced to it."""
+    """A server or a cluster at ``url``, to produce to and read back from; ``process`` a single server's."""
 
-    def __init__(self, process: ServerProcess) -> None:
+    def __init__(self, url: str, process: ServerProcess | None = None) -> None:
         self.process = process
-        self.url = process.url
+        self.url = url
 
     def create(self, topic: str, partitions: int = PARTITIONS) -> None:
-        """Create ``topic`` with ``partitions`` through the admin endpoint."""
-        assert self.process.admin_url is not None
+        """Create ``topic`` with ``partitions`` through the single server's admin endpoint."""
+        assert self.process is not None and self.process.admin_url is not None
         request = urllib.request.Request(
             f"{self.process.admin_url}/topics?topic={topic}&partitions={partitions}", method="POST"
         )
@@ -266,7 +267,7 @@ class Server:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One ``keyfailover serve --data-dir`` process for the module's Spark tests, stopped at the end."""
     with ServerProcess(tmp_path_factory.mktemp("source") / "data", "--metrics-port", "0") as process:
-        yield Server(process)
+        yield Server(process.url, process)
 
 
 @pytest.fixture(scope="module")
@@ -568,6 +569,26 @@ def test_a_store_cut_into_ranges_reads_whole_keys_in_order(source: SparkSession,
     _check_order_and_whole_keys(rows)
     assert sorted((row[3], row[4], row[0], row[1]) for row in rows) == sorted(stored)
     assert len({row[8] for row in rows}) >= 2
+
+
+def test_a_stream_of_a_cluster_follows_its_partitions_across_a_broker_loss(
+    source: SparkSession, zookeeper: ZooKeeper, postgres: PostgreSQL, tmp_path: Path
+) -> None:
+    cluster = f"zk://{zookeeper.hosts}/kf-source-{uuid.uuid4().hex[:8]}"
+    with running(cluster, postgres, 2, PARTITIONS) as (topic, (first, second)):
+        brokers = Server(f"kf://127.0.0.1:{second.port},127.0.0.1:{first.port}")
+        brokers.produce(topic, range(120))
+        batches = Batches()
+        options = {"url": brokers.url, "topic": topic, "maxMessagesPerTrigger": "50", "ranges": "3"}
+        checkpoint = tmp_path / "checkpoint"
+        query = _stream(source, batches, checkpoint, {"availableNow": True}, **options)
+        assert query.awaitTermination(120) and query.exception() is None
+        second.kill()  # the first broker named in url: the source and the producer go to the other
+        brokers.produce(topic, range(120, 200))
+        query = _stream(source, batches, checkpoint, {"availableNow": True}, **options)
+        assert query.awaitTermination(120) and query.exception() is None
+        _check_batches(batches, brokers.log(topic))
+        assert len(batches.all()) == 200
 
 
 def test_a_read_over_tls_with_a_token(source: SparkSession, secured: Secured) -> None:

@@ -11,7 +11,8 @@ refusal is a :class:`SourceOptionError` that names the option and says what was 
 ``maxMessagesPerTrigger``. :func:`plan_by_partition` and :func:`plan_by_ranges` cut a batch into
 :class:`ReadTask` lists, one list per Spark partition; :func:`cut_by_traffic` cuts the slot space
 into contiguous ranges that carry equal shares of a sample's traffic, which :func:`sample_traffic`
-reads from the batch.
+reads from the batch. :func:`connect` gives the :class:`LogReader` every read goes through: a client
+of the server at ``url``, or a :class:`~keyfailover.integrations._source_store.StoreLog` of ``store``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The keyfailover Spark source: ``spark.readStream.format("keyfailover")`` and ``spark.read.format("keyfailover")``.
 
 A Python data source (PySpark's ``pyspark.sql.datasource``) that reads a topic's log by position with the
-native client's :meth:`~keyfailover.client.Client.read`: it is not a consumer, it takes no permits and
-moves no cursor. :func:`register` makes the format known to a session.
+native client's :meth:`~keyfailover.client.Client.read`, or a cluster's PostgreSQL log directly with the
+``store`` option: it is not a consumer, it takes no permits and moves no cursor. :func:`register` makes
+the format known to a session.
 
 Where each part runs: Spark creates :class:`KeyFailoverDataSource` on the driver when ``load()`` is
 called, and :meth:`KeyFailoverDataSource.schema` checks the options and the server there, so a wrong

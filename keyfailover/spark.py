@@ -14,14 +14,12 @@ from keyfailover.integrations.spark import (
     with_key_hash,
     with_range_id,
 )
-from keyfailover.integrations.spark_source import KeyFailoverDataSource, SourceOptionError, register
+from keyfailover.integrations.spark_datasource import register
 
 __all__ = [
     "POSTGRESQL_JDBC_JAR",
-    "KeyFailoverDataSource",
     "KeyFunction",
     "RangeMapSource",
-    "SourceOptionError",
     "load_range_map",
     "local_session",
     "owner_column",

@@ -2,12 +2,13 @@
 
 A Python data source (PySpark's ``pyspark.sql.datasource``) that reads a topic's log by position with the
 native client's :meth:`~keyfailover.client.Client.read`, or a cluster's PostgreSQL log directly with the
-``store`` option: it is not a consumer, it takes no permits and moves no cursor. :func:`register` makes
-the format known to a session.
+``store`` option: it is not a consumer, it takes no permits and moves no cursor. The format's one data
+source class, :mod:`keyfailover.integrations.spark_datasource`, hands its reads over to
+:func:`read_schema`, :func:`batch_reader` and :func:`stream_reader` here.
 
-Where each part runs: Spark creates :class:`KeyFailoverDataSource` on the driver when ``load()`` is
-called, and :meth:`KeyFailoverDataSource.schema` checks the options and the server there, so a wrong
-option fails ``load()`` itself. The stream reader's offsets, admission control and planning run on the
+Where each part runs: Spark creates the data source on the driver when ``load()`` is called and asks it
+for its schema, and :func:`read_schema` checks the options and the server there, so a wrong option fails
+``load()`` itself. The stream reader's offsets, admission control and planning run on the
 driver, in one Python process for the query's life, with one client; each Spark task reads its part of
 a micro-batch in an executor's Python worker, with a client of its own. The planning itself, with no
 Spark in it, is :mod:`keyfailover.integrations._source_plan`.
@@ -15,11 +16,10 @@ Spark in it, is :mod:`keyfailover.integrations._source_plan`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql import SparkSession
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import (
@@ -56,22 +56,18 @@ if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
 
 __all__ = [
-    "KeyFailoverDataSource",
     "KeyFailoverReader",
     "KeyFailoverStreamReader",
     "SourceOptionError",
     "SourcePartition",
-    "register",
+    "batch_reader",
+    "read_schema",
     "source_schema",
+    "stream_reader",
 ]
 
 _PAGE = 1000
 """Messages a task asks for in one read."""
-
-
-def register(spark: SparkSession) -> None:
-    """Make ``format("keyfailover")`` known to ``spark``, for ``read`` and ``readStream``."""
-    spark.dataSource.register(KeyFailoverDataSource)
 
 
 def source_schema(binary_keys: bool) -> StructType:
@@ -104,47 +100,45 @@ class SourcePartition(InputPartition):
         return tasks
 
 
-class KeyFailoverDataSource(DataSource):
-    """``format("keyfailover")``: a topic's log, bounded (``read``) or as a stream (``readStream``)."""
+def _options(given: Mapping[str, str], schema: StructType | None = None) -> SourceOptions:
+    """The options ``given``, checked; with ``schema``, a schema given with ``.schema(...)`` must have the source's
+    columns and types."""
+    options = SourceOptions.parse(given)
+    if schema is not None and schema.simpleString() != source_schema(options.binary_keys).simpleString():
+        raise KeyFailoverError(
+            f"the keyfailover source has a fixed schema, {source_schema(options.binary_keys).simpleString()}, "
+            f"not {schema.simpleString()}: expected no .schema(...) on the reader, or option binaryKeys for "
+            "binary keys"
+        )
+    return options
 
-    @classmethod
-    def name(cls) -> str:
-        """The format's name."""
-        return "keyfailover"
 
-    def _options(self, schema: StructType | None = None) -> SourceOptions:
-        """The options, checked; with ``schema``, a schema given with ``.schema(...)`` must have the source's columns
-        and types."""
-        options = SourceOptions.parse(self.options)
-        if schema is not None and schema.simpleString() != source_schema(options.binary_keys).simpleString():
-            raise KeyFailoverError(
-                f"the keyfailover source has a fixed schema, {source_schema(options.binary_keys).simpleString()}, "
-                f"not {schema.simpleString()}: expected no .schema(...) on the reader, or option binaryKeys for "
-                "binary keys"
-            )
-        return options
+def read_schema(given: Mapping[str, str]) -> StructType:
+    """The columns of ``spark.read`` and ``spark.readStream``, once the options are checked, the server reached
+    and ``startingPositions`` checked against the topic's log: a wrong option fails ``load()``, before any
+    batch."""
+    options = _options(given)
+    with connect(options) as client:
+        check_starting(options.starting, client.log_ends(options.topic, READ_TIMEOUT))
+    return source_schema(options.binary_keys)
 
-    def schema(self) -> StructType:
-        """The columns, once the options are checked, the server reached and ``startingPositions`` checked against
-        the topic's log: a wrong option fails ``load()``, before any batch."""
-        options = self._options()
-        with connect(options) as client:
-            check_starting(options.starting, client.log_ends(options.topic, READ_TIMEOUT))
-        return source_schema(options.binary_keys)
 
-    def reader(self, schema: StructType) -> KeyFailoverReader:
-        """The bounded read: from ``startingPositions`` to where each partition's log ends when it is planned."""
-        options = self._options(schema)
-        if options.starting == "latest":
-            raise SourceOptionError(
-                "option startingPositions is latest, which reads nothing in a bounded read: expected earliest or "
-                "a JSON object of partition to position"
-            )
-        return KeyFailoverReader(options, schema)
+def batch_reader(given: Mapping[str, str], schema: StructType) -> KeyFailoverReader:
+    """The reader of ``spark.read.format("keyfailover")``: from ``startingPositions`` to where each partition's
+    log ends when it is planned."""
+    options = _options(given, schema)
+    if options.starting == "latest":
+        raise SourceOptionError(
+            "option startingPositions is latest, which reads nothing in a bounded read: expected earliest or "
+            "a JSON object of partition to position"
+        )
+    return KeyFailoverReader(options, schema)
 
-    def streamReader(self, schema: StructType) -> KeyFailoverStreamReader:  # noqa: N802  (PySpark's name)
-        """The stream: micro-batches from ``startingPositions``, or from a checkpoint's offset, on."""
-        return KeyFailoverStreamReader(self._options(schema), schema)
+
+def stream_reader(given: Mapping[str, str], schema: StructType) -> KeyFailoverStreamReader:
+    """The reader of ``spark.readStream.format("keyfailover")``: micro-batches from ``startingPositions``, or from
+    a checkpoint's offset, on."""
+    return KeyFailoverStreamReader(_options(given, schema), schema)
 
 
 def _plan(client: LogReader, options: SourceOptions, start: Offsets, end: Offsets) -> list[SourcePartition]:

@@ -685,8 +685,7 @@ class DispatcherMachine(RuleBasedStateMachine):
         assert (taken, rejected) == expected
         returned = set(taken)
         for position in taken:
-            if model.messages[position].kb is not None and not model.unordered and position not in model.loose:
-                returned.update(model.later_of_key(consumer, position))
+            returned.update(model.later_of_key(consumer, position))
         for position in returned:
             del model.holder[position]
             model.deadline.pop(position, None)

@@ -359,11 +359,6 @@ def _make_message(position: int, key: Key, payload: Any, first: int = 0, size: i
     return _Message(position, text, kb, slot, payload)
 
 
-def _ordered_key(message: _Message, unordered: bool) -> bytes | None:
-    """The key whose order ``message``, in flight, keeps (G2): None when keyless or delivered in unordered mode."""
-    return None if unordered or message.flags & _LOOSE else message.kb
-
-
 def _key_of(message: _Message) -> Key:
     """The key ``message`` was published with (a str decoded again from its bytes)."""
     kb = message.kb
@@ -1194,11 +1189,13 @@ class Dispatcher:
 
         As if :meth:`poll` had never made them: each goes back to pending ahead of its key (G2),
         with its permit; no redelivery or failure is counted, and ``cid`` is not stuck. Every
-        later delivery of their keys on ``cid`` comes back with them (G2: an IO layer sends a
-        consumer's deliveries in the order ``poll`` made them, so what did not go out includes
-        those). A rejected position (not in flight on ``cid``, a repeat included) changes nothing. Without this, a
-        delivery lost before it was sent would hold its key until its lease ended (forever
-        without leases), and its permit would be gone for good: the consumer would wait for it.
+        later delivery of their keys on ``cid`` comes back with them, in either consume mode, as
+        for a nack (G2: an IO layer sends a consumer's deliveries in the order ``poll`` made them,
+        so what did not go out includes those; and a key's ordered deliveries made before a switch
+        to unordered mode must not be left in flight behind a returned one). A rejected position
+        (not in flight on ``cid``, a repeat included) changes nothing. Without this, a delivery
+        lost before it was sent would hold its key until its lease ended (forever without
+        leases), and its permit would be gone for good: the consumer would wait for it.
         """
         consumer = self._consumer(cid)
         inflight = consumer.inflight
@@ -1213,13 +1210,13 @@ class Dispatcher:
                 continue
             taken.append(position)
             messages[position] = message
-            kb = _ordered_key(message, self._unordered)
+            kb = message.kb
             if kb is not None and position < firsts.get(kb, position + 1):
                 firsts[kb] = position
         if not messages:
             return taken, rejected
         for message in inflight.values():
-            kb = _ordered_key(message, self._unordered)
+            kb = message.kb
             if kb is not None and message.position >= firsts.get(kb, message.position + 1):
                 messages[message.position] = message
         if consumer.unacked_blocked:

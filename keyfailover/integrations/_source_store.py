@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from keyfailover.client import LogEntries, LogEntry
 from keyfailover.core.hashing import key_hash
-from keyfailover.integrations._store import StoreURL, no_log_error, unreadable_error
+from keyfailover.integrations._store import StoreURL, run_store_step
 from keyfailover.wire.properties import decode_properties
 
 __all__ = ["StoreLog"]
@@ -114,17 +114,7 @@ class StoreLog:
 
     def _run(self, step: Awaitable[_T]) -> _T:
         """Run one step on the loop; a failure of the store becomes a :class:`LogError` saying so."""
-        import asyncpg
-
-        async def awaited() -> _T:
-            return await step
-
-        try:
-            return self._runner.run(awaited())
-        except asyncpg.UndefinedTableError:
-            raise no_log_error(self._store) from None
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise unreadable_error(self._store, str(exc) or type(exc).__name__) from None
+        return run_store_step(self._runner, self._store, step)
 
     def close(self) -> None:
         """Close the connection and the loop."""

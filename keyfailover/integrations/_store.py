@@ -8,12 +8,17 @@ same failures in the same words. A topic's partitions are its rows in ``kf_parti
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import unquote, urlsplit
 
 from keyfailover.core.errors import LogError
 
-__all__ = ["StoreURL", "check_topic", "no_log_error", "unknown_topic_error", "unreadable_error"]
+__all__ = ["StoreURL", "check_topic", "no_log_error", "run_store_step", "unknown_topic_error", "unreadable_error"]
+
+_T = TypeVar("_T")
 
 STORE_URL_FORM = "postgresql://user[:password]@host[:port]/database"
 DEFAULT_PORT = 5432
@@ -108,3 +113,19 @@ def _without_password(text: str) -> str:
     credentials, at, host = netloc.rpartition("@")
     user, colon, _ = credentials.partition(":")
     return text.replace(netloc, f"{user}:***@{host}", 1) if at and colon else text
+
+
+def run_store_step(runner: asyncio.Runner, store: StoreURL, step: Awaitable[_T]) -> _T:
+    """Run one asyncpg ``step`` of a conversation with ``store`` on ``runner``: a store without the log's tables
+    is :func:`no_log_error`, any other failure of the store :func:`unreadable_error`."""
+    import asyncpg
+
+    async def awaited() -> _T:
+        return await step
+
+    try:
+        return runner.run(awaited())
+    except asyncpg.UndefinedTableError:
+        raise no_log_error(store) from None
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise unreadable_error(store, str(exc) or type(exc).__name__) from None

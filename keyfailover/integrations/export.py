@@ -36,9 +36,8 @@ from keyfailover.core.errors import InvalidKeyError, LogError, LogFileError
 from keyfailover.integrations._store import (
     StoreURL,
     check_topic,
-    no_log_error,
+    run_store_step,
     unknown_topic_error,
-    unreadable_error,
 )
 from keyfailover.wire.properties import decode_properties
 
@@ -287,17 +286,7 @@ class _StoreReader:
 
     def _run(self, step: Awaitable[_T]) -> _T:
         """Run one step of the conversation; a failure of the store becomes a :class:`LogError` saying so."""
-        import asyncpg
-
-        async def awaited() -> _T:
-            return await step
-
-        try:
-            return self._runner.run(awaited())
-        except asyncpg.UndefinedTableError:
-            raise no_log_error(self._store) from None
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise unreadable_error(self._store, str(exc) or type(exc).__name__) from None
+        return run_store_step(self._runner, self._store, step)
 
     def _close(self) -> None:
         """Close the connection (its transaction read, so ending it any way loses nothing) and the loop."""

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from keyfailover.client import LogEntries, LogEntry
 from keyfailover.core.hashing import key_hash
-from keyfailover.integrations._store import StoreURL, run_store_step
+from keyfailover.integrations._store import StoreURL, connect_store, run_store_step
 from keyfailover.wire.properties import decode_properties
 
 __all__ = ["StoreLog"]
@@ -33,22 +33,11 @@ class StoreLog:
 
     def __init__(self, store: StoreURL) -> None:
         """Connect to ``store``; a :class:`~keyfailover.core.errors.LogError` when it cannot be read."""
-        import asyncpg
-
         self._store = store
         self._runner = asyncio.Runner()
         self._connection: Any = None
         try:
-            self._connection = self._run(
-                asyncpg.connect(
-                    host=store.host,
-                    port=store.port,
-                    user=store.user,
-                    password=store.password,
-                    database=store.database,
-                    timeout=_TIMEOUT,
-                )
-            )
+            self._connection = connect_store(self._runner, store, _TIMEOUT)
         except BaseException:
             self.close()
             raise

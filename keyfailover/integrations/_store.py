@@ -11,12 +11,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from keyfailover.core.errors import LogError
 
-__all__ = ["StoreURL", "check_topic", "no_log_error", "run_store_step", "unknown_topic_error", "unreadable_error"]
+__all__ = [
+    "StoreURL",
+    "check_topic",
+    "connect_store",
+    "no_log_error",
+    "run_store_step",
+    "unknown_topic_error",
+    "unreadable_error",
+]
 
 _T = TypeVar("_T")
 
@@ -129,3 +137,22 @@ def run_store_step(runner: asyncio.Runner, store: StoreURL, step: Awaitable[_T])
         raise no_log_error(store) from None
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise unreadable_error(store, str(exc) or type(exc).__name__) from None
+
+
+def connect_store(runner: asyncio.Runner, store: StoreURL, timeout: float) -> Any:
+    """An asyncpg connection to ``store`` on ``runner``, made within ``timeout`` seconds; failures as
+    :func:`run_store_step` reports them."""
+    import asyncpg
+
+    return run_store_step(
+        runner,
+        store,
+        asyncpg.connect(
+            host=store.host,
+            port=store.port,
+            user=store.user,
+            password=store.password,
+            database=store.database,
+            timeout=timeout,
+        ),
+    )

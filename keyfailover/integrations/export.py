@@ -36,6 +36,7 @@ from keyfailover.core.errors import InvalidKeyError, LogError, LogFileError
 from keyfailover.integrations._store import (
     StoreURL,
     check_topic,
+    connect_store,
     run_store_step,
     unknown_topic_error,
 )
@@ -229,20 +230,9 @@ class _StoreReader:
         self._connection: Any = None
 
     def __enter__(self) -> _StoreReader:
-        import asyncpg
-
         store = self._store
         try:
-            self._connection = self._run(
-                asyncpg.connect(
-                    host=store.host,
-                    port=store.port,
-                    user=store.user,
-                    password=store.password,
-                    database=store.database,
-                    timeout=10,
-                )
-            )
+            self._connection = connect_store(self._runner, store, 10)
             self._run(self._connection.transaction(isolation="repeatable_read", readonly=True).start())
         except BaseException:
             self._close()

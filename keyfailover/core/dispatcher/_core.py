@@ -707,6 +707,13 @@ class Dispatcher:
         consumer = self._consumer(cid)
         if type(permits) is not int or permits < 0:
             raise PermitsError(f"permits must be a non-negative int, not {permits!r}")
+        self._give_permits(consumer, permits)
+        if consumer.stuck:
+            self._recover(consumer)
+
+    def _give_permits(self, consumer: _Consumer, permits: int) -> None:
+        """``permits`` more deliveries for ``consumer``: withheld while it is at its unacked limit; it is woken
+        when keys wait on it."""
         self._reread_due = True
         if consumer.unacked_blocked:
             consumer.withheld += permits
@@ -714,8 +721,6 @@ class Dispatcher:
             consumer.permits += permits
             if consumer.ready or consumer.adopted:
                 self._wake[consumer] = None
-        if consumer.stuck:
-            self._recover(consumer)
 
     # -- messages --------------------------------------------------------------------
 
@@ -1219,16 +1224,10 @@ class Dispatcher:
             kb = message.kb
             if kb is not None and message.position >= firsts.get(kb, message.position + 1):
                 messages[message.position] = message
-        if consumer.unacked_blocked:
-            consumer.withheld += len(messages)
-        else:
-            consumer.permits += len(messages)
-        self._reread_due = True
+        self._give_permits(consumer, len(messages))
         for state in self._return_inflight(consumer, list(messages.values()), "", counted=False):
             if not (state.draining or state.loose or state.backoff):
                 self._queue(state, self._owner_of_slot(state.slot))
-        if consumer.permits and (consumer.ready or consumer.adopted):
-            self._wake[consumer] = None
         return taken, rejected
 
     # -- reading ---------------------------------------------------------------------

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.request import urlopen
 
+from _local_server import LocalServer
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 
@@ -106,29 +106,6 @@ def spark_session() -> SparkSession:
     return local_session("keyfailover-spark-pipeline", config={"spark.sql.shuffle.partitions": "4"})
 
 
-class Server:
-    """``keyfailover serve`` with its admin endpoint, on free loopback ports, in a child process."""
-
-    def __init__(self, data_dir: Path) -> None:
-        command = [sys.executable, "-m", "keyfailover", "serve", "--data-dir", str(data_dir)]
-        command += ["--port", "0", "--metrics-port", "0"]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-        assert self.process.stdout is not None
-        listening = self.process.stdout.readline()
-        metrics = self.process.stdout.readline()
-        if not listening.startswith("listening on ") or not metrics.startswith("metrics on "):
-            self.stop()
-            raise SystemExit(f"keyfailover serve did not start: {listening!r} {metrics!r}")
-        self.url = "kf://" + listening.removeprefix("listening on ").strip()
-        self.admin_url = metrics.removeprefix("metrics on ").strip()
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=30)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-
-
 def wait_for_consumers(ranges_url: str, count: int, timeout: float = 30.0) -> None:
     """Return once ``count`` consumers own ranges (a consumer may own several)."""
     deadline = time.monotonic() + timeout
@@ -144,8 +121,7 @@ def wait_for_consumers(ranges_url: str, count: int, timeout: float = 30.0) -> No
 def demo(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="kf-spark-demo-") as folder:
         data, events_dir = Path(folder) / "data", Path(folder) / "events"
-        server = Server(data)
-        try:
+        with LocalServer(data) as server:
             print(f"server {server.url}, admin {server.admin_url}")
             ranges = f"{server.admin_url}/ranges?topic={TOPIC}&subscription={SUBSCRIPTION}"
             with Client(server.url) as client:
@@ -170,8 +146,6 @@ def demo(args: argparse.Namespace) -> int:
                 status = run_job(spark_session(), events_dir, ranges, args.out)
                 for consumer in consumers:
                     consumer.close()
-        finally:
-            server.stop()
     return status
 
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import re
-import subprocess
-import sys
 import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
@@ -33,9 +32,9 @@ from keyfailover.integrations.spark import (
     with_key_hash,
     with_range_id,
 )
+from tests.examples import example_module
 
 VECTORS = Path(__file__).resolve().parent / "vectors" / "key_hash.json"
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "spark_pipeline.py"
 
 UNEVEN = RangeMap.from_ranges(
     [
@@ -480,16 +479,18 @@ def test_process_in_key_order_rejects_rows_that_do_not_fit_the_schema(spark: Spa
 # -- the example ---------------------------------------------------------------------------
 
 
-def test_example_pipeline_runs_end_to_end(java: str, tmp_path: Path) -> None:
-    arguments = ["--demo", "--count", "3000", "--accounts", "120", "--consumers", "5", "--out", str(tmp_path / "o")]
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLE), *arguments], capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+def test_example_pipeline_runs_end_to_end(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    arguments = argparse.Namespace(count=3_000, accounts=120, consumers=5, seed=7, out=tmp_path / "o")
+    with example_module("spark_pipeline") as example:
+        status = example.demo(arguments)
+    printed = capsys.readouterr().out
+    assert status == 0, printed
     # Five joins under the server's default multi-range policy leave some consumer with several ranges.
-    counts = {int(n) for n in re.findall(r"^  consumer-\d\s+(\d+) range\(s\)", done.stdout, re.MULTILINE)}
-    assert len(counts) > 1 and max(counts) > 1, done.stdout
-    assert "owner check: 120 accounts, Spark owner == RangeMap.owner_of for 120, mismatches 0" in done.stdout
-    assert "balance check: 120 accounts, final balance == sum of amounts, mismatches 0" in done.stdout
+    counts = {int(n) for n in re.findall(r"^  consumer-\d\s+(\d+) range\(s\)", printed, re.MULTILINE)}
+    assert len(counts) > 1 and max(counts) > 1, printed
+    assert "owner check: 120 accounts, Spark owner == RangeMap.owner_of for 120, mismatches 0" in printed
+    assert "balance check: 120 accounts, final balance == sum of amounts, mismatches 0" in printed
     written = sorted(path.name for path in (tmp_path / "o").iterdir() if path.is_dir())
     assert written == [f"owner=consumer-{i}" for i in range(1, 6)]

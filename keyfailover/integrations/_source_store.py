@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from keyfailover.client import LogEntries, LogEntry
 from keyfailover.core.hashing import key_hash
-from keyfailover.integrations._store import StoreURL, connect_store, run_store_step
+from keyfailover.integrations._store import StoreURL, close_store, connect_store, run_store_step
 from keyfailover.wire.properties import decode_properties
 
 __all__ = ["StoreLog"]
@@ -107,14 +107,8 @@ class StoreLog:
 
     def close(self) -> None:
         """Close the connection and the loop."""
-        try:
-            if self._connection is not None:
-                self._runner.run(self._connection.close(timeout=_TIMEOUT))
-        except Exception:
-            self._connection.terminate()
-        finally:
-            self._connection = None
-            self._runner.close()
+        connection, self._connection = self._connection, None
+        close_store(self._runner, connection)
 
     def __enter__(self) -> StoreLog:
         return self

@@ -156,3 +156,16 @@ def connect_store(runner: asyncio.Runner, store: StoreURL, timeout: float) -> An
             timeout=timeout,
         ),
     )
+
+
+def close_store(runner: asyncio.Runner, connection: Any) -> None:
+    """Close ``connection``, if any, terminating it when the store does not answer the close, then ``runner``."""
+    import asyncpg
+
+    try:
+        if connection is not None:
+            runner.run(connection.close(timeout=10))
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        connection.terminate()
+    finally:
+        runner.close()

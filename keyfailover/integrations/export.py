@@ -36,6 +36,7 @@ from keyfailover.core.errors import InvalidKeyError, LogError, LogFileError
 from keyfailover.integrations._store import (
     StoreURL,
     check_topic,
+    close_store,
     connect_store,
     run_store_step,
     unknown_topic_error,
@@ -280,15 +281,7 @@ class _StoreReader:
 
     def _close(self) -> None:
         """Close the connection (its transaction read, so ending it any way loses nothing) and the loop."""
-        import asyncpg
-
-        try:
-            if self._connection is not None:
-                self._runner.run(self._connection.close(timeout=10))
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
-            self._connection.terminate()
-        finally:
-            self._runner.close()
+        close_store(self._runner, self._connection)
 
 
 class _Parts:

@@ -18,6 +18,7 @@ import pytest
 import trustme
 from hypothesis import given
 from hypothesis import strategies as st
+from pyspark import TaskContext
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
@@ -451,6 +452,31 @@ def test_a_restarted_query_resumes_exactly_where_it_stopped(
     assert sorted(batches.rows) == list(range(len(batches.rows)))  # numbered on from the checkpoint
     assert len(batches.rows) == 8  # then the other 155: six batches of 25, one of 5
     _check_batches(batches, server.log("restart"))
+
+
+def test_a_read_task_that_fails_once_is_read_again_whole_and_in_order(
+    source: SparkSession, server: Server, tmp_path: Path
+) -> None:
+    server.create("retried", 2)
+    server.produce("retried", range(200))
+    failed = tmp_path / "failed-once"
+
+    @sf.udf(returnType="long", useArrow=False)
+    def fail_once(position: int) -> int:
+        context = TaskContext.get()
+        if position == 40 and context is not None and context.attemptNumber() == 0:
+            failed.touch()
+            raise RuntimeError("a planted failure of the task's first attempt, at position 40")
+        return position
+
+    batches = Batches()
+    df = source.readStream.format("keyfailover").options(url=server.url, topic="retried", ranges="3").load()
+    writer = df.where(fail_once("position") > 0).writeStream.foreachBatch(batches)
+    query = writer.option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start()
+    assert query.awaitTermination(120)
+    assert query.exception() is None
+    assert failed.exists()  # the tasks that read a position 40 failed mid-read and ran again
+    _check_batches(batches, server.log("retried"))
 
 
 def test_a_once_trigger_reads_everything_available_in_one_batch(

@@ -32,6 +32,7 @@ ALSO_PRINTS = {
     "bench_e2e.py": ("Publish → receive latency from the broker's publish time",),
     "bench_held.py": ("bytes/message", "dict + list (baseline)"),
     "bench_pulsar.py": ("per-key order held in every run", "within 2x of the native client"),
+    "bench_spark.py": ("rows/s  vs Parquet  vs read_log", "rows/s  vs produce"),  # the source's and the sink's tables
     "bench_cluster.py": (
         "brokers  PostgreSQL  ZooKeeper",  # the CPU table
         "every partition served s",  # the failover table

@@ -31,6 +31,7 @@ from typing import IO, Any
 import pytest
 
 from keyfailover.broker.server import Server, ServerConfig
+from keyfailover.integrations.console import serve_console
 from keyfailover.integrations.metrics import serve_metrics
 from keyfailover.tools.cli import main
 from keyfailover.tools.services import PatroniGroup
@@ -195,8 +196,8 @@ class ServerThread:
     """A :class:`Server` in this process, on an event loop of its own thread, on a free loopback port.
 
     It answers as :class:`ServerProcess` does: the same ``port``, ``url``, ``admin_url`` (with
-    ``metrics_port`` set, ``/metrics`` included) and ``pulsar_url``, without a new interpreter to
-    start. :meth:`errors` is what the process would have logged on stderr: the warnings and errors
+    ``metrics_port`` set, ``/metrics`` and the console's ``/ui`` included) and ``pulsar_url``, without a new
+    interpreter to start. :meth:`errors` is what the process would have logged on stderr: the warnings and errors
     logged on the server's thread, with their tracebacks. :meth:`call` runs code on its loop.
     """
 
@@ -238,6 +239,7 @@ class ServerThread:
             server = Server(self.config)
             if self.config.metrics_port is not None:
                 serve_metrics(server)
+                serve_console(server)
             await server.start()
             return server
 

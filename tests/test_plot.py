@@ -277,8 +277,15 @@ _SMALL = RangeMap.from_ranges([(0, 15, "c1")], range_size=16).snapshot()
         ([], "history.jsonl holds no range maps; expected at least one"),
         (["", "  "], "history.jsonl holds no range maps"),
         ([_GOOD, "", "{not json"], "history.jsonl line 3: not JSON"),
-        ([_GOOD, "[1, 2]"], "history.jsonl line 2: expected an object with exactly 'time' and 'snapshot', got list"),
-        (['{"time": 1}'], "line 1: expected an object with exactly 'time' and 'snapshot', got ['time']"),
+        (
+            [_GOOD, "[1, 2]"],
+            "history.jsonl line 2: expected an object with 'time' and 'snapshot' (and at most 'reason' and "
+            "'consumer'), got list",
+        ),
+        (
+            ['{"time": 1}'],
+            "line 1: expected an object with 'time' and 'snapshot' (and at most 'reason' and 'consumer'), got ['time']",
+        ),
         (['{"time": "soon", "snapshot": {}}'], "line 1: time 'soon' is not a finite number of unix seconds"),
         (['{"time": NaN, "snapshot": {}}'], "line 1: time nan is not a finite number"),
         (['{"time": true, "snapshot": {}}'], "line 1: time True is not a finite number"),

@@ -160,12 +160,19 @@ def render_ownership(
 # -- checking ------------------------------------------------------------------------
 
 
+_RECORD_KEYS = frozenset({"time", "snapshot", "reason", "consumer"})
+"""The keys a history record may have: ``/history`` adds each change's reason and consumer, which plots ignore."""
+
+
 def _from_records(items: Iterable[tuple[str, object]], source: str) -> list[HistoryEntry]:
     pairs: list[tuple[str, object]] = []
     for where, record in items:
-        if not isinstance(record, dict) or set(record) != {"time", "snapshot"}:
+        if not isinstance(record, dict) or not {"time", "snapshot"} <= set(record) <= _RECORD_KEYS:
             shown = sorted(record) if isinstance(record, dict) else type(record).__name__
-            raise HistoryError(f"{where}: expected an object with exactly 'time' and 'snapshot', got {shown}")
+            raise HistoryError(
+                f"{where}: expected an object with 'time' and 'snapshot' (and at most 'reason' and 'consumer'), "
+                f"got {shown}"
+            )
         pairs.append((where, (record["time"], record["snapshot"])))
     return [(at, ranges_map.snapshot()) for at, ranges_map in _checked(pairs, source)]
 

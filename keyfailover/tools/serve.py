@@ -9,6 +9,7 @@ import signal
 import sys
 
 from keyfailover.broker.server import Server, ServerConfig
+from keyfailover.integrations.console import serve_console
 from keyfailover.integrations.metrics import serve_metrics
 
 __all__ = ["configure_logging", "run_server"]
@@ -45,6 +46,7 @@ async def run_server(config: ServerConfig) -> int:
     """
     server = Server(config)
     serve_metrics(server)
+    serve_console(server)
     await server.start()
     # What is alive now (modules, protobuf descriptors, the opened log) lives as long as the server: kept out
     # of the garbage collector's full collections, which a steady produce otherwise makes cost ~1 us/message.

@@ -21,7 +21,7 @@ from keyfailover.core.hashing import HASH_RANGE_SIZE
 from keyfailover.core.ranges import Range, RangeMap
 from keyfailover.wire.properties import decode_properties
 
-__all__ = ["AdminApi", "AdminHost"]
+__all__ = ["AdminApi", "AdminHost", "union_snapshot"]
 
 
 class _Settings(Protocol):
@@ -76,7 +76,9 @@ class AdminApi:
         }
 
     async def _history(self, query: dict[str, str]) -> Response:
-        """``/history?topic=T&subscription=S``: the recent range maps with their wall-clock times.
+        """``/history?topic=T&subscription=S``: the recent range maps with their wall-clock times, and the
+        reason of each change (join, leave, shift, timeout, stuck, recovered, backlog) and the consumer it
+        was about, None for a shift or a change older than the dispatcher's own history.
 
         A partitioned subscription's maps are the union of its partitions' at each change of one
         (only the ones that tile the slot space: every partition had consumers).
@@ -90,13 +92,15 @@ class AdminApi:
             for index, subscription in enumerate(live)
             for at, epoch, ranges in subscription.history()
         )
+        causes = [{e.epoch: (e.reason, e.consumer) for e in s.dispatcher.rebalances()} for s in live]
         now: dict[int, tuple[int, list[Range]]] = {}
         history = []
         for at, index, epoch, ranges in changes:
             now[index] = (epoch, ranges)
             union = _union_map(list(now.values())) if len(now) == len(live) else None
             if union is not None:  # None: a partition without consumers, no whole map
-                history.append({"time": at, "snapshot": union})
+                reason, consumer = causes[index].get(epoch, (None, None))  # None: older than the core's history
+                history.append({"time": at, "snapshot": union, "reason": reason, "consumer": consumer})
         return json_response({"topic": topic, "subscription": name, "history": history})
 
     async def _dead_letters(self, query: dict[str, str]) -> Response:
@@ -274,7 +278,7 @@ class AdminApi:
                     "subscription": n,
                     "consume_mode": live[0].dispatcher.consume_mode,
                     "partitions": counts.get(t, 1),
-                    "ranges": _union_snapshot(live),
+                    "ranges": union_snapshot(live),
                 }
                 for t, n in named
                 if (live := self._server.live(t, n))
@@ -285,7 +289,7 @@ class AdminApi:
         live = self._server.live(self._server.partition_of(topic)[0], name)
         if not live:
             return json_response({"error": f"no live subscription {name!r} of topic {topic!r}"}, 404)
-        return json_response(_union_snapshot(live))
+        return json_response(union_snapshot(live))
 
     async def _stats(self, _query: dict[str, str]) -> Response:
         """``/stats``: per subscription, the dispatcher's per-consumer stats, cursor and backlog."""
@@ -298,7 +302,7 @@ class AdminApi:
         )
 
 
-def _union_snapshot(live: list[Subscription]) -> dict[str, Any]:
+def union_snapshot(live: list[Subscription]) -> dict[str, Any]:
     """One range map snapshot of a subscription over all its partitions (their maps side by side).
 
     When every partition has consumers their ranges tile the slot space; a partition without

@@ -48,10 +48,17 @@ class AdminServer:
     """Serves ``GET <path>`` and ``POST <path>`` from tables of handlers; query parameters go to the handler."""
 
     def __init__(
-        self, routes: dict[str, Handler], token: str | None = None, post_routes: dict[str, Handler] | None = None
+        self,
+        routes: dict[str, Handler],
+        token: str | None = None,
+        post_routes: dict[str, Handler] | None = None,
+        open_paths: frozenset[str] = frozenset(),
     ) -> None:
+        """``open_paths``: GET paths answered without the token besides ``/healthz`` (static pages that
+        ask for the token themselves); every other path keeps the token rule."""
         self._routes = routes
         self._post_routes = post_routes or {}
+        self._open_paths = _OPEN_PATHS | open_paths
         self._token = None if token is None else token.encode()
         self._server: asyncio.base_events.Server | None = None
 
@@ -104,7 +111,8 @@ class AdminServer:
         if method not in ("GET", "POST"):
             return 405, "text/plain", f"method {method} is not allowed; expected GET or POST\n".encode()
         url = urlsplit(target)
-        if self._token is not None and url.path not in _OPEN_PATHS and not self._authorized(head):
+        is_open = method == "GET" and url.path in self._open_paths
+        if self._token is not None and not is_open and not self._authorized(head):
             return 401, "text/plain", b"this server requires its token: send the header Authorization: Bearer TOKEN\n"
         table, other = (self._routes, self._post_routes) if method == "GET" else (self._post_routes, self._routes)
         handler = table.get(url.path)

@@ -133,14 +133,31 @@ class Server:
         api = AdminApi(self)
         self._routes = api.routes
         self._post_routes = api.post_routes
+        self._open_paths: set[str] = set()
+        self._admin_tasks: list[Callable[[], Coroutine[Any, Any, None]]] = []
+        self._running_admin_tasks: list[asyncio.Task[None]] = []
 
-    def add_admin_route(self, path: str, handler: Handler) -> None:
-        """Serve ``GET path`` on the admin endpoint (``--metrics-port``) too; call before :meth:`start`."""
+    def add_admin_route(self, path: str, handler: Handler, *, post: bool = False, without_token: bool = False) -> None:
+        """Serve ``GET path`` (``POST path`` with ``post``) on the admin endpoint (``--metrics-port``) too; call
+        before :meth:`start`. ``without_token``: a GET route answered without the server's token, for static
+        files that hold no data (a page that asks for the token itself)."""
         if self._server is not None:
             raise KeyFailoverError(f"admin route {path!r} added after the server started; add routes before start()")
-        if not path.startswith("/") or path in self._routes:
-            raise KeyFailoverError(f"admin route {path!r} must start with '/' and not be one of {sorted(self._routes)}")
-        self._routes[path] = handler
+        table = self._post_routes if post else self._routes
+        if not path.startswith("/") or path in table:
+            raise KeyFailoverError(f"admin route {path!r} must start with '/' and not be one of {sorted(table)}")
+        if post and without_token:
+            raise KeyFailoverError(f"admin route POST {path!r} changes state: it cannot be served without the token")
+        table[path] = handler
+        if without_token:
+            self._open_paths.add(path)
+
+    def add_admin_task(self, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``run()`` as a task on the server's loop while the admin endpoint serves (it starts with the
+        endpoint and is cancelled, then awaited, at :meth:`close`); call before :meth:`start`."""
+        if self._server is not None:
+            raise KeyFailoverError("an admin task was added after the server started; add tasks before start()")
+        self._admin_tasks.append(run)
 
     # -- life cycle ------------------------------------------------------------------
 
@@ -176,7 +193,7 @@ class Server:
             )
         self._reaper = loop.create_task(self._reap_loop(), name="keyfailover-reaper")
         if self.config.metrics_port is not None:
-            self._admin = AdminServer(self._routes, self.config.token, self._post_routes)
+            self._admin = AdminServer(self._routes, self.config.token, self._post_routes, frozenset(self._open_paths))
             admin_host, admin_port = self.config.metrics_host, self.config.metrics_port
             try:
                 self._admin_address = await self._admin.start(admin_host, admin_port, tls)
@@ -185,6 +202,7 @@ class Server:
                 raise KeyFailoverError(
                     f"cannot serve the admin endpoint on {admin_host}:{admin_port} ({_reason(exc)})"
                 ) from None
+            self._running_admin_tasks = [loop.create_task(run(), name="keyfailover-admin") for run in self._admin_tasks]
         if self._broker is not None:  # listening first: brokers that route clients here find it up
             address = self.config.advertise or "{}:{}".format(*self.address)
             admin = None
@@ -352,6 +370,10 @@ class Server:
             self._pulsar.close()
         if self._admin is not None:
             await self._admin.close()
+        for task in self._running_admin_tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

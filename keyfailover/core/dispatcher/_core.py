@@ -1614,6 +1614,20 @@ class Dispatcher:
             "backoff_messages": backoff_messages,
         }
 
+    def draining_slots(self) -> list[tuple[int, int]]:
+        """The inclusive slot ranges holding a draining key (one still in flight on a former owner after its
+        range moved), merged and sorted, in this dispatcher's slot numbers. O(keys) per call: read it for a
+        page or a scrape, not per message."""
+        offset = self._first
+        slots = sorted({state.slot + offset for state in self._keys.values() if state.draining})
+        merged: list[tuple[int, int]] = []
+        for slot in slots:
+            if merged and merged[-1][1] == slot - 1:
+                merged[-1] = (merged[-1][0], slot)
+            else:
+                merged.append((slot, slot))
+        return merged
+
     def drain_histogram(self) -> Histogram:
         """Seconds from each range change until its last blocked key was released (read-only use)."""
         return self._drain_seconds

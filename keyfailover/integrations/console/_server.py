@@ -1,0 +1,51 @@
+"""``/ui`` and the console's JSON routes on a server's admin endpoint."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+
+from keyfailover.broker.server import Response, Server, json_response
+from keyfailover.integrations.console._views import overview, subscription_view
+
+__all__ = ["STATIC_FILES", "serve_console"]
+
+STATIC_FILES = {
+    "/ui": ("index.html", "text/html; charset=utf-8"),
+    "/ui/": ("index.html", "text/html; charset=utf-8"),
+    "/ui/console.js": ("console.js", "text/javascript; charset=utf-8"),
+    "/ui/console.css": ("console.css", "text/css; charset=utf-8"),
+}
+"""Each static path of the console: its file in the package's ``static`` folder and its content type."""
+
+
+@cache
+def _static(name: str) -> bytes:
+    """A static file's bytes, read once from the package."""
+    return resources.files(__package__).joinpath("static", name).read_bytes()
+
+
+def serve_console(server: Server) -> None:
+    """Add the console to ``server``'s admin endpoint: ``GET /ui`` and its two assets without the token, and
+    ``/console/overview`` and ``/console/subscription`` with it. Call before ``server.start()``."""
+    for path, (name, content_type) in STATIC_FILES.items():
+
+        async def static(_query: dict[str, str], name: str = name, content_type: str = content_type) -> Response:
+            return 200, content_type, _static(name)
+
+        server.add_admin_route(path, static, without_token=True)
+
+    async def overview_route(_query: dict[str, str]) -> Response:
+        return json_response(overview(server))
+
+    async def subscription_route(query: dict[str, str]) -> Response:
+        topic, name = query.get("topic"), query.get("subscription")
+        if not topic or not name:
+            return json_response({"error": "give topic and subscription"}, 400)
+        view = subscription_view(server, topic, name, [])
+        if view is None:
+            return json_response({"error": f"no live subscription {name!r} of topic {topic!r} on this server"}, 404)
+        return json_response(view)
+
+    server.add_admin_route("/console/overview", overview_route)
+    server.add_admin_route("/console/subscription", subscription_route)

@@ -1,0 +1,99 @@
+"""The console on the admin endpoint: its static files without the token, its JSON with it, and what the JSON says."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+from urllib.error import HTTPError
+from urllib.request import Request, urlopen
+
+import pytest
+
+from keyfailover.broker.server import ServerConfig
+from keyfailover.client import Client
+from keyfailover.core.hashing import HASH_RANGE_SIZE
+from tests.server_process import ServerThread, wait_until
+
+TOKEN = "s3cret-console"
+
+
+def fetch(server: ServerThread, path: str, method: str = "GET", token: str | None = None) -> tuple[int, str, bytes]:
+    """``(status, content type, body)`` of one admin request, errors included."""
+    assert server.admin_url is not None
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    try:
+        with urlopen(Request(server.admin_url + path, method=method, headers=headers), timeout=10) as response:
+            return response.status, response.headers["Content-Type"], response.read()
+    except HTTPError as error:
+        return error.code, error.headers["Content-Type"], error.read()
+
+
+def get_json(server: ServerThread, path: str, method: str = "GET", token: str | None = None) -> Any:
+    status, content_type, body = fetch(server, path, method, token)
+    assert (status, content_type) == (200, "application/json"), (path, status, body)
+    return json.loads(body)
+
+
+def config(tmp_path: Path, token: str | None = None) -> ServerConfig:
+    return ServerConfig(data_dir=tmp_path, metrics_port=0, token=token)
+
+
+def test_static_files_are_open_and_json_keeps_the_token(tmp_path: Path) -> None:
+    with ServerThread(config(tmp_path, TOKEN)) as server:
+        for path, content_type, marker in [
+            ("/ui", "text/html; charset=utf-8", b'id="status"'),
+            ("/ui/console.js", "text/javascript; charset=utf-8", b"sessionStorage"),
+            ("/ui/console.css", "text/css; charset=utf-8", b"repeating-linear-gradient"),
+        ]:
+            status, found_type, body = fetch(server, path)
+            assert (status, found_type) == (200, content_type) and marker in body, path
+        assert b"http://" not in fetch(server, "/ui")[2] and b"https://" not in fetch(server, "/ui")[2], "no CDN"
+        for path in ["/console/overview", "/console/subscription?topic=t&subscription=s", "/ranges", "/metrics"]:
+            assert fetch(server, path)[0] == 401, path
+            assert fetch(server, path, token="wrong")[0] == 401, path
+        assert get_json(server, "/console/overview", token=TOKEN)["subscriptions"] == []
+        # An open path is open for GET only: a POST to it still needs the token.
+        assert fetch(server, "/ui", "POST")[0] == 401
+
+
+def test_subscription_view_follows_joins_and_leaves(tmp_path: Path) -> None:
+    with ServerThread(config(tmp_path)) as server, Client(server.url) as client:
+        path = "/console/subscription?topic=orders&subscription=billing"
+        assert fetch(server, path)[0] == 404
+        assert fetch(server, "/console/subscription?topic=orders")[0] == 400
+        first = client.subscribe("orders", "billing", consumer_name="a")
+        producer = client.create_producer("orders")
+        for index in range(50):
+            producer.send(b"x", f"key-{index}")
+        second = client.subscribe("orders", "billing", consumer_name="b")
+        wait_until(lambda: len(get_json(server, path)["consumers"]) == 2, "b joins")
+        view = get_json(server, path)
+        ranges = get_json(server, "/ranges?topic=orders&subscription=billing")["ranges"]
+        assert [(r["start"], r["end"], r["consumer"]) for r in view["ranges"]] == [
+            (r["start"], r["end"], r["consumer"]) for r in ranges
+        ]
+        assert sum(r["slot_share"] for r in view["ranges"]) == pytest.approx(1.0)
+        assert {c["consumer"] for c in view["consumers"]} == {"a", "b"}
+        for row in view["consumers"]:
+            owned = sum(end - start + 1 for start, end in row["ranges"])
+            assert row["slot_share"] == pytest.approx(owned / HASH_RANGE_SIZE)
+            assert {"rate", "permits", "unacked", "draining_keys", "stuck", "stalled", "expired_leases",
+                    "redeliveries"} <= set(row)  # fmt: skip
+        assert [c["reason"] for c in view["changes"]] == ["join", "join"]
+        assert [c["consumer"] for c in view["changes"]] == ["a", "b"]
+        assert view["changes"][-1]["epoch"] == view["epoch"]
+        second.close()
+        wait_until(lambda: [c["reason"] for c in get_json(server, path)["changes"]][-1] == "leave", "b leaves")
+        history = get_json(server, "/history?topic=orders&subscription=billing")["history"]
+        assert [entry["reason"] for entry in history] == ["join", "join", "leave"]
+        assert [entry["consumer"] for entry in history] == ["a", "b", "b"]
+        overview = get_json(server, "/console/overview")
+        (row,) = overview["subscriptions"]
+        assert (row["topic"], row["subscription"], row["consumers"], overview["cluster"]) == (
+            "orders",
+            "billing",
+            1,
+            False,
+        )
+        first.close()

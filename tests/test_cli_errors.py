@@ -86,6 +86,7 @@ def test_a_host_that_does_not_resolve() -> None:
         ["plot", "--out", "never.png", "--topic", "t", "--subscription", "s"],
         ["dlq", "list", "--topic", "t", "--subscription", "s"],
         ["dlq", "replay", "--topic", "t", "--subscription", "s"],
+        ["dlq", "purge", "--topic", "t", "--subscription", "s"],
     ],
 )
 def test_admin_commands_against_a_closed_port(command: list[str], tmp_path: Path) -> None:
@@ -133,7 +134,7 @@ def test_a_wrong_token_is_a_clear_refusal(tmp_path: Path) -> None:
         (["ranges", "--pulsar-sticky"], "--pulsar-sticky shows one subscription: give --topic and --subscription"),
         (["ranges", "--pulsar-sticky", "--json", "--topic", "t", "--subscription", "s"], "--json or --pulsar-sticky"),
         (["dlq", "list", "--topic", "t"], "the following arguments are required: --subscription"),
-        (["dlq", "purge", "--topic", "t", "--subscription", "s"], "invalid choice: 'purge'"),
+        (["dlq", "drop", "--topic", "t", "--subscription", "s"], "invalid choice: 'drop'"),
         (["dlq", "list", "--topic", "t", "--subscription", "s", "--limit", "0"], "expected an integer >= 1"),
         (["serve", "--data-dir", "d", "--ack-timeout", "-1"], "expected seconds from 0 (disabled) to 86400"),
         (["serve", "--data-dir", "d", "--ack-timeout", "nan"], "expected seconds from 0 (disabled) to 86400"),

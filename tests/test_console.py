@@ -10,10 +10,11 @@ from urllib.request import Request, urlopen
 
 import pytest
 
-from keyfailover.broker.server import ServerConfig
+from keyfailover.broker.server import ServerConfig, SubscriptionConfig
 from keyfailover.client import Client
+from keyfailover.core.dispatcher import DeliverySettings
 from keyfailover.core.hashing import HASH_RANGE_SIZE
-from tests.server_process import ServerThread, wait_until
+from tests.server_process import ServerThread, run_main, wait_until
 
 TOKEN = "s3cret-console"
 
@@ -35,8 +36,11 @@ def get_json(server: ServerThread, path: str, method: str = "GET", token: str | 
     return json.loads(body)
 
 
-def config(tmp_path: Path, token: str | None = None) -> ServerConfig:
-    return ServerConfig(data_dir=tmp_path, metrics_port=0, token=token)
+def config(tmp_path: Path, token: str | None = None, max_redeliveries: int | None = None) -> ServerConfig:
+    delivery = DeliverySettings(max_redeliveries=max_redeliveries)
+    return ServerConfig(
+        data_dir=tmp_path, metrics_port=0, token=token, subscription=SubscriptionConfig(delivery=delivery)
+    )
 
 
 def test_static_files_are_open_and_json_keeps_the_token(tmp_path: Path) -> None:
@@ -97,3 +101,46 @@ def test_subscription_view_follows_joins_and_leaves(tmp_path: Path) -> None:
             False,
         )
         first.close()
+
+
+def test_dead_letter_view_and_purge(tmp_path: Path) -> None:
+    with ServerThread(config(tmp_path, TOKEN, max_redeliveries=0)) as server, Client(server.url, token=TOKEN) as client:
+        consumer = client.subscribe("orders", "billing", consumer_name="worker", receiver_queue_size=10)
+        producer = client.create_producer("orders")
+        for payload in (b"poison-1", b"poison-2"):
+            producer.send(payload, payload.decode())
+        for _ in range(2):
+            consumer.negative_acknowledge(consumer.receive(timeout=10))
+
+        def rows() -> list[dict[str, Any]]:
+            found: list[dict[str, Any]] = get_json(server, "/console/dlq", token=TOKEN)["subscriptions"]
+            return found
+
+        wait_until(lambda: [r["count"] for r in rows()] == [2], "two dead letters")
+        (row,) = rows()
+        assert (row["topic"], row["subscription"], row["waiting"], row["reasons"], row["served_here"]) == (
+            "orders",
+            "billing",
+            2,
+            {"nack": 2},
+            True,
+        )
+        purge = "/dlq/purge?topic=orders&subscription=billing"
+        # Refused calls change nothing.
+        assert fetch(server, purge, "POST")[0] == 401
+        assert fetch(server, purge, "POST", token="wrong")[0] == 401
+        assert fetch(server, purge, "GET", token=TOKEN)[0] == 405
+        assert fetch(server, "/dlq/purge?topic=orders", "POST", token=TOKEN)[0] == 400
+        status, _, body = fetch(server, "/dlq/purge?topic=orders&subscription=nobody", "POST", token=TOKEN)
+        assert status == 404 and b"no subscription 'nobody'" in body
+        assert [r["count"] for r in rows()] == [2]
+        answer = get_json(server, purge, "POST", token=TOKEN)
+        assert (answer["purged"], answer["by_partition"], answer["not_served_here"]) == (2, {"orders": 2}, [])
+        assert rows() == []
+        assert get_json(server, "/dlq?topic=orders&subscription=billing", token=TOKEN)["dead_letters"] == []
+        admin = ("--admin-url", str(server.admin_url), "--token", TOKEN)
+        done = run_main("dlq", "purge", *admin, "--topic", "orders", "--subscription", "billing")
+        assert done.returncode == 0 and "purged 0 dead letter(s) of orders/billing" in done.stdout, done
+        reader = client.subscribe("orders-billing-DLQ", "triage", consumer_name="reader", receiver_queue_size=10)
+        assert reader.receive(timeout=10).payload == b"poison-1", "the dead-letter topic keeps its messages"
+    assert "Traceback" not in server.errors(), server.errors()

@@ -301,6 +301,32 @@ def test_settings_and_dead_letters_live_in_the_shared_log(postgres: PostgreSQL) 
     run_store(postgres, body)
 
 
+def test_dead_letters_are_counted_by_reason_and_purged_only_by_their_partition_s_owner(postgres: PostgreSQL) -> None:
+    async def body(b1: PostgresStore, b2: PostgresStore, topic: str) -> None:
+        served = partition_topic(topic, 1, 2)
+        await b1.acquire(served)
+        await b1.append(served, None, [(None, "k", b"a"), (None, "j", b"b"), (None, "i", b"c")])
+        letters = [(1, "k", b"a", 3, "nack", None, None), (2, "j", b"b", 3, "nack", None, None)]
+        await b1.dead_letter(served, "s", [*letters, (3, "i", b"c", 3, "ack timeout", None, None)])
+        await b1.dead_letter(served, "other", [(1, "k", b"a", 3, "nack", None, None)])
+        groups = [g for g in await b2.dead_letter_groups() if g.topic == topic]
+        assert [(g.partition, g.subscription, g.reason, g.letters, g.waiting) for g in groups] == [
+            (1, "other", "nack", 1, 1),
+            (1, "s", "ack timeout", 1, 1),
+            (1, "s", "nack", 2, 2),
+        ]
+        with pytest.raises(NotServedError):  # b2 does not serve it: refused, nothing deleted
+            await b2.purge_dead_letters(served, "s")
+        assert len(await b1.dead_letters(served, "s", 10)) == 3
+        assert await b1.purge_dead_letters(served, "s") == 3
+        assert await b1.dead_letters(served, "s", 10) == []
+        assert len(await b1.dead_letters(served, "other", 10)) == 1, "another subscription's letters stay"
+        assert await b1.purge_dead_letters(served, "s") == 0
+        assert [m.payload for m in await b1.read(served, 0, 10)] == [b"a", b"b", b"c"], "the topic is untouched"
+
+    run_store(postgres, body)
+
+
 def test_a_store_stamps_each_group_commit_with_the_broker_clock(postgres: PostgreSQL) -> None:
     async def body(b1: PostgresStore, _: PostgresStore, topic: str) -> None:
         served = partition_topic(topic, 0, 2)

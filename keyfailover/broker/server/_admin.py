@@ -1,8 +1,9 @@
 """The admin HTTP API: what the admin endpoint's routes answer, about the server's subscriptions and topics.
 
 :class:`AdminApi` holds the handlers of ``/healthz``, ``/ranges``, ``/stats``, ``/history``, ``/dlq``,
-``/topics``, ``/subscription-settings`` and ``/consume-mode``; the server serves its routes on the admin
-endpoint (``--metrics-port``) beside the ones added with :meth:`Server.add_admin_route`.
+``/dlq/replay``, ``/dlq/purge``, ``/topics``, ``/subscription-settings`` and ``/consume-mode``; the server
+serves its routes on the admin endpoint (``--metrics-port``) beside the ones added with
+:meth:`Server.add_admin_route`.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class AdminApi:
         }
         self.post_routes: dict[str, Handler] = {
             "/dlq/replay": self._replay_dead_letters,
+            "/dlq/purge": self._purge_dead_letters,
             "/consume-mode": self._set_consume_mode,
             "/subscription-settings": self._configure_subscription,
             "/topics": self._create_topic,
@@ -243,6 +245,44 @@ class AdminApi:
                 "positions": positions.get(topic, []) if len(served) == 1 else [],
                 "by_partition": positions,
                 "not_served_here": [p for p in served if p not in positions],
+            }
+        )
+
+    async def _purge_dead_letters(self, query: dict[str, str]) -> Response:
+        """``POST /dlq/purge?topic=T&subscription=S``: delete the subscription's dead-letter records, replayed or
+        not, in the partitions served here. The messages stay in the dead-letter topic for its readers.
+
+        Refused, with nothing deleted, without both names (400), for a subscription that is neither known nor
+        holds dead letters (404), or on a broker that serves none of the topic's partitions (409).
+        """
+        topic, name = query.get("topic"), query.get("subscription")
+        if not topic or not name:
+            return json_response({"error": "give topic and subscription"}, 400)
+        topic = self._server.partition_of(topic)[0]
+        storage = self._server.storage
+        served = self._server.partition_names(topic)
+        here = [partition for partition in served if storage.serves(partition)]
+        if not here:
+            error = f"this broker serves no partition of {topic!r}; expected the broker that serves them"
+            return json_response({"error": error}, 409)
+        known = bool(self._server.live(topic, name))
+        for partition in here:
+            if known:
+                break
+            known = name in await storage.subscriptions(partition) or bool(
+                await storage.dead_letters(partition, name, 1)
+            )
+        if not known:
+            error = f"no subscription {name!r} of topic {topic!r} and no dead letters of one; nothing purged"
+            return json_response({"error": error}, 404)
+        purged = {partition: await storage.purge_dead_letters(partition, name) for partition in here}
+        return json_response(
+            {
+                "topic": topic,
+                "subscription": name,
+                "purged": sum(purged.values()),
+                "by_partition": purged,
+                "not_served_here": [p for p in served if p not in purged],
             }
         )
 

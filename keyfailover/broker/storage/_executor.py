@@ -15,7 +15,7 @@ from typing import ParamSpec, TypeVar
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES
 from keyfailover.broker.storage._store import Batch, Letter, Result, Store
-from keyfailover.broker.storage.records import DeadLetterRecord, StoredMessage
+from keyfailover.broker.storage.records import DeadLetterGroup, DeadLetterRecord, StoredMessage
 from keyfailover.broker.storage.sqlite import Log
 from keyfailover.core.errors import KeyFailoverError
 
@@ -139,6 +139,14 @@ class SQLiteStore(Store):
     async def _replay_dead_letters(self, topic: str, subscription: str) -> list[StoredMessage]:
         """Re-publish the dead letters not replayed yet in one transaction; the messages as stored."""
         return await self._call(self._log.replay_dead_letters, topic, subscription)
+
+    async def dead_letter_groups(self) -> list[DeadLetterGroup]:
+        """Every subscription's dead letters counted by reason."""
+        return await self._call(self._log.dead_letter_groups)
+
+    async def _purge_dead_letters(self, topic: str, subscription: str) -> int:
+        """Delete the subscription's dead-letter records in one transaction; how many there were."""
+        return await self._call(self._log.purge_dead_letters, topic, subscription)
 
     async def partition_counts(self) -> dict[str, int]:
         """Every topic created with partitions, and how many it has."""

@@ -29,6 +29,7 @@ from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES, EntryCache
 from keyfailover.broker.storage.records import (
     DeadLetterEntry,
+    DeadLetterGroup,
     DeadLetterRecord,
     Key,
     PropertiesColumn,
@@ -182,6 +183,14 @@ class Store(ABC):
         """Re-publish the dead letters not replayed yet to ``topic``; the messages as stored there."""
 
     @abstractmethod
+    async def dead_letter_groups(self) -> list[DeadLetterGroup]:
+        """Every subscription's dead letters (in the topics this store can read) counted by reason."""
+
+    @abstractmethod
+    async def _purge_dead_letters(self, topic: str, subscription: str) -> int:
+        """Delete the subscription's dead-letter records in ``topic``; how many there were."""
+
+    @abstractmethod
     def serves(self, topic: str) -> bool:
         """Whether this server may write ``topic`` now."""
 
@@ -271,6 +280,11 @@ class Store(ABC):
         stored = await self._replay_dead_letters(topic, subscription)
         self._stored(topic, stored)
         return stored
+
+    async def purge_dead_letters(self, topic: str, subscription: str) -> int:
+        """Delete the subscription's dead-letter records (replayed or not); how many there were. The messages stay
+        in the dead-letter topic for anyone reading it."""
+        return await self._purge_dead_letters(topic, subscription)
 
     async def close(self) -> None:
         """Commit what is queued, stop the committer and close the backend."""

@@ -62,6 +62,7 @@ from keyfailover.broker.storage._postgresql_schema import (
 from keyfailover.broker.storage._store import Batch, Letter, NotServedError, Result, Store, StoreUnavailableError
 from keyfailover.broker.storage.records import (
     DELIVERY_SETTINGS,
+    DeadLetterGroup,
     DeadLetterRecord,
     Message,
     PropertiesColumn,
@@ -907,6 +908,45 @@ class PostgresStore(Store):
             StoredMessage(position, r.key, r.payload, r.publish_time, r.properties)
             for r, (position, _) in zip(waiting, stored, strict=True)
         ]
+
+    @_reachable
+    async def dead_letter_groups(self) -> list[DeadLetterGroup]:
+        """Every subscription's dead letters in the shared log, of every partition, counted by reason."""
+        rows = await self.log.pool.fetch(
+            """SELECT topic, partition, subscription, reason, count(*) AS count,
+                      count(*) FILTER (WHERE replayed_at IS NULL) AS waiting, min(time) AS oldest
+               FROM kf_dead_letters GROUP BY topic, partition, subscription, reason
+               ORDER BY topic, partition, subscription, reason"""
+        )
+        return [
+            DeadLetterGroup(
+                str(r["topic"]),
+                int(r["partition"]),
+                str(r["subscription"]),
+                str(r["reason"]),
+                int(r["count"]),
+                int(r["waiting"]),
+                float(r["oldest"]),
+            )
+            for r in rows
+        ]
+
+    async def _purge_dead_letters(self, topic: str, subscription: str) -> int:
+        """Delete the subscription's dead-letter records of the partition ``topic`` names, in one transaction
+        under its lease (:class:`NotServedError` when this broker does not serve it: nothing deleted)."""
+
+        async def purge(lease: Lease) -> int:
+            async with self.log.pool.transaction() as connection:
+                await self.log.check_lease(connection, lease)
+                status = await connection.execute(
+                    "DELETE FROM kf_dead_letters WHERE topic = $1 AND partition = $2 AND subscription = $3",
+                    lease.topic,
+                    lease.partition,
+                    subscription,
+                )
+            return int(str(status).rsplit(" ", 1)[-1])
+
+        return await self._leased(topic, purge)
 
 
 def _redacted(dsn: str) -> str:

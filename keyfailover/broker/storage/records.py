@@ -19,6 +19,7 @@ __all__ = [
     "DEAD_LETTER_SUFFIX",
     "DELIVERY_SETTINGS",
     "DeadLetterEntry",
+    "DeadLetterGroup",
     "DeadLetterRecord",
     "ExportRow",
     "Key",
@@ -103,6 +104,22 @@ class DeadLetterRecord(NamedTuple):
     """The publish time of the message it was (µs since the Unix epoch), None when unknown."""
     properties: bytes | None = None
     """The encoded properties of the message it was, None when it had none."""
+
+
+class DeadLetterGroup(NamedTuple):
+    """The dead letters of one subscription (of one served topic or partition) with one reason, counted."""
+
+    topic: str
+    """The topic they came from (a partitioned topic's own name, not its partition's)."""
+    partition: int
+    """Its partition they came from, 0 for a topic of one partition."""
+    subscription: str
+    reason: str
+    letters: int
+    waiting: int
+    """How many of them were not replayed yet."""
+    oldest: float
+    """Unix seconds the oldest of them was dead-lettered."""
 
 
 class TopicStats(TypedDict):

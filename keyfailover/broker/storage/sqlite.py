@@ -69,6 +69,7 @@ from keyfailover.broker.storage.records import (
     DEAD_LETTER_SUFFIX,
     DELIVERY_SETTINGS,
     DeadLetterEntry,
+    DeadLetterGroup,
     DeadLetterRecord,
     ExportRow,
     Key,
@@ -388,6 +389,28 @@ class Log:
             StoredMessage(position, record.key, record.payload, record.publish_time, record.properties)
             for (position, _), record in zip(stored, waiting, strict=True)
         ]
+
+    def dead_letter_groups(self) -> list[DeadLetterGroup]:
+        """Every subscription's dead letters counted by reason, sorted by topic, subscription and reason."""
+        rows = self._connection().execute(
+            "SELECT topic, subscription, reason, count(*), sum(replayed_at IS NULL), min(time) FROM dead_letters"
+            " GROUP BY topic, subscription, reason ORDER BY topic, subscription, reason"
+        )
+        groups = []
+        for served, subscription, reason, letters, waiting, oldest in rows:
+            topic, partition = split_partition_topic(served) or (served, 0)
+            groups.append(DeadLetterGroup(topic, partition, subscription, reason, letters, waiting, oldest))
+        return groups
+
+    def purge_dead_letters(self, topic: str, subscription: str) -> int:
+        """Delete the subscription's dead-letter records, replayed or not, in one transaction; how many there were.
+
+        The messages stay in the dead-letter topic (a topic like any other, which consumers may read) but are no
+        longer listed as the subscription's dead letters, nor replayed.
+        """
+        dlq = dead_letter_topic(*check_subscription(topic, subscription))
+        with self._transaction() as db:
+            return int(db.execute("DELETE FROM dead_letters WHERE dlq_topic = ?", (dlq,)).rowcount)
 
     # -- cursors ---------------------------------------------------------------------
 

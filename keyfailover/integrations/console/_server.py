@@ -6,7 +6,7 @@ from functools import cache
 from importlib import resources
 
 from keyfailover.broker.server import Response, Server, json_response
-from keyfailover.integrations.console._views import overview, subscription_view
+from keyfailover.integrations.console._views import dead_letter_view, overview, subscription_view
 
 __all__ = ["STATIC_FILES", "serve_console"]
 
@@ -27,7 +27,7 @@ def _static(name: str) -> bytes:
 
 def serve_console(server: Server) -> None:
     """Add the console to ``server``'s admin endpoint: ``GET /ui`` and its two assets without the token, and
-    ``/console/overview`` and ``/console/subscription`` with it. Call before ``server.start()``."""
+    ``/console/overview``, ``/console/subscription`` and ``/console/dlq`` with it. Call before ``server.start()``."""
     for path, (name, content_type) in STATIC_FILES.items():
 
         async def static(_query: dict[str, str], name: str = name, content_type: str = content_type) -> Response:
@@ -47,5 +47,9 @@ def serve_console(server: Server) -> None:
             return json_response({"error": f"no live subscription {name!r} of topic {topic!r} on this server"}, 404)
         return json_response(view)
 
+    async def dead_letter_route(_query: dict[str, str]) -> Response:
+        return json_response(await dead_letter_view(server))
+
     server.add_admin_route("/console/overview", overview_route)
+    server.add_admin_route("/console/dlq", dead_letter_route)
     server.add_admin_route("/console/subscription", subscription_route)

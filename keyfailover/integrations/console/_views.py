@@ -14,7 +14,7 @@ import numpy as np
 from keyfailover.broker.server import Server, union_snapshot
 from keyfailover.core.hashing import HASH_RANGE_SIZE
 
-__all__ = ["RECENT_CHANGES", "overview", "subscription_view"]
+__all__ = ["RECENT_CHANGES", "dead_letter_view", "overview", "subscription_view"]
 
 RECENT_CHANGES = 50
 """How many of the latest range changes the subscription view lists."""
@@ -164,3 +164,28 @@ def overview(server: Server) -> dict[str, Any]:
         "connections": server.connection_count,
         "subscriptions": rows,
     }
+
+
+async def dead_letter_view(server: Server) -> dict[str, Any]:
+    """The dead-letter page's JSON: per subscription with dead letters, how many, how many not replayed yet,
+    the oldest's time and the count of each reason (from the store: a cluster broker sees every partition's)."""
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for group in await server.storage.dead_letter_groups():
+        topic = server.partition_of(group.topic)[0]
+        row = found.setdefault(
+            (topic, group.subscription),
+            {"topic": topic, "subscription": group.subscription, "count": 0, "waiting": 0, "oldest": group.oldest,
+             "reasons": {}, "partitions": set()},
+        )  # fmt: skip
+        row["count"] += group.letters
+        row["waiting"] += group.waiting
+        row["oldest"] = min(row["oldest"], group.oldest)
+        row["reasons"][group.reason] = row["reasons"].get(group.reason, 0) + group.letters
+        row["partitions"].add(group.partition)
+    rows = []
+    for (topic, _), row in sorted(found.items()):
+        served = server.partition_names(topic)
+        row["partitions"] = sorted(row["partitions"])
+        row["served_here"] = sum(server.storage.serves(partition) for partition in served) == len(served)
+        rows.append(row)
+    return {"time": time.time(), "subscriptions": rows}

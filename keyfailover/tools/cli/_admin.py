@@ -224,6 +224,13 @@ def _dlq(args: argparse.Namespace) -> int:
         else:
             print(f"replayed {found['replayed']} dead letter(s) to {args.topic}")
         return 0
+    if args.action == "purge":
+        found = _admin_call(args, "/dlq/purge", query, method="POST")
+        if args.json:
+            print(json.dumps(found, indent=2, sort_keys=True))
+        else:
+            print(f"purged {found['purged']} dead letter(s) of {args.topic}/{args.subscription}")
+        return 0
     found = _admin_call(args, "/dlq", {**query, "limit": str(args.limit)})
     if args.json:
         print(json.dumps(found, indent=2, sort_keys=True))
@@ -245,13 +252,16 @@ def add_dlq(commands: SubParsers) -> None:
     """The ``dlq`` command."""
     dlq = commands.add_parser(
         "dlq",
-        help="list or replay a subscription's dead letters (from a running server)",
+        help="list, replay or purge a subscription's dead letters (from a running server)",
         description="A message delivered max_redeliveries + 1 times without an ack (`keyfailover serve "
         "--max-redeliveries`) is stored in the topic <topic>-<subscription>-DLQ, which can be consumed like any "
         "topic. `list` shows where each came from and why; `replay` re-publishes those not replayed yet to the "
-        "topic (every subscription of the topic receives them again).",
+        "topic (every subscription of the topic receives them again); `purge` deletes the subscription's dead-letter "
+        "records, replayed or not (the messages stay in the dead-letter topic for its readers).",
     )
-    dlq.add_argument("action", choices=("list", "replay"), help="list the dead letters, or replay them")
+    dlq.add_argument(
+        "action", choices=("list", "replay", "purge"), help="list the dead letters, replay them, or purge them"
+    )
     _subscription_args(dlq, "the topic the messages came from", "the subscription that gave up on them")
     dlq.add_argument("--limit", type=_positive_int, default=1000, help="with list: show at most this many (1000)")
     dlq.set_defaults(run=_dlq)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any
 from urllib.error import HTTPError
@@ -14,6 +15,7 @@ from keyfailover.broker.server import ServerConfig, SubscriptionConfig
 from keyfailover.client import Client
 from keyfailover.core.dispatcher import DeliverySettings
 from keyfailover.core.hashing import HASH_RANGE_SIZE
+from keyfailover.integrations.console._cluster import ClusterProbe, _answers
 from tests.server_process import ServerThread, run_main, wait_until
 
 TOKEN = "s3cret-console"
@@ -144,3 +146,18 @@ def test_dead_letter_view_and_purge(tmp_path: Path) -> None:
         reader = client.subscribe("orders-billing-DLQ", "triage", consumer_name="reader", receiver_queue_size=10)
         assert reader.receive(timeout=10).payload == b"poison-1", "the dead-letter topic keeps its messages"
     assert "Traceback" not in server.errors(), server.errors()
+
+
+def test_a_single_server_is_not_a_cluster_and_probes_answer_by_connecting(tmp_path: Path) -> None:
+    with ServerThread(config(tmp_path)) as server:
+        assert get_json(server, "/console/cluster")["cluster"] is False
+        address = f"127.0.0.1:{server.port}"
+        assert server.call(lambda _: _answers(address)) is True
+        closed = socket.socket()
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: a connect is refused
+        try:
+            refused = f"127.0.0.1:{closed.getsockname()[1]}"
+            assert server.call(lambda _: _answers(refused)) is False
+        finally:
+            closed.close()
+        assert server.call(lambda s: ClusterProbe(s).view())["cluster"] is False

@@ -32,7 +32,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 from urllib.parse import quote, unquote
@@ -206,6 +206,10 @@ class ClusterState:
     """Every broker's address by id, as of the assignment it applied last."""
     pulsar_addresses: dict[str, str]
     """The ``HOST:PORT`` of each broker's Pulsar protocol endpoint by id, for those that have one."""
+    coordinator_id: str | None = None
+    """The coordinator's id (the broker with the lowest znode), as of the assignment it applied last."""
+    admin_addresses: dict[str, str] = field(default_factory=dict)
+    """Each broker's admin endpoint URL by id, for those that have one."""
 
 
 class ClusterMember:
@@ -278,6 +282,8 @@ class ClusterMember:
         self._topics: dict[str, int] = {}
         self._addresses: dict[str, str] = {}
         self._pulsar_addresses: dict[str, str] = {}
+        self._admin_addresses: dict[str, str] = {}
+        self._coordinator_id: str | None = None
         self._waiting: set[PartitionId] = set()  # assigned to us, barrier still held by another
         self._said_held: dict[PartitionId, str] = {}  # partitions whose held barrier we logged, and by whom
         self._assigned_at: dict[PartitionId, float] = {}  # time.monotonic() an assignment gave us one we wait for
@@ -354,6 +360,8 @@ class ClusterMember:
                 dict(self._topics),
                 dict(self._addresses),
                 dict(self._pulsar_addresses),
+                self._coordinator_id,
+                dict(self._admin_addresses),
             )
 
     def assigned_at(self, partition: PartitionId) -> float | None:
@@ -719,6 +727,8 @@ class ClusterMember:
             self._topics = topics
             self._addresses = {broker["id"]: broker["address"] for broker in brokers}
             self._pulsar_addresses = {broker["id"]: broker["pulsar"] for broker in brokers if "pulsar" in broker}
+            self._admin_addresses = {broker["id"]: broker["admin"] for broker in brokers if "admin" in broker}
+            self._coordinator_id = brokers[0]["id"] if brokers else None
         self._waiting = mine - self._owned
         self._said_held = {p: holder for p, holder in self._said_held.items() if p in self._waiting}
         now = time.monotonic()

@@ -40,7 +40,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 import asyncpg
 
@@ -78,6 +78,7 @@ __all__ = [
     "STATEMENT_TIMEOUT",
     "FencedError",
     "Lease",
+    "PartitionRow",
     "PostgresLog",
     "PostgresStore",
     "Row",
@@ -515,6 +516,17 @@ class PostgresLog:
         return int(row["last_position"])
 
 
+class PartitionRow(NamedTuple):
+    """One partition of the shared log as :meth:`PostgresStore.partition_table` lists it."""
+
+    topic: str
+    partition: int
+    owner: str
+    """The broker that opened it last."""
+    owner_epoch: int
+    subscriptions: list[str]
+
+
 Locate = Callable[[str], tuple[str, int]]
 """A served topic name -> ``(topic, partition)`` as the log keys it: ``T-partition-p`` -> ``(T, p)``."""
 
@@ -907,6 +919,27 @@ class PostgresStore(Store):
         return [
             StoredMessage(position, r.key, r.payload, r.publish_time, r.properties)
             for r, (position, _) in zip(waiting, stored, strict=True)
+        ]
+
+    @_reachable
+    async def partition_table(self) -> list[PartitionRow]:
+        """Every partition ever opened, sorted: its last owner and owner epoch, and its subscriptions with a
+        saved cursor."""
+        rows = await self.log.pool.fetch(
+            """SELECT p.topic, p.partition, p.owner, p.owner_epoch,
+                      array_remove(array_agg(c.subscription ORDER BY c.subscription), NULL) AS subscriptions
+               FROM kf_partitions p LEFT JOIN kf_cursors c ON c.topic = p.topic AND c.partition = p.partition
+               GROUP BY p.topic, p.partition, p.owner, p.owner_epoch ORDER BY p.topic, p.partition"""
+        )
+        return [
+            PartitionRow(
+                str(r["topic"]),
+                int(r["partition"]),
+                str(r["owner"]),
+                int(r["owner_epoch"]),
+                [str(name) for name in r["subscriptions"]],
+            )
+            for r in rows
         ]
 
     @_reachable

@@ -6,6 +6,7 @@ from functools import cache
 from importlib import resources
 
 from keyfailover.broker.server import Response, Server, json_response
+from keyfailover.integrations.console._cluster import ClusterProbe
 from keyfailover.integrations.console._views import dead_letter_view, overview, subscription_view
 
 __all__ = ["STATIC_FILES", "serve_console"]
@@ -27,7 +28,8 @@ def _static(name: str) -> bytes:
 
 def serve_console(server: Server) -> None:
     """Add the console to ``server``'s admin endpoint: ``GET /ui`` and its two assets without the token, and
-    ``/console/overview``, ``/console/subscription`` and ``/console/dlq`` with it. Call before ``server.start()``."""
+    ``/console/overview``, ``/console/subscription``, ``/console/dlq`` and ``/console/cluster`` with it.
+    Call before ``server.start()``."""
     for path, (name, content_type) in STATIC_FILES.items():
 
         async def static(_query: dict[str, str], name: str = name, content_type: str = content_type) -> Response:
@@ -50,6 +52,12 @@ def serve_console(server: Server) -> None:
     async def dead_letter_route(_query: dict[str, str]) -> Response:
         return json_response(await dead_letter_view(server))
 
+    probe = ClusterProbe(server)
+
+    async def cluster_route(_query: dict[str, str]) -> Response:
+        return json_response(await probe.view())
+
     server.add_admin_route("/console/overview", overview_route)
+    server.add_admin_route("/console/cluster", cluster_route)
     server.add_admin_route("/console/dlq", dead_letter_route)
     server.add_admin_route("/console/subscription", subscription_route)

@@ -15,6 +15,7 @@ from keyfailover.broker.server import ServerConfig, SubscriptionConfig
 from keyfailover.client import Client
 from keyfailover.core.dispatcher import DeliverySettings
 from keyfailover.core.hashing import HASH_RANGE_SIZE
+from keyfailover.integrations.console import Sampler
 from keyfailover.integrations.console._cluster import ClusterProbe, _answers
 from tests.server_process import ServerThread, run_main, wait_until
 
@@ -161,3 +162,34 @@ def test_a_single_server_is_not_a_cluster_and_probes_answer_by_connecting(tmp_pa
         finally:
             closed.close()
         assert server.call(lambda s: ClusterProbe(s).view())["cluster"] is False
+
+
+def test_the_sampler_keeps_a_bounded_series_per_live_subscription(tmp_path: Path) -> None:
+    with ServerThread(config(tmp_path)) as server, Client(server.url) as client:
+        path = "/console/subscription?topic=orders&subscription=billing"
+        consumer = client.subscribe("orders", "billing", consumer_name="a", receiver_queue_size=10)
+        producer = client.create_producer("orders")
+        # The server's own sampler has sampled the subscription since it opened (the first sample at once).
+        wait_until(lambda: len(get_json(server, path)["series"]) >= 1, "a first sample")
+        sampler = server.call(lambda s: Sampler(s, keep=3))
+        server.call(lambda _: sampler.sample())
+        assert sampler.series("orders", "billing")[0]["delivery_seconds"] is None, "nothing delivered yet"
+        for index in range(4):
+            producer.send(b"x", f"k{index}")
+        for _ in range(4):
+            consumer.acknowledge_confirmed(consumer.receive(timeout=10))
+        server.call(lambda _: sampler.sample())
+        latest = sampler.series("orders", "billing")[-1]
+        assert (latest["delivered"], latest["backlog"]) == (4, 0)
+        assert latest["delivery_seconds"] is not None
+        for _ in range(3):
+            server.call(lambda _: sampler.sample())
+        series = sampler.series("orders", "billing")
+        assert len(series) == 3, "at most keep samples"
+        assert [s["delivery_seconds"] for s in series] == [None, None, None], "the oldest went"
+        consumer.close()
+        server.call(lambda s: s.unsubscribe(s.live("orders", "billing")[0]))
+        wait_until(lambda: not server.call(lambda s: s.live("orders", "billing")), "the subscription is gone")
+        server.call(lambda _: sampler.sample())
+        assert sampler.series("orders", "billing") == [], "a subscription no longer live loses its samples"
+    assert "Traceback" not in server.errors(), "the sampler stops with the server"

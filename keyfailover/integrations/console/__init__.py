@@ -4,6 +4,7 @@
 served without the token, and JSON routes under ``/console/`` that keep the token rule.
 """
 
+from keyfailover.integrations.console._sampler import Sampler
 from keyfailover.integrations.console._server import serve_console
 
-__all__ = ["serve_console"]
+__all__ = ["Sampler", "serve_console"]

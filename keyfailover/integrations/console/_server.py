@@ -7,6 +7,7 @@ from importlib import resources
 
 from keyfailover.broker.server import Response, Server, json_response
 from keyfailover.integrations.console._cluster import ClusterProbe
+from keyfailover.integrations.console._sampler import Sampler
 from keyfailover.integrations.console._views import dead_letter_view, overview, subscription_view
 
 __all__ = ["STATIC_FILES", "serve_console"]
@@ -26,10 +27,11 @@ def _static(name: str) -> bytes:
     return resources.files(__package__).joinpath("static", name).read_bytes()
 
 
-def serve_console(server: Server) -> None:
+def serve_console(server: Server) -> Sampler:
     """Add the console to ``server``'s admin endpoint: ``GET /ui`` and its two assets without the token, and
     ``/console/overview``, ``/console/subscription``, ``/console/dlq`` and ``/console/cluster`` with it.
-    Call before ``server.start()``."""
+    A sampler keeps each live subscription's backlog and delivery latency for the last minutes while the
+    endpoint serves. Call before ``server.start()``; returns the sampler."""
     for path, (name, content_type) in STATIC_FILES.items():
 
         async def static(_query: dict[str, str], name: str = name, content_type: str = content_type) -> Response:
@@ -44,7 +46,7 @@ def serve_console(server: Server) -> None:
         topic, name = query.get("topic"), query.get("subscription")
         if not topic or not name:
             return json_response({"error": "give topic and subscription"}, 400)
-        view = subscription_view(server, topic, name, [])
+        view = subscription_view(server, topic, name, sampler.series(server.partition_of(topic)[0], name))
         if view is None:
             return json_response({"error": f"no live subscription {name!r} of topic {topic!r} on this server"}, 404)
         return json_response(view)
@@ -53,6 +55,8 @@ def serve_console(server: Server) -> None:
         return json_response(await dead_letter_view(server))
 
     probe = ClusterProbe(server)
+    sampler = Sampler(server)
+    server.add_admin_task(sampler.run)
 
     async def cluster_route(_query: dict[str, str]) -> Response:
         return json_response(await probe.view())
@@ -61,3 +65,4 @@ def serve_console(server: Server) -> None:
     server.add_admin_route("/console/cluster", cluster_route)
     server.add_admin_route("/console/dlq", dead_letter_route)
     server.add_admin_route("/console/subscription", subscription_route)
+    return sampler

@@ -7,6 +7,7 @@ on the server's loop, and changes nothing.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,9 @@ def _shares(ranges: list[tuple[int, int]], sums: np.ndarray[Any, np.dtype[np.flo
     return slots / HASH_RANGE_SIZE, traffic / total if total > 0.0 else 0.0
 
 
-def subscription_view(server: Server, topic: str, name: str, series: list[dict[str, float]]) -> dict[str, Any] | None:
+def subscription_view(
+    server: Server, topic: str, name: str, series: Sequence[Mapping[str, Any]]
+) -> dict[str, Any] | None:
     """The subscription page's JSON for the live subscription ``name`` of ``topic`` (over all its partitions
     served here), with the sampler's ``series``; None when it is not live here."""
     topic = server.partition_of(topic)[0]
@@ -102,7 +105,7 @@ def subscription_view(server: Server, topic: str, name: str, series: list[dict[s
         "changes": changes[-RECENT_CHANGES:],
         "backlog": sum(s.backlog() for s in live),
         "dead_lettered": sum(s.dead_lettered for s in live),
-        "series": series,
+        "series": list(series),
     }
 
 

@@ -190,14 +190,14 @@ function chart(title) {
   figure.append(el("figcaption", {}, title), svg);
   return {
     figure,
-    draw(points, unit) {
+    draw(points, format) {
       const values = points.map((p) => p.value);
       const max = Math.max(1e-9, ...values);
       const first = points.length ? points[0].time : 0;
       const span = Math.max(1, points.length ? points[points.length - 1].time - first : 1);
-      line.setAttribute("points", points.map((p) => `${(316 * (p.time - first)) / span + 2},${70 - (60 * p.value) / max}`)
+      line.setAttribute("points", points.map((p) => `${(316 * (p.time - first)) / span + 2},${68 - (54 * p.value) / max}`)
         .join(" "));
-      top.textContent = points.length ? `max ${max.toPrecision(3)} ${unit}` : "no samples yet";
+      top.textContent = points.length ? `max ${format(max)}` : "no samples yet";
       caption.textContent = points.length ? `${clock(first)} to ${clock(first + span)}` : "";
     },
   };
@@ -238,9 +238,10 @@ function subscriptionPage(topic, subscription) {
         c.stuck ? "stuck" : "no", c.stalled ? "stalled" : "no", c.expired_leases, c.redeliveries]);
     });
     drawHistory(history, view.changes);
-    backlog.draw(view.series.map((s) => ({ time: s.time, value: s.backlog })), "messages");
+    backlog.draw(view.series.map((s) => ({ time: s.time, value: s.backlog })),
+      (n) => `${Math.round(n).toLocaleString()} messages`);
     latency.draw(view.series.filter((s) => s.delivery_seconds !== null)
-      .map((s) => ({ time: s.time, value: s.delivery_seconds })), "s");
+      .map((s) => ({ time: s.time, value: s.delivery_seconds })), (seconds) => `${(1000 * seconds).toFixed(1)} ms`);
     syncRows(ranges.tBodies[0], view.ranges, (r) => `${r.start}`, (row, r) => {
       row.dataset.consumer = r.consumer;
       row.dataset.start = r.start;

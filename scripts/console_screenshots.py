@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from keyfailover.client import Client, Consumer, Producer, Timeout
 from keyfailover.tools._browser import start_chromium
 from keyfailover.tools.demo._report import zipf_ids
-from keyfailover.tools.demo._server import console_url
+from keyfailover.tools.demo._server import console_url, started
 from keyfailover.tools.demo._traffic import TOPIC, Observed, Worker
 from keyfailover.tools.services import PostgreSQL, ServiceError, ZooKeeper, free_port
 
@@ -51,7 +51,7 @@ BROKERS, PARTITIONS = 3, 6
 @contextlib.contextmanager
 def serving(*where: str) -> Iterator[tuple[str, str]]:
     """``keyfailover serve`` with ``where`` (its data folder or its cluster and store) and its admin endpoint
-    on free loopback ports: its client address ``HOST:PORT`` and its admin URL."""
+    on free loopback ports: its client URL ``kf://HOST:PORT`` and its admin URL."""
     server = subprocess.Popen(
         [sys.executable, "-m", "keyfailover", "serve", *where, "--metrics-port", "0"],
         stdout=subprocess.PIPE,
@@ -59,11 +59,7 @@ def serving(*where: str) -> Iterator[tuple[str, str]]:
         text=True,
     )
     try:
-        assert server.stdout is not None
-        line, admin = server.stdout.readline(), server.stdout.readline()
-        if not line.startswith("listening on ") or not admin.startswith("metrics on "):
-            raise SystemExit(f"console-screenshots: a server did not start: it printed {line!r} {admin!r}")
-        yield line.split("listening on ", 1)[1].strip(), admin.split("metrics on ", 1)[1].strip()
+        yield started(server)
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -135,10 +131,10 @@ def single_server_pages(driver: WebDriver, out: Path) -> None:
     with (
         tempfile.TemporaryDirectory(prefix="console-screenshots-") as folder,
         serving("--data-dir", folder, "--port", "0", "--max-redeliveries", "1", "--nack-backoff", "0") as (
-            address,
+            url,
             admin,
         ),
-        Client(f"kf://{address}") as client,
+        Client(url) as client,
     ):
         print(f"console: {console_url(admin)}")
         observed = Observed()
@@ -193,7 +189,7 @@ def cluster_page(driver: WebDriver, out: Path) -> str | None:
             brokers.append(stack.enter_context(serving(*where, "--broker-id", f"b{number}")))
         create = ["topics", "create", TOPIC, "--partitions", str(PARTITIONS), "--cluster", cluster]
         subprocess.run([sys.executable, "-m", "keyfailover", *create], check=True, capture_output=True)
-        client = stack.enter_context(Client("kf://" + ",".join(address for address, _ in brokers)))
+        client = stack.enter_context(Client("kf://" + ",".join(url.removeprefix("kf://") for url, _ in brokers)))
         observed = Observed()
         for name in ("c1", "c2"):
             stack.callback(Worker(client, name, observed, 100).leave)

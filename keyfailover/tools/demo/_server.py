@@ -27,7 +27,17 @@ from keyfailover.tools.demo._report import (
 )
 from keyfailover.tools.demo._traffic import SUBSCRIPTION, TOPIC, Observed, Produced, Worker, conclude, wait_for
 
-__all__ = ["console_url", "run_server_demo"]
+__all__ = ["console_url", "run_server_demo", "started"]
+
+
+def started(server: subprocess.Popen[str]) -> tuple[str, str]:
+    """The client URL ``kf://HOST:PORT`` and the admin URL that a ``keyfailover serve --metrics-port`` process
+    prints once it serves; :class:`KeyFailoverError` with what it printed instead when it did not start."""
+    assert server.stdout is not None
+    line, admin = server.stdout.readline(), server.stdout.readline()
+    if not line.startswith("listening on ") or not admin.startswith("metrics on "):
+        raise KeyFailoverError(f"keyfailover serve did not start: it printed {line!r} and {admin!r}")
+    return "kf://" + line.split("listening on ", 1)[1].strip(), admin.split("metrics on ", 1)[1].strip()
 
 
 def console_url(admin: str, topic: str = TOPIC, subscription: str = SUBSCRIPTION) -> str:
@@ -92,12 +102,7 @@ def run_server_demo(
             text=True,
         )
         try:
-            assert server.stdout is not None
-            line, admin = server.stdout.readline(), server.stdout.readline()
-            if not line.startswith("listening on ") or not admin.startswith("metrics on "):
-                raise KeyFailoverError(f"the demo server did not start: {line!r} {admin!r}")
-            url = "kf://" + line.split("listening on ", 1)[1].strip()
-            admin_url = admin.split("metrics on ", 1)[1].strip()
+            url, admin_url = started(server)
             out.write(f"server listening at {url}; producing {events} events over {accounts} Zipf(1.1) accounts\n")
             out.write(f"console: {console_url(admin_url)}\n")
             out.flush()

@@ -1,5 +1,5 @@
-"""Fixtures shared across test modules: one local SparkSession, one ZooKeeper and one PostgreSQL
-for the whole run, each started by the first test that asks and stopped at the end.
+"""Fixtures shared across test modules: one local SparkSession, one ZooKeeper, one PostgreSQL and one
+headless Chromium for the whole run, each started by the first test that asks and stopped at the end.
 
 The hooks here sort the tests into tiers (see tests/tiers.py): a test is marked by the fixtures it
 uses, and a test outside the integration tier fails if it starts a process."""
@@ -21,17 +21,23 @@ from tests.tiers import ProcessGuard, tiers_of
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from selenium.webdriver.chrome.webdriver import WebDriver
 
     from keyfailover.tools.services import PatroniGroup, PostgreSQL, ZooKeeper
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Ctrl-C acted on, here and in every process the tests start, even when the run was started with it
-    ignored (a background job of a non-interactive shell, as CI may start it). An ignored SIGINT is
-    inherited across exec and Python then leaves it ignored, so a test that sends one to a command
-    would wait for nothing; a handler is reset to the default at exec, so children act on it again."""
+    """No Hypothesis plugins; Ctrl-C acted on, here and in every process the tests start, even when the
+    run was started with it ignored (a background job of a non-interactive shell, as CI may start it).
+    An ignored SIGINT is inherited across exec and Python then leaves it ignored, so a test that sends
+    one to a command would wait for nothing; a handler is reset to the default at exec, so children act
+    on it again."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Hypothesis loads the plugins installed packages declare, on its first import: trio's (Selenium
+    # brings trio) runs ``ldconfig`` then, which would fail a unit-tier test that imports Hypothesis first.
+    # The tests use no Hypothesis plugin.
+    os.environ.setdefault("HYPOTHESIS_NO_PLUGINS", "1")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -109,6 +115,25 @@ def spark(java: str) -> Iterator[SparkSession]:
             os.environ.pop("PYSPARK_PYTHON", None)
         else:
             os.environ["PYSPARK_PYTHON"] = previous
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[WebDriver]:
+    """Debian's Chromium, headless, driven by Selenium through Debian's chromedriver; quit at the end.
+
+    Skipped, naming what is missing and how to install it, only when Chromium, chromedriver or
+    Selenium cannot be found (``scripts/setup-system``, which ``scripts/test`` runs, installs the first two).
+    """
+    from keyfailover.tools._browser import browser_missing, start_chromium
+
+    missing = browser_missing()
+    if missing is not None:
+        pytest.skip(missing)
+    driver = start_chromium()
+    try:
+        yield driver
+    finally:
+        driver.quit()
 
 
 @pytest.fixture(scope="session")

@@ -27,8 +27,17 @@ HEADERS = {
     "bench_e2e.py": ("system", "mode", "messages", "msgs/s", "p50 ms", "p99 ms", "vs redis same durability"),
     "bench_cluster.py": ("setup", "durability", "msgs/s produce+consume", "vs single-node SQLite", "order violations"),
     "bench_pulsar.py": ("client", "messages", "produce msgs/s", "consume msgs/s", "server CPU us/msg", "client CPU"),
+    "bench_console.py": (
+        "console pages",
+        "live at the end",
+        "msgs/s",
+        "server CPU s/s",
+        "server CPU µs/msg",
+        "vs no pages",
+    ),
 }
 ALSO_PRINTS = {
+    "bench_console.py": ("server CPU with 2 console pages open <= 1.05x without",),
     "bench_e2e.py": ("Publish → receive latency from the broker's publish time",),
     "bench_held.py": ("bytes/message", "dict + list (baseline)"),
     "bench_pulsar.py": ("per-key order held in every run", "within 2x of the native client"),

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,8 +21,9 @@ from keyfailover.tools._ownership import Ownership
 from keyfailover.tools.cli import main
 from keyfailover.tools.demo import DemoReport, run_core_demo, run_server_demo
 from keyfailover.tools.demo._cluster import _two_owners
+from keyfailover.tools.demo._server import console_url
 from keyfailover.tools.demo._traffic import Observed, Produced, check_events
-from tests.server_process import run_cli, skip_without_patroni, wait_until
+from tests.server_process import run_cli, run_main, skip_without_patroni, wait_until
 
 
 def test_demo_keeps_every_guarantee() -> None:
@@ -64,6 +68,8 @@ def test_server_demo_consumes_everything_in_key_order() -> None:
     assert report.redeliveries > 0
     text = out.getvalue()
     assert "every event outside its ranges was consumed: True" in text
+    assert re.search(r"^console: http://127\.0\.0\.1:\d+/ui#/subscription/accounts/ledger$", text, re.M), text
+    assert "keeping the server up" not in text  # no linger by default
     # Five tables, one line per live consumer (it may own several ranges): the shares of each add up.
     tables = re.findall(r"^  consumer  hash ranges +received  status   first ranges\n((?:  c\d .*\n)+)", text, re.M)
     assert [len(table.splitlines()) for table in tables] == [2, 3, 4, 3, 2]
@@ -378,6 +384,59 @@ def test_a_single_store_is_for_the_cluster_demo_only(kind: list[str], capsys: py
     assert capsys.readouterr().err == (
         "keyfailover demo: --single-store goes with --cluster: only the cluster demo has a store to choose\n"
     )
+
+
+@pytest.mark.parametrize("kind", [["--core"], ["--cluster"]])
+def test_linger_is_for_the_server_demo_only(kind: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", *kind, "--linger", "5"]) == 2
+    assert capsys.readouterr().err == (
+        "keyfailover demo: --linger goes with the server demo (no --core, no --cluster): only it serves the console\n"
+    )
+
+
+@pytest.mark.parametrize("seconds", ["-1", "inf", "soon"])
+def test_linger_takes_seconds_from_0(seconds: str) -> None:
+    done = run_main("demo", "--linger", seconds)
+    assert done.returncode == 2
+    assert "argument --linger: expected a" in done.stderr and f"number >= 0, got {seconds!r}" in done.stderr
+
+
+def test_the_console_url_names_the_subscription_page_with_each_name_encoded() -> None:
+    assert console_url("http://127.0.0.1:9650") == "http://127.0.0.1:9650/ui#/subscription/accounts/ledger"
+    assert console_url("http://127.0.0.1:9650/", "a b/c", "s#1") == (
+        "http://127.0.0.1:9650/ui#/subscription/a%20b%2Fc/s%231"
+    )
+
+
+@pytest.mark.integration
+def test_the_server_demo_lingers_with_its_consumers_until_stopped() -> None:
+    """With a linger of a minute the server and the last consumers stay up after the run, the console URL
+    printed at the start still answers, and setting the stop event ends the demo well before the minute."""
+    out, stop = io.StringIO(), threading.Event()
+    reports: list[DemoReport] = []
+    demo = threading.Thread(
+        target=lambda: reports.append(
+            run_server_demo(events=2_000, accounts=200, seed=5, out=out, linger=60.0, stop=stop)
+        )
+    )
+    demo.start()
+    try:
+        wait_until(lambda: "keeping the server up for 60 s" in out.getvalue(), "the demo lingers", timeout=180)
+        found = re.search(
+            r"^console: (http://127\.0\.0\.1:\d+)/ui#/subscription/accounts/ledger$", out.getvalue(), re.M
+        )
+        assert found is not None, out.getvalue()
+        query = "/ranges?topic=accounts&subscription=ledger"
+        with urllib.request.urlopen(found.group(1) + query, timeout=10) as response:
+            ranges = json.load(response)["ranges"]
+        assert {r["consumer"] for r in ranges} == {"c2", "c3"}
+    finally:
+        stop.set()
+        demo.join(timeout=60)
+    assert not demo.is_alive(), "the demo went on lingering after the stop event was set"
+    (report,) = reports
+    assert report.problems == []
+    assert out.getvalue().count("console: ") == 2
 
 
 def test_the_owner_check_finds_two_brokers_serving_a_partition_and_lets_a_killed_one_go() -> None:

@@ -3,7 +3,7 @@
 Markers, registered in pyproject.toml and checked with ``--strict-markers``:
 
 - ``integration``: the test starts real processes, such as ``keyfailover serve``, a CLI interpreter,
-  ZooKeeper, PostgreSQL or Spark's JVM.
+  ZooKeeper, PostgreSQL, Spark's JVM or a headless Chromium.
 - ``cluster``: it needs ZooKeeper or PostgreSQL; always integration too.
 - ``spark``: it needs a local Spark session; always integration too.
 - ``slow``: it takes seconds without starting anything, such as a long property search.
@@ -43,6 +43,7 @@ SERVICE_FIXTURES: dict[str, tuple[str, ...]] = {
     "patroni": ("integration", "cluster"),
     "java": ("integration", "spark"),
     "spark": ("integration", "spark"),
+    "browser": ("integration",),
 }
 """The markers a test gets for using a shared fixture of tests/conftest.py that starts a service."""
 

@@ -25,6 +25,8 @@ from keyfailover.tools.cli._common import (
 def _demo(args: argparse.Namespace) -> int:
     if args.single_store and not args.cluster:
         raise _UsageError("--single-store goes with --cluster: only the cluster demo has a store to choose")
+    if args.linger > 0 and (args.core or args.cluster):
+        raise _UsageError("--linger goes with the server demo (no --core, no --cluster): only it serves the console")
     if args.core:
         from keyfailover.tools.demo import run_core_demo
 
@@ -38,7 +40,7 @@ def _demo(args: argparse.Namespace) -> int:
     else:
         from keyfailover.tools.demo import run_server_demo
 
-        report = run_server_demo(events=args.messages, accounts=args.keys, seed=args.seed)
+        report = run_server_demo(events=args.messages, accounts=args.keys, seed=args.seed, linger=args.linger)
     return 1 if report.problems else 0
 
 
@@ -64,6 +66,14 @@ def add_demo(commands: SubParsers) -> None:
     )
     demo.add_argument("--keys", type=_positive_int, default=2_000, help="distinct Zipf(1.1) keys (default 2000)")
     demo.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
+    demo.add_argument(
+        "--linger",
+        type=_non_negative_float,
+        default=0.0,
+        metavar="S",
+        help="keep the server and the last consumers up S seconds after the run, to watch the console whose URL "
+        "the demo prints (default 0; Ctrl-C ends it sooner)",
+    )
     demo.set_defaults(run=_demo)
 
 

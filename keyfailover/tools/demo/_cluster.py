@@ -41,7 +41,7 @@ from keyfailover.core.errors import KeyFailoverError
 from keyfailover.tools._ownership import Ownership, ownership_events
 from keyfailover.tools._signals import sigterm_interrupts
 from keyfailover.tools.demo._report import DemoReport, zipf_ids
-from keyfailover.tools.demo._traffic import Observed, Produced, Worker, conclude, wait_for
+from keyfailover.tools.demo._traffic import TOPIC, Observed, Produced, Worker, conclude, wait_for
 from keyfailover.tools.services import (
     PatroniGroup,
     PostgreSQL,
@@ -53,7 +53,6 @@ from keyfailover.tools.services import (
 
 __all__ = ["run_cluster_demo"]
 
-TOPIC = "accounts"
 PARTITIONS = 6
 BROKERS = 3
 SESSION_TIMEOUT = 2.0

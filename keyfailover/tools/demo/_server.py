@@ -6,8 +6,11 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -22,9 +25,25 @@ from keyfailover.tools.demo._report import (
     in_hash_order,
     zipf_ids,
 )
-from keyfailover.tools.demo._traffic import Observed, Produced, Worker, conclude, wait_for
+from keyfailover.tools.demo._traffic import SUBSCRIPTION, TOPIC, Observed, Produced, Worker, conclude, wait_for
 
-__all__ = ["run_server_demo"]
+__all__ = ["console_url", "run_server_demo", "started"]
+
+
+def started(server: subprocess.Popen[str]) -> tuple[str, str]:
+    """The client URL ``kf://HOST:PORT`` and the admin URL that a ``keyfailover serve --metrics-port`` process
+    prints once it serves; :class:`KeyFailoverError` with what it printed instead when it did not start."""
+    assert server.stdout is not None
+    line, admin = server.stdout.readline(), server.stdout.readline()
+    if not line.startswith("listening on ") or not admin.startswith("metrics on "):
+        raise KeyFailoverError(f"keyfailover serve did not start: it printed {line!r} and {admin!r}")
+    return "kf://" + line.split("listening on ", 1)[1].strip(), admin.split("metrics on ", 1)[1].strip()
+
+
+def console_url(admin: str, topic: str = TOPIC, subscription: str = SUBSCRIPTION) -> str:
+    """The console's page of ``subscription`` of ``topic`` on the admin endpoint ``admin`` (``http://HOST:PORT``)."""
+    quoted = "/".join(urllib.parse.quote(name, safe="") for name in (topic, subscription))
+    return f"{admin.rstrip('/')}/ui#/subscription/{quoted}"
 
 
 def _print_server_ranges(
@@ -48,10 +67,24 @@ def _print_server_ranges(
         out.write(f"  {name:<10}{summary:<28}{received.get(name, 0):>10}  {status:<9}{listed}\n")
 
 
-def run_server_demo(events: int = 30_000, accounts: int = 2_000, seed: int = 7, out: TextIO = sys.stdout) -> DemoReport:
-    """Run the scripted scenario against a real server process; returns what was observed."""
+def run_server_demo(
+    events: int = 30_000,
+    accounts: int = 2_000,
+    seed: int = 7,
+    out: TextIO = sys.stdout,
+    *,
+    linger: float = 0.0,
+    stop: threading.Event | None = None,
+) -> DemoReport:
+    """Run the scripted scenario against a real server process; returns what was observed.
+
+    The console's URL is printed once the server is up. After the run the server and the consumers still
+    there stay up ``linger`` seconds, or until ``stop`` is set, so that the console can be watched.
+    """
     if events < 1000 or accounts < 1:
         raise KeyFailoverError(f"demo needs events >= 1000 and accounts >= 1, got {events} and {accounts}")
+    if linger < 0:
+        raise KeyFailoverError(f"demo needs linger >= 0 seconds, got {linger}")
     account_ids = zipf_ids(events, accounts, seed)
     report = DemoReport()
     observed = Observed()
@@ -69,14 +102,31 @@ def run_server_demo(events: int = 30_000, accounts: int = 2_000, seed: int = 7, 
             text=True,
         )
         try:
-            assert server.stdout is not None
-            line, admin = server.stdout.readline(), server.stdout.readline()
-            if not line.startswith("listening on ") or not admin.startswith("metrics on "):
-                raise KeyFailoverError(f"the demo server did not start: {line!r} {admin!r}")
-            url = "kf://" + line.split("listening on ", 1)[1].strip()
+            url, admin_url = started(server)
             out.write(f"server listening at {url}; producing {events} events over {accounts} Zipf(1.1) accounts\n")
-            stats = _ConsumerStats(admin.split("metrics on ", 1)[1].strip())
-            _scenario(url, account_ids, stats, observed=observed, produced=produced, report=report, out=out)
+            out.write(f"console: {console_url(admin_url)}\n")
+            out.flush()
+
+            def linger_after_the_run() -> None:
+                if linger > 0:
+                    out.write(
+                        f"\nkeeping the server up for {linger:g} s (Ctrl-C to stop) so that you can watch the "
+                        f"console: {console_url(admin_url)}\n"
+                    )
+                    out.flush()
+                    (stop or threading.Event()).wait(linger)
+
+            stats = _ConsumerStats(admin_url)
+            _scenario(
+                url,
+                account_ids,
+                stats,
+                observed=observed,
+                produced=produced,
+                report=report,
+                out=out,
+                linger=linger_after_the_run,
+            )
         finally:
             server.terminate()
             _, errors = server.communicate(timeout=30)
@@ -110,11 +160,13 @@ def _scenario(
     produced: Produced,
     report: DemoReport,
     out: TextIO,
+    linger: Callable[[], None],
 ) -> None:
+    """The story of the module's docstring; ``linger`` is called at the end, before the last consumers leave."""
     events = len(account_ids)
     with Client(url) as client:
         workers = {name: Worker(client, name, observed, 200) for name in ("c1", "c2")}
-        producer = client.create_producer("accounts", "demo-producer")
+        producer = client.create_producer(TOPIC, "demo-producer")
 
         _print_server_ranges(out, "c1 and c2 share the hash space", workers, observed, report)
         steps = {
@@ -154,6 +206,7 @@ def _scenario(
         title = "stalled c4 is removed: its unacked events go to the new owners"
         _print_server_ranges(out, title, workers, observed, report)
         wait_for(lambda: len(observed.first) >= len(produced.stored), 60.0)
+        linger()
         for worker in workers.values():
             worker.leave()
 

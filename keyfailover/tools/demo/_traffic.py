@@ -20,7 +20,22 @@ from keyfailover.client import Client, ClientClosed, Consumer, Message, Producer
 from keyfailover.core.partitions import partition_of_key
 from keyfailover.tools.demo._report import DemoReport, final_table, verdict
 
-__all__ = ["Arrivals", "Observed", "Produced", "Worker", "check_events", "conclude", "wait_for"]
+__all__ = [
+    "SUBSCRIPTION",
+    "TOPIC",
+    "Arrivals",
+    "Observed",
+    "Produced",
+    "Worker",
+    "check_events",
+    "conclude",
+    "wait_for",
+]
+
+TOPIC = "accounts"
+"""The topic of the account events."""
+SUBSCRIPTION = "ledger"
+"""The subscription the demos' consumers share."""
 
 EventId = tuple[int, int]
 """(partition, position) of a stored event."""
@@ -146,11 +161,11 @@ def conclude(out: TextIO, report: DemoReport, produced: Produced, observed: Obse
 
 
 class Worker:
-    """One consumer of ``accounts`` on its own thread; ``stall`` stops it acking (it keeps what it holds)."""
+    """One consumer of :data:`TOPIC` on its own thread; ``stall`` stops it acking (it keeps what it holds)."""
 
     def __init__(self, client: Client, name: str, observed: Observed, queue: int, *, stalled: bool = False) -> None:
         self.name = name
-        self.consumer: Consumer = client.subscribe("accounts", "ledger", consumer_name=name, receiver_queue_size=queue)
+        self.consumer: Consumer = client.subscribe(TOPIC, SUBSCRIPTION, consumer_name=name, receiver_queue_size=queue)
         self.stalled = threading.Event()
         if stalled:
             self.stalled.set()

@@ -37,7 +37,7 @@ HEADERS = {
     ),
 }
 ALSO_PRINTS = {
-    "bench_console.py": ("server CPU with 2 console pages open <= 1.05x without",),
+    "bench_console.py": ("server CPU per message with 2 console pages open <= 1.05x with them on a decoy",),
     "bench_e2e.py": ("Publish → receive latency from the broker's publish time",),
     "bench_held.py": ("bytes/message", "dict + list (baseline)"),
     "bench_pulsar.py": ("per-key order held in every run", "within 2x of the native client"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import urllib.parse
 import urllib.request
 import uuid
@@ -213,6 +214,58 @@ def test_the_bar_s_segments_are_the_ranges_of_the_server_one_per_range_in_slot_o
         assert segments == served_ranges(server)
         assert segments[0][1] == 0 and segments[-1][2] == 65535
         assert all(before[2] + 1 == after[1] for before, after in itertools.pairwise(segments))
+
+
+def _linear(colour: str) -> tuple[float, float, float]:
+    """The linear RGB of a ``#rrggbb`` colour (sRGB's transfer undone)."""
+    channels = (int(colour[at : at + 2], 16) / 255 for at in (1, 3, 5))
+    r, g, b = (c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in channels)
+    return r, g, b
+
+
+def _lab(colour: str) -> tuple[float, float, float]:
+    """CIE L*a*b* (D65) of a ``#rrggbb`` colour."""
+    r, g, b = _linear(colour)
+    x = (0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047
+    y = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    z = (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883
+
+    def f(t: float) -> float:
+        return t ** (1 / 3) if t > 216 / 24389 else (24389 / 27 * t + 16) / 116
+
+    return 116 * f(y) - 16, 500 * (f(x) - f(y)), 200 * (f(y) - f(z))
+
+
+def _contrast(text: str, background: str) -> float:
+    """WCAG 2 contrast ratio of two ``#rgb`` or ``#rrggbb`` colours."""
+
+    def luminance(colour: str) -> float:
+        full = colour if len(colour) == 7 else "#" + "".join(c * 2 for c in colour[1:])
+        r, g, b = _linear(full)
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+    lighter, darker = sorted((luminance(text), luminance(background)), reverse=True)
+    return (lighter + 0.05) / (darker + 0.05)
+
+
+def test_32_consumers_get_colours_far_apart_with_readable_names_on_them(
+    server: ServerProcess, console: WebDriver
+) -> None:
+    """The page's colours for 32 consumers differ pairwise by a CIE76 distance of 20 or more, far above the
+    2.3 an eye can just tell apart, and a name drawn on each has a WCAG contrast of 4.5 or more."""
+    open_page(console, server, "#/dlq")
+    shown(console, lambda: state(console).startswith("live"), "the page live")
+    colours: list[dict[str, str]] = console.execute_script(
+        "return Array.from({length: 32}, (_, i) => colour('palette-test-' + i));"
+    )
+    backgrounds = [c["background"] for c in colours]
+    assert len(set(backgrounds)) == 32 and all(len(b) == 7 and b.startswith("#") for b in backgrounds)
+    labs = [_lab(b) for b in backgrounds]
+    closest = min(math.dist(a, b) for a, b in itertools.combinations(labs, 2))
+    assert closest >= 20, f"two of the 32 colours are only {closest:.1f} apart"
+    for c in colours:
+        contrast = _contrast(c["text"], c["background"])
+        assert contrast >= 4.5, f"{c['text']} on {c['background']}: contrast {contrast:.1f}"
 
 
 def test_a_server_with_a_token_has_the_page_ask_for_it_refuse_a_wrong_one_and_take_the_right_one(

@@ -75,10 +75,30 @@ const percent = (share) => `${(100 * share).toFixed(1)}%`;
 const clock = (seconds) => new Date(seconds * 1000).toLocaleTimeString();
 const rate = (value) => value.toFixed(1);
 
-// Consumer colours: hues spread by the golden angle, three lightness levels in turn (32+ distinguishable).
+// Consumer colours: 32 chosen to differ pairwise by at least 28 (CIE76 distance in Lab), the first 32
+// consumers taking them in turn; further consumers get hues spread by the golden angle.
+const PALETTE = ["#1b5ebb", "#1af91a", "#f91a1a", "#e6dba8", "#f91af9", "#772237", "#f9f91a", "#1ad4f9",
+  "#138626", "#fc92e2", "#f99c1a", "#1a1af9", "#1af9c1", "#f91a77", "#776222", "#710495", "#227769", "#e97d67",
+  "#a8e967", "#a8ade6", "#951004", "#225477", "#d1059e", "#bbae1b", "#5664fb", "#e6a8b7", "#9df1dc", "#1af977",
+  "#c967e9", "#772269", "#aff91a", "#a392fc"];
+
+// Relative luminance of a #rrggbb colour (WCAG), to put dark or light text on it.
+function luminance(hex) {
+  const [r, g, b] = [1, 3, 5].map((at) => {
+    const c = parseInt(hex.slice(at, at + 2), 16) / 255;
+    return c <= 0.04045 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4;
+  });
+  return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+}
+
 function colour(consumer) {
   if (!colourIndex.has(consumer)) colourIndex.set(consumer, colourIndex.size);
   const index = colourIndex.get(consumer);
+  if (index < PALETTE.length) {
+    const background = PALETTE[index];
+    // White text up to a luminance of 0.19, where #111 starts to contrast more (WCAG: at least 4.5 either way).
+    return { background, text: luminance(background) > 0.19 ? "#111" : "#fff" };
+  }
   const lightness = [38, 58, 74][index % 3];
   return { background: `hsl(${(index * 137.508) % 360}, 70%, ${lightness}%)`, text: lightness > 50 ? "#111" : "#fff" };
 }
@@ -212,7 +232,7 @@ function subscriptionPage(topic, subscription) {
     "draining keys", "stuck", "stalled", "expired leases", "redeliveries"]);
   const history = el("div", { id: "history" });
   const backlog = chart("backlog (messages)");
-  const latency = chart("delivery latency (mean seconds)");
+  const latency = chart("delivery latency (mean, publish to delivery)");
   const charts = el("div", { class: "charts" });
   charts.append(backlog.figure, latency.figure);
   const ranges = table("range-table", ["start", "end", "consumer", "slots", "traffic"]);

@@ -42,9 +42,12 @@ def test_an_expired_lease_takes_the_stuck_consumers_keys_to_the_others_in_order(
     first = d.poll()
     assert {x.consumer for x in first} == {"a"}
     assert d.next_deadline() == 100.0 + TIMEOUT
+    assert d.stats()["consumers"]["a"]["lease_ends_in"] == pytest.approx(TIMEOUT)
+    assert d.stats()["consumers"]["b"]["lease_ends_in"] is None  # nothing in flight
     clock.advance(TIMEOUT - 0.001)
     assert d.poll() == []  # not due yet
     assert not d.stats()["consumers"]["a"]["stuck"]
+    assert d.stats()["consumers"]["a"]["lease_ends_in"] == pytest.approx(0.001)
     clock.advance(0.001)
     again = d.poll()
     # Every delivery came back (each key's later ones with it) and went to b, in position order.

@@ -1574,12 +1574,14 @@ class Dispatcher:
         now = self._clock()
         for cid, consumer in self._consumers.items():
             slots, unacked = draining[cid]
+            first = next(iter(consumer.inflight.values()), None)  # in deadline order: the first ends first
             consumers[cid] = {
                 "ranges": self._ranges_of(cid),
                 "standby": cid in self._standby,
                 "stuck": consumer.stuck,
                 "stalled": not self._progressing(consumer, now),
                 "expired": consumer.expired_count,
+                "lease_ends_in": max(first.deadline - now, 0.0) if first is not None and self._ack_timeout else None,
                 "permits": consumer.permits + consumer.withheld,
                 "unacked_limit_reached": consumer.unacked_blocked,
                 "unacked": len(consumer.inflight),

@@ -71,6 +71,8 @@ def subscription_view(
             row["stalled"] = row["stalled"] or stats["stalled"]
             for field, source in _SUMMED.items():
                 row[field] += stats[source]
+            ends = [e for e in (row["lease_ends_in"], stats["lease_ends_in"]) if e is not None]
+            row["lease_ends_in"] = min(ends, default=None)
         draining += [list(r) for r in dispatcher.draining_slots()]
         changes += [
             {
@@ -130,6 +132,7 @@ def _consumer_row(cid: str) -> dict[str, Any]:
         "standby": True,
         "stuck": False,
         "stalled": False,
+        "lease_ends_in": None,
         **dict.fromkeys(_SUMMED, 0),
     }
 

@@ -229,7 +229,7 @@ function subscriptionPage(topic, subscription) {
   for (const mark of [0, 16384, 32768, 49152, 65535]) scale.append(el("span", {}, String(mark)));
   const summary = el("p", { class: "note" });
   const consumers = table("consumers", ["consumer", "ranges", "slots", "traffic", "rate/s", "permits", "unacked",
-    "draining keys", "stuck", "stalled", "expired leases", "redeliveries"]);
+    "draining keys", "stuck", "stalled", "next lease ends", "expired leases", "redeliveries"]);
   const history = el("div", { id: "history" });
   const backlog = chart("backlog (messages)");
   const latency = chart("delivery latency (mean, publish to delivery)");
@@ -255,11 +255,12 @@ function subscriptionPage(topic, subscription) {
       name.append(swatch(c.consumer), document.createTextNode(c.consumer));
       cells(row, [name, c.standby ? "standby" : c.ranges.map(([a, b]) => `${a}-${b}`).join(", "),
         percent(c.slot_share), percent(c.traffic_share), rate(c.rate), c.permits, c.unacked, c.draining_keys,
-        c.stuck ? "stuck" : "no", c.stalled ? "stalled" : "no", c.expired_leases, c.redeliveries]);
+        c.stuck ? "stuck" : "no", c.stalled ? "stalled" : "no",
+        c.lease_ends_in === null ? "-" : `in ${c.lease_ends_in.toFixed(1)} s`, c.expired_leases, c.redeliveries]);
     });
     drawHistory(history, view.changes);
     backlog.draw(view.series.map((s) => ({ time: s.time, value: s.backlog })),
-      (n) => `${Math.round(n).toLocaleString()} messages`);
+      (n) => `${Math.round(n).toLocaleString()} message${Math.round(n) === 1 ? "" : "s"}`);
     latency.draw(view.series.filter((s) => s.delivery_seconds !== null)
       .map((s) => ({ time: s.time, value: s.delivery_seconds })), (seconds) => `${(1000 * seconds).toFixed(1)} ms`);
     syncRows(ranges.tBodies[0], view.ranges, (r) => `${r.start}`, (row, r) => {

@@ -17,7 +17,7 @@ calling mmh3 through ``keyfailover.key_hashes``, each summed over all rows. Ever
 once to warm up, then the jobs take turns, best of 3 (1 with ``--quick``). The counts and
 the sums of the shared hash are checked against each other.
 
-Read. 1,000,000 messages (50,000 with ``--quick``) over 10,000 keys, each key equally often, each payload a
+Read. 1,000,000 messages (10,000 with ``--quick``) over 10,000 keys, each key equally often, each payload a
 JSON line of 100 bytes, no properties, are produced once, before any timing, through one broker of a cluster
 (ZooKeeper and PostgreSQL started on loopback in temporary folders, as ``bench_cluster`` starts them) to a
 topic of 4 partitions: they are stored in the cluster's PostgreSQL log. Each job then reads every message
@@ -425,7 +425,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a small run that finishes in a couple of minutes")
     parser.add_argument("--only", choices=("partitioning", "read", "write"), default=None, help="run only this part")
     options = parser.parse_args()
-    count, repeats = (50_000, 1) if options.quick else (1_000_000, 2)
+    count, repeats = (10_000, 1) if options.quick else (1_000_000, 2)
     spark = local_session(
         "keyfailover-bench-spark",
         config={"spark.driver.memory": "3g", "spark.sql.shuffle.partitions": str(CONSUMERS)},

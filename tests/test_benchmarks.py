@@ -33,7 +33,7 @@ HEADERS = {
         "msgs/s",
         "server CPU s/s",
         "server CPU µs/msg",
-        "vs no pages",
+        "vs pages on the decoy",
     ),
 }
 ALSO_PRINTS = {

@@ -57,9 +57,32 @@ def test_core_demo_command_line_exits_zero() -> None:
 
 
 @pytest.mark.integration
-def test_server_demo_consumes_everything_in_key_order() -> None:
-    out = io.StringIO()
-    report = run_server_demo(events=6_000, accounts=400, seed=5, out=out)
+def test_server_demo_consumes_everything_in_key_order_then_lingers_until_stopped() -> None:
+    """The scripted run, then a linger of a minute: the server and the last consumers stay up, the console URL
+    printed at the start answers, and setting the stop event ends the demo well before the minute."""
+    out, stop = io.StringIO(), threading.Event()
+    reports: list[DemoReport] = []
+    demo = threading.Thread(
+        target=lambda: reports.append(
+            run_server_demo(events=6_000, accounts=400, seed=5, out=out, linger=60.0, stop=stop)
+        )
+    )
+    demo.start()
+    try:
+        wait_until(lambda: "keeping the server up for 60 s" in out.getvalue(), "the demo lingers", timeout=180)
+        found = re.search(
+            r"^console: (http://127\.0\.0\.1:\d+)/ui#/subscription/accounts/ledger$", out.getvalue(), re.M
+        )
+        assert found is not None, out.getvalue()
+        with urllib.request.urlopen(
+            found.group(1) + "/ranges?topic=accounts&subscription=ledger", timeout=10
+        ) as answer:
+            assert {r["consumer"] for r in json.load(answer)["ranges"]} == {"c2", "c3"}
+    finally:
+        stop.set()
+        demo.join(timeout=60)
+    assert not demo.is_alive(), "the demo went on lingering after the stop event was set"
+    (report,) = reports
     assert report.problems == []
     assert report.published == report.acked == 6_000
     assert set(report.deliveries) <= {"c1", "c2", "c3", "c4"}
@@ -68,8 +91,7 @@ def test_server_demo_consumes_everything_in_key_order() -> None:
     assert report.redeliveries > 0
     text = out.getvalue()
     assert "every event outside its ranges was consumed: True" in text
-    assert re.search(r"^console: http://127\.0\.0\.1:\d+/ui#/subscription/accounts/ledger$", text, re.M), text
-    assert "keeping the server up" not in text  # no linger by default
+    assert text.count("console: ") == 2  # at the start, and again as it lingers
     # Five tables, one line per live consumer (it may own several ranges): the shares of each add up.
     tables = re.findall(r"^  consumer  hash ranges +received  status   first ranges\n((?:  c\d .*\n)+)", text, re.M)
     assert [len(table.splitlines()) for table in tables] == [2, 3, 4, 3, 2]
@@ -99,6 +121,7 @@ def test_server_demo_command_line_exits_zero() -> None:
     done = run_cli("demo", "--messages", "3000", "--keys", "200", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "every event stored was consumed, none twice" in done.stdout
+    assert "keeping the server up" not in done.stdout  # no linger by default
 
 
 def test_the_event_checks_name_each_broken_guarantee() -> None:
@@ -406,37 +429,6 @@ def test_the_console_url_names_the_subscription_page_with_each_name_encoded() ->
     assert console_url("http://127.0.0.1:9650/", "a b/c", "s#1") == (
         "http://127.0.0.1:9650/ui#/subscription/a%20b%2Fc/s%231"
     )
-
-
-@pytest.mark.integration
-def test_the_server_demo_lingers_with_its_consumers_until_stopped() -> None:
-    """With a linger of a minute the server and the last consumers stay up after the run, the console URL
-    printed at the start still answers, and setting the stop event ends the demo well before the minute."""
-    out, stop = io.StringIO(), threading.Event()
-    reports: list[DemoReport] = []
-    demo = threading.Thread(
-        target=lambda: reports.append(
-            run_server_demo(events=2_000, accounts=200, seed=5, out=out, linger=60.0, stop=stop)
-        )
-    )
-    demo.start()
-    try:
-        wait_until(lambda: "keeping the server up for 60 s" in out.getvalue(), "the demo lingers", timeout=180)
-        found = re.search(
-            r"^console: (http://127\.0\.0\.1:\d+)/ui#/subscription/accounts/ledger$", out.getvalue(), re.M
-        )
-        assert found is not None, out.getvalue()
-        query = "/ranges?topic=accounts&subscription=ledger"
-        with urllib.request.urlopen(found.group(1) + query, timeout=10) as response:
-            ranges = json.load(response)["ranges"]
-        assert {r["consumer"] for r in ranges} == {"c2", "c3"}
-    finally:
-        stop.set()
-        demo.join(timeout=60)
-    assert not demo.is_alive(), "the demo went on lingering after the stop event was set"
-    (report,) = reports
-    assert report.problems == []
-    assert out.getvalue().count("console: ") == 2
 
 
 def test_the_owner_check_finds_two_brokers_serving_a_partition_and_lets_a_killed_one_go() -> None:

@@ -215,21 +215,19 @@ def add_admin(commands: SubParsers) -> None:
     configure.set_defaults(run=_configure)
 
 
+_DLQ_CHANGES = {
+    "replay": ("/dlq/replay", "replayed {replayed} dead letter(s) to {topic}"),
+    "purge": ("/dlq/purge", "purged {purged} dead letter(s) of {topic}/{subscription}"),
+}
+"""The dead-letter actions that change something: their POST route, and what is printed of its answer."""
+
+
 def _dlq(args: argparse.Namespace) -> int:
     query = {"topic": args.topic, "subscription": args.subscription}
-    if args.action == "replay":
-        found = _admin_call(args, "/dlq/replay", query, method="POST")
-        if args.json:
-            print(json.dumps(found, indent=2, sort_keys=True))
-        else:
-            print(f"replayed {found['replayed']} dead letter(s) to {args.topic}")
-        return 0
-    if args.action == "purge":
-        found = _admin_call(args, "/dlq/purge", query, method="POST")
-        if args.json:
-            print(json.dumps(found, indent=2, sort_keys=True))
-        else:
-            print(f"purged {found['purged']} dead letter(s) of {args.topic}/{args.subscription}")
+    if args.action in _DLQ_CHANGES:
+        path, done = _DLQ_CHANGES[args.action]
+        found = _admin_call(args, path, query, method="POST")
+        print(json.dumps(found, indent=2, sort_keys=True) if args.json else done.format_map(found))
         return 0
     found = _admin_call(args, "/dlq", {**query, "limit": str(args.limit)})
     if args.json:

@@ -14,10 +14,11 @@ batch runs again after a restart, and the broker stores it once.
     .venv/bin/python examples/spark_streaming.py --demo
 
 ``--demo`` (what ``./scripts/demo --spark`` runs) starts ``keyfailover serve`` on a free loopback
-port in a temporary folder, produces half the events, starts the query, stops it in the middle of
-the stream (when it stopped between batches, it removes the last batch's commit from the
-checkpoint, as a driver that died before recording it would leave it, so that a stored batch runs
-again), produces the other half while it is down, restarts it on its checkpoint, and then
+port in a temporary folder, produces half the events, starts the query and stops it after its
+first micro-batch, in the middle of the stream; it removes that batch's commit from the
+checkpoint, as a driver that died after the sink stored the batch and before Spark recorded it
+would leave it, so that the batch runs again; it produces the other half while the query is
+down, restarts it on its checkpoint, and then
 checks every stored balance against a sequential computation over the events' log. Exit code 1
 if a balance is missing, stored twice, out of order or wrong. Needs the ``[spark]`` extra and Java.
 """
@@ -82,10 +83,17 @@ def update_balance(key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: 
 
 
 def start_query(
-    spark: SparkSession, url: str, checkpoint: Path, max_per_trigger: int, token: str | None = None
+    spark: SparkSession,
+    url: str,
+    checkpoint: Path,
+    max_per_trigger: int,
+    token: str | None = None,
+    *,
+    one_batch: bool = False,
 ) -> StreamingQuery:
     """The balances query from the events topic to the balances topic of ``url``, trigger ``availableNow``:
-    every event there when it starts, at most ``max_per_trigger`` a micro-batch; it ends by itself."""
+    every event there when it starts, at most ``max_per_trigger`` a micro-batch; it ends by itself. With
+    ``one_batch`` its trigger comes every hour instead: it runs one micro-batch at once, then waits."""
     secret = {"token": token} if token else {}
     events = (
         spark.readStream.format("keyfailover")
@@ -111,7 +119,7 @@ def start_query(
         .options(url=url, topic=BALANCES, producerName="balances", **secret)
         .option("checkpointLocation", str(checkpoint))
         .outputMode("append")
-        .trigger(availableNow=True)
+        .trigger(**({"processingTime": "1 hour"} if one_batch else {"availableNow": True}))
         .start()
     )
 
@@ -125,8 +133,10 @@ class Run:
     stopped: bool
 
     def describe(self) -> str:
-        span = f"batches {self.batches[0]}-{self.batches[-1]}" if self.batches else "no batch"
-        ending = "then stopped in the middle of the stream" if self.stopped else "then ended: nothing left"
+        span = "no batch" if not self.batches else f"batches {self.batches[0]}-{self.batches[-1]}"
+        if len(self.batches) == 1:
+            span = f"batch {self.batches[0]}"
+        ending = "then stopped, in the middle of the stream" if self.stopped else "then ended: nothing left"
         return f"{span}, {self.events:,} events, {ending}"
 
 
@@ -150,14 +160,14 @@ def run(query: StreamingQuery, stop_after: int | None = None, timeout: float = 6
     return Run([p.batchId for p in progress], sum(p.numInputRows for p in progress), stopped)
 
 
-def forget_last_commit(checkpoint: Path) -> int | None:
-    """Remove the checkpoint's record that its last planned micro-batch completed, as if the driver had died after
-    the sink stored the batch and before Spark recorded it: the restarted query runs that batch again. The batch's
-    id; None if it had not completed, so that it runs again anyway."""
+def forget_last_commit(checkpoint: Path) -> int:
+    """Remove the checkpoint's record that its last micro-batch completed, as if the driver had died after the
+    sink stored the batch and before Spark recorded it: the restarted query runs that batch again. The batch's
+    id."""
     last = max(int(path.name) for path in (checkpoint / "offsets").iterdir() if path.name.isdigit())
     commit = checkpoint / "commits" / str(last)
     if not commit.exists():
-        return None
+        raise SystemExit(f"batch {last} of {checkpoint} has no commit: expected a query stopped between batches")
     commit.unlink()
     (checkpoint / "commits" / f".{last}.crc").unlink(missing_ok=True)
     return last
@@ -267,26 +277,23 @@ class Demo:
     first: Run
     second: Run
     replayed: int | None
-    """The batch whose commit was removed after run 1; None when run 1 stopped with a batch under way."""
+    """The batch whose commit was removed after run 1."""
     check: Check
 
 
 def demo_run(spark: SparkSession, url: str, admin_url: str, checkpoint: Path, args: argparse.Namespace) -> Demo:
-    """The demo on a running server: half the events, a run stopped mid-stream, the other half, a restarted run,
-    the check. ``spark`` has the keyfailover format registered."""
+    """The demo on a running server: half the events, a run of one micro-batch whose commit is then lost, the other
+    half, a restarted run, the check. ``spark`` has the keyfailover format registered."""
     rng = random.Random(args.seed)
     create_topics(admin_url)
     half = args.count // 2
     produce(url, half, args.accounts, rng)
     print(f"produced {half:,} events of {args.accounts:,} accounts to {EVENTS} ({PARTITIONS} partitions)")
-    first = run(start_query(spark, url, checkpoint, args.per_trigger), stop_after=args.stop_after)
+    first = run(start_query(spark, url, checkpoint, args.per_trigger, one_batch=True), stop_after=1)
     print(f"run 1: {first.describe()}")
     replayed = forget_last_commit(checkpoint)
-    if replayed is None:
-        print("  a batch was under way when it stopped: run 2 runs it again, with the rows it had stored")
-    else:
-        print(f"  batch {replayed}'s commit removed from the checkpoint, as if the driver had died after the sink")
-        print("  stored the batch and before Spark recorded it: run 2 runs it again, its rows all stored already")
+    print(f"  batch {replayed}'s commit removed from the checkpoint, as if the driver had died after the sink")
+    print("  stored the batch and before Spark recorded it: run 2 runs it again, its rows all stored already")
     produce(url, args.count - half, args.accounts, rng)
     print(f"produced {args.count - half:,} more events while the query was down")
     second = run(start_query(spark, url, checkpoint, args.per_trigger))
@@ -323,7 +330,6 @@ def main() -> int:
     parser.add_argument("--per-trigger", type=int, default=2_000, help="events a micro-batch at most (default 2000)")
     parser.add_argument("--count", type=int, default=20_000, help="--demo: events to produce (default 20000)")
     parser.add_argument("--accounts", type=int, default=500, help="--demo: distinct accounts (default 500)")
-    parser.add_argument("--stop-after", type=int, default=2, help="--demo: stop run 1 after N batches (default 2)")
     parser.add_argument("--seed", type=int, default=7, help="--demo: random seed (default 7)")
     args = parser.parse_args()
     if args.demo:

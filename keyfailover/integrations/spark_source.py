@@ -17,6 +17,7 @@ Spark in it, is :mod:`keyfailover.integrations._source_plan`.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
@@ -33,7 +34,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from keyfailover.client import LogEntry
+from keyfailover.client import LogEntries, LogEntry
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.integrations._source_plan import (
     READ_TIMEOUT,
@@ -66,8 +67,8 @@ __all__ = [
     "stream_reader",
 ]
 
-_PAGE = 1000
-"""Messages a task asks for in one read."""
+_PAGE = 5000
+"""Messages a task asks for in one read (the server answers fewer when they would not fit in one frame)."""
 
 
 def source_schema(binary_keys: bool) -> StructType:
@@ -240,28 +241,38 @@ class KeyFailoverStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
 
 def read_tasks(options: SourceOptions, schema: StructType, tasks: Sequence[ReadTask]) -> Iterator[pa.RecordBatch]:
     """Every message the ``tasks`` read, in task order and in position order within each, as Arrow record
-    batches of the source's schema, one per page read."""
+    batches of the source's schema, one per page read.
+
+    The next page is asked for as soon as a page arrives, on a thread of its own, while this one is made
+    into its record batch: the server's time and the conversion's overlap."""
     if all(task.last <= task.after for task in tasks):
         return
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
-    with connect(options) as client:
-        for task in tasks:
-            after = task.after
-            while after < task.last:
-                entries = client.read(
-                    options.topic,
-                    task.partition,
-                    after,
-                    min(_PAGE, task.last - after),
-                    slots=task.slots if task.filtered else None,
-                    timeout=READ_TIMEOUT,
+    with connect(options) as client, ThreadPoolExecutor(1, thread_name_prefix="keyfailover-source") as reader:
+
+        def page(task: ReadTask, after: int) -> LogEntries:
+            entries = client.read(
+                options.topic,
+                task.partition,
+                after,
+                min(_PAGE, task.last - after),
+                slots=task.slots if task.filtered else None,
+                timeout=READ_TIMEOUT,
+            )
+            if entries.through <= after:
+                raise KeyFailoverError(
+                    f"partition {task.partition} of topic {options.topic!r} ends at position {entries.last}, "
+                    f"before the batch's last position {task.last}: expected the log the query started on"
                 )
-                if entries.through <= after:
-                    raise KeyFailoverError(
-                        f"partition {task.partition} of topic {options.topic!r} ends at position {entries.last}, "
-                        f"before the batch's last position {task.last}: expected the log the query started on"
-                    )
-                after = entries.through
+            return entries
+
+        for task in tasks:
+            if task.last <= task.after:
+                continue
+            coming: Future[LogEntries] | None = reader.submit(page, task, task.after)
+            while coming is not None:
+                entries = coming.result()
+                coming = reader.submit(page, task, entries.through) if entries.through < task.last else None
                 kept = [entry for entry in entries.messages if entry.position <= task.last and _kept(task, entry)]
                 if kept:
                     yield _record_batch(kept, options, arrow_schema)
@@ -289,7 +300,7 @@ def _record_batch(entries: Sequence[LogEntry], options: SourceOptions, arrow_sch
         "position": [entry.position for entry in entries],
         "slot": [entry.slot for entry in entries],
         "publish_time": [entry.publish_time for entry in entries],  # µs since the epoch, as the log has them
-        "properties": [list(entry.properties.items()) for entry in entries],
+        "properties": [list(entry.properties.items()) if entry.properties else [] for entry in entries],
     }
     arrays = [pa.array(columns[field.name], type=field.type) for field in arrow_schema]
     return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)

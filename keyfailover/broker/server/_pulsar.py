@@ -114,6 +114,7 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         self._tasks: set[asyncio.Task[None]] = set()
         self._output: list[bytes] = []
         self._sends: list[Send] = []  # checked SENDs of the read being handled
+        self._last_store: asyncio.Future[Result] | None = None  # the latest store request of SENDs
         self._replied = False  # whether what is queued holds a reply, not only deliveries
 
     # -- asyncio.Protocol ------------------------------------------------------------
@@ -471,12 +472,12 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         try:
             if producer is None:
                 raise RefusedError(UnknownError, f"producer id {frame.producer_id} is not open on this connection")
-            messages, properties = sent_messages(frame)
+            messages, properties = sent_messages(frame, self._server.config.max_frame - MAX_FRAME_PADDING)
             if self._server.closing:
                 raise RefusedError(ServiceNotReady, "the server is shutting down; nothing was stored")
         except (RefusedError, KeyFailoverError) as exc:
             # ChecksumError fails this message at the client; any other error makes it reconnect and resend.
-            self._send_error(frame.producer_id, frame.sequence_id, *server_error(exc))
+            self._refuse_send(frame.producer_id, frame.sequence_id, *server_error(exc))
             return
         first, last = messages[0][0], messages[-1][0]
         self._sends.append(
@@ -485,14 +486,15 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
 
     def _store_sends(self) -> None:
         """Store the SENDs of one read: a producer's SENDs in a row go in one store request while their
-        sequence ids rise (a key-based batcher's may not), answered together when it is stored."""
+        sequence ids rise (a key-based batcher's may not), answered together when it is stored. A SEND without
+        sequence ids (a chunk but the last) is stored alone, without the producer's name: no dedup."""
         sends, self._sends = self._sends, []
         runs: list[list[Send]] = []
         last: dict[int, list[Send]] = {}  # the run each producer id is filling
         for send in sends:
             frame, producer, _, first_seq, _, _ = send
             run = last.get(frame.producer_id)
-            if run is None or run[-1][1] is not producer or run[-1][4] >= first_seq:
+            if run is None or run[-1][1] is not producer or run[-1][4] >= first_seq or run[-1][4] < 0:
                 run = last[frame.producer_id] = []
                 runs.append(run)
             run.append(send)
@@ -508,8 +510,21 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
                 if not run:
                     continue
                 messages, properties = joined(run)
-            stored = storage.append(producer.topic, producer.name, messages, properties)
+            name = producer.name if run[0][3] >= 0 else None
+            stored = storage.append(producer.topic, name, messages, properties)
             stored.add_done_callback(functools.partial(self._receipts, run))
+            self._last_store = stored
+
+    def _refuse_send(self, producer_id: int, sequence_id: int, error: int, message: str) -> None:
+        """Answer a SEND with SEND_ERROR after the receipts of the SENDs read before it: a Pulsar producer matches
+        each answer to the oldest message it waits for, and a ChecksumError for a later one makes it reconnect
+        and resend everything pending instead of failing that one message."""
+        if self._sends:
+            self._store_sends()
+        if self._last_store is None:
+            self._send_error(producer_id, sequence_id, error, message)
+        else:  # its callbacks run in the order they were added: the receipts first
+            self._last_store.add_done_callback(lambda _: self._send_error(producer_id, sequence_id, error, message))
 
     def _checked(self, run: list[Send]) -> list[Send]:
         """The SENDs of ``run`` the server takes, each checked alone (as a whole the run was refused): a

@@ -163,7 +163,8 @@ def test_sends_written_together_are_each_stored_once_in_each_producers_order(ser
 
 def test_a_key_of_another_partition_fails_its_send_only(server: ServerProcess) -> None:
     """SENDs checked together (one read, one producer): when one message's key belongs to another
-    partition, that SEND alone is refused with why, and the others are stored with their receipts."""
+    partition, that SEND alone is refused for good with why, between the receipts of the SENDs before and
+    after it, and the others are stored."""
     created = Request(f"{server.admin_url}/topics?topic=halves&partitions=2", method="POST")
     with urlopen(created, timeout=10):
         pass
@@ -176,9 +177,14 @@ def test_a_key_of_another_partition_fails_its_send_only(server: ServerProcess) -
         raw.receive_type(BaseCommand.PRODUCER_SUCCESS)
         raw.send(send_frame(0, b"a", mine[0]), send_frame(1, b"b", other), send_frame(2, b"c", mine[1]))
         answers = [raw.receive() for _ in range(3)]
+    assert [frame.command.type for frame in answers] == [
+        BaseCommand.SEND_RECEIPT,
+        BaseCommand.SEND_ERROR,
+        BaseCommand.SEND_RECEIPT,
+    ]
     refused = [frame.command.send_error for frame in answers if frame.command.type == BaseCommand.SEND_ERROR]
     receipts = [frame.command.send_receipt for frame in answers if frame.command.type == BaseCommand.SEND_RECEIPT]
-    assert [(error.sequence_id, error.error) for error in refused] == [(1, NotAllowedError)]
+    assert [(error.sequence_id, error.error) for error in refused] == [(1, ChecksumError)]  # final: not resent
     assert "message 0's key" in refused[0].message and "nothing was stored" in refused[0].message
     assert [(r.sequence_id, r.message_id.entryId, r.message_id.partition) for r in receipts] == [(0, 1, 0), (2, 2, 0)]
     assert stats(server)["halves-partition-0"] == 2

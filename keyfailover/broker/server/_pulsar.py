@@ -35,6 +35,7 @@ from keyfailover.broker.pulsar import (
 from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     AuthenticationError,
     BaseCommand,
+    ChecksumError,
     CommandAck,
     CommandLookupTopic,
     CommandPartitionedTopicMetadata,
@@ -498,22 +499,22 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
                 run = last[frame.producer_id] = []
                 runs.append(run)
             run.append(send)
-        storage = self._server.storage
-        for sent in runs:
-            producer = sent[0][1]
-            messages, properties = joined(sent)
+        for run in runs:
             try:
-                self._server.check_produce(producer.topic, messages)
-                run = sent
+                self._server.check_produce(run[0][1].topic, joined(run)[0])
             except KeyFailoverError:
-                run = self._checked(sent)
-                if not run:
-                    continue
-                messages, properties = joined(run)
-            name = producer.name if run[0][3] >= 0 else None
-            stored = storage.append(producer.topic, name, messages, properties)
-            stored.add_done_callback(functools.partial(self._receipts, run))
-            self._last_store = stored
+                self._store_checked(run)
+            else:
+                self._store(run)
+
+    def _store(self, run: list[Send]) -> None:
+        """Store the SENDs of ``run`` in one request, each answered when it is stored."""
+        producer = run[0][1]
+        messages, properties = joined(run)
+        name = producer.name if run[0][3] >= 0 else None
+        stored = self._server.storage.append(producer.topic, name, messages, properties)
+        stored.add_done_callback(functools.partial(self._receipts, run))
+        self._last_store = stored
 
     def _refuse_send(self, producer_id: int, sequence_id: int, error: int, message: str) -> None:
         """Answer a SEND with SEND_ERROR after the receipts of the SENDs read before it: a Pulsar producer matches
@@ -526,19 +527,27 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         else:  # its callbacks run in the order they were added: the receipts first
             self._last_store.add_done_callback(lambda _: self._send_error(producer_id, sequence_id, error, message))
 
-    def _checked(self, run: list[Send]) -> list[Send]:
-        """The SENDs of ``run`` the server takes, each checked alone (as a whole the run was refused): a
-        refused one is answered with why."""
-        kept = []
+    def _store_checked(self, run: list[Send]) -> None:
+        """Store the SENDs of ``run`` the server takes, each checked alone (as a whole the run was refused): a
+        refused one is answered with why, after the receipts of those before it. A key of another partition is
+        refused for good (``ChecksumError``: resent, it would be refused again); a partition this broker does
+        not serve now, with ``ServiceNotReady``, which the client retries after a lookup."""
+        kept: list[Send] = []
         for send in run:
             frame, producer, messages, _, _, _ = send
             try:
                 self._server.check_produce(producer.topic, messages)
             except KeyFailoverError as exc:
-                self._send_error(frame.producer_id, frame.sequence_id, *server_error(exc))
+                if kept:
+                    self._store(kept)
+                    kept = []
+                error, message = server_error(exc)
+                final = ServiceNotReady if error == ServiceNotReady else ChecksumError
+                self._refuse_send(frame.producer_id, frame.sequence_id, final, message)
             else:
                 kept.append(send)
-        return kept
+        if kept:
+            self._store(kept)
 
     def _receipts(self, run: list[Send], done: asyncio.Future[Result]) -> None:
         """Answer each SEND of ``run``, stored together in ``done``, in one write."""

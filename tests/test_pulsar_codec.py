@@ -174,7 +174,7 @@ def test_event_time_is_read_by_hand_and_properties_left_to_protobuf() -> None:
     """A plain message with an event time stays on the fast path; one with properties is parsed by protobuf."""
     metadata = MessageMetadata(producer_name="p", sequence_id=1, publish_time=2, partition_key="k", event_time=1234)
     body = metadata.SerializeToString()
-    assert decode_metadata(body, 0, len(body)) == ("k", None, 1234)
+    assert decode_metadata(body, 0, len(body)) == ("k", None, 1234, 0, 0)
     metadata.properties.add(key="trace", value="t-1")
     metadata.properties.add(key="", value="")
     body = metadata.SerializeToString()
@@ -560,7 +560,10 @@ def singles(draw: st.DrawFn) -> SingleMessageMetadata:
 
 def metadata_by_hand(body: bytes | bytearray) -> MessageFields | None:
     read = decode_metadata(bytes(body), 0, len(body))
-    return None if read is None else MessageFields(read[0], False, None, 0, 0, False, None, None, read[1], (), read[2])
+    if read is None:
+        return None
+    key, batch, event_time, compression, size = read
+    return MessageFields(key, False, None, compression, size, False, None, None, batch, (), event_time)
 
 
 def single_by_hand(body: bytes | bytearray) -> SingleFields | None:
@@ -586,7 +589,7 @@ def plain(message: MessageMetadata | SingleMessageMetadata, names: set[str]) -> 
 def test_metadata_read_by_hand_is_what_protobuf_reads(metadata: MessageMetadata) -> None:
     body = metadata.SerializeToString()
     read = metadata_by_hand(body)
-    names = {"producer_name", "sequence_id", "publish_time", "partition_key", "uncompressed_size"}
+    names = {"producer_name", "sequence_id", "publish_time", "partition_key", "compression", "uncompressed_size"}
     if plain(metadata, names | {"num_messages_in_batch", "event_time"}):
         assert read is not None, "metadata as clients write it is read by hand"
     if read is not None:
@@ -642,7 +645,8 @@ def test_a_mutated_batched_messages_metadata_read_by_hand_is_what_protobuf_reads
         (b"\x0a\x01p\x10\x01\x18\x02\x32\x09k", "a partition key past the end"),
         (b"\x0a\x01p\x10\x01", "no publish time"),
         (b"\x0a\x01p\x10\x01\x18\x02\x58\xff\xff\xff\xff\x0f", "a batch of -1 messages (10-byte varint)"),
-        (b"\x0a\x01p\x10\x01\x18\x02\x40\x01", "compression LZ4"),
+        (b"\x0a\x01p\x10\x01\x18\x02\x40\x09", "a compression this protobuf does not know"),
+        (b"\x0a\x01p\x10\x01\x18\x02\x40\x01\x48\x80\x80\x80\x80\x10", "an uncompressed size of 2**32"),
         (b"\x10\x01\x18\x02\x0a\x01p", "fields out of order"),
     ],
 )

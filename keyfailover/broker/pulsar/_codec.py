@@ -381,8 +381,10 @@ def parse_message(rest: bytes) -> SentMessage:
         _check_metadata(metadata, "message metadata")
         fields = metadata_fields(metadata)
     else:
-        key, batch, event_time = plain
-        fields = _message_fields((key, False, None, NONE, 0, False, None, None, batch, _NO_PROPERTIES, event_time))
+        key, batch, event_time, compression, uncompressed = plain
+        fields = _message_fields(
+            (key, False, None, compression, uncompressed, False, None, None, batch, _NO_PROPERTIES, event_time)
+        )
     return SentMessage(fields, rest[4 + size :], checksum_ok)
 
 

@@ -51,8 +51,8 @@ and their encoded properties (None: none has any)."""
 
 
 def _refused(message: str) -> RefusedError:
-    """A SEND refused for good: ``ChecksumError`` fails the client's send (its ``send()`` raises), where any other
-    SEND_ERROR makes the client reconnect and send the same bytes again, for ever."""
+    """A SEND refused for good: ``ChecksumError`` fails the client's send, which raises, where any other SEND_ERROR
+    makes the client reconnect and send the same bytes again, for ever."""
     return RefusedError(ChecksumError, f"{message}; nothing was stored")
 
 

@@ -4,12 +4,9 @@ consumer, and a refusal the client takes as final (its ``send()`` raises instead
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.request import urlopen
 
 import pulsar
 import pytest
@@ -19,13 +16,14 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from keyfailover.broker.pulsar import PULSAR_METADATA_PROPERTY
 from keyfailover.client import Client
 from tests.server_process import ServerProcess
+from tests.test_pulsar_client import stored
+from tests.test_pulsar_seek import client
 
 pytestmark = pytest.mark.integration  # a server in a process of its own
 
 MAX_FRAME = 256 * 1024
 """The server's ``--max-frame``: its max message size is this less 10 KiB, so a chunk or a large message is cheap."""
 MAX_MESSAGE = MAX_FRAME - 10 * 1024
-QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 CODECS = ["LZ4", "ZLib", "ZSTD", "SNAPPY"]
 
 
@@ -34,23 +32,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     data: Path = tmp_path_factory.mktemp("pulsar-payloads") / "data"
     with ServerProcess(data, "--metrics-port", "0", "--pulsar-port", "0", "--max-frame", str(MAX_FRAME)) as server:
         yield server
-
-
-@contextlib.contextmanager
-def client(server: ServerProcess) -> Iterator[pulsar.Client]:
-    """A Pulsar client of ``server``, closed at the end."""
-    assert server.pulsar_url is not None
-    opened = pulsar.Client(server.pulsar_url, operation_timeout_seconds=10, logger=QUIET)
-    try:
-        yield opened
-    finally:
-        opened.close()
-
-
-def stored_count(server: ServerProcess, topic: str) -> int:
-    """How many messages ``topic`` holds."""
-    with urlopen(f"{server.admin_url}/stats", timeout=10) as response:
-        return int(json.loads(response.read())["topics"].get(topic, 0))
 
 
 def received(consumer: pulsar.Consumer, count: int) -> list[tuple[str, bytes, dict[str, str]]]:
@@ -186,4 +167,4 @@ def test_chunked_messages_are_reassembled_by_the_consumer_each_key_in_order(
         got = received(consumer, len(keys))
     assert sorted(got) == sorted(zip([key or "" for key in keys], payloads, [{}] * len(keys), strict=True))
     assert [payload for key, payload, _ in got if key == "a"] == [payloads[0], payloads[3]]
-    assert stored_count(server, topic) > 2 * len(keys)  # in chunks
+    assert stored(server, topic) > 2 * len(keys)  # in chunks

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from keyfailover.broker.pulsar import PULSAR_METADATA_PROPERTY
 from keyfailover.client import Client
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, wait_until
 from tests.test_pulsar_client import stored
 from tests.test_pulsar_seek import client
 
@@ -81,15 +81,23 @@ def test_compressed_messages_come_back_as_sent_each_key_in_order(
 def test_a_compressed_message_larger_than_the_max_message_size_uncompressed_fails_its_send(
     server: ServerProcess,
 ) -> None:
-    """Consumers get messages uncompressed, so one must fit uncompressed: the client's send fails at once
-    (ChecksumError, the one refusal it does not resend), the producer goes on."""
+    """Consumers get messages uncompressed, so one must fit uncompressed: between two that fit, the client's
+    send of it fails at once (ChecksumError, the one refusal it does not resend, answered after the receipt
+    before it), and the producer goes on."""
+    topic = "too-large-uncompressed"
+    results: list[pulsar.Result] = []
     with client(server) as pc:
-        producer = pc.create_producer("too-large-uncompressed", compression_type=pulsar.CompressionType.LZ4)
+        producer = pc.create_producer(topic, compression_type=pulsar.CompressionType.LZ4)
+        for payload in (b"before", b"\0" * (MAX_MESSAGE + 1), b"after"):
+            producer.send_async(payload, lambda result, _: results.append(result), partition_key="k")
+        wait_until(lambda: len(results) == 3, "the three sends' results")
         with pytest.raises(pulsar.ChecksumError):
             producer.send(b"\0" * (MAX_MESSAGE + 1), partition_key="k")
-        producer.send(b"fits", partition_key="k")
-        reader = pc.create_reader("too-large-uncompressed", pulsar.MessageId.earliest)
-        assert reader.read_next(timeout_millis=10_000).data() == b"fits"
+        reader = pc.create_reader(topic, pulsar.MessageId.earliest)
+        read = [reader.read_next(timeout_millis=10_000).data() for _ in range(2)]
+    assert results == [pulsar.Result.Ok, pulsar.Result.ChecksumError, pulsar.Result.Ok]
+    assert read == [b"before", b"after"]
+    assert stored(server, topic) == 2
 
 
 @pytest.fixture(scope="module")

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import base64
 import struct
+import zlib
+from collections.abc import Callable
 
+import cramjam
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from keyfailover.broker.pulsar import (
     EVENT_TIME_PROPERTY,
+    PULSAR_METADATA_PROPERTY,
     MessageFields,
     PulsarDecoder,
     PulsarFrame,
@@ -18,6 +23,7 @@ from keyfailover.broker.pulsar import (
     SingleFields,
     TopicNameError,
     crc32c,
+    decompress,
     encode_command,
     encode_delivery,
     encode_message,
@@ -30,7 +36,16 @@ from keyfailover.broker.pulsar import (
 )
 from keyfailover.broker.pulsar._codec import metadata_fields, single_fields
 from keyfailover.broker.pulsar._wire import decode_metadata, decode_send, decode_single
-from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand, MessageMetadata, SingleMessageMetadata
+from keyfailover.broker.pulsar.PulsarApi_pb2 import (
+    LZ4,
+    NONE,
+    SNAPPY,
+    ZLIB,
+    ZSTD,
+    BaseCommand,
+    MessageMetadata,
+    SingleMessageMetadata,
+)
 from keyfailover.wire.properties import decode_properties, encode_properties
 from tests.pulsar_wire import command, connect_command, send_frame
 
@@ -159,7 +174,7 @@ def test_event_time_is_read_by_hand_and_properties_left_to_protobuf() -> None:
     """A plain message with an event time stays on the fast path; one with properties is parsed by protobuf."""
     metadata = MessageMetadata(producer_name="p", sequence_id=1, publish_time=2, partition_key="k", event_time=1234)
     body = metadata.SerializeToString()
-    assert decode_metadata(body, 0, len(body)) == ("k", None, 1234)
+    assert decode_metadata(body, 0, len(body)) == ("k", None, 1234, 0, 0)
     metadata.properties.add(key="trace", value="t-1")
     metadata.properties.add(key="", value="")
     body = metadata.SerializeToString()
@@ -217,7 +232,7 @@ def test_a_delivery_carries_the_stored_properties_and_event_time(
     assert metadata.event_time == event_time and metadata.HasField("event_time") == (event_time > 0)
 
 
-names = st.text(max_size=10).filter(lambda name: name != EVENT_TIME_PROPERTY)
+names = st.text(max_size=10).filter(lambda name: name not in {EVENT_TIME_PROPERTY, PULSAR_METADATA_PROPERTY})
 
 
 @given(st.lists(st.tuples(names, st.text(max_size=10)), max_size=5), st.integers(0, 2**64 - 1))
@@ -225,9 +240,112 @@ def test_a_pulsar_messages_properties_and_event_time_come_back_as_sent(
     pairs: list[tuple[str, str]], event_time: int
 ) -> None:
     stored = from_pulsar(pairs, event_time)
-    assert to_pulsar(stored) == (dict(pairs), event_time)
+    assert to_pulsar(stored) == (dict(pairs), event_time, None)
     if event_time:  # kept as a property a native consumer reads
         assert decode_properties(stored)[EVENT_TIME_PROPERTY] == str(event_time)
+
+
+def encrypted_metadata() -> MessageMetadata:
+    """An encrypted, compressed batch's MessageMetadata as a producer writes it."""
+    metadata = MessageMetadata(
+        producer_name="p",
+        sequence_id=3,
+        publish_time=1,
+        partition_key="k",
+        encryption_algo="RSA",
+        encryption_param=b"iv-bytes",
+        compression=LZ4,
+        uncompressed_size=99,
+        num_messages_in_batch=4,
+    )
+    metadata.encryption_keys.add(key="app-key", value=b"encrypted data key").metadata.add(key="m", value="v")
+    metadata.properties.add(key="plain", value="yes")
+    return metadata
+
+
+def test_an_encrypted_messages_context_is_stored_and_delivered_unchanged() -> None:
+    """What a consumer needs to decrypt (keys, algorithm, parameter, and the compression and batch inside the
+    ciphertext) travels as a reserved property and comes back in the MESSAGE's metadata, nothing else of it."""
+    fields = metadata_fields(encrypted_metadata())
+    assert fields.encrypted and fields.passed is not None
+    stored = from_pulsar(fields.properties, fields.event_time, fields.passed)
+    assert set(decode_properties(stored)) == {"plain", PULSAR_METADATA_PROPERTY}
+    delivered = delivered_metadata(encode_delivery(1, -1, 5, "k", b"ciphertext", properties=stored))
+    expected = encrypted_metadata()
+    for name in ("encryption_keys", "encryption_algo", "encryption_param", "compression", "uncompressed_size"):
+        assert getattr(delivered, name) == getattr(expected, name), name
+    assert delivered.num_messages_in_batch == 4
+    assert [(pair.key, pair.value) for pair in delivered.properties] == [("plain", "yes")]
+    assert (delivered.producer_name, delivered.sequence_id) == ("keyfailover", 5)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "not base64!",
+        base64.b64encode(b"\xff\xff").decode(),  # not a MessageMetadata
+        base64.b64encode(MessageMetadata(encryption_algo="RSA").SerializePartialToString()).decode(),  # no keys
+    ],
+)
+def test_a_reserved_metadata_property_that_the_server_did_not_write_stays_a_property(value: str) -> None:
+    properties, _, encryption = to_pulsar(encode_properties({PULSAR_METADATA_PROPERTY: value}))
+    assert (properties, encryption) == ({PULSAR_METADATA_PROPERTY: value}, None)
+
+
+@pytest.mark.parametrize(("key", "delivered"), [("k", "k"), ("p-7", None), (b"p-7", b"p-7")])
+def test_a_chunk_keeps_its_place_and_one_stored_under_its_uuid_goes_without_a_key(
+    key: str | bytes, delivered: str | bytes | None
+) -> None:
+    """A keyless message's chunks are stored under its uuid (so they go to one consumer): delivered keyless."""
+    metadata = MessageMetadata(
+        producer_name="p", sequence_id=7, publish_time=1, uuid="p-7", chunk_id=1, num_chunks_from_msg=3
+    )
+    metadata.total_chunk_msg_size = 300
+    fields = metadata_fields(metadata)
+    assert (fields.chunk, fields.encrypted) == (("p-7", 1, 3), False)
+    stored = from_pulsar(fields.properties, fields.event_time, fields.passed)
+    message = delivered_metadata(encode_delivery(1, -1, 5, key, b"slice", properties=stored))
+    assert (message.uuid, message.chunk_id, message.num_chunks_from_msg, message.total_chunk_msg_size) == (
+        "p-7",
+        1,
+        3,
+        300,
+    )
+    got = message.partition_key if message.HasField("partition_key") else None
+    assert (message.ordering_key if message.HasField("ordering_key") else got) == delivered
+
+
+COMPRESSORS: dict[int, Callable[[bytes], bytes]] = {
+    LZ4: lambda data: bytes(cramjam.lz4.compress_block(data, store_size=False)),
+    ZLIB: zlib.compress,
+    ZSTD: lambda data: bytes(cramjam.zstd.compress(data)),
+    SNAPPY: lambda data: bytes(cramjam.snappy.compress_raw(data)),
+}
+"""Each codec as Pulsar's clients write it: an LZ4 block, a zlib stream, a ZSTD frame, raw snappy."""
+
+
+@pytest.mark.parametrize("codec", list(COMPRESSORS))
+@given(data=st.binary(max_size=3000))
+def test_each_codec_decompresses_what_a_client_compressed(codec: int, data: bytes) -> None:
+    assert decompress(codec, COMPRESSORS[codec](data), len(data), 3000) == data
+
+
+@pytest.mark.parametrize("codec", list(COMPRESSORS))
+def test_a_payload_that_is_not_what_it_claims_is_refused(codec: int) -> None:
+    data = b"abc" * 100
+    compressed = COMPRESSORS[codec](data)
+    with pytest.raises(PulsarFrameError, match="uncompressed size 301 is over the limit of 300 bytes"):
+        decompress(codec, compressed, 301, 300)
+    with pytest.raises(PulsarFrameError):  # a size that is not the data's
+        decompress(codec, compressed, len(data) - 1, 1000)
+    with pytest.raises(PulsarFrameError):
+        decompress(codec, compressed, len(data) + 1, 1000)
+    with pytest.raises(PulsarFrameError):
+        decompress(codec, b"\xff" * 20, len(data), 1000)
+    with pytest.raises(PulsarFrameError, match="compression 9 is not one of Pulsar's codecs"):
+        decompress(9, compressed, len(data), 1000)
+    with pytest.raises(PulsarFrameError):
+        decompress(NONE, compressed, len(data), 1000)
 
 
 def test_the_event_time_replaces_a_property_of_its_name() -> None:
@@ -442,7 +560,10 @@ def singles(draw: st.DrawFn) -> SingleMessageMetadata:
 
 def metadata_by_hand(body: bytes | bytearray) -> MessageFields | None:
     read = decode_metadata(bytes(body), 0, len(body))
-    return None if read is None else MessageFields(read[0], False, None, 0, False, 0, read[1], (), read[2])
+    if read is None:
+        return None
+    key, batch, event_time, compression, size = read
+    return MessageFields(key, False, None, compression, size, False, None, None, batch, (), event_time)
 
 
 def single_by_hand(body: bytes | bytearray) -> SingleFields | None:
@@ -468,7 +589,7 @@ def plain(message: MessageMetadata | SingleMessageMetadata, names: set[str]) -> 
 def test_metadata_read_by_hand_is_what_protobuf_reads(metadata: MessageMetadata) -> None:
     body = metadata.SerializeToString()
     read = metadata_by_hand(body)
-    names = {"producer_name", "sequence_id", "publish_time", "partition_key", "uncompressed_size"}
+    names = {"producer_name", "sequence_id", "publish_time", "partition_key", "compression", "uncompressed_size"}
     if plain(metadata, names | {"num_messages_in_batch", "event_time"}):
         assert read is not None, "metadata as clients write it is read by hand"
     if read is not None:
@@ -524,7 +645,8 @@ def test_a_mutated_batched_messages_metadata_read_by_hand_is_what_protobuf_reads
         (b"\x0a\x01p\x10\x01\x18\x02\x32\x09k", "a partition key past the end"),
         (b"\x0a\x01p\x10\x01", "no publish time"),
         (b"\x0a\x01p\x10\x01\x18\x02\x58\xff\xff\xff\xff\x0f", "a batch of -1 messages (10-byte varint)"),
-        (b"\x0a\x01p\x10\x01\x18\x02\x40\x01", "compression LZ4"),
+        (b"\x0a\x01p\x10\x01\x18\x02\x40\x09", "a compression this protobuf does not know"),
+        (b"\x0a\x01p\x10\x01\x18\x02\x40\x01\x48\x80\x80\x80\x80\x10", "an uncompressed size of 2**32"),
         (b"\x10\x01\x18\x02\x0a\x01p", "fields out of order"),
     ],
 )

@@ -163,7 +163,8 @@ def test_sends_written_together_are_each_stored_once_in_each_producers_order(ser
 
 def test_a_key_of_another_partition_fails_its_send_only(server: ServerProcess) -> None:
     """SENDs checked together (one read, one producer): when one message's key belongs to another
-    partition, that SEND alone is refused with why, and the others are stored with their receipts."""
+    partition, that SEND alone is refused for good with why, between the receipts of the SENDs before and
+    after it, and the others are stored."""
     created = Request(f"{server.admin_url}/topics?topic=halves&partitions=2", method="POST")
     with urlopen(created, timeout=10):
         pass
@@ -176,9 +177,14 @@ def test_a_key_of_another_partition_fails_its_send_only(server: ServerProcess) -
         raw.receive_type(BaseCommand.PRODUCER_SUCCESS)
         raw.send(send_frame(0, b"a", mine[0]), send_frame(1, b"b", other), send_frame(2, b"c", mine[1]))
         answers = [raw.receive() for _ in range(3)]
+    assert [frame.command.type for frame in answers] == [
+        BaseCommand.SEND_RECEIPT,
+        BaseCommand.SEND_ERROR,
+        BaseCommand.SEND_RECEIPT,
+    ]
     refused = [frame.command.send_error for frame in answers if frame.command.type == BaseCommand.SEND_ERROR]
     receipts = [frame.command.send_receipt for frame in answers if frame.command.type == BaseCommand.SEND_RECEIPT]
-    assert [(error.sequence_id, error.error) for error in refused] == [(1, NotAllowedError)]
+    assert [(error.sequence_id, error.error) for error in refused] == [(1, ChecksumError)]  # final: not resent
     assert "message 0's key" in refused[0].message and "nothing was stored" in refused[0].message
     assert [(r.sequence_id, r.message_id.entryId, r.message_id.partition) for r in receipts] == [(0, 1, 0), (2, 2, 0)]
     assert stats(server)["halves-partition-0"] == 2
@@ -226,22 +232,54 @@ def test_unsubscribe_ends_a_reader_and_an_unknown_consumer_is_not_found(server: 
     assert (error.request_id, error.error) == (3, ConsumerNotFound)
 
 
-def test_a_compressed_message_is_refused(server: ServerProcess) -> None:
-    metadata = MessageMetadata(producer_name="z", sequence_id=0, publish_time=1, compression=LZ4)
+def test_a_payload_that_does_not_decompress_is_refused_for_good_after_the_receipts_before_it(
+    server: ServerProcess,
+) -> None:
+    """A corrupt LZ4 payload is refused with ChecksumError (the client fails that send, where any other SEND_ERROR
+    makes it resend for ever), answered after the receipt of the SEND before it (the client matches answers to
+    its oldest pending message), and nothing of it is stored."""
+    corrupt = MessageMetadata(producer_name="z", sequence_id=1, publish_time=1, compression=LZ4, uncompressed_size=9)
     with connected(server) as raw:
         raw.send(producer_command("persistent://public/default/zipped", name="zipper"))
         raw.receive_type(BaseCommand.PRODUCER_SUCCESS)
-        send = command(BaseCommand.SEND, producer_id=1, sequence_id=0)
-        raw.send(encode_message(send, metadata.SerializeToString(), b"lz4?"))
+        send = command(BaseCommand.SEND, producer_id=1, sequence_id=1)
+        raw.send(send_frame(0, b"plain", "k"), encode_message(send, corrupt.SerializeToString(), b"\xf0lz4?"))
+        first, second = raw.receive(), raw.receive()
+    assert (first.command.type, first.command.send_receipt.sequence_id) == (BaseCommand.SEND_RECEIPT, 0)
+    error = second.command.send_error
+    assert (second.command.type, error.sequence_id, error.error) == (BaseCommand.SEND_ERROR, 1, ChecksumError)
+    assert "is not valid LZ4 data" in error.message and "nothing was stored" in error.message
+    assert stats(server)["zipped"] == 1
+
+
+def chunk_frame(chunk_id: int, chunks: int = 2) -> bytes:
+    """A SEND of chunk ``chunk_id`` of message 0 of producer ``c``, as a client sends it."""
+    metadata = MessageMetadata(
+        producer_name="c", sequence_id=0, publish_time=1, uuid="c-0", chunk_id=chunk_id, num_chunks_from_msg=chunks
+    )
+    send = command(BaseCommand.SEND, producer_id=1, sequence_id=0, is_chunk=True)
+    return encode_message(send, metadata.SerializeToString(), f"part {chunk_id}".encode())
+
+
+def test_chunks_are_stored_as_they_came_and_a_resent_last_chunk_once(server: ServerProcess) -> None:
+    """Every chunk of a message carries its sequence id: the last one is stored under it (its resend is a
+    duplicate), the others without it; a SEND flagged as a chunk of a one-chunk message is refused for good."""
+    with connected(server) as raw:
+        raw.send(producer_command("persistent://public/default/chunks", name="c"))
+        raw.receive_type(BaseCommand.PRODUCER_SUCCESS)
+        raw.send(chunk_frame(0), chunk_frame(1), chunk_frame(1))
+        receipts = [raw.receive_type(BaseCommand.SEND_RECEIPT).send_receipt for _ in range(3)]
+        raw.send(chunk_frame(0, chunks=1))
         error = raw.receive_type(BaseCommand.SEND_ERROR).send_error
-    assert error.error == NotAllowedError
-    assert "expected compression NONE" in error.message
-    assert "zipped" not in stats(server)
+    assert [(r.sequence_id, r.message_id.entryId) for r in receipts] == [(0, 1), (0, 2), (0, 2)]
+    assert (error.error, error.sequence_id) == (ChecksumError, 0)
+    assert "flagged as a chunk" in error.message
+    assert stats(server)["chunks"] == 2
 
 
 def test_properties_over_the_limits_are_refused_and_store_nothing(server: ServerProcess) -> None:
-    """One message of a SEND with too many properties: the SEND is refused whole (Pulsar's client then resends,
-    as for any refusal but a checksum's); a SEND with properties within the limits beside it is stored."""
+    """One message of a SEND with too many properties: the SEND is refused whole, for good (ChecksumError: the
+    client fails that send); a SEND with properties within the limits beside it is stored."""
     too_many = MessageMetadata(producer_name="p", sequence_id=0, publish_time=1)
     for index in range(129):
         too_many.properties.add(key=f"k{index}", value="v")
@@ -256,7 +294,7 @@ def test_properties_over_the_limits_are_refused_and_store_nothing(server: Server
         )
         error = raw.receive_type(BaseCommand.SEND_ERROR).send_error
         receipt = raw.receive_type(BaseCommand.SEND_RECEIPT).send_receipt
-    assert (error.sequence_id, error.error) == (0, NotAllowedError)
+    assert (error.sequence_id, error.error) == (0, ChecksumError)
     assert "129 properties are over the limit of 128 per message; nothing was stored" in error.message
     assert (receipt.sequence_id, receipt.message_id.entryId) == (1, 1)
     assert stats(server)["tagged"] == 1

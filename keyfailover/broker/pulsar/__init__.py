@@ -26,7 +26,8 @@ from keyfailover.broker.pulsar._codec import (
     parse_message,
     split_batch,
 )
-from keyfailover.broker.pulsar._properties import EVENT_TIME_PROPERTY, from_pulsar, to_pulsar
+from keyfailover.broker.pulsar._compression import decompress
+from keyfailover.broker.pulsar._properties import EVENT_TIME_PROPERTY, PULSAR_METADATA_PROPERTY, from_pulsar, to_pulsar
 from keyfailover.broker.pulsar._topics import TopicNameError, keyfailover_topic
 from keyfailover.broker.pulsar._wire import encode_receipt
 
@@ -34,6 +35,7 @@ __all__ = [
     "EVENT_TIME_PROPERTY",
     "MAX_FRAME_PADDING",
     "PROTOCOL_VERSION",
+    "PULSAR_METADATA_PROPERTY",
     "SERVER_NAME",
     "MessageFields",
     "PulsarDecoder",
@@ -44,6 +46,7 @@ __all__ = [
     "SingleFields",
     "TopicNameError",
     "crc32c",
+    "decompress",
     "encode_command",
     "encode_delivery",
     "encode_message",

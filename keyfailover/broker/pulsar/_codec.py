@@ -18,7 +18,7 @@ from typing import Final, NamedTuple
 import google_crc32c
 from google.protobuf.message import DecodeError
 
-from keyfailover.broker.pulsar._properties import to_pulsar
+from keyfailover.broker.pulsar._properties import passed_metadata, to_pulsar
 from keyfailover.broker.pulsar._wire import decode_metadata, decode_send, decode_single
 from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     NONE,
@@ -122,9 +122,15 @@ class MessageFields(NamedTuple):
     partition_key_b64_encoded: bool
     ordering_key: bytes | None
     compression: int
+    uncompressed_size: int
+    """The payload's size before compression; 0 when it is not compressed."""
     encrypted: bool
     """It has encryption keys."""
-    num_chunks_from_msg: int
+    chunk: tuple[str, int, int] | None
+    """A chunk's message uuid, chunk id and number of chunks; None: not a chunk (one chunk or none)."""
+    passed: bytes | None
+    """What a consumer needs to read an encrypted message or a chunk: a MessageMetadata of its ``PASSED_FIELDS``,
+    serialized; None: neither."""
     num_messages_in_batch: int | None
     properties: tuple[tuple[str, str], ...] = _NO_PROPERTIES
     """Its ``(key, value)`` pairs, in order."""
@@ -163,13 +169,17 @@ class SentMessage(NamedTuple):
 
 def metadata_fields(metadata: MessageMetadata) -> MessageFields:
     """What the server reads of a MessageMetadata parsed by protobuf."""
+    chunks = metadata.num_chunks_from_msg
+    chunk = (metadata.uuid, metadata.chunk_id, chunks) if chunks > 1 else None
     return MessageFields(
         metadata.partition_key if metadata.HasField("partition_key") else None,
         metadata.partition_key_b64_encoded,
         metadata.ordering_key if metadata.HasField("ordering_key") else None,
         metadata.compression,
+        0 if metadata.compression == NONE else metadata.uncompressed_size,
         len(metadata.encryption_keys) > 0,
-        metadata.num_chunks_from_msg,
+        chunk,
+        passed_metadata(metadata).SerializePartialToString() if metadata.encryption_keys or chunk else None,
         metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch") else None,
         tuple((pair.key, pair.value) for pair in metadata.properties),
         metadata.event_time,
@@ -314,7 +324,8 @@ def encode_delivery(
 ) -> bytes:
     """A MESSAGE frame for ``consumer_id``: message id ledger 0, entry ``position`` (and ``partition`` unless
     it is -1); a str key as the partition key, a bytes key as the ordering key; ``published`` in µs; the
-    stored (encoded) ``properties`` as the message's properties and event time."""
+    stored (encoded) ``properties`` as the message's properties, event time and passed metadata. A chunk stored
+    under its uuid as key came without one, and goes without one."""
     command = BaseCommand(type=BaseCommand.MESSAGE)
     message = command.message
     message.consumer_id = consumer_id
@@ -329,16 +340,20 @@ def encode_delivery(
         sequence_id=position,
         publish_time=0 if published is None else published // 1000,
     )
-    if isinstance(key, str):
-        metadata.partition_key = key
-    elif key is not None:
-        metadata.ordering_key = key
     if properties is not None:
-        pairs, event_time = to_pulsar(properties)
+        pairs, event_time, passed = to_pulsar(properties)
         for name, value in pairs.items():
             metadata.properties.add(key=name, value=value)
         if event_time:
             metadata.event_time = event_time
+        if passed is not None:
+            metadata.MergeFrom(passed)
+            if passed.num_chunks_from_msg > 1 and key == passed.uuid:
+                key = None
+    if isinstance(key, str):
+        metadata.partition_key = key
+    elif key is not None:
+        metadata.ordering_key = key
     return encode_message(command, metadata.SerializeToString(), payload)
 
 
@@ -366,8 +381,10 @@ def parse_message(rest: bytes) -> SentMessage:
         _check_metadata(metadata, "message metadata")
         fields = metadata_fields(metadata)
     else:
-        key, batch, event_time = plain
-        fields = _message_fields((key, False, None, NONE, False, 0, batch, _NO_PROPERTIES, event_time))
+        key, batch, event_time, compression, uncompressed = plain
+        fields = _message_fields(
+            (key, False, None, compression, uncompressed, False, None, None, batch, _NO_PROPERTIES, event_time)
+        )
     return SentMessage(fields, rest[4 + size :], checksum_ok)
 
 

@@ -63,7 +63,8 @@ _METADATA_IDS: Final = re.compile(rb"\x10" + _SKIPPED + rb"\x18" + _SKIPPED)
 _METADATA_TAIL: Final = re.compile(
     b"".join(
         [
-            _optional(rb"\x48", _SKIPPED),  # uncompressed_size (9)
+            _optional(rb"\x40", rb"([\x00-\x04])"),  # compression (8): one of the codecs this protobuf knows
+            _optional(rb"\x48", _VARINT),  # uncompressed_size (9)
             _optional(rb"\x58", _VARINT),  # num_messages_in_batch (11)
             _optional(rb"\x60", _VARINT),  # event_time (12)
         ]
@@ -83,13 +84,14 @@ _SINGLE: Final = re.compile(
 """SingleMessageMetadata's fields after its partition_key (2) that a client writes for a plain message. Its
 properties (1) come first: a message with properties is left to protobuf."""
 _INT32: Final = 1 << 31
+_UINT32: Final = 1 << 32
 
 
-def decode_metadata(data: bytes, start: int, end: int) -> tuple[str | None, int | None, int] | None:
-    """``(partition_key, num_messages_in_batch, event_time)`` (None for the first two when not set, 0 for an
-    event time not set) of the MessageMetadata in ``data[start:end]`` when it holds no other fields than
-    those and producer_name, sequence_id, publish_time and uncompressed_size; else None (then protobuf
-    parses it)."""
+def decode_metadata(data: bytes, start: int, end: int) -> tuple[str | None, int | None, int, int, int] | None:
+    """``(partition_key, num_messages_in_batch, event_time, compression, uncompressed_size)`` (None for the first
+    two when not set, 0 for the others when not set; the size 0 too when not compressed) of the MessageMetadata
+    in ``data[start:end]`` when it holds no other fields than those and producer_name, sequence_id and
+    publish_time; else None (then protobuf parses it)."""
     if end - start < 2 or data[start] != 0x0A or data[start + 1] >= 0x80:  # producer_name
         return None
     ids = _METADATA_IDS.match(data, start + 2 + data[start + 1], end)
@@ -99,12 +101,17 @@ def decode_metadata(data: bytes, start: int, end: int) -> tuple[str | None, int 
     if read is None:
         return None
     key, tail = read
-    batch, event = tail.groups()
+    codec, size_varint, batch, event = tail.groups()
     event_time = 0 if event is None else _int(event)
+    compression = 0 if codec is None else codec[0]
+    size = 0 if size_varint is None else _int(size_varint)
+    if size >= _UINT32:
+        return None
+    size = size if compression else 0
     if batch is None:
-        return key, None, event_time
+        return key, None, event_time, compression, size
     count = _int(batch)
-    return None if count >= _INT32 else (key, count, event_time)
+    return None if count >= _INT32 else (key, count, event_time, compression, size)
 
 
 def decode_single(data: bytes, start: int, end: int) -> tuple[str | None, int, int | None, int] | None:

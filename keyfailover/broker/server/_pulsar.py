@@ -35,6 +35,7 @@ from keyfailover.broker.pulsar import (
 from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     AuthenticationError,
     BaseCommand,
+    ChecksumError,
     CommandAck,
     CommandLookupTopic,
     CommandPartitionedTopicMetadata,
@@ -114,6 +115,7 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         self._tasks: set[asyncio.Task[None]] = set()
         self._output: list[bytes] = []
         self._sends: list[Send] = []  # checked SENDs of the read being handled
+        self._last_store: asyncio.Future[Result] | None = None  # the latest store request of SENDs
         self._replied = False  # whether what is queued holds a reply, not only deliveries
 
     # -- asyncio.Protocol ------------------------------------------------------------
@@ -471,12 +473,12 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         try:
             if producer is None:
                 raise RefusedError(UnknownError, f"producer id {frame.producer_id} is not open on this connection")
-            messages, properties = sent_messages(frame)
+            messages, properties = sent_messages(frame, self._server.config.max_frame - MAX_FRAME_PADDING)
             if self._server.closing:
                 raise RefusedError(ServiceNotReady, "the server is shutting down; nothing was stored")
         except (RefusedError, KeyFailoverError) as exc:
             # ChecksumError fails this message at the client; any other error makes it reconnect and resend.
-            self._send_error(frame.producer_id, frame.sequence_id, *server_error(exc))
+            self._refuse_send(frame.producer_id, frame.sequence_id, *server_error(exc))
             return
         first, last = messages[0][0], messages[-1][0]
         self._sends.append(
@@ -485,45 +487,67 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
 
     def _store_sends(self) -> None:
         """Store the SENDs of one read: a producer's SENDs in a row go in one store request while their
-        sequence ids rise (a key-based batcher's may not), answered together when it is stored."""
+        sequence ids rise (a key-based batcher's may not), answered together when it is stored. A SEND without
+        sequence ids (a chunk but the last) is stored alone, without the producer's name: no dedup."""
         sends, self._sends = self._sends, []
         runs: list[list[Send]] = []
         last: dict[int, list[Send]] = {}  # the run each producer id is filling
         for send in sends:
             frame, producer, _, first_seq, _, _ = send
             run = last.get(frame.producer_id)
-            if run is None or run[-1][1] is not producer or run[-1][4] >= first_seq:
+            if run is None or run[-1][1] is not producer or run[-1][4] >= first_seq or run[-1][4] < 0:
                 run = last[frame.producer_id] = []
                 runs.append(run)
             run.append(send)
-        storage = self._server.storage
-        for sent in runs:
-            producer = sent[0][1]
-            messages, properties = joined(sent)
+        for run in runs:
             try:
-                self._server.check_produce(producer.topic, messages)
-                run = sent
+                self._server.check_produce(run[0][1].topic, joined(run)[0])
             except KeyFailoverError:
-                run = self._checked(sent)
-                if not run:
-                    continue
-                messages, properties = joined(run)
-            stored = storage.append(producer.topic, producer.name, messages, properties)
-            stored.add_done_callback(functools.partial(self._receipts, run))
+                self._store_checked(run)
+            else:
+                self._store(run)
 
-    def _checked(self, run: list[Send]) -> list[Send]:
-        """The SENDs of ``run`` the server takes, each checked alone (as a whole the run was refused): a
-        refused one is answered with why."""
-        kept = []
+    def _store(self, run: list[Send]) -> None:
+        """Store the SENDs of ``run`` in one request, each answered when it is stored."""
+        producer = run[0][1]
+        messages, properties = joined(run)
+        name = producer.name if run[0][3] >= 0 else None
+        stored = self._server.storage.append(producer.topic, name, messages, properties)
+        stored.add_done_callback(functools.partial(self._receipts, run))
+        self._last_store = stored
+
+    def _refuse_send(self, producer_id: int, sequence_id: int, error: int, message: str) -> None:
+        """Answer a SEND with SEND_ERROR after the receipts of the SENDs read before it: a Pulsar producer matches
+        each answer to the oldest message it waits for, and a ChecksumError for a later one makes it reconnect
+        and resend everything pending instead of failing that one message."""
+        if self._sends:
+            self._store_sends()
+        if self._last_store is None:
+            self._send_error(producer_id, sequence_id, error, message)
+        else:  # its callbacks run in the order they were added: the receipts first
+            self._last_store.add_done_callback(lambda _: self._send_error(producer_id, sequence_id, error, message))
+
+    def _store_checked(self, run: list[Send]) -> None:
+        """Store the SENDs of ``run`` the server takes, each checked alone (as a whole the run was refused): a
+        refused one is answered with why, after the receipts of those before it. A key of another partition is
+        refused for good (``ChecksumError``: resent, it would be refused again); a partition this broker does
+        not serve now, with ``ServiceNotReady``, which the client retries after a lookup."""
+        kept: list[Send] = []
         for send in run:
             frame, producer, messages, _, _, _ = send
             try:
                 self._server.check_produce(producer.topic, messages)
             except KeyFailoverError as exc:
-                self._send_error(frame.producer_id, frame.sequence_id, *server_error(exc))
+                if kept:
+                    self._store(kept)
+                    kept = []
+                error, message = server_error(exc)
+                final = ServiceNotReady if error == ServiceNotReady else ChecksumError
+                self._refuse_send(frame.producer_id, frame.sequence_id, final, message)
             else:
                 kept.append(send)
-        return kept
+        if kept:
+            self._store(kept)
 
     def _receipts(self, run: list[Send], done: asyncio.Future[Result]) -> None:
         """Answer each SEND of ``run``, stored together in ``done``, in one write."""

@@ -112,6 +112,9 @@ def test_stop_kills_a_member_s_process_that_a_signal_kept_from_being_recorded(tm
         [sys.executable, "-c", "import time; time.sleep(120)", str(config)], start_new_session=True
     )
     try:
+        # Until the child execs, its command line is still this interpreter's: stop() could not know it.
+        cmdline = Path(f"/proc/{stray.pid}/cmdline")
+        wait_until(lambda: str(config).encode() in cmdline.read_bytes(), "the stray process runs its command")
         group.stop()
         assert stray.wait(timeout=10) == -signal.SIGKILL
     finally:

@@ -26,19 +26,31 @@ from keyfailover.broker.pulsar._codec import (
     parse_message,
     split_batch,
 )
-from keyfailover.broker.pulsar._properties import EVENT_TIME_PROPERTY, from_pulsar, to_pulsar
+from keyfailover.broker.pulsar._properties import (
+    EVENT_TIME_PROPERTY,
+    NULL_VALUE_PROPERTY,
+    PARTITION_KEY_B64_PROPERTY,
+    PARTITION_KEY_PROPERTY,
+    PulsarMetadata,
+    from_pulsar,
+    to_pulsar,
+)
 from keyfailover.broker.pulsar._topics import TopicNameError, keyfailover_topic
 from keyfailover.broker.pulsar._wire import encode_receipt
 
 __all__ = [
     "EVENT_TIME_PROPERTY",
     "MAX_FRAME_PADDING",
+    "NULL_VALUE_PROPERTY",
+    "PARTITION_KEY_B64_PROPERTY",
+    "PARTITION_KEY_PROPERTY",
     "PROTOCOL_VERSION",
     "SERVER_NAME",
     "MessageFields",
     "PulsarDecoder",
     "PulsarFrame",
     "PulsarFrameError",
+    "PulsarMetadata",
     "SendFrame",
     "SentMessage",
     "SingleFields",

@@ -130,6 +130,8 @@ class MessageFields(NamedTuple):
     """Its ``(key, value)`` pairs, in order."""
     event_time: int = 0
     """Milliseconds since the Unix epoch; 0: not set."""
+    null_value: bool = False
+    """It is a tombstone: its payload is empty and stands for none."""
 
 
 class SingleFields(NamedTuple):
@@ -144,6 +146,8 @@ class SingleFields(NamedTuple):
     """Its ``(key, value)`` pairs, in order."""
     event_time: int = 0
     """Milliseconds since the Unix epoch; 0: not set."""
+    null_value: bool = False
+    """It is a tombstone: its payload is empty and stands for none."""
 
 
 _message_fields = functools.partial(tuple.__new__, MessageFields)
@@ -173,6 +177,7 @@ def metadata_fields(metadata: MessageMetadata) -> MessageFields:
         metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch") else None,
         tuple((pair.key, pair.value) for pair in metadata.properties),
         metadata.event_time,
+        metadata.null_value,
     )
 
 
@@ -186,6 +191,7 @@ def single_fields(single: SingleMessageMetadata) -> SingleFields:
         single.payload_size,
         tuple((pair.key, pair.value) for pair in single.properties),
         single.event_time,
+        single.null_value,
     )
 
 
@@ -314,7 +320,8 @@ def encode_delivery(
 ) -> bytes:
     """A MESSAGE frame for ``consumer_id``: message id ledger 0, entry ``position`` (and ``partition`` unless
     it is -1); a str key as the partition key, a bytes key as the ordering key; ``published`` in µs; the
-    stored (encoded) ``properties`` as the message's properties and event time."""
+    stored (encoded) ``properties`` as the message's properties, event time, null value and the partition key
+    beside an ordering key (see :func:`to_pulsar`)."""
     command = BaseCommand(type=BaseCommand.MESSAGE)
     message = command.message
     message.consumer_id = consumer_id
@@ -334,11 +341,16 @@ def encode_delivery(
     elif key is not None:
         metadata.ordering_key = key
     if properties is not None:
-        pairs, event_time = to_pulsar(properties)
-        for name, value in pairs.items():
+        kept = to_pulsar(properties, ordering_key=isinstance(key, bytes))
+        for name, value in kept.properties.items():
             metadata.properties.add(key=name, value=value)
-        if event_time:
-            metadata.event_time = event_time
+        if kept.event_time:
+            metadata.event_time = kept.event_time
+        if kept.null_value:
+            metadata.null_value = True
+        if kept.partition_key is not None:
+            metadata.partition_key = kept.partition_key
+            metadata.partition_key_b64_encoded = kept.partition_key_b64
     return encode_message(command, metadata.SerializeToString(), payload)
 
 
@@ -367,7 +379,7 @@ def parse_message(rest: bytes) -> SentMessage:
         fields = metadata_fields(metadata)
     else:
         key, batch, event_time = plain
-        fields = _message_fields((key, False, None, NONE, False, 0, batch, _NO_PROPERTIES, event_time))
+        fields = _message_fields((key, False, None, NONE, False, 0, batch, _NO_PROPERTIES, event_time, False))
     return SentMessage(fields, rest[4 + size :], checksum_ok)
 
 
@@ -395,7 +407,7 @@ def split_batch(payload: bytes, count: int) -> list[tuple[SingleFields, bytes]]:
             fields = single_fields(single)
         else:
             key, length, sequence_id, event_time = plain
-            fields = _single_fields((key, False, None, sequence_id, length, _NO_PROPERTIES, event_time))
+            fields = _single_fields((key, False, None, sequence_id, length, _NO_PROPERTIES, event_time, False))
         offset += size
         length = fields.payload_size
         if not 0 <= length <= len(payload) - offset:

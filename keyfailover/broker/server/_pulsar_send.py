@@ -1,8 +1,10 @@
 """What a Pulsar producer's SEND carries, as keyfailover stores it: its messages, their keys and properties.
 
 A SEND holds one message, or a batched entry of several, each with its own key: Pulsar's sticky key,
-the ordering key, else the partition key. What keyfailover does not store is refused with the
-ServerError a Pulsar client expects: compressed, encrypted, chunked or transactional messages.
+the ordering key, else the partition key. A partition key beside an ordering key is kept among the
+properties, as are a null value and the event time (``keyfailover.broker.pulsar._properties``). What
+keyfailover does not store is refused with the ServerError a Pulsar client expects: compressed,
+encrypted, chunked or transactional messages.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def sent_messages(frame: SendFrame) -> tuple[SentMessages, PropertiesColumn]:
     count = metadata.num_messages_in_batch
     if count is None:
         message = (frame.sequence_id, _message_key(metadata), sent.payload)
-        if not (metadata.properties or metadata.event_time):
+        if not _has_more(metadata):
             return [message], None  # the usual message: nothing more to store
         return [message], [_message_properties(metadata)]
     if count < 1:
@@ -82,15 +84,34 @@ def sent_messages(frame: SendFrame) -> tuple[SentMessages, PropertiesColumn]:
         )
         for index, (single, payload) in enumerate(singles)
     ]
-    if not any(single.properties or single.event_time for single, _ in singles):
+    if not any(_has_more(single) for single, _ in singles):
         return messages, None
     return messages, [_message_properties(single) for single, _ in singles]
 
 
+def _has_more(metadata: MessageFields | SingleFields) -> bool:
+    """Whether a message has more to store than its key and payload: properties, an event time, a null value, or
+    a partition key beside its ordering key."""
+    return bool(
+        metadata.properties
+        or metadata.event_time
+        or metadata.null_value
+        or (metadata.ordering_key is not None and metadata.partition_key is not None)
+    )
+
+
 def _message_properties(metadata: MessageFields | SingleFields) -> bytes | None:
-    """The encoded properties to store for a message: its properties and event time (None: it has neither)."""
+    """The encoded properties to store for a message: its properties, event time, null value, and a partition key
+    beside its ordering key (the stored key), as sent (None: it has none of them)."""
+    beside = metadata.partition_key if metadata.ordering_key is not None else None
     try:
-        return from_pulsar(metadata.properties, metadata.event_time)
+        return from_pulsar(
+            metadata.properties,
+            metadata.event_time,
+            null_value=metadata.null_value,
+            partition_key=beside,
+            partition_key_b64=metadata.partition_key_b64_encoded,
+        )
     except PropertiesError as exc:
         raise RefusedError(NotAllowedError, f"{exc}; nothing was stored") from None
 

@@ -7,12 +7,9 @@ client can neither send one nor tell one apart from an empty payload).
 
 from __future__ import annotations
 
-import contextlib
-import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.request import urlopen
 
 import pulsar
 import pytest
@@ -20,6 +17,7 @@ import pytest
 from keyfailover.broker.pulsar import NULL_VALUE_PROPERTY, PulsarFrame, encode_message, parse_message
 from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     BaseCommand,
+    Exclusive,
     ExclusiveWithFencing,
     MessageMetadata,
     ProducerFenced,
@@ -27,12 +25,12 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
 )
 from keyfailover.client import Client
 from keyfailover.core.hashing import key_hash
-from tests.pulsar_wire import RawPulsar, command, connect_command, producer_command, subscribe_command
+from tests.pulsar_wire import RawPulsar, command, producer_command, send_frame, subscribe_command
 from tests.server_process import ServerProcess
+from tests.test_pulsar_client import client, stored
+from tests.test_pulsar_server import connected
 
 pytestmark = pytest.mark.integration
-
-QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 
 
 @pytest.fixture(scope="module")
@@ -40,24 +38,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     data: Path = tmp_path_factory.mktemp("pulsar-producers") / "data"
     with ServerProcess(data, "--metrics-port", "0", "--pulsar-port", "0") as server:
         yield server
-
-
-@contextlib.contextmanager
-def client(server: ServerProcess) -> Iterator[pulsar.Client]:
-    """A Pulsar client of ``server``, closed at the end."""
-    assert server.pulsar_url is not None
-    opened = pulsar.Client(server.pulsar_url, operation_timeout_seconds=10, logger=QUIET)
-    try:
-        yield opened
-    finally:
-        opened.close()
-
-
-def connected(server: ServerProcess) -> RawPulsar:
-    raw = RawPulsar(server.pulsar_url or "")
-    raw.send(connect_command())
-    raw.receive_type(BaseCommand.CONNECTED)
-    return raw
 
 
 def next_message(raw: RawPulsar) -> PulsarFrame:
@@ -68,17 +48,11 @@ def next_message(raw: RawPulsar) -> PulsarFrame:
             return frame
 
 
-def stored(server: ServerProcess, topic: str) -> int:
-    """How many messages ``topic`` holds."""
-    with urlopen(f"{server.admin_url}/stats", timeout=10) as response:
-        return int(json.loads(response.read())["topics"].get(topic, 0))
-
-
 def test_an_exclusive_producer_is_the_only_one(server: ServerProcess) -> None:
     """A second Exclusive producer is refused ProducerFenced and a Shared one ProducerBusy, at once (both final
     for the client); once the exclusive one closes, a shared one is welcome."""
     topic = "exclusive-only"
-    with client(server) as pc:
+    with client(server.pulsar_url) as pc:
         holder = pc.create_producer(topic, producer_name="holder", access_mode=pulsar.ProducerAccessMode.Exclusive)
         holder.send(b"mine")
         with pytest.raises(pulsar.ProducerFenced):
@@ -97,7 +71,7 @@ def test_a_producer_waiting_for_exclusive_access_gets_it_when_the_holder_leaves(
     """WaitForExclusive: answered "not ready" while another producer holds the topic, then ready, with the next
     topic epoch, on the same request once it left; the official client's create_producer returns then."""
     topic = "wait-for-it"
-    with client(server) as pc, connected(server) as raw:
+    with client(server.pulsar_url) as pc, connected(server) as raw:
         holder = pc.create_producer(topic, producer_name="holder", access_mode=pulsar.ProducerAccessMode.Exclusive)
         waiting = producer_command(f"persistent://public/default/{topic}", request_id=7, name="raw-waiting")
         waiting.producer.producer_access_mode = WaitForExclusive
@@ -128,7 +102,7 @@ def test_an_exclusive_producer_with_fencing_takes_over(server: ServerProcess) ->
     """ExclusiveWithFencing: granted at once; the exclusive producer it fenced out is closed and its sends fail
     with ProducerFenced for good (its reconnection carries the old topic epoch); one waiting is refused."""
     topic = "fenced"
-    with client(server) as old_app, client(server) as new_app, connected(server) as raw:
+    with client(server.pulsar_url) as old_app, client(server.pulsar_url) as new_app, connected(server) as raw:
         old = old_app.create_producer(topic, producer_name="old", access_mode=pulsar.ProducerAccessMode.Exclusive)
         old.send(b"before")
         waiting = producer_command(f"persistent://public/default/{topic}", request_id=3, name="raw-waiting")
@@ -155,7 +129,7 @@ def test_an_exclusive_producer_with_fencing_takes_over(server: ServerProcess) ->
         assert (again.request_id, again.error) == (4, ProducerFenced)
         assert "the topic epoch is 2, past this producer's 1" in again.message
         new.send(b"more")
-    with client(server) as pc:
+    with client(server.pulsar_url) as pc:
         consumer = pc.subscribe(
             topic,
             "check",
@@ -173,7 +147,7 @@ def test_a_message_with_an_ordering_key_and_a_partition_key_keeps_both(server: S
     slot = key_hash(b"order-1")
     assert key_hash("account-9") != slot
     policy = pulsar.ConsumerKeySharedPolicy(key_shared_mode=pulsar.KeySharedMode.Sticky, sticky_ranges=[(slot, slot)])
-    with client(server) as pc:
+    with client(server.pulsar_url) as pc:
         consumer = pc.subscribe(
             topic, "s", consumer_type=pulsar.ConsumerType.KeyShared, key_shared_policy=policy, consumer_name="c"
         )
@@ -219,3 +193,22 @@ def test_a_tombstone_comes_back_as_null(server: ServerProcess) -> None:
     with Client(server.url, connect_timeout=5.0) as native:
         first = native.subscribe(topic, "native", "native").receive(timeout=10)
     assert (first.payload, dict(first.properties)) == (b"", {NULL_VALUE_PROPERTY: "true"})
+
+
+def test_a_fenced_producers_sends_on_the_way_are_dropped_unanswered(server: ServerProcess) -> None:
+    """The fenced producer is told CLOSE_PRODUCER; a SEND of it that crossed that is neither stored nor answered
+    (a SEND_ERROR would make the client drop the whole connection), and the connection goes on."""
+    topic = "persistent://public/default/fenced-raw"
+    with connected(server) as old, connected(server) as new:
+        holder = producer_command(topic, name="old")
+        holder.producer.producer_access_mode = Exclusive
+        old.send(holder)
+        assert old.receive_type(BaseCommand.PRODUCER_SUCCESS).producer_success.topic_epoch == 1
+        fencer = producer_command(topic, name="new")
+        fencer.producer.producer_access_mode = ExclusiveWithFencing
+        new.send(fencer)
+        assert new.receive_type(BaseCommand.PRODUCER_SUCCESS).producer_success.topic_epoch == 2
+        assert old.receive_type(BaseCommand.CLOSE_PRODUCER).close_producer.producer_id == 1
+        old.send(send_frame(0, b"too late", "k"), command(BaseCommand.PING))
+        assert old.receive().command.type == BaseCommand.PONG
+    assert stored(server, "fenced-raw") == 0

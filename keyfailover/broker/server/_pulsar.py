@@ -100,6 +100,18 @@ class OpenProducer:
         """The producer's name."""
         return self.producer.name
 
+    def fenced(self) -> None:
+        """Fenced out by an ExclusiveWithFencing producer: see :meth:`PulsarConnection._fence`."""
+        self.connection._fence(self)
+
+    def refused(self, why: str) -> None:
+        """Can wait for exclusive access no more: see :meth:`PulsarConnection._refuse_waiting`."""
+        self.connection._refuse_waiting(self, why)
+
+    def granted(self, epoch: int) -> None:
+        """Granted exclusive access after waiting: see :meth:`PulsarConnection._grant`."""
+        self.connection._grant(self, epoch)
+
 
 def _command(kind: int) -> BaseCommand:
     """A new command of type ``kind``."""
@@ -495,9 +507,9 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         self._handles[request.producer_id] = handle
         self._fenced.pop(request.producer_id, None)
         for fenced in admission.closed:
-            fenced.connection._fence(fenced)
+            fenced.fenced()
         for waiting in admission.refused:
-            waiting.connection._refuse_waiting(waiting, f"fenced out by the ExclusiveWithFencing producer {name!r:.80}")
+            waiting.refused(f"fenced out by the ExclusiveWithFencing producer {name!r:.80}")
         handle.request_id = request.request_id
         if admission.queued:
             self._producer_success(handle, None, ready=False)
@@ -531,11 +543,9 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
             return
         promotion = producers.remove(handle)
         for waiting, why in promotion.refused:
-            waiting.connection._refuse_waiting(waiting, why)
-        granted = promotion.granted
-        if granted is not None:
-            granted.connection._producers[granted.producer_id] = granted.producer
-            granted.connection._producer_success(granted, promotion.epoch)
+            waiting.refused(why)
+        if promotion.granted is not None:
+            promotion.granted.granted(promotion.epoch)
         if not len(producers) and not producers.epoch:
             del self._server.pulsar_producers[topic]
 
@@ -554,6 +564,12 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         command.close_producer.producer_id = handle.producer_id
         command.close_producer.request_id = _MINUS_ONE
         self._send(command)
+
+    def _grant(self, handle: OpenProducer, epoch: int) -> None:
+        """``handle``, which waited for exclusive access, has it now: it may send, and its PRODUCER is answered."""
+        if self._handles.get(handle.producer_id) is handle:
+            self._producers[handle.producer_id] = handle.producer
+            self._producer_success(handle, epoch)
 
     def _refuse_waiting(self, handle: OpenProducer, why: str) -> None:
         """Refuse the PRODUCER of ``handle``, which waited for exclusive access, with ``ProducerFenced``."""

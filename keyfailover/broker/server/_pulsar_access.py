@@ -36,7 +36,7 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     WaitForExclusive,
 )
 
-__all__ = ["ACCESS_MODES", "Admission", "Promotion", "TopicProducers"]
+__all__ = ["ACCESS_MODES", "Admission", "ProducerHandle", "Promotion", "TopicProducers"]
 
 
 class _Named(Protocol):
@@ -46,6 +46,19 @@ class _Named(Protocol):
     def name(self) -> str: ...
 
     def __hash__(self) -> int: ...
+
+
+class ProducerHandle(_Named, Protocol):
+    """A producer as a server's connections keep it in its topic's access modes: told what befalls it."""
+
+    def fenced(self) -> None:
+        """It was open and an ExclusiveWithFencing producer fenced it out: close it."""
+
+    def refused(self, why: str) -> None:
+        """It waited for exclusive access and can have it no more: refuse its request with ``ProducerFenced``."""
+
+    def granted(self, epoch: int) -> None:
+        """It waited for exclusive access and has it now, with the topic ``epoch``: answer its request."""
 
 
 _H = TypeVar("_H", bound=_Named)
@@ -127,9 +140,7 @@ class TopicProducers(Generic[_H]):
             return Admission(False, error=ProducerFenced, message=stale)
         if mode == Exclusive and (holder or self.shared or self.waiting):
             reason = holder or f"{len(self.shared) + len(self.waiting)} other producer(s) are open or waiting"
-            return Admission(
-                False, error=ProducerFenced, message=f"{reason}; expected none for an Exclusive producer"
-            )
+            return Admission(False, error=ProducerFenced, message=f"{reason}; expected none for an Exclusive producer")
         if mode == WaitForExclusive and (holder or self.shared):
             self.waiting[producer] = epoch
             return Admission(False, queued=True)

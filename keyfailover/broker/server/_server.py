@@ -39,8 +39,7 @@ from keyfailover.wire.protocol import DEFAULT_MAX_FRAME, MAX_NAME_LENGTH, ErrorC
 
 if TYPE_CHECKING:
     from keyfailover.broker.server._cluster import BrokerRole
-    from keyfailover.broker.server._pulsar import OpenProducer
-    from keyfailover.broker.server._pulsar_access import TopicProducers
+    from keyfailover.broker.server._pulsar_access import ProducerHandle, TopicProducers
 
 __all__ = ["Server", "ServerConfig"]
 
@@ -120,7 +119,7 @@ class Server:
         self._closing: set[str] = set()
         self._connections: set[ClientConnection] = set()
         self._watchers: dict[str, set[TailWatcher]] = {}  # served topic -> what follows its log (Pulsar readers)
-        self.pulsar_producers: dict[str, TopicProducers[OpenProducer]] = {}
+        self.pulsar_producers: dict[str, TopicProducers[ProducerHandle]] = {}
         """Each served topic's (partition's) Pulsar producers, by their access modes; kept while a topic has one
         or an exclusive producer raised its epoch."""
         # Session ids are never reused, across restarts too (they start at the wall clock in µs):

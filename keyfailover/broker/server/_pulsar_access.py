@@ -3,7 +3,7 @@
 A Pulsar producer asks for one of four access modes (PIP-68, enforced by the broker):
 
 - ``Shared`` (the default): any number of producers; refused with ``ProducerBusy`` while an exclusive
-  producer holds the topic or waits for it.
+  producer holds the topic or one waits for it.
 - ``Exclusive``: the only producer; refused with ``ProducerFenced`` while any other producer is open or
   waiting.
 - ``WaitForExclusive``: queued behind the producers open now (the client is answered "not ready yet"),
@@ -17,8 +17,8 @@ between, and the reconnection is refused with ``ProducerFenced``, which the clie
 is how a fenced producer stays fenced. A reconnecting producer's own epoch is kept, as Pulsar keeps it.
 
 The one difference from Apache Pulsar's broker: a waiting producer is granted when the last producer of
-any mode leaves, where Pulsar promotes one only when an exclusive producer leaves (one waiting behind
-shared producers would wait for ever there).
+any mode leaves, where Pulsar promotes one only when an exclusive producer leaves (there, one waiting
+behind shared producers waits until an exclusive producer came and went).
 """
 
 from __future__ import annotations

@@ -14,11 +14,15 @@ from hypothesis import strategies as st
 
 from keyfailover.broker.pulsar import (
     EVENT_TIME_PROPERTY,
+    NULL_VALUE_PROPERTY,
+    PARTITION_KEY_B64_PROPERTY,
+    PARTITION_KEY_PROPERTY,
     PULSAR_METADATA_PROPERTY,
     MessageFields,
     PulsarDecoder,
     PulsarFrame,
     PulsarFrameError,
+    PulsarMetadata,
     SendFrame,
     SingleFields,
     TopicNameError,
@@ -240,7 +244,8 @@ def test_a_pulsar_messages_properties_and_event_time_come_back_as_sent(
     pairs: list[tuple[str, str]], event_time: int
 ) -> None:
     stored = from_pulsar(pairs, event_time)
-    assert to_pulsar(stored) == (dict(pairs), event_time, None)
+    assert to_pulsar(stored) == PulsarMetadata(dict(pairs), event_time)
+
     if event_time:  # kept as a property a native consumer reads
         assert decode_properties(stored)[EVENT_TIME_PROPERTY] == str(event_time)
 
@@ -288,8 +293,8 @@ def test_an_encrypted_messages_context_is_stored_and_delivered_unchanged() -> No
     ],
 )
 def test_a_reserved_metadata_property_that_the_server_did_not_write_stays_a_property(value: str) -> None:
-    properties, _, encryption = to_pulsar(encode_properties({PULSAR_METADATA_PROPERTY: value}))
-    assert (properties, encryption) == ({PULSAR_METADATA_PROPERTY: value}, None)
+    kept = to_pulsar(encode_properties({PULSAR_METADATA_PROPERTY: value}))
+    assert (kept.properties, kept.passed) == ({PULSAR_METADATA_PROPERTY: value}, None)
 
 
 @pytest.mark.parametrize(("key", "delivered"), [("k", "k"), ("p-7", None), (b"p-7", b"p-7")])
@@ -346,6 +351,63 @@ def test_a_payload_that_is_not_what_it_claims_is_refused(codec: int) -> None:
         decompress(9, compressed, len(data), 1000)
     with pytest.raises(PulsarFrameError):
         decompress(NONE, compressed, len(data), 1000)
+
+
+@given(
+    st.lists(st.tuples(names, st.text(max_size=10)), max_size=3),
+    st.booleans(),
+    st.none() | st.text(max_size=10),
+    st.booleans(),
+)
+def test_a_null_value_and_a_partition_key_beside_an_ordering_key_come_back_as_sent(
+    pairs: list[tuple[str, str]], null_value: bool, partition_key: str | None, b64: bool
+) -> None:
+    stored = from_pulsar(pairs, 0, null_value=null_value, partition_key=partition_key, partition_key_b64=b64)
+    expected = PulsarMetadata(dict(pairs), 0, null_value, partition_key, b64 and partition_key is not None)
+    assert to_pulsar(stored, ordering_key=True) == expected
+
+
+def test_a_delivery_with_an_ordering_key_carries_the_partition_key_and_the_null_value() -> None:
+    stored = from_pulsar([("a", "1")], 0, null_value=True, partition_key="account-9")
+    metadata = delivered_metadata(encode_delivery(1, -1, 5, b"order-1", b"", properties=stored))
+    assert (metadata.ordering_key, metadata.partition_key, metadata.null_value) == (b"order-1", "account-9", True)
+    assert [(pair.key, pair.value) for pair in metadata.properties] == [("a", "1")]
+    # Beside a str key (the partition key itself), the reserved property stays a property.
+    other = encode_properties({PARTITION_KEY_PROPERTY: "x", NULL_VALUE_PROPERTY: "yes"})
+    plain = delivered_metadata(encode_delivery(1, -1, 5, "k", b"v", properties=other))
+    assert (plain.partition_key, plain.HasField("ordering_key"), plain.null_value) == ("k", False, False)
+    assert {pair.key: pair.value for pair in plain.properties} == {
+        PARTITION_KEY_PROPERTY: "x",
+        NULL_VALUE_PROPERTY: "yes",
+    }
+    flagged = from_pulsar([], 0, partition_key="YWI=", partition_key_b64=True)
+    assert decode_properties(flagged) == {PARTITION_KEY_B64_PROPERTY: "YWI="}
+    b64 = delivered_metadata(encode_delivery(1, -1, 5, b"o", b"v", properties=flagged))
+    assert (b64.partition_key, b64.partition_key_b64_encoded) == ("YWI=", True)
+
+
+def test_a_send_with_null_value_or_both_keys_is_read_by_protobuf() -> None:
+    """The hand-written reader knows neither field: such metadata goes to protobuf, which reads both."""
+    metadata = MessageMetadata(producer_name="p", sequence_id=1, publish_time=1, partition_key="pk", null_value=True)
+    metadata.ordering_key = b"ok"
+    send = command(BaseCommand.SEND, producer_id=1, sequence_id=1)
+    [frame], _ = PulsarDecoder(1 << 20).feed(encode_message(send, metadata.SerializeToString(), b""))
+    fields = parse_message(frame.rest).metadata
+    assert (fields.partition_key, fields.ordering_key, fields.null_value) == ("pk", b"ok", True)
+
+
+def test_a_chunk_with_both_keys_and_a_null_value_comes_back_with_all_of_them() -> None:
+    """The passed metadata and the producer's reserved fields travel side by side in one message's properties."""
+    metadata = MessageMetadata(
+        producer_name="p", sequence_id=7, publish_time=1, uuid="p-7", chunk_id=2, num_chunks_from_msg=3
+    )
+    metadata.partition_key, metadata.ordering_key, metadata.null_value = "pk", b"ok", True
+    fields = metadata_fields(metadata)
+    stored = from_pulsar(fields.properties, 0, fields.passed, null_value=True, partition_key=fields.partition_key)
+    message = delivered_metadata(encode_delivery(1, -1, 5, b"ok", b"slice", properties=stored))
+    assert (message.uuid, message.chunk_id, message.num_chunks_from_msg) == ("p-7", 2, 3)
+    assert (message.ordering_key, message.partition_key, message.null_value) == (b"ok", "pk", True)
+    assert list(message.properties) == []
 
 
 def test_the_event_time_replaces_a_property_of_its_name() -> None:

@@ -27,13 +27,25 @@ from keyfailover.broker.pulsar._codec import (
     split_batch,
 )
 from keyfailover.broker.pulsar._compression import decompress
-from keyfailover.broker.pulsar._properties import EVENT_TIME_PROPERTY, PULSAR_METADATA_PROPERTY, from_pulsar, to_pulsar
+from keyfailover.broker.pulsar._properties import (
+    EVENT_TIME_PROPERTY,
+    NULL_VALUE_PROPERTY,
+    PARTITION_KEY_B64_PROPERTY,
+    PARTITION_KEY_PROPERTY,
+    PULSAR_METADATA_PROPERTY,
+    PulsarMetadata,
+    from_pulsar,
+    to_pulsar,
+)
 from keyfailover.broker.pulsar._topics import TopicNameError, keyfailover_topic
 from keyfailover.broker.pulsar._wire import encode_receipt
 
 __all__ = [
     "EVENT_TIME_PROPERTY",
     "MAX_FRAME_PADDING",
+    "NULL_VALUE_PROPERTY",
+    "PARTITION_KEY_B64_PROPERTY",
+    "PARTITION_KEY_PROPERTY",
     "PROTOCOL_VERSION",
     "PULSAR_METADATA_PROPERTY",
     "SERVER_NAME",
@@ -41,6 +53,7 @@ __all__ = [
     "PulsarDecoder",
     "PulsarFrame",
     "PulsarFrameError",
+    "PulsarMetadata",
     "SendFrame",
     "SentMessage",
     "SingleFields",

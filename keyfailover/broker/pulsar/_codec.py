@@ -136,6 +136,8 @@ class MessageFields(NamedTuple):
     """Its ``(key, value)`` pairs, in order."""
     event_time: int = 0
     """Milliseconds since the Unix epoch; 0: not set."""
+    null_value: bool = False
+    """It is a tombstone: its payload is empty and stands for none."""
 
 
 class SingleFields(NamedTuple):
@@ -150,6 +152,8 @@ class SingleFields(NamedTuple):
     """Its ``(key, value)`` pairs, in order."""
     event_time: int = 0
     """Milliseconds since the Unix epoch; 0: not set."""
+    null_value: bool = False
+    """It is a tombstone: its payload is empty and stands for none."""
 
 
 _message_fields = functools.partial(tuple.__new__, MessageFields)
@@ -183,6 +187,7 @@ def metadata_fields(metadata: MessageMetadata) -> MessageFields:
         metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch") else None,
         tuple((pair.key, pair.value) for pair in metadata.properties),
         metadata.event_time,
+        metadata.null_value,
     )
 
 
@@ -196,6 +201,7 @@ def single_fields(single: SingleMessageMetadata) -> SingleFields:
         single.payload_size,
         tuple((pair.key, pair.value) for pair in single.properties),
         single.event_time,
+        single.null_value,
     )
 
 
@@ -324,8 +330,9 @@ def encode_delivery(
 ) -> bytes:
     """A MESSAGE frame for ``consumer_id``: message id ledger 0, entry ``position`` (and ``partition`` unless
     it is -1); a str key as the partition key, a bytes key as the ordering key; ``published`` in µs; the
-    stored (encoded) ``properties`` as the message's properties, event time and passed metadata. A chunk stored
-    under its uuid as key came without one, and goes without one."""
+    stored (encoded) ``properties`` as the message's properties, event time, null value, passed metadata and
+    the partition key beside an ordering key (see :func:`to_pulsar`). A chunk stored under its uuid as key came
+    without one, and goes without one."""
     command = BaseCommand(type=BaseCommand.MESSAGE)
     message = command.message
     message.consumer_id = consumer_id
@@ -341,14 +348,19 @@ def encode_delivery(
         publish_time=0 if published is None else published // 1000,
     )
     if properties is not None:
-        pairs, event_time, passed = to_pulsar(properties)
-        for name, value in pairs.items():
+        kept = to_pulsar(properties, ordering_key=isinstance(key, bytes))
+        for name, value in kept.properties.items():
             metadata.properties.add(key=name, value=value)
-        if event_time:
-            metadata.event_time = event_time
-        if passed is not None:
-            metadata.MergeFrom(passed)
-            if passed.num_chunks_from_msg > 1 and key == passed.uuid:
+        if kept.event_time:
+            metadata.event_time = kept.event_time
+        if kept.null_value:
+            metadata.null_value = True
+        if kept.partition_key is not None:
+            metadata.partition_key = kept.partition_key
+            metadata.partition_key_b64_encoded = kept.partition_key_b64
+        if kept.passed is not None:
+            metadata.MergeFrom(kept.passed)
+            if kept.passed.num_chunks_from_msg > 1 and key == kept.passed.uuid:
                 key = None
     if isinstance(key, str):
         metadata.partition_key = key
@@ -383,7 +395,7 @@ def parse_message(rest: bytes) -> SentMessage:
     else:
         key, batch, event_time, compression, uncompressed = plain
         fields = _message_fields(
-            (key, False, None, compression, uncompressed, False, None, None, batch, _NO_PROPERTIES, event_time)
+            (key, False, None, compression, uncompressed, False, None, None, batch, _NO_PROPERTIES, event_time, False)
         )
     return SentMessage(fields, rest[4 + size :], checksum_ok)
 
@@ -412,7 +424,7 @@ def split_batch(payload: bytes, count: int) -> list[tuple[SingleFields, bytes]]:
             fields = single_fields(single)
         else:
             key, length, sequence_id, event_time = plain
-            fields = _single_fields((key, False, None, sequence_id, length, _NO_PROPERTIES, event_time))
+            fields = _single_fields((key, False, None, sequence_id, length, _NO_PROPERTIES, event_time, False))
         offset += size
         length = fields.payload_size
         if not 0 <= length <= len(payload) - offset:

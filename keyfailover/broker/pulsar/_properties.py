@@ -1,13 +1,14 @@
-"""A Pulsar message's properties and event time, kept as keyfailover's message properties.
+"""A Pulsar message's properties and the metadata fields keyfailover keeps beside them, as message properties.
 
 Pulsar's MessageMetadata (and a batched message's SingleMessageMetadata) carries ``properties``,
-a list of str key/value pairs, and ``event_time``, milliseconds since the Unix epoch that the
-application set (0: none). keyfailover stores the properties as its own (a later pair of a key
-wins, as Pulsar's clients build their map) and the event time as one more property,
-:data:`EVENT_TIME_PROPERTY`, holding its decimal digits: one column in both logs, and a native
-consumer reads the event time of a message a Pulsar producer sent. A MESSAGE gives it back as
-``event_time``, and the rest as ``properties``; a value of the reserved key that is not an event
-time (a native producer may set anything) is left as a property.
+a list of str key/value pairs, and some fields keyfailover has no column for: ``event_time``,
+milliseconds since the Unix epoch that the application set (0: none); ``null_value``, a tombstone
+(its payload is empty, and a consumer is told it has none); and the ``partition_key`` of a message
+whose sticky key is its ``ordering_key``. keyfailover stores the properties as its own (a later pair
+of a key wins, as Pulsar's clients build their map) and each of those fields, when set, as one more
+property of a reserved name: one column in both logs, and a native consumer reads them too. A
+MESSAGE gives each back as its field, and the rest as ``properties``; a value of a reserved name that
+is no such field (a native producer may set anything) is left as a property.
 
 Some payloads the server passes on without reading them: an encrypted message's ciphertext, which
 only its consumers can decrypt, and a chunk, a slice of a message that its consumer reassembles.
@@ -22,7 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Iterable
-from typing import Final
+from typing import Final, NamedTuple
 
 from google.protobuf.message import DecodeError
 
@@ -31,8 +32,12 @@ from keyfailover.wire.properties import decode_properties, encode_properties
 
 __all__ = [
     "EVENT_TIME_PROPERTY",
+    "NULL_VALUE_PROPERTY",
+    "PARTITION_KEY_B64_PROPERTY",
+    "PARTITION_KEY_PROPERTY",
     "PASSED_FIELDS",
     "PULSAR_METADATA_PROPERTY",
+    "PulsarMetadata",
     "from_pulsar",
     "passed_metadata",
     "to_pulsar",
@@ -40,6 +45,12 @@ __all__ = [
 
 EVENT_TIME_PROPERTY: Final = "keyfailover.event_time"
 """The property a Pulsar message's event time is kept in: its milliseconds since the Unix epoch, in decimal."""
+NULL_VALUE_PROPERTY: Final = "keyfailover.null_value"
+"""The property that marks a Pulsar message with ``null_value`` (a tombstone): ``"true"``."""
+PARTITION_KEY_PROPERTY: Final = "keyfailover.partition_key"
+"""The property a Pulsar message's partition key is kept in when its ordering key is its stored key."""
+PARTITION_KEY_B64_PROPERTY: Final = "keyfailover.partition_key_b64"
+"""As :data:`PARTITION_KEY_PROPERTY`, for a partition key flagged ``partition_key_b64_encoded`` (kept as sent)."""
 
 PULSAR_METADATA_PROPERTY: Final = "keyfailover.pulsar_metadata"
 """The property that keeps what a consumer needs to read an encrypted message or a chunk: :data:`PASSED_FIELDS`
@@ -62,38 +73,89 @@ chunk's message and place in it, and the compression and batch that are inside t
 the chunks."""
 
 _MAX_EVENT_TIME: Final = 2**64 - 1  # event_time is a uint64: at most 20 digits
+_TRUE: Final = "true"
 
 
-def from_pulsar(properties: Iterable[tuple[str, str]], event_time: int, passed: bytes | None = None) -> bytes | None:
-    """The encoded properties to store for a Pulsar message's ``properties`` pairs, ``event_time`` (0: none) and
-    ``passed`` metadata (a serialized MessageMetadata of :data:`PASSED_FIELDS`, None: none); None when it has
-    none of them. The event time and the passed metadata replace properties of their reserved names. Raises
+class PulsarMetadata(NamedTuple):
+    """A stored message's properties as a MESSAGE carries them: the properties without the reserved ones, and
+    the fields they kept."""
+
+    properties: dict[str, str]
+    event_time: int = 0
+    """Milliseconds since the Unix epoch; 0: none."""
+    null_value: bool = False
+    partition_key: str | None = None
+    """The partition key sent beside an ordering key; None: none was."""
+    partition_key_b64: bool = False
+    """Whether that partition key is flagged base64."""
+    passed: MessageMetadata | None = None
+    """What a consumer needs to read an encrypted message or a chunk: its :data:`PASSED_FIELDS` only; None: none."""
+
+
+def from_pulsar(
+    properties: Iterable[tuple[str, str]],
+    event_time: int,
+    passed: bytes | None = None,
+    *,
+    null_value: bool = False,
+    partition_key: str | None = None,
+    partition_key_b64: bool = False,
+) -> bytes | None:
+    """The encoded properties to store for a Pulsar message's ``properties`` pairs, ``event_time`` (0: none),
+    ``passed`` metadata (a serialized MessageMetadata of :data:`PASSED_FIELDS`, None: none), ``null_value``,
+    and ``partition_key`` (one beside an ordering key, None: none; ``partition_key_b64``: it is flagged
+    base64); None when it has none of them. A field set replaces a property of its reserved name. Raises
     :class:`~keyfailover.core.errors.PropertiesError` beyond the limits of :mod:`keyfailover.wire.properties`."""
     kept = dict(properties)
     if event_time:
         kept[EVENT_TIME_PROPERTY] = str(event_time)
     if passed is not None:
         kept[PULSAR_METADATA_PROPERTY] = base64.b64encode(passed).decode("ascii")
+    if null_value:
+        kept[NULL_VALUE_PROPERTY] = _TRUE
+    if partition_key is not None:
+        kept.pop(PARTITION_KEY_PROPERTY, None)
+        kept.pop(PARTITION_KEY_B64_PROPERTY, None)
+        kept[PARTITION_KEY_B64_PROPERTY if partition_key_b64 else PARTITION_KEY_PROPERTY] = partition_key
     return encode_properties(kept)
 
 
-def to_pulsar(data: bytes | None) -> tuple[dict[str, str], int, MessageMetadata | None]:
-    """A stored message's properties as a MESSAGE carries them: the properties without the event time and the
-    passed metadata, the event time (0: none), and the passed metadata (its :data:`PASSED_FIELDS` only; None:
-    none). A reserved property whose value is not what the server writes stays a property."""
+def to_pulsar(data: bytes | None, *, ordering_key: bool = False) -> PulsarMetadata:
+    """A stored message's encoded properties as a MESSAGE carries them: see :class:`PulsarMetadata`. A partition
+    key is taken out of them only for a message delivered with an ``ordering_key`` (its key is bytes); beside a
+    str key, which is the partition key, the reserved property stays a property. A reserved property whose
+    value is not what the server writes stays a property."""
     properties = decode_properties(data)
-    event_time = 0
-    text = properties.get(EVENT_TIME_PROPERTY)
-    if text is not None and len(text) <= 20 and text.isascii() and text.isdigit() and 0 < int(text) <= _MAX_EVENT_TIME:
+    if not properties:
+        return PulsarMetadata(properties)
+    event_time = _event_time(properties.get(EVENT_TIME_PROPERTY))
+    if event_time:
         del properties[EVENT_TIME_PROPERTY]
-        event_time = int(text)
+    null_value = properties.get(NULL_VALUE_PROPERTY) == _TRUE
+    if null_value:
+        del properties[NULL_VALUE_PROPERTY]
+    partition_key: str | None = None
+    partition_key_b64 = False
+    if ordering_key:
+        partition_key_b64 = PARTITION_KEY_B64_PROPERTY in properties
+        partition_key = properties.pop(
+            PARTITION_KEY_B64_PROPERTY if partition_key_b64 else PARTITION_KEY_PROPERTY, None
+        )
     passed = None
     text = properties.get(PULSAR_METADATA_PROPERTY)
     if text is not None:
         passed = _passed(text)
         if passed is not None:
             del properties[PULSAR_METADATA_PROPERTY]
-    return properties, event_time, passed
+    return PulsarMetadata(properties, event_time, null_value, partition_key, partition_key_b64, passed)
+
+
+def _event_time(text: str | None) -> int:
+    """The event time a property holds: 1 to 2^64 - 1 in ASCII decimal digits; 0 for anything else."""
+    if text is None or not (len(text) <= 20 and text.isascii() and text.isdigit()):
+        return 0
+    value = int(text)
+    return value if 0 < value <= _MAX_EVENT_TIME else 0
 
 
 def _passed(text: str) -> MessageMetadata | None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 from keyfailover.core.errors import ErrorCode
 
 if TYPE_CHECKING:
+    from keyfailover.broker.server._pulsar_access import ProducerHandle, TopicProducers
     from keyfailover.broker.server._subscription import Subscription
     from keyfailover.broker.storage._store import Store
     from keyfailover.wire.protocol import Key
@@ -235,6 +236,9 @@ class ConnectionHost(ServerView, Protocol):
 
     @property
     def pulsar_tls(self) -> bool: ...
+
+    @property
+    def pulsar_producers(self) -> dict[str, TopicProducers[ProducerHandle]]: ...
 
     def watch(self, served: str, watcher: TailWatcher) -> None: ...
 

@@ -4,7 +4,8 @@ Each connection adapts Pulsar commands to the paths the native protocol takes: a
 produce of a named producer with its sequence ids (dedup on reconnect), a SUBSCRIBE attaches a
 :class:`Session` to the same :class:`Subscription`, FLOW grants its permits, ACK and
 REDELIVER_UNACKNOWLEDGED_MESSAGES ack and nack its positions. A message's id is ledger 0,
-entry = its log position. Producer dedup runs per producer name and sequence id, as for native producers.
+entry = its log position. Producer dedup runs per producer name and sequence id, as for native producers;
+producer access modes run per topic (partition) on the server that serves it (``_pulsar_access``).
 docs/pulsar.md says what is served, what is refused and why.
 """
 
@@ -46,10 +47,12 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     MetadataError,
     NotAllowedError,
     PersistenceError,
+    ProducerFenced,
     ServiceNotReady,
     UnknownError,
 )
 from keyfailover.broker.server._connection import ConnectionHost, FrameReader
+from keyfailover.broker.server._pulsar_access import TopicProducers
 from keyfailover.broker.server._pulsar_errors import RefusedError, server_error
 from keyfailover.broker.server._pulsar_lookup import lookup, partitioned_metadata
 from keyfailover.broker.server._pulsar_reader import PulsarReader
@@ -59,7 +62,7 @@ from keyfailover.broker.storage._store import NotServedError, Result, StoreUnava
 from keyfailover.core.errors import ErrorCode, KeyFailoverError
 from keyfailover.wire.protocol import ConsumerClosed, Frame, Messages, is_valid_name, stream_transport
 
-__all__ = ["PulsarConnection"]
+__all__ = ["OpenProducer", "PulsarConnection"]
 
 _log = logging.getLogger("keyfailover.server")
 
@@ -78,6 +81,37 @@ class _Consumer:
     partition: int
     unacked: set[int] = field(default_factory=set)
     """Positions delivered and not acked or nacked through this consumer (what a bare redeliver gives back)."""
+
+
+@dataclass(eq=False)
+class OpenProducer:
+    """A producer open, or waiting for exclusive access, on a Pulsar connection: what its topic's access modes
+    (:class:`TopicProducers`) hold, one object per producer, compared by identity."""
+
+    connection: PulsarConnection
+    producer_id: int
+    request_id: int
+    """The PRODUCER request a waiting producer is answered on once granted."""
+    producer: Producer
+    last_sequence: int
+    """The last sequence id the log held for its name when it asked."""
+
+    @property
+    def name(self) -> str:
+        """The producer's name."""
+        return self.producer.name
+
+    def fenced(self) -> None:
+        """Fenced out by an ExclusiveWithFencing producer: see :meth:`PulsarConnection._fence`."""
+        self.connection._fence(self)
+
+    def refused(self, why: str) -> None:
+        """Can wait for exclusive access no more: see :meth:`PulsarConnection._refuse_waiting`."""
+        self.connection._refuse_waiting(self, why)
+
+    def granted(self, epoch: int) -> None:
+        """Granted exclusive access after waiting: see :meth:`PulsarConnection._grant`."""
+        self.connection._grant(self, epoch)
 
 
 def _command(kind: int) -> BaseCommand:
@@ -106,7 +140,11 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         self._decoder = PulsarDecoder(min(config.login_frame, config.max_frame))
         self.version = 0
         """The protocol version agreed at CONNECT: the lower of the client's and :data:`PROTOCOL_VERSION`."""
-        self._producers: dict[int, Producer] = {}
+        self._producers: dict[int, Producer] = {}  # the producers that may send, by producer id
+        self._handles: dict[int, OpenProducer] = {}  # those and the ones waiting for exclusive access
+        # Producers fenced out by an exclusive one, by id: their SENDs still on the way are dropped unanswered,
+        # as Apache Pulsar drops those of a producer it closed (the client fails them itself).
+        self._fenced: dict[int, None] = {}
         self._consumers: dict[int, _Consumer] = {}
         self._readers: dict[int, PulsarReader] = {}  # non-durable Exclusive subscriptions, by consumer id
         # Readers that seeked, by consumer id: their topic and the position their next SUBSCRIBE starts after.
@@ -166,6 +204,8 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         if self._keepalive is not None:
             self._keepalive.cancel()
         self.expire_sessions("closed", notify=False)
+        for handle in list(self._handles.values()):
+            self._release(handle)
         self._server.disconnected(self)
 
     # -- ClientConnection --------------------------------------------------------------
@@ -425,12 +465,13 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
 
     def _producer(self, frame: PulsarFrame) -> None:
         """PRODUCER: open a producer, answered in a task once its last stored sequence id is read."""
-        _check_room("producers", self._producers, frame.command.producer.producer_id)
+        _check_room("producers", self._handles, frame.command.producer.producer_id)
         self._spawn(self._open_producer(frame.command))
 
     async def _open_producer(self, command: BaseCommand) -> None:
-        """Open the producer a PRODUCER asks for on a topic served here, and answer PRODUCER_SUCCESS with
-        the last sequence id stored for its name, or ERROR."""
+        """Open the producer a PRODUCER asks for on a topic served here, in the access mode it asks for, and
+        answer PRODUCER_SUCCESS with the last sequence id stored for its name (not ready yet for one that waits
+        for exclusive access), or ERROR."""
         request = command.producer
         try:
             topic = keyfailover_topic(request.topic)
@@ -443,8 +484,8 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
             last = await self._server.storage.last_sequence(topic, name)
             if self._closed:
                 return
-            known = self._producers.get(request.producer_id)
-            if known is not None and (known.topic, known.name) != (topic, name):
+            handle = self._handles.get(request.producer_id)
+            if handle is not None and (handle.producer.topic, handle.name) != (topic, name):
                 raise RefusedError(
                     UnknownError,
                     f"producer id {request.producer_id} is open already on this connection for another topic or name",
@@ -453,13 +494,90 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
             self._error(request.request_id, *server_error(exc))
             return
         # A PRODUCER repeated for an open producer (a client's retry) is answered as the first one.
-        self._producers[request.producer_id] = Producer(topic, name, self._partition(topic))
+        if handle is None:
+            handle = OpenProducer(
+                self, request.producer_id, request.request_id, Producer(topic, name, self._partition(topic)), last
+            )
+        producers = self._server.pulsar_producers.setdefault(topic, TopicProducers())
+        epoch = request.topic_epoch if request.HasField("topic_epoch") else None
+        admission = producers.add(handle, request.producer_access_mode, epoch)
+        if not (admission.granted or admission.queued):
+            if not len(producers) and not producers.epoch:
+                del self._server.pulsar_producers[topic]
+            self._error(request.request_id, admission.error, admission.message)
+            return
+        self._handles[request.producer_id] = handle
+        self._fenced.pop(request.producer_id, None)
+        for fenced in admission.closed:
+            fenced.fenced()
+        for waiting in admission.refused:
+            waiting.refused(f"fenced out by the ExclusiveWithFencing producer {name!r:.80}")
+        handle.request_id = request.request_id
+        if admission.queued:
+            self._producer_success(handle, None, ready=False)
+        else:
+            self._producers[request.producer_id] = handle.producer
+            self._producer_success(handle, admission.epoch)
+
+    def _producer_success(self, handle: OpenProducer, epoch: int | None, ready: bool = True) -> None:
+        """Answer ``handle``'s PRODUCER with PRODUCER_SUCCESS: the topic ``epoch`` for an exclusive producer, and
+        ``ready`` False for one queued for exclusive access (the client then waits for the second answer)."""
         reply = _command(BaseCommand.PRODUCER_SUCCESS)
-        reply.producer_success.request_id = request.request_id
-        reply.producer_success.producer_name = name
-        reply.producer_success.last_sequence_id = last
-        reply.producer_success.producer_ready = True
+        success = reply.producer_success
+        success.request_id = handle.request_id
+        success.producer_name = handle.name
+        success.last_sequence_id = handle.last_sequence
+        success.producer_ready = ready
+        if epoch is not None:
+            success.topic_epoch = epoch
         self._send(reply)
+
+    def _release(self, handle: OpenProducer) -> None:
+        """Forget ``handle`` here and in its topic's access modes; a producer waiting for exclusive access that
+        gets it now is answered on its own connection."""
+        if self._handles.get(handle.producer_id) is handle:
+            del self._handles[handle.producer_id]
+            if self._producers.get(handle.producer_id) is handle.producer:
+                del self._producers[handle.producer_id]
+        topic = handle.producer.topic
+        producers = self._server.pulsar_producers.get(topic)
+        if producers is None:
+            return
+        promotion = producers.remove(handle)
+        for waiting, why in promotion.refused:
+            waiting.refused(why)
+        if promotion.granted is not None:
+            promotion.granted.granted(promotion.epoch)
+        if not len(producers) and not producers.epoch:
+            del self._server.pulsar_producers[topic]
+
+    def _fence(self, handle: OpenProducer) -> None:
+        """``handle`` was fenced out by an ExclusiveWithFencing producer: it is closed (CLOSE_PRODUCER tells the
+        client, whose reconnection with its old topic epoch is then refused), and its SENDs still on the way
+        are dropped."""
+        if self._handles.get(handle.producer_id) is not handle:
+            return
+        del self._handles[handle.producer_id]
+        self._producers.pop(handle.producer_id, None)
+        self._fenced[handle.producer_id] = None
+        if len(self._fenced) > _MAX_OPEN:
+            del self._fenced[next(iter(self._fenced))]
+        command = _command(BaseCommand.CLOSE_PRODUCER)
+        command.close_producer.producer_id = handle.producer_id
+        command.close_producer.request_id = _MINUS_ONE
+        self._send(command)
+
+    def _grant(self, handle: OpenProducer, epoch: int) -> None:
+        """``handle``, which waited for exclusive access, has it now: it may send, and its PRODUCER is answered."""
+        if self._handles.get(handle.producer_id) is handle:
+            self._producers[handle.producer_id] = handle.producer
+            self._producer_success(handle, epoch)
+
+    def _refuse_waiting(self, handle: OpenProducer, why: str) -> None:
+        """Refuse the PRODUCER of ``handle``, which waited for exclusive access, with ``ProducerFenced``."""
+        if self._handles.get(handle.producer_id) is handle:
+            del self._handles[handle.producer_id]
+            self._error(handle.request_id, ProducerFenced, why)
 
     def _partition(self, topic: str) -> int:
         """The partition index message ids carry for ``topic``: -1 unless it is a partition."""
@@ -470,6 +588,8 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         """Read a SEND into keyfailover messages and queue it for the read's store request; a SEND that
         cannot be stored is answered with SEND_ERROR at once."""
         producer = self._producers.get(frame.producer_id)
+        if producer is None and frame.producer_id in self._fenced:
+            return  # the client fails it itself once it learns the producer was fenced out
         try:
             if producer is None:
                 raise RefusedError(UnknownError, f"producer id {frame.producer_id} is not open on this connection")
@@ -760,7 +880,9 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
     def _close_producer(self, frame: PulsarFrame) -> None:
         """CLOSE_PRODUCER: forget the producer, answered with SUCCESS."""
         request = frame.command.close_producer
-        self._producers.pop(request.producer_id, None)
+        handle = self._handles.get(request.producer_id)
+        if handle is not None:
+            self._release(handle)
         self._success(request.request_id)
 
     def _close_consumer(self, frame: PulsarFrame) -> None:

@@ -1,12 +1,13 @@
 """What a Pulsar producer's SEND carries, as keyfailover stores it: its messages, their keys and properties.
 
 A SEND holds one message, or a batched entry of several, each with its own key: Pulsar's sticky key,
-the ordering key, else the partition key. A compressed payload is decompressed first, so a batch
-splits into its keys and consumers get plain messages. An encrypted one cannot be read, nor can a
-chunk (a slice of a message too large for one frame): it is stored as it came, one message under the
-entry's key, with what its consumers need to read it. What keyfailover does not store (transactions,
-a payload it cannot read) is refused with ``ChecksumError``, the one SEND_ERROR a Pulsar client fails
-the send on instead of resending it.
+the ordering key, else the partition key. A partition key beside an ordering key is kept among the
+properties, as are a null value and the event time (``keyfailover.broker.pulsar._properties``). A
+compressed payload is decompressed first, so a batch splits into its keys and consumers get plain
+messages. An encrypted one cannot be read, nor can a chunk (a slice of a message too large for one
+frame): it is stored as it came, one message under the entry's key, with what its consumers need to
+read it. What keyfailover does not store (transactions, a payload it cannot read) is refused with
+``ChecksumError``, the one SEND_ERROR a Pulsar client fails the send on instead of resending it.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def sent_messages(frame: SendFrame, max_size: int) -> tuple[SentMessages, Proper
             raise _refused(str(exc)) from None
     if count is None:
         message = (frame.sequence_id, _message_key(metadata), payload)
-        if not (metadata.properties or metadata.event_time):
+        if not _has_more(metadata):
             return [message], None  # the usual message: nothing more to store
         return [message], [_message_properties(metadata)]
     try:
@@ -99,7 +100,7 @@ def sent_messages(frame: SendFrame, max_size: int) -> tuple[SentMessages, Proper
         )
         for index, (single, payload) in enumerate(singles)
     ]
-    if not any(single.properties or single.event_time for single, _ in singles):
+    if not any(_has_more(single) for single, _ in singles):
         return messages, None
     return messages, [_message_properties(single) for single, _ in singles]
 
@@ -136,12 +137,31 @@ def _encrypted(frame: SendFrame, metadata: MessageFields, payload: bytes) -> tup
     return [(sequence_id, _message_key(metadata), payload)], [_message_properties(metadata)]
 
 
+def _has_more(metadata: MessageFields | SingleFields) -> bool:
+    """Whether a message has more to store than its key and payload: properties, an event time, a null value, or
+    a partition key beside its ordering key."""
+    return bool(
+        metadata.properties
+        or metadata.event_time
+        or metadata.null_value
+        or (metadata.ordering_key is not None and metadata.partition_key is not None)
+    )
+
+
 def _message_properties(metadata: MessageFields | SingleFields) -> bytes | None:
-    """The encoded properties to store for a message: its properties, event time and passed metadata (None: it
-    has none of them)."""
+    """The encoded properties to store for a message: its properties, event time, passed metadata, null value, and
+    a partition key beside its ordering key (the stored key), as sent (None: it has none of them)."""
     passed = metadata.passed if isinstance(metadata, MessageFields) else None
+    beside = metadata.partition_key if metadata.ordering_key is not None else None
     try:
-        return from_pulsar(metadata.properties, metadata.event_time, passed)
+        return from_pulsar(
+            metadata.properties,
+            metadata.event_time,
+            passed,
+            null_value=metadata.null_value,
+            partition_key=beside,
+            partition_key_b64=metadata.partition_key_b64_encoded,
+        )
     except PropertiesError as exc:
         raise _refused(str(exc)) from None
 

@@ -39,6 +39,7 @@ from keyfailover.wire.protocol import DEFAULT_MAX_FRAME, MAX_NAME_LENGTH, ErrorC
 
 if TYPE_CHECKING:
     from keyfailover.broker.server._cluster import BrokerRole
+    from keyfailover.broker.server._pulsar_access import ProducerHandle, TopicProducers
 
 __all__ = ["Server", "ServerConfig"]
 
@@ -118,6 +119,9 @@ class Server:
         self._closing: set[str] = set()
         self._connections: set[ClientConnection] = set()
         self._watchers: dict[str, set[TailWatcher]] = {}  # served topic -> what follows its log (Pulsar readers)
+        self.pulsar_producers: dict[str, TopicProducers[ProducerHandle]] = {}
+        """Each served topic's (partition's) Pulsar producers, by their access modes; kept while a topic has one
+        or an exclusive producer raised its epoch."""
         # Session ids are never reused, across restarts too (they start at the wall clock in µs):
         # an ack of a session from before a restart must not land on a new one.
         self._session_ids = itertools.count(time.time_ns() // 1000)

@@ -130,6 +130,8 @@ class MessageFields(NamedTuple):
     """Its ``(key, value)`` pairs, in order."""
     event_time: int = 0
     """Milliseconds since the Unix epoch; 0: not set."""
+    deliver_at_time: int = 0
+    """Milliseconds since the Unix epoch before which the message is not delivered; 0: not set."""
 
 
 class SingleFields(NamedTuple):
@@ -173,6 +175,7 @@ def metadata_fields(metadata: MessageMetadata) -> MessageFields:
         metadata.num_messages_in_batch if metadata.HasField("num_messages_in_batch") else None,
         tuple((pair.key, pair.value) for pair in metadata.properties),
         metadata.event_time,
+        metadata.deliver_at_time,
     )
 
 
@@ -367,7 +370,7 @@ def parse_message(rest: bytes) -> SentMessage:
         fields = metadata_fields(metadata)
     else:
         key, batch, event_time = plain
-        fields = _message_fields((key, False, None, NONE, False, 0, batch, _NO_PROPERTIES, event_time))
+        fields = _message_fields((key, False, None, NONE, False, 0, batch, _NO_PROPERTIES, event_time, 0))
     return SentMessage(fields, rest[4 + size :], checksum_ok)
 
 

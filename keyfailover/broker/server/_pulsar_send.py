@@ -63,11 +63,12 @@ def sent_messages(frame: SendFrame) -> tuple[SentMessages, PropertiesColumn]:
     if frame.transactional:
         raise RefusedError(NotAllowedError, "transactions and markers are not supported")
     count = metadata.num_messages_in_batch
+    deliver_at = metadata.deliver_at_time  # of the entry: each message of a batch has it
     if count is None:
         message = (frame.sequence_id, _message_key(metadata), sent.payload)
-        if not (metadata.properties or metadata.event_time):
+        if not (metadata.properties or metadata.event_time or deliver_at > 0):
             return [message], None  # the usual message: nothing more to store
-        return [message], [_message_properties(metadata)]
+        return [message], [_message_properties(metadata, deliver_at)]
     if count < 1:
         raise RefusedError(UnknownError, f"a batched entry of {count} messages; expected at least 1")
     try:
@@ -82,15 +83,16 @@ def sent_messages(frame: SendFrame) -> tuple[SentMessages, PropertiesColumn]:
         )
         for index, (single, payload) in enumerate(singles)
     ]
-    if not any(single.properties or single.event_time for single, _ in singles):
+    if deliver_at <= 0 and not any(single.properties or single.event_time for single, _ in singles):
         return messages, None
-    return messages, [_message_properties(single) for single, _ in singles]
+    return messages, [_message_properties(single, deliver_at) for single, _ in singles]
 
 
-def _message_properties(metadata: MessageFields | SingleFields) -> bytes | None:
-    """The encoded properties to store for a message: its properties and event time (None: it has neither)."""
+def _message_properties(metadata: MessageFields | SingleFields, deliver_at: int) -> bytes | None:
+    """The encoded properties to store for a message: its properties, event time and delivery time (None: it has
+    none of them)."""
     try:
-        return from_pulsar(metadata.properties, metadata.event_time)
+        return from_pulsar(metadata.properties, metadata.event_time, deliver_at)
     except PropertiesError as exc:
         raise RefusedError(NotAllowedError, f"{exc}; nothing was stored") from None
 

@@ -815,6 +815,22 @@ def test_nack_of_a_keyless_message_returns_only_that_message() -> None:
     assert [(x.position, x.redelivery_count) for x in d.poll()] == [(1, 1)]
 
 
+def test_nacked_keyless_messages_come_back_in_position_order() -> None:
+    """Nacked one by one, oldest first, keyless messages go out again oldest first (as Pulsar replays them),
+    ahead of one that waited for permits, not last-nacked first."""
+    d = Dispatcher(clock=ManualClock(100.0))
+    d.add_consumer("c1")
+    d.flow("c1", 3)
+    for position in (1, 2, 3, 4):
+        d.publish(position, None, position)
+    assert [x.position for x in d.poll()] == [1, 2, 3]  # 4 waits for a permit
+    for position in (1, 2, 3):
+        d.nack("c1", position)
+    d.flow("c1", 4)
+    assert [(x.position, x.redelivery_count) for x in d.poll()] == [(1, 1), (2, 1), (3, 1), (4, 0)]
+    d._audit()
+
+
 def test_str_and_bytes_forms_are_one_key() -> None:
     d = Dispatcher(clock=ManualClock(100.0))
     for name in ("a", "b", "c", "d"):

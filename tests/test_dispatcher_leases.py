@@ -613,3 +613,82 @@ def test_a_reader_is_asked_for_more_only_while_a_consumer_that_may_take_it_has_p
     d.add_consumer("b")
     d.flow("b", 1)
     assert d.hungry()
+
+
+# -- delayed delivery (Pulsar's deliver_at_time) -----------------------------------------
+
+
+def test_a_delayed_message_waits_for_its_time_and_does_not_block_its_key() -> None:
+    """Its key's later messages go out meanwhile; at its time it goes to the consumer holding the key
+    (G1), though a later message of its key is in flight there (G2 does not hold for it)."""
+    d, clock = two_consumers()
+    (key,) = keys_of(d, "a", 1)
+    d.publish(1, key, "later", deliver_at=105.0)
+    d.publish(2, key, "now")
+    d.publish(3, None, "keyless later", deliver_at=103.0)
+    assert [(x.consumer, x.position) for x in d.poll()] == [("a", 2)]
+    assert d.next_deadline() == 103.0
+    assert d.stats()["delayed_messages"] == 2 and d.stats()["replay"] == 2
+    clock.advance(2.5)
+    assert d.poll() == []
+    clock.advance(0.5)
+    assert [x.position for x in d.poll()] == [3]
+    clock.advance(2.0)
+    assert [(x.consumer, x.position, x.payload, x.redelivery_count) for x in d.poll()] == [("a", 1, "later", 0)]
+    d._audit()
+    d.nack("a", 1)  # delivered, it is an ordinary message: a nack returns the key's later deliveries with it
+    assert [x.position for x in d.poll()] == [1, 2]
+    assert d.stats()["delayed_messages"] == 0
+    d._audit()
+
+
+def test_a_delayed_message_of_a_draining_key_waits_for_the_drain() -> None:
+    """G1 holds for a delayed message: due while its key is in flight on a former owner, it waits for
+    that owner's acks, then goes to the new one."""
+    clock = ManualClock(0.0)
+    d = Dispatcher(clock=clock)
+    d.add_consumer("a")
+    d.flow("a", 100)
+    keys = [f"key-{i}" for i in range(40)]
+    for position, key in enumerate(keys, start=1):
+        d.publish(position, key)
+    for position, key in enumerate(keys, start=101):
+        d.publish(position, key, deliver_at=5.0)
+    assert len(d.poll()) == 40  # the delayed ones wait
+    d.add_consumer("b")  # b takes a share: its keys are draining on a
+    d.flow("b", 100)
+    moved = [position for position, key in enumerate(keys, start=1) if d.owner_of(key) == "b"]
+    assert moved
+    clock.advance(5.0)
+    out = d.poll()
+    assert {(x.consumer, x.position) for x in out} == {
+        ("a", 100 + p) for p in range(1, 41) if p not in moved
+    }  # each to its key's holder, a, which still owns the key
+    assert d.ack_many("a", moved) == (moved, [])
+    assert sorted((x.consumer, x.position) for x in d.poll()) == [("b", 100 + p) for p in moved]
+    d._audit()
+
+
+def test_a_delivery_time_already_past_delivers_in_order_and_a_bad_one_is_refused() -> None:
+    d, _ = two_consumers()
+    (key,) = keys_of(d, "a", 1)
+    d.publish(1, key, deliver_at=99.0)
+    d.publish(2, key, deliver_at=100.0)  # the poll's own reading: not after it
+    d.publish(3, key)
+    assert [x.position for x in d.poll()] == [1, 2, 3]
+    for bad in (float("nan"), float("inf"), "105", True, None):
+        with pytest.raises(PositionError, match="deliver_at must be a finite"):
+            d.publish(4, key, deliver_at=bad)  # type: ignore[arg-type]
+    assert d.last_position == 3 and d.stats()["held"] == 3
+    d._audit()
+
+
+def test_a_delayed_message_in_unordered_mode_waits_alone() -> None:
+    d, clock = two_consumers(consume_mode="unordered")
+    (key,) = keys_of(d, "a", 1)
+    d.publish(1, key, deliver_at=105.0)
+    d.publish(2, key)
+    assert [x.position for x in d.poll()] == [2]
+    clock.advance(5.0)
+    assert [x.position for x in d.poll()] == [1]
+    d._audit()

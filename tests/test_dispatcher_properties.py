@@ -12,12 +12,16 @@ and without boundary shifts, and with leases and a redelivery limit (G7): the mo
 also predicts which deliveries expire at each poll, which consumers are stuck, and which
 messages must be dead-lettered instead of delivered again; and with consume-mode switches
 (unordered mode: any consumer, no order; back in ordered mode a key with deliveries still
-out from unordered mode waits for them).
+out from unordered mode waits for them). Messages published with a ``deliver_at`` (Pulsar's
+delayed delivery) never go out before it; until then they block nothing (G2 and G5 are
+checked as if they were not there), and from then on they count as waiting messages of their
+key. Keyless messages go out in position order, redeliveries included.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -114,6 +118,9 @@ class Model:
     nack_backoff_max: float = 60.0
     backoff: dict[bytes, float] = field(default_factory=dict)  # ordered mode: key -> when its nack backoff ends
     delayed: dict[int, float] = field(default_factory=dict)  # keyless or unordered: position -> its backoff's end
+    deliver_at: dict[int, float] = field(default_factory=dict)  # published with a delivery time: position -> it
+    polled_at: float = -math.inf  # the clock reading of the last poll
+    restored_due: set[int] = field(default_factory=set)  # restored since the last poll with a delivery time past
 
     # -- derived -----------------------------------------------------------------------
 
@@ -131,6 +138,14 @@ class Model:
     def pending(self) -> list[int]:
         return [p for p in self.messages if self.is_pending(p)]
 
+    def scheduled(self, position: int) -> bool:
+        """Whether ``position`` waits for its delivery time, as of the last poll."""
+        return self.deliver_at.get(position, -math.inf) > self.polled_at
+
+    def eligible(self, position: int) -> bool:
+        """Pending and not waiting for its delivery time: what G2 and G5 are about."""
+        return self.is_pending(position) and not self.scheduled(position)
+
     def inflight_on(self, consumer: str) -> list[int]:
         return sorted(p for p, c in self.holder.items() if c == consumer)
 
@@ -139,9 +154,11 @@ class Model:
 
     # -- events ------------------------------------------------------------------------
 
-    def publish(self, position: int, key: Key, payload: object) -> None:
+    def publish(self, position: int, key: Key, payload: object, deliver_at: float = 0.0) -> None:
         kb = None if key is None else key_bytes(key)
         self.messages[position] = Published(position, key, kb, payload)
+        if deliver_at:
+            self.deliver_at[position] = deliver_at
         if kb is not None:
             self.by_key.setdefault(kb, []).append(position)
         self.last_position = position
@@ -278,6 +295,8 @@ def poll_and_check(d: Dispatcher, model: Model, now: float) -> list[Delivery]:
     deliveries; then it plays the IO layer's log, restoring what rereads() asks for."""
     model.expire(now)
     model.end_backoffs(now)
+    model.polled_at = now
+    model.restored_due.clear()
     out = d.poll()
     model.routed_through = model.last_position
     check_dead_letters(model, d.dead_letters())
@@ -303,7 +322,10 @@ def reread(d: Dispatcher, model: Model) -> None:
         if not d.wants():
             through = position - 1
             break
-        d.restore(position, message.key, message.payload)
+        deliver_at = model.deliver_at.get(position, 0.0)
+        d.restore(position, message.key, message.payload, deliver_at=deliver_at)
+        if deliver_at and not model.scheduled(position):
+            model.restored_due.add(position)  # it waits in the dispatcher's heap until the next poll
     d.restored(slots, through)
 
 
@@ -342,6 +364,9 @@ def check_poll(d: Dispatcher, model: Model, out: list[Delivery], now: float = 0.
             f"{delivery}: position was delivered {model.delivered[position]} time(s) before"
         )
         assert consumer not in model.stuck, f"{delivery}: {consumer} is stuck"
+        assert not model.scheduled(position), (
+            f"{delivery}: before its delivery time {model.deliver_at[position]} (polled at {model.polled_at})"
+        )
         assert consumer not in model.blocked, f"{delivery}: {consumer} is at its unacked limit"
         if message.kb is not None and not model.unordered:
             holders = model.holders_of(message.kb)
@@ -350,8 +375,15 @@ def check_poll(d: Dispatcher, model: Model, out: list[Delivery], now: float = 0.
             assert consumer == expected_owner, (
                 f"{delivery}: key hash {key_hash(message.kb)} is owned by {expected_owner} in {d.ranges()}"
             )
-            smallest = min(p for p in model.by_key[message.kb] if model.is_pending(p))
+            smallest = min(p for p in model.by_key[message.kb] if model.eligible(p))
             assert position == smallest, f"G2: {delivery} but position {smallest} of that key is still pending"
+        if message.kb is None and not model.unordered:
+            older = [
+                p
+                for p in model.pending()
+                if p < position and model.messages[p].kb is None and model.eligible(p) and not model.backing_off(p)
+            ]
+            assert not older, f"{delivery} while keyless position {older[0]} waits: keyless ones go in position order"
         assert not model.must_dead_letter(position), f"{delivery}: past max_redeliveries, expected a dead letter"
         assert not model.backing_off(position), f"G5: {delivery} before its nack backoff ended"
         if delivery.redelivery_count:
@@ -377,12 +409,12 @@ def check_nothing_held_back(d: Dispatcher, model: Model) -> None:
     owner = owner_lookup(d.ranges())
     parked = parked_positions(d, model)
     if model.unordered:  # every waiting message goes to any consumer with permits
-        waiting = [p for p in model.pending() if p not in parked and not model.backing_off(p)]
+        waiting = [p for p in model.pending() if p not in parked and model.eligible(p) and not model.backing_off(p)]
         with_permits = sorted(c for c in model.permits if model.can_take(c))
         assert not (waiting and with_permits), f"unordered: {waiting[:3]} pending while {with_permits} have permits"
         return
     for kb, positions in model.by_key.items():
-        pending = [p for p in positions if model.is_pending(p)]
+        pending = [p for p in positions if model.eligible(p)]
         if not pending or any(p in model.loose for p in positions):
             continue  # nothing waits, or the key waits for its deliveries from unordered mode
         if pending[0] in parked:
@@ -400,7 +432,9 @@ def check_nothing_held_back(d: Dispatcher, model: Model) -> None:
             f"G5: key {kb!r} has position {pending[0]} pending, is not blocked (unacked on {sorted(holders)}), "
             f"and its owner {key_owner} has {model.permits[key_owner]} permit(s)"
         )
-    keyless = [p for p in model.pending() if model.messages[p].kb is None and not model.backing_off(p)]
+    keyless = [
+        p for p in model.pending() if model.messages[p].kb is None and model.eligible(p) and not model.backing_off(p)
+    ]
     with_permits = sorted(c for c in model.permits if model.can_take(c))
     assert not (keyless and with_permits), f"keyless position {keyless[0]} pending while {with_permits} have permits"
 
@@ -478,9 +512,15 @@ def check_state(d: Dispatcher, model: Model) -> None:
         assert d.owner_of(key) == owner(key_hash(key))
     # Operator stats agree with the model.
     stats = d.stats()
+    waiting_for_time = {p for p in scheduled_positions(model) if p not in parked} | model.restored_due
+    assert stats["delayed_messages"] == len(waiting_for_time), f"{stats['delayed_messages']}: {waiting_for_time}"
     # Messages published since the last poll may not have reached the replay buffer yet.
     assert stats["replay"] + stats.get("unrouted", 0) == len(model.pending()) - len(parked)
-    backing_off = [p for p in model.pending() if model.backing_off(p) and p <= model.routed_through and p not in parked]
+    backing_off = [
+        p
+        for p in model.pending()
+        if model.backing_off(p) and p <= model.routed_through and p not in parked and p not in waiting_for_time
+    ]  # a delayed message of a key in backoff waits for its time: it joins the key's queue then
     assert stats["backoff_messages"] == len(backing_off), f"{stats['backoff_messages']} in backoff: {backing_off}"
     assert stats["backoff_keys"] == len(model.backoff), f"{stats['backoff_keys']} keys in backoff: {model.backoff}"
     assert set(stats["consumers"]) == set(model.consumers)
@@ -492,6 +532,11 @@ def check_state(d: Dispatcher, model: Model) -> None:
         assert entry["unacked"] == len(model.inflight_on(consumer)), f"{consumer}: {entry}"
         assert entry["ranges"] == [(start, end) for start, end, c in ranges if c == consumer]
         assert d.ranges_of(consumer) == entry["ranges"]
+
+
+def scheduled_positions(model: Model) -> list[int]:
+    """Pending positions routed by a poll that found their delivery time ahead: they wait for it."""
+    return [p for p in model.deliver_at if p <= model.routed_through and model.is_pending(p) and model.scheduled(p)]
 
 
 def fingerprint(d: Dispatcher) -> tuple[Any, ...]:
@@ -563,16 +608,28 @@ class DispatcherMachine(RuleBasedStateMachine):
         self.model.permits[name] += permits
         self.model.stuck.discard(name)  # a flow is progress
 
-    def publish_one(self, key: Key, gap: int) -> None:
+    def publish_one(self, key: Key, gap: int, deliver_at: float = 0.0) -> None:
         position = self.model.last_position + gap
         self.payload_seq += 1
         payload = ("payload", self.payload_seq)
         if self.model.held() - len(parked_positions(self.d, self.model)) >= self.model.max_replay:
             event("publish at the bound")
-            self.rejected(BufferFullError, lambda: self.d.publish(position, key, payload))
+            self.rejected(BufferFullError, lambda: self.d.publish(position, key, payload, deliver_at=deliver_at))
         else:
-            self.d.publish(position, key, payload)
-            self.model.publish(position, key, payload)
+            self.d.publish(position, key, payload, deliver_at=deliver_at)
+            self.model.publish(position, key, payload, deliver_at)
+
+    @rule(
+        key=st.sampled_from(KEY_POOL),
+        gap=st.integers(1, 3),
+        delay=st.sampled_from((-1.0, 0.0, 0.25, 2.0, 10.0)),
+    )
+    def publish_delayed(self, key: Key, gap: int, delay: float) -> None:
+        """A message to go out ``delay`` seconds from now at the earliest (Pulsar's deliver_at_time); 0 or
+        less: at once, as any other."""
+        self.publish_one(key, gap, self.clock() + delay)
+        if delay > 0:
+            event("a delayed message")
 
     @rule(bound=st.integers(1, 2 * MAX_REPLAY))
     def set_max_replay(self, bound: int) -> None:
@@ -622,12 +679,13 @@ class DispatcherMachine(RuleBasedStateMachine):
                 model.publish(position, key, None)
 
     @precondition(lambda self: any(self.model.messages[p].kb is not None for p in self.model.holder))
-    @rule(data=st.data(), as_bytes=st.booleans())
-    def publish_key_in_flight(self, data: st.DataObject, as_bytes: bool) -> None:
-        """Another message of a key that is in flight: what a range move must then hold back."""
+    @rule(data=st.data(), as_bytes=st.booleans(), delay=st.sampled_from((0.0, 0.0, 0.5, 3.0)))
+    def publish_key_in_flight(self, data: st.DataObject, as_bytes: bool, delay: float) -> None:
+        """Another message of a key that is in flight: what a range move must then hold back; delayed, one
+        that must not wait for the key, and whose key may be in flight or draining when its time comes."""
         in_flight = sorted({kb for p in self.model.holder if (kb := self.model.messages[p].kb) is not None})
         kb = data.draw(st.sampled_from(in_flight), label="key in flight")
-        self.publish_one(kb if as_bytes else kb.decode(), 1)
+        self.publish_one(kb if as_bytes else kb.decode(), 1, self.clock() + delay if delay else 0.0)
 
     @rule()
     def poll(self) -> None:
@@ -702,7 +760,9 @@ class DispatcherMachine(RuleBasedStateMachine):
 
     @rule(
         data=st.data(),
-        kind=st.sampled_from(("duplicate", "unknown", "not in flight", "stale position", "bad key", "bad permits")),
+        kind=st.sampled_from(
+            ("duplicate", "unknown", "not in flight", "stale position", "bad key", "bad permits", "bad deliver_at")
+        ),
     )
     def rejected_call(self, data: st.DataObject, kind: str) -> None:
         """Calls the dispatcher must refuse without changing anything."""
@@ -740,6 +800,9 @@ class DispatcherMachine(RuleBasedStateMachine):
             name = data.draw(st.sampled_from(present), label="consumer")
             permits: Any = data.draw(st.sampled_from((-1, -5, 1.0, "2", None)), label="bad permits")
             self.rejected(PermitsError, lambda: d.flow(name, permits))
+        elif kind == "bad deliver_at":
+            at: Any = data.draw(st.sampled_from((math.nan, math.inf, "1", True, None)), label="bad deliver_at")
+            self.rejected(PositionError, lambda: d.publish(model.last_position + 1, "hot", None, deliver_at=at))
 
     @invariant()
     def consistent(self) -> None:
@@ -754,6 +817,8 @@ class DispatcherMachine(RuleBasedStateMachine):
         for position, consumer in sorted(model.holder.items()):
             d.ack(consumer, position)
             model.ack(consumer, position)
+        ends = [at for position, at in model.deliver_at.items() if model.is_pending(position)]
+        self.clock.now = max([self.clock.now, *ends])  # every delivery time comes
         # An unacked limit may let one out per poll, and at a bound of 1 a parked message is restored by
         # one poll's re-read and goes out at the next.
         for _ in range(5 + 2 * len(model.messages)):
@@ -873,7 +938,10 @@ class LeaseMachine(DispatcherMachine):
     def leases_scheduled(self) -> None:
         """A poll at the next deadline is never too late for a lease that is due, nor for a backoff's end."""
         deadline = self.d.next_deadline()
-        ends = [*self.model.deadline.values(), *self.model.backoff.values(), *self.model.delayed.values()]
+        model = self.model
+        parked = parked_positions(self.d, model)
+        timed = [model.deliver_at[p] for p in scheduled_positions(model) if p not in parked]
+        ends = [*model.deadline.values(), *model.backoff.values(), *model.delayed.values(), *timed]
         if ends:
             assert deadline is not None and deadline <= min(ends)
 
@@ -1346,6 +1414,22 @@ def test_the_held_back_checker_catches_a_message_left_waiting() -> None:
         check_nothing_held_back(d, model)
 
 
+def test_the_delivery_checker_catches_a_delivery_before_its_time() -> None:
+    d, model, owner = _delivery_model()
+    model.deliver_at[1] = 1001.0
+    model.polled_at = 1000.0
+    with pytest.raises(AssertionError, match="before its delivery time"):
+        check_poll(d, model, [Delivery(owner, 1, "k", 1, 0)])
+
+
+def test_the_delivery_checker_catches_keyless_messages_out_of_position_order() -> None:
+    d, model, _ = _delivery_model()
+    for position in (3, 4):
+        model.publish(position, None, position)
+    with pytest.raises(AssertionError, match="position order"):
+        check_poll(d, model, [Delivery("c1", 4, None, 4, 0)])
+
+
 def test_the_delivery_checker_catches_a_delivery_past_max_redeliveries() -> None:
     d, model, owner = _delivery_model()
     model.max_redeliveries = 1
@@ -1393,8 +1477,10 @@ FLOW = st.tuples(st.just("flow"), st.sampled_from(NAMES), st.integers(0, 12))
 ACK = st.tuples(st.just("ack"), st.integers(0, 50))
 EXTEND = st.tuples(st.just("extend"), st.integers(0, 50))
 MODE = st.tuples(st.just("mode"), st.sampled_from(("ordered", "unordered")))
+DELAYED = st.tuples(st.just("delayed"), st.sampled_from(KEY_POOL), st.sampled_from((0.5, 3.0)))
 OPS: st.SearchStrategy[Op] = st.one_of(
     PUBLISH,
+    DELAYED,
     POLL,
     FLOW,
     ACK,
@@ -1434,6 +1520,9 @@ class Run:
             elif kind == "publish":
                 self.position += op[2]
                 d.publish(self.position, op[1], self.position)
+            elif kind == "delayed":
+                self.position += 1
+                d.publish(self.position, op[1], self.position, deliver_at=self.clock() + op[2])
             elif kind == "poll":
                 out = d.poll()
                 self.outstanding.extend((x.consumer, x.position) for x in out)

@@ -432,6 +432,21 @@ def test_a_reader_from_the_latest_or_from_a_message_id(server: ServerProcess) ->
         assert including.read_next(10_000).data() == b"9"
 
 
+def test_a_reader_at_the_latest_message_sees_a_message_on_its_way(server: ServerProcess) -> None:
+    """A reader started at MessageId.latest that has taken nothing yet answers has_message_available() by
+    comparing the mark-delete position with the last message id: the mark-delete position is what the
+    application took, so a message sent to the reader and not yet read counts, whether or not it is on the wire."""
+    with client(server.pulsar_url) as pc:
+        producer = pc.create_producer("available")
+        for index in range(20):
+            reader = pc.create_reader("available", pulsar.MessageId.latest)
+            producer.send(str(index).encode(), partition_key="k")
+            assert reader.has_message_available(), f"round {index}: the message sent was not available"
+            assert reader.read_next(10_000).data() == str(index).encode()
+            assert not reader.has_message_available()
+            reader.close()
+
+
 def test_a_new_subscription_starts_at_the_initial_position_the_consumer_asks_for(server: ServerProcess) -> None:
     """Latest (Pulsar's default): only what comes after the subscription was made, kept for it while no
     consumer is there; Earliest: the whole log. An existing subscription keeps its place either way."""

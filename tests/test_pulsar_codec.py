@@ -50,7 +50,8 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     MessageMetadata,
     SingleMessageMetadata,
 )
-from keyfailover.wire.properties import decode_properties, encode_properties
+from keyfailover.broker.server._pulsar_send import sent_messages
+from keyfailover.wire.properties import DELIVER_AT_PROPERTY, decode_properties, delivery_time, encode_properties
 from tests.pulsar_wire import command, connect_command, send_frame
 
 
@@ -414,6 +415,39 @@ def test_the_event_time_replaces_a_property_of_its_name() -> None:
     stored = from_pulsar([(EVENT_TIME_PROPERTY, "mine"), ("a", "1"), ("a", "2")], 42)
     assert decode_properties(stored) == {EVENT_TIME_PROPERTY: "42", "a": "2"}  # and a later pair of a key wins
     assert from_pulsar([], 0) is None
+
+
+def test_a_delivery_time_is_kept_as_its_property_and_left_out_of_a_message() -> None:
+    stored = from_pulsar([("a", "1")], 0, deliver_at=1_718_000_000_123)
+    assert decode_properties(stored) == {"a": "1", DELIVER_AT_PROPERTY: "1718000000123"}
+    assert delivery_time(stored) == 1_718_000_000_123
+    assert to_pulsar(stored) == PulsarMetadata({"a": "1"})
+    assert from_pulsar([], 0, deliver_at=-5) is None  # a time at or before the epoch is none
+    assert delivery_time(None) == 0 and delivery_time(encode_properties({"a": "1"})) == 0
+    for text in ("soon", "", "-1", "1.5", "9" * 19, "\uff11\uff12"):  # none is a delivery time: a property
+        mine = encode_properties({DELIVER_AT_PROPERTY: text})
+        assert delivery_time(mine) == 0
+        assert to_pulsar(mine) == PulsarMetadata({DELIVER_AT_PROPERTY: text})
+
+
+def test_a_sends_delivery_time_is_stored_with_each_of_its_messages() -> None:
+    """deliver_at_time is an entry's: a batched entry's messages each keep it (Pulsar's clients send a delayed
+    message alone, but a batch with one is stored as it says)."""
+    for count in (None, 2):
+        metadata = MessageMetadata(producer_name="p", sequence_id=1, publish_time=2, partition_key="k")
+        metadata.deliver_at_time = 1_718_000_000_123
+        payload = b"x"
+        if count is not None:
+            metadata.num_messages_in_batch = count
+            payload = batch(("a", b"1"), ("b", b"2"))
+        frame = encode_message(
+            command(BaseCommand.SEND, producer_id=1, sequence_id=1), metadata.SerializeToString(), payload
+        )
+        [decoded], _ = PulsarDecoder(1 << 20).feed(frame)
+        assert isinstance(decoded, SendFrame)
+        messages, properties = sent_messages(decoded, 1 << 20)
+        assert properties is not None and len(properties) == len(messages) == (count or 1)
+        assert {delivery_time(encoded) for encoded in properties} == {1_718_000_000_123}
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,8 @@ U+0000). The price: SQL cannot read inside the bytes.
 Limits (:class:`~keyfailover.core.errors.PropertiesError` beyond them, and nothing is stored):
 at most :data:`MAX_PROPERTIES` properties, keys of at most :data:`MAX_PROPERTY_KEY` characters
 (empty allowed, as in Pulsar), and at most :data:`MAX_PROPERTIES_SIZE` bytes encoded.
+
+One property is read by the server: :data:`DELIVER_AT_PROPERTY`, a message's delivery time.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import msgpack  # type: ignore[import-untyped]
 from keyfailover.core.errors import PropertiesError
 
 __all__ = [
+    "DELIVER_AT_PROPERTY",
     "MAX_PROPERTIES",
     "MAX_PROPERTIES_SIZE",
     "MAX_PROPERTY_KEY",
@@ -36,7 +39,9 @@ __all__ = [
     "Properties",
     "check_encoded",
     "decode_properties",
+    "delivery_time",
     "encode_properties",
+    "parse_delivery_time",
 ]
 
 MAX_PROPERTIES: Final = 128
@@ -48,6 +53,14 @@ MAX_PROPERTY_KEY: Final = 256
 MAX_PROPERTIES_SIZE: Final = 64 * 1024
 """The most bytes one message's properties may take encoded: their keys' and values' UTF-8 bytes
 and one to five bytes of msgpack header for each, and for the map."""
+
+DELIVER_AT_PROPERTY: Final = "keyfailover.deliver_at"
+"""The property holding a message's delivery time, Pulsar's ``deliver_at_time``: milliseconds since the Unix epoch
+in decimal digits. A durable subscription delivers the message no earlier (a reader reads it at once); a Pulsar
+producer's ``deliver_at`` and ``deliver_after`` are kept in it, and a native producer may set it."""
+
+_DELIVER_AT_BYTES: Final = DELIVER_AT_PROPERTY.encode()
+_MAX_DELIVER_AT: Final = 2**63 - 1  # deliver_at_time is an int64: at most 19 digits
 
 _RULE: Final = (
     f"a mapping of at most {MAX_PROPERTIES} str keys of at most {MAX_PROPERTY_KEY} characters to str values, "
@@ -143,6 +156,23 @@ def decode_properties(data: bytes | None) -> dict[str, str]:
         return {}
     properties: dict[str, str] = msgpack.unpackb(data, raw=False)
     return properties
+
+
+def delivery_time(data: bytes | None) -> int:
+    """The delivery time that encoded properties ``data`` hold (:data:`DELIVER_AT_PROPERTY`), in milliseconds since
+    the Unix epoch; 0 for none, or for a value that is not one: decimal digits of 1 to 2**63 - 1. Properties that
+    do not name it are not decoded, only scanned."""
+    if data is None or _DELIVER_AT_BYTES not in data:
+        return 0
+    return parse_delivery_time(decode_properties(data).get(DELIVER_AT_PROPERTY))
+
+
+def parse_delivery_time(text: str | None) -> int:
+    """The delivery time ``text`` holds, as :func:`delivery_time` reads it: 0 when it holds none."""
+    if text is None or not (len(text) <= 19 and text.isascii() and text.isdigit()):
+        return 0
+    value = int(text)
+    return value if value <= _MAX_DELIVER_AT else 0
 
 
 class Properties(Mapping[str, str]):

@@ -138,6 +138,8 @@ class MessageFields(NamedTuple):
     """Milliseconds since the Unix epoch; 0: not set."""
     null_value: bool = False
     """It is a tombstone: its payload is empty and stands for none."""
+    deliver_at_time: int = 0
+    """Milliseconds since the Unix epoch before which the message is not delivered; 0: not set."""
 
 
 class SingleFields(NamedTuple):
@@ -188,6 +190,7 @@ def metadata_fields(metadata: MessageMetadata) -> MessageFields:
         tuple((pair.key, pair.value) for pair in metadata.properties),
         metadata.event_time,
         metadata.null_value,
+        metadata.deliver_at_time,
     )
 
 
@@ -395,7 +398,21 @@ def parse_message(rest: bytes) -> SentMessage:
     else:
         key, batch, event_time, compression, uncompressed = plain
         fields = _message_fields(
-            (key, False, None, compression, uncompressed, False, None, None, batch, _NO_PROPERTIES, event_time, False)
+            (
+                key,
+                False,
+                None,
+                compression,
+                uncompressed,
+                False,
+                None,
+                None,
+                batch,
+                _NO_PROPERTIES,
+                event_time,
+                False,
+                0,
+            )
         )
     return SentMessage(fields, rest[4 + size :], checksum_ok)
 

@@ -8,7 +8,9 @@ whose sticky key is its ``ordering_key``. keyfailover stores the properties as i
 of a key wins, as Pulsar's clients build their map) and each of those fields, when set, as one more
 property of a reserved name: one column in both logs, and a native consumer reads them too. A
 MESSAGE gives each back as its field, and the rest as ``properties``; a value of a reserved name that
-is no such field (a native producer may set anything) is left as a property.
+is no such field (a native producer may set anything) is left as a property. A message's
+``deliver_at_time`` is kept the same way, as :data:`~keyfailover.wire.properties.DELIVER_AT_PROPERTY`,
+which the subscriptions read; a MESSAGE leaves it out: its time has come when it goes out.
 
 Some payloads the server passes on without reading them: an encrypted message's ciphertext, which
 only its consumers can decrypt, and a chunk, a slice of a message that its consumer reassembles.
@@ -28,7 +30,12 @@ from typing import Final, NamedTuple
 from google.protobuf.message import DecodeError
 
 from keyfailover.broker.pulsar.PulsarApi_pb2 import MessageMetadata
-from keyfailover.wire.properties import decode_properties, encode_properties
+from keyfailover.wire.properties import (
+    DELIVER_AT_PROPERTY,
+    decode_properties,
+    encode_properties,
+    parse_delivery_time,
+)
 
 __all__ = [
     "EVENT_TIME_PROPERTY",
@@ -100,11 +107,13 @@ def from_pulsar(
     null_value: bool = False,
     partition_key: str | None = None,
     partition_key_b64: bool = False,
+    deliver_at: int = 0,
 ) -> bytes | None:
     """The encoded properties to store for a Pulsar message's ``properties`` pairs, ``event_time`` (0: none),
     ``passed`` metadata (a serialized MessageMetadata of :data:`PASSED_FIELDS`, None: none), ``null_value``,
-    and ``partition_key`` (one beside an ordering key, None: none; ``partition_key_b64``: it is flagged
-    base64); None when it has none of them. A field set replaces a property of its reserved name. Raises
+    ``partition_key`` (one beside an ordering key, None: none; ``partition_key_b64``: it is flagged base64) and
+    ``deliver_at`` (its ``deliver_at_time``; 0: none, as a time at or before the epoch is); None when it has none
+    of them. A field set replaces a property of its reserved name. Raises
     :class:`~keyfailover.core.errors.PropertiesError` beyond the limits of :mod:`keyfailover.wire.properties`."""
     kept = dict(properties)
     if event_time:
@@ -117,17 +126,21 @@ def from_pulsar(
         kept.pop(PARTITION_KEY_PROPERTY, None)
         kept.pop(PARTITION_KEY_B64_PROPERTY, None)
         kept[PARTITION_KEY_B64_PROPERTY if partition_key_b64 else PARTITION_KEY_PROPERTY] = partition_key
+    if deliver_at > 0:
+        kept[DELIVER_AT_PROPERTY] = str(deliver_at)
     return encode_properties(kept)
 
 
 def to_pulsar(data: bytes | None, *, ordering_key: bool = False) -> PulsarMetadata:
     """A stored message's encoded properties as a MESSAGE carries them: see :class:`PulsarMetadata`. A partition
     key is taken out of them only for a message delivered with an ``ordering_key`` (its key is bytes); beside a
-    str key, which is the partition key, the reserved property stays a property. A reserved property whose
-    value is not what the server writes stays a property."""
+    str key, which is the partition key, the reserved property stays a property. The delivery time is left out:
+    the message is going out. A reserved property whose value is not what the server writes stays a property."""
     properties = decode_properties(data)
     if not properties:
         return PulsarMetadata(properties)
+    if parse_delivery_time(properties.get(DELIVER_AT_PROPERTY)):
+        del properties[DELIVER_AT_PROPERTY]
     event_time = _event_time(properties.get(EVENT_TIME_PROPERTY))
     if event_time:
         del properties[EVENT_TIME_PROPERTY]

@@ -841,8 +841,11 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         whether some were not in flight."""
         request = frame.command.ack
         consumer = self._consumers.get(request.consumer_id)
-        if request.consumer_id in self._readers:
-            rejected = ""  # a reader keeps no cursor here: its acks change nothing
+        reader = self._readers.get(request.consumer_id)
+        if reader is not None:
+            rejected = ""  # a reader keeps no cursor: its acks only say what the application took
+            if request.ack_type == CommandAck.Cumulative and request.message_id:
+                reader.acked(request.message_id[0].entryId)
         elif request.ack_type == CommandAck.Cumulative:
             rejected = "cumulative acks are not allowed on Key_Shared subscriptions; expected individual acks"
         elif consumer is None:
@@ -1012,12 +1015,13 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
 
     def _get_last_message_id(self, frame: PulsarFrame) -> None:
         """The id of the topic's last stored message, and the consumer's mark-delete position (everything up to
-        it acked): ledger 0 and the log positions, or Pulsar's earliest id (-1, -1) for none."""
+        it acked; a reader's is the last message its application took, not the last one sent): ledger 0 and the
+        log positions, or Pulsar's earliest id (-1, -1) for none."""
         request = frame.command.getLastMessageId
         reader = self._readers.get(request.consumer_id)
         consumer = self._consumers.get(request.consumer_id)
         if reader is not None:
-            topic, acked = reader.topic, reader.position
+            topic, acked = reader.topic, reader.consumed
         elif consumer is not None:
             topic, acked = consumer.session.subscription.topic, consumer.session.subscription.cursor.mark_delete
         else:

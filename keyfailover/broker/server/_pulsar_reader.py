@@ -46,6 +46,10 @@ class PulsarReader:
         self.topic = topic
         self.position = after
         """The position of the last message sent (everything up to it went out)."""
+        self.consumed = after
+        """The position of the last message the client acked cumulatively, as a Pulsar Reader acks each message
+        the application takes: its mark-delete position, which ``has_message_available()`` compares with the last
+        message id. Never past :attr:`position`."""
         self.consumer_id = consumer_id
         self._storage = storage
         self._partition = partition
@@ -64,6 +68,10 @@ class PulsarReader:
         """The client may take ``permits`` more messages."""
         self._permits += permits
         self._wake.set()
+
+    def acked(self, position: int) -> None:
+        """The client acked everything up to ``position`` cumulatively: the application took it."""
+        self.consumed = max(self.consumed, min(position, self.position))
 
     def committed(self) -> None:
         """Messages were committed to the topic: read on if permits are left."""

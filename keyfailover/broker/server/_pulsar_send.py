@@ -2,12 +2,13 @@
 
 A SEND holds one message, or a batched entry of several, each with its own key: Pulsar's sticky key,
 the ordering key, else the partition key. A partition key beside an ordering key is kept among the
-properties, as are a null value and the event time (``keyfailover.broker.pulsar._properties``). A
-compressed payload is decompressed first, so a batch splits into its keys and consumers get plain
-messages. An encrypted one cannot be read, nor can a chunk (a slice of a message too large for one
-frame): it is stored as it came, one message under the entry's key, with what its consumers need to
-read it. What keyfailover does not store (transactions, a payload it cannot read) is refused with
-``ChecksumError``, the one SEND_ERROR a Pulsar client fails the send on instead of resending it.
+properties, as are a null value, the event time and the entry's delivery time
+(``keyfailover.broker.pulsar._properties``). A compressed payload is decompressed first, so a batch
+splits into its keys and consumers get plain messages. An encrypted one cannot be read, nor can a
+chunk (a slice of a message too large for one frame): it is stored as it came, one message under the
+entry's key, with what its consumers need to read it. What keyfailover does not store (transactions, a
+payload it cannot read) is refused with ``ChecksumError``, the one SEND_ERROR a Pulsar client fails the
+send on instead of resending it.
 """
 
 from __future__ import annotations
@@ -59,8 +60,8 @@ def _refused(message: str) -> RefusedError:
 
 def sent_messages(frame: SendFrame, max_size: int) -> tuple[SentMessages, PropertiesColumn]:
     """The keyfailover messages a SEND carries: one, or each message of a batched entry with its own key;
-    and their encoded properties (each message's properties, event time and passed metadata; None when
-    none has any). A compressed payload is decompressed, to at most ``max_size`` bytes."""
+    and their encoded properties (each message's properties, event time, passed metadata and delivery time;
+    None when none has any). A compressed payload is decompressed, to at most ``max_size`` bytes."""
     try:
         sent = parse_message(frame.rest)
     except PulsarFrameError as exc:
@@ -77,6 +78,7 @@ def sent_messages(frame: SendFrame, max_size: int) -> tuple[SentMessages, Proper
         return _chunk(frame, metadata, sent.payload)
     if metadata.encrypted:
         return _encrypted(frame, metadata, sent.payload)
+    deliver_at = metadata.deliver_at_time  # of the entry: each message of a batch has it
     payload = sent.payload
     if metadata.compression != NONE:
         try:
@@ -85,9 +87,9 @@ def sent_messages(frame: SendFrame, max_size: int) -> tuple[SentMessages, Proper
             raise _refused(str(exc)) from None
     if count is None:
         message = (frame.sequence_id, _message_key(metadata), payload)
-        if not _has_more(metadata):
+        if not (_has_more(metadata) or deliver_at > 0):
             return [message], None  # the usual message: nothing more to store
-        return [message], [_message_properties(metadata)]
+        return [message], [_message_properties(metadata, deliver_at)]
     try:
         singles = split_batch(payload, count)
     except PulsarFrameError as exc:
@@ -100,9 +102,9 @@ def sent_messages(frame: SendFrame, max_size: int) -> tuple[SentMessages, Proper
         )
         for index, (single, payload) in enumerate(singles)
     ]
-    if not any(_has_more(single) for single, _ in singles):
+    if deliver_at <= 0 and not any(_has_more(single) for single, _ in singles):
         return messages, None
-    return messages, [_message_properties(single) for single, _ in singles]
+    return messages, [_message_properties(single, deliver_at) for single, _ in singles]
 
 
 def _chunk(frame: SendFrame, metadata: MessageFields, payload: bytes) -> tuple[SentMessages, PropertiesColumn]:
@@ -123,7 +125,8 @@ def _chunk(frame: SendFrame, metadata: MessageFields, payload: bytes) -> tuple[S
         raise _refused("a chunk of a batched entry; expected chunks of one message (a client chunks only unbatched)")
     key = _message_key(metadata)
     sequence_id = frame.sequence_id if chunk_id == chunks - 1 else None
-    return [(sequence_id, uuid if key is None else key, payload)], [_message_properties(metadata)]
+    properties = _message_properties(metadata, metadata.deliver_at_time)
+    return [(sequence_id, uuid if key is None else key, payload)], [properties]
 
 
 def _encrypted(frame: SendFrame, metadata: MessageFields, payload: bytes) -> tuple[SentMessages, PropertiesColumn]:
@@ -134,7 +137,7 @@ def _encrypted(frame: SendFrame, metadata: MessageFields, payload: bytes) -> tup
     sequence_id = frame.sequence_id
     if count is not None:
         sequence_id = frame.sequence_id + count - 1 if frame.highest_sequence_id is None else frame.highest_sequence_id
-    return [(sequence_id, _message_key(metadata), payload)], [_message_properties(metadata)]
+    return [(sequence_id, _message_key(metadata), payload)], [_message_properties(metadata, metadata.deliver_at_time)]
 
 
 def _has_more(metadata: MessageFields | SingleFields) -> bool:
@@ -148,9 +151,10 @@ def _has_more(metadata: MessageFields | SingleFields) -> bool:
     )
 
 
-def _message_properties(metadata: MessageFields | SingleFields) -> bytes | None:
-    """The encoded properties to store for a message: its properties, event time, passed metadata, null value, and
-    a partition key beside its ordering key (the stored key), as sent (None: it has none of them)."""
+def _message_properties(metadata: MessageFields | SingleFields, deliver_at: int) -> bytes | None:
+    """The encoded properties to store for a message: its properties, event time, passed metadata, null value, a
+    partition key beside its ordering key (the stored key), as sent, and its entry's delivery time (None: it has
+    none of them)."""
     passed = metadata.passed if isinstance(metadata, MessageFields) else None
     beside = metadata.partition_key if metadata.ordering_key is not None else None
     try:
@@ -161,6 +165,7 @@ def _message_properties(metadata: MessageFields | SingleFields) -> bytes | None:
             null_value=metadata.null_value,
             partition_key=beside,
             partition_key_b64=metadata.partition_key_b64_encoded,
+            deliver_at=deliver_at,
         )
     except PropertiesError as exc:
         raise _refused(str(exc)) from None

@@ -39,6 +39,7 @@ from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
 from keyfailover.core.histogram import DEFAULT_BUCKETS, Histogram
 from keyfailover.core.ranges import Range
 from keyfailover.core.rebalance import DEFAULT_MAX_RANGES, StickyPolicy, check_policy_choice
+from keyfailover.wire.properties import delivery_time
 from keyfailover.wire.protocol import ConsumerClosed, Delivered, Frame, Messages, RangesChanged
 
 __all__ = ["DeliverySettings", "OwnSettings", "Session", "Subscription", "SubscriptionConfig"]
@@ -461,10 +462,29 @@ class Subscription:
                 unacked = [message for message in batch if not is_acked(message.position)]
             else:
                 unacked = batch  # the usual case
-            dispatcher.publish_many(unacked)
+            self._publish(unacked)
             self._cache.update(zip(map(_position, unacked), unacked, strict=True))
             self._read_position = batch[-1].position
             self._trim_cache()
+
+    def _publish(self, messages: list[StoredMessage]) -> None:
+        """Hand ``messages`` to the dispatcher, a message whose delivery time is ahead with it (Pulsar's
+        ``deliver_at_time``, kept in its properties: so a restart keeps it too), the others in runs."""
+        dispatcher = self.dispatcher
+        if not any(map(_properties, messages)):  # the usual batch: no properties, so no delivery times
+            dispatcher.publish_many(messages)
+            return
+        now = time.monotonic()
+        start = 0
+        for index, message in enumerate(messages):
+            deliver_at = _deliver_at(message.properties, now)
+            if deliver_at:
+                if start < index:
+                    dispatcher.publish_many(messages[start:index])
+                dispatcher.publish(message.position, message.key, None, deliver_at=deliver_at)
+                start = index + 1
+        if start < len(messages):
+            dispatcher.publish_many(messages[start:])
 
     async def _bury(self, letters: list[DeadLetter]) -> None:
         """Store the dispatcher's dead letters in the dead-letter topic, then ack them here (G3).
@@ -540,6 +560,7 @@ class Subscription:
             return
         through = end  # lowered where the bound stops the re-read
         cache = self._cache
+        now = time.monotonic()
         while after < end and through == end:
             # Positions have no gaps: the batch ends at or before ``end``.
             batch = await self._storage.read(self.topic, after, min(_READ_BATCH, end - after))
@@ -552,7 +573,7 @@ class Subscription:
                 if not dispatcher.wants():
                     through = position - 1
                     break
-                dispatcher.restore(position, key, None)
+                dispatcher.restore(position, key, None, deliver_at=_deliver_at(message.properties, now))
                 cache[position] = message
             after = batch[-1].position
         dispatcher.restored(slots, through)
@@ -767,5 +788,16 @@ def _send_in_frames(session: Session, items: list[Delivered], properties_bytes: 
     session.send(Messages(session=session.id, messages=batch))
 
 
+def _deliver_at(properties: bytes | None, now: float) -> float:
+    """The reading of the dispatcher's clock (``time.monotonic``, read as ``now``) before which a message with
+    ``properties`` may not go out, when its delivery time is ahead; else 0."""
+    at = delivery_time(properties)
+    if not at:
+        return 0.0
+    reading = now + (at / 1000 - time.time())
+    return reading if reading > now else 0.0
+
+
 _position = operator.itemgetter(0)
 _payload = operator.itemgetter(2)
+_properties = operator.itemgetter(4)

@@ -66,6 +66,16 @@ route nothing, and there is no per-key order. A keyed message delivered in unord
 mode a key with loose deliveries is blocked until every one of them is acked, nacked or
 expired (then it restarts in position order); a returned loose message is put back in its
 key's queue by position.
+
+A message published with a ``deliver_at`` clock reading later than the poll that routes it is
+*delayed* (Pulsar's ``deliver_at_time``, as Pulsar's Shared and Key_Shared dispatchers track it):
+it waits alone in a heap by that reading, held and counted as any other, and does not block its
+key: the key's later messages go out meanwhile. When its time comes it joins its key's queue at
+its position (the shared queue when keyless or unordered) and goes out as a waiting message does,
+to the consumer holding the key if the key is in flight there (G1 holds; a draining key makes it
+wait), ahead of the key's later messages still waiting. So G2 holds for the other messages of its
+key and not for it: it may go out after later messages of its key, and while they are in flight.
+Once delivered it is an ordinary message (a nack returns it with the key's later deliveries).
 """
 
 from __future__ import annotations
@@ -252,6 +262,8 @@ _TEXT = 1
 """A message's flag: its key came as a str (it is kept as bytes)."""
 _LOOSE = 2
 """A message's flag: in flight from a delivery made in unordered mode."""
+_DELAYED = 4
+"""A message's flag: it waited for its ``deliver_at``, so it may be below its key's deliveries in flight."""
 
 
 class _Message:
@@ -266,7 +278,7 @@ class _Message:
 
     def __init__(self, position: int, text: bool, kb: bytes | None, slot: int, payload: Any) -> None:
         self.position = position
-        self.flags = _TEXT if text else 0  # _TEXT, and _LOOSE while in flight from an unordered delivery
+        self.flags = _TEXT if text else 0  # _TEXT, _LOOSE while in flight from an unordered delivery, _DELAYED
         self.kb = kb
         self.slot = slot
         self.payload = payload
@@ -340,6 +352,14 @@ def _check_position(position: object, last: int | None) -> None:
         raise PositionError(f"position {position} is not after the last published position {last}")
 
 
+def _check_deliver_at(deliver_at: object) -> None:
+    """A message's ``deliver_at``: a finite clock reading, 0 for none."""
+    if type(deliver_at) not in (int, float) or not math.isfinite(deliver_at):  # type: ignore[arg-type]
+        raise PositionError(
+            f"deliver_at must be a finite int or float clock reading (0: at once), not {deliver_at!r:.80}"
+        )
+
+
 def _make_message(position: int, key: Key, payload: Any, first: int = 0, size: int = HASH_RANGE_SIZE) -> _Message:
     """A message with its key's bytes and slot, counted from ``first`` (raises :class:`InvalidKeyError`
     for a bad key, :class:`WrongPartitionError` for a key whose slot is not in ``[first, first + size)``)."""
@@ -373,13 +393,27 @@ def _wrong_partition(key: Key, slot: int, first: int, size: int) -> WrongPartiti
     )
 
 
-def _insert_by_position(queue: deque[_Message], message: _Message) -> None:
-    """Put ``message`` into ``queue`` (sorted by position) where it belongs."""
-    for index, queued in enumerate(queue):
-        if queued.position > message.position:
-            queue.insert(index, message)
-            return
-    queue.append(message)
+def _put_back(queue: deque[_Message], returned: list[_Message]) -> None:
+    """Put ``returned`` (sorted by position) into ``queue`` (sorted by position) where each belongs.
+
+    O(k) for the k queued messages below the last returned one: ahead of everything, the usual
+    case, costs one ``extendleft``.
+    """
+    if not returned:
+        return
+    top = returned[-1].position
+    if not queue or top < queue[0].position:
+        queue.extendleft(reversed(returned))
+        return
+    below = []
+    while queue and queue[0].position < top:
+        below.append(queue.popleft())
+    queue.extendleft(reversed(list(heapq.merge(below, returned, key=_position_of))))
+
+
+def _position_of(message: _Message) -> int:
+    """The sort key of held messages: their position."""
+    return message.position
 
 
 _NO_PENDING: deque[_Message] = deque(maxlen=0)
@@ -640,6 +674,9 @@ class Dispatcher:
         self._backoff_max = float(settings.nack_backoff_max)
         self._key_backoffs: list[tuple[float, bytes]] = []  # (end, key): stale once the key's backoff differs
         self._delayed: list[tuple[float, int, _Message]] = []  # (end, position, message): shared-queue messages
+        self._due_at: dict[int, float] = {}  # fresh (unrouted) messages published with a deliver_at: position -> it
+        self._timed: list[tuple[float, int, _Message]] = []  # (deliver_at, position, message): delayed messages
+        self._timed_slots: Counter[int] = Counter()  # delayed keyed messages per slot: such a slot is never spilled
 
     # -- consumers -------------------------------------------------------------------
 
@@ -737,9 +774,15 @@ class Dispatcher:
         """
         return any(consumer.permits and not consumer.stuck for consumer in self._consumers.values())
 
-    def publish(self, position: int, key: Key, payload: Any = None) -> None:
-        """Hand in the message at ``position``; positions strictly increase."""
+    def publish(self, position: int, key: Key, payload: Any = None, *, deliver_at: float = 0.0) -> None:
+        """Hand in the message at ``position``; positions strictly increase.
+
+        ``deliver_at``: a clock reading before which it is not delivered. Later than the poll that
+        routes it, the message is delayed, and it does not block its key meanwhile (see the module
+        docstring); 0, or a reading already past, delivers it as any other.
+        """
         _check_position(position, self._last_position)
+        _check_deliver_at(deliver_at)
         self._check_room()
         message = _make_message(position, key, payload, self._first, self._size)
         if message.kb is not None:
@@ -747,6 +790,8 @@ class Dispatcher:
         self._last_position = position
         self._held += 1
         self._fresh.append(message)
+        if deliver_at:
+            self._due_at[position] = deliver_at
 
     def publish_many(self, messages: Iterable[Sequence[Any]]) -> int:
         """Hand in several messages, as :meth:`publish` does each with no payload; returns how many.
@@ -824,14 +869,16 @@ class Dispatcher:
             if (owner := owner_of(slot)) is not None and owner.permits
         }
 
-    def restore(self, position: int, key: Key, payload: Any = None) -> None:
+    def restore(self, position: int, key: Key, payload: Any = None, *, deliver_at: float = 0.0) -> None:
         """Hand back a parked message re-read from the log (its slot parked at or before ``position``).
 
         Restored messages of a slot come in position order and count against ``max_replay``
-        as published ones do.
+        as published ones do. ``deliver_at`` is the message's own, as given to :meth:`publish`:
+        a delayed message waits for it again, if it is still ahead, and goes out from the next poll.
         """
         if self._fresh:
             raise PositionError("restore only right after poll(): published messages are waiting to be routed")
+        _check_deliver_at(deliver_at)
         message = _make_message(position, key, payload, self._first, self._size) if type(position) is int else None
         if message is None or message.kb is None:
             raise PositionError(f"restore takes a keyed message at an int position, not {position!r}, {key!r}")
@@ -847,6 +894,9 @@ class Dispatcher:
         self._parked[message.slot] = position + 1
         if self._spilled_returns:
             message.back = self._spilled_returns.pop(position, None)  # its redeliveries and failures
+        if deliver_at:
+            self._hold_until(message, deliver_at)  # released at the next poll, in position order, if due by then
+            return
         if self._unordered:
             self._keyless.append(message)
             return
@@ -893,14 +943,16 @@ class Dispatcher:
         self._held -= 1
         self._parked.setdefault(message.slot, message.position)
         self._parked_total += 1
+        if self._due_at:
+            self._due_at.pop(message.position, None)  # re-read with its deliver_at from the log
 
     def _spill_unowned(self) -> None:
         """Park the waiting messages of slots left with no owner while consumers are present (a sticky
         subscription's undeclared slots, every consumer stuck): they leave the buffer for the log, so
         that the owned keys go on (G4, G5), and come back through :meth:`rereads` once a consumer owns
-        them, with their redelivery counts. A slot with a key in flight, loose or backing off, or with a
-        dead letter not yet confirmed, stays held: re-reading it could bring one of those back twice. Its
-        key is queued again, and the slot looked at again, when that ends."""
+        them, with their redelivery counts. A slot with a key in flight, loose or backing off, with a
+        delayed message, or with a dead letter not yet confirmed, stays held: re-reading it could bring
+        one of those back twice. Its key is queued again, and the slot looked at again, when that ends."""
         slots = sorted(self._unowned)
         self._unowned.clear()
         if self._unordered or not self._consumers:
@@ -908,9 +960,10 @@ class Dispatcher:
         letters = [*self._dead_out, *self._dead_unconfirmed.values()]
         dead = {_make_message(0, letter.key, None, self._first, self._size).slot for letter in letters}
         returns = self._spilled_returns
+        timed = self._timed_slots
         for slot in slots:
-            if slot in dead or self._owner_of_slot(slot) is not None:
-                continue
+            if slot in dead or timed[slot] or self._owner_of_slot(slot) is not None:
+                continue  # (a delayed message of the slot is held: a re-read would bring it back twice)
             states = self._keys_in(slot, slot)
             if any(state.inflight or state.loose or state.backoff for state in states):
                 continue
@@ -949,14 +1002,18 @@ class Dispatcher:
            see 1), a keyless one round robin as in 2.
 
         So the list is not sorted by position overall, nor per consumer; per key it always is
-        (G2), and a key's messages never pass each other. In unordered mode every waiting
-        message, keyed or not, goes as keyless ones do (2 and 3), with no order at all.
+        (G2), and a key's messages never pass each other, but a delayed one (see the module
+        docstring). In unordered mode every waiting message, keyed or not, goes as keyless ones
+        do (2 and 3), with no order at all. A delayed message whose time came by this poll
+        waits as a returned one does (1, 2).
         """
         now = self._clock()
         if self._leases and self._leases[0][0] <= now:
             self._expire(now)
         if (self._key_backoffs and self._key_backoffs[0][0] <= now) or (self._delayed and self._delayed[0][0] <= now):
             self._end_backoffs(now)
+        if self._timed and self._timed[0][0] <= now:
+            self._release_timed(now)
         self._deadline = now + self._ack_timeout
         interval = self._backlog_interval
         if interval is not None and now - self._last_backlog >= interval and not self._unordered:
@@ -968,14 +1025,14 @@ class Dispatcher:
         out: list[Delivery] = []
         if self._unordered:
             if self._fresh or self._keyless:
-                self._serve_unordered(out)
+                self._serve_unordered(out, now)
             return out
         if self._wake:
             self._serve_ready(out)
         if self._keyless:
             self._serve_keyless(out)
         if self._fresh:
-            self._route_fresh(out)
+            self._route_fresh(out, now)
         if self._unowned:
             self._spill_unowned()
         return out
@@ -1087,12 +1144,12 @@ class Dispatcher:
 
     def next_deadline(self) -> float | None:
         """The clock reading at which :meth:`poll` may next have work of its own: a lease to take
-        back or a nack backoff that ends; None when nothing is leased or backing off.
+        back, a nack backoff that ends or a delayed message due; None when there is none.
 
         Never later than the earliest deadline or backoff end (it may be earlier: polling
         early is harmless).
         """
-        heaps: tuple[list[Any], ...] = (self._leases, self._key_backoffs, self._delayed)
+        heaps: tuple[list[Any], ...] = (self._leases, self._key_backoffs, self._delayed, self._timed)
         ends = [heap[0][0] for heap in heaps if heap]
         return min(ends) if ends else None
 
@@ -1595,7 +1652,7 @@ class Dispatcher:
             }
         return {
             "consumers": consumers,
-            "replay": replay + len(self._delayed),
+            "replay": replay + len(self._delayed) + len(self._timed),
             "unrouted": len(self._fresh),
             "held": self._held,
             "max_replay": self._max_replay,
@@ -1614,6 +1671,7 @@ class Dispatcher:
             "nack_backoff_max": self._backoff_max,
             "backoff_keys": backoff_keys,
             "backoff_messages": backoff_messages,
+            "delayed_messages": len(self._timed),
         }
 
     def draining_slots(self) -> list[tuple[int, int]]:
@@ -1740,15 +1798,17 @@ class Dispatcher:
             deliver(consumer, message, out)
         self._rr = turn
 
-    def _serve_unordered(self, out: list[Delivery]) -> None:
-        """Unordered mode: waiting messages, then fresh ones, round robin to consumers with permits (pop)."""
+    def _serve_unordered(self, out: list[Delivery], now: float) -> None:
+        """Unordered mode: waiting messages, then fresh ones, round robin to consumers with permits (pop);
+        a fresh one delayed past ``now`` waits for its time."""
         waiting = self._keyless
         parked = self._parked
-        if parked:  # a parked slot's later messages are re-read from the log, in unordered mode too
+        due_at = self._due_at
+        if parked or due_at:  # a parked slot's later messages are re-read from the log, in unordered mode too
             for message in self._fresh:
-                if message.kb is not None and message.slot in parked:
+                if parked and message.kb is not None and message.slot in parked:
                     self._park(message)
-                else:
+                elif not (due_at and self._delays(message, now)):
                     waiting.append(message)
         else:
             waiting.extend(self._fresh)
@@ -1766,9 +1826,11 @@ class Dispatcher:
                 return consumer
         return None
 
-    def _route_fresh(self, out: list[Delivery]) -> None:
-        """Route messages published since the last poll: to their key's owner at once when nothing of the key waits."""
+    def _route_fresh(self, out: list[Delivery], now: float) -> None:
+        """Route messages published since the last poll: to their key's owner at once when nothing of the key waits;
+        one delayed past ``now`` waits for its time (a parked slot's is parked all the same)."""
         keys = self._keys
+        due_at = self._due_at
         heads = self._slot_keys
         ends, owners = self._ends, self._owners
         deliver = self._deliver
@@ -1785,6 +1847,8 @@ class Dispatcher:
             message = fresh.popleft()
             kb = message.kb
             if kb is None:
+                if due_at and self._delays(message, now):
+                    continue
                 consumer = None if keyless or keyless_blocked else self._next_with_permits()
                 if consumer is None:
                     keyless_blocked = True
@@ -1797,6 +1861,8 @@ class Dispatcher:
                 message.slot in parked or (self._held >= park_at and self._stalled(state, message.slot))
             ):
                 self._park(message)
+                continue
+            if due_at and self._delays(message, now):
                 continue
             if state is not None:
                 message.kb, message.slot = state.kb, state.slot  # the key's objects, not copies per message
@@ -1939,10 +2005,10 @@ class Dispatcher:
                 self._settle_inflight(state, 1)
         for kb, returned in by_key.items():
             state = states[kb] = keys[kb]
-            returned.sort(key=lambda m: m.position)
+            returned.sort(key=_position_of)
             if each and counted:
                 returned[0].returns().failures += 1
-            state.queue().extendleft(reversed(returned))
+            _put_back(state.queue(), returned)  # a delayed message may wait there below them
             self._settle_inflight(state, len(returned))
         for kb, message in loose:
             message.flags ^= _LOOSE
@@ -1951,12 +2017,12 @@ class Dispatcher:
             if unordered:
                 front.append(message)
             else:
-                _insert_by_position(state.queue(), message)
+                _put_back(state.queue(), [message])
         if delay_until and failed is not None and failed in front:
             front.remove(failed)
             heapq.heappush(self._delayed, (delay_until, failed.position, failed))
-        front.sort(key=lambda m: m.position)
-        self._keyless.extendleft(reversed(front))
+        front.sort(key=_position_of)
+        _put_back(self._keyless, front)  # in position order with what waits there (as Pulsar replays)
         if not consumer.inflight:
             consumer.holding_since = None  # it holds nothing: whatever it holds next, it holds from now on
         if consumer.unacked_blocked and len(consumer.inflight) <= self._unacked_resume:
@@ -2032,8 +2098,62 @@ class Dispatcher:
         while delayed and delayed[0][0] <= now:
             due.append(heapq.heappop(delayed)[2])
         if due:
-            due.sort(key=lambda m: m.position)
-            self._keyless.extendleft(reversed(due))
+            due.sort(key=_position_of)
+            _put_back(self._keyless, due)
+
+    # -- internals: delayed delivery -------------------------------------------------
+
+    def _delays(self, message: _Message, now: float) -> bool:
+        """Whether fresh ``message`` was published with a ``deliver_at`` after ``now``: then it waits for it."""
+        deliver_at = self._due_at.pop(message.position, 0.0)
+        if deliver_at <= now:
+            return False
+        self._hold_until(message, deliver_at)
+        return True
+
+    def _hold_until(self, message: _Message, deliver_at: float) -> None:
+        """Keep ``message`` (held, routed nowhere) until the first poll at or after ``deliver_at``."""
+        message.flags |= _DELAYED
+        heapq.heappush(self._timed, (deliver_at, message.position, message))
+        if message.kb is not None:
+            self._timed_slots[message.slot] += 1
+
+    def _release_timed(self, now: float) -> None:
+        """The delayed messages whose time came by ``now`` wait as returned ones do: each keyed one in its key's
+        queue at its position, behind a draining or blocked key as its other messages are (G1), the others in
+        the shared queue in position order."""
+        timed, slots = self._timed, self._timed_slots
+        shared: list[_Message] = []
+        keyed: list[tuple[bytes, _Message]] = []
+        while timed and timed[0][0] <= now:
+            message = heapq.heappop(timed)[2]
+            kb = message.kb
+            if kb is None:
+                shared.append(message)
+                continue
+            slots[message.slot] -= 1
+            if not slots[message.slot]:
+                del slots[message.slot]
+            if self._unordered:
+                shared.append(message)
+            else:
+                keyed.append((kb, message))
+        shared.sort(key=_position_of)
+        _put_back(self._keyless, shared)
+        keys = self._keys
+        for kb, message in keyed:
+            state = keys.get(kb)
+            if state is None:
+                state = self._add_key(kb, message.slot, None, 0)
+            else:
+                message.kb, message.slot = state.kb, state.slot
+            pending = state.queue()
+            head = pending[0] if pending else None
+            _put_back(pending, [message])
+            if state.queued_on is not None and pending[0] is not head:
+                self._queue(state, state.queued_on)  # queued, with a new head: an entry for it (the old goes stale)
+            else:
+                self._reroute(state)
 
     # -- internals: leases -----------------------------------------------------------
 
@@ -2439,8 +2559,15 @@ class Dispatcher:
         inflight_by_key: Counter[bytes] = Counter()
         loose_by_key: Counter[bytes] = Counter()
         held = len(self._fresh) + len(self._keyless) + len(self._dead_out) + len(self._dead_unconfirmed)
-        held += len(self._delayed)
+        held += len(self._delayed) + len(self._timed)
         assert self._unordered or all(m.kb is None for _, _, m in self._delayed), "a keyed message delayed alone"
+        assert all(m.flags & _DELAYED for _, _, m in self._timed), "a delayed message not flagged"
+        timed_slots = Counter(m.slot for _, _, m in self._timed if m.kb is not None)
+        assert timed_slots == self._timed_slots, f"delayed messages per slot {self._timed_slots} != {timed_slots}"
+        assert set(self._due_at) <= {m.position for m in self._fresh}, "a deliver_at kept for a routed message"
+        if not self._unordered:
+            shared = [m.position for m in self._keyless]
+            assert shared == sorted(shared), "the shared queue is not in position order"
         backoffs = set(self._key_backoffs)
         timeout = self._ack_timeout
         scheduled = {id(entry[2]): entry[0] for entry in self._leases}
@@ -2478,9 +2605,10 @@ class Dispatcher:
             assert not (self._unordered and state.pending), f"{kb!r}: keyed queue in unordered mode"
             positions = [m.position for m in state.pending]
             assert positions == sorted(positions), f"{kb!r}: pending out of order"
-            if state.holder is not None and positions:
+            in_order = [m.position for m in state.pending if not m.flags & _DELAYED]
+            if state.holder is not None and in_order:
                 top = max(p for p, m in state.holder.inflight.items() if m.kb == kb and not m.flags & _LOOSE)
-                assert top < positions[0], f"{kb!r}: pending {positions[0]} not after in-flight {top}"
+                assert top < in_order[0], f"{kb!r}: pending {in_order[0]} not after in-flight {top}"
             if state.backoff:
                 assert state.pending and not self._unordered, f"{kb!r}: backoff without pending messages"
                 assert (state.backoff, kb) in backoffs, f"{kb!r}: backoff {state.backoff} not scheduled"

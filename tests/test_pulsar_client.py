@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import threading
 from collections import defaultdict
@@ -378,6 +379,37 @@ def test_the_last_message_id_is_the_topics_last_position(server: ServerProcess) 
         ids = [producer.send(str(index).encode(), partition_key="k") for index in range(5)]
         last = consumer.get_last_message_id()
         assert (last.ledger_id(), last.entry_id()) == (ids[-1].ledger_id(), ids[-1].entry_id()) == (0, 5)
+
+
+def test_what_is_not_served_fails_at_once_instead_of_being_retried_until_the_timeout(server: ServerProcess) -> None:
+    """A non-persistent topic and a lookup naming an advertised listener are refused with NotAllowedError,
+    which the client takes as final; an error it retries would end in its operation timeout (pulsar.Timeout)."""
+    with client(server.pulsar_url, timeout=60) as pc, pytest.raises(pulsar.NotAllowedError):
+        pc.create_producer("non-persistent://public/default/volatile")
+    assert server.pulsar_url is not None
+    named = pulsar.Client(server.pulsar_url, operation_timeout_seconds=60, listener_name="external", logger=QUIET)
+    try:
+        with pytest.raises(pulsar.NotAllowedError):
+            named.create_producer("listened")
+    finally:
+        named.close()
+
+
+def test_a_pattern_consumer_gets_the_messages_of_the_topics_its_pattern_matches(server: ServerProcess) -> None:
+    with client(server.pulsar_url) as pc:
+        producers = {name: pc.create_producer(name) for name in ("pattern-a", "pattern-b", "unpatterned")}
+        for name, producer in producers.items():
+            producer.send(name.encode(), partition_key="k")
+        consumer = pc.subscribe(
+            re.compile("persistent://public/default/pattern-.*"),
+            "s",
+            consumer_type=pulsar.ConsumerType.KeyShared,
+            initial_position=pulsar.InitialPosition.Earliest,
+        )
+        got = sorted(consumer.receive(timeout_millis=10_000).data() for _ in range(2))
+        assert got == [b"pattern-a", b"pattern-b"]
+        with pytest.raises(pulsar.Timeout):
+            consumer.receive(timeout_millis=300)
 
 
 def test_a_reader_from_the_earliest_message_reads_the_log_in_order_and_follows_its_tail(server: ServerProcess) -> None:

@@ -21,7 +21,6 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     ConsumerAssignError,
     ConsumerBusy,
     ConsumerNotFound,
-    InvalidTopicName,
     MessageMetadata,
     NotAllowedError,
     ServiceNotReady,
@@ -96,11 +95,47 @@ def test_ping_and_partitioned_metadata_and_lookup(server: ServerProcess) -> None
         ]
         raw.send(command(BaseCommand.PARTITIONED_METADATA, topic="non-persistent://public/default/t", request_id=9))
         refused = raw.receive_type(BaseCommand.PARTITIONED_METADATA_RESPONSE).partitionMetadataResponse
-        assert (refused.response, refused.error) == (CommandPartitionedTopicMetadataResponse.Failed, InvalidTopicName)
+        assert (refused.response, refused.error) == (CommandPartitionedTopicMetadataResponse.Failed, NotAllowedError)
         raw.send(command(BaseCommand.LOOKUP, topic="persistent://public/default/split-partition-1", request_id=3))
         lookup = raw.receive_type(BaseCommand.LOOKUP_RESPONSE).lookupTopicResponse
+        plain = "persistent://public/default/plain"
+        raw.send(command(BaseCommand.LOOKUP, topic=plain, request_id=4, advertised_listener_name="external"))
+        unnamed = raw.receive_type(BaseCommand.LOOKUP_RESPONSE).lookupTopicResponse
+    assert (unnamed.response, unnamed.error) == (CommandLookupTopicResponse.Failed, NotAllowedError)
+    assert "no advertised listener 'external'" in unnamed.message
     assert (lookup.response, lookup.authoritative) == (CommandLookupTopicResponse.Connect, True)
     assert lookup.brokerServiceUrl == server.pulsar_url
+
+
+def test_the_topics_of_a_namespace_are_listed_with_each_partition(server: ServerProcess) -> None:
+    """GET_TOPICS_OF_NAMESPACE (a pattern consumer's question): the namespace's topics by their Pulsar names,
+    a partitioned topic's partitions each by its own, nothing of other namespaces, none non-persistent."""
+    created = Request(f"{server.admin_url}/topics?topic=listed-split&partitions=2", method="POST")
+    urlopen(created, timeout=10).close()
+    with connected(server) as raw:
+        raw.send(producer_command("persistent://public/default/listed", name="lister"))
+        raw.receive_type(BaseCommand.PRODUCER_SUCCESS)
+        raw.send(send_frame(0, b"x", "k"))
+        raw.receive_type(BaseCommand.SEND_RECEIPT)
+        raw.send(producer_command("persistent://acme/app/listed", producer_id=2, request_id=2, name="lister"))
+        raw.receive_type(BaseCommand.PRODUCER_SUCCESS)
+        raw.send(send_frame(0, b"x", "k", producer_id=2))
+        raw.receive_type(BaseCommand.SEND_RECEIPT)
+        answers = []
+        for request_id, (namespace, mode) in enumerate([("public/default", 0), ("acme/app", 2), ("acme/app", 1)]):
+            raw.send(
+                command(BaseCommand.GET_TOPICS_OF_NAMESPACE, request_id=request_id, namespace=namespace, mode=mode)
+            )
+            answer = raw.receive_type(BaseCommand.GET_TOPICS_OF_NAMESPACE_RESPONSE).getTopicsOfNamespaceResponse
+            answers.append((answer.request_id, list(answer.topics)))
+    default = answers[0][1]
+    assert {
+        "persistent://public/default/listed",
+        "persistent://public/default/listed-split-partition-0",
+        "persistent://public/default/listed-split-partition-1",
+    } <= set(default)
+    assert not [name for name in default if not name.startswith("persistent://public/default/")]
+    assert answers[1:] == [(1, ["persistent://acme/app/listed"]), (2, [])]
 
 
 def test_a_bad_checksum_is_refused_and_stores_nothing(server: ServerProcess) -> None:

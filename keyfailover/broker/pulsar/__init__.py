@@ -37,7 +37,7 @@ from keyfailover.broker.pulsar._properties import (
     from_pulsar,
     to_pulsar,
 )
-from keyfailover.broker.pulsar._topics import TopicNameError, keyfailover_topic
+from keyfailover.broker.pulsar._topics import TopicNameError, keyfailover_topic, pulsar_topic
 from keyfailover.broker.pulsar._wire import encode_receipt
 
 __all__ = [
@@ -67,6 +67,7 @@ __all__ = [
     "from_pulsar",
     "keyfailover_topic",
     "parse_message",
+    "pulsar_topic",
     "split_batch",
     "to_pulsar",
 ]

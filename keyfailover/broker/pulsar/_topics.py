@@ -14,7 +14,7 @@ from typing import Final
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.wire.protocol import MAX_NAME_LENGTH, is_valid_name
 
-__all__ = ["TopicNameError", "keyfailover_topic"]
+__all__ = ["TopicNameError", "keyfailover_topic", "pulsar_topic"]
 
 _DEFAULT_NAMESPACE: Final = "public/default/"
 
@@ -48,3 +48,13 @@ def keyfailover_topic(name: str) -> str:
             "characters without NUL"
         )
     return topic
+
+
+def pulsar_topic(topic: str) -> str | None:
+    """The Pulsar name of the keyfailover topic ``topic`` (see the module's rule); None when it has none."""
+    parts = topic.split("/")
+    if len(parts) == 1:
+        return "persistent://" + _DEFAULT_NAMESPACE + topic
+    if len(parts) == 3 and all(parts):
+        return "persistent://" + topic
+    return None

@@ -38,6 +38,7 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     BaseCommand,
     ChecksumError,
     CommandAck,
+    CommandGetTopicsOfNamespace,
     CommandLookupTopic,
     CommandPartitionedTopicMetadata,
     CommandSubscribe,
@@ -54,7 +55,7 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
 from keyfailover.broker.server._connection import ConnectionHost, FrameReader
 from keyfailover.broker.server._pulsar_access import TopicProducers
 from keyfailover.broker.server._pulsar_errors import RefusedError, server_error
-from keyfailover.broker.server._pulsar_lookup import lookup, partitioned_metadata
+from keyfailover.broker.server._pulsar_lookup import lookup, partitioned_metadata, topics_of_namespace
 from keyfailover.broker.server._pulsar_reader import PulsarReader
 from keyfailover.broker.server._pulsar_send import Producer, Send, joined, sent_messages
 from keyfailover.broker.server._subscription import Session, Subscription
@@ -462,6 +463,14 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         assert self._transport is not None
         here = self._transport.get_extra_info("sockname")[:2]
         self._send(await lookup(self._server, request, (str(here[0]), int(here[1]))))
+
+    def _topics_of_namespace(self, frame: PulsarFrame) -> None:
+        """GET_TOPICS_OF_NAMESPACE: the topics a pattern consumer may match, answered in a task."""
+        self._spawn(self._answer_topics_of_namespace(frame.command.getTopicsOfNamespace))
+
+    async def _answer_topics_of_namespace(self, request: CommandGetTopicsOfNamespace) -> None:
+        """Send the GET_TOPICS_OF_NAMESPACE_RESPONSE: see :func:`topics_of_namespace`."""
+        self._send(await topics_of_namespace(self._server, request))
 
     def _producer(self, frame: PulsarFrame) -> None:
         """PRODUCER: open a producer, answered in a task once its last stored sequence id is read."""
@@ -1045,6 +1054,7 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         BaseCommand.PONG: _pong,
         BaseCommand.PARTITIONED_METADATA: _partitioned_metadata,
         BaseCommand.LOOKUP: _lookup,
+        BaseCommand.GET_TOPICS_OF_NAMESPACE: _topics_of_namespace,
         BaseCommand.PRODUCER: _producer,
         BaseCommand.SUBSCRIBE: _subscribe,
         BaseCommand.FLOW: _flow,

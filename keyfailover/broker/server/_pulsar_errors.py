@@ -8,7 +8,6 @@ from keyfailover.broker.pulsar import TopicNameError
 from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     ConsumerAssignError,
     ConsumerBusy,
-    InvalidTopicName,
     NotAllowedError,
     ServiceNotReady,
     TopicNotFound,
@@ -44,7 +43,9 @@ def server_error(exc: Exception) -> tuple[int, str]:
     if isinstance(exc, RefusedError):
         return exc.error, exc.message
     if isinstance(exc, TopicNameError):
-        return InvalidTopicName, str(exc)
+        # Not InvalidTopicName, which the client retries for its whole operation timeout: NotAllowedError
+        # is final (the client checks a name's form itself, so this is a name keyfailover does not serve).
+        return NotAllowedError, str(exc)
     if isinstance(exc, ProtocolError):
         return _SERVER_ERRORS.get(exc.code, UnknownError), exc.message
     if isinstance(exc, ConsumerError):  # a STICKY consumer's ranges: none, malformed, or another's

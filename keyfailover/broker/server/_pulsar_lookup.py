@@ -1,4 +1,5 @@
-"""Where a Pulsar client finds a topic: PARTITIONED_METADATA and LOOKUP, answered from the server's routes.
+"""Where a Pulsar client finds a topic: PARTITIONED_METADATA and LOOKUP, answered from the server's routes,
+and GET_TOPICS_OF_NAMESPACE, which a pattern consumer asks to learn its topics.
 
 A single server serves every topic itself, so LOOKUP answers Connect; a broker of a cluster sends the
 client to the Pulsar endpoint of the broker serving the topic or partition: Redirect. Both answers are
@@ -7,14 +8,15 @@ authoritative.
 
 from __future__ import annotations
 
-from keyfailover.broker.pulsar import TopicNameError, keyfailover_topic
+from keyfailover.broker.pulsar import TopicNameError, keyfailover_topic, pulsar_topic
 from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     BaseCommand,
+    CommandGetTopicsOfNamespace,
     CommandLookupTopic,
     CommandLookupTopicResponse,
     CommandPartitionedTopicMetadata,
     CommandPartitionedTopicMetadataResponse,
-    InvalidTopicName,
+    NotAllowedError,
     ServerError,
     ServiceNotReady,
 )
@@ -22,7 +24,7 @@ from keyfailover.broker.server._connection import ConnectionHost
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.partitions import split_partition_topic
 
-__all__ = ["lookup", "partitioned_metadata"]
+__all__ = ["lookup", "partitioned_metadata", "topics_of_namespace"]
 
 
 async def partitioned_metadata(server: ConnectionHost, request: CommandPartitionedTopicMetadata) -> BaseCommand:
@@ -45,10 +47,21 @@ async def partitioned_metadata(server: ConnectionHost, request: CommandPartition
 async def lookup(server: ConnectionHost, request: CommandLookupTopic, here: tuple[str, int]) -> BaseCommand:
     """The LOOKUP_RESPONSE to ``request``: Connect to ``here``, the address the client reached, when this
     broker serves the topic, as a single server serves all; else Redirect to the Pulsar endpoint of the
-    cluster's broker that does."""
+    cluster's broker that does. A lookup naming an advertised listener fails: there are none."""
     reply = BaseCommand(type=BaseCommand.LOOKUP_RESPONSE)
     answer = reply.lookupTopicResponse
     answer.request_id = request.request_id
+    listener = request.advertised_listener_name
+    if listener:
+        # Pulsar's advertisedListeners: keyfailover has one address per broker. Answered with a final error,
+        # not ignored: the client would otherwise connect to an address that is not the one it asked for.
+        answer.response = CommandLookupTopicResponse.Failed
+        answer.error = NotAllowedError
+        answer.message = (
+            f"keyfailover has no advertised listener {listener!r:.80}: each broker has one Pulsar endpoint; "
+            "expected a client without listener_name"
+        )
+        return reply
     try:
         owner = await _owner(server, keyfailover_topic(request.topic))
     except KeyFailoverError as exc:
@@ -75,11 +88,29 @@ async def lookup(server: ConnectionHost, request: CommandLookupTopic, here: tupl
     return reply
 
 
+async def topics_of_namespace(server: ConnectionHost, request: CommandGetTopicsOfNamespace) -> BaseCommand:
+    """The GET_TOPICS_OF_NAMESPACE_RESPONSE to ``request``: the Pulsar names of the namespace's topics, each
+    partition of a topic created with several by its own name, as Pulsar lists them; none for the
+    non-persistent ones, which keyfailover does not have. Not filtered by the request's pattern: the client
+    applies its own (Java's regular expressions are not Python's), and no ``topics_hash``: the list is
+    always sent whole."""
+    reply = BaseCommand(type=BaseCommand.GET_TOPICS_OF_NAMESPACE_RESPONSE)
+    answer = reply.getTopicsOfNamespaceResponse
+    answer.request_id = request.request_id
+    if request.mode != CommandGetTopicsOfNamespace.NON_PERSISTENT:
+        prefix = f"persistent://{request.namespace}/"
+        for topic in await server.topic_names():
+            name = pulsar_topic(topic)
+            if name is not None and name.startswith(prefix) and "/" not in name[len(prefix) :]:
+                answer.topics.append(name)
+    return reply
+
+
 def _failure(exc: KeyFailoverError, what: str) -> tuple[ServerError.ValueType, str]:
     """The ServerError and message of a lookup that failed with ``exc``: a bad topic name, or ``what``
     cannot be done now."""
-    if isinstance(exc, TopicNameError):
-        return InvalidTopicName, str(exc)
+    if isinstance(exc, TopicNameError):  # final for the client, as InvalidTopicName is not: see server_error
+        return NotAllowedError, str(exc)
     return ServiceNotReady, f"{what} now: {exc}"
 
 

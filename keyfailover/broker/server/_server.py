@@ -495,6 +495,16 @@ class Server:
             return (await self._broker.partition_counts()).get(topic)
         return self._partitions.get(topic)
 
+    async def topic_names(self) -> list[str]:
+        """Every topic of the server or cluster, each partition of a topic created with several under its own
+        name: a cluster's topics are those ZooKeeper knows, a single server's those of the log and those
+        created with partitions."""
+        counts = await self._broker.partition_counts() if self._broker is not None else self._partitions
+        names = set() if self._broker is not None else set(self.storage.topics())
+        for topic, count in counts.items():
+            names.update(partition_topic(topic, index, count) for index in range(count))
+        return sorted(names)
+
     async def route(self, topic: str, pulsar: bool = False) -> list[str | None]:
         """The broker serving each partition of ``topic`` (``""``: this one, a single server): its
         address, or with ``pulsar`` its Pulsar protocol endpoint's (None: none now)."""

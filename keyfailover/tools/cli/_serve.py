@@ -166,7 +166,7 @@ def add_serve(commands: SubParsers) -> None:
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=_port, default=6650, help="TCP port (default 6650; 0 picks a free one)")
-    token_args(serve, "require clients (and admin requests other than /healthz) to present a token")
+    token_args(serve, "the token clients, and admin requests other than /healthz, must present")
     serve.add_argument("--tls-cert", default=None, help="PEM certificate: serve the broker and admin ports over TLS")
     serve.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
     seconds(

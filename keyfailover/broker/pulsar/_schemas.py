@@ -1,0 +1,140 @@
+"""Apache Pulsar's schema rules, sans-IO: which schemas are the same, which are compatible, and schema versions.
+
+A topic's schema has versions 0, 1, 2, ...; on the wire a version is 8 bytes, a big-endian long (Pulsar's
+``LongSchemaVersion``). A schema is the same as a registered one when both have the same type and the same
+data: for AVRO, JSON and PROTOBUF, whose data is an Avro schema in JSON, the same JSON document (whitespace and
+the order of an object's keys do not count); for the others the same bytes. Properties never count.
+
+Compatibility is Pulsar's broker default, the strategy FULL checked against the latest version: a schema of
+another type is incompatible; AVRO and JSON schemas must each read what the other wrote (Avro schema
+resolution, :mod:`._avro`); any other schema is compatible with one of its type, as Pulsar's default check
+has it. A consumer's schema is checked as Pulsar does for FULL: it must read what the latest version wrote
+(BACKWARD).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Final, Literal, NamedTuple
+
+from keyfailover.broker.pulsar._avro import AvroSchemaError, parse, read_problem
+from keyfailover.broker.pulsar.PulsarApi_pb2 import Schema
+
+__all__ = [
+    "STRATEGY",
+    "SchemaData",
+    "check_data",
+    "compatibility_problem",
+    "same_schema",
+    "type_name",
+    "version_bytes",
+    "version_of",
+]
+
+STRATEGY: Final = "FULL"
+"""Pulsar's broker default ``schemaCompatibilityStrategy``, the one keyfailover applies."""
+
+_LONG: Final = struct.Struct(">q")
+_AVRO_CHECKED: Final = frozenset({Schema.Avro, Schema.Json})
+"""Types whose compatibility is Avro's schema resolution (Pulsar's default checkers: AVRO and JSON)."""
+_AVRO_PARSED: Final = frozenset({Schema.Avro, Schema.Json, Schema.Protobuf})
+"""Types whose data is compared as an Avro schema in JSON (Pulsar's ``isUsingAvroSchemaParser``)."""
+_NAMES: Final[dict[int, str]] = {
+    Schema.Bool: "BOOLEAN",
+    Schema.KeyValue: "KEY_VALUE",
+    Schema.LocalDate: "LOCAL_DATE",
+    Schema.LocalTime: "LOCAL_TIME",
+    Schema.LocalDateTime: "LOCAL_DATE_TIME",
+    Schema.ProtobufNative: "PROTOBUF_NATIVE",
+    Schema.AutoConsume: "AUTO_CONSUME",
+}
+
+
+class SchemaData(NamedTuple):
+    """What the rules read of a schema: its type (Pulsar's ``Schema.Type``) and its data."""
+
+    kind: int
+    data: bytes
+
+
+def type_name(kind: int) -> str:
+    """The name Pulsar gives a schema type (``AVRO``, ``KEY_VALUE``...)."""
+    if kind in _NAMES:
+        return _NAMES[kind]
+    try:
+        return Schema.Type.Name(kind).upper()  # type: ignore[arg-type]
+    except ValueError:
+        return f"type {kind}"
+
+
+def version_bytes(version: int) -> bytes:
+    """Schema version ``version`` as the wire carries it: 8 bytes, big-endian."""
+    return _LONG.pack(version)
+
+
+def version_of(data: bytes) -> int | None:
+    """The schema version 8 bytes hold; None for bytes of another length."""
+    return _LONG.unpack(data)[0] if len(data) == _LONG.size else None
+
+
+def check_data(schema: SchemaData) -> str | None:
+    """Why a schema's data is not valid for its type (AVRO: no Avro schema; JSON: no JSON); None when it is."""
+    if schema.kind == Schema.Avro:
+        try:
+            parse(schema.data)
+        except AvroSchemaError as exc:
+            return f"Invalid schema definition data for AVRO schema: {exc}"
+    elif schema.kind == Schema.Json:
+        try:
+            json.loads(schema.data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return f"Invalid schema definition data for JSON schema: {exc}"
+    return None
+
+
+def same_schema(one: SchemaData, other: SchemaData) -> bool:
+    """Whether two schemas are the same: same type and data, as the module says."""
+    if one.kind != other.kind:
+        return False
+    if one.data == other.data:
+        return True
+    if one.kind not in _AVRO_PARSED:
+        return False
+    try:
+        return bool(json.loads(one.data) == json.loads(other.data))
+    except (ValueError, UnicodeDecodeError):
+        return False
+
+
+def compatibility_problem(
+    latest: SchemaData, new: SchemaData, strategy: Literal["FULL", "BACKWARD"] = STRATEGY
+) -> str | None:
+    """Why ``new`` is incompatible with ``latest`` under ``strategy`` (FULL for a producer, BACKWARD for a
+    consumer: ``new`` reads what ``latest`` wrote); None when it is compatible."""
+    if latest.kind != new.kind:
+        return (
+            f"Incompatible schema: exists schema type {type_name(latest.kind)}, new schema type {type_name(new.kind)}"
+        )
+    if same_schema(latest, new) or new.kind not in _AVRO_CHECKED:
+        return None
+    try:
+        existing, wanted = parse(latest.data), parse(new.data)
+    except AvroSchemaError as exc:
+        if new.kind == Schema.Json:  # a JSON schema of the format before Avro's: only the same one is compatible
+            return f"Incompatible schema: JSON schemas that are no Avro schema must be the same: {exc}"
+        return f"Incompatible schema: {exc}"
+    problem = read_problem(wanted, existing)
+    if problem is not None:
+        return (
+            f"Error during schema compatibility check with strategy {strategy}: the new schema cannot read data "
+            f"written with the latest version: {problem}"
+        )
+    if strategy == "FULL":
+        problem = read_problem(existing, wanted)
+        if problem is not None:
+            return (
+                f"Error during schema compatibility check with strategy {strategy}: the latest version cannot read "
+                f"data written with the new schema: {problem}"
+            )
+    return None

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from keyfailover.broker.pulsar import SCHEMA_VERSION_PROPERTY, PulsarMetadata, from_pulsar, to_pulsar
 from keyfailover.broker.pulsar._avro import AvroSchemaError, parse, read_problem
 from keyfailover.broker.pulsar._schemas import (
     SchemaData,
@@ -28,6 +29,7 @@ from keyfailover.broker.pulsar._schemas import (
     version_of,
 )
 from keyfailover.broker.pulsar.PulsarApi_pb2 import Schema
+from keyfailover.wire.properties import decode_properties, encode_properties
 
 
 def record(name: str, *fields: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -85,12 +87,30 @@ def test_a_record_reads_fields_by_name_skips_writer_fields_and_needs_defaults_fo
     assert problem(aliased, USER) is None
 
 
-def test_a_record_reads_a_record_of_its_name_or_one_of_its_aliases() -> None:
-    assert problem(record("Person", *USER["fields"]), USER) == (
-        "at /: the reader's record 'Person' cannot read the writer's record 'User': names differ"
-    )
-    assert problem(record("Person", *USER["fields"], aliases=["User"]), USER) is None
-    assert problem(record("User", *USER["fields"], namespace="a.b"), USER) is None  # unqualified names match
+def test_a_record_reads_a_record_of_any_name_but_enums_and_fixed_need_theirs() -> None:
+    assert problem(record("Person", *USER["fields"]), USER) is None  # Avro's resolver does not compare them
+    assert problem(
+        {"type": "enum", "name": "A", "symbols": ["X"]}, {"type": "enum", "name": "B", "symbols": ["X"]}
+    ) == ("at /: the reader's enum 'A' cannot read the writer's enum 'B': names differ")
+    aliased = {"type": "fixed", "name": "A", "size": 1, "aliases": ["B"]}
+    assert problem(aliased, {"type": "fixed", "name": "B", "size": 1}) is None
+
+
+def test_a_reader_union_reads_with_its_branch_of_the_writer_s_type_else_one_it_is_promoted_to() -> None:
+    assert problem(["null", "double", "long"], "int") is None  # the first promotion: double
+    assert (
+        problem(
+            [{"type": "array", "items": "int"}, {"type": "array", "items": "long"}],
+            {
+                "type": "array",
+                "items": "long",
+            },
+        )
+        == "at /items: the reader's int cannot read the writer's long"
+    )  # the first array branch, as Avro picks it
+    one = record("One", {"name": "a", "type": "int"})
+    other = record("Other", {"name": "b", "type": "int"})
+    assert problem(["null", other, one], record("Written", {"name": "a", "type": "int"})) is None  # by structure
 
 
 def test_enum_symbols_the_reader_lacks_need_its_default() -> None:
@@ -207,6 +227,15 @@ def test_versions_are_eight_bytes_big_endian() -> None:
     assert version_bytes(258) == b"\x00" * 6 + b"\x01\x02"
     assert version_of(version_bytes(7)) == 7
     assert version_of(b"\x01") is None
+
+
+def test_a_message_s_schema_version_is_kept_as_a_property_and_given_back() -> None:
+    kept = from_pulsar([("k", "v")], 0, schema_version=version_bytes(3))
+    assert decode_properties(kept) == {"k": "v", SCHEMA_VERSION_PROPERTY: "3"}
+    assert to_pulsar(kept) == PulsarMetadata({"k": "v"}, schema_version=version_bytes(3))
+    assert from_pulsar([], 0, schema_version=b"\x01") is None  # no version the registry gives out: not kept
+    odd = encode_properties({SCHEMA_VERSION_PROPERTY: "-1"})  # a native producer's: stays a property
+    assert to_pulsar(odd) == PulsarMetadata({SCHEMA_VERSION_PROPERTY: "-1"})
 
 
 # -- properties ------------------------------------------------------------------------------

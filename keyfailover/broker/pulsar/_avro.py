@@ -1,19 +1,21 @@
 """Avro schema resolution, sans-IO: whether data written with one Avro schema can be read with another.
 
 Apache Pulsar checks the compatibility of AVRO and JSON schemas (whose data is an Avro schema in JSON) with
-Avro's own ``SchemaCompatibility``: a reader schema can read what a writer schema wrote when, by the rules of
-the Avro specification's schema resolution,
+Avro's ``SchemaValidator``, which asks Avro's ``Resolver`` (the resolving decoder's grammar) whether a reader
+schema resolves a writer schema without an error. By the rules of the Avro specification's schema resolution,
+as that resolver applies them, a reader reads a writer when
 
 - both are the same primitive type, or the writer's is promoted to the reader's: int to long, float or
   double; long to float or double; float to double; string to bytes and bytes to string;
-- both are records of the same unqualified name (or the writer's full name is an alias of the reader), and
-  each reader field is read from the writer field of its name (or one of its aliases), or has a default
-  when the writer has no such field; writer fields the reader lacks are skipped;
-- both are enums of the same name, and every writer symbol is a reader symbol, unless the reader has a
-  default symbol;
-- both are fixed of the same name and size; arrays whose items, maps whose values can be read;
-- the writer is a union and the reader can read each of its branches; or the reader is a union and one of
-  its branches can read the writer.
+- both are records (of any names): each reader field is read from the writer field of its name (or of one of
+  its aliases), or has a default when the writer has no such field; writer fields the reader lacks are skipped;
+- both are enums of the same full name (or the writer's is an alias of the reader), and every writer symbol is
+  a reader symbol, unless the reader has a default symbol;
+- both are fixed of the same full name and size; arrays whose items, maps whose values are read;
+- the writer is a union and the reader reads each of its branches;
+- the reader is a union and its branch for the writer reads it: the first branch of the writer's type (for a
+  record, enum or fixed: of its full name, else for a record the first whose fields resolve, preferring one of
+  its simple name), else the first branch the writer's type is promoted to.
 
 Logical types resolve as their underlying types, and defaults are not checked against their field's type
 (Pulsar parses with ``setValidateDefaults(false)``). :func:`parse` reads a schema, :func:`read_problem` says
@@ -297,7 +299,7 @@ class _Resolution:
             assert isinstance(writer, AvroUnion)
             return self.union_writer(reader, writer, path)
         assert isinstance(reader, (AvroRecord, AvroEnum, AvroFixed)) and isinstance(writer, type(reader))
-        if not (reader.name == writer.name or writer.fullname in reader.aliases):
+        if not isinstance(reader, AvroRecord) and not _same_name(reader, writer):
             return f"at {path}: the reader's {_kind(reader)} cannot read the writer's {_kind(writer)}: names differ"
         if isinstance(reader, AvroFixed):
             assert isinstance(writer, AvroFixed)
@@ -345,11 +347,43 @@ class _Resolution:
         return None
 
     def union_reader(self, reader: AvroUnion, writer: AvroSchema, path: str) -> str | None:
-        """Some branch of the reader's union must read the writer."""
+        """The reader union's branch for the writer (:meth:`branch`) must read it."""
+        branch = self.branch(reader, writer, path)
+        if branch is None:
+            return f"at {path}: no branch of the reader's union can read the writer's {_kind(writer)}"
+        return self.problem(branch, writer, path)
+
+    def branch(self, reader: AvroUnion, writer: AvroSchema, path: str) -> AvroSchema | None:
+        """The branch of ``reader`` that reads ``writer``, as Avro's resolver picks it (see the module)."""
+        structural: AvroRecord | None = None
         for branch in reader.branches:
-            if self.problem(branch, writer, path) is None:
-                return None
-        return f"at {path}: no branch of the reader's union can read the writer's {_kind(writer)}"
+            if type(branch) is not type(writer):
+                continue
+            if isinstance(branch, AvroPrimitive):
+                assert isinstance(writer, AvroPrimitive)
+                if branch.kind == writer.kind:
+                    return branch
+            elif isinstance(branch, (AvroRecord, AvroEnum, AvroFixed)):
+                assert isinstance(writer, (AvroRecord, AvroEnum, AvroFixed))
+                if branch.fullname == writer.fullname:
+                    return branch
+                resolves = isinstance(branch, AvroRecord) and self.problem(branch, writer, path) is None
+                if resolves and (structural is None or branch.name == writer.name):
+                    structural = branch  # type: ignore[assignment]
+            else:
+                return branch  # an array or a map: the first one
+        if structural is not None:
+            return structural
+        if isinstance(writer, AvroPrimitive):
+            for branch in reader.branches:
+                if isinstance(branch, AvroPrimitive) and writer.kind in _PROMOTIONS.get(branch.kind, ()):
+                    return branch
+        return None
+
+
+def _same_name(reader: AvroEnum | AvroFixed, writer: AvroRecord | AvroEnum | AvroFixed) -> bool:
+    """Whether the writer's named type is the reader's: the same full name, or one of the reader's aliases."""
+    return reader.fullname == writer.fullname or writer.fullname in reader.aliases
 
 
 def _child(path: str, name: str) -> str:

@@ -17,9 +17,9 @@ as that resolver applies them, a reader reads a writer when
   record, enum or fixed: of its full name, else for a record the first whose fields resolve, preferring one of
   its simple name), else the first branch the writer's type is promoted to.
 
-Logical types resolve as their underlying types, and defaults are not checked against their field's type
-(Pulsar parses with ``setValidateDefaults(false)``). :func:`parse` reads a schema, :func:`read_problem` says
-why a reader cannot read a writer (None when it can).
+Logical types resolve as their underlying types, and defaults are not checked against their field's type, as
+Pulsar's parser, with ``setValidateDefaults`` false, does not check them. :func:`parse` reads a schema,
+:func:`read_problem` says why a reader cannot read a writer (None when it can).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import struct
 from typing import Any
 
 import fastavro
@@ -209,6 +210,39 @@ def test_schemas_of_other_types_are_compatible_with_one_of_their_type_only() -> 
         "Incompatible schema: exists schema type JSON, new schema type AVRO"
     )
     assert type_name(Schema.KeyValue) == "KEY_VALUE" and type_name(99) == "type 99"
+
+
+def key_value(key: SchemaData | None, value: SchemaData, key_type: str = "AVRO") -> SchemaData:
+    """A KEY_VALUE schema as Pulsar's clients encode it: both parts' data, each after its length (-1: none), and
+    their types in the properties."""
+    data = b"".join(
+        struct.pack(">i", -1) if part is None else struct.pack(">i", len(part.data)) + part.data
+        for part in (key, value)
+    )
+    properties = (("key.schema.type", key_type), ("value.schema.type", "AVRO"))
+    return SchemaData(Schema.KeyValue, data, properties)
+
+
+def test_a_key_value_schema_s_key_and_value_schemas_are_checked_each() -> None:
+    added = record("User", *USER["fields"], {"name": "email", "type": ["null", "string"], "default": None})
+    required = record("User", *USER["fields"], {"name": "email", "type": "string"})
+    string = SchemaData(Schema.String, b"")
+    assert (
+        compatibility_problem(key_value(string, avro(USER), "STRING"), key_value(string, avro(added), "STRING")) is None
+    )
+    assert compatibility_problem(key_value(avro(USER), avro(USER)), key_value(avro(required), avro(USER))) == (
+        "KEY_VALUE schema's key schema: Error during schema compatibility check with strategy FULL: the new schema "
+        "cannot read data written with the latest version: at /email: field 'email' of record 'User' has no default "
+        "value, and the writer's record has no such field"
+    )
+    assert compatibility_problem(key_value(string, avro(USER), "STRING"), key_value(None, avro(USER), "BYTES")) == (
+        "Key schemas or Value schemas are different schema type, from key schema type is STRING and to key schema is "
+        "BYTES, from value schema is AVRO and to value schema is AVRO"
+    )
+    cut = SchemaData(Schema.KeyValue, b"\x00\x00\x00\x09abc")
+    assert compatibility_problem(key_value(string, avro(USER), "STRING"), cut) == (
+        "Incompatible schema: KEY_VALUE schema data of 7 bytes ends inside its key schema"
+    )
 
 
 def test_the_same_schema_is_the_same_type_and_json_document_whatever_its_layout() -> None:

@@ -7,8 +7,9 @@ the order of an object's keys do not count); for the others the same bytes. Prop
 
 Compatibility is Pulsar's broker default, the strategy FULL checked against the latest version: a schema of
 another type is incompatible; AVRO and JSON schemas must each read what the other wrote (Avro schema
-resolution, :mod:`._avro`); any other schema is compatible with one of its type, as Pulsar's default check
-has it. A consumer's schema is checked as Pulsar does for FULL: it must read what the latest version wrote
+resolution, :mod:`._avro`); a KEY_VALUE schema's key and value schemas must each be of the latest one's types
+and compatible with them; any other schema is compatible with one of its type, as Pulsar's default check has
+it. A consumer's schema is checked as Pulsar does for FULL: it must read what the latest version wrote
 (BACKWARD).
 """
 
@@ -36,6 +37,7 @@ STRATEGY: Final = "FULL"
 """Pulsar's broker default ``schemaCompatibilityStrategy``, the one keyfailover applies."""
 
 _LONG: Final = struct.Struct(">q")
+_LENGTH: Final = struct.Struct(">i")
 _AVRO_CHECKED: Final = frozenset({Schema.Avro, Schema.Json})
 """Types whose compatibility is Avro's schema resolution (Pulsar's default checkers: AVRO and JSON)."""
 _AVRO_PARSED: Final = frozenset({Schema.Avro, Schema.Json, Schema.Protobuf})
@@ -51,15 +53,24 @@ _NAMES: Final[dict[int, str]] = {
 }
 
 
+_BYTES: Final = -1
+"""Pulsar's schema type BYTES, which has no ``Schema.Type`` (a client sends no schema for it)."""
+_KEY_VALUE_PARTS: Final = (("key", "key.schema.type"), ("value", "value.schema.type"))
+"""The parts of a KEY_VALUE schema, and the property that names each one's type."""
+
+
 class SchemaData(NamedTuple):
-    """What the rules read of a schema: its type (Pulsar's ``Schema.Type``) and its data."""
+    """What the rules read of a schema: its type (Pulsar's ``Schema.Type``), its data and its properties."""
 
     kind: int
     data: bytes
+    properties: tuple[tuple[str, str], ...] = ()
 
 
 def type_name(kind: int) -> str:
     """The name Pulsar gives a schema type (``AVRO``, ``KEY_VALUE``...)."""
+    if kind == _BYTES:
+        return "BYTES"
     if kind in _NAMES:
         return _NAMES[kind]
     try:
@@ -116,7 +127,11 @@ def compatibility_problem(
         return (
             f"Incompatible schema: exists schema type {type_name(latest.kind)}, new schema type {type_name(new.kind)}"
         )
-    if same_schema(latest, new) or new.kind not in _AVRO_CHECKED:
+    if same_schema(latest, new):
+        return None
+    if new.kind == Schema.KeyValue:
+        return _key_value_problem(latest, new, strategy)
+    if new.kind not in _AVRO_CHECKED:
         return None
     try:
         existing, wanted = parse(latest.data), parse(new.data)
@@ -137,4 +152,49 @@ def compatibility_problem(
                 f"Error during schema compatibility check with strategy {strategy}: the latest version cannot read "
                 f"data written with the new schema: {problem}"
             )
+    return None
+
+
+def _key_value_parts(schema: SchemaData) -> tuple[SchemaData, SchemaData] | str:
+    """The key and value schemas of a KEY_VALUE schema (its data ``[length: 4][key][length: 4][value]``, a length
+    of -1 for none; their types in its properties, BYTES when not named); or what is wrong with it."""
+    parts = []
+    offset = 0
+    properties = dict(schema.properties)
+    named = {type_name(kind): kind for kind in Schema.Type.values()} | {"BYTES": _BYTES}
+    for part, property_name in _KEY_VALUE_PARTS:
+        if len(schema.data) - offset < _LENGTH.size:
+            return f"KEY_VALUE schema data of {len(schema.data)} bytes ends before its {part} schema's length"
+        (length,) = _LENGTH.unpack_from(schema.data, offset)
+        offset += _LENGTH.size
+        if length > len(schema.data) - offset:
+            return f"KEY_VALUE schema data of {len(schema.data)} bytes ends inside its {part} schema"
+        data = schema.data[offset : offset + max(length, 0)]
+        offset += max(length, 0)
+        kind_name = properties.get(property_name, "BYTES")
+        if kind_name not in named:
+            return f"KEY_VALUE schema's {property_name} {kind_name!r} is no schema type"
+        parts.append(SchemaData(named[kind_name], data))
+    return parts[0], parts[1]
+
+
+def _key_value_problem(latest: SchemaData, new: SchemaData, strategy: Literal["FULL", "BACKWARD"]) -> str | None:
+    """Why KEY_VALUE schema ``new`` is incompatible with ``latest``: its key or value schema is of another type, or
+    incompatible; None when neither is."""
+    old_parts, new_parts = _key_value_parts(latest), _key_value_parts(new)
+    for parts in (old_parts, new_parts):
+        if isinstance(parts, str):
+            return f"Incompatible schema: {parts}"
+    assert not isinstance(old_parts, str) and not isinstance(new_parts, str)
+    (old_key, old_value), (new_key, new_value) = old_parts, new_parts
+    if old_key.kind != new_key.kind or old_value.kind != new_value.kind:
+        return (
+            "Key schemas or Value schemas are different schema type, from key schema type is "
+            f"{type_name(old_key.kind)} and to key schema is {type_name(new_key.kind)}, from value schema is "
+            f"{type_name(old_value.kind)} and to value schema is {type_name(new_value.kind)}"
+        )
+    for part, old, wanted in (("key", old_key, new_key), ("value", old_value, new_value)):
+        problem = compatibility_problem(old, wanted, strategy)
+        if problem is not None:
+            return f"KEY_VALUE schema's {part} schema: {problem}"
     return None

@@ -58,7 +58,17 @@ def _topic(server: ConnectionHost, served: str) -> str:
 
 def _data(schema: Schema) -> SchemaData:
     """What the rules read of a schema in a command."""
-    return SchemaData(schema.type, schema.schema_data)
+    return SchemaData(schema.type, schema.schema_data, _properties(schema))
+
+
+def _properties(schema: Schema) -> tuple[tuple[str, str], ...]:
+    """A schema's properties, sorted by key (a later pair of a key wins)."""
+    return tuple(sorted({pair.key: pair.value for pair in schema.properties}.items()))
+
+
+def _stored(record: SchemaRecord) -> SchemaData:
+    """What the rules read of a stored schema version."""
+    return SchemaData(record.kind, record.data, record.properties)
 
 
 async def _add(server: ConnectionHost, topic: str, schema: Schema) -> int:
@@ -71,15 +81,14 @@ async def _add(server: ConnectionHost, topic: str, schema: Schema) -> int:
     for _ in range(_ADD_TRIES):
         known = await server.storage.schemas(topic)
         for record in known:
-            if same_schema(SchemaData(record.kind, record.data), data):
+            if same_schema(_stored(record), data):
                 return record.version
         if known:
             latest = known[-1]
-            problem = compatibility_problem(SchemaData(latest.kind, latest.data), data)
+            problem = compatibility_problem(_stored(latest), data)
             if problem is not None:
                 raise RefusedError(IncompatibleSchema, f"{problem} (topic {topic!r}, latest version {latest.version})")
-        properties = tuple(sorted({pair.key: pair.value for pair in schema.properties}.items()))
-        added = SchemaRecord(len(known), schema.type, schema.name, schema.schema_data, properties)
+        added = SchemaRecord(len(known), schema.type, schema.name, schema.schema_data, data.properties)
         if await server.storage.add_schema(topic, added):
             return added.version
     raise RefusedError(
@@ -122,7 +131,7 @@ async def consumer_schema(server: ConnectionHost, served: str, request: CommandS
             f"{type_name(request.schema.type)} (topic {topic!r} has messages, producers or consumers and no schema)",
         )
     latest = known[-1]
-    problem = compatibility_problem(SchemaData(latest.kind, latest.data), _data(request.schema), "BACKWARD")
+    problem = compatibility_problem(_stored(latest), _data(request.schema), "BACKWARD")
     if problem is not None:
         raise RefusedError(IncompatibleSchema, f"{problem} (topic {topic!r}, latest version {latest.version})")
 

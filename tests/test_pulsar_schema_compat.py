@@ -245,6 +245,17 @@ def test_a_key_value_schema_s_key_and_value_schemas_are_checked_each() -> None:
     )
 
 
+def test_a_protobuf_native_schema_keeps_its_root_message() -> None:
+    def native(root: str, descriptors: str = "AA==") -> SchemaData:
+        document = {"fileDescriptorSet": descriptors, "rootMessageTypeName": root, "rootFileDescriptorName": "t.proto"}
+        return SchemaData(Schema.ProtobufNative, json.dumps(document).encode())
+
+    assert compatibility_problem(native("test.Message"), native("test.Message", "AQ==")) is None
+    assert compatibility_problem(native("test.Message"), native("test.Other")) == (
+        "Protobuf root message isn't allow change! (from 'test.Message' to 'test.Other')"
+    )
+
+
 def test_the_same_schema_is_the_same_type_and_json_document_whatever_its_layout() -> None:
     compact = SchemaData(Schema.Avro, json.dumps(USER, separators=(",", ":")).encode())
     spaced = SchemaData(Schema.Avro, json.dumps(USER, indent=2, sort_keys=True).encode())

@@ -8,9 +8,9 @@ the order of an object's keys do not count); for the others the same bytes. Prop
 Compatibility is Pulsar's broker default, the strategy FULL checked against the latest version: a schema of
 another type is incompatible; AVRO and JSON schemas must each read what the other wrote (Avro schema
 resolution, :mod:`._avro`); a KEY_VALUE schema's key and value schemas must each be of the latest one's types
-and compatible with them; any other schema is compatible with one of its type, as Pulsar's default check has
-it. A consumer's schema is checked as Pulsar does for FULL: it must read what the latest version wrote
-(BACKWARD).
+and compatible with them; a PROTOBUF_NATIVE schema must keep the latest one's root message; any other schema is
+compatible with one of its type, as Pulsar's default check has it. A consumer's schema is checked as Pulsar
+does for FULL: it must read what the latest version wrote (BACKWARD).
 """
 
 from __future__ import annotations
@@ -131,6 +131,8 @@ def compatibility_problem(
         return None
     if new.kind == Schema.KeyValue:
         return _key_value_problem(latest, new, strategy)
+    if new.kind == Schema.ProtobufNative:
+        return _root_message_problem(latest, new)
     if new.kind not in _AVRO_CHECKED:
         return None
     try:
@@ -197,4 +199,26 @@ def _key_value_problem(latest: SchemaData, new: SchemaData, strategy: Literal["F
         problem = compatibility_problem(old, wanted, strategy)
         if problem is not None:
             return f"KEY_VALUE schema's {part} schema: {problem}"
+    return None
+
+
+def _root_message(schema: SchemaData) -> str | None:
+    """The root message a PROTOBUF_NATIVE schema's data names (a JSON object's ``rootMessageTypeName``); None when
+    it names none."""
+    try:
+        document = json.loads(schema.data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    name = document.get("rootMessageTypeName") if isinstance(document, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def _root_message_problem(latest: SchemaData, new: SchemaData) -> str | None:
+    """Why PROTOBUF_NATIVE schema ``new`` is incompatible with ``latest``: it changes the root message, which
+    Pulsar's ``ProtobufNativeSchemaCompatibilityCheck`` refuses for every strategy but ALWAYS_COMPATIBLE."""
+    old_root, new_root = _root_message(latest), _root_message(new)
+    if old_root is None or new_root is None:
+        return "Incompatible schema: PROTOBUF_NATIVE schema data must be a JSON object with a rootMessageTypeName"
+    if old_root != new_root:
+        return f"Protobuf root message isn't allow change! (from {old_root!r} to {new_root!r})"
     return None

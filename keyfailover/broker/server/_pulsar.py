@@ -475,8 +475,8 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
 
     async def _open_producer(self, command: BaseCommand) -> None:
         """Open the producer a PRODUCER asks for on a topic served here, in the access mode it asks for, and
-        answer PRODUCER_SUCCESS with the last sequence id stored for its name (not ready yet for one that waits
-        for exclusive access), or ERROR."""
+        answer PRODUCER_SUCCESS with the last sequence id stored for its name and the version of its schema
+        (:func:`producer_schema`; not ready yet for one that waits for exclusive access), or ERROR."""
         request = command.producer
         try:
             topic = keyfailover_topic(request.topic)
@@ -728,7 +728,8 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
 
     async def _open_consumer(self, command: BaseCommand) -> None:
         """Attach a consumer session to the durable Key_Shared subscription a SUBSCRIBE names, and answer
-        SUCCESS, or ERROR; a non-durable one is a reader. Its deliveries wait for the client's FLOW."""
+        SUCCESS, or ERROR; a non-durable one is a reader. Its deliveries wait for the client's FLOW. A schema it
+        brings is checked first (:func:`consumer_schema`)."""
         request = command.subscribe
         try:
             await consumer_schema(self._server, keyfailover_topic(request.topic), request)

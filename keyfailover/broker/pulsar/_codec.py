@@ -401,7 +401,7 @@ def parse_message(rest: bytes) -> SentMessage:
         _check_metadata(metadata, "message metadata")
         fields = metadata_fields(metadata)
     else:
-        key, batch, event_time, compression, uncompressed = plain
+        key, batch, event_time, compression, uncompressed, version = plain
         fields = _message_fields(
             (
                 key,
@@ -417,7 +417,7 @@ def parse_message(rest: bytes) -> SentMessage:
                 event_time,
                 False,
                 0,
-                None,
+                version,
             )
         )
     return SentMessage(fields, rest[4 + size :], checksum_ok)

@@ -745,6 +745,8 @@ def test_a_topic_s_schema_versions_are_added_in_order_and_read_back(tmp_path: Pa
         assert log.add_schema("t", second)
         with pytest.raises(LogError, match="version must be an int of 0 or more"):
             log.add_schema("t", second._replace(version=-1))
+        with pytest.raises(LogError, match="name must hold no NUL"):
+            log.add_schema("t", second._replace(name="a\x00b"))
     with Log(tmp_path / "log.db") as log:  # the versions survive a restart
         assert log.schemas("t") == [first, second]
         assert log.schemas("t-partition-0") == []

@@ -127,8 +127,8 @@ class SchemaRecord(NamedTuple):
 
 
 def check_schema(schema: object) -> SchemaRecord:
-    """``schema`` if it is a :class:`SchemaRecord` of a version of 0 or more, an int type, a str name, bytes of
-    data and str properties; else :class:`~keyfailover.core.errors.LogError` saying what is wrong."""
+    """``schema`` if it is a :class:`SchemaRecord` of a version of 0 or more, an int type, a str name without NUL,
+    bytes of data and str properties; else :class:`~keyfailover.core.errors.LogError` saying what is wrong."""
     if not isinstance(schema, SchemaRecord):
         raise LogError(f"a schema must be a SchemaRecord, not {type(schema).__name__}")
     version, kind, name, data, properties = schema
@@ -138,6 +138,8 @@ def check_schema(schema: object) -> SchemaRecord:
         raise LogError(
             f"a schema's name must be a str and its data bytes, not {type(name).__name__}, {type(data).__name__}"
         )
+    if "\x00" in name:
+        raise LogError(f"a schema's name must hold no NUL (PostgreSQL's text cannot), not {name!r:.80}")
     if not all(
         isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(s, str) for s in pair) for pair in properties
     ):

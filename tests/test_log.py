@@ -23,7 +23,7 @@ from keyfailover.broker.storage import _executor as executor_module
 from keyfailover.broker.storage import _sqlite_entries as entries_module
 from keyfailover.broker.storage._executor import SQLiteStore
 from keyfailover.broker.storage._store import Batch, Result, StoreUnavailableError
-from keyfailover.broker.storage.records import Key, StoredMessage, publish_clock
+from keyfailover.broker.storage.records import Key, SchemaRecord, StoredMessage, publish_clock
 from keyfailover.broker.storage.sqlite import MAX_POSITION, SCHEMA_VERSION, Log, LogSnapshot
 from keyfailover.core.errors import (
     InvalidKeyError,
@@ -76,6 +76,7 @@ def as_version_6(path: Path) -> None:
                 ],
             )
         db.execute("DROP TABLE entries")
+        db.execute("DROP TABLE schemas")
         db.execute("PRAGMA user_version = 6")
     db.close()
 
@@ -248,7 +249,7 @@ def test_a_version_5_log_gains_properties_and_its_messages_have_none(tmp_path: P
         log.append([("t", "p", [(1, "b", b"2")], [TRACE])], publish_time=6)
         assert log.read("t", 1, 10) == [StoredMessage(2, "b", b"2", 6, TRACE)]
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
     db.close()
     with LogSnapshot(path) as snapshot:
         assert [row[6] for row in snapshot.messages("t")] == [None, TRACE]
@@ -733,6 +734,41 @@ def test_the_file_is_in_wal_mode_with_a_schema_version(tmp_path: Path) -> None:
     db.close()
 
 
+def test_a_topic_s_schema_versions_are_added_in_order_and_read_back(tmp_path: Path) -> None:
+    first = SchemaRecord(0, 4, "User", b'{"type": "string"}', (("a", "1"), ("b", "2")))
+    second = SchemaRecord(1, 4, "User", b'{"type": "long"}')
+    with Log(tmp_path / "log.db") as log:
+        assert log.schemas("t") == []
+        assert not log.add_schema("t", second)  # not the next version: nothing is stored
+        assert log.add_schema("t", first)
+        assert not log.add_schema("t", first._replace(name="other"))  # version 0 exists already
+        assert log.add_schema("t", second)
+        with pytest.raises(LogError, match="version must be an int of 0 or more"):
+            log.add_schema("t", second._replace(version=-1))
+        with pytest.raises(LogError, match="name must hold no NUL"):
+            log.add_schema("t", second._replace(name="a\x00b"))
+    with Log(tmp_path / "log.db") as log:  # the versions survive a restart
+        assert log.schemas("t") == [first, second]
+        assert log.schemas("t-partition-0") == []
+
+
+def test_a_version_7_log_gains_the_schemas_table_and_keeps_its_messages(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    with Log(path) as log:
+        log.append([("t", "p", [(0, "a", b"1")])], publish_time=5)
+    with sqlite3.connect(path) as db:  # as version 7 left it: no schemas
+        db.execute("DROP TABLE schemas")
+        db.execute("PRAGMA user_version = 7")
+    db.close()
+    with Log(path) as log:
+        assert log.read("t", 0, 10) == [StoredMessage(1, "a", b"1", 5, None)]
+        assert log.schemas("t") == []
+        assert log.add_schema("t", SchemaRecord(0, 1, "s", b""))
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
+    db.close()
+
+
 def test_stats(log: Log) -> None:
     log.append([("t", None, [(None, None, b"x" * 100)] * 5), ("u", None, [(None, None, b"y")])])
     stats = log.stats()
@@ -922,7 +958,7 @@ def test_a_version_1_log_gains_the_dead_letter_table_and_keeps_everything(tmp_pa
         log.save_consume_mode("t", "s", "unordered")
         assert log.load_consume_mode("t", "s") == "unordered"
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
     db.close()
 
 
@@ -994,7 +1030,7 @@ def test_a_version_4_log_gains_publish_times_and_keeps_its_messages_with_unknown
         assert [r.publish_time for r in log.dead_letters("t", "s")] == [None]
         assert log.partition_counts() == {"orders": 2}
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
     db.close()
 
 
@@ -1238,7 +1274,7 @@ def test_a_version_6_log_is_rewritten_into_entries_and_keeps_everything(tmp_path
         assert log.last_sequence("t", "p") == 5 and log.last_sequence("t", "q") == 1499
         assert log.position_at_time("t", 7) == 6
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
         assert db.execute("SELECT count(*) FROM sqlite_schema WHERE name LIKE 'messages%'").fetchone() == (0,)
     db.close()
     with LogSnapshot(path) as snapshot:

@@ -21,7 +21,7 @@ from keyfailover.broker.storage.postgresql import (
     PostgresStore,
     Row,
 )
-from keyfailover.broker.storage.records import Key, StoredMessage, publish_clock
+from keyfailover.broker.storage.records import Key, SchemaRecord, StoredMessage, publish_clock
 from keyfailover.core.errors import LogError, PropertiesError
 from keyfailover.core.partitions import partition_topic, split_partition_topic
 from keyfailover.tools.services import PostgreSQL, free_port
@@ -297,6 +297,22 @@ def test_settings_and_dead_letters_live_in_the_shared_log(postgres: PostgreSQL) 
         assert await b2.read(served, 1, 10) == replayed
         assert (await b2.dead_letters(served, "s", 10))[0].replayed_at == 2
         assert await b2.replay_dead_letters(served, "s") == []
+
+    run_store(postgres, body)
+
+
+def test_a_topic_s_schema_versions_are_shared_by_every_broker(postgres: PostgreSQL) -> None:
+    async def body(b1: PostgresStore, b2: PostgresStore, topic: str) -> None:
+        first = SchemaRecord(0, 4, "User", b'{"type": "string"}', (("k", "v"),))
+        assert await b1.schemas(topic) == []
+        assert not await b1.add_schema(topic, first._replace(version=1))  # not the next version
+        assert await b1.add_schema(topic, first)
+        assert not await b2.add_schema(topic, first._replace(name="late"))  # another broker added version 0
+        assert await b2.add_schema(topic, first._replace(version=1, data=b'{"type": "long"}', properties=()))
+        assert [(s.version, s.name, s.properties) for s in await b1.schemas(topic)] == [
+            (0, "User", (("k", "v"),)),
+            (1, "User", ()),
+        ]
 
     run_store(postgres, body)
 

@@ -179,7 +179,14 @@ def test_event_time_is_read_by_hand_and_properties_left_to_protobuf() -> None:
     """A plain message with an event time stays on the fast path; one with properties is parsed by protobuf."""
     metadata = MessageMetadata(producer_name="p", sequence_id=1, publish_time=2, partition_key="k", event_time=1234)
     body = metadata.SerializeToString()
-    assert decode_metadata(body, 0, len(body)) == ("k", None, 1234, 0, 0)
+    assert decode_metadata(body, 0, len(body)) == ("k", None, 1234, 0, 0, None)
+    metadata.schema_version = b"\x00" * 7 + b"\x01"  # a producer with a schema: still by hand
+    body = metadata.SerializeToString()
+    assert decode_metadata(body, 0, len(body)) == ("k", None, 1234, 0, 0, b"\x00" * 7 + b"\x01")
+    metadata.schema_version = b"\x01"  # no version this server gives out: left to protobuf
+    body = metadata.SerializeToString()
+    assert decode_metadata(body, 0, len(body)) is None
+    metadata.ClearField("schema_version")
     metadata.properties.add(key="trace", value="t-1")
     metadata.properties.add(key="", value="")
     body = metadata.SerializeToString()
@@ -619,6 +626,7 @@ def metadatas(draw: st.DrawFn) -> MessageMetadata:
         ("num_chunks_from_msg", st.integers(0, 3)),
         ("replicated_from", short_text),
         ("uuid", short_text),
+        ("schema_version", st.binary(min_size=7, max_size=9)),
     ]
     for name, values in rare:
         if draw(st.integers(0, 5)) == 0:
@@ -658,8 +666,10 @@ def metadata_by_hand(body: bytes | bytearray) -> MessageFields | None:
     read = decode_metadata(bytes(body), 0, len(body))
     if read is None:
         return None
-    key, batch, event_time, compression, size = read
-    return MessageFields(key, False, None, compression, size, False, None, None, batch, (), event_time)
+    key, batch, event_time, compression, size, version = read
+    return MessageFields(
+        key, False, None, compression, size, False, None, None, batch, (), event_time, False, 0, version
+    )
 
 
 def single_by_hand(body: bytes | bytearray) -> SingleFields | None:
@@ -675,6 +685,8 @@ def plain(message: MessageMetadata | SingleMessageMetadata, names: set[str]) -> 
             return False
         if isinstance(value, str) and len(value.encode()) > 127:
             return False
+        if field.name == "schema_version" and len(value) != 8:
+            return False
         limit = 2**31 if field.name in {"payload_size", "num_messages_in_batch"} else 2**63
         if isinstance(value, int) and not 0 <= value < limit:
             return False
@@ -686,7 +698,7 @@ def test_metadata_read_by_hand_is_what_protobuf_reads(metadata: MessageMetadata)
     body = metadata.SerializeToString()
     read = metadata_by_hand(body)
     names = {"producer_name", "sequence_id", "publish_time", "partition_key", "compression", "uncompressed_size"}
-    if plain(metadata, names | {"num_messages_in_batch", "event_time"}):
+    if plain(metadata, names | {"num_messages_in_batch", "event_time", "schema_version"}):
         assert read is not None, "metadata as clients write it is read by hand"
     if read is not None:
         assert read == metadata_fields(metadata)

@@ -337,12 +337,11 @@ def test_properties_over_the_limits_are_refused_and_store_nothing(server: Server
 
 def test_an_unsupported_command_is_answered_and_the_connection_goes_on(server: ServerProcess) -> None:
     with connected(server) as raw:
-        schema = command(BaseCommand.GET_SCHEMA, topic="persistent://public/default/typed", request_id=77)
-        raw.send(schema, command(BaseCommand.PING))
+        raw.send(command(BaseCommand.NEW_TXN, request_id=77), command(BaseCommand.PING))
         error = raw.receive_type(BaseCommand.ERROR).error
         raw.receive_type(BaseCommand.PONG)
     assert (error.request_id, error.error) == (77, NotAllowedError)
-    assert "GET_SCHEMA is not supported" in error.message
+    assert "NEW_TXN is not supported" in error.message
 
 
 def test_no_traceback_in_the_server_log(server: ServerProcess) -> None:

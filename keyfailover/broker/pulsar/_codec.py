@@ -140,6 +140,8 @@ class MessageFields(NamedTuple):
     """It is a tombstone: its payload is empty and stands for none."""
     deliver_at_time: int = 0
     """Milliseconds since the Unix epoch before which the message is not delivered; 0: not set."""
+    schema_version: bytes | None = None
+    """The version of the topic's schema the message was written with; None: not set."""
 
 
 class SingleFields(NamedTuple):
@@ -191,6 +193,7 @@ def metadata_fields(metadata: MessageMetadata) -> MessageFields:
         metadata.event_time,
         metadata.null_value,
         metadata.deliver_at_time,
+        metadata.schema_version if metadata.HasField("schema_version") else None,
     )
 
 
@@ -333,9 +336,9 @@ def encode_delivery(
 ) -> bytes:
     """A MESSAGE frame for ``consumer_id``: message id ledger 0, entry ``position`` (and ``partition`` unless
     it is -1); a str key as the partition key, a bytes key as the ordering key; ``published`` in µs; the
-    stored (encoded) ``properties`` as the message's properties, event time, null value, passed metadata and
-    the partition key beside an ordering key (see :func:`to_pulsar`). A chunk stored under its uuid as key came
-    without one, and goes without one."""
+    stored (encoded) ``properties`` as the message's properties, event time, null value, passed metadata, schema
+    version and the partition key beside an ordering key (see :func:`to_pulsar`). A chunk stored under its uuid
+    as key came without one, and goes without one."""
     command = BaseCommand(type=BaseCommand.MESSAGE)
     message = command.message
     message.consumer_id = consumer_id
@@ -361,6 +364,8 @@ def encode_delivery(
         if kept.partition_key is not None:
             metadata.partition_key = kept.partition_key
             metadata.partition_key_b64_encoded = kept.partition_key_b64
+        if kept.schema_version is not None:
+            metadata.schema_version = kept.schema_version
         if kept.passed is not None:
             metadata.MergeFrom(kept.passed)
             if kept.passed.num_chunks_from_msg > 1 and key == kept.passed.uuid:
@@ -396,7 +401,7 @@ def parse_message(rest: bytes) -> SentMessage:
         _check_metadata(metadata, "message metadata")
         fields = metadata_fields(metadata)
     else:
-        key, batch, event_time, compression, uncompressed = plain
+        key, batch, event_time, compression, uncompressed, version = plain
         fields = _message_fields(
             (
                 key,
@@ -412,6 +417,7 @@ def parse_message(rest: bytes) -> SentMessage:
                 event_time,
                 False,
                 0,
+                version,
             )
         )
     return SentMessage(fields, rest[4 + size :], checksum_ok)

@@ -10,7 +10,10 @@ property of a reserved name: one column in both logs, and a native consumer read
 MESSAGE gives each back as its field, and the rest as ``properties``; a value of a reserved name that
 is no such field (a native producer may set anything) is left as a property. A message's
 ``deliver_at_time`` is kept the same way, as :data:`~keyfailover.wire.properties.DELIVER_AT_PROPERTY`,
-which the subscriptions read; a MESSAGE leaves it out: its time has come when it goes out.
+which the subscriptions read; a MESSAGE leaves it out: its time has come when it goes out. A message's
+``schema_version`` (the version of its topic's schema it was written with: 8 bytes, a big-endian long) is
+kept as :data:`SCHEMA_VERSION_PROPERTY`, in decimal, and a MESSAGE gives it back; bytes of another length
+are no version keyfailover's registry gives out, and are not kept.
 
 Some payloads the server passes on without reading them: an encrypted message's ciphertext, which
 only its consumers can decrypt, and a chunk, a slice of a message that its consumer reassembles.
@@ -44,6 +47,7 @@ __all__ = [
     "PARTITION_KEY_PROPERTY",
     "PASSED_FIELDS",
     "PULSAR_METADATA_PROPERTY",
+    "SCHEMA_VERSION_PROPERTY",
     "PulsarMetadata",
     "from_pulsar",
     "passed_metadata",
@@ -58,6 +62,9 @@ PARTITION_KEY_PROPERTY: Final = "keyfailover.partition_key"
 """The property a Pulsar message's partition key is kept in when its ordering key is its stored key."""
 PARTITION_KEY_B64_PROPERTY: Final = "keyfailover.partition_key_b64"
 """As :data:`PARTITION_KEY_PROPERTY`, for a partition key flagged ``partition_key_b64_encoded`` (kept as sent)."""
+
+SCHEMA_VERSION_PROPERTY: Final = "keyfailover.schema_version"
+"""The property a Pulsar message's schema version is kept in: the version number, in decimal."""
 
 PULSAR_METADATA_PROPERTY: Final = "keyfailover.pulsar_metadata"
 """The property that keeps what a consumer needs to read an encrypted message or a chunk: :data:`PASSED_FIELDS`
@@ -80,6 +87,7 @@ chunk's message and place in it, and the compression and batch that are inside t
 the chunks."""
 
 _MAX_EVENT_TIME: Final = 2**64 - 1  # event_time is a uint64: at most 20 digits
+_MAX_SCHEMA_VERSION: Final = 2**63 - 1  # a long
 _TRUE: Final = "true"
 
 
@@ -97,6 +105,8 @@ class PulsarMetadata(NamedTuple):
     """Whether that partition key is flagged base64."""
     passed: MessageMetadata | None = None
     """What a consumer needs to read an encrypted message or a chunk: its :data:`PASSED_FIELDS` only; None: none."""
+    schema_version: bytes | None = None
+    """The version of its topic's schema it was written with, 8 bytes; None: none."""
 
 
 def from_pulsar(
@@ -108,12 +118,14 @@ def from_pulsar(
     partition_key: str | None = None,
     partition_key_b64: bool = False,
     deliver_at: int = 0,
+    schema_version: bytes | None = None,
 ) -> bytes | None:
     """The encoded properties to store for a Pulsar message's ``properties`` pairs, ``event_time`` (0: none),
     ``passed`` metadata (a serialized MessageMetadata of :data:`PASSED_FIELDS`, None: none), ``null_value``,
-    ``partition_key`` (one beside an ordering key, None: none; ``partition_key_b64``: it is flagged base64) and
-    ``deliver_at`` (its ``deliver_at_time``; 0: none, as a time at or before the epoch is); None when it has none
-    of them. A field set replaces a property of its reserved name. Raises
+    ``partition_key`` (one beside an ordering key, None: none; ``partition_key_b64``: it is flagged base64),
+    ``deliver_at`` (its ``deliver_at_time``; 0: none, as a time at or before the epoch is) and ``schema_version``
+    (None: none; kept when it is 8 bytes); None when it has none of them. A field set replaces a property of its
+    reserved name. Raises
     :class:`~keyfailover.core.errors.PropertiesError` beyond the limits of :mod:`keyfailover.wire.properties`."""
     kept = dict(properties)
     if event_time:
@@ -128,6 +140,8 @@ def from_pulsar(
         kept[PARTITION_KEY_B64_PROPERTY if partition_key_b64 else PARTITION_KEY_PROPERTY] = partition_key
     if deliver_at > 0:
         kept[DELIVER_AT_PROPERTY] = str(deliver_at)
+    if schema_version is not None and len(schema_version) == 8:
+        kept[SCHEMA_VERSION_PROPERTY] = str(int.from_bytes(schema_version, "big", signed=True))
     return encode_properties(kept)
 
 
@@ -160,7 +174,19 @@ def to_pulsar(data: bytes | None, *, ordering_key: bool = False) -> PulsarMetada
         passed = _passed(text)
         if passed is not None:
             del properties[PULSAR_METADATA_PROPERTY]
-    return PulsarMetadata(properties, event_time, null_value, partition_key, partition_key_b64, passed)
+    schema_version = _schema_version(properties.get(SCHEMA_VERSION_PROPERTY))
+    if schema_version is not None:
+        del properties[SCHEMA_VERSION_PROPERTY]
+    return PulsarMetadata(properties, event_time, null_value, partition_key, partition_key_b64, passed, schema_version)
+
+
+def _schema_version(text: str | None) -> bytes | None:
+    """The 8 bytes of the schema version a property holds: 0 to 2^63 - 1 in ASCII decimal digits; None for anything
+    else."""
+    if text is None or not (len(text) <= 19 and text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value.to_bytes(8, "big") if value <= _MAX_SCHEMA_VERSION else None
 
 
 def _event_time(text: str | None) -> int:

@@ -67,11 +67,13 @@ _METADATA_TAIL: Final = re.compile(
             _optional(rb"\x48", _VARINT),  # uncompressed_size (9)
             _optional(rb"\x58", _VARINT),  # num_messages_in_batch (11)
             _optional(rb"\x60", _VARINT),  # event_time (12)
+            _optional(rb"\x82\x01\x08", rb"([\x00-\xff]{8})"),  # schema_version (16): 8 bytes, as the server gives
         ]
     )
 )
-"""MessageMetadata's fields after its partition_key (6) that a client writes for a plain message. Its
-properties (4) come before the partition key: a message with properties is left to protobuf."""
+"""MessageMetadata's fields after its partition_key (6) that a client writes for a plain message (a producer with a
+schema writes its schema version too). Its properties (4) come before the partition key: a message with properties
+is left to protobuf."""
 _SINGLE: Final = re.compile(
     b"".join(
         [
@@ -87,11 +89,13 @@ _INT32: Final = 1 << 31
 _UINT32: Final = 1 << 32
 
 
-def decode_metadata(data: bytes, start: int, end: int) -> tuple[str | None, int | None, int, int, int] | None:
-    """``(partition_key, num_messages_in_batch, event_time, compression, uncompressed_size)`` (None for the first
-    two when not set, 0 for the others when not set; the size 0 too when not compressed) of the MessageMetadata
-    in ``data[start:end]`` when it holds no other fields than those and producer_name, sequence_id and
-    publish_time; else None (then protobuf parses it)."""
+def decode_metadata(
+    data: bytes, start: int, end: int
+) -> tuple[str | None, int | None, int, int, int, bytes | None] | None:
+    """``(partition_key, num_messages_in_batch, event_time, compression, uncompressed_size, schema_version)`` (None
+    for the first two and the last when not set, 0 for the others when not set; the size 0 too when not compressed)
+    of the MessageMetadata in ``data[start:end]`` when it holds no other fields than those, a schema version of 8
+    bytes, and producer_name, sequence_id and publish_time; else None (then protobuf parses it)."""
     if end - start < 2 or data[start] != 0x0A or data[start + 1] >= 0x80:  # producer_name
         return None
     ids = _METADATA_IDS.match(data, start + 2 + data[start + 1], end)
@@ -101,7 +105,7 @@ def decode_metadata(data: bytes, start: int, end: int) -> tuple[str | None, int 
     if read is None:
         return None
     key, tail = read
-    codec, size_varint, batch, event = tail.groups()
+    codec, size_varint, batch, event, version = tail.groups()
     event_time = 0 if event is None else _int(event)
     compression = 0 if codec is None else codec[0]
     size = 0 if size_varint is None else _int(size_varint)
@@ -109,9 +113,9 @@ def decode_metadata(data: bytes, start: int, end: int) -> tuple[str | None, int 
         return None
     size = size if compression else 0
     if batch is None:
-        return key, None, event_time, compression, size
+        return key, None, event_time, compression, size, version
     count = _int(batch)
-    return None if count >= _INT32 else (key, count, event_time, compression, size)
+    return None if count >= _INT32 else (key, count, event_time, compression, size, version)
 
 
 def decode_single(data: bytes, start: int, end: int) -> tuple[str | None, int, int | None, int] | None:

@@ -38,6 +38,8 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     BaseCommand,
     ChecksumError,
     CommandAck,
+    CommandGetOrCreateSchema,
+    CommandGetSchema,
     CommandGetTopicsOfNamespace,
     CommandLookupTopic,
     CommandPartitionedTopicMetadata,
@@ -57,6 +59,7 @@ from keyfailover.broker.server._pulsar_access import TopicProducers
 from keyfailover.broker.server._pulsar_errors import RefusedError, server_error
 from keyfailover.broker.server._pulsar_lookup import lookup, partitioned_metadata, topics_of_namespace
 from keyfailover.broker.server._pulsar_reader import PulsarReader
+from keyfailover.broker.server._pulsar_schema import consumer_schema, get_or_create_schema, get_schema, producer_schema
 from keyfailover.broker.server._pulsar_send import Producer, Send, joined, sent_messages
 from keyfailover.broker.server._subscription import Session, Subscription
 from keyfailover.broker.storage._store import NotServedError, Result, StoreUnavailableError
@@ -96,6 +99,8 @@ class OpenProducer:
     producer: Producer
     last_sequence: int
     """The last sequence id the log held for its name when it asked."""
+    schema_version: bytes | None = None
+    """The version of its topic's schema it produces with (``_pulsar_schema``); None: it has no schema."""
 
     @property
     def name(self) -> str:
@@ -479,8 +484,8 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
 
     async def _open_producer(self, command: BaseCommand) -> None:
         """Open the producer a PRODUCER asks for on a topic served here, in the access mode it asks for, and
-        answer PRODUCER_SUCCESS with the last sequence id stored for its name (not ready yet for one that waits
-        for exclusive access), or ERROR."""
+        answer PRODUCER_SUCCESS with the last sequence id stored for its name and the version of its schema
+        (:func:`producer_schema`; not ready yet for one that waits for exclusive access), or ERROR."""
         request = command.producer
         try:
             topic = keyfailover_topic(request.topic)
@@ -491,6 +496,7 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
                 raise RefusedError(ServiceNotReady, "the server is shutting down")
             self._server.check_served(topic, "produce to")
             last = await self._server.storage.last_sequence(topic, name)
+            schema_version = await producer_schema(self._server, topic, request)
             if self._closed:
                 return
             handle = self._handles.get(request.producer_id)
@@ -507,6 +513,7 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
             handle = OpenProducer(
                 self, request.producer_id, request.request_id, Producer(topic, name, self._partition(topic)), last
             )
+        handle.schema_version = schema_version
         producers = self._server.pulsar_producers.setdefault(topic, TopicProducers())
         epoch = request.topic_epoch if request.HasField("topic_epoch") else None
         admission = producers.add(handle, request.producer_access_mode, epoch)
@@ -539,6 +546,8 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         success.producer_ready = ready
         if epoch is not None:
             success.topic_epoch = epoch
+        if handle.schema_version is not None:
+            success.schema_version = handle.schema_version
         self._send(reply)
 
     def _release(self, handle: OpenProducer) -> None:
@@ -728,8 +737,16 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
 
     async def _open_consumer(self, command: BaseCommand) -> None:
         """Attach a consumer session to the durable Key_Shared subscription a SUBSCRIBE names, and answer
-        SUCCESS, or ERROR; a non-durable one is a reader. Its deliveries wait for the client's FLOW."""
+        SUCCESS, or ERROR; a non-durable one is a reader. Its deliveries wait for the client's FLOW. A schema it
+        brings is checked first (:func:`consumer_schema`)."""
         request = command.subscribe
+        try:
+            await consumer_schema(self._server, keyfailover_topic(request.topic), request)
+        except (RefusedError, KeyFailoverError) as exc:
+            self._error(request.request_id, *server_error(exc))
+            return
+        if self._closed:
+            return
         if not request.durable:
             self._open_reader(request)
             return
@@ -1049,6 +1066,22 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
                 message_id.partition = partition
         self._send(reply)
 
+    def _get_schema(self, frame: PulsarFrame) -> None:
+        """GET_SCHEMA: a version of a topic's schema, answered in a task (``_pulsar_schema``)."""
+        self._spawn(self._answer_get_schema(frame.command.getSchema))
+
+    async def _answer_get_schema(self, request: CommandGetSchema) -> None:
+        """Send the GET_SCHEMA_RESPONSE: see :func:`get_schema`."""
+        self._send(await get_schema(self._server, request))
+
+    def _get_or_create_schema(self, frame: PulsarFrame) -> None:
+        """GET_OR_CREATE_SCHEMA: a schema's version, added if new, answered in a task (``_pulsar_schema``)."""
+        self._spawn(self._answer_get_or_create_schema(frame.command.getOrCreateSchema))
+
+    async def _answer_get_or_create_schema(self, request: CommandGetOrCreateSchema) -> None:
+        """Send the GET_OR_CREATE_SCHEMA_RESPONSE: see :func:`get_or_create_schema`."""
+        self._send(await get_or_create_schema(self._server, request))
+
     _handlers: Final[dict[int, Callable[[PulsarConnection, PulsarFrame], None]]] = {
         BaseCommand.PING: _ping_command,
         BaseCommand.PONG: _pong,
@@ -1065,6 +1098,8 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         BaseCommand.GET_LAST_MESSAGE_ID: _get_last_message_id,
         BaseCommand.UNSUBSCRIBE: _unsubscribe,
         BaseCommand.SEEK: _seek,
+        BaseCommand.GET_SCHEMA: _get_schema,
+        BaseCommand.GET_OR_CREATE_SCHEMA: _get_or_create_schema,
     }
 
 

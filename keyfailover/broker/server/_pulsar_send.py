@@ -2,7 +2,7 @@
 
 A SEND holds one message, or a batched entry of several, each with its own key: Pulsar's sticky key,
 the ordering key, else the partition key. A partition key beside an ordering key is kept among the
-properties, as are a null value, the event time and the entry's delivery time
+properties, as are a null value, the event time, the entry's delivery time and schema version
 (``keyfailover.broker.pulsar._properties``). A compressed payload is decompressed first, so a batch
 splits into its keys and consumers get plain messages. An encrypted one cannot be read, nor can a
 chunk (a slice of a message too large for one frame): it is stored as it came, one message under the
@@ -79,6 +79,7 @@ def sent_messages(frame: SendFrame, max_size: int) -> tuple[SentMessages, Proper
     if metadata.encrypted:
         return _encrypted(frame, metadata, sent.payload)
     deliver_at = metadata.deliver_at_time  # of the entry: each message of a batch has it
+    version = metadata.schema_version  # likewise
     payload = sent.payload
     if metadata.compression != NONE:
         try:
@@ -87,9 +88,9 @@ def sent_messages(frame: SendFrame, max_size: int) -> tuple[SentMessages, Proper
             raise _refused(str(exc)) from None
     if count is None:
         message = (frame.sequence_id, _message_key(metadata), payload)
-        if not (_has_more(metadata) or deliver_at > 0):
+        if not (_has_more(metadata) or deliver_at > 0 or version):
             return [message], None  # the usual message: nothing more to store
-        return [message], [_message_properties(metadata, deliver_at)]
+        return [message], [_message_properties(metadata, deliver_at, version)]
     try:
         singles = split_batch(payload, count)
     except PulsarFrameError as exc:
@@ -102,9 +103,9 @@ def sent_messages(frame: SendFrame, max_size: int) -> tuple[SentMessages, Proper
         )
         for index, (single, payload) in enumerate(singles)
     ]
-    if deliver_at <= 0 and not any(_has_more(single) for single, _ in singles):
+    if deliver_at <= 0 and not version and not any(_has_more(single) for single, _ in singles):
         return messages, None
-    return messages, [_message_properties(single, deliver_at) for single, _ in singles]
+    return messages, [_message_properties(single, deliver_at, version) for single, _ in singles]
 
 
 def _chunk(frame: SendFrame, metadata: MessageFields, payload: bytes) -> tuple[SentMessages, PropertiesColumn]:
@@ -125,7 +126,7 @@ def _chunk(frame: SendFrame, metadata: MessageFields, payload: bytes) -> tuple[S
         raise _refused("a chunk of a batched entry; expected chunks of one message (a client chunks only unbatched)")
     key = _message_key(metadata)
     sequence_id = frame.sequence_id if chunk_id == chunks - 1 else None
-    properties = _message_properties(metadata, metadata.deliver_at_time)
+    properties = _message_properties(metadata, metadata.deliver_at_time, metadata.schema_version)
     return [(sequence_id, uuid if key is None else key, payload)], [properties]
 
 
@@ -137,7 +138,8 @@ def _encrypted(frame: SendFrame, metadata: MessageFields, payload: bytes) -> tup
     sequence_id = frame.sequence_id
     if count is not None:
         sequence_id = frame.sequence_id + count - 1 if frame.highest_sequence_id is None else frame.highest_sequence_id
-    return [(sequence_id, _message_key(metadata), payload)], [_message_properties(metadata, metadata.deliver_at_time)]
+    properties = _message_properties(metadata, metadata.deliver_at_time, metadata.schema_version)
+    return [(sequence_id, _message_key(metadata), payload)], [properties]
 
 
 def _has_more(metadata: MessageFields | SingleFields) -> bool:
@@ -151,10 +153,12 @@ def _has_more(metadata: MessageFields | SingleFields) -> bool:
     )
 
 
-def _message_properties(metadata: MessageFields | SingleFields, deliver_at: int) -> bytes | None:
+def _message_properties(
+    metadata: MessageFields | SingleFields, deliver_at: int, schema_version: bytes | None
+) -> bytes | None:
     """The encoded properties to store for a message: its properties, event time, passed metadata, null value, a
-    partition key beside its ordering key (the stored key), as sent, and its entry's delivery time (None: it has
-    none of them)."""
+    partition key beside its ordering key (the stored key), as sent, and its entry's delivery time and schema
+    version (None: it has none of them)."""
     passed = metadata.passed if isinstance(metadata, MessageFields) else None
     beside = metadata.partition_key if metadata.ordering_key is not None else None
     try:
@@ -166,6 +170,7 @@ def _message_properties(metadata: MessageFields | SingleFields, deliver_at: int)
             partition_key=beside,
             partition_key_b64=metadata.partition_key_b64_encoded,
             deliver_at=deliver_at,
+            schema_version=schema_version,
         )
     except PropertiesError as exc:
         raise _refused(str(exc)) from None

@@ -15,7 +15,7 @@ from typing import ParamSpec, TypeVar
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.storage._cache import DEFAULT_ENTRY_CACHE_BYTES
 from keyfailover.broker.storage._store import Batch, Letter, Result, Store
-from keyfailover.broker.storage.records import DeadLetterGroup, DeadLetterRecord, StoredMessage
+from keyfailover.broker.storage.records import DeadLetterGroup, DeadLetterRecord, SchemaRecord, StoredMessage
 from keyfailover.broker.storage.sqlite import Log
 from keyfailover.core.errors import KeyFailoverError
 
@@ -147,6 +147,14 @@ class SQLiteStore(Store):
     async def _purge_dead_letters(self, topic: str, subscription: str) -> int:
         """Delete the subscription's dead-letter records in one transaction; how many there were."""
         return await self._call(self._log.purge_dead_letters, topic, subscription)
+
+    async def schemas(self, topic: str) -> list[SchemaRecord]:
+        """Every version of ``topic``'s schema, oldest first."""
+        return await self._call(self._log.schemas, topic)
+
+    async def add_schema(self, topic: str, schema: SchemaRecord) -> bool:
+        """Store ``schema`` as ``topic``'s next schema version; False when it is not the next one."""
+        return await self._call(self._log.add_schema, topic, schema)
 
     async def partition_counts(self) -> dict[str, int]:
         """Every topic created with partitions, and how many it has."""

@@ -83,6 +83,15 @@ _SCHEMA = (
         replayed_at BIGINT,                   -- its position in the partition once re-published
         PRIMARY KEY (topic, partition, subscription, dlq_position)
     )""",
+    """CREATE TABLE IF NOT EXISTS kf_schemas (
+        topic TEXT NOT NULL,                  -- a topic, not a partition: its partitions share its schema
+        version BIGINT NOT NULL,              -- 0, 1, 2, ... without gaps
+        type INTEGER NOT NULL,                -- Pulsar's Schema.Type
+        name TEXT NOT NULL,
+        data BYTEA NOT NULL,                  -- the schema definition
+        properties TEXT NOT NULL,             -- JSON: an object of str to str
+        PRIMARY KEY (topic, version)
+    )""",
 )
 
 _ADDED_COLUMNS = (

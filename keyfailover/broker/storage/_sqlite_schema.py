@@ -2,7 +2,8 @@
 
 A log records its schema version as ``PRAGMA user_version``. Versions 2 to 6 each added tables or
 nullable columns, which costs no rewrite; version 7 moved the messages from a row each into entries
-(:func:`~keyfailover.broker.storage._sqlite_entries.rewrite_into_entries`).
+(:func:`~keyfailover.broker.storage._sqlite_entries.rewrite_into_entries`); version 8 added the topics'
+Pulsar schemas, a table.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from keyfailover.core.errors import LogFileError
 
 __all__ = ["SCHEMA_VERSION", "migrate"]
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 """``PRAGMA user_version`` of a log this module writes; versions 1 (no dead letters), 2 (no
 per-subscription delivery settings), 3 (no partitioned topics), 4 (no publish times), 5 (no
-properties) and 6 (a row per message) are migrated."""
+properties), 6 (a row per message) and 7 (no schemas) are migrated."""
 
 _SCHEMA = (
     "CREATE TABLE topics (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)",
@@ -95,6 +96,17 @@ _VERSION_7 = (
     # above it, in the index alone, and reads only those whose span holds it.
     "CREATE INDEX entries_by_producer_seq ON entries (producer, last_seq, first_seq) WHERE producer IS NOT NULL",
 )
+_VERSION_8 = (
+    """CREATE TABLE schemas (
+        topic TEXT NOT NULL,       -- a topic, not a partition: its partitions share its schema, as in Pulsar
+        version INTEGER NOT NULL,  -- 0, 1, 2, ... without gaps
+        type INTEGER NOT NULL,     -- Pulsar's Schema.Type
+        name TEXT NOT NULL,
+        data BLOB NOT NULL,        -- the schema definition
+        properties TEXT NOT NULL,  -- JSON: an object of str to str
+        PRIMARY KEY (topic, version)
+    ) WITHOUT ROWID""",
+)
 
 
 def migrate(db: sqlite3.Connection, path: Path) -> None:
@@ -128,7 +140,10 @@ def migrate(db: sqlite3.Connection, path: Path) -> None:
     if version < 6:  # version 5 had no properties
         for statement in _VERSION_6:
             db.execute(statement)
-    for statement in _VERSION_7:  # version 6 had a row per message
+    if version < 7:  # version 6 had a row per message
+        for statement in _VERSION_7:
+            db.execute(statement)
+        rewrite_into_entries(db)
+    for statement in _VERSION_8:  # version 7 had no schemas
         db.execute(statement)
-    rewrite_into_entries(db)
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

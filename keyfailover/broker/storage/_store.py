@@ -1,7 +1,7 @@
 """The storage interface the server talks to, with the group commit both backends share.
 
 A server keeps nothing that matters outside its :class:`Store`: messages, producer sequence
-ids, cursors, consume modes, delivery settings, dead letters and partition counts. Two
+ids, cursors, consume modes, delivery settings, dead letters, partition counts and the topics' schemas. Two
 backends implement it: :class:`~keyfailover.broker.storage.SQLiteStore`, the embedded log of
 one server (the default), and :class:`~keyfailover.broker.storage.postgresql.PostgresStore`,
 the shared log of a cluster. Names are the topics a server serves: partition p of a topic
@@ -33,6 +33,7 @@ from keyfailover.broker.storage.records import (
     DeadLetterRecord,
     Key,
     PropertiesColumn,
+    SchemaRecord,
     StoredMessage,
     dead_letter_topic,
     publish_clock,
@@ -189,6 +190,16 @@ class Store(ABC):
     @abstractmethod
     async def _purge_dead_letters(self, topic: str, subscription: str) -> int:
         """Delete the subscription's dead-letter records in ``topic``; how many there were."""
+
+    @abstractmethod
+    async def schemas(self, topic: str) -> list[SchemaRecord]:
+        """Every version of ``topic``'s schema, oldest first; ``topic`` is a topic, not a partition (its partitions
+        share its schema)."""
+
+    @abstractmethod
+    async def add_schema(self, topic: str, schema: SchemaRecord) -> bool:
+        """Store ``schema`` as ``topic``'s next schema version; False, storing nothing, when ``schema.version`` is
+        not the next one (another was added meanwhile: read them again)."""
 
     @abstractmethod
     def serves(self, topic: str) -> bool:

@@ -66,8 +66,12 @@ from keyfailover.broker.storage.records import (
     DeadLetterRecord,
     Message,
     PropertiesColumn,
+    SchemaRecord,
     StoredMessage,
+    check_schema,
     publish_clock,
+    schema_properties,
+    schema_properties_text,
 )
 from keyfailover.core.errors import CursorError, LogError, LogFileError, PropertiesError
 
@@ -799,6 +803,42 @@ class PostgresStore(Store):
             subscription,
             json.dumps(dict(settings), sort_keys=True),
         )
+
+    @_reachable
+    async def schemas(self, topic: str) -> list[SchemaRecord]:
+        """Every version of ``topic``'s schema, oldest first (any broker reads and adds them: a schema is no
+        partition's, and its versions are added only where the one before is stored)."""
+        rows = await self.log.pool.fetch(
+            "SELECT version, type, name, data, properties FROM kf_schemas WHERE topic = $1 ORDER BY version", topic
+        )
+        return [
+            SchemaRecord(
+                int(row["version"]),
+                int(row["type"]),
+                row["name"],
+                bytes(row["data"]),
+                schema_properties(row["properties"]),
+            )
+            for row in rows
+        ]
+
+    @_reachable
+    async def add_schema(self, topic: str, schema: SchemaRecord) -> bool:
+        """Store ``schema`` as ``topic``'s next schema version in one statement; False when it is not the next one
+        (the versions stored are counted, and a version stored by another broker at once is not stored twice)."""
+        version, kind, name, data, properties = check_schema(schema)
+        status = await self.log.pool.execute(
+            """INSERT INTO kf_schemas (topic, version, type, name, data, properties)
+               SELECT $1, $2, $3, $4, $5, $6 WHERE (SELECT count(*) FROM kf_schemas WHERE topic = $1) = $2
+               ON CONFLICT (topic, version) DO NOTHING""",
+            topic,
+            version,
+            kind,
+            name,
+            data,
+            schema_properties_text(properties),
+        )
+        return bool(status == "INSERT 0 1")
 
     async def _dead_letter(self, topic: str, subscription: str, letters: Sequence[Letter]) -> list[int]:
         """Store the letters under ``topic``'s lease, numbered on from the subscription's last; their numbers."""

@@ -1,5 +1,5 @@
 """The records both storage backends, the entry cache and the server share: a stored message, the
-dead-letter records, what a message and a key are, and the log's statistics.
+dead-letter records, a topic's schema, what a message and a key are, and the log's statistics.
 
 They belong to no backend: the embedded SQLite log (:mod:`keyfailover.broker.storage.sqlite`) and
 the cluster's PostgreSQL log (:mod:`keyfailover.broker.storage.postgresql`) store and return the
@@ -9,11 +9,13 @@ same records, and every message of a group commit gets its publish time from :fu
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import Sequence
 from typing import NamedTuple, TypedDict
 
 from keyfailover.core.dispatcher import DeliverySettings
+from keyfailover.core.errors import LogError
 
 __all__ = [
     "DEAD_LETTER_SUFFIX",
@@ -26,10 +28,14 @@ __all__ = [
     "LogStats",
     "Message",
     "PropertiesColumn",
+    "SchemaRecord",
     "StoredMessage",
     "TopicStats",
+    "check_schema",
     "dead_letter_topic",
     "publish_clock",
+    "schema_properties",
+    "schema_properties_text",
     "stored_message",
 ]
 
@@ -104,6 +110,51 @@ class DeadLetterRecord(NamedTuple):
     """The publish time of the message it was (µs since the Unix epoch), None when unknown."""
     properties: bytes | None = None
     """The encoded properties of the message it was, None when it had none."""
+
+
+class SchemaRecord(NamedTuple):
+    """One version of a topic's schema (a Pulsar schema: the log keeps it for the Pulsar endpoint)."""
+
+    version: int
+    """0 for the first schema of the topic, then 1, 2, ..."""
+    kind: int
+    """Pulsar's ``Schema.Type``: 4 AVRO, 2 JSON, 1 STRING..."""
+    name: str
+    data: bytes
+    """The schema definition (an Avro schema in JSON for AVRO and JSON schemas; empty for primitives)."""
+    properties: tuple[tuple[str, str], ...] = ()
+    """Its ``(key, value)`` pairs, sorted by key."""
+
+
+def check_schema(schema: object) -> SchemaRecord:
+    """``schema`` if it is a :class:`SchemaRecord` of a version of 0 or more, an int type, a str name without NUL,
+    bytes of data and str properties; else :class:`~keyfailover.core.errors.LogError` saying what is wrong."""
+    if not isinstance(schema, SchemaRecord):
+        raise LogError(f"a schema must be a SchemaRecord, not {type(schema).__name__}")
+    version, kind, name, data, properties = schema
+    if type(version) is not int or version < 0 or type(kind) is not int:
+        raise LogError(f"a schema's version must be an int of 0 or more and its type an int, not {version!r}, {kind!r}")
+    if not isinstance(name, str) or not isinstance(data, bytes):
+        raise LogError(
+            f"a schema's name must be a str and its data bytes, not {type(name).__name__}, {type(data).__name__}"
+        )
+    if "\x00" in name:
+        raise LogError(f"a schema's name must hold no NUL (PostgreSQL's text cannot), not {name!r:.80}")
+    if not all(
+        isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(s, str) for s in pair) for pair in properties
+    ):
+        raise LogError("a schema's properties must be (str, str) pairs")
+    return schema
+
+
+def schema_properties_text(properties: Sequence[tuple[str, str]]) -> str:
+    """A schema's properties as the logs store them: a JSON object, its keys sorted (a later pair of a key wins)."""
+    return json.dumps(dict(properties), sort_keys=True)
+
+
+def schema_properties(text: str) -> tuple[tuple[str, str], ...]:
+    """A schema's properties as stored (:func:`schema_properties_text`) as sorted ``(key, value)`` pairs."""
+    return tuple(sorted(json.loads(text).items()))
 
 
 class DeadLetterGroup(NamedTuple):

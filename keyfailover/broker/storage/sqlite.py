@@ -76,10 +76,14 @@ from keyfailover.broker.storage.records import (
     LogStats,
     Message,
     PropertiesColumn,
+    SchemaRecord,
     StoredMessage,
     TopicStats,
+    check_schema,
     dead_letter_topic,
     publish_clock,
+    schema_properties,
+    schema_properties_text,
     stored_message,
 )
 from keyfailover.core.errors import CursorError, LogError, LogFileError
@@ -522,6 +526,35 @@ class Log:
             db.execute("DELETE FROM subscription_settings WHERE topic = ? AND subscription = ?", key)
             db.execute("DELETE FROM delivery_settings WHERE topic = ? AND subscription = ?", key)
             return db.execute("DELETE FROM cursors WHERE topic = ? AND subscription = ?", key).rowcount > 0
+
+    # -- schemas ---------------------------------------------------------------------
+
+    def schemas(self, topic: str) -> list[SchemaRecord]:
+        """Every version of ``topic``'s schema, oldest first; [] when it has none. ``topic`` is a topic, not a
+        partition: a partitioned topic's partitions share its schema."""
+        rows = self._connection().execute(
+            "SELECT version, type, name, data, properties FROM schemas WHERE topic = ? ORDER BY version",
+            (check_name(topic, "topic"),),
+        )
+        return [
+            SchemaRecord(version, kind, name, bytes(data), schema_properties(properties))
+            for version, kind, name, data, properties in rows
+        ]
+
+    def add_schema(self, topic: str, schema: SchemaRecord) -> bool:
+        """Store ``schema`` as version ``schema.version`` of ``topic``'s schema when that is its next version (the
+        number of versions it has); False, storing nothing, when it is not (another was added meanwhile)."""
+        topic = check_name(topic, "topic")
+        version, kind, name, data, properties = check_schema(schema)
+        with self._transaction() as db:
+            (count,) = db.execute("SELECT count(*) FROM schemas WHERE topic = ?", (topic,)).fetchone()
+            if count != version:
+                return False
+            db.execute(
+                "INSERT INTO schemas (topic, version, type, name, data, properties) VALUES (?, ?, ?, ?, ?, ?)",
+                (topic, version, kind, name, data, schema_properties_text(properties)),
+            )
+        return True
 
     # -- partitioned topics ----------------------------------------------------------
 

@@ -626,7 +626,7 @@ class Subscription:
             items = by_consumer.get(consumer)
             if items is None:
                 items = by_consumer[consumer] = []
-            _, key, payload, published, properties = cached  # unpacked at once: cheaper than four field reads
+            _, key, payload, published, properties, _ = cached  # unpacked at once: cheaper than field reads
             count = redeliveries
             if not count:
                 if published is not None:

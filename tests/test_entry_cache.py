@@ -105,6 +105,17 @@ def test_a_message_is_counted_as_its_key_payload_and_properties() -> None:
     assert cache.bytes == 3 * ENTRY_OVERHEAD + 3 + (3 + 2 + 5) + 1  # a str key by its characters
 
 
+def test_cached_messages_keep_their_producer_name_one_object_for_a_commit() -> None:
+    cache = EntryCache(1 << 20)
+    name = "".join(["bill", "ing"])  # a string of its own, not an interned constant
+    cache.add_columns("t", 1, 3, ["a", "b", None], [b"1", b"2", b"3"], [5] * 3, [None] * 3, [name] * 3)
+    cache.add_columns("t", 4, 4, ["a"], [b"4"], [6], [None], [None])
+    found = cache.read("t", 0, 10) or []
+    assert [message.producer for message in found] == ["billing"] * 3 + [None]
+    assert all(message.producer is name for message in found[:3])
+    assert cache.get_many("t", [2, 4])[0] == {2: found[1], 4: found[3]}
+
+
 @settings(max_examples=200)
 @given(
     st.lists(
@@ -113,6 +124,7 @@ def test_a_message_is_counted_as_its_key_payload_and_properties() -> None:
             st.binary(max_size=40),
             st.none() | st.integers(0, 2**53),
             st.none() | st.binary(max_size=12),
+            st.none() | st.sampled_from(["billing", "p"]),
         ),
         min_size=1,
         max_size=30,
@@ -120,7 +132,7 @@ def test_a_message_is_counted_as_its_key_payload_and_properties() -> None:
     st.integers(0, 3000),
 )
 def test_what_stays_cached_is_counted_as_its_messages_one_by_one(
-    parts: list[tuple[str | bytes | None, bytes, int | None, bytes | None]], bound: int
+    parts: list[tuple[str | bytes | None, bytes, int | None, bytes | None, str | None]], bound: int
 ) -> None:
     """A commit is sized column by column and trimmed to the bound message by message: either way the cache's
     bytes are the sum of its messages' sizes, with keys None, empty, text or bytes, and properties or none."""
@@ -136,10 +148,12 @@ def test_what_stays_cached_is_counted_as_its_messages_one_by_one(
 def test_columns_of_different_lengths_are_refused_and_change_nothing() -> None:
     cache = EntryCache(1 << 20)
     cache.add("t", messages(1, 2))
-    with pytest.raises(ValueError, match="columns of 2 keys, 2 payloads, 1 publish times and 2 properties"):
-        cache.add_columns("t", 3, 4, ["k", "k"], [b"a", b"b"], [5], [None, None])
-    with pytest.raises(ValueError, match="columns of 1 keys, 1 payloads, 1 publish times and 0 properties"):
-        cache.add_columns("t", 9, 9, ["k"], [b"a"], [5], [])  # not continuing the run: it stays all the same
+    with pytest.raises(ValueError, match="columns of 2 keys, 2 payloads, 1 publish times, 2 properties and 2 producer"):
+        cache.add_columns("t", 3, 4, ["k", "k"], [b"a", b"b"], [5], [None, None], ["p", "p"])
+    with pytest.raises(ValueError, match="columns of 1 keys, 1 payloads, 1 publish times, 0 properties and 1 producer"):
+        cache.add_columns("t", 9, 9, ["k"], [b"a"], [5], [], ["p"])  # not continuing the run: it stays all the same
+    with pytest.raises(ValueError, match="1 properties and 0 producer names"):
+        cache.add_columns("t", 3, 3, ["k"], [b"a"], [5], [None], [])
     assert len(cache) == 2 and cache.read("t", 0, 5) == messages(1, 2)
 
 
@@ -159,10 +173,13 @@ def test_cached_messages_are_no_work_for_the_garbage_collector() -> None:
             [b"payload %d" % i for i in range(first, first + 1000)],
             [first] * 1000,
             [None] * 1000,
+            ["producer"] * 1000,
         )
     assert len(cache) == count
     assert len(gc.get_objects()) - before < 100  # the lists and chunk records, not an object per message
-    assert cache.read("t", count - 1, 5) == [StoredMessage(count, f"key-{count}", b"payload %d" % count, 19_001, None)]
+    assert cache.read("t", count - 1, 5) == [
+        StoredMessage(count, f"key-{count}", b"payload %d" % count, 19_001, None, "producer")
+    ]
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "64", None, True])

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from keyfailover.broker.cursor import Cursor
 from keyfailover.broker.storage import _executor as executor_module
 from keyfailover.broker.storage import _sqlite_entries as entries_module
+from keyfailover.broker.storage import sqlite as sqlite_module
 from keyfailover.broker.storage._executor import SQLiteStore
 from keyfailover.broker.storage._store import Batch, Result, StoreUnavailableError
 from keyfailover.broker.storage.records import Key, SchemaRecord, StoredMessage, publish_clock
@@ -244,10 +245,10 @@ def test_a_version_5_log_gains_properties_and_its_messages_have_none(tmp_path: P
     with LogSnapshot(path) as snapshot:  # an export reads it as it is, before any server migrated it
         assert list(snapshot.messages("t")) == [(1, "a", b"1", "p", 0, 5, None)]
     with Log(path) as log:
-        assert log.read("t", 0, 10) == [StoredMessage(1, "a", b"1", 5, None)]
+        assert log.read("t", 0, 10) == [StoredMessage(1, "a", b"1", 5, None, "p")]
         assert [r.properties for r in log.dead_letters("t", "s")] == [None]
         log.append([("t", "p", [(1, "b", b"2")], [TRACE])], publish_time=6)
-        assert log.read("t", 1, 10) == [StoredMessage(2, "b", b"2", 6, TRACE)]
+        assert log.read("t", 1, 10) == [StoredMessage(2, "b", b"2", 6, TRACE, "p")]
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
     db.close()
@@ -279,11 +280,11 @@ def test_a_commit_caches_what_a_read_of_the_log_gives_and_tells_its_listeners(tm
     assert heard == ["t", "t", "u"]
     with Log(tmp_path / "log.db") as log:
         assert cached is not None and cached == log.read("t", 0, 10)
-    assert [(m.position, m.key, m.properties) for m in cached] == [
-        (1, "a", None),
-        (2, "b", TRACE),
-        (3, "c", None),
-        (4, "d", TRACE),
+    assert [(m.position, m.key, m.properties, m.producer) for m in cached] == [
+        (1, "a", None, "p"),
+        (2, "b", TRACE, "p"),
+        (3, "c", None, "p"),
+        (4, "d", TRACE, "p"),
     ]
 
 
@@ -400,6 +401,28 @@ def test_producers_are_per_topic_and_per_name(log: Log) -> None:
         [(2, False)],
         [(1, True)],
     ]
+
+
+def test_a_message_is_read_back_with_its_producer_s_name_one_object_per_producer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads and reads by position give each message the name of the producer that stored it (None: unnamed, a
+    dead letter, a replay), one name object per producer however many entries, also past the names kept."""
+    with Log(tmp_path / "log.db") as log:
+        log.append([("t", "billing", [(1, "a", b"1"), (2, "b", b"2")]), ("t", None, [(None, "c", b"3")])])
+        log.append([("t", "billing", [(3, "a", b"4")]), ("t", "audit", [(1, "a", b"5")])])
+        found = log.read("t", 0, 10)
+        assert [m.producer for m in found] == ["billing", "billing", None, "billing", "audit"]
+        assert found[0].producer is found[3].producer
+        assert [m.producer for m in log.read_positions("t", [2, 3, 5]).values()] == ["billing", None, "audit"]
+        assert log.dead_letter("t", "s", [(1, "a", b"1", 3, "nack", found[0].publish_time, None)]) == [1]
+        assert [m.producer for m in log.replay_dead_letters("t", "s")] == [None]
+        assert log.read("t", 5, 10)[0].producer is None
+        assert log.read("t-s-DLQ", 0, 10)[0].producer is None
+        monkeypatch.setattr(sqlite_module, "_PRODUCER_NAMES", 1)  # a log of more producers than names kept
+    with Log(tmp_path / "log.db") as log:
+        for _ in range(2):
+            assert [m.producer for m in log.read("t", 0, 5)] == ["billing", "billing", None, "billing", "audit"]
 
 
 def test_the_last_sequence_of_a_producer(log: Log) -> None:
@@ -1020,7 +1043,10 @@ def test_a_version_4_log_gains_publish_times_and_keeps_its_messages_with_unknown
     with LogSnapshot(path) as snapshot:  # an export reads it as it is, before any server migrated it
         assert list(snapshot.messages("t")) == [(1, "a", b"1", "p", 0, None, None), (2, b"b", b"2", "p", 1, None, None)]
     with Log(path) as log:
-        assert log.read("t", 0, 10) == [StoredMessage(1, "a", b"1", None), StoredMessage(2, b"b", b"2", None)]
+        assert log.read("t", 0, 10) == [
+            StoredMessage(1, "a", b"1", None, None, "p"),
+            StoredMessage(2, b"b", b"2", None, None, "p"),
+        ]
         assert log.append([("t", "p", [(1, b"b", b"2"), (2, None, b"3")])]) == [[(2, True), (3, False)]]
         before = publish_clock()
         log.append([("t", None, [(None, None, b"4")])])
@@ -1107,10 +1133,12 @@ def test_a_large_batch_is_stored_in_entries_of_at_most_entry_messages(tmp_path: 
             *((end, end - start) for start, end in zip([0, *ends], ends, strict=False)),
             (2501, 1),
         ]
-        assert log.read("t", 990, 20) == [StoredMessage(p, f"k{p - 1}", b"%d" % (p - 1), 9) for p in range(991, 1011)]
+        assert log.read("t", 990, 20) == [
+            StoredMessage(p, f"k{p - 1}", b"%d" % (p - 1), 9, None, "p") for p in range(991, 1011)
+        ]
         assert log.read_positions("t", [1000, 1001, 2501]) == {
-            1000: StoredMessage(1000, "k999", b"999", 9),
-            1001: StoredMessage(1001, "k1000", b"1000", 9),
+            1000: StoredMessage(1000, "k999", b"999", 9, None, "p"),
+            1001: StoredMessage(1001, "k1000", b"1000", 9, None, "p"),
             2501: StoredMessage(2501, "k", b"one", 10),
         }
         assert log.append([("t", "p", [(1999, "k1999", b"1999"), (2500, "new", b"new")])]) == [

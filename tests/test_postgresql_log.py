@@ -183,6 +183,11 @@ def test_a_store_groups_requests_of_several_producers_and_serves_only_what_it_le
         ]
         assert [m.payload for m in await b1.read(served, 0, 10)] == [b"1", b"2", b"3", b"4"]
         assert set(await b1.read_positions(served, [2, 4, 9])) == {2, 4}
+        b1.entry_cache.drop(served)  # read back from PostgreSQL, not from memory: each with its producer's name
+        from_log = await b1.read(served, 0, 10)
+        assert [m.producer for m in from_log] == ["p1", "p1", "p2", "p1"]
+        assert from_log[0].producer is from_log[3].producer  # one name object per producer of a read
+        assert {p: m.producer for p, m in (await b1.read_positions(served, [3, 4])).items()} == {3: "p2", 4: "p1"}
         assert await b1.position_at_time(served, 0) == 1
         assert await b1.position_at_time(served, publish_clock() + 60_000_000) is None
         assert not await b1.has_cursor(served, "s")
@@ -391,12 +396,12 @@ def test_a_log_from_before_publish_times_gains_the_column_and_keeps_its_messages
     kept with an unknown publish time, and new ones get the broker's clock."""
 
     async def body(log: PostgresLog, lease: Lease) -> None:
-        assert await log.read("t", 0, 0, 10) == [StoredMessage(1, "k", b"old", None)]
+        assert await log.read("t", 0, 0, 10) == [StoredMessage(1, "k", b"old", None, None, "p")]
         assert await log.append(lease, "p", [(0, "k", b"old"), (1, "k", b"new")], publish_time=9) == [
             (1, True),
             (2, False),
         ]
-        assert await log.read("t", 0, 1, 10) == [StoredMessage(2, "k", b"new", 9)]
+        assert await log.read("t", 0, 1, 10) == [StoredMessage(2, "k", b"new", 9, None, "p")]
 
     run_old_log(postgres, "DROP COLUMN publish_time, DROP COLUMN properties", body)
 
@@ -452,9 +457,9 @@ def test_bad_properties_store_nothing_and_the_other_requests_of_the_commit_go_on
 
 def test_a_log_from_before_properties_gains_the_columns_and_its_messages_have_none(postgres: PostgreSQL) -> None:
     async def body(log: PostgresLog, lease: Lease) -> None:
-        assert await log.read("t", 0, 0, 10) == [StoredMessage(1, "k", b"old", 4, None)]
+        assert await log.read("t", 0, 0, 10) == [StoredMessage(1, "k", b"old", 4, None, "p")]
         assert await log.append(lease, "p", [(1, "k", b"new")], publish_time=9, properties=[TRACE]) == [(2, False)]
-        assert await log.read("t", 0, 1, 10) == [StoredMessage(2, "k", b"new", 9, TRACE)]
+        assert await log.read("t", 0, 1, 10) == [StoredMessage(2, "k", b"new", 9, TRACE, "p")]
         columns = await log.pool.fetch(
             "SELECT table_name FROM information_schema.columns WHERE column_name = 'properties' "
             "AND table_schema = current_schema() ORDER BY table_name"

@@ -103,7 +103,10 @@ LAST_SLOT = HASH_RANGE_SIZE - 1
 slot_ranges = st.sampled_from([[], [(0, LAST_SLOT)], [(0, 0)], [(LAST_SLOT, LAST_SLOT)]]) | slot_range_lists()
 produced = st.lists(st.tuples(st.none() | uints, keys, payloads), max_size=30)
 encoded_properties = st.none() | st.dictionaries(texts, texts, min_size=1, max_size=4).map(encode_properties)
-delivered = st.lists(st.tuples(uints, keys, payloads, uints, st.none() | uints, encoded_properties), max_size=30)
+producer_names = st.none() | labels
+delivered = st.lists(
+    st.tuples(uints, keys, payloads, uints, st.none() | uints, encoded_properties, producer_names), max_size=30
+)
 
 
 @st.composite
@@ -124,7 +127,14 @@ def entries(draw: st.DrawFn) -> Entries:
     messages = []
     for gap in gaps:
         position += gap
-        message = (position, draw(keys), draw(payloads), draw(st.none() | uints), draw(encoded_properties))
+        message = (
+            position,
+            draw(keys),
+            draw(payloads),
+            draw(st.none() | uints),
+            draw(encoded_properties),
+            draw(producer_names),
+        )
         messages.append(message)
     through = draw(st.integers(position, INT64_MAX))
     return Entries(req=draw(uints), through=through, last=draw(uints), messages=messages)
@@ -242,11 +252,11 @@ def test_every_frame_round_trips_exactly(frame: Frame) -> None:
 
 def test_keys_keep_their_type_on_the_wire() -> None:
     messages: list[Delivered] = [
-        (1, "k", b"a", 0, 1_750_000_000_000_000, None),
-        (2, b"k", b"b", 0, None, None),
-        (3, None, b"c", 0, 0, None),
-        (4, "", b"", 1, 1, TRACE),
-        (5, b"", b"", 2, INT64_MAX, None),
+        (1, "k", b"a", 0, 1_750_000_000_000_000, None, "billing"),
+        (2, b"k", b"b", 0, None, None, None),
+        (3, None, b"c", 0, 0, None, ""),
+        (4, "", b"", 1, 1, TRACE, "billing"),
+        (5, b"", b"", 2, INT64_MAX, None, None),
     ]
     frame = Messages(session=1, messages=messages)
     body = encode(frame)[4:]
@@ -259,20 +269,29 @@ TRACE: bytes = msgpack.packb({"trace": "ab12"}, use_bin_type=True)  # what encod
 
 
 def test_older_connections_get_deliveries_without_what_their_version_lacks() -> None:
-    """Version 6 deliveries have no properties, version 5 ones no publish time either."""
+    """Version 8 and 7 deliveries have no producer name, version 6 ones no properties either, version 5 ones no
+    publish time either."""
     at = 1_750_000_000_000_000
-    frame = Messages(session=1, messages=[(1, "k", b"v", 0, at, TRACE), (2, None, b"w", 1, None, None)])
+    frame = Messages(
+        session=1, messages=[(1, "k", b"v", 0, at, TRACE, "billing"), (2, None, b"w", 1, None, None, None)]
+    )
     assert msgpack.unpackb(encode(frame)[4:])["messages"] == [
-        [1, "k", b"v", 0, at, TRACE],
-        [2, None, b"w", 1, None, None],
+        [1, "k", b"v", 0, at, TRACE, "billing"],
+        [2, None, b"w", 1, None, None, None],
     ]
+    for version in (8, 7):
+        assert msgpack.unpackb(encode(frame, version)[4:])["messages"] == [
+            [1, "k", b"v", 0, at, TRACE],
+            [2, None, b"w", 1, None, None],
+        ]
     assert msgpack.unpackb(encode(frame, 6)[4:])["messages"] == [[1, "k", b"v", 0, at], [2, None, b"w", 1, None]]
     assert msgpack.unpackb(encode(frame, 5)[4:]) == {
         "type": "messages",
         "session": 1,
         "messages": [[1, "k", b"v", 0], [2, None, b"w", 1]],
     }
-    assert encode(frame, PROTOCOL_VERSION) == encode(frame) == encode(frame, 7)  # version 8 changed no delivery
+    assert encode(frame, PROTOCOL_VERSION) == encode(frame)
+    assert encode(frame, 8) == encode(frame, 7)  # version 8 changed no delivery
     for other in (Pong(nonce=3), Receipt(req=1, positions=[1], duplicates=[False])):
         assert encode(other, 5) == encode(other) == encode(other, 6)  # only deliveries and produce changed
 
@@ -282,7 +301,7 @@ def test_a_produce_for_an_older_connection_has_no_properties_field() -> None:
     assert "properties" not in msgpack.unpackb(encode(plain, 6)[4:])
     assert msgpack.unpackb(encode(plain)[4:])["properties"] is None
     with_properties = replace(plain, properties=[TRACE])
-    assert encode(with_properties, 7) == encode(with_properties)  # version 8 changed no produce
+    assert encode(with_properties, 7) == encode(with_properties)  # versions 8 and 9 changed no produce
     with pytest.raises(FrameEncodeError, match="protocol version 6 cannot carry message properties"):
         encode(replace(plain, properties=[TRACE]), 6)
 
@@ -297,16 +316,26 @@ def test_a_decoder_of_an_older_version_reads_its_frames(version: int) -> None:
     new_body = body_of(replace(old_produce, properties=[None]))  # a version 7 produce on that connection
     assert "extra: 'properties'" in rejection_by(server, raw(new_body)).message
     at = 1_750_000_000_000_000 if version == 6 else None
-    delivered = Messages(session=1, messages=[(1, "k", b"v", 0, at, None), (2, b"k", b"w", 3, at, None)])
+    delivered = Messages(session=1, messages=[(1, "k", b"v", 0, at, None, None), (2, b"k", b"w", 3, at, None, None)])
     assert same(Decoder(accept="client", version=version).feed(encode(delivered, version)), [delivered])
-    body = body_of(delivered)  # version 7 deliveries on that connection
+    body = body_of(delivered)  # version 9 deliveries on that connection
     error = rejection_by(Decoder(accept="client", version=version), raw(body))
     assert f"{version - 1}-item deliveries (protocol version {version})" in error.message
 
 
-@pytest.mark.parametrize("bad", [4, 9, "8", True, None])
+@pytest.mark.parametrize("version", [7, 8])
+def test_a_decoder_of_version_7_or_8_reads_deliveries_without_their_producer(version: int) -> None:
+    """What a version 7 or 8 client reads: deliveries of six items, as the current ones with no producer name."""
+    named = Messages(session=1, messages=[(1, "k", b"v", 0, 5, TRACE, "billing"), (2, None, b"w", 3, None, None, None)])
+    unnamed = Messages(session=1, messages=[(*item[:6], None) for item in named.messages])
+    assert same(Decoder(accept="client", version=version).feed(encode(named, version)), [unnamed])
+    error = rejection_by(Decoder(accept="client", version=version), raw(body_of(named)))
+    assert f"6-item deliveries (protocol version {version})" in error.message
+
+
+@pytest.mark.parametrize("bad", [4, 10, "9", True, None])
 def test_a_decoder_version_must_be_one_spoken(bad: Any) -> None:
-    with pytest.raises(KeyFailoverError, match=f"version must be an int from {OLDEST_PROTOCOL_VERSION} to 8"):
+    with pytest.raises(KeyFailoverError, match=f"version must be an int from {OLDEST_PROTOCOL_VERSION} to 9"):
         Decoder(version=bad)
     decoder = Decoder()
     with pytest.raises(KeyFailoverError, match="version must be an int"):
@@ -318,7 +347,7 @@ def test_a_decoder_version_must_be_one_spoken(bad: Any) -> None:
 def test_connections_older_than_reads_have_no_read_or_entries(version: int) -> None:
     """``read`` and ``entries`` came with version 8: a decoder of an older connection refuses them, naming the
     version they need, and encode will not write them for one."""
-    assert READ_VERSION == PROTOCOL_VERSION == 8
+    assert READ_VERSION == 8
     read = Read(req=1, topic="t", after=0, limit=10)
     answer = Entries(req=1, through=0, last=0, messages=[])
     cases: list[tuple[Frame, Accept]] = [(read, "server"), (answer, "client")]
@@ -338,7 +367,11 @@ def test_an_entries_frame_keeps_keys_positions_and_properties() -> None:
         req=3,
         through=9,
         last=12,
-        messages=[(1, "k", b"a", 1_750_000_000_000_000, TRACE), (4, b"k", b"", None, None), (9, None, b"c", 0, None)],
+        messages=[
+            (1, "k", b"a", 1_750_000_000_000_000, TRACE, "billing"),
+            (4, b"k", b"", None, None, None),
+            (9, None, b"c", 0, None, "billing"),
+        ],
     )
     body = msgpack.unpackb(encode(frame)[4:])
     assert body == {
@@ -347,12 +380,18 @@ def test_an_entries_frame_keeps_keys_positions_and_properties() -> None:
         "through": 9,
         "last": 12,
         "messages": [
-            [1, "k", b"a", 1_750_000_000_000_000, TRACE],
-            [4, b"k", b"", None, None],
-            [9, None, b"c", 0, None],
+            [1, "k", b"a", 1_750_000_000_000_000, TRACE, "billing"],
+            [4, b"k", b"", None, None, None],
+            [9, None, b"c", 0, None, "billing"],
         ],
     }
     assert same(Decoder(accept="client").feed(encode(frame)), [frame])
+    old = msgpack.unpackb(encode(frame, 8)[4:])["messages"]  # a version 8 reader gets entries without the name
+    assert old == [item[:5] for item in body["messages"]]
+    without = replace(frame, messages=[(*item[:5], None) for item in frame.messages])
+    assert same(Decoder(accept="client", version=8).feed(encode(frame, 8)), [without])
+    error = rejection_by(Decoder(accept="client", version=8), raw(body_of(frame)))
+    assert "5-item entries (protocol version 8)" in error.message
 
 
 def test_a_read_round_trips_with_and_without_its_slot_filter() -> None:
@@ -410,7 +449,7 @@ def test_batches_round_trip_empty_to_large(count: int) -> None:
         Messages(
             session=3,
             messages=[
-                (INT64_MAX - i, key_cycle[i % 3], b"x" * (i % 7), i, i or None, TRACE if i % 5 else None)
+                (INT64_MAX - i, key_cycle[i % 3], b"x" * (i % 7), i, i or None, TRACE if i % 5 else None, "p" * (i % 3))
                 for i in range(count)
             ],
         ),
@@ -509,7 +548,7 @@ def test_frame_of_exactly_max_frame_is_accepted() -> None:
 
 def test_default_limit() -> None:
     assert DEFAULT_MAX_FRAME == 5 * 1024 * 1024 == Decoder().max_frame
-    assert (OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION) == (5, 8)
+    assert (OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION) == (5, 9)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2**32, True, 1.5, "5"])
@@ -542,8 +581,8 @@ SAMPLES: dict[str, Frame] = {
         Connected(version=1, server="keyfailover", max_frame=1024, session_timeout=10.0),
         Receipt(req=1, positions=[1, 2], duplicates=[False, True]),
         Subscribed(req=1, session=1, consumer="c", ranges=[(0, 99), (200, HASH_RANGE_SIZE - 1)], secret="f00d"),
-        Messages(session=1, messages=[(1, "k", b"v", 0, 7, None), (2, None, b"w", 1, None, TRACE)]),
-        Entries(req=1, through=7, last=9, messages=[(1, "k", b"v", 7, None), (3, None, b"w", None, TRACE)]),
+        Messages(session=1, messages=[(1, "k", b"v", 0, 7, None, "p"), (2, None, b"w", 1, None, TRACE, None)]),
+        Entries(req=1, through=7, last=9, messages=[(1, "k", b"v", 7, None, None), (3, None, b"w", None, TRACE, "p")]),
         RangesChanged(session=1, epoch=2, ranges=[(0, 99)]),
         ConsumerClosed(session=1, reason="timeout", req=None),
         Settled(req=4),
@@ -619,25 +658,28 @@ BAD_FIELDS: list[tuple[str, str, object]] = [
     ("produce", "properties", [msgpack.packb({"k": b"v"}, use_bin_type=True)]),
     ("produce", "properties", [msgpack.packb({str(i): "" for i in range(MAX_PROPERTIES + 1)})]),
     ("produce", "properties", [TRACE + b"\x00"]),
-    # deliveries: [position, key, payload, redelivery_count, publish_time, properties]
-    ("messages", "messages", [[-1, "k", b"v", 0, 1, None]]),
-    ("messages", "messages", [[None, "k", b"v", 0, 1, None]]),
-    ("messages", "messages", [[1, "k", b"v", -1, 1, None]]),
-    ("messages", "messages", [[1, "k", b"v", True, 1, None]]),
-    ("messages", "messages", [[1, 2, b"v", 0, 1, None]]),
-    ("messages", "messages", [[1, "k", "v", 0, 1, None]]),
-    ("messages", "messages", [[1, "k", b"v", 0, -1, None]]),
-    ("messages", "messages", [[1, "k", b"v", 0, 1.5, None]]),
-    ("messages", "messages", [[1, "k", b"v", 0, True, None]]),
-    ("messages", "messages", [[1, "k", b"v", 0, "now", None]]),
-    ("messages", "messages", [[1, "k", b"v", 0, 1, "trace"]]),
-    ("messages", "messages", [[1, "k", b"v", 0, 1, b"\x80"]]),
-    ("messages", "messages", [[1, "k", b"v", 0, 1, b"\xc1"]]),
+    # deliveries: [position, key, payload, redelivery_count, publish_time, properties, producer]
+    ("messages", "messages", [[-1, "k", b"v", 0, 1, None, None]]),
+    ("messages", "messages", [[None, "k", b"v", 0, 1, None, None]]),
+    ("messages", "messages", [[1, "k", b"v", -1, 1, None, None]]),
+    ("messages", "messages", [[1, "k", b"v", True, 1, None, None]]),
+    ("messages", "messages", [[1, 2, b"v", 0, 1, None, None]]),
+    ("messages", "messages", [[1, "k", "v", 0, 1, None, None]]),
+    ("messages", "messages", [[1, "k", b"v", 0, -1, None, None]]),
+    ("messages", "messages", [[1, "k", b"v", 0, 1.5, None, None]]),
+    ("messages", "messages", [[1, "k", b"v", 0, True, None, None]]),
+    ("messages", "messages", [[1, "k", b"v", 0, "now", None, None]]),
+    ("messages", "messages", [[1, "k", b"v", 0, 1, "trace", None]]),
+    ("messages", "messages", [[1, "k", b"v", 0, 1, b"\x80", None]]),
+    ("messages", "messages", [[1, "k", b"v", 0, 1, b"\xc1", None]]),
+    ("messages", "messages", [[1, "k", b"v", 0, 1, None, b"p"]]),
+    ("messages", "messages", [[1, "k", b"v", 0, 1, None, 7]]),
+    ("messages", "messages", [[1, "k", b"v", 0, 1, None]]),  # a version 8 delivery, without its producer
     ("messages", "messages", [[1, "k", b"v", 0, 1]]),  # a version 6 delivery, without its properties
     ("messages", "messages", [[1, "k", b"v", 0]]),  # a version 5 delivery, without its publish time
     ("messages", "messages", ["abcdef"]),
     ("messages", "messages", [b"abcdef"]),
-    ("messages", "messages", [[1, "k", b"v", 0, None, None], [2, "k", b"v", 0, 0, None, 0]]),
+    ("messages", "messages", [[1, "k", b"v", 0, None, None, None], [2, "k", b"v", 0, 0, None, None, 0]]),
     ("messages", "messages", None),
     # read: a position, a limit up to MAX_READ, an optional [first, last] pair of slots
     ("read", "req", None),
@@ -658,24 +700,26 @@ BAD_FIELDS: list[tuple[str, str, object]] = [
     ("read", "slots", [1, 2.0]),
     ("read", "slots", [True, 2]),
     ("read", "slots", 5),
-    # entries: [position, key, payload, publish_time, properties], ascending, through covering them
+    # entries: [position, key, payload, publish_time, properties, producer], ascending, through covering them
     ("entries", "through", -1),
     ("entries", "through", 2),
     ("entries", "last", None),
     ("entries", "last", -1),
-    ("entries", "messages", [[0, "k", b"v", None, None]]),
-    ("entries", "messages", [[-1, "k", b"v", None, None]]),
-    ("entries", "messages", [[1, "k", b"v", None, None], [1, "k", b"w", None, None]]),
-    ("entries", "messages", [[2, "k", b"v", None, None], [1, "k", b"w", None, None]]),
-    ("entries", "messages", [[1, 2, b"v", None, None]]),
-    ("entries", "messages", [[1, "k", "v", None, None]]),
-    ("entries", "messages", [[1, "k", b"v", -1, None]]),
-    ("entries", "messages", [[1, "k", b"v", True, None]]),
-    ("entries", "messages", [[1, "k", b"v", None, "trace"]]),
-    ("entries", "messages", [[1, "k", b"v", None, b"\x80"]]),
-    ("entries", "messages", [[1, "k", b"v", 0, None, None]]),  # a delivery, with a redelivery count
+    ("entries", "messages", [[0, "k", b"v", None, None, None]]),
+    ("entries", "messages", [[-1, "k", b"v", None, None, None]]),
+    ("entries", "messages", [[1, "k", b"v", None, None, None], [1, "k", b"w", None, None, None]]),
+    ("entries", "messages", [[2, "k", b"v", None, None, None], [1, "k", b"w", None, None, None]]),
+    ("entries", "messages", [[1, 2, b"v", None, None, None]]),
+    ("entries", "messages", [[1, "k", "v", None, None, None]]),
+    ("entries", "messages", [[1, "k", b"v", -1, None, None]]),
+    ("entries", "messages", [[1, "k", b"v", True, None, None]]),
+    ("entries", "messages", [[1, "k", b"v", None, "trace", None]]),
+    ("entries", "messages", [[1, "k", b"v", None, b"\x80", None]]),
+    ("entries", "messages", [[1, "k", b"v", None, None, b"p"]]),
+    ("entries", "messages", [[1, "k", b"v", None, None]]),  # a version 8 entry, without its producer
+    ("entries", "messages", [[1, "k", b"v", 0, None, None, None]]),  # a delivery, with a redelivery count
     ("entries", "messages", [[1, "k", b"v", None]]),
-    ("entries", "messages", [[i, "k", b"", None, None] for i in range(1, MAX_READ + 2)]),
+    ("entries", "messages", [[i, "k", b"", None, None, None] for i in range(1, MAX_READ + 2)]),
     ("entries", "messages", None),
     # receipts, ranges, limits
     ("receipt", "duplicates", [0, 1]),
@@ -708,7 +752,7 @@ def test_bad_item_is_named_by_index() -> None:
     body["positions"] = [1, 1, 2, True, -5]
     assert "item 3 must be a non-negative int64, got True (bool)" in rejection(raw(body)).message
     body = body_of(SAMPLES["messages"])
-    body["messages"] = [[1, "k", b"v", 0, None, None]] * 3 + [[2, "k", b"x" * 10_000, -1, None, None]]
+    body["messages"] = [[1, "k", b"v", 0, None, None, None]] * 3 + [[2, "k", b"x" * 10_000, -1, None, None, None]]
     message = rejection(raw(body)).message
     assert "item 3 must be an array [position" in message
     assert len(message) < 400  # a 10 kB payload is cut short in the message

@@ -250,10 +250,12 @@ def test_the_clients_dead_letter_policy_keeps_the_messages_properties(server: Se
     assert properties == {"trace": "t-9", "REAL_TOPIC": topic}
 
 
-def batching_producer(pc: pulsar.Client, topic: str, batching: str) -> pulsar.Producer:
-    """A producer of ``topic`` with batching ``"off"``, ``"default"`` or ``"key-based"`` (10 messages or 50 ms)."""
+def batching_producer(pc: pulsar.Client, topic: str, batching: str, name: str | None = None) -> pulsar.Producer:
+    """A producer of ``topic`` with batching ``"off"``, ``"default"`` or ``"key-based"`` (10 messages or 50 ms),
+    named ``name`` (None: the server names it)."""
     return pc.create_producer(
         topic,
+        producer_name=name,
         batching_enabled=batching != "off",
         batching_type=pulsar.BatchingType.KeyBased if batching == "key-based" else pulsar.BatchingType.Default,
         batching_max_messages=10,
@@ -287,13 +289,14 @@ def test_batched_entries_are_split_so_each_message_goes_by_its_own_key(server: S
 @pytest.mark.parametrize("batching", ["off", "default", "key-based"])
 def test_properties_and_event_time_come_back_as_sent(server: ServerProcess, batching: str) -> None:
     """Each message's own properties and event time, batched or not, reach a Pulsar consumer as sent, and a native
-    consumer as properties (the event time as keyfailover.event_time)."""
+    consumer as properties (the event time as keyfailover.event_time); both get the producer's name."""
     topic = f"properties-{batching}"
     sent: dict[int, tuple[dict[str, str], int]] = {}
+    names: set[str | None] = set()
     with client(server.pulsar_url) as pc, Client(server.url, connect_timeout=5.0) as kc:
         consumer = pc.subscribe(topic, "check", consumer_type=pulsar.ConsumerType.KeyShared)
         native = kc.subscribe(topic, "native", "native")
-        producer = batching_producer(pc, topic, batching)
+        producer = batching_producer(pc, topic, batching, name="billing")
         for index in range(30):
             properties = {"index": str(index), "trace": f"t-{index % 4}", "ünï": "cödé"} if index % 3 else {}
             event_time = 1_700_000_000_000 + index if index % 2 else 0
@@ -310,13 +313,16 @@ def test_properties_and_event_time_come_back_as_sent(server: ServerProcess, batc
         for _ in range(30):
             message = consumer.receive(timeout_millis=10_000)
             received[int(message.data())] = (message.properties(), message.event_timestamp())
+            names.add(message.producer_name())
             consumer.acknowledge(message)
         natively: dict[int, dict[str, str]] = {}
         for _ in range(30):
             delivered = native.receive(timeout=10)
             natively[int(delivered.payload)] = dict(delivered.properties)
+            names.add(delivered.producer)
             native.acknowledge(delivered)
     assert received == sent
+    assert names == {"billing"}
     assert natively == {
         index: properties | ({EVENT_TIME_PROPERTY: str(event_time)} if event_time else {})
         for index, (properties, event_time) in sent.items()
@@ -325,29 +331,36 @@ def test_properties_and_event_time_come_back_as_sent(server: ServerProcess, batc
 
 def test_a_native_producers_properties_reach_pulsar_consumers_and_readers(server: ServerProcess) -> None:
     """Properties a native producer sent are a Pulsar message's properties; a keyfailover.event_time holding an
-    event time is its event time, anything else in it an ordinary property."""
+    event time is its event time, anything else in it an ordinary property. Consumers and readers get the name of
+    the producer, native or Pulsar, the latter named by the server when it gave no name."""
     topic = "native-properties"
     stamped = {"trace": "t-1", EVENT_TIME_PROPERTY: "1718000000123"}
     with client(server.pulsar_url) as pc, Client(server.url, connect_timeout=5.0) as kc:
         consumer = pc.subscribe(topic, "check", consumer_type=pulsar.ConsumerType.KeyShared)
-        producer = kc.create_producer(topic)
+        producer = kc.create_producer(topic, "billing")
         producer.send(b"a", "k", properties=stamped)
         producer.send(b"b", "k", properties={EVENT_TIME_PROPERTY: "soon"})
         producer.send(b"c", "k")
+        unnamed = pc.create_producer(topic)
+        unnamed.send(b"d", partition_key="k")
         got = []
-        for _ in range(3):
+        for _ in range(4):
             message = consumer.receive(timeout_millis=10_000)
-            got.append((message.data(), message.properties(), message.event_timestamp()))
+            got.append((message.data(), message.properties(), message.event_timestamp(), message.producer_name()))
             consumer.acknowledge(message)
         reader = pc.create_reader(topic, pulsar.MessageId.earliest)
-        read = [reader.read_next(timeout_millis=10_000) for _ in range(3)]
+        read = [reader.read_next(timeout_millis=10_000) for _ in range(4)]
+    assert unnamed.producer_name().startswith("pulsar-")
     expected = [
-        (b"a", {"trace": "t-1"}, 1718000000123),
-        (b"b", {EVENT_TIME_PROPERTY: "soon"}, 0),
-        (b"c", {}, 0),
+        (b"a", {"trace": "t-1"}, 1718000000123, "billing"),
+        (b"b", {EVENT_TIME_PROPERTY: "soon"}, 0, "billing"),
+        (b"c", {}, 0, "billing"),
+        (b"d", {}, 0, unnamed.producer_name()),
     ]
     assert got == expected
-    assert [(message.data(), message.properties(), message.event_timestamp()) for message in read] == expected
+    assert [
+        (message.data(), message.properties(), message.event_timestamp(), message.producer_name()) for message in read
+    ] == expected
 
 
 def test_a_partitioned_topic_with_a_router_that_follows_keyfailovers_partitions(server: ServerProcess) -> None:

@@ -244,6 +244,13 @@ def test_a_delivery_carries_the_stored_properties_and_event_time(
     assert metadata.event_time == event_time and metadata.HasField("event_time") == (event_time > 0)
 
 
+def test_a_delivery_is_named_after_its_stored_producer_or_the_server() -> None:
+    """A message stored by a named producer goes out under its name; one stored without (an unnamed native
+    producer's, a dead letter) under the server's, as Pulsar's metadata needs one."""
+    assert delivered_metadata(encode_delivery(1, -1, 5, "k", b"v", producer="billing")).producer_name == "billing"
+    assert delivered_metadata(encode_delivery(1, -1, 5, "k", b"v")).producer_name == "keyfailover"
+
+
 names = st.text(max_size=10).filter(lambda name: name not in {EVENT_TIME_PROPERTY, PULSAR_METADATA_PROPERTY})
 
 

@@ -80,13 +80,15 @@ def test_a_native_producer_delays_a_message_with_the_delivery_time_property(serv
 
 
 def test_a_delayed_message_waits_for_its_time_across_a_server_restart(tmp_path: Path) -> None:
-    """The delivery time is stored with the message: a server started again on the log does not deliver it early."""
+    """The delivery time is stored with the message: a server started again on the log does not deliver it early.
+    The producer's name is stored too: the message read back from the log goes out under it, to the consumer and
+    to a reader."""
     options = ("--metrics-port", "0", "--pulsar-port", str(free_port()))
     first = ServerProcess(tmp_path / "data", *options).start()
     try:
         with client(first.pulsar_url, timeout=30) as pc:
             consumer = pc.subscribe("restarted", "later", consumer_type=pulsar.ConsumerType.KeyShared)
-            producer = pc.create_producer("restarted")
+            producer = pc.create_producer("restarted", producer_name="billing")
             deliver_at = now_ms() + 4000
             producer.send(b"delayed", partition_key="k", deliver_at=deliver_at)
             first.kill()
@@ -94,12 +96,17 @@ def test_a_delayed_message_waits_for_its_time_across_a_server_restart(tmp_path: 
             try:
                 producer.send(b"after the restart", partition_key="k")
                 arrived: dict[bytes, int] = {}
+                names = set()
                 for _ in range(2):
                     message = consumer.receive(timeout_millis=30_000)
                     arrived[message.data()] = now_ms()
+                    names.add(message.producer_name())
                     consumer.acknowledge(message)
                 assert set(arrived) == {b"delayed", b"after the restart"}
                 assert arrived[b"delayed"] >= deliver_at, f"delivered {deliver_at - arrived[b'delayed']} ms early"
+                assert names == {"billing"}
+                reader = pc.create_reader("restarted", pulsar.MessageId.earliest)
+                assert [reader.read_next(30_000).producer_name() for _ in range(2)] == ["billing", "billing"]
             finally:
                 second.stop()
     finally:

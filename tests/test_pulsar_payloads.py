@@ -34,12 +34,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         yield server
 
 
-def received(consumer: pulsar.Consumer, count: int) -> list[tuple[str, bytes, dict[str, str]]]:
-    """``count`` messages of ``consumer`` (acked): each one's key, payload and properties, in delivery order."""
+def received(
+    consumer: pulsar.Consumer, count: int, names: set[str] | None = None
+) -> list[tuple[str, bytes, dict[str, str]]]:
+    """``count`` messages of ``consumer`` (acked): each one's key, payload and properties, in delivery order; their
+    producer names added to ``names`` when given."""
     got = []
     for _ in range(count):
         message = consumer.receive(timeout_millis=10_000)
         got.append((message.partition_key(), message.data(), message.properties()))
+        if names is not None:
+            names.add(message.producer_name())
         consumer.acknowledge(message)
     return got
 
@@ -157,7 +162,9 @@ def test_chunked_messages_are_reassembled_by_the_consumer_each_key_in_order(
 ) -> None:
     """Messages over the max message size go in chunks: each chunk is stored as it came (compressed or encrypted
     as the client made it) under the message's key, or its uuid when it has none, so a Key_Shared consumer
-    gets every chunk of a message in order and reassembles it; a keyless one comes back keyless."""
+    gets every chunk of a message in order and reassembles it; a keyless one comes back keyless. The message comes
+    back under its producer's name, which its last chunk carries (a keyless message's other chunks are stored
+    without it)."""
     topic = f"chunked-{name}"
     keys = ["a", None, "b", "a"]
     payloads = [bytes([index]) * 7 + os.urandom(MAX_MESSAGE * 2 + index) for index in range(len(keys))]
@@ -169,10 +176,12 @@ def test_chunked_messages_are_reassembled_by_the_consumer_each_key_in_order(
         options |= {"encryption_key": "test-key", "crypto_key_reader": crypto}
     with client(server) as pc:
         consumer = pc.subscribe(topic, "check", consumer_type=pulsar.ConsumerType.KeyShared, crypto_key_reader=crypto)
-        producer = pc.create_producer(topic, **options)
+        producer = pc.create_producer(topic, producer_name="billing", **options)
         for key, payload in zip(keys, payloads, strict=True):
             producer.send(payload, partition_key=key)
-        got = received(consumer, len(keys))
+        names: set[str] = set()
+        got = received(consumer, len(keys), names)
+    assert names == {"billing"}
     assert sorted(got) == sorted(zip([key or "" for key in keys], payloads, [{}] * len(keys), strict=True))
     assert [payload for key, payload, _ in got if key == "a"] == [payloads[0], payloads[3]]
     assert stored(server, topic) > 2 * len(keys)  # in chunks

@@ -32,7 +32,7 @@ def sent(items: list[Delivered]) -> list[list[Delivered]]:
 
 
 def item(position: int, size: int, properties: bytes | None = None) -> Delivered:
-    return (position, f"key-{position}", b"x" * size, 0, 1_700_000_000_000_000, properties)
+    return (position, f"key-{position}", b"x" * size, 0, 1_700_000_000_000_000, properties, "producer")
 
 
 def test_what_fits_goes_in_one_frame() -> None:

@@ -90,16 +90,18 @@ def test_a_read_returns_the_stored_messages_as_they_were_produced(stored: tuple[
         assert dict(entry.properties) == (properties or {})
         assert entry.slot == (None if key is None else key_hash(key))
         assert entry.partition == 0
-    # The publish times are those a consumer is delivered.
+    # The publish times and producer names are those a consumer is delivered.
     consumer = client.subscribe("log", "check", receiver_queue_size=len(STORED))
-    delivered: dict[int, int | None] = {}
+    delivered: dict[int, tuple[int | None, str | None]] = {}
     while len(delivered) < len(STORED):
         message = consumer.receive(timeout=10)
-        delivered[message.position] = message.publish_time
+        delivered[message.position] = (message.publish_time, message.producer)
         consumer.acknowledge(message)
     consumer.close()
-    assert {m.position: m.publish_time for m in entries.messages} == delivered
-    assert all(at is not None for at in delivered.values())
+    assert {m.position: (m.publish_time, m.producer) for m in entries.messages} == delivered
+    assert all(at is not None for at, _ in delivered.values())
+    (name,) = {producer for _, producer in delivered.values()}  # the client named its producer
+    assert name is not None and name.startswith("producer-")
 
 
 def test_limit_through_and_last_page_the_log(stored: tuple[ServerThread, Client]) -> None:
@@ -231,7 +233,7 @@ def test_pages_cut_to_the_frame_limit_still_yield_every_message_once(
             assert len(encode(answer)) - 4 <= SMALL_FRAME
             assert len(answer.messages) <= limits[page_number % len(limits)]
             assert answer.messages or not [e for e in expected if e[0] > after]  # never an empty page mid-way
-            found += [(position, key, payload) for position, key, payload, _, _ in answer.messages]
+            found += [(position, key, payload) for position, key, payload, _, _, _ in answer.messages]
             if answer.through >= answer.last:
                 break
             after = answer.through
@@ -367,6 +369,22 @@ def test_a_client_of_a_server_too_old_for_reads_gets_a_clear_error_and_still_pro
             [refusal] = raw.until_closed()
             assert isinstance(refusal, Error) and refusal.code == ErrorCode.UNKNOWN_TYPE
             assert "'read' came with protocol version 8; this connection speaks version 7" in refusal.message
+
+
+def test_a_client_of_a_version_8_server_consumes_and_reads_without_producer_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server speaking up to version 8 refuses the client's 9; the client connects again with 8 and gets its
+    messages and entries as version 8 carries them: without the producer's name."""
+    monkeypatch.setattr("keyfailover.broker.server._native.PROTOCOL_VERSION", 8)
+    with ServerThread(ServerConfig(data_dir=tmp_path / "data")) as server, Client(server.url) as client:
+        client.create_producer("old", "billing").send(b"v", "k")
+        consumer = client.subscribe("old", "check")
+        message = consumer.receive(timeout=10)
+        assert (message.payload, message.producer) == (b"v", None)
+        consumer.acknowledge(message)
+        [entry] = client.read("old").messages
+        assert (entry.payload, entry.producer) == (b"v", None)
 
 
 def test_a_read_while_the_store_is_out_of_reach_is_refused_retriably_and_the_client_waits_it_out(

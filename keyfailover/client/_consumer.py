@@ -63,6 +63,9 @@ class Message(NamedTuple):
     unknown (stored before logs had publish times). ``properties`` are the str keys and values
     its producer sent with it, a read-only mapping (empty when it has none). A dead letter, and
     a dead letter replayed, keeps the publish time and the properties of the message it was.
+    ``producer`` is the name of the producer that stored it; None for an unnamed producer's message,
+    a dead letter or a replayed one (stored without a name), or from a broker older than protocol
+    version 9.
     Immutable, and a named tuple because a consumer creates one per message: that is a third
     of the cost of a frozen dataclass.
     """
@@ -75,9 +78,12 @@ class Message(NamedTuple):
     partition: int = 0
     publish_time: int | None = None
     properties: Mapping[str, str] = NO_PROPERTIES
+    producer: str | None = None
 
     def __repr__(self) -> str:
         shown = f", properties={dict(self.properties)!r}" if self.properties else ""
+        if self.producer is not None:
+            shown += f", producer={self.producer!r}"
         return (
             f"Message(key={self.key!r}, payload={self.payload!r}, position={self.position}, "
             f"redelivery_count={self.redelivery_count}, publish_time={self.publish_time}{shown})"
@@ -241,8 +247,9 @@ class PartConsumer(Part):
                         partition,
                         published,
                         NO_PROPERTIES if data is None else Properties.decoded(data),
+                        producer,
                     )
-                    for position, key, payload, redelivery, published, data in frame.messages
+                    for position, key, payload, redelivery, published, data, producer in frame.messages
                 )
                 self._cond.notify_all()
             self._inbox.arrived.set()

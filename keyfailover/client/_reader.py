@@ -24,8 +24,8 @@ class LogEntry(NamedTuple):
     """One stored message, read by position: a named tuple, as :class:`Message` is.
 
     ``position`` counts within its ``partition``; ``slot`` is its key's hash slot
-    (:func:`keyfailover.core.hashing.key_hash`), None for a keyless message. ``publish_time`` and
-    ``properties`` are as a consumer's :class:`Message` has them.
+    (:func:`keyfailover.core.hashing.key_hash`), None for a keyless message. ``publish_time``,
+    ``properties`` and ``producer`` are as a consumer's :class:`Message` has them.
     """
 
     key: Key
@@ -35,6 +35,7 @@ class LogEntry(NamedTuple):
     publish_time: int | None
     properties: Mapping[str, str]
     slot: int | None
+    producer: str | None = None
 
 
 class LogEntries(NamedTuple):
@@ -98,8 +99,9 @@ def log_entries(reply: Entries, partition: int) -> LogEntries:
                 publish_time,
                 NO_PROPERTIES if properties is None else Properties.decoded(properties),
                 None if key is None else key_hash(key),
+                producer,
             )
-            for position, key, payload, publish_time, properties in reply.messages
+            for position, key, payload, publish_time, properties, producer in reply.messages
         ],
         reply.through,
         reply.last,

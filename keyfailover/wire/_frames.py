@@ -207,25 +207,27 @@ class Route:
     brokers: list[str | None]
 
 
-Delivered: TypeAlias = tuple[int, Key, bytes, int, int | None, bytes | None]
-"""``(position, key, payload, redelivery_count, publish_time, properties)``: one delivery. ``publish_time``
+Delivered: TypeAlias = tuple[int, Key, bytes, int, int | None, bytes | None, str | None]
+"""``(position, key, payload, redelivery_count, publish_time, properties, producer)``: one delivery. ``publish_time``
 is the broker's wall clock when the message was stored, in microseconds since the Unix epoch; None when
 unknown (stored before logs had publish times). ``properties`` are the message's encoded properties, None
-when it has none."""
+when it has none. ``producer`` is the name of the producer that stored it, None for an unnamed producer or a
+message stored without a name (a dead letter, a replay)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Messages:
-    """Deliveries to a session: ``(position, key, payload, redelivery_count, publish_time, properties)`` each."""
+    """Deliveries to a session: ``(position, key, payload, redelivery_count, publish_time, properties, producer)``
+    each."""
 
     type: ClassVar[str] = "messages"
     session: int
     messages: list[Delivered]
 
 
-Entry: TypeAlias = tuple[int, Key, bytes, int | None, bytes | None]
-"""``(position, key, payload, publish_time, properties)``: one stored message read by position, as a delivery
-holds it without a redelivery count."""
+Entry: TypeAlias = tuple[int, Key, bytes, int | None, bytes | None, str | None]
+"""``(position, key, payload, publish_time, properties, producer)``: one stored message read by position, as a
+delivery holds it without a redelivery count."""
 
 
 @dataclass(frozen=True, slots=True)

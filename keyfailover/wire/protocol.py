@@ -75,6 +75,7 @@ __all__ = [
     "MAX_NAME_LENGTH",
     "MAX_READ",
     "OLDEST_PROTOCOL_VERSION",
+    "PRODUCER_VERSION",
     "PROTOCOL_VERSION",
     "READ_VERSION",
     "Ack",
@@ -115,7 +116,7 @@ __all__ = [
     "stream_transport",
 ]
 
-PROTOCOL_VERSION: Final = 8
+PROTOCOL_VERSION: Final = 9
 """The version this client sends in ``connect``, and the newest a server speaks."""
 
 READ_VERSION: Final = 8
@@ -124,9 +125,13 @@ READ_VERSION: Final = 8
 _PROPERTIES_VERSION: Final = 7
 """The first version with message properties: an older connection's produce and deliveries lack them."""
 
+PRODUCER_VERSION: Final = 9
+"""The first version whose deliveries and entries name their producer: an older connection's lack the name."""
+
 OLDEST_PROTOCOL_VERSION: Final = 5
 """The oldest version a server still speaks; it answers ``version_mismatch`` to versions outside
-``OLDEST_PROTOCOL_VERSION`` .. ``PROTOCOL_VERSION``. Version 7 frames have no ``read`` and ``entries``;
+``OLDEST_PROTOCOL_VERSION`` .. ``PROTOCOL_VERSION``. Version 8 deliveries and entries do not name their
+producer; version 7 frames have no ``read`` and ``entries``;
 version 6 frames carry no properties (a
 ``produce`` has no ``properties`` field, a delivery no properties item), version 5 deliveries no
 publish time either."""
@@ -167,7 +172,8 @@ def stream_transport(transport: asyncio.BaseTransport) -> asyncio.Transport:
 def encode(frame: Frame, version: int = PROTOCOL_VERSION) -> bytes:
     """Return ``frame`` as it goes on the wire: the 4-byte body length, then the msgpack body.
 
-    ``version`` is the protocol version of the connection: before version 8 there is no ``read`` or
+    ``version`` is the protocol version of the connection: before version 9, deliveries and entries leave
+    out their producer name; before version 8 there is no ``read`` or
     ``entries`` (either raises :class:`FrameEncodeError`); for version 6, deliveries leave out
     their properties and a produce has no ``properties`` field (a produce with properties raises
     :class:`FrameEncodeError`: that version cannot carry them); for version 5, deliveries leave out
@@ -185,11 +191,13 @@ def encode(frame: Frame, version: int = PROTOCOL_VERSION) -> bytes:
     body: dict[str, Any] = {"type": frame.type}
     for name in names:
         body[name] = getattr(frame, name)
-    if version < _PROPERTIES_VERSION:
+    if version < PRODUCER_VERSION:
         if type(frame) is Messages:
-            items = 4 if version < 6 else 5  # version 5: no publish time; 6: no properties
+            items = 4 if version < 6 else 5 if version < _PROPERTIES_VERSION else 6  # each version one item less
             body["messages"] = [delivered[:items] for delivered in frame.messages]
-        elif type(frame) is Produce and body.pop("properties") is not None:  # version 6 has no such field
+        elif type(frame) is Entries:
+            body["messages"] = [entry[:5] for entry in frame.messages]
+        elif version < _PROPERTIES_VERSION and type(frame) is Produce and body.pop("properties") is not None:
             raise FrameEncodeError(f"protocol version {version} cannot carry message properties")
     try:
         packed: bytes = msgpack.packb(body, use_bin_type=True)
@@ -431,7 +439,7 @@ def _properties_match(values: dict[str, Any]) -> None:
 
 _DELIVERED: Final = (
     f"an array [position: {_UINT}, key: str, bin or nil, payload: bin, redelivery_count: {_UINT}, "
-    f"publish_time: {_UINT} or nil, properties: bin or nil]"
+    f"publish_time: {_UINT} or nil, properties: bin or nil, producer: str or nil]"
 )
 
 
@@ -441,7 +449,7 @@ def _delivered(value: object) -> list[Delivered]:
     with_properties = []
     try:
         for item in items:
-            position, key, payload, count, at, properties = item
+            position, key, payload, count, at, properties, producer = item
             if not (
                 type(position) is int
                 and type(payload) is bytes
@@ -450,6 +458,7 @@ def _delivered(value: object) -> list[Delivered]:
                 and 0 <= position <= _INT64_MAX
                 and 0 <= count <= _INT64_MAX
                 and (at is None or (type(at) is int and 0 <= at <= _INT64_MAX))
+                and (producer is None or type(producer) is str)
             ):
                 break
             if properties is not None:
@@ -460,29 +469,39 @@ def _delivered(value: object) -> list[Delivered]:
             for item in with_properties:
                 _check_properties(items, item, item[5])
             return list(items)
-    except (TypeError, ValueError):  # the item is not an array of 6
+    except (TypeError, ValueError):  # the item is not an array of 7
         pass
     raise _bad_item(items, item, _DELIVERED)
 
 
-def _older_delivered(items: int) -> Callable[[object], list[Delivered]]:
-    """The check of a version 6 (``items`` 5: no properties) or 5 (4: no publish time either) delivery array,
-    giving deliveries of this version (None for what the older one lacks)."""
-    missing = (None,) * (6 - items)
+def _older_delivered(items: int, version: int) -> Callable[[object], list[Delivered]]:
+    """The check of a delivery array of protocol ``version``: ``items`` 6 (versions 7 and 8: no producer name), 5
+    (version 6: no properties either) or 4 (version 5: no publish time either), giving deliveries of this version
+    (None for what the older one lacks)."""
+    missing = (None,) * (7 - items)
 
     def check(value: object) -> list[Delivered]:
         """``value`` if it is an array of deliveries of the older version, filled up to this version's."""
         found = _array(value, "messages")
         if any(type(item) is not tuple or len(item) != items for item in found):
-            raise _FieldError(f"must be an array of {items}-item deliveries (protocol version {items + 1})")
+            raise _FieldError(f"must be an array of {items}-item deliveries (protocol version {version})")
         return _delivered(tuple((*item, *missing) for item in found))
 
     return check
 
 
+def _older_entries(value: object) -> list[Entry]:
+    """The messages of a version 8 ``entries`` frame: 5-item entries without a producer name, filled up to this
+    version's."""
+    found = _array(value, "messages")
+    if any(type(item) is not tuple or len(item) != 5 for item in found):
+        raise _FieldError("must be an array of 5-item entries (protocol version 8)")
+    return _entries(tuple((*item, None) for item in found))
+
+
 _ENTRY: Final = (
     f"an array [position: an int in [1, 2^63 - 1], key: str, bin or nil, payload: bin, publish_time: {_UINT} or nil, "
-    "properties: bin or nil]"
+    "properties: bin or nil, producer: str or nil]"
 )
 
 
@@ -496,13 +515,14 @@ def _entries(value: object) -> list[Entry]:
     before = 0  # the previous item's position
     try:
         for item in items:
-            position, key, payload, at, properties = item
+            position, key, payload, at, properties, producer = item
             if not (
                 type(position) is int
                 and type(payload) is bytes
                 and type(key) in _KEY_TYPES
                 and 0 < position <= _INT64_MAX
                 and (at is None or (type(at) is int and 0 <= at <= _INT64_MAX))
+                and (producer is None or type(producer) is str)
             ):
                 break
             if position <= before:
@@ -518,7 +538,7 @@ def _entries(value: object) -> list[Entry]:
             for item in with_properties:
                 _check_properties(items, item, item[4])
             return list(items)
-    except (TypeError, ValueError):  # the item is not an array of 5
+    except (TypeError, ValueError):  # the item is not an array of 6
         pass
     raise _bad_item(items, item, _ENTRY)
 
@@ -678,16 +698,32 @@ _INTRODUCED: Final = {"read": READ_VERSION, "entries": READ_VERSION}
 older version refuses them as unknown."""
 
 _OLDER: Final = {
-    version: {
-        "produce": _without(_CLIENT_SPECS["produce"], "properties"),
-        "messages": _SERVER_SPECS["messages"]._replace(
-            checks=(("session", _uint), ("messages", _older_delivered(version - 1)))  # one delivery item less each
-        ),
-    }
-    for version in (6, 5)
+    **{
+        version: {
+            "messages": _SERVER_SPECS["messages"]._replace(
+                checks=(("session", _uint), ("messages", _older_delivered(6, version)))
+            ),
+            "entries": _SERVER_SPECS["entries"]._replace(
+                checks=tuple(
+                    (name, _older_entries if name == "messages" else check)
+                    for name, check in _SERVER_SPECS["entries"].checks
+                )
+            ),
+        }
+        for version in (8, 7)
+    },
+    **{
+        version: {
+            "produce": _without(_CLIENT_SPECS["produce"], "properties"),
+            "messages": _SERVER_SPECS["messages"]._replace(
+                checks=(("session", _uint), ("messages", _older_delivered(version - 1, version)))  # an item less each
+            ),
+        }
+        for version in (6, 5)
+    },
 }
-"""The frames older versions still spoken send differently (version 6: no properties; 5: no publish times
-either)."""
+"""The frames older versions still spoken send differently (versions 8 and 7: deliveries and entries without their
+producer name; 6: no properties either; 5: no publish times either)."""
 _MAX_MAP_LEN: Final = 64
 """Far more fields than any frame has, so extras are reported as ``bad_field``; a bigger map is refused unbuilt."""
 

@@ -57,7 +57,8 @@ MAX_FRAME_PADDING: Final = 10 * 1024
 frame limit less this (Apache Pulsar keeps the same 10 KiB)."""
 
 SERVER_NAME: Final = "keyfailover"
-"""The server version CONNECTED announces, and the producer name of every message delivered."""
+"""The server version CONNECTED announces, and the producer name of a message delivered that was stored without one
+(an unnamed native producer's, a dead letter, a replay)."""
 
 _MAGIC: Final = b"\x0e\x01"
 _U32: Final = struct.Struct(">I")
@@ -333,12 +334,15 @@ def encode_delivery(
     redeliveries: int = 0,
     published: int | None = None,
     properties: bytes | None = None,
+    producer: str | None = None,
 ) -> bytes:
     """A MESSAGE frame for ``consumer_id``: message id ledger 0, entry ``position`` (and ``partition`` unless
     it is -1); a str key as the partition key, a bytes key as the ordering key; ``published`` in µs; the
     stored (encoded) ``properties`` as the message's properties, event time, null value, passed metadata, schema
     version and the partition key beside an ordering key (see :func:`to_pulsar`). A chunk stored under its uuid
-    as key came without one, and goes without one."""
+    as key came without one, and goes without one. ``producer`` is the name of the producer that stored the
+    message, its ``producer_name``; a message stored without one goes out under :data:`SERVER_NAME` (Pulsar's
+    metadata requires a name)."""
     command = BaseCommand(type=BaseCommand.MESSAGE)
     message = command.message
     message.consumer_id = consumer_id
@@ -349,7 +353,7 @@ def encode_delivery(
     if redeliveries:
         message.redelivery_count = redeliveries
     metadata = MessageMetadata(
-        producer_name=SERVER_NAME,
+        producer_name=producer or SERVER_NAME,
         sequence_id=position,
         publish_time=0 if published is None else published // 1000,
     )

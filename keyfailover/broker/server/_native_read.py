@@ -29,16 +29,21 @@ _FRAME_OVERHEAD: Final = 96
 """An upper bound on the bytes of an ``entries`` frame besides its messages: the map and its five fields."""
 
 _ENTRY_OVERHEAD: Final = 40
-"""An upper bound on the bytes of one message besides its key, payload and properties: the array header, the
-position, the publish time and the headers of the key, payload and properties."""
+"""An upper bound on the bytes of one message besides its key, payload, properties and producer name: the array
+header, the position, the publish time and the headers of the key, payload, properties and producer name."""
 
 
 def _entry_size(message: StoredMessage) -> int:
     """An upper bound on the encoded size of ``message`` as an item of ``entries``."""
-    key = message.key
+    key, properties, producer = message.key, message.properties, message.producer
     key_size = 0 if key is None else len(key.encode()) if isinstance(key, str) else len(key)
-    properties = message.properties
-    return _ENTRY_OVERHEAD + key_size + len(message.payload) + (0 if properties is None else len(properties))
+    return (
+        _ENTRY_OVERHEAD
+        + key_size
+        + len(message.payload)
+        + (0 if properties is None else len(properties))
+        + (0 if producer is None else len(producer.encode()))
+    )
 
 
 def _kept(message: StoredMessage, slots: tuple[int, int] | None) -> bool:
@@ -92,7 +97,16 @@ async def read_entries(server: ConnectionHost, frame: Read, max_frame: int) -> E
                     full = True
                     break
                 budget -= size
-                found.append((message.position, message.key, message.payload, message.publish_time, message.properties))
+                found.append(
+                    (
+                        message.position,
+                        message.key,
+                        message.payload,
+                        message.publish_time,
+                        message.properties,
+                        message.producer,
+                    )
+                )
             through = message.position
             examined += 1
     last = store.last_position(frame.topic)

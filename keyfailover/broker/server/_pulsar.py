@@ -323,7 +323,7 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         if isinstance(frame, Messages):
             chunks = []
             partition = consumer.partition
-            for position, key, payload, redeliveries, published, properties in frame.messages:
+            for position, key, payload, redeliveries, published, properties, producer in frame.messages:
                 chunks.append(
                     encode_delivery(
                         consumer_id,
@@ -334,6 +334,7 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
                         redeliveries=redeliveries,
                         published=published,
                         properties=properties,
+                        producer=producer,
                     )
                 )
                 consumer.unacked.add(position)

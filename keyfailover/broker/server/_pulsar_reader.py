@@ -108,6 +108,7 @@ class PulsarReader:
                                 m.payload,
                                 published=m.publish_time,
                                 properties=m.properties,
+                                producer=m.producer,
                             )
                             for m in batch
                         )

@@ -626,7 +626,7 @@ class Subscription:
             items = by_consumer.get(consumer)
             if items is None:
                 items = by_consumer[consumer] = []
-            _, key, payload, published, properties = cached  # unpacked at once: cheaper than four field reads
+            _, key, payload, published, properties, producer = cached  # unpacked at once: cheaper than field reads
             count = redeliveries
             if not count:
                 if published is not None:
@@ -636,7 +636,7 @@ class Subscription:
                 count = count if failed is None else failed  # None: taken back meanwhile, its ack will be refused
             if properties is not None:
                 properties_bytes[consumer] = properties_bytes.get(consumer, 0) + len(properties)
-            items.append((position, key, payload, count, published, properties))
+            items.append((position, key, payload, count, published, properties, producer))
         if first_published:
             waited = publish_clock() - np.array(first_published, dtype=np.int64)
             self.delivery_seconds.observe_many(np.maximum(waited, 0) / 1e6)

@@ -8,12 +8,12 @@ so a cached message is always what the log would give. Per topic the cache holds
 consecutive positions; a commit that does not continue the run starts a new one. The oldest
 messages (of all topics together) leave first once the bound is passed.
 
-A run keeps its messages as columns (keys, payloads, publish times, properties: lists of
-strings, bytes and ints) and makes a :class:`StoredMessage` only when one is read. The
-garbage collector does not track such objects (only the few lists holding them), where it
-would walk every cached message tuple (a named tuple stays tracked for life) at each of its
-middle and full collections: with the default bound, pauses of about 65 ms every ~200,000
-messages stored.
+A run keeps its messages as columns (keys, payloads, publish times, properties, producer names:
+lists of strings, bytes and ints; the messages a commit stored of one producer share its name
+object) and makes a :class:`StoredMessage` only when one is read. The garbage collector does not
+track such objects (only the few lists holding them), where it would walk every cached message
+tuple (a named tuple stays tracked for life) at each of its middle and full collections: with the
+default bound, pauses of about 65 ms every ~200,000 messages stored.
 """
 
 from __future__ import annotations
@@ -26,15 +26,16 @@ from keyfailover.broker.storage.records import Key, StoredMessage, stored_messag
 __all__ = ["DEFAULT_ENTRY_CACHE_BYTES", "ENTRY_OVERHEAD", "EntryCache"]
 
 DEFAULT_ENTRY_CACHE_BYTES = 128 * 1024 * 1024
-ENTRY_OVERHEAD = 120
+ENTRY_OVERHEAD = 128
 """Bytes a cached message takes besides its key's and payload's characters and its properties: the key and
-payload objects' headers and a slot in each column (a commit's messages share one publish time object)."""
+payload objects' headers and a slot in each column (a commit's messages share one publish time object, and
+those of one producer its name)."""
 
 
 class _Run:
     """Consecutive messages of one topic, as columns: index i is position ``start + i``; from ``head`` on cached."""
 
-    __slots__ = ("bytes", "head", "keys", "payloads", "properties", "start", "times", "topic")
+    __slots__ = ("bytes", "head", "keys", "payloads", "producers", "properties", "start", "times", "topic")
 
     def __init__(self, topic: str, start: int) -> None:
         self.topic = topic
@@ -43,6 +44,7 @@ class _Run:
         self.payloads: list[bytes] = []
         self.times: list[int | None] = []
         self.properties: list[bytes | None] = []
+        self.producers: list[str | None] = []
         self.head = 0
         self.bytes = 0
 
@@ -65,6 +67,7 @@ class _Run:
                     self.payloads[begin:end],
                     self.times[begin:end],
                     self.properties[begin:end],
+                    self.producers[begin:end],
                     strict=True,
                 ),
             )
@@ -73,7 +76,14 @@ class _Run:
     def message(self, index: int) -> StoredMessage:
         """The message at ``index``."""
         return stored_message(
-            (self.start + index, self.keys[index], self.payloads[index], self.times[index], self.properties[index])
+            (
+                self.start + index,
+                self.keys[index],
+                self.payloads[index],
+                self.times[index],
+                self.properties[index],
+                self.producers[index],
+            )
         )
 
     def size(self, index: int) -> int:
@@ -91,7 +101,7 @@ class _Run:
         self.head += count
         if self.head * 2 >= len(self.keys):
             head = self.head
-            del self.keys[:head], self.payloads[:head], self.times[:head], self.properties[:head]
+            del self.keys[:head], self.payloads[:head], self.times[:head], self.properties[:head], self.producers[:head]
             self.start += head
             self.head = 0
 
@@ -133,8 +143,8 @@ class EntryCache:
     def add(self, topic: str, stored: Sequence[StoredMessage]) -> None:
         """Cache ``stored``, messages of ``topic`` just stored, ascending (as :meth:`add_columns` does)."""
         if stored:
-            positions, keys, payloads, times, properties = zip(*stored, strict=True)
-            self.add_columns(topic, positions[0], positions[-1], keys, payloads, times, properties)
+            positions, keys, payloads, times, properties, producers = zip(*stored, strict=True)
+            self.add_columns(topic, positions[0], positions[-1], keys, payloads, times, properties, producers)
 
     def add_columns(  # noqa: PLR0917  (a commit's columns, each a list the caller made)
         self,
@@ -145,6 +155,7 @@ class EntryCache:
         payloads: Sequence[bytes],
         times: Sequence[int | None],
         properties: Sequence[bytes | None],
+        producers: Sequence[str | None],
     ) -> None:
         """Cache the messages of ``topic`` at positions ``first`` to ``last``, just stored, by column; then drop
         the oldest past the bound.
@@ -154,10 +165,10 @@ class EntryCache:
         in their positions) are not cached at all.
         """
         count = len(keys)
-        if not len(payloads) == len(times) == len(properties) == count:
+        if not len(payloads) == len(times) == len(properties) == len(producers) == count:
             raise ValueError(
-                f"columns of {count} keys, {len(payloads)} payloads, {len(times)} publish times and "
-                f"{len(properties)} properties; expected one of each per message"
+                f"columns of {count} keys, {len(payloads)} payloads, {len(times)} publish times, "
+                f"{len(properties)} properties and {len(producers)} producer names; expected one of each per message"
             )
         if not count or not self.max_bytes:
             return
@@ -174,6 +185,7 @@ class EntryCache:
         run.payloads += payloads
         run.times += times
         run.properties += properties
+        run.producers += producers
         run.bytes += size
         self.bytes += size
         self._chunks.append((run, count, size))
@@ -207,7 +219,7 @@ class EntryCache:
         if run is not None:
             self.bytes -= run.bytes
             run.bytes = 0
-            run.keys, run.payloads, run.times, run.properties = [], [], [], []
+            run.keys, run.payloads, run.times, run.properties, run.producers = [], [], [], [], []
             run.head = 0
 
     def read(self, topic: str, after: int, limit: int) -> list[StoredMessage] | None:

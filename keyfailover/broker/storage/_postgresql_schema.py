@@ -173,15 +173,19 @@ def check_message(
     raise LogError(f"a key must be str, bytes or None, not {type(key).__name__}")
 
 
-def message_from_row(row: Any) -> StoredMessage:
-    """A ``kf_messages`` row (position, key, key_is_text, payload, publish_time, properties) as the log's message."""
+def message_from_row(row: Any, names: dict[str, str]) -> StoredMessage:
+    """A ``kf_messages`` row (position, key, key_is_text, payload, publish_time, properties, producer) as the log's
+    message. ``names`` are the producer names of the read so far, each one object that its messages share (a row
+    gives a string of its own)."""
     at = row["publish_time"]
+    producer = row["producer"]
     return StoredMessage(
         int(row["position"]),
         key_from_row(row["key"], row["key_is_text"]),
         bytes(row["payload"]),
         None if at is None else int(at),
         properties_from_row(row["properties"]),
+        None if producer is None else names.setdefault(producer, producer),
     )
 
 

@@ -167,8 +167,11 @@ def entry_columns(last: int, count: int, data: bytes) -> _Columns:
     return keys, payloads, seqs, times, properties
 
 
-def decode_entry(last: int, count: int, publish_time: int | None, data: bytes) -> list[StoredMessage]:
-    """The messages of the entry whose last position is ``last``, in position order."""
+def decode_entry(
+    last: int, count: int, publish_time: int | None, data: bytes, producer: str | None = None
+) -> list[StoredMessage]:
+    """The messages of the entry whose last position is ``last``, in position order, each with the name of the
+    entry's ``producer`` (None: unnamed)."""
     keys, payloads, _, times, properties = entry_columns(last, count, data)
     return list(
         map(
@@ -179,6 +182,7 @@ def decode_entry(last: int, count: int, publish_time: int | None, data: bytes) -
                 payloads,
                 itertools.repeat(publish_time) if times is None else times,
                 itertools.repeat(None) if properties is None else properties,
+                itertools.repeat(producer),
                 strict=False,
             ),
         )

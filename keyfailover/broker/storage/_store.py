@@ -331,7 +331,7 @@ class Store(ABC):
                 if not future.done():
                     future.set_exception(result)
                 continue
-            topic, _, messages, properties = batch
+            topic, producer, messages, properties = batch
             highest = max(map(_position, result), default=0)
             if highest > self._last.get(topic, 0):
                 # New messages, or duplicates above the last known: those of a commit whose answer was lost
@@ -348,10 +348,12 @@ class Store(ABC):
                     placed = list(itertools.compress(result, fresh))
                 first, last = placed[0][0], placed[-1][0]
                 self.appended += new
-                new_columns.append((topic, first, last, messages, [None] * new if properties is None else properties))
+                new_columns.append(
+                    (topic, producer, first, last, messages, [None] * new if properties is None else properties)
+                )
             if not future.done():
                 future.set_result(result)
-        for topic, first, last, messages, properties in new_columns:
+        for topic, producer, first, last, messages, properties in new_columns:
             self.entry_cache.add_columns(
                 topic,
                 first,
@@ -360,6 +362,7 @@ class Store(ABC):
                 list(map(_payload, messages)),
                 [now] * len(messages),
                 properties,
+                [producer] * len(messages),
             )
         for topic in touched:
             for listener in self._listeners:

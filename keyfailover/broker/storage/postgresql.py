@@ -436,14 +436,15 @@ class PostgresLog:
         """Up to ``limit`` messages of the partition after position ``after``, in position order."""
         check_partition(topic, partition)
         rows = await self._pool.fetch(
-            """SELECT position, key, key_is_text, payload, publish_time, properties FROM kf_messages
+            """SELECT position, key, key_is_text, payload, publish_time, properties, producer FROM kf_messages
                WHERE topic = $1 AND partition = $2 AND position > $3 ORDER BY position LIMIT $4""",
             topic,
             partition,
             after,
             limit,
         )
-        return [message_from_row(r) for r in rows]
+        names: dict[str, str] = {}
+        return [message_from_row(r, names) for r in rows]
 
     async def position_at_time(self, topic: str, partition: int, publish_time: int) -> int | None:
         """The first position of the partition whose publish time is at or after ``publish_time`` (µs since
@@ -713,13 +714,14 @@ class PostgresStore(Store):
         """The messages at ``positions`` of the partition ``topic`` names, those it holds."""
         name, partition = self._locate(topic)
         rows = await self.log.pool.fetch(
-            """SELECT position, key, key_is_text, payload, publish_time, properties FROM kf_messages
+            """SELECT position, key, key_is_text, payload, publish_time, properties, producer FROM kf_messages
                WHERE topic = $1 AND partition = $2 AND position = ANY($3::bigint[])""",
             name,
             partition,
             list(positions),
         )
-        return {int(r["position"]): message_from_row(r) for r in rows}
+        names: dict[str, str] = {}
+        return {int(r["position"]): message_from_row(r, names) for r in rows}
 
     @_reachable
     async def subscriptions(self, topic: str) -> list[str]:

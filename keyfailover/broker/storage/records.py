@@ -80,7 +80,9 @@ class StoredMessage(NamedTuple):
     ``properties`` are the message's properties as stored, encoded (a msgpack map of str to str:
     :func:`~keyfailover.wire.properties.decode_properties` gives the mapping); None when it has
     none. They stay encoded because the server only passes them on: a native delivery carries the
-    same bytes.
+    same bytes. ``producer`` is the name of the producer that stored it, None for an unnamed producer's
+    message or one stored without a name (a dead letter, a replay). The messages a log reads share one
+    name object per producer: a name costs a reference per message, not a string.
     """
 
     position: int
@@ -88,11 +90,13 @@ class StoredMessage(NamedTuple):
     payload: bytes
     publish_time: int | None
     properties: bytes | None = None
+    producer: str | None = None
 
 
 stored_message = functools.partial(tuple.__new__, StoredMessage)
-"""A ``StoredMessage`` from a tuple ``(position, key, payload, publish_time, properties)``, in C (one per message
-read or stored: the named tuple's own constructor is a Python function)."""
+"""A ``StoredMessage`` from a tuple ``(position, key, payload, publish_time, properties, producer)``, in C (one per
+message read or stored: the named tuple's own constructor is a Python function). The tuple must hold all six: this
+constructor fills in no default."""
 
 
 class DeadLetterRecord(NamedTuple):

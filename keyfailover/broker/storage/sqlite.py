@@ -18,6 +18,10 @@ the lowest and highest of its sequence ids, indexed, so that a retried message f
 position it was stored at. A log of schema 6 or older, a row per message, is rewritten into
 entries when a server first opens it (:class:`LogSnapshot` reads either without writing).
 
+An entry names its producer by id (``producers.id``; NULL for an unnamed producer's). A read
+gives each message its producer's name from a map of the names read before (producers are few,
+and a name never changes): an entry costs a dictionary lookup, and its messages share the name.
+
 Every message has a publish time: the broker's wall clock when its group commit began, in
 integer microseconds since the Unix epoch (the same for every message of one commit). A
 message stored before schema 5 has none (NULL: unknown). A message may carry properties,
@@ -120,6 +124,9 @@ Batch = tuple[str, str | None, Sequence[Message]] | tuple[str, str | None, Seque
 LOG_FILE_NAME = "keyfailover.db"
 """The log's file name inside a server's data directory."""
 
+_PRODUCER_NAMES = 10_000
+"""The most producer names a log keeps in memory for its reads (:meth:`Log._producer_name`)."""
+
 
 class Log:
     """One SQLite database file holding every topic's messages, producer dedup state and subscription cursors.
@@ -141,6 +148,7 @@ class Log:
         except sqlite3.Error as exc:
             raise LogFileError(f"cannot open the log {str(self._path)!r}: {exc}") from None
         self._db: sqlite3.Connection | None = db
+        self._producer_names: dict[int, str] = {}  # producers.id -> name, of the producers read
         try:
             mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if mode != "wal":
@@ -200,13 +208,13 @@ class Log:
         found: list[StoredMessage] = []
         with _rows(
             self._connection(),
-            "SELECT id - ?, count, publish_time, data FROM entries WHERE id > ? AND id <= ? ORDER BY id",
+            "SELECT id - ?, count, publish_time, data, producer FROM entries WHERE id > ? AND id <= ? ORDER BY id",
             (base, base + after, base + MAX_POSITION),
         ) as entries:
-            for last, count, publish_time, data in entries:
+            for last, count, publish_time, data, producer in entries:
                 if len(found) >= limit:
                     break
-                messages = decode_entry(last, count, publish_time, data)
+                messages = decode_entry(last, count, publish_time, data, self._producer_name(producer))
                 skip = max(after - (last - count), 0)  # the first entry may begin at or before ``after``
                 found += messages[skip : skip + limit - len(found)]
         return found
@@ -225,13 +233,15 @@ class Log:
         index = 0
         while index < len(wanted):  # one query per entry holding some of them
             row = db.execute(
-                "SELECT id - ?, count, publish_time, data FROM entries WHERE id >= ? AND id <= ? ORDER BY id LIMIT 1",
+                "SELECT id - ?, count, publish_time, data, producer FROM entries WHERE id >= ? AND id <= ?"
+                " ORDER BY id LIMIT 1",
                 (base, base + wanted[index], base + MAX_POSITION),
             ).fetchone()
             if row is None:
                 break
-            last, count, publish_time, data = row
+            last, count, publish_time, data, producer = row
             keys, payloads, _, times, properties = entry_columns(last, count, data)
+            name = self._producer_name(producer)
             first = last - count + 1
             while index < len(wanted) and wanted[index] <= last:
                 position = wanted[index]
@@ -244,6 +254,7 @@ class Log:
                             payloads[at],
                             publish_time if times is None else times[at],
                             None if properties is None else properties[at],
+                            name,
                         )
                     )
                 index += 1
@@ -643,6 +654,26 @@ class Log:
         """The id of ``topic``; None when it never held a message."""
         row = self._connection().execute("SELECT id FROM topics WHERE name = ?", (topic,)).fetchone()
         return None if row is None else int(row[0])
+
+    def _producer_name(self, producer_id: int | None) -> str | None:
+        """The name of the producer of id ``producer_id`` (an entry's), None for an unnamed producer's entry.
+
+        Names are kept in memory once read, one object each: the messages read share it, and an entry costs
+        a dictionary lookup. A name never changes nor goes (a producer's row lives as long as the log), so
+        the map is only emptied when it passes ``_PRODUCER_NAMES`` names, which bounds it for a log of many
+        short-lived producers (a Pulsar client's unnamed producer gets a new name each time).
+        """
+        if producer_id is None:
+            return None
+        name = self._producer_names.get(producer_id)
+        if name is None:
+            row = self._connection().execute("SELECT name FROM producers WHERE id = ?", (producer_id,)).fetchone()
+            if row is None:
+                raise LogFileError(f"an entry names producer id {producer_id}, which the log does not hold")
+            if len(self._producer_names) >= _PRODUCER_NAMES:
+                self._producer_names.clear()
+            name = self._producer_names[producer_id] = str(row[0])
+        return name
 
 
 class LogSnapshot:

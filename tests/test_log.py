@@ -784,7 +784,7 @@ def test_a_version_7_log_gains_the_schemas_table_and_keeps_its_messages(tmp_path
         db.execute("PRAGMA user_version = 7")
     db.close()
     with Log(path) as log:
-        assert log.read("t", 0, 10) == [StoredMessage(1, "a", b"1", 5, None)]
+        assert log.read("t", 0, 10) == [StoredMessage(1, "a", b"1", 5, None, "p")]
         assert log.schemas("t") == []
         assert log.add_schema("t", SchemaRecord(0, 1, "s", b""))
     with sqlite3.connect(path) as db:

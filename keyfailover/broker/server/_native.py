@@ -388,7 +388,7 @@ class NativeConnection(FrameReader[Frame]):
         else:
             rejected = subscription.extend(session, frame.positions)
         if rejected:
-            late = [p for p in rejected if subscription.dispatcher.lease_expired(session.consumer, p)]
+            late = [p for p in rejected if subscription.lease_expired(session, p)]
             shown = ", ".join(str(p) for p in rejected[:10]) + (" ..." if len(rejected) > 10 else "")
             if late:
                 raise ProtocolError(

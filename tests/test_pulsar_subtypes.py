@@ -22,7 +22,7 @@ from keyfailover.client import Client
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.partitions import partition_of_key
 from tests.pulsar_wire import RawPulsar, command, connect_command, subscribe_command
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, wait_until
 
 pytestmark = pytest.mark.integration  # a server in a process of its own
 
@@ -290,6 +290,40 @@ def test_cumulative_acks_are_still_refused_on_shared(pc: pulsar.Client) -> None:
     again = subscribe(pc, topic, SHARED, "c")
     assert sorted(indexes(again, 2)) == [0, 1]
     again.close()
+
+
+def test_native_consumers_ask_for_failover_with_priorities_and_share_it_with_a_pulsar_consumer(
+    server: ServerProcess, pc: pulsar.Client
+) -> None:
+    """A native consumer asks for a type (protocol version 9): "low" has priority level 1, "high" and the Pulsar
+    consumer "pulsar" level 0, so "high" (before "pulsar" by name) is active, gets every slot, and when it
+    closes with messages unacked, "pulsar" gets them."""
+    topic = "native-failover"
+    with Client(server.url) as native:
+        low = native.subscribe(topic, "s", "a-low", subscription_type="failover", priority_level=1)
+        high = native.subscribe(topic, "s", "high", subscription_type="failover")
+        bystander = subscribe(pc, topic, FAILOVER, "pulsar")
+        wait_until(lambda: (high.ranges, low.ranges) == ([(0, 65535)], []), "the active consumer's ranges", 10)
+        producer = native.create_producer(topic)
+        for index in range(6):
+            producer.send(str(index).encode(), f"k{index}")
+        producer.flush()
+        taken = [high.receive(timeout=10) for _ in range(6)]
+        assert [int(message.payload) for message in taken] == list(range(6))
+        for message in taken[:2]:
+            high.acknowledge_confirmed(message)
+        high.close()
+        assert indexes(bystander, 4) == [2, 3, 4, 5]
+        bystander.close()
+        producer.send(b"6", "k6")
+        producer.flush()
+        assert low.receive(timeout=10).payload == b"6"
+        only = native.subscribe("native-exclusive", "s", "one", subscription_type="exclusive")
+        with pytest.raises(KeyFailoverError, match="Exclusive consumer is already connected"):
+            native.subscribe("native-exclusive", "s", "two", subscription_type="exclusive")
+        only.close()
+        with pytest.raises(KeyFailoverError, match="subscription type must be one of"):
+            native.subscribe(topic, "s", "odd", subscription_type="Failover")  # type: ignore[arg-type]
 
 
 def test_no_traceback_in_the_server_log(server: ServerProcess) -> None:

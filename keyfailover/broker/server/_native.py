@@ -287,7 +287,14 @@ class NativeConnection(FrameReader[Frame]):
             subscription = await self._server.open_subscription(frame.topic, frame.subscription)
             if self._closed:
                 return
-            session = Session(self._server.next_session_id(), frame.consumer, subscription, self.send)
+            session = Session(
+                self._server.next_session_id(),
+                frame.consumer,
+                subscription,
+                self.send,
+                sub_type=frame.subscription_type,
+                priority=frame.priority_level,
+            )
             # Deliveries happen only in the subscription's pump task, so Subscribed, sent
             # right after the attach, reaches the client before any message of the session.
             subscription.attach(session, frame.receiver_queue, frame.secret)

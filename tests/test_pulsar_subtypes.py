@@ -17,7 +17,7 @@ from urllib.request import Request, urlopen
 import pulsar
 import pytest
 
-from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand, CommandSubscribe
+from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand, CommandAck, CommandSubscribe, NotAllowedError
 from keyfailover.client import Client
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.partitions import partition_of_key
@@ -217,16 +217,13 @@ def test_failover_spreads_the_partitions_of_a_partitioned_topic(server: ServerPr
     produce(pc, topic, range(60), keys=30, message_router=router)
     seen: dict[str, set[str]] = {"a": set(), "b": set()}
     total = 0
-    for name, consumer in (("a", a), ("b", b)):
-        while True:
-            try:
-                message = consumer.receive(timeout_millis=1000)
-            except pulsar.Timeout:
-                break
-            seen[name].add(message.topic_name().rsplit("-", 1)[1])
-            consumer.acknowledge(message)
-            total += 1
-    assert total == 60
+    while total < 60:
+        for name, consumer in (("a", a), ("b", b)):
+            with contextlib.suppress(pulsar.Timeout):
+                message = consumer.receive(timeout_millis=200)
+                seen[name].add(message.topic_name().rsplit("-", 1)[1])
+                consumer.acknowledge(message)
+                total += 1
     assert seen == {"a": {"0", "2"}, "b": {"1"}}
     a.close()
     b.close()
@@ -278,18 +275,33 @@ def test_another_type_is_refused_until_the_consumers_have_left(server: ServerPro
     keyed.close()
 
 
-def test_cumulative_acks_are_still_refused_on_shared(pc: pulsar.Client) -> None:
-    """A cumulative ack on a Shared subscription changes nothing: the message comes again after a reconnection."""
-    topic = "shared-cumulative"
-    consumer = subscribe(pc, topic, SHARED, "c")
-    produce(pc, topic, range(2))
-    message = consumer.receive(timeout_millis=10_000)
-    with contextlib.suppress(pulsar.PulsarException):  # the client itself may refuse it on Shared
-        consumer.acknowledge_cumulative(message)
+@pytest.mark.parametrize(("kind", "refused"), [(CommandSubscribe.Shared, True), (CommandSubscribe.Failover, False)])
+def test_a_cumulative_ack_is_refused_on_shared_and_taken_on_failover(
+    server: ServerProcess, pc: pulsar.Client, kind: int, refused: bool
+) -> None:
+    """A cumulative ack asking for a response: on Shared, ACK_RESPONSE NotAllowedError and nothing acked (the
+    messages come again); on Failover, every message up to it is acked."""
+    topic = f"cumulative-{CommandSubscribe.SubType.Name(kind)}"  # type: ignore[arg-type]
+    produce(pc, topic, range(3))
+    with RawPulsar(server.pulsar_url or "") as raw:
+        sub = subscribe_command(f"persistent://public/default/{topic}", kind, consumer="raw")
+        sub.subscribe.subscription = "s"
+        sub.subscribe.initialPosition = CommandSubscribe.Earliest
+        raw.send(connect_command(), sub)
+        raw.receive_type(BaseCommand.SUCCESS)  # a FLOW before it finds no consumer yet
+        raw.send(command(BaseCommand.FLOW, consumer_id=1, messagePermits=10))
+        for _ in range(3):
+            raw.receive_type(BaseCommand.MESSAGE)
+        ack = command(BaseCommand.ACK, consumer_id=1, ack_type=CommandAck.Cumulative, request_id=9)
+        ack.ack.message_id.add(ledgerId=0, entryId=2)
+        raw.send(ack)
+        answer = raw.receive_type(BaseCommand.ACK_RESPONSE).ackResponse
+    assert answer.request_id == 9 and answer.HasField("error") is refused
+    if refused:
+        assert answer.error == NotAllowedError and "not allowed on Shared and Key_Shared" in answer.message
+    consumer = subscribe(pc, topic, SHARED if refused else FAILOVER, "again")
+    assert sorted(indexes(consumer, 3 if refused else 1)) == ([0, 1, 2] if refused else [2])
     consumer.close()
-    again = subscribe(pc, topic, SHARED, "c")
-    assert sorted(indexes(again, 2)) == [0, 1]
-    again.close()
 
 
 def test_native_consumers_ask_for_failover_with_priorities_and_share_it_with_a_pulsar_consumer(

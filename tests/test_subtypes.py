@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keyfailover.broker.server import Server
@@ -22,6 +22,7 @@ consumers = st.dictionaries(st.text(min_size=1, max_size=6), st.integers(-3, 3),
 )
 
 
+@settings(max_examples=50)
 @given(consumers, st.integers(-1, 50), st.randoms())
 def test_the_active_consumer_is_pulsars_pick_whatever_the_order_they_came_in(
     present: list[tuple[int, str]], partition: int, shuffle: object

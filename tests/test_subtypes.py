@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from keyfailover.core.clock import ManualClock
 from keyfailover.core.dispatcher import Dispatcher
 from keyfailover.core.errors import ConfigError, ErrorCode, ProtocolError
 from keyfailover.core.subtypes import SUBSCRIPTION_TYPES, SubscriptionType, active_consumer, check_subscription_type
+from keyfailover.wire.properties import DELIVER_AT_PROPERTY, encode_properties
 from tests.test_server_seek import Inbox, run
 
 consumers = st.dictionaries(st.text(min_size=1, max_size=6), st.integers(-3, 3), max_size=8).map(
@@ -144,5 +146,21 @@ def test_a_typed_subscriber_sets_the_live_mode_and_the_saved_one_comes_back_when
         await subscription.set_consume_mode("unordered")
         Joined(server, subscription, "keyed", "key_shared", 1)
         assert (subscription.dispatcher.consume_mode, subscription.saved_mode) == ("ordered", "unordered")
+
+    run(tmp_path, body)
+
+
+@pytest.mark.parametrize(("kind", "delivered"), [("failover", [1, 2]), ("key_shared", [2])])
+def test_failover_delivers_a_message_at_once_whatever_its_delivery_time(
+    tmp_path: Path, kind: SubscriptionType, delivered: list[int]
+) -> None:
+    """Pulsar honours delivery times on Shared and Key_Shared subscriptions only."""
+
+    async def body(server: Server) -> None:
+        later = encode_properties({DELIVER_AT_PROPERTY: str(int(time.time() * 1000) + 3_600_000)})
+        await server.storage.append("orders", None, [(None, "k", b"later"), (None, "k", b"now")], [later, None])
+        subscription = await server.subscription("orders", "billing")
+        joined = Joined(server, subscription, "c", kind, 10)
+        assert await joined.until(len(delivered)) == delivered
 
     run(tmp_path, body)

@@ -150,6 +150,22 @@ def test_a_typed_subscriber_sets_the_live_mode_and_the_saved_one_comes_back_when
     run(tmp_path, body)
 
 
+def test_a_typed_joiner_of_untyped_consumers_keeps_its_type_after_they_leave(tmp_path: Path) -> None:
+    """A Shared consumer joins native consumers of an unordered subscription; once they have left, a switch of the
+    saved mode waits for it to leave too."""
+
+    async def body(server: Server) -> None:
+        subscription = await server.subscription("orders", "billing")
+        await subscription.set_consume_mode("unordered")
+        native = Joined(server, subscription, "native", None, 1)
+        Joined(server, subscription, "shared", "shared", 1)
+        subscription.detach(native.session, "closed")
+        await subscription.set_consume_mode("ordered")
+        assert (subscription.effective_type(), subscription.dispatcher.consume_mode) == ("shared", "unordered")
+
+    run(tmp_path, body)
+
+
 @pytest.mark.parametrize(("kind", "delivered"), [("failover", [1, 2]), ("key_shared", [2])])
 def test_failover_delivers_a_message_at_once_whatever_its_delivery_time(
     tmp_path: Path, kind: SubscriptionType, delivered: list[int]

@@ -183,8 +183,8 @@ class Subscription:
         """The consume mode saved for the subscription (or the server's default): its mode unless a typed
         consumer's type decides it while the subscription has consumers."""
         self.sub_type: SubscriptionType | None = None
-        """The type the first of the present consumers asked for; None without consumers, or when that one
-        named none (a native consumer joining as the subscription is)."""
+        """The type the present consumers asked for (the first to ask set it); None without consumers, or while
+        none of them named one (native consumers joining as the subscription is)."""
         self._active: str | None = None  # a Failover subscription's active consumer: the dispatcher's only one
         self._switches = 0  # changes of the active consumer: a delivery read across one went back already
         self._may_act = may_act
@@ -274,6 +274,8 @@ class Subscription:
             self.detach(old, "superseded")
         if not self.sessions:
             self._set_type(session.sub_type)
+        elif self.sub_type is None:
+            self.sub_type = session.sub_type  # of the type the untyped consumers' mode serves: the mode holds
         if self.sub_type == "failover":
             session.held = permits
             self.sessions[session.consumer] = session

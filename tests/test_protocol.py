@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from keyfailover.core.errors import FATAL_CODES, ErrorCode, FrameEncodeError, KeyFailoverError, ProtocolError
 from keyfailover.core.hashing import HASH_RANGE_SIZE
+from keyfailover.core.subtypes import SUBSCRIPTION_TYPES
 from keyfailover.wire.properties import MAX_PROPERTIES, encode_properties
 from keyfailover.wire.protocol import (
     DEFAULT_MAX_FRAME,
@@ -164,7 +165,17 @@ def ranges_changeds(draw: st.DrawFn) -> RangesChanged:
 client_frames: st.SearchStrategy[Frame] = st.one_of(
     st.builds(Connect, version=uints, token=st.none() | texts, client=labels),
     produces(),
-    st.builds(Subscribe, req=uints, topic=names, subscription=names, consumer=names, receiver_queue=uints),
+    st.builds(
+        Subscribe,
+        req=uints,
+        topic=names,
+        subscription=names,
+        consumer=names,
+        receiver_queue=uints,
+        secret=st.none() | labels,
+        subscription_type=st.none() | st.sampled_from(SUBSCRIPTION_TYPES),
+        priority_level=st.integers(0, 2**31 - 1),
+    ),
     st.builds(Flow, topic=names, subscription=names, session=uints, permits=uints),
     st.builds(Ack, topic=names, subscription=names, session=uints, positions=positions, req=st.none() | uints),
     st.builds(Nack, topic=names, subscription=names, session=uints, positions=positions, req=st.none() | uints),
@@ -296,6 +307,39 @@ def test_older_connections_get_deliveries_without_what_their_version_lacks() -> 
         assert encode(other, 5) == encode(other) == encode(other, 6)  # only deliveries and produce changed
 
 
+def test_a_subscribe_before_version_9_has_no_type_or_priority_and_reads_as_one_without() -> None:
+    """Version 9 added ``subscription_type`` and ``priority_level`` to ``subscribe``: an older connection's
+    subscribe lacks them (decoded as nil and 0, joining as the subscription is) and cannot ask for either."""
+    plain = Subscribe(req=1, topic="t", subscription="s", consumer="c", receiver_queue=10)
+    for version in (5, 8):
+        old = msgpack.unpackb(encode(plain, version)[4:])
+        assert "subscription_type" not in old and "priority_level" not in old
+        assert same(Decoder(accept="server", version=version).feed(encode(plain, version)), [plain])
+        error = rejection_by(Decoder(accept="server", version=version), raw(body_of(plain)))
+        assert "extra: 'priority_level', 'subscription_type'" in error.message
+    typed = replace(plain, subscription_type="failover", priority_level=2)
+    assert same(Decoder(accept="server").feed(encode(typed)), [typed])
+    for asked in (typed, replace(plain, priority_level=1)):
+        with pytest.raises(FrameEncodeError, match="protocol version 8 cannot carry a subscription type or priority"):
+            encode(asked, 8)
+
+
+@pytest.mark.parametrize(
+    ("field", "bad", "expected"),
+    [
+        ("subscription_type", "Exclusive", "one of exclusive, failover, shared, key_shared or nil"),
+        ("subscription_type", 1, "one of exclusive, failover, shared, key_shared or nil"),
+        ("priority_level", -1, "an int from 0 to 2147483647"),
+        ("priority_level", 2**31, "an int from 0 to 2147483647"),
+    ],
+)
+def test_a_subscribe_with_an_unknown_type_or_priority_is_refused(field: str, bad: Any, expected: str) -> None:
+    body = body_of(Subscribe(req=1, topic="t", subscription="s", consumer="c", receiver_queue=10))
+    body[field] = bad
+    error = rejection_by(Decoder(accept="server"), raw(body))
+    assert error.code is ErrorCode.BAD_FIELD and expected in error.message
+
+
 def test_a_produce_for_an_older_connection_has_no_properties_field() -> None:
     plain = Produce(req=1, topic="t", producer=None, messages=[(None, "k", b"v")])
     assert "properties" not in msgpack.unpackb(encode(plain, 6)[4:])
@@ -347,7 +391,7 @@ def test_a_decoder_version_must_be_one_spoken(bad: Any) -> None:
 def test_connections_older_than_reads_have_no_read_or_entries(version: int) -> None:
     """``read`` and ``entries`` came with version 8: a decoder of an older connection refuses them, naming the
     version they need, and encode will not write them for one."""
-    assert READ_VERSION == 8
+    assert READ_VERSION == PROTOCOL_VERSION - 1 == 8
     read = Read(req=1, topic="t", after=0, limit=10)
     answer = Entries(req=1, through=0, last=0, messages=[])
     cases: list[tuple[Frame, Accept]] = [(read, "server"), (answer, "client")]
@@ -569,7 +613,7 @@ SAMPLES: dict[str, Frame] = {
     for frame in (
         Connect(version=1, token="secret", client="c"),
         Produce(req=1, topic="t", producer="p", messages=[(1, "k", b"v")], properties=[TRACE]),
-        Subscribe(req=1, topic="t", subscription="s", consumer="c", receiver_queue=10),
+        Subscribe(req=1, topic="t", subscription="s", consumer="c", receiver_queue=10, subscription_type="shared"),
         Flow(topic="t", subscription="s", session=1, permits=5),
         Ack(topic="t", subscription="s", session=1, positions=[1, 2]),
         Nack(topic="t", subscription="s", session=1, positions=[1, 2]),

@@ -529,7 +529,8 @@ def test_an_older_client_is_served_deliveries_without_what_its_version_lacks(tmp
             sock.sendall(encode(Connect(version=version, token=None, client=f"a version {version} client"), version))
             (connected,) = frames_of(sock, buffer)
             assert (connected["type"], connected["version"]) == ("connected", version)
-            sock.sendall(encode(Subscribe(req=1, topic="t", subscription="s", consumer="old", receiver_queue=10)))
+            old_subscribe = Subscribe(req=1, topic="t", subscription="s", consumer="old", receiver_queue=10)
+            sock.sendall(encode(old_subscribe, version))  # no subscription type or priority level before version 9
             subscribed = frames_of(sock, buffer)[0]
             assert subscribed["type"] == "subscribed"
             audit = client.subscribe("t", "audit", consumer_name="new")

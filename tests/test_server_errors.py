@@ -149,6 +149,8 @@ SUBSCRIBE = {
     "consumer": "c",
     "receiver_queue": 1,
     "secret": None,
+    "subscription_type": None,
+    "priority_level": 0,
 }
 
 FATAL = {

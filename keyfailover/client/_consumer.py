@@ -24,13 +24,16 @@ from keyfailover.client._errors import (
     ConsumerClosedError,
     NotInFlight,
     ServerError,
+    ServerTooOldError,
     Timeout,
     settle_error,
 )
 from keyfailover.client._link import MAX_BATCH, Link, LostCallback, Part, call_soon
 from keyfailover.core.errors import ErrorCode, KeyFailoverError
+from keyfailover.core.subtypes import SubscriptionType
 from keyfailover.wire.properties import NO_PROPERTIES, Properties
 from keyfailover.wire.protocol import (
+    SUBSCRIPTION_TYPES_VERSION,
     Ack,
     CloseConsumer,
     ConsumerClosed,
@@ -110,6 +113,21 @@ class _Inbox:
         return dropped
 
 
+MAX_PRIORITY_LEVEL = 2**31 - 1
+"""The highest priority level a consumer may have (Pulsar's are int32s): the lowest priority."""
+
+
+def check_subscription_version(version: int, address: str) -> None:
+    """Raise :class:`ServerTooOldError` when a connection of protocol ``version`` to ``address`` cannot ask for a
+    subscription type or priority level."""
+    if version < SUBSCRIPTION_TYPES_VERSION:
+        raise ServerTooOldError(
+            ErrorCode.VERSION_MISMATCH,
+            f"the broker at {address} speaks protocol version {version}; a subscription type or priority level "
+            f"needs version {SUBSCRIPTION_TYPES_VERSION} or newer: upgrade the broker (nothing was sent)",
+        )
+
+
 class PartConsumer(Part):
     """One consumer's session on one partition: what it receives goes to the consumer's shared inbox."""
 
@@ -126,11 +144,15 @@ class PartConsumer(Part):
         inbox: _Inbox,
         on_ranges: Callable[[], None],
         on_lost: LostCallback,
+        subscription_type: SubscriptionType | None = None,
+        priority_level: int = 0,
     ) -> None:
         super().__init__(link, base_topic, partition, partitions, on_lost)
         self.subscription = subscription
         self.consumer_name = name
         self._queue_size = receiver_queue_size
+        self._subscription_type = subscription_type
+        self._priority_level = priority_level
         self._on_ranges = on_ranges
         self._loop = asyncio.get_running_loop()
         self._inbox = inbox
@@ -170,6 +192,8 @@ class PartConsumer(Part):
             consumer=self.consumer_name,
             receiver_queue=self._queue_size,
             secret=self._secret,
+            subscription_type=self._subscription_type,
+            priority_level=self._priority_level,
         )
         self.link.pending[req] = self._on_subscribe_reply
         self._subscribing = True

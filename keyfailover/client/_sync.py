@@ -45,6 +45,7 @@ from keyfailover.client.aio import (
     Timeout,
 )
 from keyfailover.core.signals import interrupts_held, whole_loop
+from keyfailover.core.subtypes import SubscriptionType
 
 __all__ = [
     "Client",
@@ -131,14 +132,27 @@ class Client:
         consumer_name: str | None = None,
         receiver_queue_size: int = 1000,
         on_ranges_changed: RangesCallback | None = None,
+        *,
+        subscription_type: SubscriptionType | None = None,
+        priority_level: int = 0,
     ) -> Consumer:
         """Join a subscription; returns once the server confirmed it.
 
         ``on_ranges_changed(ranges)`` runs on the client's thread with the consumer's new hash
         ranges each time they change: inclusive ``(start, end)`` pairs, sorted; empty for a standby.
+        ``subscription_type`` and ``priority_level``: as :meth:`AsyncClient.subscribe
+        <keyfailover.client.aio.AsyncClient.subscribe>`.
         """
         consumer = self._run(
-            self._async.subscribe(topic, subscription_name, consumer_name, receiver_queue_size, on_ranges_changed)
+            self._async.subscribe(
+                topic,
+                subscription_name,
+                consumer_name,
+                receiver_queue_size,
+                on_ranges_changed,
+                subscription_type=subscription_type,
+                priority_level=priority_level,
+            )
         )
         return Consumer(self, consumer)
 

@@ -31,7 +31,14 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 
-from keyfailover.client._consumer import AsyncConsumer, Message, PartConsumer, RangesCallback
+from keyfailover.client._consumer import (
+    MAX_PRIORITY_LEVEL,
+    AsyncConsumer,
+    Message,
+    PartConsumer,
+    RangesCallback,
+    check_subscription_version,
+)
 from keyfailover.client._errors import (
     LOOK_AGAIN,
     PERMANENT,
@@ -51,6 +58,7 @@ from keyfailover.client._reader import LogEntries, LogEntry, check_read, check_v
 from keyfailover.client._urls import Address, client_tls, parse_url
 from keyfailover.core.errors import KeyFailoverError, PropertiesError
 from keyfailover.core.partitions import partition_topic
+from keyfailover.core.subtypes import SubscriptionType, check_subscription_type
 from keyfailover.wire.protocol import Entries, Error, Frame, Key, Lookup, Read, Route, check_name
 
 __all__ = [
@@ -148,12 +156,20 @@ class AsyncClient:
         consumer_name: str | None = None,
         receiver_queue_size: int = 1000,
         on_ranges_changed: RangesCallback | None = None,
+        *,
+        subscription_type: SubscriptionType | None = None,
+        priority_level: int = 0,
     ) -> AsyncConsumer:
         """Join ``subscription_name`` of ``topic`` (every partition of it); returns once the brokers confirmed it.
 
         ``on_ranges_changed(ranges)`` runs on the event loop with the consumer's new hash
         ranges, each time a rebalance changes them and after a resubscribe that gets different ones:
         inclusive ``(start, end)`` pairs, sorted, over all partitions; empty for a standby.
+
+        ``subscription_type``: ``"exclusive"``, ``"failover"``, ``"shared"`` or ``"key_shared"``, as Pulsar's
+        (docs/protocol.md, "Subscription types"); None joins as the subscription is. ``priority_level``: the
+        consumer's priority in a failover subscription, the lower the first. Either needs brokers of protocol
+        version 9: an older one raises :class:`ServerTooOldError`, sending nothing.
         """
         if type(receiver_queue_size) is not int or receiver_queue_size < 1:
             raise KeyFailoverError(f"receiver_queue_size must be a positive int, not {receiver_queue_size!r}")
@@ -161,7 +177,16 @@ class AsyncClient:
         check_name("subscription_name", subscription_name)
         if consumer_name is not None:
             check_name("consumer_name", consumer_name)
+        if subscription_type is not None:
+            check_subscription_type(subscription_type)
+        if type(priority_level) is not int or not 0 <= priority_level <= MAX_PRIORITY_LEVEL:
+            raise KeyFailoverError(
+                f"priority_level must be an int from 0 to {MAX_PRIORITY_LEVEL}, not {priority_level!r}"
+            )
         links = await self._partition_links(topic)
+        if (subscription_type, priority_level) != (None, 0):
+            for link in links:
+                check_subscription_version(link.version, link.address)
         name = consumer_name or f"consumer-{uuid.uuid4().hex[:12]}"
         consumer = AsyncConsumer(topic, subscription_name, name, on_ranges_changed)
         for index, link in enumerate(links):
@@ -176,6 +201,8 @@ class AsyncClient:
                 inbox=consumer.inbox,
                 on_ranges=consumer.ranges_changed,
                 on_lost=self._lost,
+                subscription_type=subscription_type,
+                priority_level=priority_level,
             )
             link.parties.append(part)
             consumer.parts.append(part)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, TypeAlias
 
+from keyfailover.core.subtypes import SubscriptionType
+
 Key: TypeAlias = str | bytes | None
 """A message key: str and bytes stay distinct on the wire (both hash by their UTF-8 bytes)."""
 
@@ -48,6 +50,9 @@ class Subscribe:
 
     ``secret`` is what the consumer's last ``subscribed`` returned (nil the first time): only
     with it may a subscribe take over a consumer name that still has a live session.
+    ``subscription_type`` (version 9): the type the consumer asks for, nil to join as the
+    subscription is; ``priority_level`` (version 9): its priority in a failover subscription,
+    the lower the first.
     """
 
     type: ClassVar[str] = "subscribe"
@@ -57,6 +62,8 @@ class Subscribe:
     consumer: str
     receiver_queue: int
     secret: str | None = None
+    subscription_type: SubscriptionType | None = None
+    priority_level: int = 0
 
 
 @dataclass(frozen=True, slots=True)

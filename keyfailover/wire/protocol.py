@@ -35,6 +35,7 @@ from keyfailover.core.errors import (
     ProtocolError,
 )
 from keyfailover.core.hashing import HASH_RANGE_SIZE
+from keyfailover.core.subtypes import SUBSCRIPTION_TYPES, SubscriptionType
 from keyfailover.wire._frames import (
     Ack,
     ClientFrame,
@@ -78,6 +79,7 @@ __all__ = [
     "PRODUCER_VERSION",
     "PROTOCOL_VERSION",
     "READ_VERSION",
+    "SUBSCRIPTION_TYPES_VERSION",
     "Ack",
     "ClientFrame",
     "Close",
@@ -119,6 +121,9 @@ __all__ = [
 PROTOCOL_VERSION: Final = 9
 """The version this client sends in ``connect``, and the newest a server speaks."""
 
+SUBSCRIPTION_TYPES_VERSION: Final = 9
+"""The first version whose ``subscribe`` has ``subscription_type`` and ``priority_level``."""
+
 READ_VERSION: Final = 8
 """The first version with ``read`` and ``entries``: a connection of an older version has neither frame."""
 
@@ -131,7 +136,8 @@ PRODUCER_VERSION: Final = 9
 OLDEST_PROTOCOL_VERSION: Final = 5
 """The oldest version a server still speaks; it answers ``version_mismatch`` to versions outside
 ``OLDEST_PROTOCOL_VERSION`` .. ``PROTOCOL_VERSION``. Version 8 deliveries and entries do not name their
-producer; version 7 frames have no ``read`` and ``entries``;
+producer, and its ``subscribe`` has no subscription type or priority level; version 7 frames have no ``read``
+and ``entries`` either;
 version 6 frames carry no properties (a
 ``produce`` has no ``properties`` field, a delivery no properties item), version 5 deliveries no
 publish time either."""
@@ -146,6 +152,7 @@ MAX_READ: Final = 10_000
 """The most messages one ``read`` may ask for (its ``limit``), and the most an ``entries`` frame holds."""
 
 _INT64_MIN: Final = -(2**63)
+_PRIORITY_MAX: Final = 2**31 - 1
 _INT64_MAX: Final = 2**63 - 1
 _MAX_LENGTH: Final = 2**32 - 1  # what the 4-byte length prefix can say
 _HEADER: Final = struct.Struct(">I")
@@ -173,7 +180,8 @@ def encode(frame: Frame, version: int = PROTOCOL_VERSION) -> bytes:
     """Return ``frame`` as it goes on the wire: the 4-byte body length, then the msgpack body.
 
     ``version`` is the protocol version of the connection: before version 9, deliveries and entries leave
-    out their producer name; before version 8 there is no ``read`` or
+    out their producer name and a subscribe has no ``subscription_type`` or ``priority_level`` field (one
+    that names a type or a priority raises :class:`FrameEncodeError`); before version 8 there is no ``read`` or
     ``entries`` (either raises :class:`FrameEncodeError`); for version 6, deliveries leave out
     their properties and a produce has no ``properties`` field (a produce with properties raises
     :class:`FrameEncodeError`: that version cannot carry them); for version 5, deliveries leave out
@@ -191,6 +199,15 @@ def encode(frame: Frame, version: int = PROTOCOL_VERSION) -> bytes:
     body: dict[str, Any] = {"type": frame.type}
     for name in names:
         body[name] = getattr(frame, name)
+    if (
+        version < SUBSCRIPTION_TYPES_VERSION
+        and type(frame) is Subscribe
+        and (body.pop("subscription_type"), body.pop("priority_level")) != (None, 0)  # the fields go either way
+    ):
+        raise FrameEncodeError(
+            f"protocol version {version} cannot carry a subscription type or priority level; expected version "
+            f"{SUBSCRIPTION_TYPES_VERSION} or newer"
+        )
     if version < PRODUCER_VERSION:
         if type(frame) is Messages:
             items = 4 if version < 6 else 5 if version < _PROPERTIES_VERSION else 6  # each version one item less
@@ -307,6 +324,23 @@ def _label(value: object) -> str:
     if type(value) is str and value:
         return value
     raise _wrong("a non-empty str", value)
+
+
+def _opt_subscription_type(value: object) -> SubscriptionType | None:
+    """``value`` if it is one of the subscription types or None."""
+    for known in SUBSCRIPTION_TYPES:
+        if value == known and type(value) is str:
+            return known
+    if value is None:
+        return None
+    raise _wrong(f"one of {', '.join(SUBSCRIPTION_TYPES)} or nil", value)
+
+
+def _priority(value: object) -> int:
+    """``value`` if it is an int from 0 to 2**31 - 1 (Pulsar's priority levels are int32s)."""
+    if type(value) is int and 0 <= value <= _PRIORITY_MAX:
+        return value
+    raise _wrong(f"an int from 0 to {_PRIORITY_MAX}", value)
 
 
 def _opt_label(value: object) -> str | None:
@@ -654,6 +688,8 @@ _CLIENT_SPECS: Final = {
             consumer=_name,
             receiver_queue=_uint,
             secret=_opt_label,
+            subscription_type=_opt_subscription_type,
+            priority_level=_priority,
         ),
         _spec(Flow, topic=_name, subscription=_name, session=_uint, permits=_uint),
         *(
@@ -698,32 +734,31 @@ _INTRODUCED: Final = {"read": READ_VERSION, "entries": READ_VERSION}
 older version refuses them as unknown."""
 
 _OLDER: Final = {
-    **{
-        version: {
-            "messages": _SERVER_SPECS["messages"]._replace(
-                checks=(("session", _uint), ("messages", _older_delivered(6, version)))
-            ),
-            "entries": _SERVER_SPECS["entries"]._replace(
-                checks=tuple(
-                    (name, _older_entries if name == "messages" else check)
-                    for name, check in _SERVER_SPECS["entries"].checks
+    version: {
+        "subscribe": _without(_without(_CLIENT_SPECS["subscribe"], "subscription_type"), "priority_level"),
+        "messages": _SERVER_SPECS["messages"]._replace(
+            checks=(("session", _uint), ("messages", _older_delivered(min(version - 1, 6), version)))
+        ),
+        **(
+            {
+                "entries": _SERVER_SPECS["entries"]._replace(
+                    checks=tuple(
+                        (name, _older_entries if name == "messages" else check)
+                        for name, check in _SERVER_SPECS["entries"].checks
+                    )
                 )
-            ),
-        }
-        for version in (8, 7)
-    },
-    **{
-        version: {
-            "produce": _without(_CLIENT_SPECS["produce"], "properties"),
-            "messages": _SERVER_SPECS["messages"]._replace(
-                checks=(("session", _uint), ("messages", _older_delivered(version - 1, version)))  # an item less each
-            ),
-        }
-        for version in (6, 5)
-    },
+            }
+            if version >= READ_VERSION
+            else {"produce": _without(_CLIENT_SPECS["produce"], "properties")}
+            if version < _PROPERTIES_VERSION
+            else {}
+        ),
+    }
+    for version in range(OLDEST_PROTOCOL_VERSION, SUBSCRIPTION_TYPES_VERSION)
 }
-"""The frames older versions still spoken send differently (versions 8 and 7: deliveries and entries without their
-producer name; 6: no properties either; 5: no publish times either)."""
+"""The frames older versions still spoken send differently (before version 9: deliveries and entries without their
+producer name, a subscribe without type and priority; version 6: no properties either; 5: no publish times
+either)."""
 _MAX_MAP_LEN: Final = 64
 """Far more fields than any frame has, so extras are reported as ``bad_field``; a bigger map is refused unbuilt."""
 

@@ -287,7 +287,14 @@ class NativeConnection(FrameReader[Frame]):
             subscription = await self._server.open_subscription(frame.topic, frame.subscription)
             if self._closed:
                 return
-            session = Session(self._server.next_session_id(), frame.consumer, subscription, self.send)
+            session = Session(
+                self._server.next_session_id(),
+                frame.consumer,
+                subscription,
+                self.send,
+                sub_type=frame.subscription_type,
+                priority=frame.priority_level,
+            )
             # Deliveries happen only in the subscription's pump task, so Subscribed, sent
             # right after the attach, reaches the client before any message of the session.
             subscription.attach(session, frame.receiver_queue, frame.secret)
@@ -388,7 +395,7 @@ class NativeConnection(FrameReader[Frame]):
         else:
             rejected = subscription.extend(session, frame.positions)
         if rejected:
-            late = [p for p in rejected if subscription.dispatcher.lease_expired(session.consumer, p)]
+            late = [p for p in rejected if subscription.lease_expired(session, p)]
             shown = ", ".join(str(p) for p in rejected[:10]) + (" ..." if len(rejected) > 10 else "")
             if late:
                 raise ProtocolError(

@@ -64,6 +64,7 @@ from keyfailover.broker.server._pulsar_send import Producer, Send, joined, sent_
 from keyfailover.broker.server._subscription import Session, Subscription
 from keyfailover.broker.storage._store import NotServedError, Result, StoreUnavailableError
 from keyfailover.core.errors import ErrorCode, KeyFailoverError
+from keyfailover.core.subtypes import SINGLE_ACTIVE, SubscriptionType
 from keyfailover.wire.protocol import ConsumerClosed, Frame, Messages, is_valid_name, stream_transport
 
 __all__ = ["OpenProducer", "PulsarConnection"]
@@ -77,6 +78,15 @@ _MINUS_ONE: Final = 2**64 - 1
 the request id of a command the broker sends unasked, and the ledger and entry of ``MessageId.earliest``."""
 _LATEST: Final = 2**63 - 1
 """The ledger of ``MessageId.latest`` (Long.MAX_VALUE)."""
+_ACTIVE_CONSUMER_CHANGE_VERSION: Final = 12
+"""The protocol version that brought ACTIVE_CONSUMER_CHANGE."""
+_SUB_TYPES: Final[dict[int, SubscriptionType]] = {
+    CommandSubscribe.Exclusive: "exclusive",
+    CommandSubscribe.Failover: "failover",
+    CommandSubscribe.Shared: "shared",
+    CommandSubscribe.Key_Shared: "key_shared",
+}
+"""keyfailover's name of each Pulsar subscription type."""
 
 
 @dataclass
@@ -152,6 +162,8 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         # as Apache Pulsar drops those of a producer it closed (the client fails them itself).
         self._fenced: dict[int, None] = {}
         self._consumers: dict[int, _Consumer] = {}
+        # Whether a consumer being opened is active, told while it joined: sent after its SUBSCRIBE's SUCCESS.
+        self._early_active: dict[int, bool] = {}
         self._readers: dict[int, PulsarReader] = {}  # non-durable Exclusive subscriptions, by consumer id
         # Readers that seeked, by consumer id: their topic and the position their next SUBSCRIBE starts after.
         self._reader_seeks: dict[int, tuple[str, int]] = {}
@@ -345,6 +357,23 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
             del self._consumers[consumer_id]
             self._tell_closed(consumer_id)
         # RangesChanged: Pulsar clients are not told their hash ranges under AUTO_SPLIT.
+
+    def _tell_active(self, consumer_id: int, active: bool) -> None:
+        """ACTIVE_CONSUMER_CHANGE: whether the consumer is its Exclusive or Failover subscription's active one (a
+        consumer still being opened is told after its SUCCESS). One that stands down holds nothing any more: what
+        was delivered to it went back to the subscription."""
+        consumer = self._consumers.get(consumer_id)
+        if consumer is None:
+            self._early_active[consumer_id] = active
+            return
+        if not active:
+            consumer.unacked.clear()
+        if self.version < _ACTIVE_CONSUMER_CHANGE_VERSION:
+            return
+        command = _command(BaseCommand.ACTIVE_CONSUMER_CHANGE)
+        command.active_consumer_change.consumer_id = consumer_id
+        command.active_consumer_change.is_active = active
+        self._send(command)
 
     def _tell_closed(self, consumer_id: int) -> None:
         """CLOSE_CONSUMER from the server: the client's consumer subscribes again (after a lookup)."""
@@ -737,9 +766,9 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         self._spawn(self._open_consumer(frame.command))
 
     async def _open_consumer(self, command: BaseCommand) -> None:
-        """Attach a consumer session to the durable Key_Shared subscription a SUBSCRIBE names, and answer
-        SUCCESS, or ERROR; a non-durable one is a reader. Its deliveries wait for the client's FLOW. A schema it
-        brings is checked first (:func:`consumer_schema`)."""
+        """Attach a consumer session to the durable subscription a SUBSCRIBE names, of the type it asks for, and
+        answer SUCCESS, or ERROR; a non-durable one is a reader. Its deliveries wait for the client's FLOW. A
+        schema it brings is checked first (:func:`consumer_schema`)."""
         request = command.subscribe
         try:
             await consumer_schema(self._server, keyfailover_topic(request.topic), request)
@@ -751,9 +780,10 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         if not request.durable:
             self._open_reader(request)
             return
+        consumer_id = request.consumer_id
         try:
             topic = keyfailover_topic(request.topic)
-            sticky = _check_subscribe(request)
+            sub_type, sticky = _check_subscribe(request)
             consumer = request.consumer_name or f"pulsar-{secrets.token_hex(8)}"
             if not is_valid_name(consumer) or not is_valid_name(request.subscription):
                 raise RefusedError(
@@ -778,21 +808,27 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
                     )
                 self._success(request.request_id)
                 return
-            consumer_id = request.consumer_id
             session = Session(
                 self._server.next_session_id(),
                 consumer,
                 subscription,
                 lambda frame: self._deliver(consumer_id, frame),
                 counts_failures=True,  # the client's dead-letter policy counts redeliveries
+                sub_type=sub_type,
+                priority=request.priority_level,
+                on_active=lambda active: self._tell_active(consumer_id, active),
             )
             # Permits come with the client's FLOW, right after SUCCESS.
             subscription.attach(session, 0, sticky=sticky)
         except (RefusedError, KeyFailoverError) as exc:
+            self._early_active.pop(consumer_id, None)
             self._error(request.request_id, *server_error(exc))
             return
         self._consumers[consumer_id] = _Consumer(session, self._partition(topic))
         self._success(request.request_id)
+        active = self._early_active.pop(consumer_id, None)
+        if active is not None:
+            self._tell_active(consumer_id, active)
 
     def _open_reader(self, request: CommandSubscribe) -> None:
         """A non-durable subscription: a Pulsar Reader (Exclusive), served from the log by a :class:`PulsarReader`."""
@@ -864,21 +900,32 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
             consumer.session.subscription.flow(consumer.session, request.messagePermits)
 
     def _ack(self, frame: PulsarFrame) -> None:
-        """ACK: ack the consumer's positions, individual acks only; with a request id, ACK_RESPONSE says
-        whether some were not in flight."""
+        """ACK: ack the consumer's positions; a cumulative ack, on an Exclusive or Failover subscription only,
+        acks every position up to its message id that was delivered to the consumer and is not acked yet. With a
+        request id, ACK_RESPONSE says whether some were not in flight."""
         request = frame.command.ack
         consumer = self._consumers.get(request.consumer_id)
         reader = self._readers.get(request.consumer_id)
+        cumulative = request.ack_type == CommandAck.Cumulative
         if reader is not None:
             rejected = ""  # a reader keeps no cursor: its acks only say what the application took
-            if request.ack_type == CommandAck.Cumulative and request.message_id:
+            if cumulative and request.message_id:
                 reader.acked(request.message_id[0].entryId)
-        elif request.ack_type == CommandAck.Cumulative:
-            rejected = "cumulative acks are not allowed on Key_Shared subscriptions; expected individual acks"
         elif consumer is None:
             rejected = f"consumer id {request.consumer_id} is not open on this connection"
+        elif cumulative and consumer.session.sub_type not in SINGLE_ACTIVE:
+            rejected = (
+                "cumulative acks are not allowed on Shared and Key_Shared subscriptions; expected individual acks "
+                "(or an Exclusive or Failover subscription)"
+            )
+        elif cumulative and not request.message_id:
+            rejected = "a cumulative ack without a message id; expected the id of the last message to ack"
         else:
-            positions = [message_id.entryId for message_id in request.message_id]
+            if cumulative:
+                upto = request.message_id[0].entryId
+                positions = sorted(position for position in consumer.unacked if position <= upto)
+            else:
+                positions = [message_id.entryId for message_id in request.message_id]
             consumer.unacked.difference_update(positions)
             late = consumer.session.subscription.ack(consumer.session, positions)
             # Acks of messages taken back (lease expired, session replaced) change nothing: they come again.
@@ -1119,18 +1166,17 @@ def _check_type(request: CommandSubscribe, served: int, refusal: str) -> None:
         raise RefusedError(NotAllowedError, refusal.format(kind=CommandSubscribe.SubType.Name(request.subType)))
 
 
-def _check_subscribe(request: CommandSubscribe) -> list[tuple[int, int]] | None:
-    """Refuse what keyfailover does not serve in a durable subscription (other types than Key_Shared);
-    the hash ranges a STICKY consumer declares, None for AUTO_SPLIT."""
-    _check_type(
-        request,
-        CommandSubscribe.Key_Shared,
-        "subscription type {kind} is not served: keyfailover serves Key_Shared subscriptions "
-        "(consumer_type=ConsumerType.KeyShared)",
-    )
-    if not request.HasField("keySharedMeta") or request.keySharedMeta.keySharedMode != KeySharedMode.STICKY:
-        return None
-    return [(hash_range.start, hash_range.end) for hash_range in request.keySharedMeta.hashRanges]
+def _check_subscribe(request: CommandSubscribe) -> tuple[SubscriptionType, list[tuple[int, int]] | None]:
+    """The subscription type a durable SUBSCRIBE asks for, and the hash ranges a Key_Shared STICKY consumer
+    declares (None for AUTO_SPLIT and the other types)."""
+    sub_type = _SUB_TYPES[request.subType]  # the decoder reads a type it does not know as the default, Exclusive
+    if (
+        sub_type != "key_shared"
+        or not request.HasField("keySharedMeta")
+        or request.keySharedMeta.keySharedMode != KeySharedMode.STICKY
+    ):
+        return sub_type, None
+    return sub_type, [(hash_range.start, hash_range.end) for hash_range in request.keySharedMeta.hashRanges]
 
 
 def _type_name(command: BaseCommand) -> str:

@@ -444,6 +444,7 @@ class Server:
                 consume_mode=mode,
                 own_settings=own,
                 slots=partition_slots(index, count),
+                partition=index if count > 1 else -1,
                 settings_topic=base,
                 may_act=None if self._broker is None else self._broker.lease_valid,
             )

@@ -39,6 +39,7 @@ from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
 from keyfailover.core.histogram import DEFAULT_BUCKETS, Histogram
 from keyfailover.core.ranges import Range
 from keyfailover.core.rebalance import DEFAULT_MAX_RANGES, StickyPolicy, check_policy_choice
+from keyfailover.core.subtypes import SINGLE_ACTIVE, SubscriptionType, active_consumer
 from keyfailover.wire.properties import delivery_time
 from keyfailover.wire.protocol import ConsumerClosed, Delivered, Frame, Messages, RangesChanged
 
@@ -107,10 +108,26 @@ class Session:
     pairs, empty for a standby. ``counts_failures``: each delivery's redelivery count is the
     number of its earlier deliveries that *failed* (:meth:`Dispatcher.failures`), not of all of
     them: what a Pulsar client's dead-letter policy expects, so that a message taken back only to
-    keep its key's order behind a nacked one is not dead-lettered with it.
+    keep its key's order behind a nacked one is not dead-lettered with it. ``sub_type``: the
+    subscription type the consumer asks for, None to join as the subscription is; ``priority``: its
+    priority level in a Failover subscription, the lower the first. ``on_active``: called with
+    whether the consumer is its Exclusive or Failover subscription's active one, when it joins and
+    whenever that changes.
     """
 
-    __slots__ = ("consumer", "counts_failures", "id", "ranges", "secret", "send", "subscription")
+    __slots__ = (
+        "consumer",
+        "counts_failures",
+        "held",
+        "id",
+        "on_active",
+        "priority",
+        "ranges",
+        "secret",
+        "send",
+        "sub_type",
+        "subscription",
+    )
 
     def __init__(
         self,
@@ -120,6 +137,9 @@ class Session:
         send: Callable[[Frame], None],
         *,
         counts_failures: bool = False,
+        sub_type: SubscriptionType | None = None,
+        priority: int = 0,
+        on_active: Callable[[bool], None] | None = None,
     ) -> None:
         """A session of ``consumer``, whose frames go out through ``send``; it owns no ranges yet."""
         self.id = session_id
@@ -128,6 +148,11 @@ class Session:
         self.subscription = subscription
         self.send = send
         self.counts_failures = counts_failures
+        self.sub_type = sub_type
+        self.priority = priority
+        self.on_active = on_active
+        self.held = 0
+        """The permits of a Failover standby, kept for when it becomes the active consumer."""
         self.ranges: list[tuple[int, int]] = []
 
 
@@ -147,10 +172,21 @@ class Subscription:
         slots: tuple[int, int] = (0, HASH_RANGE_SIZE - 1),
         settings_topic: str | None = None,
         may_act: Callable[[], bool] | None = None,
+        partition: int = -1,
     ) -> None:
         """The subscription ``name`` of ``topic``, from ``cursor``: its dispatcher has the server's delivery
-        settings of ``config`` with ``own_settings`` over them, and serves the hash ``slots``. Not started."""
+        settings of ``config`` with ``own_settings`` over them, and serves the hash ``slots``; ``partition`` is the
+        topic's partition index, -1 unless it is a partition of a partitioned topic. Not started."""
         self.topic = topic
+        self.partition = partition
+        self.saved_mode: ConsumeMode = consume_mode
+        """The consume mode saved for the subscription (or the server's default): its mode unless a typed
+        consumer's type decides it while the subscription has consumers."""
+        self.sub_type: SubscriptionType | None = None
+        """The type the present consumers asked for (the first to ask set it); None without consumers, or while
+        none of them named one (native consumers joining as the subscription is)."""
+        self._active: str | None = None  # a Failover subscription's active consumer: the dispatcher's only one
+        self._switches = 0  # changes of the active consumer: a delivery read across one went back already
         self._may_act = may_act
         """A cluster broker's lease: while it returns False nothing is delivered and no ack, nack or
         extension is taken (None: always may)."""
@@ -220,6 +256,10 @@ class Subscription:
         without; a joiner of the other kind than the present consumers is refused with
         ``consumer_busy``; ranges that overlap a present consumer's are the dispatcher's
         :class:`ConsumerError`, and nothing changes.
+
+        The session's ``sub_type`` must be the subscription's (:meth:`_check_type`); the first
+        consumer of a subscription without consumers sets it. A Failover standby waits outside
+        the dispatcher with its permits (:meth:`_elect`).
         """
         old = self.sessions.get(session.consumer)
         if old is not None and (secret is None or not hmac.compare_digest(secret, old.secret)):
@@ -229,8 +269,19 @@ class Subscription:
                 "expected another consumer name, or the secret of that session's subscribe to resume it",
             )
         self._check_kind(session.consumer, sticky, old)
+        self._check_type(session, old)
         if old is not None:
             self.detach(old, "superseded")
+        if not self.sessions:
+            self._set_type(session.sub_type)
+        elif self.sub_type is None:
+            self.sub_type = session.sub_type  # of the type the untyped consumers' mode serves: the mode holds
+        if self.sub_type == "failover":
+            session.held = permits
+            self.sessions[session.consumer] = session
+            self._joined(session)
+            self._elect(session)
+            return old
         dispatcher = self.dispatcher
         policy = dispatcher.policy.name
         dispatcher.set_policy(self._config.policy if sticky is None else StickyPolicy.name)
@@ -238,9 +289,21 @@ class Subscription:
             dispatcher.add_consumer(session.consumer, sticky)
         except KeyFailoverError:
             dispatcher.set_policy(policy)
+            if not self.sessions:
+                self._set_type(None)
             raise
         self.dispatcher.flow(session.consumer, permits)
         self.sessions[session.consumer] = session
+        self._joined(session)
+        session.ranges = self.dispatcher.ranges_of(session.consumer)
+        self.announce_ranges(skip=session)
+        if session.on_active is not None and self.sub_type == "exclusive":
+            session.on_active(True)
+        self.wake()
+        return old
+
+    def _joined(self, session: Session) -> None:
+        """Log that ``session`` joined."""
         _log.info(
             "consumer %r joins %s/%s (session %d; consumers now %d)",
             session.consumer,
@@ -249,10 +312,110 @@ class Subscription:
             session.id,
             len(self.sessions),
         )
-        session.ranges = self.dispatcher.ranges_of(session.consumer)
-        self.announce_ranges(skip=session)
+
+    def effective_type(self) -> SubscriptionType:
+        """The subscription's type now: the one its consumers asked for, else what its consume mode serves
+        (``shared`` for unordered, ``key_shared`` for ordered)."""
+        if self.sub_type is not None:
+            return self.sub_type
+        return "shared" if self.dispatcher.consume_mode == "unordered" else "key_shared"
+
+    def _check_type(self, session: Session, old: Session | None) -> None:
+        """Refuse a joiner of another type than the present consumers' with ``consumer_busy``, as Pulsar does
+        ("Subscription is of different type"), and a second consumer of an Exclusive subscription ("Exclusive
+        consumer is already connected"); a joiner that names no type joins any but an Exclusive or Failover one."""
+        if not any(other is not old for other in self.sessions.values()):
+            return
+        present = self.effective_type()
+        wanted = session.sub_type
+        where = f"{self.topic!r}/{self.name!r}"
+        if wanted is None and present in SINGLE_ACTIVE:
+            raise ProtocolError(
+                ErrorCode.CONSUMER_BUSY,
+                f"Subscription is of different type: {where} is {present} and consumer {session.consumer!r} "
+                f"names no type; expected a consumer asking for {present}, or a subscribe after its consumers "
+                "have left",
+            )
+        if wanted is not None and wanted != present:
+            raise ProtocolError(
+                ErrorCode.CONSUMER_BUSY,
+                f"Subscription is of different type: {where} is {present}, consumer {session.consumer!r} asks for "
+                f"{wanted}; expected {present}, or a subscribe after its consumers have left",
+            )
+        if present == "exclusive":
+            raise ProtocolError(
+                ErrorCode.CONSUMER_BUSY,
+                f"Exclusive consumer is already connected to {where}; expected no other consumer, or a subscribe "
+                "after it has left",
+            )
+
+    def _set_type(self, sub_type: SubscriptionType | None) -> None:
+        """Give the subscription, without consumers, the type of its first joiner: Shared serves the unordered
+        consume mode, the others the ordered one, and a joiner without a type the saved mode. Exclusive and
+        Failover deliver at once what waits for its delivery time (Pulsar delays only on Shared and Key_Shared)."""
+        self.sub_type = sub_type
+        self._active = None
+        mode: ConsumeMode = "unordered" if sub_type == "shared" else "ordered"
+        if sub_type is None:
+            mode = self.saved_mode
+        dispatcher = self.dispatcher
+        if dispatcher.consume_mode != mode:
+            dispatcher.set_consume_mode(mode)
+        if sub_type in SINGLE_ACTIVE:
+            dispatcher.release_delayed()
+
+    def _honours_delays(self) -> bool:
+        """Whether messages wait for their delivery time: not on an Exclusive or Failover subscription."""
+        return self.sub_type not in SINGLE_ACTIVE
+
+    def _elect(self, joiner: Session | None = None) -> None:
+        """Make the Failover consumer Pulsar would pick (:func:`active_consumer`) the dispatcher's only consumer.
+
+        When it changes, the old active consumer leaves the dispatcher (its unacked messages go back to pending,
+        for the new one first) keeping its permits for later, the new one joins with its own, and every session
+        is told; else only ``joiner`` is, of the one in place.
+        """
+        sessions = self.sessions
+        chosen = active_consumer(((s.priority, name) for name, s in sessions.items()), self.partition)
+        dispatcher = self.dispatcher
+        current = self._active
+        if chosen == current:
+            told = [] if joiner is None else [joiner]
+        else:
+            if current is not None:
+                permits = dispatcher.permits(current)
+                dispatcher.remove_consumer(current)
+                was = sessions.get(current)
+                if was is not None:
+                    was.held = permits
+            self._active = chosen
+            self._switches += 1
+            if chosen is not None:
+                active = sessions[chosen]
+                dispatcher.set_policy(self._config.policy)
+                dispatcher.add_consumer(chosen)
+                dispatcher.flow(chosen, active.held)
+                active.held = 0
+                _log.info("consumer %r is the active consumer of %s/%s", chosen, self.topic, self.name)
+            told = list(sessions.values())
+        for session in told:
+            if session.on_active is not None:
+                session.on_active(session.consumer == chosen)
+        self.announce_ranges(skip=joiner)
         self.wake()
-        return old
+
+    def lease_expired(self, session: Session, position: int) -> bool:
+        """Whether ``position`` was taken back from ``session``'s consumer at a lease deadline (never for a
+        Failover standby: what it held went back when it stood down)."""
+        return self._in_dispatcher(session) and self.dispatcher.lease_expired(session.consumer, position)
+
+    def _in_dispatcher(self, session: Session) -> bool:
+        """Whether ``session``'s consumer is one of the dispatcher's: all but a Failover standby."""
+        return self.sub_type != "failover" or session.consumer == self._active
+
+    def _ranges_of(self, session: Session) -> list[tuple[int, int]]:
+        """The ranges ``session``'s consumer owns: none for a Failover standby."""
+        return self.dispatcher.ranges_of(session.consumer) if self._in_dispatcher(session) else []
 
     def _check_kind(self, consumer: str, sticky: list[tuple[int, int]] | None, old: Session | None) -> None:
         """Refuse a STICKY joiner of an AUTO subscription with consumers (and the other way round)."""
@@ -284,9 +447,17 @@ class Subscription:
             reason,
             len(self.sessions),
         )
-        self.dispatcher.remove_consumer(session.consumer, reason="timeout" if reason == "timeout" else "leave")
+        failover = self.sub_type == "failover"
+        if not failover or session.consumer == self._active:
+            self.dispatcher.remove_consumer(session.consumer, reason="timeout" if reason == "timeout" else "leave")
+            self._active = None
         if notify:
             session.send(ConsumerClosed(session=session.id, reason=reason, req=req))
+        if not self.sessions:
+            self._set_type(None)
+        elif failover:
+            self._elect()
+            return
         self.announce_ranges()
         self.wake()
 
@@ -317,7 +488,7 @@ class Subscription:
             while len(history) > 1 and (len(history) > self._config.history or self._history_ranges > _HISTORY_RANGES):
                 self._history_ranges -= len(history.popleft()[2])
         for session in self.sessions.values():
-            now = self.dispatcher.ranges_of(session.consumer)
+            now = self._ranges_of(session)
             if now != session.ranges:
                 session.ranges = now
                 if session is not skip:
@@ -326,10 +497,13 @@ class Subscription:
     # -- flow, acks ------------------------------------------------------------------
 
     async def set_consume_mode(self, mode: str) -> None:
-        """Switch the consume mode live (nothing waiting or in flight is lost) and save it."""
+        """Save the consume mode and switch to it live (nothing waiting or in flight is lost); while the
+        consumers present asked for a type, theirs holds, and the saved mode applies once they have left."""
         checked = check_consume_mode(mode)
         await self._storage.save_consume_mode(self.settings_topic, self.name, checked)
-        self.dispatcher.set_consume_mode(checked)
+        self.saved_mode = checked
+        if self.sub_type is None:
+            self.dispatcher.set_consume_mode(checked)
         self.wake()
 
     def configure(self, own: Mapping[str, float | int | None]) -> DeliverySettings:
@@ -342,7 +516,11 @@ class Subscription:
         return settings
 
     def flow(self, session: Session, permits: int) -> None:
-        """Give the session's consumer ``permits`` more messages to receive, and wake the pump to send them."""
+        """Give the session's consumer ``permits`` more messages to receive, and wake the pump to send them; a
+        Failover standby keeps them for when it becomes active."""
+        if not self._in_dispatcher(session):
+            session.held += permits
+            return
         epoch = self.dispatcher.epoch
         self.dispatcher.flow(session.consumer, permits)
         self._announce_since(epoch)
@@ -360,8 +538,9 @@ class Subscription:
         return self._may_act is not None and not self._may_act()
 
     def ack(self, session: Session, positions: list[int]) -> list[int]:
-        """Ack each position; returns those that were not in flight on the session (all while paused)."""
-        if self.paused():
+        """Ack each position; returns those that were not in flight on the session (all while paused, and all
+        of a Failover standby)."""
+        if self.paused() or not self._in_dispatcher(session):
             return list(positions)
         epoch = self.dispatcher.epoch
         acked, rejected = self.dispatcher.ack_many(session.consumer, positions)
@@ -374,7 +553,7 @@ class Subscription:
 
     def extend(self, session: Session, positions: list[int]) -> list[int]:
         """Renew the leases of ``positions``; returns those that were not in flight on the session."""
-        if self.paused():
+        if self.paused() or not self._in_dispatcher(session):
             return list(positions)
         epoch = self.dispatcher.epoch
         rejected = self.dispatcher.extend(session.consumer, positions)[1]
@@ -383,8 +562,8 @@ class Subscription:
 
     def nack(self, session: Session, positions: list[int]) -> list[int]:
         """Nack each position: it is delivered again, after its backoff if there is one. Returns those that were
-        not in flight on the session, all of them while paused."""
-        if self.paused():
+        not in flight on the session, all of them while paused or for a Failover standby."""
+        if self.paused() or not self._in_dispatcher(session):
             return list(positions)
         rejected = []
         epoch = self.dispatcher.epoch
@@ -469,9 +648,11 @@ class Subscription:
 
     def _publish(self, messages: list[StoredMessage]) -> None:
         """Hand ``messages`` to the dispatcher, a message whose delivery time is ahead with it (Pulsar's
-        ``deliver_at_time``, kept in its properties: so a restart keeps it too), the others in runs."""
+        ``deliver_at_time``, kept in its properties: so a restart keeps it too), the others in runs. An
+        Exclusive or Failover subscription has no delivery times: all go in runs."""
         dispatcher = self.dispatcher
-        if not any(map(_properties, messages)):  # the usual batch: no properties, so no delivery times
+        # The usual batch: no properties, so no delivery times.
+        if not self._honours_delays() or not any(map(_properties, messages)):
             dispatcher.publish_many(messages)
             return
         now = time.monotonic()
@@ -561,6 +742,7 @@ class Subscription:
         through = end  # lowered where the bound stops the re-read
         cache = self._cache
         now = time.monotonic()
+        delays = self._honours_delays()
         while after < end and through == end:
             # Positions have no gaps: the batch ends at or before ``end``.
             batch = await self._storage.read(self.topic, after, min(_READ_BATCH, end - after))
@@ -573,7 +755,8 @@ class Subscription:
                 if not dispatcher.wants():
                     through = position - 1
                     break
-                dispatcher.restore(position, key, None, deliver_at=_deliver_at(message.properties, now))
+                deliver_at = _deliver_at(message.properties, now) if delays else 0.0
+                dispatcher.restore(position, key, None, deliver_at=deliver_at)
                 cache[position] = message
             after = batch[-1].position
         dispatcher.restored(slots, through)
@@ -603,12 +786,16 @@ class Subscription:
         missing = [d.position for d in deliveries if d.position not in cache]
         if missing:
             before = {d.consumer: sessions.get(d.consumer) for d in deliveries}
+            switches = self._switches
             try:
                 await self._read_into_cache(missing)
             except BaseException:
                 self._unsent(deliveries)
                 raise
-            # A consumer removed while payloads were read had its deliveries sent back to pending.
+            # A consumer removed while payloads were read had its deliveries sent back to pending, and so had
+            # a Failover consumer that stood down meanwhile (even if it is the active one again).
+            if switches != self._switches:
+                deliveries = []
             gone = {name for name, session in before.items() if session is None or sessions.get(name) is not session}
             if gone:
                 deliveries = [d for d in deliveries if d.consumer not in gone]
@@ -659,7 +846,8 @@ class Subscription:
         for delivery in deliveries:
             by_consumer.setdefault(delivery.consumer, []).append(delivery.position)
         for name, positions in by_consumer.items():
-            if name in self.sessions:
+            session = self.sessions.get(name)
+            if session is not None and self._in_dispatcher(session):
                 self.dispatcher.unsent(name, positions)
 
     # -- reading -----------------------------------------------------------------------
@@ -688,6 +876,9 @@ class Subscription:
             "policy": policy.name,
             "max_ranges": policy.range_limit,
             "consume_mode": self.dispatcher.consume_mode,
+            "saved_consume_mode": self.saved_mode,
+            "subscription_type": self.effective_type(),
+            "active_consumer": self._active if self.sub_type == "failover" else None,
             **self.dispatcher.settings.own_view(),
             "own_settings": sorted(self.own_settings),
             "dead_lettered": self.dead_lettered,

@@ -748,6 +748,11 @@ class Dispatcher:
         if consumer.stuck:
             self._recover(consumer)
 
+    def permits(self, cid: str) -> int:
+        """The deliveries ``cid`` may still take: its permits, those withheld at its unacked limit included."""
+        consumer = self._consumer(cid)
+        return consumer.permits + consumer.withheld
+
     def _give_permits(self, consumer: _Consumer, permits: int) -> None:
         """``permits`` more deliveries for ``consumer``: withheld while it is at its unacked limit; it is woken
         when keys wait on it."""
@@ -2117,6 +2122,15 @@ class Dispatcher:
         heapq.heappush(self._timed, (deliver_at, message.position, message))
         if message.kb is not None:
             self._timed_slots[message.slot] += 1
+
+    def release_delayed(self) -> None:
+        """Let every delayed message go out now, as if its time had come, and deliver those handed in with a
+        ``deliver_at`` and not routed yet at once: a subscription that stops honouring delivery times (Pulsar
+        honours them on Shared and Key_Shared subscriptions only)."""
+        self._due_at.clear()
+        if self._timed:
+            self._release_timed(math.inf)
+            self._reread_due = True
 
     def _release_timed(self, now: float) -> None:
         """The delayed messages whose time came by ``now`` wait as returned ones do: each keyed one in its key's

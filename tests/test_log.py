@@ -888,7 +888,10 @@ def test_every_acknowledged_append_survives_sigkill(tmp_path: Path, synchronous:
             assert line, f"the writer stopped: {writer.communicate()[1].decode()}"
             printed.append(int(line))
         os.kill(writer.pid, signal.SIGKILL)
-        rest, _ = writer.communicate()  # lines it printed before it died
+        # The lines it printed before it died: read through the same buffered reader as the first ones
+        # (communicate() reads the pipe beneath it and would skip the lines that reader already holds).
+        rest = writer.stdout.read()
+        writer.wait()
     finally:
         if writer.poll() is None:
             writer.kill()

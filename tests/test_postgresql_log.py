@@ -464,7 +464,7 @@ def test_a_log_from_before_properties_gains_the_columns_and_its_messages_have_no
             "SELECT table_name FROM information_schema.columns WHERE column_name = 'properties' "
             "AND table_schema = current_schema() ORDER BY table_name"
         )
-        assert [row[0] for row in columns] == ["kf_dead_letters", "kf_messages"]
+        assert [row[0] for row in columns] == ["kf_dead_letters", "kf_messages", "kf_schemas"]
 
     run_old_log(postgres, "DROP COLUMN properties", body)
 

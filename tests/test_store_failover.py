@@ -60,7 +60,19 @@ def _stored_twice(dsn: str, topic: str) -> list[Any]:
         finally:
             await connection.close()
 
-    counts = Counter((int(row["partition"]), int(row["seq"])) for row in asyncio.run(fetch()))
+    rows: list[Any] = []
+
+    def fetched() -> bool:
+        # A member that was just killed or frozen may still take the connection and then reset it: try again.
+        try:
+            rows[:] = asyncio.run(fetch())
+        except (OSError, asyncpg.InterfaceError, asyncpg.PostgresError) as exc:
+            print(f"reading the stored messages back failed ({exc!r}); trying again")
+            return False
+        return True
+
+    wait_until(fetched, "the stored messages read back from the primary", timeout=WAIT)
+    counts = Counter((int(row["partition"]), int(row["seq"])) for row in rows)
     return [pair for pair, count in counts.items() if count > 1]
 
 

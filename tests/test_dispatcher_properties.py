@@ -754,6 +754,20 @@ class DispatcherMachine(RuleBasedStateMachine):
         if returned:
             event("deliveries not sent came back")
 
+    @precondition(lambda self: bool(self.model.consumers))
+    @rule(data=st.data())
+    def withdraw_permits(self, data: st.DataObject) -> None:
+        """A consumer's permits, withheld ones included, are taken away and counted: it keeps what it holds and
+        gets nothing more until it flows (a Failover consumer that stood down drains so)."""
+        model = self.model
+        name = data.draw(st.sampled_from(model.consumers), label="withdraw")
+        assert self.d.inflight_count(name) == len(model.inflight_on(name))
+        assert self.d.withdraw_permits(name) == model.permits[name]
+        model.permits[name] = 0
+        assert self.d.permits(name) == 0
+        if model.inflight_on(name):
+            event("permits withdrawn with deliveries in flight")
+
     @rule(seconds=st.sampled_from(CLOCK_STEPS))
     def tick(self, seconds: float) -> None:
         self.clock.advance(seconds)

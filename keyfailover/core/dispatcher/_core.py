@@ -753,6 +753,20 @@ class Dispatcher:
         consumer = self._consumer(cid)
         return consumer.permits + consumer.withheld
 
+    def withdraw_permits(self, cid: str) -> int:
+        """Take away every delivery ``cid`` may still take, those withheld at its unacked limit included, and
+        return how many: it gets nothing more until a :meth:`flow`, and keeps what it holds (a Failover consumer
+        that stood down drains so, holding its keys until it acks them: G1)."""
+        consumer = self._consumer(cid)
+        taken = consumer.permits + consumer.withheld
+        consumer.permits = consumer.withheld = 0
+        self._wake.pop(consumer, None)
+        return taken
+
+    def inflight_count(self, cid: str) -> int:
+        """How many deliveries are in flight on ``cid``: made and not acked, nacked, taken back or unsent."""
+        return len(self._consumer(cid).inflight)
+
     def _give_permits(self, consumer: _Consumer, permits: int) -> None:
         """``permits`` more deliveries for ``consumer``: withheld while it is at its unacked limit; it is woken
         when keys wait on it."""

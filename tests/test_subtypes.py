@@ -14,9 +14,11 @@ from keyfailover.broker.server import Server
 from keyfailover.broker.server._subscription import Session, Subscription
 from keyfailover.core.clock import ManualClock
 from keyfailover.core.dispatcher import Dispatcher
-from keyfailover.core.errors import ConfigError, ErrorCode, ProtocolError
+from keyfailover.core.errors import ConfigError, ErrorCode, KeyFailoverError, ProtocolError
+from keyfailover.core.rebalance import UNASSIGNED
 from keyfailover.core.subtypes import SUBSCRIPTION_TYPES, SubscriptionType, active_consumer, check_subscription_type
 from keyfailover.wire.properties import DELIVER_AT_PROPERTY, encode_properties
+from keyfailover.wire.protocol import Messages
 from tests.test_server_seek import Inbox, run
 
 consumers = st.dictionaries(st.text(min_size=1, max_size=6), st.integers(-3, 3), max_size=8).map(
@@ -140,7 +142,7 @@ def test_a_typed_subscriber_sets_the_live_mode_and_the_saved_one_comes_back_when
         native = Joined(server, subscription, "native", None, 1)  # joins as the subscription is
         assert subscription.dispatcher.consume_mode == "unordered"
         subscription.detach(shared.session, "closed")
-        assert subscription.dispatcher.consume_mode == "unordered"  # the subscription still has a consumer
+        assert subscription.dispatcher.consume_mode == "ordered"  # no consumer left names a type: the saved mode
         subscription.detach(native.session, "closed")
         assert (subscription.dispatcher.consume_mode, subscription.sub_type) == ("ordered", None)
         await subscription.set_consume_mode("unordered")
@@ -178,5 +180,134 @@ def test_failover_delivers_a_message_at_once_whatever_its_delivery_time(
         subscription = await server.subscription("orders", "billing")
         joined = Joined(server, subscription, "c", kind, 10)
         assert await joined.until(len(delivered)) == delivered
+
+    run(tmp_path, body)
+
+
+def test_exclusive_delivers_keyed_and_keyless_messages_in_log_order(tmp_path: Path) -> None:
+    """Keyless messages wait in one queue with the keyed ones, by position: a consumer granted permits twice gets
+    the log in order, so its cumulative ack of a message never covers one it has not received."""
+
+    async def body(server: Server) -> None:
+        keys = ["x", "y", "x", None, "y", "x"]
+        await server.storage.append("orders", None, [(None, key, b"m") for key in keys])
+        subscription = await server.subscription("orders", "billing")
+        joined = Joined(server, subscription, "c", "exclusive", 2)
+        assert await joined.until(2) == [1, 2]
+        subscription.flow(joined.session, 4)
+        assert await joined.until(6) == [1, 2, 3, 4, 5, 6]
+        keyless = [item for frame in joined.inbox.frames if isinstance(frame, Messages) for item in frame.messages]
+        assert [item[1] for item in keyless] == keys  # each goes out with its own key, none for the keyless one
+
+    run(tmp_path, body)
+
+
+def test_a_failover_switch_waits_for_the_old_active_consumers_acks(tmp_path: Path) -> None:
+    """G1 across a switch: the consumer that stood down keeps its unacked messages, and their keys, until it
+    acks them; its acks are taken; then it leaves the dispatcher, and the new active consumer gets the rest."""
+
+    async def body(server: Server) -> None:
+        await server.storage.append("orders", None, [(None, f"k{i % 3}", b"x") for i in range(6)])
+        subscription = await server.subscription("orders", "billing")
+        bravo = Joined(server, subscription, "bravo", "failover", 4)
+        assert await bravo.until(4) == [1, 2, 3, 4]
+        alpha = Joined(server, subscription, "alpha", "failover", 10)
+        assert (bravo.told, alpha.told) == ([True, False], [True])
+        dispatcher = subscription.dispatcher
+        assert sorted(dispatcher.consumers()) == ["alpha", "bravo"]
+        assert (dispatcher.inflight_count("bravo"), dispatcher.permits("bravo")) == (4, 0)
+        subscription.flow(bravo.session, 3)  # kept for when it is active again
+        assert subscription.ack(bravo.session, [1, 2, 3]) == []
+        assert sorted(dispatcher.consumers()) == ["alpha", "bravo"]  # 4 still in flight on it
+        assert subscription.ack(bravo.session, [4]) == []
+        assert dispatcher.consumers() == ["alpha"]
+        assert await alpha.until(2) == [5, 6]
+        assert (bravo.session.held, subscription.describe()["active_consumer"]) == (3, "alpha")
+
+    run(tmp_path, body)
+
+
+def test_a_draining_consumer_chosen_again_gets_its_permits_back(tmp_path: Path) -> None:
+    async def body(server: Server) -> None:
+        await server.storage.append("orders", None, [(None, f"k{i}", b"x") for i in range(4)])
+        subscription = await server.subscription("orders", "billing")
+        bravo = Joined(server, subscription, "bravo", "failover", 2)
+        assert await bravo.until(2) == [1, 2]
+        subscription.flow(bravo.session, 0)
+        alpha = Joined(server, subscription, "alpha", "failover", 0)
+        subscription.flow(bravo.session, 5)  # held while it drains
+        subscription.detach(alpha.session, "closed")
+        assert bravo.told == [True, False, True]
+        assert subscription.dispatcher.consumers() == ["bravo"]
+        assert subscription.dispatcher.permits("bravo") + subscription.dispatcher.inflight_count("bravo") >= 5
+        assert await bravo.until(4) == [1, 2, 3, 4]
+
+    run(tmp_path, body)
+
+
+def state_of(subscription: Subscription) -> dict[str, object]:
+    """What a refused subscribe must leave as it was: members, type, active consumer, modes, permits, messages."""
+    view = subscription.describe()
+    stats = view["dispatcher"]
+    return {
+        "sessions": list(subscription.sessions),
+        "sub_type": subscription.sub_type,
+        "type": view["subscription_type"],
+        "active": view["active_consumer"],
+        "modes": (view["consume_mode"], view["saved_consume_mode"]),
+        "consumers": {
+            name: (entry["ranges"], entry["permits"], entry["unacked"]) for name, entry in stats["consumers"].items()
+        },
+        "messages": (stats["held"], stats["replay"], stats["delayed_messages"]),
+    }
+
+
+@pytest.mark.parametrize(
+    ("present", "kind"),
+    [("failover", "failover"), (None, "shared"), (None, "exclusive"), ("key_shared", "key_shared")],
+)
+def test_a_refused_subscribe_changes_nothing(
+    tmp_path: Path, present: SubscriptionType | None, kind: SubscriptionType
+) -> None:
+    """The name the range map keeps for unassigned slots is refused as a consumer name before anything changes:
+    no ghost session, no type left set, no delayed message released."""
+
+    async def body(server: Server) -> None:
+        later = encode_properties({DELIVER_AT_PROPERTY: str(int(time.time() * 1000) + 3_600_000)})
+        await server.storage.append("orders", None, [(None, "k", b"later"), (None, "j", b"now")], [later, None])
+        subscription = await server.subscription("orders", "billing")
+        if kind == "exclusive":  # a delayed message read by a consumer that left: the subscription has none
+            reader = Joined(server, subscription, "reader", "key_shared", 5)
+            assert await reader.until(1) == [2]
+            subscription.detach(reader.session, "closed")
+        else:
+            if present is None:
+                await subscription.set_consume_mode("unordered" if kind == "shared" else "ordered")
+            first = Joined(server, subscription, "first", present, 5)
+            await first.until(1)
+        before = state_of(subscription)
+        with pytest.raises(KeyFailoverError, match="reserved"):
+            Joined(server, subscription, UNASSIGNED, kind, 3)
+        assert state_of(subscription) == before
+
+    run(tmp_path, body)
+
+
+def test_the_saved_mode_comes_back_when_the_last_typed_consumer_leaves_untyped_ones(tmp_path: Path) -> None:
+    """A Shared consumer joins native ones and leaves: the subscription has no type any more, the mode saved
+    meanwhile is applied, and a Key_Shared subscriber is taken."""
+
+    async def body(server: Server) -> None:
+        subscription = await server.subscription("orders", "billing")
+        await subscription.set_consume_mode("unordered")
+        Joined(server, subscription, "native", None, 1)
+        shared = Joined(server, subscription, "shared", "shared", 1)
+        await subscription.set_consume_mode("ordered")  # saved; the Shared consumer holds the mode meanwhile
+        assert subscription.dispatcher.consume_mode == "unordered"
+        subscription.detach(shared.session, "closed")
+        assert (subscription.sub_type, subscription.effective_type()) == (None, "key_shared")
+        assert subscription.dispatcher.consume_mode == "ordered"
+        Joined(server, subscription, "keyed", "key_shared", 1)
+        assert subscription.describe()["subscription_type"] == "key_shared"
 
     run(tmp_path, body)

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyfailover.broker.server import Server
+from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand, CommandAck, CommandSubscribe
+from keyfailover.broker.server import Server, ServerConfig
 from keyfailover.broker.server._subscription import Session, Subscription
 from keyfailover.core.clock import ManualClock
 from keyfailover.core.dispatcher import Dispatcher
@@ -19,6 +20,7 @@ from keyfailover.core.rebalance import UNASSIGNED
 from keyfailover.core.subtypes import SUBSCRIPTION_TYPES, SubscriptionType, active_consumer, check_subscription_type
 from keyfailover.wire.properties import DELIVER_AT_PROPERTY, encode_properties
 from keyfailover.wire.protocol import Messages
+from tests.pulsar_wire import RawPulsar, command, connect_command, subscribe_command
 from tests.test_server_seek import Inbox, run
 
 consumers = st.dictionaries(st.text(min_size=1, max_size=6), st.integers(-3, 3), max_size=8).map(
@@ -311,3 +313,45 @@ def test_the_saved_mode_comes_back_when_the_last_typed_consumer_leaves_untyped_o
         assert subscription.describe()["subscription_type"] == "key_shared"
 
     run(tmp_path, body)
+
+
+def test_an_ack_a_paused_subscription_refused_is_taken_by_a_later_cumulative_ack(tmp_path: Path) -> None:
+    """Over the Pulsar protocol: while the broker may not act (a cluster lease lapsed) an ack is refused and its
+    position stays out with the consumer, so a cumulative ack after the lease is back acks it too."""
+
+    async def main() -> None:
+        server = Server(ServerConfig(data_dir=tmp_path, pulsar_port=0))
+        await server.start()
+        try:
+            await body(server)
+        finally:
+            await server.close()
+
+    def ack(raw: RawPulsar, entry: int, request_id: int, kind: int = CommandAck.Individual) -> BaseCommand:
+        command_ = command(BaseCommand.ACK, consumer_id=1, ack_type=kind, request_id=request_id)
+        command_.ack.message_id.add(ledgerId=0, entryId=entry)
+        raw.send(command_)
+        return raw.receive_type(BaseCommand.ACK_RESPONSE)
+
+    async def body(server: Server) -> None:
+        await server.storage.append("paused", None, [(None, "a", b"1"), (None, "b", b"2")])
+        assert server.pulsar_address is not None
+        with RawPulsar("pulsar://{}:{}".format(*server.pulsar_address)) as raw:
+            sub = subscribe_command("persistent://public/default/paused", CommandSubscribe.Exclusive)
+            sub.subscribe.subscription = "s"
+            sub.subscribe.initialPosition = CommandSubscribe.Earliest
+            raw.send(connect_command(), sub)
+            await asyncio.to_thread(raw.receive_type, BaseCommand.SUCCESS)
+            raw.send(command(BaseCommand.FLOW, consumer_id=1, messagePermits=2))
+            for _ in range(2):
+                await asyncio.to_thread(raw.receive_type, BaseCommand.MESSAGE)
+            subscription = await server.subscription("paused", "s")
+            subscription._may_act = lambda: False
+            refused = await asyncio.to_thread(ack, raw, 1, 7)
+            assert refused.ackResponse.HasField("error")
+            subscription._may_act = None
+            taken = await asyncio.to_thread(ack, raw, 2, 8, CommandAck.Cumulative)
+            assert not taken.ackResponse.HasField("error"), taken
+            assert subscription.backlog() == 0
+
+    asyncio.run(main())

@@ -355,3 +355,22 @@ def test_an_ack_a_paused_subscription_refused_is_taken_by_a_later_cumulative_ack
             assert subscription.backlog() == 0
 
     asyncio.run(main())
+
+
+def test_a_message_read_while_exclusive_waits_for_its_time_once_the_type_honours_it(tmp_path: Path) -> None:
+    """Read and left waiting by an Exclusive consumer, a delayed message keeps its delivery time: a Key_Shared
+    consumer joining after it left does not get it early."""
+
+    async def body(server: Server) -> None:
+        later = encode_properties({DELIVER_AT_PROPERTY: str(int(time.time() * 1000) + 3_600_000)})
+        stored = [(None, "k", b"now"), (None, "k", b"later"), (None, "j", b"now")]
+        await server.storage.append("orders", None, stored, [None, later, None])
+        subscription = await server.subscription("orders", "billing")
+        exclusive = Joined(server, subscription, "exclusive", "exclusive", 1)
+        assert await exclusive.until(1) == [1]
+        subscription.detach(exclusive.session, "closed")
+        keyed = Joined(server, subscription, "keyed", "key_shared", 5)
+        assert sorted(await keyed.until(2)) == [1, 3]
+        assert subscription.describe()["dispatcher"]["delayed_messages"] == 1
+
+    run(tmp_path, body)

@@ -389,7 +389,7 @@ class Subscription:
         """Give the subscription the type of its first joiner, or None when no consumer left names one: Shared
         serves the unordered consume mode, the others the ordered one, and no type the saved mode, switched to
         live. Exclusive and Failover deliver at once what waits for its delivery time (Pulsar delays only on
-        Shared and Key_Shared)."""
+        Shared and Key_Shared); the dispatcher keeps each one's time, for a later type that honours it."""
         self.sub_type = sub_type
         mode: ConsumeMode = "unordered" if sub_type == "shared" else "ordered"
         if sub_type is None:
@@ -397,12 +397,7 @@ class Subscription:
         dispatcher = self.dispatcher
         if dispatcher.consume_mode != mode:
             dispatcher.set_consume_mode(mode)
-        if sub_type in SINGLE_ACTIVE:
-            dispatcher.release_delayed()
-
-    def _honours_delays(self) -> bool:
-        """Whether messages wait for their delivery time: not on an Exclusive or Failover subscription."""
-        return self.sub_type not in SINGLE_ACTIVE
+        dispatcher.honour_delays(sub_type not in SINGLE_ACTIVE)
 
     def _elect(self, joiner: Session | None = None) -> None:
         """Make the Failover consumer Pulsar would pick (:func:`active_consumer`) the active one: the only one of
@@ -447,7 +442,7 @@ class Subscription:
 
     def lease_expired(self, session: Session, position: int) -> bool:
         """Whether ``position`` was taken back from ``session``'s consumer at a lease deadline (never for a
-        Failover standby: what it held went back when it stood down)."""
+        Failover standby: nothing is in flight on it once it has drained)."""
         return self._in_dispatcher(session) and self.dispatcher.lease_expired(session.consumer, position)
 
     def _in_dispatcher(self, session: Session) -> bool:
@@ -717,12 +712,12 @@ class Subscription:
     def _publish(self, messages: list[StoredMessage]) -> None:
         """Hand ``messages`` to the dispatcher, a message whose delivery time is ahead with it (Pulsar's
         ``deliver_at_time``, kept in its properties: so a restart keeps it too), the others in runs. An
-        Exclusive or Failover subscription has no delivery times: all go in runs."""
+        Exclusive or Failover subscription's dispatcher does not honour the delivery times, and keeps them."""
         dispatcher = self.dispatcher
         if self.sub_type in SINGLE_ACTIVE and any(message.key is None for message in messages):
             messages = self._keyed(messages)
         # The usual batch: no properties, so no delivery times.
-        if not self._honours_delays() or not any(map(_properties, messages)):
+        if not any(map(_properties, messages)):
             dispatcher.publish_many(messages)
             return
         now = time.monotonic()
@@ -819,7 +814,6 @@ class Subscription:
         through = end  # lowered where the bound stops the re-read
         cache = self._cache
         now = time.monotonic()
-        delays = self._honours_delays()
         keyless = self._keyless_key if self.sub_type in SINGLE_ACTIVE else None
         while after < end and through == end:
             # Positions have no gaps: the batch ends at or before ``end``.
@@ -835,7 +829,7 @@ class Subscription:
                 if not dispatcher.wants():
                     through = position - 1
                     break
-                deliver_at = _deliver_at(message.properties, now) if delays else 0.0
+                deliver_at = _deliver_at(message.properties, now)
                 dispatcher.restore(position, key, None, deliver_at=deliver_at)
                 cache[position] = message
             after = batch[-1].position

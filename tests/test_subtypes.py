@@ -144,7 +144,7 @@ def test_a_typed_subscriber_sets_the_live_mode_and_the_saved_one_comes_back_when
         native = Joined(server, subscription, "native", None, 1)  # joins as the subscription is
         assert subscription.dispatcher.consume_mode == "unordered"
         subscription.detach(shared.session, "closed")
-        assert subscription.dispatcher.consume_mode == "ordered"  # no consumer left names a type: the saved mode
+        assert subscription.describe()["consume_mode"] == "ordered"  # no consumer left names a type: the saved mode
         subscription.detach(native.session, "closed")
         assert (subscription.dispatcher.consume_mode, subscription.sub_type) == ("ordered", None)
         await subscription.set_consume_mode("unordered")
@@ -308,7 +308,7 @@ def test_the_saved_mode_comes_back_when_the_last_typed_consumer_leaves_untyped_o
         assert subscription.dispatcher.consume_mode == "unordered"
         subscription.detach(shared.session, "closed")
         assert (subscription.sub_type, subscription.effective_type()) == (None, "key_shared")
-        assert subscription.dispatcher.consume_mode == "ordered"
+        assert subscription.describe()["consume_mode"] == "ordered"
         Joined(server, subscription, "keyed", "key_shared", 1)
         assert subscription.describe()["subscription_type"] == "key_shared"
 

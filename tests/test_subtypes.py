@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand, CommandAck, CommandSubscribe
-from keyfailover.broker.server import Server, ServerConfig
+from keyfailover.broker.server import Server, ServerConfig, SubscriptionConfig
 from keyfailover.broker.server._subscription import Session, Subscription
 from keyfailover.core.clock import ManualClock
-from keyfailover.core.dispatcher import Dispatcher
+from keyfailover.core.dispatcher import DeliverySettings, Dispatcher
 from keyfailover.core.errors import ConfigError, ErrorCode, KeyFailoverError, ProtocolError
 from keyfailover.core.rebalance import UNASSIGNED
 from keyfailover.core.subtypes import SUBSCRIPTION_TYPES, SubscriptionType, active_consumer, check_subscription_type
@@ -374,3 +374,44 @@ def test_a_message_read_while_exclusive_waits_for_its_time_once_the_type_honours
         assert subscription.describe()["dispatcher"]["delayed_messages"] == 1
 
     run(tmp_path, body)
+
+
+@pytest.mark.parametrize("then", ["flows", "leaves"])
+def test_keyless_messages_parked_by_an_exclusive_subscription_come_back_once(tmp_path: Path, then: str) -> None:
+    """A small buffer parks what the Exclusive consumer cannot take, keyless messages under the subscription's
+    keyless key: re-read, they come back in log order to it, or once to a Key_Shared consumer after it left."""
+
+    async def main() -> None:
+        options = SubscriptionConfig(delivery=DeliverySettings(max_replay=4))
+        server = Server(ServerConfig(data_dir=tmp_path, subscription=options))
+        await server.start()
+        try:
+            await body(server)
+        finally:
+            await server.close()
+
+    async def acking(joined: Joined, count: int) -> list[int]:
+        """The first ``count`` positions ``joined`` gets, each acked as it comes (the buffer holds 4)."""
+        acked = 0
+        while acked < count:
+            got = await joined.until(acked + 1)
+            assert joined.session.subscription.ack(joined.session, got[acked:]) == []
+            acked = len(got)
+        return joined.inbox.positions()
+
+    async def body(server: Server) -> None:
+        keys = [None, None, "a", None, None, "a", None, None]
+        await server.storage.append("orders", None, [(None, key, b"m") for key in keys])
+        subscription = await server.subscription("orders", "billing")
+        exclusive = Joined(server, subscription, "exclusive", "exclusive", 1)
+        assert await exclusive.until(1) == [1]
+        assert subscription.describe()["dispatcher"]["parked_slots"] == 2  # the keyless key's and "a"'s
+        if then == "flows":
+            subscription.flow(exclusive.session, 20)
+            assert await acking(exclusive, 8) == list(range(1, 9))
+            return
+        subscription.detach(exclusive.session, "closed")
+        keyed = Joined(server, subscription, "keyed", "key_shared", 20)
+        assert sorted((await acking(keyed, 8))[:8]) == list(range(1, 9))
+
+    asyncio.run(main())

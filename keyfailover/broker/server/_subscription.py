@@ -202,6 +202,9 @@ class Subscription:
         """Failover consumers that stood down and are still in the dispatcher, without permits, until nothing is in
         flight on them (G1 across a switch: see :meth:`_elect`)."""
         self._keyless_key = _keyless_key(slots)
+        self._keyed_runs: list[tuple[int, int]] = []
+        """The runs of positions, first and last, handed to the dispatcher with :attr:`_keyless_key` for the keyless
+        ones (:meth:`_keyed`): a re-read restores a keyless message under it only if it was parked under it."""
         self._may_act = may_act
         """A cluster broker's lease: while it returns False nothing is delivered and no ack, nack or
         extension is taken (None: always may)."""
@@ -714,7 +717,7 @@ class Subscription:
         ``deliver_at_time``, kept in its properties: so a restart keeps it too), the others in runs. An
         Exclusive or Failover subscription's dispatcher does not honour the delivery times, and keeps them."""
         dispatcher = self.dispatcher
-        if self.sub_type in SINGLE_ACTIVE and any(message.key is None for message in messages):
+        if self.sub_type in SINGLE_ACTIVE and messages:
             messages = self._keyed(messages)
         # The usual batch: no properties, so no delivery times.
         if not any(map(_properties, messages)):
@@ -736,8 +739,22 @@ class Subscription:
         """``messages`` with :attr:`_keyless_key` for each keyless one's key: an Exclusive or Failover subscription
         hands its dispatcher keyless messages under that one key, so that they wait in one queue with the keyed
         ones, by position, and go out in log order. A delivery's key is the stored message's own."""
+        first, last = messages[0].position, messages[-1].position
+        runs = self._keyed_runs
+        if runs and runs[-1][1] == self._read_position:  # the run goes on
+            runs[-1] = (runs[-1][0], last)
+        else:
+            mark = self.cursor.mark_delete  # runs wholly acked are of no use any more
+            runs[:] = [run for run in runs if run[1] > mark]
+            runs.append((first, last))
+        if all(message.key is not None for message in messages):
+            return messages
         keyless = self._keyless_key
         return [message if message.key is not None else message._replace(key=keyless) for message in messages]
+
+    def _was_keyed(self, position: int) -> bool:
+        """Whether a keyless message at ``position`` went to the dispatcher under :attr:`_keyless_key`."""
+        return any(first <= position <= last for first, last in self._keyed_runs)
 
     async def _bury(self, letters: list[DeadLetter]) -> None:
         """Store the dispatcher's dead letters in the dead-letter topic, then ack them here (G3).
@@ -814,7 +831,7 @@ class Subscription:
         through = end  # lowered where the bound stops the re-read
         cache = self._cache
         now = time.monotonic()
-        keyless = self._keyless_key if self.sub_type in SINGLE_ACTIVE else None
+        keyless = self._keyless_key
         while after < end and through == end:
             # Positions have no gaps: the batch ends at or before ``end``.
             batch = await self._storage.read(self.topic, after, min(_READ_BATCH, end - after))
@@ -822,8 +839,8 @@ class Subscription:
                 break
             for message in batch:
                 position, key = message.position, message.key
-                if key is None:
-                    key = keyless  # parked under the keyless key, by an Exclusive or Failover subscription
+                if key is None and self._was_keyed(position):
+                    key = keyless  # parked under it, handed in by an Exclusive or Failover subscription
                 if key is None or position < slots.get(key_hash(key), position + 1) or self.cursor.is_acked(position):
                     continue  # not parked, or acked before a restart (never published again)
                 if not dispatcher.wants():

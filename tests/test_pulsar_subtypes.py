@@ -159,6 +159,25 @@ def test_failover_delivers_to_the_first_by_name_and_moves_on_when_it_closes(
     charlie.close()
 
 
+def test_a_failover_switch_waits_for_the_old_active_consumer_to_ack(server: ServerProcess, pc: pulsar.Client) -> None:
+    """ "b" holds six unacked messages when "a" joins and becomes active: "b" drains, its acks are taken, and "a"
+    never gets those messages (never two consumers holding one key), only what comes after."""
+    topic = "failover-drain"
+    b = subscribe(pc, topic, FAILOVER, "b")
+    produce(pc, topic, range(6))
+    held = [b.receive(timeout_millis=10_000) for _ in range(6)]
+    assert [int(message.data()) for message in held] == list(range(6))
+    a = subscribe(pc, topic, FAILOVER, "a")
+    wait_until(lambda: describe(server, topic)["active_consumer"] == "a", "a active", 10)
+    for message in held:
+        b.acknowledge(message)
+    produce(pc, topic, range(6, 10))
+    assert indexes(a, 4) == list(range(6, 10))
+    assert receives_nothing(a) and receives_nothing(b)
+    a.close()
+    b.close()
+
+
 def test_a_killed_active_consumer_hands_its_unacked_messages_to_the_next_one(
     server: ServerProcess, pc: pulsar.Client
 ) -> None:

@@ -415,3 +415,17 @@ def test_keyless_messages_parked_by_an_exclusive_subscription_come_back_once(tmp
         assert sorted((await acking(keyed, 8))[:8]) == list(range(1, 9))
 
     asyncio.run(main())
+
+
+def test_a_draining_consumer_that_leaves_hands_its_unacked_messages_to_the_active_one(tmp_path: Path) -> None:
+    async def body(server: Server) -> None:
+        await server.storage.append("orders", None, [(None, f"k{i % 2}", b"x") for i in range(4)])
+        subscription = await server.subscription("orders", "billing")
+        bravo = Joined(server, subscription, "bravo", "failover", 3)
+        assert await bravo.until(3) == [1, 2, 3]
+        alpha = Joined(server, subscription, "alpha", "failover", 10)
+        subscription.detach(bravo.session, "closed")
+        assert subscription.dispatcher.consumers() == ["alpha"]
+        assert await alpha.until(4) == [1, 2, 3, 4]
+
+    run(tmp_path, body)

@@ -754,6 +754,20 @@ class DispatcherMachine(RuleBasedStateMachine):
         if returned:
             event("deliveries not sent came back")
 
+    @precondition(lambda self: bool(self.model.consumers))
+    @rule(data=st.data())
+    def withdraw_permits(self, data: st.DataObject) -> None:
+        """A consumer's permits, withheld ones included, are taken away and counted: it keeps what it holds and
+        gets nothing more until it flows (a Failover consumer that stood down drains so)."""
+        model = self.model
+        name = data.draw(st.sampled_from(model.consumers), label="withdraw")
+        assert self.d.inflight_count(name) == len(model.inflight_on(name))
+        assert self.d.withdraw_permits(name) == model.permits[name]
+        model.permits[name] = 0
+        assert self.d.permits(name) == 0
+        if model.inflight_on(name):
+            event("permits withdrawn with deliveries in flight")
+
     @rule(seconds=st.sampled_from(CLOCK_STEPS))
     def tick(self, seconds: float) -> None:
         self.clock.advance(seconds)
@@ -1685,3 +1699,81 @@ def test_the_checkers_catch_a_message_left_waiting_in_unordered_mode_and_a_deliv
     model.stuck.add(owner)
     with pytest.raises(AssertionError, match="is stuck"):
         check_poll(d, model, [Delivery(owner, 1, "k", 1, 0)])
+
+
+delay_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("publish"), st.sampled_from((None, "a", "b", "c")), st.sampled_from((0.0, 0.5, 5.0))),
+        st.tuples(st.just("toggle")),
+        st.tuples(st.just("flow"), st.sampled_from(("c1", "c2")), st.integers(0, 3)),
+        st.tuples(st.just("tick"), st.sampled_from((0.3, 1.0, 3.0))),
+        st.tuples(st.just("ack"), st.sampled_from(("c1", "c2"))),
+        st.tuples(st.just("nack"), st.sampled_from(("c1", "c2"))),
+        st.tuples(st.just("unordered"), st.booleans()),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(delay_ops)
+def test_delivery_times_waived_and_honoured_again(ops: list[tuple[Any, ...]]) -> None:
+    """``honour_delays(False)`` lets every delayed message go and delays nothing new; ``honour_delays(True)`` makes
+    those still waiting wait for their time again: a first delivery made while delivery times are honoured is never
+    early. Nothing is lost, and the state stays consistent."""
+    clock = ManualClock(1000.0)
+    d = Dispatcher(clock=clock, max_replay=1000)
+    for name in ("c1", "c2"):
+        d.add_consumer(name)
+    honour = True
+    at: dict[int, float] = {}
+    delivered: set[int] = set()
+    acked: set[int] = set()
+    position = 0
+
+    def poll() -> None:
+        for delivery in d.poll():
+            if honour and delivery.position not in delivered:
+                assert at.get(delivery.position, 0.0) <= clock(), f"{delivery} before its time"
+            delivered.add(delivery.position)
+        if not honour:
+            assert d.stats()["delayed_messages"] == 0
+
+    for op in ops:
+        if op[0] == "publish":
+            position += 1
+            at[position] = clock() + op[2] if op[2] else 0.0
+            d.publish(position, op[1], deliver_at=at[position])
+        elif op[0] == "toggle":
+            honour = not honour
+            d.honour_delays(honour)
+        elif op[0] == "flow":
+            d.flow(op[1], op[2])
+        elif op[0] == "tick":
+            clock.advance(op[1])
+        elif op[0] == "ack":
+            acked.update(d.ack_many(op[1], [p for p, c in held_by(d).items() if c == op[1]])[0])
+        elif op[0] == "nack":
+            mine = sorted(p for p, c in held_by(d).items() if c == op[1])
+            if mine:
+                d.nack(op[1], mine[0])
+        else:
+            d.set_consume_mode("unordered" if op[1] else "ordered")
+        poll()
+        d._audit()
+    d.honour_delays(True)
+    clock.advance(10.0)
+    for _ in range(20):
+        for name in ("c1", "c2"):
+            d.flow(name, 100)
+        poll()
+        for name in ("c1", "c2"):
+            taken, _ = d.ack_many(name, [p for p, c in held_by(d).items() if c == name])
+            acked.update(taken)
+        d._audit()
+    assert acked == set(range(1, position + 1)) and d.stats()["held"] == 0
+
+
+def held_by(d: Dispatcher) -> dict[int, str]:
+    """Every position in flight, and on which consumer."""
+    return {position: cid for cid in d.consumers() for position in d._consumers[cid].inflight}

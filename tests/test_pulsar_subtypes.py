@@ -159,6 +159,25 @@ def test_failover_delivers_to_the_first_by_name_and_moves_on_when_it_closes(
     charlie.close()
 
 
+def test_a_failover_switch_waits_for_the_old_active_consumer_to_ack(server: ServerProcess, pc: pulsar.Client) -> None:
+    """ "b" holds six unacked messages when "a" joins and becomes active: "b" drains, its acks are taken, and "a"
+    never gets those messages (never two consumers holding one key), only what comes after."""
+    topic = "failover-drain"
+    b = subscribe(pc, topic, FAILOVER, "b")
+    produce(pc, topic, range(6))
+    held = [b.receive(timeout_millis=10_000) for _ in range(6)]
+    assert [int(message.data()) for message in held] == list(range(6))
+    a = subscribe(pc, topic, FAILOVER, "a")
+    wait_until(lambda: describe(server, topic)["active_consumer"] == "a", "a active", 10)
+    for message in held:
+        b.acknowledge(message)
+    produce(pc, topic, range(6, 10))
+    assert indexes(a, 4) == list(range(6, 10))
+    assert receives_nothing(a) and receives_nothing(b)
+    a.close()
+    b.close()
+
+
 def test_a_killed_active_consumer_hands_its_unacked_messages_to_the_next_one(
     server: ServerProcess, pc: pulsar.Client
 ) -> None:
@@ -302,6 +321,37 @@ def test_a_cumulative_ack_is_refused_on_shared_and_taken_on_failover(
     consumer = subscribe(pc, topic, SHARED if refused else FAILOVER, "again")
     assert sorted(indexes(consumer, 3 if refused else 1)) == ([0, 1, 2] if refused else [2])
     consumer.close()
+
+
+def test_a_cumulative_ack_leaves_what_was_sent_after_its_message(server: ServerProcess, pc: pulsar.Client) -> None:
+    """Position 1 is nacked and sent again after position 2: a cumulative ack of 2 acks 2 only, as the client may
+    not have processed the second 1 yet (it comes again to the next consumer); one of a message not out with the
+    consumer any more acks nothing."""
+    topic = "cumulative-sent-order"
+    produce(pc, topic, range(2), keys=2)
+    with RawPulsar(server.pulsar_url or "") as raw:
+        sub = subscribe_command(f"persistent://public/default/{topic}", CommandSubscribe.Exclusive, consumer="raw")
+        sub.subscribe.subscription = "s"
+        sub.subscribe.initialPosition = CommandSubscribe.Earliest
+        raw.send(connect_command(), sub)
+        raw.receive_type(BaseCommand.SUCCESS)
+        raw.send(command(BaseCommand.FLOW, consumer_id=1, messagePermits=2))
+        got = [raw.receive_type(BaseCommand.MESSAGE).message.message_id.entryId for _ in range(2)]
+        assert got == [1, 2]
+        redeliver = command(BaseCommand.REDELIVER_UNACKNOWLEDGED_MESSAGES, consumer_id=1)
+        redeliver.redeliverUnacknowledgedMessages.message_ids.add(ledgerId=0, entryId=1)
+        raw.send(redeliver, command(BaseCommand.FLOW, consumer_id=1, messagePermits=1))
+        assert raw.receive_type(BaseCommand.MESSAGE).message.message_id.entryId == 1
+        for request_id in (7, 8):  # the second: 2 is not out with the consumer any more
+            ack = command(BaseCommand.ACK, consumer_id=1, ack_type=CommandAck.Cumulative, request_id=request_id)
+            ack.ack.message_id.add(ledgerId=0, entryId=2)
+            raw.send(ack)
+            answer = raw.receive_type(BaseCommand.ACK_RESPONSE).ackResponse
+            assert answer.HasField("error") is (request_id == 8), answer
+    again = subscribe(pc, topic, EXCLUSIVE, "again")
+    assert indexes(again, 1) == [0]
+    assert receives_nothing(again)
+    again.close()
 
 
 def test_native_consumers_ask_for_failover_with_priorities_and_share_it_with_a_pulsar_consumer(

@@ -93,8 +93,11 @@ _SUB_TYPES: Final[dict[int, SubscriptionType]] = {
 class _Consumer:
     session: Session
     partition: int
-    unacked: set[int] = field(default_factory=set)
-    """Positions delivered and not acked or nacked through this consumer (what a bare redeliver gives back)."""
+    unacked: dict[int, int] = field(default_factory=dict)
+    """Positions delivered and not acked or nacked through this consumer (what a bare redeliver gives back), each
+    with when it was last sent, counted in ``sent``: what a cumulative ack covers."""
+    sent: int = 0
+    """Messages sent to this consumer so far."""
 
 
 @dataclass(eq=False)
@@ -335,6 +338,7 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         if isinstance(frame, Messages):
             chunks = []
             partition = consumer.partition
+            unacked, sent = consumer.unacked, consumer.sent
             for position, key, payload, redeliveries, published, properties, producer in frame.messages:
                 chunks.append(
                     encode_delivery(
@@ -349,7 +353,9 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
                         producer=producer,
                     )
                 )
-                consumer.unacked.add(position)
+                sent += 1
+                unacked[position] = sent
+            consumer.sent = sent
             # Deliveries are bounded by the consumer's permits, not by max_output.
             self._write(b"".join(chunks), reply=False)
         elif isinstance(frame, ConsumerClosed):
@@ -360,20 +366,25 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
 
     def _tell_active(self, consumer_id: int, active: bool) -> None:
         """ACTIVE_CONSUMER_CHANGE: whether the consumer is its Exclusive or Failover subscription's active one (a
-        consumer still being opened is told after its SUCCESS). One that stands down holds nothing any more: what
-        was delivered to it went back to the subscription."""
+        consumer still being opened is told after its SUCCESS). One that stands down keeps what was delivered to
+        it until it acks it (:meth:`_drained`)."""
         consumer = self._consumers.get(consumer_id)
         if consumer is None:
             self._early_active[consumer_id] = active
             return
-        if not active:
-            consumer.unacked.clear()
         if self.version < _ACTIVE_CONSUMER_CHANGE_VERSION:
             return
         command = _command(BaseCommand.ACTIVE_CONSUMER_CHANGE)
         command.active_consumer_change.consumer_id = consumer_id
         command.active_consumer_change.is_active = active
         self._send(command)
+
+    def _drained(self, consumer_id: int) -> None:
+        """A Failover consumer that stood down has nothing in flight any more and left the dispatcher: what it
+        was sent is not out with it any more (acked, or taken back)."""
+        consumer = self._consumers.get(consumer_id)
+        if consumer is not None:
+            consumer.unacked.clear()
 
     def _tell_closed(self, consumer_id: int) -> None:
         """CLOSE_CONSUMER from the server: the client's consumer subscribes again (after a lookup)."""
@@ -817,6 +828,7 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
                 sub_type=sub_type,
                 priority=request.priority_level,
                 on_active=lambda active: self._tell_active(consumer_id, active),
+                on_drained=lambda: self._drained(consumer_id),
             )
             # Permits come with the client's FLOW, right after SUCCESS.
             subscription.attach(session, 0, sticky=sticky)
@@ -901,8 +913,10 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
 
     def _ack(self, frame: PulsarFrame) -> None:
         """ACK: ack the consumer's positions; a cumulative ack, on an Exclusive or Failover subscription only,
-        acks every position up to its message id that was delivered to the consumer and is not acked yet. With a
-        request id, ACK_RESPONSE says whether some were not in flight."""
+        acks every position up to its message id that was delivered to the consumer, is not acked yet and was
+        sent no later than that message (one sent after it may wait in the client's queue, unprocessed): none
+        when that message is not out with the consumer. With a request id, ACK_RESPONSE says whether some were
+        not in flight. Positions leave ``unacked`` once the subscription took the ack (a paused one takes none)."""
         request = frame.command.ack
         consumer = self._consumers.get(request.consumer_id)
         reader = self._readers.get(request.consumer_id)
@@ -921,15 +935,27 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
         elif cumulative and not request.message_id:
             rejected = "a cumulative ack without a message id; expected the id of the last message to ack"
         else:
-            if cumulative:
-                upto = request.message_id[0].entryId
-                positions = sorted(position for position in consumer.unacked if position <= upto)
-            else:
+            unacked = consumer.unacked
+            upto = request.message_id[0].entryId if cumulative else 0
+            sent = unacked.get(upto) if cumulative else None
+            if not cumulative:
                 positions = [message_id.entryId for message_id in request.message_id]
-            consumer.unacked.difference_update(positions)
-            late = consumer.session.subscription.ack(consumer.session, positions)
+            elif sent is None:
+                positions = []
+            else:
+                positions = sorted(q for q, order in unacked.items() if q <= upto and order <= sent)
+            subscription = consumer.session.subscription
+            late = subscription.ack(consumer.session, positions)
+            if not subscription.paused():  # taken, or not in flight (taken back): out with the consumer no more
+                for position in positions:
+                    unacked.pop(position, None)
             # Acks of messages taken back (lease expired, session replaced) change nothing: they come again.
             rejected = f"{len(late)} of the acked messages were not in flight on this consumer" if late else ""
+            if cumulative and sent is None:
+                rejected = (
+                    f"message {upto} is not out with this consumer (acked already, or taken back): nothing acked; "
+                    "expected the id of a message received and not acked"
+                )
         if request.HasField("request_id"):
             reply = _command(BaseCommand.ACK_RESPONSE)
             reply.ackResponse.consumer_id = request.consumer_id
@@ -948,11 +974,13 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
             return
         if request.message_ids:
             positions = sorted({message_id.entryId for message_id in request.message_ids})
-            consumer.unacked.difference_update(positions)
         else:  # every message delivered to it and not acked
             positions = sorted(consumer.unacked)
-            consumer.unacked.clear()
-        consumer.session.subscription.nack(consumer.session, positions)
+        subscription = consumer.session.subscription
+        subscription.nack(consumer.session, positions)
+        if not subscription.paused():  # a paused subscription took nothing back
+            for position in positions:
+                consumer.unacked.pop(position, None)
 
     def _close_producer(self, frame: PulsarFrame) -> None:
         """CLOSE_PRODUCER: forget the producer, answered with SUCCESS."""

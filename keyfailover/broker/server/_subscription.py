@@ -34,11 +34,18 @@ from keyfailover.core.dispatcher import (
     Dispatcher,
     check_consume_mode,
 )
-from keyfailover.core.errors import ConfigError, ErrorCode, KeyFailoverError, NotInFlightError, ProtocolError
+from keyfailover.core.errors import (
+    ConfigError,
+    ConsumerError,
+    ErrorCode,
+    KeyFailoverError,
+    NotInFlightError,
+    ProtocolError,
+)
 from keyfailover.core.hashing import HASH_RANGE_SIZE, key_hash
 from keyfailover.core.histogram import DEFAULT_BUCKETS, Histogram
 from keyfailover.core.ranges import Range
-from keyfailover.core.rebalance import DEFAULT_MAX_RANGES, StickyPolicy, check_policy_choice
+from keyfailover.core.rebalance import DEFAULT_MAX_RANGES, UNASSIGNED, StickyPolicy, check_policy_choice
 from keyfailover.core.subtypes import SINGLE_ACTIVE, SubscriptionType, active_consumer
 from keyfailover.wire.properties import delivery_time
 from keyfailover.wire.protocol import ConsumerClosed, Delivered, Frame, Messages, RangesChanged
@@ -112,7 +119,8 @@ class Session:
     subscription type the consumer asks for, None to join as the subscription is; ``priority``: its
     priority level in a Failover subscription, the lower the first. ``on_active``: called with
     whether the consumer is its Exclusive or Failover subscription's active one, when it joins and
-    whenever that changes.
+    whenever that changes; ``on_drained``: called when the consumer, having stood down as a Failover
+    subscription's active one, has nothing in flight any more and left the dispatcher.
     """
 
     __slots__ = (
@@ -121,6 +129,7 @@ class Session:
         "held",
         "id",
         "on_active",
+        "on_drained",
         "priority",
         "ranges",
         "secret",
@@ -140,6 +149,7 @@ class Session:
         sub_type: SubscriptionType | None = None,
         priority: int = 0,
         on_active: Callable[[bool], None] | None = None,
+        on_drained: Callable[[], None] | None = None,
     ) -> None:
         """A session of ``consumer``, whose frames go out through ``send``; it owns no ranges yet."""
         self.id = session_id
@@ -151,8 +161,10 @@ class Session:
         self.sub_type = sub_type
         self.priority = priority
         self.on_active = on_active
+        self.on_drained = on_drained
         self.held = 0
-        """The permits of a Failover standby, kept for when it becomes the active consumer."""
+        """The permits of a Failover standby, or of one that stood down and drains, kept for when it becomes the
+        active consumer."""
         self.ranges: list[tuple[int, int]] = []
 
 
@@ -185,8 +197,14 @@ class Subscription:
         self.sub_type: SubscriptionType | None = None
         """The type the present consumers asked for (the first to ask set it); None without consumers, or while
         none of them named one (native consumers joining as the subscription is)."""
-        self._active: str | None = None  # a Failover subscription's active consumer: the dispatcher's only one
-        self._switches = 0  # changes of the active consumer: a delivery read across one went back already
+        self._active: str | None = None  # a Failover subscription's active consumer
+        self._draining: set[str] = set()
+        """Failover consumers that stood down and are still in the dispatcher, without permits, until nothing is in
+        flight on them (G1 across a switch: see :meth:`_elect`)."""
+        self._keyless_key = _keyless_key(slots)
+        self._keyed_runs: list[tuple[int, int]] = []
+        """The runs of positions, first and last, handed to the dispatcher with :attr:`_keyless_key` for the keyless
+        ones (:meth:`_keyed`): a re-read restores a keyless message under it only if it was parked under it."""
         self._may_act = may_act
         """A cluster broker's lease: while it returns False nothing is delivered and no ack, nack or
         extension is taken (None: always may)."""
@@ -258,8 +276,10 @@ class Subscription:
         :class:`ConsumerError`, and nothing changes.
 
         The session's ``sub_type`` must be the subscription's (:meth:`_check_type`); the first
-        consumer of a subscription without consumers sets it. A Failover standby waits outside
-        the dispatcher with its permits (:meth:`_elect`).
+        consumer of a subscription without consumers sets it, once it is in. A Failover standby
+        waits outside the dispatcher with its permits (:meth:`_elect`). A refused subscribe changes
+        nothing: all is checked before anything changes, and the type is set only once the
+        dispatcher took the consumer.
         """
         old = self.sessions.get(session.consumer)
         if old is not None and (secret is None or not hmac.compare_digest(secret, old.secret)):
@@ -268,19 +288,19 @@ class Subscription:
                 f"consumer {session.consumer!r} of {self.topic!r}/{self.name!r} has a live session; "
                 "expected another consumer name, or the secret of that session's subscribe to resume it",
             )
+        if session.consumer == UNASSIGNED:
+            raise ConsumerError(
+                f"consumer name {UNASSIGNED!r} is reserved for the hash slots no consumer declared; expected "
+                "another consumer name"
+            )
         self._check_kind(session.consumer, sticky, old)
         self._check_type(session, old)
         if old is not None:
             self.detach(old, "superseded")
-        if not self.sessions:
-            self._set_type(session.sub_type)
-        elif self.sub_type is None:
-            self.sub_type = session.sub_type  # of the type the untyped consumers' mode serves: the mode holds
-        if self.sub_type == "failover":
-            session.held = permits
-            self.sessions[session.consumer] = session
-            self._joined(session)
-            self._elect(session)
+        first = not self.sessions
+        sub_type = session.sub_type if first or self.sub_type is None else self.sub_type
+        if sub_type == "failover":
+            self._attach_failover(session, permits, first)
             return old
         dispatcher = self.dispatcher
         policy = dispatcher.policy.name
@@ -289,9 +309,11 @@ class Subscription:
             dispatcher.add_consumer(session.consumer, sticky)
         except KeyFailoverError:
             dispatcher.set_policy(policy)
-            if not self.sessions:
-                self._set_type(None)
             raise
+        if first:
+            self._set_type(sub_type)
+        else:
+            self.sub_type = sub_type  # the untyped consumers' mode serves it: the mode holds
         self.dispatcher.flow(session.consumer, permits)
         self.sessions[session.consumer] = session
         self._joined(session)
@@ -301,6 +323,23 @@ class Subscription:
             session.on_active(True)
         self.wake()
         return old
+
+    def _attach_failover(self, session: Session, permits: int, first: bool) -> None:
+        """Add ``session`` to a Failover subscription (the first consumer makes it one) and choose the active
+        consumer again; a refusal of the dispatcher leaves everything as it was."""
+        session.held = permits
+        self.sessions[session.consumer] = session
+        self.sub_type = "failover"
+        try:
+            self._elect(session)
+        except KeyFailoverError:
+            del self.sessions[session.consumer]
+            if first:
+                self.sub_type = None
+            raise
+        if first:
+            self._set_type("failover")
+        self._joined(session)
 
     def _joined(self, session: Session) -> None:
         """Log that ``session`` joined."""
@@ -350,30 +389,29 @@ class Subscription:
             )
 
     def _set_type(self, sub_type: SubscriptionType | None) -> None:
-        """Give the subscription, without consumers, the type of its first joiner: Shared serves the unordered
-        consume mode, the others the ordered one, and a joiner without a type the saved mode. Exclusive and
-        Failover deliver at once what waits for its delivery time (Pulsar delays only on Shared and Key_Shared)."""
+        """Give the subscription the type of its first joiner, or None when no consumer left names one: Shared
+        serves the unordered consume mode, the others the ordered one, and no type the saved mode, switched to
+        live. Exclusive and Failover deliver at once what waits for its delivery time (Pulsar delays only on
+        Shared and Key_Shared); the dispatcher keeps each one's time, for a later type that honours it."""
         self.sub_type = sub_type
-        self._active = None
         mode: ConsumeMode = "unordered" if sub_type == "shared" else "ordered"
         if sub_type is None:
             mode = self.saved_mode
         dispatcher = self.dispatcher
         if dispatcher.consume_mode != mode:
             dispatcher.set_consume_mode(mode)
-        if sub_type in SINGLE_ACTIVE:
-            dispatcher.release_delayed()
-
-    def _honours_delays(self) -> bool:
-        """Whether messages wait for their delivery time: not on an Exclusive or Failover subscription."""
-        return self.sub_type not in SINGLE_ACTIVE
+        dispatcher.honour_delays(sub_type not in SINGLE_ACTIVE)
 
     def _elect(self, joiner: Session | None = None) -> None:
-        """Make the Failover consumer Pulsar would pick (:func:`active_consumer`) the dispatcher's only consumer.
+        """Make the Failover consumer Pulsar would pick (:func:`active_consumer`) the active one: the only one of
+        the dispatcher with permits.
 
-        When it changes, the old active consumer leaves the dispatcher (its unacked messages go back to pending,
-        for the new one first) keeping its permits for later, the new one joins with its own, and every session
-        is told; else only ``joiner`` is, of the one in place.
+        When it changes, the new one joins the dispatcher with its own permits (or gets them back, if it was
+        still draining), and the old one, if still connected, stays in it draining: its permits are withdrawn and
+        kept for later, and the keys it holds move to the new one only as it acks them, nacks them or its leases
+        on them expire, as for any range change (G1); once nothing is in flight on it, it leaves the dispatcher
+        (:meth:`_settle_drains`). Every session is told; else only ``joiner`` is, of the one in place. A refusal
+        of the dispatcher to add the chosen one raises before anything changed.
         """
         sessions = self.sessions
         chosen = active_consumer(((s.priority, name) for name, s in sessions.items()), self.partition)
@@ -382,21 +420,22 @@ class Subscription:
         if chosen == current:
             told = [] if joiner is None else [joiner]
         else:
-            if current is not None:
-                permits = dispatcher.permits(current)
-                dispatcher.remove_consumer(current)
-                was = sessions.get(current)
-                if was is not None:
-                    was.held = permits
-            self._active = chosen
-            self._switches += 1
             if chosen is not None:
                 active = sessions[chosen]
-                dispatcher.set_policy(self._config.policy)
-                dispatcher.add_consumer(chosen)
+                if chosen in self._draining:
+                    self._draining.discard(chosen)
+                else:
+                    if not dispatcher.consumers():
+                        dispatcher.set_policy(self._config.policy)
+                    dispatcher.add_consumer(chosen)
                 dispatcher.flow(chosen, active.held)
                 active.held = 0
                 _log.info("consumer %r is the active consumer of %s/%s", chosen, self.topic, self.name)
+            self._active = chosen
+            if current is not None:
+                sessions[current].held += dispatcher.withdraw_permits(current)
+                self._draining.add(current)
+                self._settle_drains()
             told = list(sessions.values())
         for session in told:
             if session.on_active is not None:
@@ -406,12 +445,32 @@ class Subscription:
 
     def lease_expired(self, session: Session, position: int) -> bool:
         """Whether ``position`` was taken back from ``session``'s consumer at a lease deadline (never for a
-        Failover standby: what it held went back when it stood down)."""
+        Failover standby: nothing is in flight on it once it has drained)."""
         return self._in_dispatcher(session) and self.dispatcher.lease_expired(session.consumer, position)
 
     def _in_dispatcher(self, session: Session) -> bool:
-        """Whether ``session``'s consumer is one of the dispatcher's: all but a Failover standby."""
-        return self.sub_type != "failover" or session.consumer == self._active
+        """Whether ``session``'s consumer is one of the dispatcher's: all but a Failover standby (the active
+        consumer, and one that stood down and still drains, are)."""
+        return self.sub_type != "failover" or session.consumer == self._active or session.consumer in self._draining
+
+    def _settle_drains(self) -> None:
+        """Let every Failover consumer that stood down and has nothing in flight any more leave the dispatcher
+        (its slots go to the active consumer), its permits kept for when it is active again."""
+        if not self._draining:
+            return
+        dispatcher = self.dispatcher
+        for name in sorted(self._draining):
+            if dispatcher.inflight_count(name):
+                continue
+            self._draining.discard(name)
+            self.sessions[name].held += dispatcher.withdraw_permits(name)  # (an unsent delivery's permit)
+            dispatcher.remove_consumer(name)
+            _log.info("consumer %r of %s/%s drained: it stands by", name, self.topic, self.name)
+            session = self.sessions[name]
+            if session.on_drained is not None:
+                session.on_drained()
+            self.announce_ranges()
+            self.wake()
 
     def _ranges_of(self, session: Session) -> list[tuple[int, int]]:
         """The ranges ``session``'s consumer owns: none for a Failover standby."""
@@ -448,13 +507,15 @@ class Subscription:
             len(self.sessions),
         )
         failover = self.sub_type == "failover"
-        if not failover or session.consumer == self._active:
+        if self._in_dispatcher(session):
             self.dispatcher.remove_consumer(session.consumer, reason="timeout" if reason == "timeout" else "leave")
-            self._active = None
+            self._draining.discard(session.consumer)
+            if session.consumer == self._active:
+                self._active = None
         if notify:
             session.send(ConsumerClosed(session=session.id, reason=reason, req=req))
-        if not self.sessions:
-            self._set_type(None)
+        if self.sub_type is not None and all(other.sub_type is None for other in self.sessions.values()):
+            self._set_type(None)  # no consumer left names a type (or none is left): the saved mode again
         elif failover:
             self._elect()
             return
@@ -517,8 +578,8 @@ class Subscription:
 
     def flow(self, session: Session, permits: int) -> None:
         """Give the session's consumer ``permits`` more messages to receive, and wake the pump to send them; a
-        Failover standby keeps them for when it becomes active."""
-        if not self._in_dispatcher(session):
+        Failover standby, or one that stood down and still drains, keeps them for when it becomes active."""
+        if self.sub_type == "failover" and session.consumer != self._active:
             session.held += permits
             return
         epoch = self.dispatcher.epoch
@@ -548,6 +609,7 @@ class Subscription:
         if acked:
             self.cursor.ack_many(acked)
             self._cursor_dirty = True
+            self._settle_drains()
             self.wake()
         return rejected
 
@@ -558,6 +620,7 @@ class Subscription:
         epoch = self.dispatcher.epoch
         rejected = self.dispatcher.extend(session.consumer, positions)[1]
         self._announce_since(epoch)
+        self._settle_drains()  # an extension is progress: a stuck draining consumer rejoined, it may own slots
         return rejected
 
     def nack(self, session: Session, positions: list[int]) -> list[int]:
@@ -573,6 +636,7 @@ class Subscription:
             except NotInFlightError:
                 rejected.append(position)
         self._announce_since(epoch)
+        self._settle_drains()
         self.wake()
         return rejected
 
@@ -617,7 +681,9 @@ class Subscription:
         """
         dispatcher = self.dispatcher
         while not self.paused():
-            await self._send(dispatcher.poll())
+            deliveries = dispatcher.poll()
+            self._settle_drains()  # leases may have expired on a Failover consumer that stood down
+            await self._send(deliveries)
             letters = dispatcher.dead_letters()
             if letters or self._unburied:
                 await self._bury(letters)
@@ -649,10 +715,12 @@ class Subscription:
     def _publish(self, messages: list[StoredMessage]) -> None:
         """Hand ``messages`` to the dispatcher, a message whose delivery time is ahead with it (Pulsar's
         ``deliver_at_time``, kept in its properties: so a restart keeps it too), the others in runs. An
-        Exclusive or Failover subscription has no delivery times: all go in runs."""
+        Exclusive or Failover subscription's dispatcher does not honour the delivery times, and keeps them."""
         dispatcher = self.dispatcher
+        if self.sub_type in SINGLE_ACTIVE and messages:
+            messages = self._keyed(messages)
         # The usual batch: no properties, so no delivery times.
-        if not self._honours_delays() or not any(map(_properties, messages)):
+        if not any(map(_properties, messages)):
             dispatcher.publish_many(messages)
             return
         now = time.monotonic()
@@ -666,6 +734,27 @@ class Subscription:
                 start = index + 1
         if start < len(messages):
             dispatcher.publish_many(messages[start:])
+
+    def _keyed(self, messages: list[StoredMessage]) -> list[StoredMessage]:
+        """``messages`` with :attr:`_keyless_key` for each keyless one's key: an Exclusive or Failover subscription
+        hands its dispatcher keyless messages under that one key, so that they wait in one queue with the keyed
+        ones, by position, and go out in log order. A delivery's key is the stored message's own."""
+        first, last = messages[0].position, messages[-1].position
+        runs = self._keyed_runs
+        if runs and runs[-1][1] == self._read_position:  # the run goes on
+            runs[-1] = (runs[-1][0], last)
+        else:
+            mark = self.cursor.mark_delete  # runs wholly acked are of no use any more
+            runs[:] = [run for run in runs if run[1] > mark]
+            runs.append((first, last))
+        if all(message.key is not None for message in messages):
+            return messages
+        keyless = self._keyless_key
+        return [message if message.key is not None else message._replace(key=keyless) for message in messages]
+
+    def _was_keyed(self, position: int) -> bool:
+        """Whether a keyless message at ``position`` went to the dispatcher under :attr:`_keyless_key`."""
+        return any(first <= position <= last for first, last in self._keyed_runs)
 
     async def _bury(self, letters: list[DeadLetter]) -> None:
         """Store the dispatcher's dead letters in the dead-letter topic, then ack them here (G3).
@@ -742,7 +831,7 @@ class Subscription:
         through = end  # lowered where the bound stops the re-read
         cache = self._cache
         now = time.monotonic()
-        delays = self._honours_delays()
+        keyless = self._keyless_key
         while after < end and through == end:
             # Positions have no gaps: the batch ends at or before ``end``.
             batch = await self._storage.read(self.topic, after, min(_READ_BATCH, end - after))
@@ -750,12 +839,14 @@ class Subscription:
                 break
             for message in batch:
                 position, key = message.position, message.key
+                if key is None and self._was_keyed(position):
+                    key = keyless  # parked under it, handed in by an Exclusive or Failover subscription
                 if key is None or position < slots.get(key_hash(key), position + 1) or self.cursor.is_acked(position):
                     continue  # not parked, or acked before a restart (never published again)
                 if not dispatcher.wants():
                     through = position - 1
                     break
-                deliver_at = _deliver_at(message.properties, now) if delays else 0.0
+                deliver_at = _deliver_at(message.properties, now)
                 dispatcher.restore(position, key, None, deliver_at=deliver_at)
                 cache[position] = message
             after = batch[-1].position
@@ -786,16 +877,13 @@ class Subscription:
         missing = [d.position for d in deliveries if d.position not in cache]
         if missing:
             before = {d.consumer: sessions.get(d.consumer) for d in deliveries}
-            switches = self._switches
             try:
                 await self._read_into_cache(missing)
             except BaseException:
                 self._unsent(deliveries)
                 raise
-            # A consumer removed while payloads were read had its deliveries sent back to pending, and so had
-            # a Failover consumer that stood down meanwhile (even if it is the active one again).
-            if switches != self._switches:
-                deliveries = []
+            # A consumer removed while payloads were read had its deliveries sent back to pending. (A Failover
+            # consumer that stood down meanwhile still holds them, draining: they go out to it.)
             gone = {name for name, session in before.items() if session is None or sessions.get(name) is not session}
             if gone:
                 deliveries = [d for d in deliveries if d.consumer not in gone]
@@ -849,6 +937,9 @@ class Subscription:
             session = self.sessions.get(name)
             if session is not None and self._in_dispatcher(session):
                 self.dispatcher.unsent(name, positions)
+                if name in self._draining:  # their permits are kept for when it is active again
+                    session.held += self.dispatcher.withdraw_permits(name)
+        self._settle_drains()
 
     # -- reading -----------------------------------------------------------------------
 
@@ -977,6 +1068,19 @@ def _send_in_frames(session: Session, items: list[Delivered], properties_bytes: 
         batch.append(item)
         size += item_size
     session.send(Messages(session=session.id, messages=batch))
+
+
+def _keyless_key(slots: tuple[int, int]) -> str:
+    """The key an Exclusive or Failover subscription serving the hash ``slots`` gives keyless messages in its
+    dispatcher (:meth:`Subscription._keyed`): the first of ``"\\0keyless 0"``, ``"\\0keyless 1"``, ... whose slot is
+    one of them. A key of the log that happens to be it changes nothing but the order between the two."""
+    first, last = slots
+    index = 0
+    while True:
+        key = f"\0keyless {index}"
+        if first <= key_hash(key) <= last:
+            return key
+        index += 1
 
 
 def _deliver_at(properties: bytes | None, now: float) -> float:

@@ -677,6 +677,9 @@ class Dispatcher:
         self._due_at: dict[int, float] = {}  # fresh (unrouted) messages published with a deliver_at: position -> it
         self._timed: list[tuple[float, int, _Message]] = []  # (deliver_at, position, message): delayed messages
         self._timed_slots: Counter[int] = Counter()  # delayed keyed messages per slot: such a slot is never spilled
+        self._honours_delays = True
+        # Routed while delivery times were not honoured, before their time: position -> deliver_at (see honour_delays)
+        self._waived: dict[int, float] = {}
 
     # -- consumers -------------------------------------------------------------------
 
@@ -752,6 +755,20 @@ class Dispatcher:
         """The deliveries ``cid`` may still take: its permits, those withheld at its unacked limit included."""
         consumer = self._consumer(cid)
         return consumer.permits + consumer.withheld
+
+    def withdraw_permits(self, cid: str) -> int:
+        """Take away every delivery ``cid`` may still take, those withheld at its unacked limit included, and
+        return how many: it gets nothing more until a :meth:`flow`, and keeps what it holds (a Failover consumer
+        that stood down drains so, holding its keys until it acks them: G1)."""
+        consumer = self._consumer(cid)
+        taken = consumer.permits + consumer.withheld
+        consumer.permits = consumer.withheld = 0
+        self._wake.pop(consumer, None)
+        return taken
+
+    def inflight_count(self, cid: str) -> int:
+        """How many deliveries are in flight on ``cid``: made and not acked, nacked, taken back or unsent."""
+        return len(self._consumer(cid).inflight)
 
     def _give_permits(self, consumer: _Consumer, permits: int) -> None:
         """``permits`` more deliveries for ``consumer``: withheld while it is at its unacked limit; it is woken
@@ -899,9 +916,11 @@ class Dispatcher:
         self._parked[message.slot] = position + 1
         if self._spilled_returns:
             message.back = self._spilled_returns.pop(position, None)  # its redeliveries and failures
-        if deliver_at:
+        if deliver_at and self._honours_delays:
             self._hold_until(message, deliver_at)  # released at the next poll, in position order, if due by then
             return
+        if deliver_at and deliver_at > self._clock():
+            self._waive(position, deliver_at)
         if self._unordered:
             self._keyless.append(message)
             return
@@ -2113,8 +2132,83 @@ class Dispatcher:
         deliver_at = self._due_at.pop(message.position, 0.0)
         if deliver_at <= now:
             return False
+        if not self._honours_delays:
+            self._waive(message.position, deliver_at)
+            return False
         self._hold_until(message, deliver_at)
         return True
+
+    def _waive(self, position: int, deliver_at: float) -> None:
+        """Remember the delivery time of the message at ``position``, routed without waiting for it, for when delivery
+        times are honoured again; entries of messages no longer waiting are dropped as the map outgrows
+        ``max_replay``."""
+        waived = self._waived
+        waived[position] = deliver_at
+        if len(waived) > 2 * self._max_replay + 16:
+            waiting = self._waiting_positions()
+            self._waived = {p: at for p, at in waived.items() if p in waiting}
+
+    def _waiting_positions(self) -> set[int]:
+        """The positions of the messages routed and waiting to go out (not delayed, not in flight). O(held)."""
+        waiting = {message.position for message in self._keyless}
+        for state in self._keys.values():
+            waiting.update(message.position for message in state.pending)
+        return waiting
+
+    def honour_delays(self, honour: bool) -> None:
+        """Honour delivery times (the default) or not, live: a subscription whose type has none (Pulsar honours
+        them on Shared and Key_Shared subscriptions only).
+
+        Not honoured, every delayed message goes out now, as :meth:`release_delayed` lets it, and so does a message
+        handed in with a ``deliver_at`` ahead; each one's delivery time is kept while it waits. Honoured again, those
+        still waiting (not delivered since) wait for their time again, if it is still ahead.
+        """
+        if type(honour) is not bool:
+            raise ConfigError(f"honour must be a bool, not {honour!r}")
+        if honour == self._honours_delays:
+            return
+        self._honours_delays = honour
+        if not honour:
+            for deliver_at, position, _ in self._timed:
+                self._waived[position] = deliver_at
+            if self._timed:
+                self._release_timed(math.inf)
+                self._reread_due = True
+            return
+        waived, self._waived = self._waived, {}
+        now = self._clock()
+        ahead = {position: at for position, at in waived.items() if at > now}
+        if ahead:
+            self._delay_again(ahead)
+
+    def _delay_again(self, ahead: dict[int, float]) -> None:
+        """Take the waiting messages at the positions of ``ahead`` out of their queues and delay each to its
+        ``deliver_at`` there (the others were delivered since, or are no longer held)."""
+        keep = [message for message in self._keyless if message.position not in ahead]
+        if len(keep) < len(self._keyless):
+            for message in self._keyless:
+                if message.position in ahead:
+                    self._hold_until(message, ahead[message.position])
+            self._keyless = deque(keep)
+        for state in list(self._keys.values()):
+            pending = state.pending
+            if not pending or not any(message.position in ahead for message in pending):
+                continue
+            head = pending[0]
+            for message in pending:
+                if message.position in ahead:
+                    self._hold_until(message, ahead[message.position])
+            left = deque(message for message in pending if message.position not in ahead)
+            if left:
+                state.pending = left
+                if state.queued_on is not None and left[0] is not head:
+                    self._queue(state, state.queued_on)  # a new head: an entry for it (the old goes stale)
+                continue
+            state.pending = _NO_PENDING
+            state.queued_on = None
+            state.backoff = 0.0  # (its entry in the backoff heap goes stale)
+            if not state.inflight and not state.loose:
+                self._drop_key(state)
 
     def _hold_until(self, message: _Message, deliver_at: float) -> None:
         """Keep ``message`` (held, routed nowhere) until the first poll at or after ``deliver_at``."""
@@ -2579,6 +2673,7 @@ class Dispatcher:
         timed_slots = Counter(m.slot for _, _, m in self._timed if m.kb is not None)
         assert timed_slots == self._timed_slots, f"delayed messages per slot {self._timed_slots} != {timed_slots}"
         assert set(self._due_at) <= {m.position for m in self._fresh}, "a deliver_at kept for a routed message"
+        assert self._honours_delays or not self._timed, "a message delayed while delivery times are not honoured"
         if not self._unordered:
             shared = [m.position for m in self._keyless]
             assert shared == sorted(shared), "the shared queue is not in position order"

@@ -99,6 +99,13 @@ class _Consumer:
     sent: int = 0
     """Messages sent to this consumer so far."""
 
+    def settled(self, positions: list[int]) -> None:
+        """``positions`` were acked or nacked through this consumer: out with it no more, unless its subscription
+        is paused (a cluster broker without its lease), which took none of them."""
+        if not self.session.subscription.paused():
+            for position in positions:
+                self.unacked.pop(position, None)
+
 
 @dataclass(eq=False)
 class OpenProducer:
@@ -944,11 +951,8 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
                 positions = []
             else:
                 positions = sorted(q for q, order in unacked.items() if q <= upto and order <= sent)
-            subscription = consumer.session.subscription
-            late = subscription.ack(consumer.session, positions)
-            if not subscription.paused():  # taken, or not in flight (taken back): out with the consumer no more
-                for position in positions:
-                    unacked.pop(position, None)
+            late = consumer.session.subscription.ack(consumer.session, positions)
+            consumer.settled(positions)  # taken, or not in flight (taken back)
             # Acks of messages taken back (lease expired, session replaced) change nothing: they come again.
             rejected = f"{len(late)} of the acked messages were not in flight on this consumer" if late else ""
             if cumulative and sent is None:
@@ -976,11 +980,8 @@ class PulsarConnection(FrameReader[PulsarFrame | SendFrame]):
             positions = sorted({message_id.entryId for message_id in request.message_ids})
         else:  # every message delivered to it and not acked
             positions = sorted(consumer.unacked)
-        subscription = consumer.session.subscription
-        subscription.nack(consumer.session, positions)
-        if not subscription.paused():  # a paused subscription took nothing back
-            for position in positions:
-                consumer.unacked.pop(position, None)
+        consumer.session.subscription.nack(consumer.session, positions)
+        consumer.settled(positions)
 
     def _close_producer(self, frame: PulsarFrame) -> None:
         """CLOSE_PRODUCER: forget the producer, answered with SUCCESS."""

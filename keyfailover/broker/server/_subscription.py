@@ -463,10 +463,10 @@ class Subscription:
             if dispatcher.inflight_count(name):
                 continue
             self._draining.discard(name)
-            self.sessions[name].held += dispatcher.withdraw_permits(name)  # (an unsent delivery's permit)
+            session = self.sessions[name]
+            session.held += dispatcher.withdraw_permits(name)  # (an unsent delivery's permit)
             dispatcher.remove_consumer(name)
             _log.info("consumer %r of %s/%s drained: it stands by", name, self.topic, self.name)
-            session = self.sessions[name]
             if session.on_drained is not None:
                 session.on_drained()
             self.announce_ranges()

@@ -2,21 +2,51 @@
 
 :class:`RawPulsar` writes any bytes or commands to a server's ``--pulsar-port`` and decodes
 what it answers with the same :class:`PulsarDecoder` the server uses, every read bounded by
-a timeout. The ``*_command`` helpers build the few commands the tests send.
+a timeout. The ``*_command`` helpers build the few commands the tests send. :func:`client` opens the
+official client the other way, quiet but for errors.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections import deque
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
+import pulsar
+
 from keyfailover.broker.pulsar import PulsarDecoder, PulsarFrame, encode_command, encode_message
 from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand, CommandSubscribe, KeySharedMode, MessageMetadata
 
-__all__ = ["RawPulsar", "command", "connect_command", "producer_command", "send_frame", "subscribe_command"]
+__all__ = [
+    "QUIET",
+    "RawPulsar",
+    "client",
+    "command",
+    "connect_command",
+    "producer_command",
+    "send_frame",
+    "subscribe_command",
+]
+
+
+QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+"""The official client's logger in the tests: errors only."""
+
+
+@contextlib.contextmanager
+def client(url: str | None, token: str | None = None, timeout: int = 10) -> Iterator[pulsar.Client]:
+    """An official Pulsar client of ``url`` (with ``token``), closed at the end."""
+    assert url is not None
+    auth = None if token is None else pulsar.AuthenticationToken(token)
+    opened = pulsar.Client(url, authentication=auth, operation_timeout_seconds=timeout, logger=QUIET)
+    try:
+        yield opened
+    finally:
+        opened.close()
 
 
 def command(kind: int, **fields: Any) -> BaseCommand:

@@ -33,13 +33,12 @@ from keyfailover.client import Client, Timeout
 from keyfailover.core.hashing import key_hash
 from keyfailover.core.partitions import partition_of_key
 from keyfailover.core.rebalance import UNASSIGNED
-from tests.pulsar_wire import RawPulsar, connect_command, sticky_subscribe, subscribe_command
+from tests.pulsar_wire import QUIET, RawPulsar, client, connect_command, sticky_subscribe, subscribe_command
 from tests.server_process import ServerProcess, run_cli, wait_until
 
 pytestmark = pytest.mark.integration  # a server in a process of its own, which a test crashes
 
 TOKEN = "pulsar-token-for-tests"
-QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 
 
 @pytest.fixture(scope="module")
@@ -47,18 +46,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     data: Path = tmp_path_factory.mktemp("pulsar") / "data"
     with ServerProcess(data, "--metrics-port", "0", "--pulsar-port", "0", "--session-timeout", "3") as server:
         yield server
-
-
-@contextlib.contextmanager
-def client(url: str | None, token: str | None = None, timeout: int = 10) -> Iterator[pulsar.Client]:
-    """A Pulsar client of ``url`` (with ``token``), closed at the end."""
-    assert url is not None
-    auth = None if token is None else pulsar.AuthenticationToken(token)
-    opened = pulsar.Client(url, authentication=auth, operation_timeout_seconds=timeout, logger=QUIET)
-    try:
-        yield opened
-    finally:
-        opened.close()
 
 
 def stored(server: ServerProcess, topic: str) -> int:

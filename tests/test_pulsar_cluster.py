@@ -21,11 +21,10 @@ from keyfailover.broker.pulsar import PROTOCOL_VERSION
 from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand, CommandLookupTopicResponse
 from keyfailover.core.partitions import partition_of_key, partition_topic
 from keyfailover.tools.services import PostgreSQL, ZooKeeper
-from tests.pulsar_wire import RawPulsar, command, connect_command
+from tests.pulsar_wire import QUIET, RawPulsar, command, connect_command
 from tests.server_process import ServerProcess, wait_until
 from tests.test_cluster_failover import running, served_by
 
-QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 PARTITIONS = 4
 
 

@@ -15,9 +15,9 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from keyfailover.broker.pulsar import PULSAR_METADATA_PROPERTY
 from keyfailover.client import Client
+from tests.pulsar_wire import client
 from tests.server_process import ServerProcess, wait_until
 from tests.test_pulsar_client import stored
-from tests.test_pulsar_seek import client
 
 pytestmark = pytest.mark.integration  # a server in a process of its own
 
@@ -66,7 +66,7 @@ def test_compressed_messages_come_back_as_sent_each_key_in_order(
     message with its key and properties, each key in order, and a native consumer reads the same payloads."""
     topic = f"compressed-{codec}-{batching}"
     sent = {f"k{key}": [f"{codec} {index} ".encode() * (1 + index % 50) for index in range(12)] for key in range(5)}
-    with client(server) as pc, Client(server.url, connect_timeout=5.0) as kc:
+    with client(server.pulsar_url) as pc, Client(server.url, connect_timeout=5.0) as kc:
         consumer = pc.subscribe(topic, "check", consumer_type=pulsar.ConsumerType.KeyShared)
         native = kc.subscribe(topic, "native", "native")
         producer = pc.create_producer(
@@ -91,7 +91,7 @@ def test_a_compressed_message_larger_than_the_max_message_size_uncompressed_fail
     before it), and the producer goes on."""
     topic = "too-large-uncompressed"
     results: list[pulsar.Result] = []
-    with client(server) as pc:
+    with client(server.pulsar_url) as pc:
         producer = pc.create_producer(topic, compression_type=pulsar.CompressionType.LZ4)
         for payload in (b"before", b"\0" * (MAX_MESSAGE + 1), b"after"):
             producer.send_async(payload, lambda result, _: results.append(result), partition_key="k")
@@ -140,7 +140,7 @@ def test_an_encrypted_message_is_carried_to_a_consumer_that_decrypts_it(
     topic = f"encrypted-{name}"
     reader = pulsar.CryptoKeyReader(*rsa_keys)
     sent = {f"k{key}": [f"secret {key}/{index}".encode() for index in range(10)] for key in range(3)}
-    with client(server) as pc, Client(server.url, connect_timeout=5.0) as kc:
+    with client(server.pulsar_url) as pc, Client(server.url, connect_timeout=5.0) as kc:
         consumer = pc.subscribe(topic, "check", consumer_type=pulsar.ConsumerType.KeyShared, crypto_key_reader=reader)
         native = kc.subscribe(topic, "native", "native")
         producer = pc.create_producer(topic, encryption_key="test-key", crypto_key_reader=reader, **options)
@@ -174,7 +174,7 @@ def test_chunked_messages_are_reassembled_by_the_consumer_each_key_in_order(
         options["compression_type"] = pulsar.CompressionType.LZ4
     if crypto is not None:
         options |= {"encryption_key": "test-key", "crypto_key_reader": crypto}
-    with client(server) as pc:
+    with client(server.pulsar_url) as pc:
         consumer = pc.subscribe(topic, "check", consumer_type=pulsar.ConsumerType.KeyShared, crypto_key_reader=crypto)
         producer = pc.create_producer(topic, producer_name="billing", **options)
         for key, payload in zip(keys, payloads, strict=True):

@@ -25,9 +25,9 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
 )
 from keyfailover.client import Client
 from keyfailover.core.hashing import key_hash
-from tests.pulsar_wire import RawPulsar, command, producer_command, send_frame, subscribe_command
+from tests.pulsar_wire import RawPulsar, client, command, producer_command, send_frame, subscribe_command
 from tests.server_process import ServerProcess
-from tests.test_pulsar_client import client, stored
+from tests.test_pulsar_client import stored
 from tests.test_pulsar_server import connected
 
 pytestmark = pytest.mark.integration

@@ -24,9 +24,8 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import (
     UnknownError,
 )
 from keyfailover.client import Client
-from tests.pulsar_wire import RawPulsar, command, connect_command
+from tests.pulsar_wire import RawPulsar, client, command, connect_command
 from tests.server_process import ServerProcess
-from tests.test_pulsar_client import client
 
 pytestmark = pytest.mark.integration  # a server in a process of its own
 

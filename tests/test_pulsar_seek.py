@@ -25,12 +25,11 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand, ConsumerNotFoun
 from keyfailover.client import Client, Timeout
 from keyfailover.core.partitions import partition_of_key
 from keyfailover.tools.services import PostgreSQL, ZooKeeper
-from tests.pulsar_wire import RawPulsar, command, connect_command
+from tests.pulsar_wire import QUIET, RawPulsar, client, command, connect_command
 from tests.server_process import ServerProcess, wait_until
 from tests.test_cluster_failover import running
 from tests.tiers import starts_processes
 
-QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 KEYS = [f"account-{i}" for i in range(12)]
 
 
@@ -40,16 +39,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     data: Path = tmp_path_factory.mktemp("pulsar-seek") / "data"
     with ServerProcess(data, "--metrics-port", "0", "--pulsar-port", "0", "--session-timeout", "3") as server:
         yield server
-
-
-@contextlib.contextmanager
-def client(server: ServerProcess) -> Iterator[pulsar.Client]:
-    assert server.pulsar_url is not None
-    opened = pulsar.Client(server.pulsar_url, operation_timeout_seconds=10, logger=QUIET)
-    try:
-        yield opened
-    finally:
-        opened.close()
 
 
 def produce(pc: pulsar.Client, topic: str, first: int, count: int) -> list[pulsar.MessageId]:
@@ -113,7 +102,7 @@ def expected(indexes: range) -> dict[str, list[int]]:
 def test_a_seek_to_a_message_id_delivers_exactly_the_messages_from_it_on_each_key_in_order(
     server: ServerProcess,
 ) -> None:
-    with client(server) as pc:
+    with client(server.pulsar_url) as pc:
         ids = produce(pc, "seek-id", 0, 60)
         consumer = subscribe(pc, "seek-id", "inclusive", inclusive=True)
         assert sorted(i for _, _, i in receive([consumer], 60)) == list(range(60))
@@ -126,7 +115,7 @@ def test_a_seek_to_a_message_id_delivers_exactly_the_messages_from_it_on_each_ke
 def test_pulsar_s_client_drops_the_sought_message_unless_it_asked_for_it_inclusive(server: ServerProcess) -> None:
     """As with Apache Pulsar's broker: the server delivers the message at the id again, and the client
     (``start_message_id_inclusive`` off, its default) drops that one message itself."""
-    with client(server) as pc:
+    with client(server.pulsar_url) as pc:
         ids = produce(pc, "seek-exclusive", 0, 20)
         consumer = subscribe(pc, "seek-exclusive", "default")
         receive([consumer], 20)
@@ -144,7 +133,7 @@ def test_pulsar_s_client_drops_the_sought_message_unless_it_asked_for_it_inclusi
 
 
 def test_a_seek_by_publish_time_starts_at_the_first_message_published_at_or_after_it(server: ServerProcess) -> None:
-    with client(server) as pc:
+    with client(server.pulsar_url) as pc:
         produce(pc, "seek-time", 0, 30)
         consumer = subscribe(pc, "seek-time", "timed")
         before = receive([consumer], 30)
@@ -169,7 +158,7 @@ def test_a_seek_by_publish_time_starts_at_the_first_message_published_at_or_afte
 def test_a_seek_ends_every_consumer_of_the_subscription_and_both_get_the_messages_again_in_key_order(
     server: ServerProcess,
 ) -> None:
-    with client(server) as pc, client(server) as other:
+    with client(server.pulsar_url) as pc, client(server.pulsar_url) as other:
         ids = produce(pc, "seek-two", 0, 80)
         first = subscribe(pc, "seek-two", "first", inclusive=True)
         second = subscribe(other, "seek-two", "second", inclusive=True)
@@ -185,7 +174,7 @@ def test_a_seek_ends_every_consumer_of_the_subscription_and_both_get_the_message
 
 
 def test_a_native_consumer_of_the_subscription_subscribes_again_after_a_pulsar_seek(server: ServerProcess) -> None:
-    with client(server) as pc, Client(server.url, connect_timeout=5.0) as kc:
+    with client(server.pulsar_url) as pc, Client(server.url, connect_timeout=5.0) as kc:
         ids = produce(pc, "seek-mixed", 0, 60)
         native = kc.subscribe("seek-mixed", "seeking", "native")
         foreign = subscribe(pc, "seek-mixed", "pulsar", inclusive=True)
@@ -221,7 +210,7 @@ def test_a_native_consumer_of_the_subscription_subscribes_again_after_a_pulsar_s
 def test_a_seek_on_an_unknown_consumer_id_or_with_nothing_to_seek_to_is_refused_and_changes_nothing(
     server: ServerProcess,
 ) -> None:
-    with client(server) as pc:
+    with client(server.pulsar_url) as pc:
         produce(pc, "seek-refused", 0, 10)
         consumer = subscribe(pc, "seek-refused", "watching")
         receive([consumer], 10)
@@ -268,7 +257,7 @@ def test_seek_with_neither_a_message_id_nor_a_time_is_refused(server: ServerProc
 
 
 def test_a_reader_seeks_to_a_message_id_and_to_a_time(server: ServerProcess) -> None:
-    with client(server) as pc:
+    with client(server.pulsar_url) as pc:
         ids = produce(pc, "seek-reader", 0, 20)
         reader = pc.create_reader("seek-reader", pulsar.MessageId.earliest)
         assert [int(reader.read_next(10_000).data()) for _ in range(20)] == list(range(20))
@@ -327,7 +316,7 @@ def test_the_new_cursor_survives_a_restart_of_the_server(tmp_path: Path) -> None
     data = tmp_path / "data"
     extra = ("--metrics-port", "0", "--pulsar-port", "0", "--session-timeout", "3")
     with ServerProcess(data, *extra) as first:
-        with client(first) as pc:
+        with client(first.pulsar_url) as pc:
             ids = produce(pc, "seek-restart", 0, 30)
             consumer = subscribe(pc, "seek-restart", "before", inclusive=True)
             receive([consumer], 30)
@@ -335,7 +324,7 @@ def test_the_new_cursor_survives_a_restart_of_the_server(tmp_path: Path) -> None
             consumer.seek(ids[20])
             consumer.close()
         first.kill()  # no shutdown code: the seek saved its cursor before it answered
-    with ServerProcess(data, *extra) as second, client(second) as pc:
+    with ServerProcess(data, *extra) as second, client(second.pulsar_url) as pc:
         assert subscription_stats(second, "seek-restart")["mark_delete"] == 20
         consumer = subscribe(pc, "seek-restart", "after")
         assert per_key(receive([consumer], 10)) == expected(range(20, 30))

@@ -21,12 +21,11 @@ from keyfailover.broker.pulsar.PulsarApi_pb2 import BaseCommand, CommandAck, Com
 from keyfailover.client import Client
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.partitions import partition_of_key
-from tests.pulsar_wire import RawPulsar, command, connect_command, subscribe_command
+from tests.pulsar_wire import RawPulsar, client, command, connect_command, subscribe_command
 from tests.server_process import ServerProcess, wait_until
 
 pytestmark = pytest.mark.integration  # a server in a process of its own
 
-QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 EXCLUSIVE, FAILOVER, SHARED, KEY_SHARED = (
     pulsar.ConsumerType.Exclusive,
     pulsar.ConsumerType.Failover,
@@ -44,12 +43,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 @pytest.fixture
 def pc(server: ServerProcess) -> Iterator[pulsar.Client]:
-    assert server.pulsar_url is not None
-    opened = pulsar.Client(server.pulsar_url, operation_timeout_seconds=10, logger=QUIET)
-    try:
+    with client(server.pulsar_url) as opened:
         yield opened
-    finally:
-        opened.close()
 
 
 def subscribe(pc: pulsar.Client, topic: str, kind: pulsar.ConsumerType, name: str, **more: object) -> pulsar.Consumer:

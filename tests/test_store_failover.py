@@ -25,6 +25,7 @@ from keyfailover.broker.storage._postgresql_members import member_urls
 from keyfailover.client import Client
 from keyfailover.core.partitions import partition_of_key
 from keyfailover.tools.services import PatroniGroup, ServiceError, ZooKeeper, free_port
+from tests.pulsar_wire import QUIET
 from tests.server_process import ServerProcess, run_cli, wait_until
 from tests.test_cluster_failover import (
     WAIT,
@@ -35,7 +36,7 @@ from tests.test_cluster_failover import (
     running,
     url_of,
 )
-from tests.test_pulsar_cluster import QUIET, Sends, check_first_deliveries_in_order, router
+from tests.test_pulsar_cluster import Sends, check_first_deliveries_in_order, router
 
 
 def _promoted(group: PatroniGroup, other_than: str) -> bool:

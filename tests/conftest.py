@@ -6,6 +6,7 @@ uses, and a test outside the integration tier fails if it starts a process."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from keyfailover.core.loops import chosen_loop
 from tests.tiers import ProcessGuard, tiers_of
 
 if TYPE_CHECKING:
@@ -38,6 +40,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # brings trio) runs ``ldconfig`` then, which would fail a unit-tier test that imports Hypothesis first.
     # The tests use no Hypothesis plugin.
     os.environ.setdefault("HYPOTHESIS_NO_PLUGINS", "1")
+    # The tests' own event loops (asyncio.run, the clients' and in-process servers' loops) are of the kind the
+    # processes they start run on: uvloop by default when installed, asyncio's with KEYFAILOVER_LOOP=asyncio.
+    if chosen_loop() == "uvloop":
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -31,6 +31,7 @@ from typing import IO, Any
 import pytest
 
 from keyfailover.broker.server import Server, ServerConfig
+from keyfailover.core.loops import new_loop
 from keyfailover.integrations.console import serve_console
 from keyfailover.integrations.metrics import serve_metrics
 from keyfailover.tools.cli import main
@@ -206,7 +207,7 @@ class ServerThread:
         self.port = 0
         self.admin_url: str | None = None
         self.pulsar_url: str | None = None
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_loop()
         self._thread = threading.Thread(target=self._run, name="keyfailover server", daemon=True)
         self._server: Server | None = None
         self._log = io.StringIO()

@@ -9,13 +9,13 @@ from types import FrameType
 
 import pytest
 
+from keyfailover.core.loops import new_loop
 from keyfailover.core.signals import whole_loop
 
 
-def test_ctrl_c_given_to_another_thread_while_a_loop_is_made_comes_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ctrl_c_given_to_another_thread_while_a_loop_is_made_comes_after_it() -> None:
     """The kernel gives SIGINT to a thread that does not block it, and Python runs the handler in the main
     thread, mask or not: the loop is made whole first, then closed, then KeyboardInterrupt is raised."""
-    make = asyncio.new_event_loop
     made: list[asyncio.AbstractEventLoop] = []
 
     def interrupted_while_made() -> asyncio.AbstractEventLoop:
@@ -27,12 +27,11 @@ def test_ctrl_c_given_to_another_thread_while_a_loop_is_made_comes_after_it(monk
         other.join()
         for _ in range(10_000):  # bytecodes, at which Python runs a pending handler in the main thread
             pass
-        made.append(make())
+        made.append(new_loop())
         return made[0]
 
-    monkeypatch.setattr(asyncio, "new_event_loop", interrupted_while_made)
     with pytest.raises(KeyboardInterrupt):
-        whole_loop()
+        whole_loop(interrupted_while_made)
     assert len(made) == 1 and made[0].is_closed()
 
 
@@ -52,13 +51,11 @@ def test_ctrl_c_as_the_handlers_are_put_back_leaves_them_all_back_and_the_loop_c
     """Ctrl-C right after SIGINT's own handler is back (before SIGTERM's): the interrupt still comes, every
     handler is the one from before and the loop made meanwhile is closed, not left for the collector."""
     made: list[asyncio.AbstractEventLoop] = []
-    make = asyncio.new_event_loop
 
     def recorded() -> asyncio.AbstractEventLoop:
-        made.append(make())
+        made.append(new_loop())
         return made[-1]
 
-    monkeypatch.setattr(asyncio, "new_event_loop", recorded)
     put = signal.signal
 
     def put_then_interrupted(number: int, handler: signal._HANDLER) -> signal._HANDLER:
@@ -74,7 +71,7 @@ def test_ctrl_c_as_the_handlers_are_put_back_leaves_them_all_back_and_the_loop_c
     try:
         monkeypatch.setattr(signal, "signal", put_then_interrupted)
         with pytest.raises(KeyboardInterrupt):
-            whole_loop()
+            whole_loop(recorded)
         monkeypatch.undo()
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
         assert signal.getsignal(signal.SIGTERM) is terminate

@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+from keyfailover.core.loops import new_loop
+
 __all__ = ["interrupts_held", "whole_loop"]
 
 _Handler = Callable[[int, FrameType | None], Any]
@@ -30,14 +32,15 @@ def interrupts_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def whole_loop() -> asyncio.AbstractEventLoop:
-    """A new event loop that Ctrl-C or SIGTERM never interrupts half-made (it would be collected with an
-    error printed): a loop factory for ``asyncio.Runner``. In the main thread their Python handlers are
-    put off while it is made, and one that came meanwhile is run as it returns. A mask would not do: the
-    kernel gives the signal to any thread that does not block it, and Python then runs the handler in the
-    main thread whatever its mask. In another thread no handler runs, so none is put off."""
+def whole_loop(make: Callable[[], asyncio.AbstractEventLoop] = new_loop) -> asyncio.AbstractEventLoop:
+    """A new event loop made by ``make``, by default of the kind :mod:`keyfailover.core.loops` chooses, that
+    Ctrl-C or SIGTERM never interrupts half-made (it would be collected with an error printed): a loop
+    factory for ``asyncio.Runner``. In the main thread their Python handlers are put off while it is made,
+    and one that came meanwhile is run as it returns. A mask would not do: the kernel gives the signal to
+    any thread that does not block it, and Python then runs the handler in the main thread whatever its
+    mask. In another thread no handler runs, so none is put off."""
     if threading.current_thread() is not threading.main_thread():
-        return asyncio.new_event_loop()
+        return make()
     came: list[tuple[int, FrameType | None]] = []
 
     def put_off(signum: int, frame: FrameType | None) -> None:
@@ -52,7 +55,7 @@ def whole_loop() -> asyncio.AbstractEventLoop:
             if callable(handler):
                 handlers.append((held, handler))
                 signal.signal(held, put_off)
-        loop = asyncio.new_event_loop()
+        loop = make()
     finally:
         try:
             _put_back(handlers)

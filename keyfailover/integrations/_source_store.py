@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from keyfailover.client import LogEntries, LogEntry
 from keyfailover.core.hashing import key_hash
+from keyfailover.core.loops import new_loop
 from keyfailover.integrations._store import StoreURL, close_store, connect_store, run_store_step
 from keyfailover.wire.properties import decode_properties
 
@@ -34,7 +35,7 @@ class StoreLog:
     def __init__(self, store: StoreURL) -> None:
         """Connect to ``store``; a :class:`~keyfailover.core.errors.LogError` when it cannot be read."""
         self._store = store
-        self._runner = asyncio.Runner()
+        self._runner = asyncio.Runner(loop_factory=new_loop)
         self._connection: Any = None
         try:
             self._connection = connect_store(self._runner, store, _TIMEOUT)

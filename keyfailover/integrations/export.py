@@ -33,6 +33,7 @@ from typing import Any, Literal, TypeVar
 from keyfailover.broker.storage.records import ExportRow, Key
 from keyfailover.broker.storage.sqlite import LOG_FILE_NAME, LogSnapshot
 from keyfailover.core.errors import InvalidKeyError, LogError, LogFileError
+from keyfailover.core.loops import new_loop
 from keyfailover.integrations._store import (
     StoreURL,
     check_topic,
@@ -227,7 +228,7 @@ class _StoreReader:
 
     def __init__(self, store: StoreURL) -> None:
         self._store = store
-        self._runner = asyncio.Runner()
+        self._runner = asyncio.Runner(loop_factory=new_loop)
         self._connection: Any = None
 
     def __enter__(self) -> _StoreReader:

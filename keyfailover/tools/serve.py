@@ -14,6 +14,8 @@ from keyfailover.integrations.metrics import serve_metrics
 
 __all__ = ["configure_logging", "run_server"]
 
+_log = logging.getLogger("keyfailover.server")
+
 _YOUNG_COLLECTION = 20_000
 """The server's first garbage-collector threshold: tracked objects' growth that starts a young collection."""
 
@@ -61,6 +63,7 @@ async def run_server(config: ServerConfig) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     host, port = server.address
+    _log.info("serving on the %s event loop", "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio")
     print(f"listening on {host}:{port}", flush=True)
     if server.admin_address is not None:
         admin_host, admin_port = server.admin_address

@@ -22,7 +22,7 @@ import socket
 import struct
 from collections.abc import Callable
 from dataclasses import fields
-from typing import Any, Final, Literal, NamedTuple, TypeGuard, get_args
+from typing import Any, Final, Literal, NamedTuple, TypeGuard, cast, get_args
 
 import msgpack  # type: ignore[import-untyped]
 
@@ -166,14 +166,18 @@ _FIELDS: Final[dict[type[Frame], tuple[str, ...]]] = {
 
 
 def stream_transport(transport: asyncio.BaseTransport) -> asyncio.Transport:
-    """The TCP transport of a new connection, with Nagle off: frames are batched already."""
-    if not isinstance(transport, asyncio.Transport):
+    """The TCP transport of a new connection, with Nagle off: frames are batched already. Checked by what it
+    does, not its class: uvloop's transports do not derive from asyncio's."""
+    if not all(callable(getattr(transport, name, None)) for name in _STREAM_METHODS):
         raise TypeError(f"expected a stream transport, got {type(transport).__name__}")
     sock = transport.get_extra_info("socket")
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return transport
+    return cast(asyncio.Transport, transport)
+
+
+_STREAM_METHODS = ("write", "pause_reading", "resume_reading", "get_write_buffer_size", "set_write_buffer_limits")
 
 
 def encode(frame: Frame, version: int = PROTOCOL_VERSION) -> bytes:

@@ -60,6 +60,7 @@ from types import TracebackType
 from typing import Literal
 
 from keyfailover.core.errors import ConfigError
+from keyfailover.core.loops import new_loop
 
 __all__ = ["Direction", "FaultEvent", "FaultProxy", "LinkFaults", "ProxyStats", "Stall"]
 
@@ -276,7 +277,7 @@ class FaultProxy:
     def start(self) -> FaultProxy:
         """Listen, on an event loop of its own in a new thread."""
         self._check_startable()
-        loop = asyncio.new_event_loop()
+        loop = new_loop()
         thread = threading.Thread(target=loop.run_forever, name=f"fault proxy {self.name}", daemon=True)
         thread.start()
         try:

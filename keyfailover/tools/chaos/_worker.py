@@ -48,6 +48,7 @@ import numpy as np
 from keyfailover.client import Client, Message, NotInFlight
 from keyfailover.client.aio import Key, parse_url
 from keyfailover.core.errors import KeyFailoverError
+from keyfailover.core.loops import loop_class
 from keyfailover.core.partitions import partition_of_key
 from keyfailover.tools.chaos._proxy import FaultProxy
 from keyfailover.tools.chaos._records import UNANSWERED, Acked, Delivered, Produced, RecordWriter
@@ -99,7 +100,7 @@ def _through_proxies(links: _LossyLinks) -> None:
     """Make every event loop this process creates from now on connect to brokers through ``links`` (the
     proxies' own loops were made before, so they connect to the brokers themselves)."""
 
-    class Loop(asyncio.SelectorEventLoop):
+    class Loop(loop_class()):  # type: ignore[misc]
         async def create_connection(
             self, protocol_factory: Any, host: str | None = None, port: int | None = None, **kwargs: Any
         ) -> Any:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from keyfailover.core.dispatcher import DeliverySettings
 from keyfailover.core.errors import ConfigError
+from keyfailover.core.loops import LOOP_CHOICES, LOOP_ENV
 from keyfailover.core.rebalance import DEFAULT_MAX_RANGES
 from keyfailover.tools.cli._common import (
     SubParsers,
@@ -32,6 +33,7 @@ from keyfailover.tools.cli._common import (
 def _serve(args: argparse.Namespace) -> int:
     from keyfailover.broker.server import ServerConfig, SubscriptionConfig
     from keyfailover.broker.storage import DEFAULT_ENTRY_CACHE_BYTES
+    from keyfailover.core.loops import chosen_loop, new_loop
     from keyfailover.core.signals import whole_loop
     from keyfailover.tools.serve import configure_logging, run_server
     from keyfailover.wire.protocol import DEFAULT_MAX_FRAME
@@ -61,6 +63,10 @@ def _serve(args: argparse.Namespace) -> int:
         raise _UsageError(f"--store {args.store!r} is not of the form postgresql://USER[:PASSWORD]@HOST:PORT/DATABASE")
     if args.advertise is not None:
         _check_advertised(args.advertise)
+    try:
+        loop = chosen_loop(args.loop)
+    except ConfigError as exc:
+        raise _UsageError(str(exc)) from None
     token = _token(args)
     if token is None and not _loopback(args.host):
         print(
@@ -100,7 +106,8 @@ def _serve(args: argparse.Namespace) -> int:
         ),
     )
     configure_logging(args.log_level, config.cluster is not None)
-    with asyncio.Runner(loop_factory=whole_loop) as runner:  # Ctrl-C as it starts: no half-made loop
+    made = functools.partial(whole_loop, functools.partial(new_loop, loop))  # Ctrl-C as it starts: no half-made loop
+    with asyncio.Runner(loop_factory=made) as runner:
         return runner.run(run_server(config))
 
 
@@ -176,6 +183,13 @@ def add_serve(commands: SubParsers) -> None:
         "--max-frame", type=_frame_size, default=None, help="largest frame in bytes, >= 1024 (default 5 MiB)"
     )
     serve.add_argument("--sync", choices=("full", "normal"), default="full", help="SQLite synchronous mode")
+    serve.add_argument(
+        "--loop",
+        choices=LOOP_CHOICES,
+        default=None,
+        help="the event loop: uvloop, asyncio's own, or auto, uvloop when it is installed "
+        f"(default: ${LOOP_ENV}, else auto)",
+    )
     serve.add_argument(
         "--login-frame",
         type=_frame_size,

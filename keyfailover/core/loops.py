@@ -1,0 +1,73 @@
+"""Which event loop runs the server, the brokers and the synchronous client: uvloop (libuv's loop for asyncio)
+when it is installed, the standard library's otherwise.
+
+``auto``, the default, takes uvloop when it can be imported (``scripts/setup`` installs it, the ``fast``
+extra) and asyncio's own loop when not; ``uvloop`` insists on it; ``asyncio`` never uses it. ``serve
+--loop`` chooses for a server; the environment variable ``KEYFAILOVER_LOOP`` chooses where no option
+does (a server without ``--loop``, the synchronous client's loop thread, the tools' processes), so one
+setting moves every process of a run to the other loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Literal
+
+from keyfailover.core.errors import ConfigError
+
+__all__ = ["LOOP_CHOICES", "LOOP_ENV", "LoopName", "chosen_loop", "loop_class", "new_loop"]
+
+LoopName = Literal["asyncio", "uvloop"]
+
+LOOP_CHOICES = ("auto", "asyncio", "uvloop")
+"""What ``--loop`` and ``KEYFAILOVER_LOOP`` accept."""
+
+LOOP_ENV = "KEYFAILOVER_LOOP"
+"""The environment variable that chooses the loop where no option does."""
+
+
+def chosen_loop(choice: str | None = None) -> LoopName:
+    """The loop ``choice`` names, ``auto`` resolved: ``"uvloop"`` or ``"asyncio"``. ``None`` reads
+    ``KEYFAILOVER_LOOP``, ``auto`` when it is unset or empty. Raises ConfigError for a name not in
+    :data:`LOOP_CHOICES`, and for ``uvloop`` when it is not installed."""
+    where = "loop"
+    if choice is None:
+        choice = os.environ.get(LOOP_ENV) or "auto"
+        where = f"${LOOP_ENV}"
+    if choice not in LOOP_CHOICES:
+        raise ConfigError(f"{where} {choice!r} is not one of {', '.join(LOOP_CHOICES)}")
+    if choice == "asyncio":
+        return "asyncio"
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        if choice == "uvloop":
+            raise ConfigError(
+                f"{where} 'uvloop' needs the uvloop package, which is not installed "
+                "(pip install 'keyfailover[fast]', or scripts/setup); 'auto' or 'asyncio' run without it"
+            ) from None
+        return "asyncio"
+    return "uvloop"
+
+
+def loop_class(choice: str | None = None) -> type[asyncio.AbstractEventLoop]:
+    """The class of the loop :func:`chosen_loop` picks, for code that subclasses it."""
+    if chosen_loop(choice) == "uvloop":
+        import uvloop
+
+        return uvloop.Loop
+    return asyncio.SelectorEventLoop
+
+
+def new_loop(choice: str | None = None) -> asyncio.AbstractEventLoop:
+    """A new event loop of the kind :func:`chosen_loop` picks, not set as any thread's current loop. A program
+    that set an event loop policy of its own gets its loop from that policy instead, whatever the choice."""
+    kind = chosen_loop(choice)  # checked even where a policy decides
+    if type(asyncio.get_event_loop_policy()) is not asyncio.DefaultEventLoopPolicy:
+        return asyncio.new_event_loop()
+    if kind == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop()
+    return asyncio.new_event_loop()

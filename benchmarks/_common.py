@@ -7,13 +7,17 @@ as ``_common`` from the script's own folder. Timing is printed, never asserted.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
+from keyfailover.core.dispatcher import _core
+from keyfailover.core.loops import LOOP_ENV, LoopName, chosen_loop
 from keyfailover.core.ranges import RangeMap
 from keyfailover.core.rebalance import Load, MultiRangePolicy, Policy
 
@@ -22,12 +26,16 @@ __all__ = [
     "SEED",
     "ZIPF_EXPONENT",
     "best_of",
+    "build_name",
     "consumer_ids",
     "format_count",
     "joined_range_map",
+    "loop_names",
+    "on_loop",
     "parse_quick",
     "print_goals",
     "print_table",
+    "run_setting",
     "timed",
     "zipf_keys",
     "zipf_ranks",
@@ -43,6 +51,46 @@ DISTINCT_KEYS = 100_000
 
 ZIPF_EXPONENT = 1.1
 """Skew of the drawn keys: over 100,000 keys the hottest is about 13% of all draws."""
+
+
+def build_name() -> str:
+    """Which build of keyfailover this interpreter imports: ``compiled`` when its hot modules are mypyc's
+    extension modules (``scripts/setup --compiled``), ``plain`` when they are Python source."""
+    return "plain" if (_core.__file__ or "").endswith(".py") else "compiled"
+
+
+def run_setting() -> str:
+    """The build and the event loop the keyfailover processes of a run use, for a table's title."""
+    return f"{build_name()} build, {chosen_loop()} event loop"
+
+
+def loop_names(text: str) -> list[LoopName]:
+    """A ``--loops`` argument: comma-separated names of asyncio and uvloop, each checked to be usable here."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names or any(name not in ("asyncio", "uvloop") for name in names):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of asyncio and uvloop")
+    try:
+        return [chosen_loop(name) for name in dict.fromkeys(names)]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+@contextlib.contextmanager
+def on_loop(loop: LoopName | None) -> Iterator[None]:
+    """Every keyfailover process started in the block (servers, spawned clients) runs on ``loop``
+    (``$KEYFAILOVER_LOOP`` set for the block); None leaves the choice as it is."""
+    if loop is None:
+        yield
+        return
+    before = os.environ.get(LOOP_ENV)
+    os.environ[LOOP_ENV] = loop
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[LOOP_ENV]
+        else:
+            os.environ[LOOP_ENV] = before
 
 
 def parse_quick(description: str) -> bool:

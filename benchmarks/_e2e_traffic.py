@@ -130,7 +130,7 @@ def keyfailover_server(
     (``--cluster`` and ``--store`` for a broker of a cluster)."""
     runner = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
     where = ["--data-dir", str(folder / "data")] if storage is None else list(storage)
-    command = [sys.executable, *runner, "-m", "keyfailover", "serve", *where]
+    command = [sys.executable, "-P", *runner, "-m", "keyfailover", "serve", *where]  # -P: the installed build
     command += ["--host", "127.0.0.1", "--port", str(port), *args]
     stderr = (folder / "server.log").open("wb")
     process = subprocess.Popen(

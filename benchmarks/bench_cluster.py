@@ -78,7 +78,7 @@ from types import TracebackType
 from typing import Any
 
 import asyncpg
-from _common import format_count, print_goals, print_table
+from _common import format_count, print_goals, print_table, run_setting
 from _e2e_traffic import (
     CONSUMERS,
     KEYS,
@@ -339,7 +339,7 @@ class Cluster:
 def keyfailover_cli(*args: str) -> None:
     """``python -m keyfailover ARGS``; SystemExit with its output when it fails."""
     done = subprocess.run(
-        [sys.executable, "-m", "keyfailover", *args], capture_output=True, text=True, timeout=WAIT, check=False
+        [sys.executable, "-P", "-m", "keyfailover", *args], capture_output=True, text=True, timeout=WAIT, check=False
     )
     if done.returncode:
         raise SystemExit(f"keyfailover {' '.join(args)} exited {done.returncode}: {done.stderr.strip()}")
@@ -774,6 +774,7 @@ def main() -> None:
     if count < 1 or runs < 1 or kills < 1 or store_kills < 1:
         parser.error("--messages, --runs, --kills and --store-kills must be positive")
 
+    print(f"keyfailover: {run_setting()}\n")
     missing = {"redis": redis_missing(), "patroni": None if options.no_ha else PatroniGroup.missing()}
     if options.ha_only and missing["patroni"] is not None:
         raise SystemExit(f"--ha-only needs the replicated store: {missing['patroni']}")

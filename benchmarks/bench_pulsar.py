@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import NamedTuple, TypeVar
 
 import pulsar
-from _common import format_count, parse_quick, print_goals, print_table, timed
+from _common import format_count, parse_quick, print_goals, print_table, run_setting, timed
 
 from keyfailover.client import Client
 
@@ -38,7 +38,7 @@ PAYLOAD = b"x" * 92
 
 def start_server(data_dir: str) -> tuple[subprocess.Popen[str], str, str]:
     """``keyfailover serve`` with a Pulsar port; the process, its native URL and its Pulsar URL."""
-    command = [sys.executable, "-m", "keyfailover", "serve", "--data-dir", data_dir, "--sync", "normal"]
+    command = [sys.executable, "-P", "-m", "keyfailover", "serve", "--data-dir", data_dir, "--sync", "normal"]
     process = subprocess.Popen([*command, "--port", "0", "--pulsar-port", "0"], stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
     native = process.stdout.readline().rsplit(" ", 1)[1].strip()
@@ -169,6 +169,7 @@ COMPRESSED = [
 
 def main() -> None:
     quick = parse_quick(__doc__ or "")
+    print(f"keyfailover: {run_setting()}\n")
     count = 2000 if quick else 50_000
     with tempfile.TemporaryDirectory(prefix="bench-pulsar-") as data_dir:
         process, native_url, pulsar_url = start_server(data_dir)

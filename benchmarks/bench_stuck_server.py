@@ -38,7 +38,7 @@ from typing import Any
 from urllib.request import urlopen
 
 import numpy as np
-from _common import format_count, print_goals, print_table
+from _common import format_count, print_goals, print_table, run_setting
 from _e2e_traffic import (
     BATCH,
     HEADER,
@@ -257,6 +257,7 @@ def main() -> None:
     )
     options = parser.parse_args()
     count = 100_000 if options.quick else 1_000_000
+    print(f"keyfailover: {run_setting()}\n")
     rows = [run_row("1 never acks, 3 healthy", True, count, options.profile_server)]
     if options.profile_server is not None:
         print(f"server profile written to {options.profile_server}")

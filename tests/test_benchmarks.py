@@ -84,9 +84,25 @@ def test_benchmark_quick_run_prints_its_table(script: str) -> None:
 
 
 @pytest.mark.integration
-def test_the_consume_path_run_of_bench_e2e_prints_its_table() -> None:
-    stdout = quick_run("bench_e2e.py", "--backlog")
+def test_the_consume_path_run_of_bench_e2e_prints_its_table_with_a_row_per_event_loop() -> None:
+    stdout = quick_run("bench_e2e.py", "--backlog", "--loops", "asyncio,uvloop")
     assert "Consume path: a stored backlog of 10,000 messages" in stdout, stdout
+    assert "best of 1; plain build" in stdout, stdout
     columns = ("system", "mode", "msgs/s", "order violations", "server CPU µs/msg", "consumers CPU µs/msg")
     assert any(all(column in line for column in columns) for line in stdout.splitlines()), stdout
-    assert "keyfailover ordered consume path >= 1.0x the fastest Redis row" in stdout, stdout
+    for loop in ("asyncio", "uvloop"):
+        assert f"synchronous=full (durable), {loop}" in stdout, stdout
+        assert f"keyfailover ordered consume path ({loop}) >= 1.2x Redis without persistence" in stdout, stdout
+
+
+@pytest.mark.integration
+def test_bench_e2e_refuses_an_unknown_event_loop() -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "bench_e2e.py"), "--loops", "asyncio,libev"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "'asyncio,libev' is not a comma-separated list of asyncio and uvloop" in done.stderr

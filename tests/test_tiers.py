@@ -150,15 +150,29 @@ def _spawn() -> object:
     return os.posix_spawn("/bin/true", ["true"], {})
 
 
+async def _child() -> int:
+    process = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
+    return await process.wait()
+
+
 def _asyncio() -> object:
-    async def child() -> int:
-        process = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
-        return await process.wait()
+    policy = asyncio.get_event_loop_policy()
+    asyncio.set_event_loop_policy(None)  # the standard one, whose child watcher asyncio's loop needs
+    try:
+        return asyncio.run(_child())
+    finally:
+        asyncio.set_event_loop_policy(policy)
 
-    return asyncio.run(child())
+
+def _uvloop() -> object:
+    uvloop = pytest.importorskip("uvloop")
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(_child())
 
 
-@pytest.mark.parametrize("start", [_popen, _system, _spawn, _asyncio], ids=["popen", "system", "spawn", "asyncio"])
+@pytest.mark.parametrize(
+    "start", [_popen, _system, _spawn, _asyncio, _uvloop], ids=["popen", "system", "spawn", "asyncio", "uvloop"]
+)
 def test_the_guard_refuses_every_way_to_start_a_process(start: Callable[[], object]) -> None:
     with ProcessGuard("planted") as guard, pytest.raises(ProcessOutsideIntegrationTierError, match="planted started"):
         start()

@@ -78,9 +78,9 @@ class ProcessGuard:
     """While entered, starting a process raises :class:`ProcessOutsideIntegrationTierError` and is recorded.
 
     It covers what starts processes in Python: :class:`subprocess.Popen`, which ``subprocess.run``,
-    asyncio's subprocesses and Spark's gateway go through, ``os.fork``, ``os.system`` and
-    ``os.posix_spawn``. A process started by another program, such as Spark's Python workers
-    started by its JVM, is not seen.
+    asyncio's subprocesses and Spark's gateway go through, ``os.fork``, ``os.system``,
+    ``os.posix_spawn``, and uvloop's subprocesses, which libuv starts. A process started by another
+    program, such as Spark's Python workers started by its JVM, is not seen.
     """
 
     def __init__(self, test: str) -> None:
@@ -113,9 +113,22 @@ class ProcessGuard:
 
             return refuse
 
+        def loop_refused(name: str) -> Callable[..., Any]:
+            async def refuse(_loop: object, _protocol: object, *args: object, **_options: object) -> Any:
+                raise guard._refuse(f"uvloop {name} {args[:1]!r}")
+
+            return refuse
+
         self._replace(subprocess.Popen, "_execute_child", execute_child)
         for name in ("fork", "system", "posix_spawn", "posix_spawnp"):
             self._replace(os, name, refused(name))
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:  # uvloop starts asyncio's subprocesses with libuv, not through subprocess.Popen
+            for name in ("subprocess_exec", "subprocess_shell"):
+                self._replace(uvloop.Loop, name, loop_refused(name))
         return self
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:

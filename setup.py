@@ -19,11 +19,10 @@ SWITCH = "KEYFAILOVER_COMPILED"
 
 COMPILED = (
     "keyfailover/wire/_ints.py",
-    "keyfailover/wire/protocol.py",
     "keyfailover/broker/storage/_cache.py",
     "keyfailover/broker/server/_subscription.py",
 )
-"""The modules the compiled build compiles: the hot path from the wire to the dispatcher core."""
+"""The modules the compiled build compiles: the subscription's pump, the entry cache and the batch int check."""
 
 
 def compiled_requested() -> bool:

@@ -42,6 +42,16 @@ def test_the_hot_modules_are_extensions_exactly_in_the_compiled_run() -> None:
         assert path.endswith(tuple(EXTENSION_SUFFIXES)) == compiled, f"{name} is {path}"
 
 
+def test_no_other_module_is_an_extension() -> None:
+    package = Path(keyfailover.__file__).parent
+    extensions = {
+        ".".join([*path.relative_to(package.parent).parent.parts, path.name.split(".", 1)[0]])
+        for path in package.rglob("*")
+        if path.name.endswith(tuple(EXTENSION_SUFFIXES))
+    }
+    assert extensions <= set(compiled_modules())
+
+
 def test_the_compiled_run_imports_the_install_not_this_tree() -> None:
-    in_tree = Path(keyfailover.__file__).resolve().is_relative_to(ROOT)
-    assert in_tree != (os.environ.get("KEYFAILOVER_COMPILED") == "1"), keyfailover.__file__
+    from_tree = Path(keyfailover.__file__).resolve().parent == ROOT / "keyfailover"
+    assert from_tree != (os.environ.get("KEYFAILOVER_COMPILED") == "1"), keyfailover.__file__

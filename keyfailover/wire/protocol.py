@@ -234,19 +234,15 @@ class _FieldError(Exception):
 class _ShortRepr(reprlib.Repr):
     """reprlib, with bytes cut before ``repr`` (reprlib would render all of a 5 MiB payload)."""
 
-    def __init__(self) -> None:
-        """Reprlib's limits, shortened; the base's ``__init__`` is called explicitly, as mypyc does not inherit it."""
-        super().__init__()
-        self.maxstring = 40
-        self.maxother = 40
-        self.maxtuple = 4
-
     def repr_bytes(self, x: bytes, level: int) -> str:
         """The repr of at most ``maxstring`` bytes of ``x``, and "..." when it is longer."""
         return repr(x[: self.maxstring]) + ("..." if len(x) > self.maxstring else "")
 
 
 _REPR = _ShortRepr()
+_REPR.maxstring = 40
+_REPR.maxother = 40
+_REPR.maxtuple = 4
 
 
 def _show(value: object) -> str:
@@ -771,7 +767,7 @@ def _build(spec: _Spec, body: dict[Any, Any]) -> Frame:
     """The frame of ``spec`` from a decoded ``body``, every field checked; a ``bad_field`` error names what is wrong."""
     frame_type = spec.cls.type
     if body.keys() != spec.keys:
-        missing = ", ".join(sorted(spec.keys.difference(body))) or "none"
+        missing = ", ".join(sorted(spec.keys - body.keys())) or "none"
         extra = ", ".join(sorted(map(repr, body.keys() - spec.keys))) or "none"
         raise ProtocolError(
             ErrorCode.BAD_FIELD,

@@ -11,12 +11,13 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from keyfailover.core.dispatcher import _core
+import keyfailover
 from keyfailover.core.loops import LOOP_ENV, LoopName, chosen_loop
 from keyfailover.core.ranges import RangeMap
 from keyfailover.core.rebalance import Load, MultiRangePolicy, Policy
@@ -54,9 +55,10 @@ ZIPF_EXPONENT = 1.1
 
 
 def build_name() -> str:
-    """Which build of keyfailover this interpreter imports: ``compiled`` when its hot modules are mypyc's
-    extension modules (``scripts/setup --compiled``), ``plain`` when they are Python source."""
-    return "plain" if (_core.__file__ or "").endswith(".py") else "compiled"
+    """Which build of keyfailover this interpreter imports: ``compiled`` when modules of the package are
+    extension modules (mypyc's), ``plain`` when every one is Python source."""
+    package = Path(keyfailover.__file__).parent
+    return "compiled" if any(package.rglob("*.so")) else "plain"
 
 
 def run_setting() -> str:

@@ -39,7 +39,7 @@ def test_a_read_is_answered_from_where_the_run_holds_it_and_missed_elsewhere() -
     assert cache.read("t", 10, 5) is None  # position 11 is not stored yet
     assert cache.read("u", 0, 5) is None
     assert cache.read("t", 0, 0) is None
-    assert cache.read("t", 2.0, 3) is None and cache.read("t", 2, 3.0) is None
+    assert cache.read("t", 2.0, 3) is None and cache.read("t", 2, 3.0) is None  # type: ignore[arg-type]
     assert (cache.hits, cache.misses) == (6, 5)
     assert len(cache) == 10 and cache.bytes == sum(map(entry_bytes, messages(1, 10)))
 
@@ -185,7 +185,7 @@ def test_cached_messages_are_no_work_for_the_garbage_collector() -> None:
 @pytest.mark.parametrize("bad", [-1, 1.5, "64", None, True])
 def test_a_bad_bound_is_refused(bad: object) -> None:
     with pytest.raises(ValueError, match="max_bytes must be an int >= 0"):
-        EntryCache(bad)
+        EntryCache(bad)  # type: ignore[arg-type]
 
 
 class CacheAgainstTheLog(RuleBasedStateMachine):

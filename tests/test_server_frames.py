@@ -7,7 +7,7 @@ from typing import cast
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keyfailover.broker.server._subscription import _SEND_BATCH, _SEND_BYTES, _send_in_frames
+from keyfailover.broker.server._subscription import _SEND_BATCH, _SEND_BYTES, Session, _send_in_frames
 from keyfailover.wire.properties import MAX_PROPERTIES_SIZE, check_encoded
 from keyfailover.wire.protocol import Delivered, Frame, Messages
 
@@ -26,7 +26,7 @@ class Recorder:
 
 def sent(items: list[Delivered]) -> list[list[Delivered]]:
     recorder = Recorder()
-    _send_in_frames(recorder, items, sum(len(each[5] or b"") for each in items))
+    _send_in_frames(cast(Session, recorder), items, sum(len(each[5] or b"") for each in items))
     assert all(type(frame) is Messages and frame.session == 7 for frame in recorder.frames)
     return [cast(Messages, frame).messages for frame in recorder.frames]
 

@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -1049,18 +1049,7 @@ class Subscription:
                          "redelivered", self.topic, self.name, exc)  # fmt: skip
 
 
-class _FrameSink(Protocol):
-    """What :func:`_send_in_frames` needs of a session: its id and a way to send it a frame."""
-
-    @property
-    def id(self) -> int:
-        """The session id the frames carry."""
-
-    def send(self, frame: Frame) -> None:
-        """Send ``frame`` to the session's connection."""
-
-
-def _send_in_frames(session: _FrameSink, items: list[Delivered], properties_bytes: int) -> None:
+def _send_in_frames(session: Session, items: list[Delivered], properties_bytes: int) -> None:
     """``items`` to ``session`` in frames of at most ``_SEND_BATCH`` deliveries and about ``_SEND_BYTES``
     (``properties_bytes``: the size of the items' encoded properties, all together)."""
     if (

@@ -123,8 +123,7 @@ class EntryCache:
     Not thread-safe: the server's event loop owns it.
     """
 
-    def __init__(self, max_bytes: object) -> None:
-        """Keep at most ``max_bytes`` bytes of messages; anything but an int >= 0 is a ValueError."""
+    def __init__(self, max_bytes: int) -> None:
         if type(max_bytes) is not int or max_bytes < 0:
             raise ValueError(f"max_bytes must be an int >= 0, not {max_bytes!r}")
         self.max_bytes = max_bytes
@@ -223,19 +222,13 @@ class EntryCache:
             run.keys, run.payloads, run.times, run.properties, run.producers = [], [], [], [], []
             run.head = 0
 
-    def read(self, topic: str, after: object, limit: object) -> list[StoredMessage] | None:
+    def read(self, topic: str, after: int, limit: int) -> list[StoredMessage] | None:
         """Up to ``limit`` messages of ``topic`` from position ``after + 1`` on, or None when that one is not
         cached (a read of the log is needed). A list is never empty, and may be shorter than the log's answer:
-        it ends where the cache does. ``after`` and ``limit`` come unchecked from a request: anything but
-        ints, and a ``limit`` below 1, is None here, and the log says what is wrong with them."""
+        it ends where the cache does."""
         run = self._runs.get(topic)
-        if (
-            run is None
-            or type(after) is not int
-            or type(limit) is not int
-            or limit < 1
-            or not run.first() <= after + 1 <= run.last()
-        ):
+        bad = type(after) is not int or type(limit) is not int or limit < 1  # the log says what is wrong
+        if run is None or bad or not run.first() <= after + 1 <= run.last():
             self.misses += 1
             return None
         begin = after + 1 - run.start

@@ -12,7 +12,7 @@ import pytest
 
 from keyfailover.client import Client
 from keyfailover.core.errors import ConfigError
-from keyfailover.core.loops import LOOP_ENV, chosen_loop, loop_class, new_loop
+from keyfailover.core.loops import LOOP_ENV, chosen_loop, loop_class, loop_name, new_loop
 from tests.server_process import ServerProcess
 
 uvloop = pytest.importorskip("uvloop")
@@ -43,6 +43,13 @@ def test_auto_takes_uvloop_when_installed_and_the_environment_decides_without_a_
     monkeypatch.setenv(LOOP_ENV, "asyncio")
     assert chosen_loop() == "asyncio"
     assert chosen_loop("uvloop") == "uvloop"  # an explicit choice wins over the environment
+
+    class Subclassed(loop_class("uvloop")):  # type: ignore[misc]
+        """A subclass of uvloop's loop, as the chaos worker's lossy consumers make."""
+
+    subclassed = Subclassed()
+    subclassed.close()
+    assert loop_name(subclassed) == "uvloop"
     monkeypatch.setenv(LOOP_ENV, "")
     assert chosen_loop() == "uvloop"
     assert loop_class("uvloop") is uvloop.Loop
@@ -73,6 +80,7 @@ def test_new_loops_are_of_the_chosen_kind_and_run() -> None:
         loop = new_loop(choice)
         try:
             assert type(loop) is kind
+            assert loop_name(loop) == choice
             assert loop.run_until_complete(asyncio.sleep(0, choice)) == choice
         finally:
             loop.close()
@@ -93,6 +101,7 @@ def test_a_policy_the_program_set_makes_the_loops() -> None:
     loop = new_loop("uvloop")
     loop.close()
     assert type(loop) is Mine
+    assert loop_name(loop) == "asyncio"
     with pytest.raises(ConfigError, match="'bad' is not one of"):  # the choice is still checked
         new_loop("bad")
 

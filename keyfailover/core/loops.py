@@ -16,7 +16,7 @@ from typing import Literal
 
 from keyfailover.core.errors import ConfigError
 
-__all__ = ["LOOP_CHOICES", "LOOP_ENV", "LoopName", "chosen_loop", "loop_class", "new_loop"]
+__all__ = ["LOOP_CHOICES", "LOOP_ENV", "LoopName", "chosen_loop", "loop_class", "loop_name", "new_loop"]
 
 LoopName = Literal["asyncio", "uvloop"]
 
@@ -58,6 +58,11 @@ def loop_class(choice: str | None = None) -> type[asyncio.AbstractEventLoop]:
 
         return uvloop.Loop
     return asyncio.SelectorEventLoop
+
+
+def loop_name(loop: asyncio.AbstractEventLoop) -> LoopName:
+    """Which kind of loop ``loop`` is, a subclass of one counted as it: ``"uvloop"`` or ``"asyncio"``."""
+    return "uvloop" if any(kind.__module__.startswith("uvloop") for kind in type(loop).__mro__) else "asyncio"
 
 
 def new_loop(choice: str | None = None) -> asyncio.AbstractEventLoop:

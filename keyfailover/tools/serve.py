@@ -9,6 +9,7 @@ import signal
 import sys
 
 from keyfailover.broker.server import Server, ServerConfig
+from keyfailover.core.loops import loop_name
 from keyfailover.integrations.console import serve_console
 from keyfailover.integrations.metrics import serve_metrics
 
@@ -63,7 +64,7 @@ async def run_server(config: ServerConfig) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     host, port = server.address
-    _log.info("serving on the %s event loop", "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio")
+    _log.info("serving on the %s event loop", loop_name(loop))
     print(f"listening on {host}:{port}", flush=True)
     if server.admin_address is not None:
         admin_host, admin_port = server.admin_address

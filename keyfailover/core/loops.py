@@ -68,11 +68,7 @@ def loop_name(loop: asyncio.AbstractEventLoop) -> LoopName:
 def new_loop(choice: str | None = None) -> asyncio.AbstractEventLoop:
     """A new event loop of the kind :func:`chosen_loop` picks, not set as any thread's current loop. A program
     that set an event loop policy of its own gets its loop from that policy instead, whatever the choice."""
-    kind = chosen_loop(choice)  # checked even where a policy decides
+    kind = loop_class(choice)  # checked even where a policy decides
     if type(asyncio.get_event_loop_policy()) is not asyncio.DefaultEventLoopPolicy:
         return asyncio.new_event_loop()
-    if kind == "uvloop":
-        import uvloop
-
-        return uvloop.new_event_loop()
-    return asyncio.new_event_loop()
+    return kind()

@@ -94,6 +94,11 @@ class Trial:
         return self.mode if self.loop is None else f"{self.mode}, {self.loop}"
 
     @property
+    def on(self) -> str:
+        """Its event loop as a goal names it, `` (uvloop)``; empty when ``--loops`` named none."""
+        return "" if self.loop is None else f" ({self.loop})"
+
+    @property
     def row(self) -> Trial:
         """This trial on no particular loop: what the goals and the peers compare."""
         return replace(self, loop=None)
@@ -316,7 +321,7 @@ def print_results(
     )
     goals: list[tuple[str, str, bool]] = []
     for durable in (m for m in measured if m.trial.row == DURABLE):
-        on = "" if durable.trial.loop is None else f" ({durable.trial.loop})"
+        on = durable.trial.on
         goals.append(
             (
                 f"keyfailover durable{on} >= {format_count(GOAL_RATE)} msgs/s",
@@ -402,7 +407,7 @@ def print_backlog(
     )
     goals = []
     for durable in (m for m in measured if m.trial.row == DURABLE):
-        on = "" if durable.trial.loop is None else f" ({durable.trial.loop})"
+        on = durable.trial.on
         goals.append(
             (
                 f"keyfailover ordered consume path{on} >= {CONSUME_GOAL_RATIO}x Redis without persistence",

@@ -339,6 +339,35 @@ def test_a_chunk_lost_too_often_resets_the_connection_as_tcp_gives_up(echo: Echo
     assert echo.received.empty()
 
 
+def test_a_connection_reset_again_after_its_socket_closed_is_left_alone(echo: EchoServer) -> None:
+    # A fault resets a connection, then close() resets it again before its task has ended: on
+    # uvloop the closed socket is still handed out, with descriptor -1 (a CI run's close failed so).
+    async def main() -> None:
+        async with FaultProxy(echo.address) as proxy:
+            reader, writer = await asyncio.open_connection(*proxy.address)
+            await wait_for(lambda: len(proxy._connections) == 1)
+            (connection,) = proxy._connections
+            connection.reset()
+            await wait_for(lambda: closed(connection.client))
+            connection.reset()
+            with pytest.raises(ConnectionResetError):
+                await reader.read()
+            writer.close()
+        assert proxy.stats().active == 0
+
+    asyncio.run(main())
+
+
+async def wait_for(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.001)
+
+
+def closed(writer: asyncio.StreamWriter) -> bool:
+    sock = writer.get_extra_info("socket")
+    return sock is None or sock.fileno() < 0
+
+
 def open_descriptors() -> int:
     return len(os.listdir("/proc/self/fd"))
 

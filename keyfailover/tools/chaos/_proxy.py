@@ -170,9 +170,13 @@ def _check_port(name: str, port: object, *, low: int) -> None:
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:
-    """Close ``writer``'s socket with a TCP reset (SO_LINGER 0), not a FIN."""
+    """Close ``writer``'s socket with a TCP reset (SO_LINGER 0), not a FIN; once closed, nothing to do.
+
+    A connection may be reset twice (by a fault, then by :meth:`FaultProxy.close` before its
+    task has ended): uvloop keeps handing out the socket after it closed, with descriptor -1.
+    """
     sock = writer.get_extra_info("socket")
-    if sock is not None:
+    if sock is not None and sock.fileno() >= 0:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()
@@ -301,8 +305,10 @@ class FaultProxy:
             return
         if self._thread is None:
             raise RuntimeError("this proxy runs on the caller's event loop (astart): close it with aclose()")
-        asyncio.run_coroutine_threadsafe(self._shut(), self._loop).result(_CONTROL_TIMEOUT)
-        self._stop_thread(self._loop, self._thread)
+        try:
+            asyncio.run_coroutine_threadsafe(self._shut(), self._loop).result(_CONTROL_TIMEOUT)
+        finally:
+            self._stop_thread(self._loop, self._thread)
 
     async def aclose(self) -> None:
         """Reset every connection and stop listening (a proxy started with :meth:`astart`); idempotent."""

@@ -347,10 +347,10 @@ def test_a_connection_reset_again_after_its_socket_closed_is_left_alone(echo: Ec
     async def main() -> None:
         async with FaultProxy(echo.address) as proxy:
             reader, writer = await asyncio.open_connection(*proxy.address)
-            await wait_for(lambda: len(proxy._connections) == 1)
+            await wait_for(lambda: len(proxy._connections) == 1, "the connection to be accepted")
             (connection,) = proxy._connections
             connection.reset()
-            await wait_for(lambda: closed(connection.client))
+            await wait_for(lambda: closed(connection.client), "its socket to be closed")
             connection.reset()
             with pytest.raises(ConnectionResetError):
                 await reader.read()
@@ -360,8 +360,13 @@ def test_a_connection_reset_again_after_its_socket_closed_is_left_alone(echo: Ec
     asyncio.run(main())
 
 
-async def wait_for(condition: Callable[[], bool]) -> None:
+async def wait_for(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Return once ``condition()`` holds, checking between turns of the running loop; TimeoutError naming
+    ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
     while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout} s")
         await asyncio.sleep(0.001)
 
 

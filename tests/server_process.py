@@ -91,6 +91,15 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) 
         pause.wait(0.01)
 
 
+async def until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """:func:`wait_until` on a running event loop: polls between its turns."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout} s")
+        await asyncio.sleep(0.01)
+
+
 class ServerProcess:
     """``keyfailover serve`` in a child process, on a free loopback port.
 

@@ -30,8 +30,8 @@ from keyfailover.client import Client
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.loops import new_loop
 from keyfailover.tools.chaos._netns import Namespace, NamespaceError, support
-from keyfailover.tools.chaos._proxy import FaultEvent, FaultProxy, LinkFaults, Stall
-from tests.server_process import ServerProcess, wait_until
+from keyfailover.tools.chaos._proxy import FaultEvent, FaultProxy, LinkFaults, Stall, _open_socket
+from tests.server_process import ServerProcess, until, wait_until
 from tests.tiers import starts_processes
 
 GRACE = 0.3  # seconds a test waits to see that nothing gets through
@@ -347,10 +347,10 @@ def test_a_connection_reset_again_after_its_socket_closed_is_left_alone(echo: Ec
     async def main() -> None:
         async with FaultProxy(echo.address) as proxy:
             reader, writer = await asyncio.open_connection(*proxy.address)
-            await wait_for(lambda: len(proxy._connections) == 1, "the connection to be accepted")
+            await until(lambda: len(proxy._connections) == 1, "the connection to be accepted")
             (connection,) = proxy._connections
             connection.reset()
-            await wait_for(lambda: closed(connection.client), "its socket to be closed")
+            await until(lambda: _open_socket(connection.client) is None, "its socket to be closed")
             connection.reset()
             with pytest.raises(ConnectionResetError):
                 await reader.read()
@@ -358,21 +358,6 @@ def test_a_connection_reset_again_after_its_socket_closed_is_left_alone(echo: Ec
         assert proxy.stats().active == 0
 
     asyncio.run(main())
-
-
-async def wait_for(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    """Return once ``condition()`` holds, checking between turns of the running loop; TimeoutError naming
-    ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout} s")
-        await asyncio.sleep(0.001)
-
-
-def closed(writer: asyncio.StreamWriter) -> bool:
-    sock = writer.get_extra_info("socket")
-    return sock is None or sock.fileno() < 0
 
 
 def open_descriptors() -> set[str]:

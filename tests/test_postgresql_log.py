@@ -26,6 +26,7 @@ from keyfailover.core.errors import LogError, PropertiesError
 from keyfailover.core.partitions import partition_topic, split_partition_topic
 from keyfailover.tools.services import PostgreSQL, free_port
 from keyfailover.wire.properties import encode_properties
+from tests.server_process import until
 
 T = TypeVar("T")
 
@@ -475,15 +476,6 @@ async def within(work: Awaitable[T], what: str, seconds: float = 30.0) -> T:
         return await asyncio.wait_for(work, seconds)
     except TimeoutError:
         pytest.fail(f"{what}: not within {seconds} s")
-
-
-async def until(condition: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
-    """Return once ``condition()`` holds, polling; fails naming ``what`` after ``seconds``."""
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            pytest.fail(f"{what}: not within {seconds} s")
-        await asyncio.sleep(0.01)
 
 
 def test_a_new_owner_ends_the_transaction_a_stopped_broker_left_open_on_its_partition(

@@ -57,7 +57,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, replace
 from types import TracebackType
-from typing import Literal
+from typing import Any, Literal
 
 from keyfailover.core.errors import ConfigError
 from keyfailover.core.loops import new_loop
@@ -169,14 +169,18 @@ def _check_port(name: str, port: object, *, low: int) -> None:
         raise ConfigError(f"{name} must be an int from {low} to 65535, got {port!r}")
 
 
-def _reset(writer: asyncio.StreamWriter) -> None:
-    """Close ``writer``'s socket with a TCP reset (SO_LINGER 0), not a FIN; once closed, nothing to do.
-
-    A connection may be reset twice (by a fault, then by :meth:`FaultProxy.close` before its
-    task has ended): uvloop keeps handing out the socket after it closed, with descriptor -1.
-    """
+def _open_socket(writer: asyncio.StreamWriter) -> Any:
+    """``writer``'s socket while it is open; None once closed (uvloop keeps handing it out after it
+    closed, with descriptor -1)."""
     sock = writer.get_extra_info("socket")
-    if sock is not None and sock.fileno() >= 0:
+    return sock if sock is not None and sock.fileno() >= 0 else None
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close ``writer``'s socket with a TCP reset (SO_LINGER 0), not a FIN; once closed, nothing to do
+    (a connection may be reset twice: by a fault, then by :meth:`FaultProxy.close` before its task ended)."""
+    sock = _open_socket(writer)
+    if sock is not None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()

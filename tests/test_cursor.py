@@ -337,3 +337,57 @@ def test_the_stored_form_round_trips_for_far_apart_positions(acked: list[int], m
     again = Cursor.from_bytes(cursor.to_bytes())
     assert again == cursor
     assert again.acked == cursor.acked
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    start=st.integers(0, 5),
+    steps=st.lists(
+        st.one_of(
+            st.tuples(st.just("many"), st.lists(st.integers(1, 80), max_size=12)),
+            st.tuples(st.just("one"), st.integers(1, 80)),
+            st.tuples(st.just("read"), st.integers(0, 2)),
+        ),
+        max_size=40,
+    ),
+)
+def test_noted_acks_read_the_same_as_merged_ones_whatever_comes_between(
+    start: int, steps: list[tuple[str, Any]]
+) -> None:
+    """Batches are noted and merged later: a single ack, a copy or the stored form in between sees them all."""
+    cursor = Cursor(start)
+    model = set(range(1, start + 1))
+    for kind, value in steps:
+        if kind == "many":
+            cursor.ack_many(value)
+            model.update(value)
+        elif kind == "one":
+            cursor.ack(value)
+            model.add(value)
+        elif value == 0:
+            assert_matches(cursor, model, 85)
+        elif value == 1:
+            assert_matches(cursor.copy(), model, 85)
+        else:
+            assert_matches(Cursor.from_bytes(cursor.to_bytes()), model, 85)
+        assert cursor.last_acked == max(model, default=0)  # read without merging
+    assert_matches(cursor, model, 85)
+
+
+def test_batches_over_more_ranges_than_the_merge_threshold_stay_exact() -> None:
+    """Tens of thousands of ranges (every other position acked), then the holes filled in shuffled batches."""
+    cursor = Cursor()
+    evens = list(range(2, 60_001, 2))
+    for first in range(0, len(evens), 250):
+        cursor.ack_many(evens[first : first + 250])
+        assert cursor.last_acked == evens[min(first + 249, len(evens) - 1)]
+    assert cursor.mark_delete == 0
+    assert len(cursor.acked_ranges) == 30_000
+    odds = list(range(1, 60_000, 2))
+    random.Random(7).shuffle(odds)
+    for first in range(0, len(odds) - 250, 250):
+        cursor.ack_many(odds[first : first + 250])
+    assert not cursor.is_acked(min(odds[-250:]))
+    cursor.ack_many(odds[-250:])
+    assert cursor.mark_delete == 60_000
+    assert cursor.acked_ranges == []

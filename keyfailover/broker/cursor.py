@@ -28,6 +28,8 @@ FORMAT_VERSION = 1
 
 _HEADER = struct.Struct("<BQI")  # format version, mark_delete, number of acked ranges
 _LIMIT = 1 << 63  # positions are signed 64-bit integers in SQLite
+_MERGE_AT = 8192
+"""Acks held back before they are merged into the ranges, at the least (at most as many as there are ranges)."""
 
 
 def _check_position(value: object, what: str, minimum: int) -> int:
@@ -56,9 +58,14 @@ class Cursor:
       the range plus a list shift of the ranges after it (acks land near the newest ones);
     - :meth:`is_acked` is O(1) at or below ``mark_delete``, else O(log r);
     - :meth:`to_bytes` and :meth:`from_bytes` are O(r) at numpy speed.
+
+    :meth:`ack_many` only notes its positions (``_pending``, their highest ``_pending_top``):
+    they are merged into the ranges at numpy speed, all at once, when ``max(_MERGE_AT, r)`` are
+    noted or when anything reads the state (every reader calls :meth:`_settle` first), which
+    makes a batch of acks O(log(r + n)) a position instead of a Python step each.
     """
 
-    __slots__ = ("_ends", "_head", "_mark_delete", "_starts")
+    __slots__ = ("_ends", "_head", "_mark_delete", "_pending", "_pending_top", "_starts")
 
     __hash__ = None  # type: ignore[assignment]  # mutable, so unhashable
 
@@ -90,38 +97,54 @@ class Cursor:
         self._starts = starts
         self._ends = ends
         self._head = head
+        self._pending: list[int] = []
+        self._pending_top = 0
 
     @property
     def mark_delete(self) -> int:
         """The mark-delete position: every position at or below it is acked (0: none is)."""
+        if self._pending:
+            self._settle()
         return self._mark_delete
 
     @property
     def acked(self) -> frozenset[int]:
         """The positions above :attr:`mark_delete` acked individually; O(number of them)."""
+        self._settle()
         return frozenset(chain.from_iterable(range(s, e + 1) for s, e in self._ranges()))
 
     @property
     def acked_ranges(self) -> list[tuple[int, int]]:
         """The acked positions above :attr:`mark_delete` as sorted inclusive ``(first, last)`` ranges."""
+        self._settle()
         return list(self._ranges())
 
     @property
     def last_acked(self) -> int:
-        """The highest acked position (0: none is); every position above it is unacked."""
-        return self._ends[-1] if self._head < len(self._ends) else self._mark_delete
+        """The highest acked position (0: none is); every position above it is unacked. O(1), merges nothing."""
+        settled = self._ends[-1] if self._head < len(self._ends) else self._mark_delete
+        return max(settled, self._pending_top)
 
     def ack(self, position: int) -> None:
         """Acknowledge ``position`` (idempotent), advancing :attr:`mark_delete` over every contiguous run."""
-        self._ack(_check_position(position, "an acked position", 1))
+        position = _check_position(position, "an acked position", 1)
+        self._settle()
+        self._ack(position)
 
     def ack_many(self, positions: Sequence[int]) -> None:
-        """Acknowledge each of ``positions`` as :meth:`ack` does; all are checked first (a bad one: none is acked)."""
+        """Acknowledge each of ``positions`` as :meth:`ack` does; all are checked first (a bad one: none is acked).
+
+        Amortised O(log(r + n)) a position: they are noted, and merged in bulk later (see the class)."""
+        if not positions:
+            return
         if not is_within_int_range(positions, 1, _LIMIT - 1):
             for position in positions:
                 _check_position(position, "an acked position", 1)
-        for position in positions:
-            self._ack(position)
+        pending = self._pending
+        pending += positions
+        self._pending_top = max(self._pending_top, *positions)
+        if len(pending) >= _MERGE_AT and len(pending) >= len(self._starts) - self._head:
+            self._settle()
 
     def _ack(self, position: int) -> None:
         """Mark one ``position`` acked: advance the mark-delete position through acked ranges, or add it to a range."""
@@ -163,6 +186,7 @@ class Cursor:
     def is_acked(self, position: int) -> bool:
         """Whether ``position`` is acknowledged."""
         position = _check_position(position, "a position", 1)
+        self._settle()
         if position <= self._mark_delete:
             return True
         i = bisect_right(self._starts, position, self._head) - 1
@@ -176,6 +200,7 @@ class Cursor:
         """
         after = _check_position(after, "after", 0)
         up_to = _check_position(up_to, "up_to", 0)
+        self._settle()
         first = max(after, self._mark_delete) + 1
         lo = max(bisect_right(self._starts, first, self._head) - 1, self._head)
         hi = bisect_right(self._starts, up_to, self._head)
@@ -183,6 +208,7 @@ class Cursor:
 
     def copy(self) -> Cursor:
         """An independent cursor in the same state; O(ranges), a memory copy."""
+        self._settle()
         return Cursor._of(self._mark_delete, self._starts[self._head :], self._ends[self._head :])
 
     def to_bytes(self) -> bytes:
@@ -190,6 +216,7 @@ class Cursor:
 
         Scattered acks cost a few bytes per range; an in-order subscription is a 21-byte header.
         """
+        self._settle()
         head = self._head
         count = len(self._starts) - head
         points = np.empty(2 * count + 1, dtype="<i8")
@@ -233,7 +260,7 @@ class Cursor:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Cursor):
             return NotImplemented
-        return self._mark_delete == other._mark_delete and self.acked_ranges == other.acked_ranges
+        return self.mark_delete == other.mark_delete and self.acked_ranges == other.acked_ranges
 
     def __repr__(self) -> str:
         ranges = self.acked_ranges
@@ -249,7 +276,38 @@ class Cursor:
         cursor._starts = starts
         cursor._ends = ends
         cursor._head = 0
+        cursor._pending = []
+        cursor._pending_top = 0
         return cursor
+
+    def _settle(self) -> None:
+        """Merge the noted acks into the ranges: sort them, make runs of them, and merge those with the ranges
+        (an interval union at numpy speed), then absorb a first range that starts after :attr:`mark_delete`."""
+        if not self._pending:
+            return
+        noted = np.unique(np.array(self._pending, dtype=np.int64))
+        self._pending = []
+        self._pending_top = 0
+        noted = noted[noted > self._mark_delete]
+        if not len(noted):
+            return
+        breaks = np.flatnonzero(np.diff(noted) != 1)
+        head = self._head
+        starts = np.concatenate(
+            (np.frombuffer(self._starts, dtype=np.int64)[head:], noted[np.concatenate(([0], breaks + 1))])
+        )
+        ends = np.concatenate((np.frombuffer(self._ends, dtype=np.int64)[head:], noted[np.append(breaks, -1)]))
+        order = np.argsort(starts, kind="stable")
+        starts, ends = starts[order], np.maximum.accumulate(ends[order])
+        # A range starts a new one unless it overlaps or touches the ones before it (whose end is the running max).
+        first = np.flatnonzero(np.concatenate(([True], starts[1:] > ends[:-1] + 1)))
+        starts, ends = starts[first], ends[np.append(first[1:] - 1, -1)]
+        if starts[0] == self._mark_delete + 1:
+            self._mark_delete = int(ends[0])
+            starts, ends = starts[1:], ends[1:]
+        self._starts = array("q", starts.tobytes())
+        self._ends = array("q", ends.tobytes())
+        self._head = 0
 
     def _ranges(self) -> Iterator[tuple[int, int]]:
         """The live acked ranges beyond the mark-delete position, as inclusive pairs."""

@@ -59,10 +59,10 @@ class Cursor:
     - :meth:`is_acked` is O(1) at or below ``mark_delete``, else O(log r);
     - :meth:`to_bytes` and :meth:`from_bytes` are O(r) at numpy speed.
 
-    :meth:`ack_many` only notes its positions (``_pending``, their highest ``_pending_top``):
-    they are merged into the ranges at numpy speed, all at once, when ``max(_MERGE_AT, r)`` are
-    noted or when anything reads the state (every reader calls :meth:`_settle` first), which
-    makes a batch of acks O(log(r + n)) a position instead of a Python step each.
+    :meth:`ack_many` only notes its positions in ``_pending``, their highest in ``_pending_top``.
+    They are merged into the ranges at numpy speed, all at once, when ``_MERGE_AT`` of them or as
+    many as there are ranges are noted, or when anything reads the state: every reader calls
+    :meth:`_settle` first. A batch of acks so costs O(log n) a position, not a Python step each.
     """
 
     __slots__ = ("_ends", "_head", "_mark_delete", "_pending", "_pending_top", "_starts")
@@ -134,7 +134,7 @@ class Cursor:
     def ack_many(self, positions: Sequence[int]) -> None:
         """Acknowledge each of ``positions`` as :meth:`ack` does; all are checked first (a bad one: none is acked).
 
-        Amortised O(log(r + n)) a position: they are noted, and merged in bulk later (see the class)."""
+        They are noted and merged in bulk later, as the class says: amortised O(log n) a position."""
         if not positions:
             return
         if not is_within_int_range(positions, 1, _LIMIT - 1):

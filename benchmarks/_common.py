@@ -11,13 +11,12 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-import keyfailover
+from keyfailover.core.dispatcher import COMPILED
 from keyfailover.core.loops import LOOP_ENV, LoopName, chosen_loop
 from keyfailover.core.ranges import RangeMap
 from keyfailover.core.rebalance import Load, MultiRangePolicy, Policy
@@ -55,10 +54,9 @@ ZIPF_EXPONENT = 1.1
 
 
 def build_name() -> str:
-    """Which build of keyfailover this interpreter imports: ``compiled`` when modules of the package are
-    extension modules (mypyc's), ``plain`` when every one is Python source."""
-    package = Path(keyfailover.__file__).parent
-    return "compiled" if any(package.rglob("*.so")) else "plain"
+    """Which build of keyfailover runs here and in the processes started from here (the same environment):
+    ``compiled`` with the dispatcher core mypyc compiled (``scripts/setup``), ``plain`` with its source."""
+    return "compiled" if COMPILED else "plain"
 
 
 def run_setting() -> str:

@@ -28,6 +28,7 @@ FILES = {
     "python3-kazoo": "/usr/lib/python3/dist-packages/kazoo",
     "chromium": "/usr/bin/chromium",
     "chromium-driver": "/usr/bin/chromedriver",
+    "gcc": "/usr/bin/gcc",
 }
 """The packages shown installed by a file, and that file."""
 COMMANDS = {"redis-server": "redis-server", "prometheus": "promtool", "default-jre-headless": "java"}
@@ -111,7 +112,7 @@ def test_with_everything_installed_it_says_and_does_nothing(tmp_path: Path) -> N
 
 def test_as_root_it_names_each_missing_package_installs_them_and_then_has_nothing_to_do(tmp_path: Path) -> None:
     machine = Machine(tmp_path)
-    machine.install("libpostgresql-jdbc-java", "chromium", "chromium-driver", *COMMANDS)
+    machine.install("libpostgresql-jdbc-java", "chromium", "chromium-driver", "gcc", *COMMANDS)
     done = machine.run()
     assert done.returncode == 0, done.stderr
     root = machine.root
@@ -137,7 +138,9 @@ def test_as_root_it_names_each_missing_package_installs_them_and_then_has_nothin
 
 def test_as_root_it_names_what_it_could_not_install_and_why_and_exits_1(tmp_path: Path) -> None:
     machine = Machine(tmp_path)
-    machine.install("zookeeper", "postgresql", "libpostgresql-jdbc-java", "chromium", "chromium-driver", *COMMANDS)
+    machine.install(
+        "zookeeper", "postgresql", "libpostgresql-jdbc-java", "chromium", "chromium-driver", "gcc", *COMMANDS
+    )
     done = machine.run(unknown=("patroni",), broken="python3-kazoo")
     assert done.returncode == 1, done.stderr
     root = machine.root

@@ -1,5 +1,7 @@
 """The sans-IO Key_Failover dispatcher core: events in, deliveries out."""
 
+# ruff: noqa: I001  (the front is imported first: it picks the core, compiled or plain, that the rest imports)
+from keyfailover.core.dispatcher._front import COMPILED, Dispatcher
 from keyfailover.core.dispatcher._core import (
     CONSUME_MODES,
     DEFAULT_ACK_TIMEOUT,
@@ -7,7 +9,6 @@ from keyfailover.core.dispatcher._core import (
     ConsumeMode,
     DeadLetter,
     Delivery,
-    Dispatcher,
     RebalanceEvent,
     check_consume_mode,
 )
@@ -19,6 +20,7 @@ from keyfailover.core.dispatcher._settings import (
 )
 
 __all__ = [
+    "COMPILED",
     "CONSUME_MODES",
     "DEFAULT_ACK_TIMEOUT",
     "DEFAULT_MAX_REPLAY",

@@ -95,6 +95,7 @@ from typing import Any, Literal, NamedTuple
 import mmh3
 import numpy as np
 import numpy.typing as npt
+from mypy_extensions import mypyc_attr
 from sortedcontainers import SortedDict
 
 from keyfailover.core.dispatcher._load import LoadMeter
@@ -360,9 +361,10 @@ def _check_deliver_at(deliver_at: object) -> None:
         )
 
 
-def _make_message(position: int, key: Key, payload: Any, first: int = 0, size: int = HASH_RANGE_SIZE) -> _Message:
+def _make_message(position: int, key: object, payload: Any, first: int = 0, size: int = HASH_RANGE_SIZE) -> _Message:
     """A message with its key's bytes and slot, counted from ``first`` (raises :class:`InvalidKeyError`
-    for a bad key, :class:`WrongPartitionError` for a key whose slot is not in ``[first, first + size)``)."""
+    for a key of any other type than str, bytes or None, :class:`WrongPartitionError` for a key whose
+    slot is not in ``[first, first + size)``)."""
     if key is None:
         return _Message(position, False, None, -1, payload)
     text = isinstance(key, str)
@@ -385,7 +387,7 @@ def _key_of(message: _Message) -> Key:
     return kb.decode() if message.flags & _TEXT and kb is not None else kb
 
 
-def _wrong_partition(key: Key, slot: int, first: int, size: int) -> WrongPartitionError:
+def _wrong_partition(key: object, slot: int, first: int, size: int) -> WrongPartitionError:
     """The error for ``key``, whose ``slot`` is outside this dispatcher's block of ``size`` slots from ``first``."""
     return WrongPartitionError(
         f"key {key!r} hashes to slot {slot}, outside this dispatcher's slots [{first}, {first + size - 1}]; "
@@ -471,6 +473,7 @@ class _KeyState:
         return pending
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the compiled build's checked front subclasses it
 class Dispatcher:
     """Key_Failover dispatcher core: ordered per-key delivery to elastic consumers.
 
@@ -1208,7 +1211,7 @@ class Dispatcher:
                 rejected.append(position)
         return confirmed, rejected
 
-    def _ack(self, consumer: _Consumer, position: int) -> bool:
+    def _ack(self, consumer: _Consumer, position: object) -> bool:
         """Acknowledge ``consumer``'s delivery at ``position``; False when it is not in flight there, a wrong type
         included."""
         message = consumer.inflight.pop(position, None) if type(position) is int else None
@@ -2759,12 +2762,9 @@ class Dispatcher:
                 joined.append((joined.pop()[0], end) if joined and joined[-1][1] + 1 == start else (start, end))
             assert self._map.ranges_of(cid) == joined, f"{cid}: owns {self._map.ranges_of(cid)}, declared {joined}"
 
-    def _consumer(self, cid: str) -> _Consumer:
+    def _consumer(self, cid: object) -> _Consumer:
         """The connected consumer ``cid``; raises :class:`UnknownConsumerError` naming the known ones when it is not."""
-        try:
-            consumer = self._consumers.get(cid)
-        except TypeError:  # unhashable
-            consumer = None
+        consumer = self._consumers.get(cid) if isinstance(cid, str) else None
         if consumer is None:
             if not isinstance(cid, str) or not cid:
                 raise ConsumerError(f"consumer id must be a non-empty str, not {cid!r}")

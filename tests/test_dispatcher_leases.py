@@ -316,17 +316,21 @@ def test_an_unacked_limit_must_be_a_non_negative_int() -> None:
             Dispatcher(max_unacked_per_consumer=bad)  # type: ignore[arg-type]
 
 
-def _stalled_run(spill: bool) -> tuple[Dispatcher, dict[str, list[int]], int]:
+def _stalled_run(
+    spill: bool, *, unacked: int = 20, window: int | None = None
+) -> tuple[Dispatcher, dict[str, list[int]], int]:
     """A never-acking consumer beside a healthy one: 3,000 messages over 100 keys through a buffer of 100.
 
     The test plays the IO layer: it publishes while wants() allows, polls, acks what the
-    healthy consumer got, and re-reads parked slots from its own log. Returns the dispatcher,
-    the positions each consumer received, and how many messages were published.
+    healthy consumer got, and re-reads parked slots from its own log. ``unacked``: the unacked
+    limit per consumer; ``window``: the healthy consumer's permits, each ack giving one back (a
+    receiver queue), None for more than it ever needs. Returns the dispatcher, the positions each
+    consumer received, and how many messages were published.
     """
-    d = Dispatcher(clock=ManualClock(0.0), max_replay=100, max_unacked_per_consumer=20, spill=spill)
+    d = Dispatcher(clock=ManualClock(0.0), max_replay=100, max_unacked_per_consumer=unacked, spill=spill)
     for name in ("stuck", "healthy"):
         d.add_consumer(name)
-        d.flow(name, 10_000)
+        d.flow(name, 10_000 if window is None or name == "stuck" else window)
     log = [(position, f"key-{position % 100}") for position in range(1, 3001)]
     got: dict[str, list[int]] = {"stuck": [], "healthy": []}
     published = 0
@@ -338,6 +342,8 @@ def _stalled_run(spill: bool) -> tuple[Dispatcher, dict[str, list[int]], int]:
             got[delivery.consumer].append(delivery.position)
             if delivery.consumer == "healthy":
                 d.ack("healthy", delivery.position)
+                if window is not None:
+                    d.flow("healthy", 1)
         slots = d.rereads()
         if slots:
             through = published
@@ -366,6 +372,19 @@ def test_with_spill_a_never_acking_consumer_does_not_stop_the_others() -> None:
     d, got, published = _stalled_run(spill=False)
     assert published < 300 and d.wants() == 0
     assert len(got["healthy"]) < len(expected) // 5
+
+
+def test_a_consumer_holding_half_the_buffer_leaves_the_others_slots_re_read() -> None:
+    """G5 with the server's default bounds' ratio (unacked limit = max_replay / 2, where parking starts): the
+    never-acking consumer's unacked limit alone keeps half the buffer held, and the healthy consumer's slots,
+    parked while it had no permits, are still re-read once it has them again."""
+    d, got, published = _stalled_run(spill=True, unacked=50, window=5)
+    assert published == 3000
+    assert len(got["stuck"]) == 50, "the stuck consumer holds its unacked limit"
+    healthy_keys = {f"key-{i}" for i in range(100) if d.owner_of(f"key-{i}") == "healthy"}
+    expected = [p for p in range(1, 3001) if f"key-{p % 100}" in healthy_keys]
+    assert d.stats()["parked_messages"] > 0, "the healthy consumer's slots were parked on the way"
+    assert got["healthy"] == sorted(got["healthy"]) and set(got["healthy"]) == set(expected)
 
 
 def test_restore_refuses_what_was_not_parked() -> None:

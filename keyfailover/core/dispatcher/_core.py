@@ -881,7 +881,9 @@ class Dispatcher:
         :meth:`restored`. Empty unless something changed since
         the last call that lets a parked slot's owner take messages.
         """
-        if not self._parked or not self._reread_due or self._fresh or self._held >= self._park_at:
+        # Re-read while there is room, whatever is held: a consumer at its unacked limit may hold half the
+        # buffer (the server's default bounds) for as long as it does not ack, and the others go on (G5).
+        if not self._parked or not self._reread_due or self._fresh or self._held >= self._max_replay:
             return {}
         self._reread_due = False
         offset = self._first

@@ -1,10 +1,10 @@
 """The dispatcher as callers get it: the compiled core where the build has one, behind a front that keeps its errors.
 
-The compiled build (``setup.py``: mypyc compiles :mod:`._core`) checks each argument against its
-annotation before the method runs: a wrong type raises mypyc's own ``TypeError`` instead of the
+The compiled core (``scripts/setup`` has mypyc compile :mod:`._core` in place) checks each argument
+against its annotation before the method runs: a wrong type raises mypyc's own ``TypeError`` instead of the
 error the method's checks raise, such as :class:`~keyfailover.core.errors.ConsumerError`, and
-``True`` passes as ``1`` where an ``int`` is declared. So in the
-compiled build :class:`Dispatcher` is a subclass whose public methods pass arguments of the types
+``True`` passes as ``1`` where an ``int`` is declared. So in the compiled build
+:class:`Dispatcher` is a subclass whose public methods pass arguments of the types
 the core takes as they are straight to the compiled method, and hand any other call to the same
 method of the *reference*: the plain source of :mod:`._core`, loaded on first need as a module of
 its own. Every check comes before any change there (a rejected call changes nothing), so the

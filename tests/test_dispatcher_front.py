@@ -39,6 +39,8 @@ CALLS = st.one_of(
     st.tuples(st.just("withdraw_permits"), st.tuples(CIDS)),
     st.tuples(st.just("inflight_count"), st.tuples(CIDS)),
     st.tuples(st.just("publish"), st.tuples(POSITIONS, KEYS)),
+    st.tuples(st.just("publish_at"), st.tuples(POSITIONS, KEYS, NUMBERS)),
+    st.tuples(st.just("restore"), st.tuples(POSITIONS, KEYS, NUMBERS)),
     st.tuples(st.just("poll"), st.just(())),
     st.tuples(st.just("ack"), st.tuples(CIDS, POSITIONS)),
     st.tuples(st.just("ack_many"), st.tuples(CIDS, st.lists(POSITIONS, max_size=3))),
@@ -65,7 +67,11 @@ def _outcome(target: Any, name: str, args: tuple[Any, ...]) -> tuple[str, Any]:
     """What ``target.name(*args)`` did: ``("raised", (type name, message))`` or ``("returned", a comparable form)``."""
     args = tuple(iter(list(arg)) if isinstance(arg, _Iterated) else arg for arg in args)
     try:
-        result = getattr(target, name)(*args)
+        if name in ("publish_at", "restore"):  # the delivery time is a keyword argument
+            position, key, deliver_at = args
+            result = getattr(target, "publish" if name == "publish_at" else name)(position, key, deliver_at=deliver_at)
+        else:
+            result = getattr(target, name)(*args)
     except Exception as exc:  # the point: any error, compared by type and message
         return "raised", (type(exc).__name__, str(exc))
     if name == "poll":

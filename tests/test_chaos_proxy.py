@@ -221,6 +221,23 @@ def test_a_delay_holds_each_chunk_at_least_that_long_each_way(echo: EchoServer) 
         assert proxy.stats().chunks_delayed == 6
 
 
+def test_no_delayed_round_trip_is_shorter_than_the_delay_whatever_the_loop_s_clock_grain(
+    echo: EchoServer,
+) -> None:
+    # uvloop's timers run on a millisecond clock read at the top of each turn: a proxy that trusted
+    # them let about one round trip in a hundred through early, by up to a millisecond.
+    with FaultProxy(echo.address) as proxy, connect(proxy) as sock:
+        proxy.delay(0.005, direction="up")
+        shortest = min(timed_round_trip(sock, b"%03d" % number) for number in range(300))
+        assert shortest >= 0.005
+
+
+def timed_round_trip(sock: socket.socket, data: bytes) -> float:
+    start = time.monotonic()
+    assert round_trip(sock, data) == data
+    return time.monotonic() - start
+
+
 def test_a_jittered_delay_keeps_the_order_of_many_small_messages(echo: EchoServer) -> None:
     with FaultProxy(echo.address, seed=2) as proxy, connect(proxy) as sock:
         proxy.delay(0.01, jitter=0.01)

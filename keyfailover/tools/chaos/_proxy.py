@@ -191,7 +191,7 @@ class _Item:
     """A chunk of bytes on its way (empty: the end of the stream; None: a reset to pass on)."""
 
     data: bytes | None
-    release: float  # loop time before which it is not forwarded (the delay)
+    release: float  # time.monotonic() before which it is not forwarded (the delay)
 
 
 class _Pipe:
@@ -563,13 +563,12 @@ class FaultProxy:
 
     async def _read(self, pipe: _Pipe, reader: asyncio.StreamReader) -> None:
         """Queue what ``reader`` gives, each chunk stamped with its release time, then its end."""
-        loop = asyncio.get_running_loop()
         while True:
             try:
                 data: bytes | None = await reader.read(_CHUNK)
             except OSError:
                 data = None
-            now = loop.time()
+            now = time.monotonic()
             delay = self._faults[pipe.direction].delay
             release = now
             if delay is not None:
@@ -586,10 +585,9 @@ class FaultProxy:
     async def _forward(self, connection: _Connection, pipe: _Pipe, writer: asyncio.StreamWriter) -> None:
         """Forward ``pipe``'s chunks to ``writer`` under the faults, up to the end of the stream
         (passed on as a FIN); reset the connection on a reset, an error, or when TCP would give up."""
-        loop = asyncio.get_running_loop()
         while True:
             item = await pipe.queue.get()
-            await asyncio.sleep(max(0.0, item.release - loop.time()))
+            await _sleep_until(item.release)
             await self._flowing(pipe.direction)
             if item.data is None or writer.transport.is_closing():
                 connection.reset()
@@ -636,15 +634,14 @@ class FaultProxy:
 
     async def _send(self, pipe: _Pipe, data: bytes, writer: asyncio.StreamWriter) -> None:
         """Write ``data``, paced in pieces while the direction is slowed."""
-        loop = asyncio.get_running_loop()
         view = memoryview(data)
         while view:
             rate = self._faults[pipe.direction].rate
             piece = view if rate is None else view[: max(1, int(rate * _PACE))]
             if rate is not None:
-                await asyncio.sleep(max(0.0, pipe.free_at - loop.time()))
+                await _sleep_until(pipe.free_at)
                 await self._flowing(pipe.direction)
-                pipe.free_at = max(pipe.free_at, loop.time()) + len(piece) / rate
+                pipe.free_at = max(pipe.free_at, time.monotonic()) + len(piece) / rate
             writer.write(piece)
             await writer.drain()
             self._count(f"bytes_{pipe.direction}", len(piece))
@@ -655,6 +652,14 @@ class FaultProxy:
         while self._faults[direction].blackhole:
             assert self._changed is not None
             await self._changed.wait()
+
+
+async def _sleep_until(deadline: float) -> None:
+    """Return once ``time.monotonic()`` has reached ``deadline``. A loop's timers may fire early by
+    its clock's grain (uvloop's is a millisecond, read at the top of each turn), so the clock is
+    read again after each sleep: a delay or a pace is never shorter than it was set."""
+    while (left := deadline - time.monotonic()) > 0:
+        await asyncio.sleep(left)
 
 
 _OFF: dict[str, Callable[[LinkFaults], LinkFaults]] = {

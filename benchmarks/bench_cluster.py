@@ -701,8 +701,7 @@ def store_failover(group: PatroniGroup, watcher: FailoverProbe) -> StoreKill:
     """Kill the primary, measure until a write begun after the kill is acknowledged, restart the killed member and
     return once it streams as the synchronous standby again."""
     victim = group.wait_until_ready()
-    killed = time.monotonic()
-    group.kill(victim)
+    killed = group.kill(victim)  # the instant it was frozen, then killed: a write begun after it meets no old primary
     wait_until(lambda: watcher.first_ack_after(killed) is not None, "a write acknowledged after the primary's kill")
     acked = watcher.first_ack_after(killed)
     assert acked is not None

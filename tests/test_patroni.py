@@ -66,16 +66,70 @@ def _stored_after(dsn: str, value: int, into: list[list[int]]) -> bool:
     return done is not None
 
 
+_COMMITTER = """
+import asyncio, sys, time
+import asyncpg
+
+async def main(url: str) -> None:
+    connection = await asyncpg.connect(url, timeout=5.0)
+    await connection.execute("CREATE TABLE IF NOT EXISTS committed (value int)")
+    try:
+        while True:
+            began = time.monotonic()
+            await connection.execute("INSERT INTO committed VALUES (1)", timeout=30.0)
+            print(began, time.monotonic(), flush=True)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+        connection.terminate()
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+class _Committer:
+    """A process committing one row after another on member ``name``'s own port (not the group's URL), printing
+    when each commit began and when it returned (monotonic seconds, the clock every process reads), until the
+    member stops answering. A process of its own: a thread would wait for the GIL while the test kills."""
+
+    def __init__(self, group: PatroniGroup, name: str, folder: Path) -> None:
+        self._url = f"postgresql://kf@127.0.0.1:{group.ports[name]}/{group.database}"
+        self._out = folder / "commits"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def commits(self) -> list[tuple[float, float]]:
+        """The commits that returned so far: (began, returned)."""
+        lines = self._out.read_text().splitlines() if self._out.exists() else []
+        return [(float(began), float(returned)) for began, returned in (line.split() for line in lines)]
+
+    def __enter__(self) -> _Committer:
+        with self._out.open("wb") as out:
+            self._process = subprocess.Popen([sys.executable, "-c", _COMMITTER, self._url], stdout=out)
+        process = self._process
+        wait_until(lambda: len(self.commits) > 100 or process.poll() is not None, "commits on the member")
+        assert process.poll() is None, f"the committer could not commit on the member (exit code {process.poll()})"
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        assert self._process is not None
+        try:
+            self._process.wait(timeout=60.0)
+        finally:
+            self._process.kill()
+            self._process.wait()
+
+
 @pytest.mark.slow
 def test_a_commit_survives_the_primary_s_kill_which_comes_back_as_a_standby_then_a_frozen_one_is_replaced(
-    patroni: PatroniGroup,
+    patroni: PatroniGroup, tmp_path: Path
 ) -> None:
     first = patroni.primary()
     second = next(name for name in patroni.names if name != first)
     before_kill = _writes(patroni.dsn, 1)
     assert before_kill is not None
     assert second in before_kill[1]  # the commit returned only once this standby had it
-    patroni.kill(first)
+    with _Committer(patroni, first, tmp_path) as committer:
+        killed = patroni.kill(first)
+    assert [commit for commit in committer.commits if commit[0] >= killed] == []
     wait_until(lambda: _promoted(patroni, second), "the standby promoted", timeout=60)
     wait_until(lambda: _writes(patroni.dsn, 2) is not None, "a write on the promoted standby")  # the old one lacks it
     patroni.restart(first)

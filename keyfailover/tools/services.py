@@ -474,13 +474,18 @@ class PatroniGroup:
                 )
             time.sleep(0.2)
 
-    def kill(self, name: str) -> None:
-        """SIGKILL member ``name``: its Patroni and its PostgreSQL, as a machine that dies."""
+    def kill(self, name: str) -> float:
+        """SIGKILL member ``name``: its Patroni and its PostgreSQL, as a machine that dies. Every process of it is
+        frozen (SIGSTOP) first, then killed; returns the ``time.monotonic()`` at which all were frozen, from which
+        on the member answers nothing: a write begun after it is acknowledged by another primary or not at all."""
+        self._signal(name, signal.SIGSTOP)
+        frozen = time.monotonic()
         process = self._processes.get(name)
         if process is not None and process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         self._kill_postmaster(name)
+        return frozen
 
     def restart(self, name: str) -> None:
         """Start member ``name`` again after :meth:`kill`, on its folder and ports: Patroni makes it a standby
@@ -499,17 +504,22 @@ class PatroniGroup:
         self._signal(name, signal.SIGCONT)
 
     def _signal(self, name: str, number: signal.Signals) -> None:
-        """Send ``number`` to member ``name``'s Patroni, then to its postmaster and each of the postmaster's
-        children: PostgreSQL puts every child in a session of its own, so no process group holds them all."""
+        """Send ``number`` to member ``name``'s Patroni, then to its postmaster and after it to each of the
+        postmaster's children, listed once the postmaster has the signal (a stopped postmaster forks no more):
+        PostgreSQL puts every child in a session of its own, so no process group holds them all."""
         process = self._processes.get(name)
         if process is not None and process.poll() is None:
             os.killpg(process.pid, number)
         postmaster = self._postmaster(name)
         if postmaster is None:
             return
-        for pid in [postmaster, *_children(postmaster)]:
+        try:
+            os.kill(postmaster, number)
+        except ProcessLookupError:
+            return
+        for child in _children(postmaster):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, number)
+                os.kill(child, number)
 
     def _postmaster(self, name: str) -> int | None:
         """The pid of member ``name``'s postmaster, from its ``postmaster.pid``; None when it has none."""

@@ -7,6 +7,7 @@ uses, and a test outside the integration tier fails if it starts a process."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import shutil
 import signal
@@ -40,6 +41,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # brings trio) runs ``ldconfig`` then, which would fail a unit-tier test that imports Hypothesis first.
     # The tests use no Hypothesis plugin.
     os.environ.setdefault("HYPOTHESIS_NO_PLUGINS", "1")
+    # matplotlib builds its font cache on its first import in a new home, running ``fc-list``: built here,
+    # before any guard, or a unit-tier test that draws a chart first (a chaos report) would fail for it.
+    if importlib.util.find_spec("matplotlib") is not None:
+        import matplotlib.font_manager  # noqa: F401
     # The tests' own event loops (asyncio.run, the clients' and in-process servers' loops) are of the kind the
     # processes they start run on: uvloop by default when installed, asyncio's with KEYFAILOVER_LOOP=asyncio.
     if chosen_loop() == "uvloop":

@@ -28,9 +28,10 @@ import pytest
 
 from keyfailover.client import Client
 from keyfailover.core.errors import KeyFailoverError
-from keyfailover.core.loops import new_loop
+from keyfailover.core.loops import new_loop, set_loop_factory
 from keyfailover.tools.chaos._netns import Namespace, NamespaceError, support
 from keyfailover.tools.chaos._proxy import FaultEvent, FaultProxy, LinkFaults, Stall, _open_socket
+from keyfailover.tools.chaos._worker import _LossyLinks, _through_proxies
 from tests.server_process import ServerProcess, until, wait_until
 from tests.tiers import starts_processes
 
@@ -527,6 +528,41 @@ def test_faults_switch_from_many_threads_at_once(echo: EchoServer) -> None:
         assert (proxy.faults("up"), proxy.faults("down")) == (LinkFaults(), LinkFaults())
         assert round_trip(sock, b"still there") == b"still there"
         assert len(proxy.events) >= 4 * 50 * 2
+
+
+def test_a_lossy_consumer_s_loops_reach_brokers_through_its_own_proxies_and_other_hosts_directly(
+    echo: EchoServer,
+) -> None:
+    """``consume --lossy``: each loop the worker makes afterwards connects to a broker through that broker's
+    proxy (its faults hit only this process's links); any other address it reaches directly."""
+    other = EchoServer()
+    links = _LossyLinks([echo.address], seed=1)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGUSR1, signal.SIGUSR2)}
+    try:
+        _through_proxies(links)
+        loop = new_loop()
+        try:
+
+            async def peer(address: tuple[str, int]) -> tuple[str, int]:
+                transport, _ = await asyncio.get_running_loop().create_connection(asyncio.Protocol, *address)
+                try:
+                    found: tuple[str, int] = transport.get_extra_info("peername")[:2]
+                    return found
+                finally:
+                    transport.close()
+
+            proxy = links.through(*echo.address)
+            assert proxy != echo.address
+            assert loop.run_until_complete(peer(echo.address)) == proxy
+            assert loop.run_until_complete(peer(other.address)) == other.address
+        finally:
+            loop.close()
+    finally:
+        set_loop_factory(None)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        links.close()
+        other.close()
 
 
 @pytest.mark.integration

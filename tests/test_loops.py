@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from keyfailover.client import Client
+from keyfailover.core import loops
 from keyfailover.core.errors import ConfigError
-from keyfailover.core.loops import LOOP_ENV, chosen_loop, loop_class, loop_name, new_loop
+from keyfailover.core.loops import LOOP_ENV, chosen_loop, loop_class, loop_name, new_loop, set_loop_factory
 from tests.server_process import ServerProcess
 
 uvloop = pytest.importorskip("uvloop")
@@ -104,6 +105,66 @@ def test_a_policy_the_program_set_makes_the_loops() -> None:
     assert loop_name(loop) == "asyncio"
     with pytest.raises(ConfigError, match="'bad' is not one of"):  # the choice is still checked
         new_loop("bad")
+
+
+class _Mine(asyncio.SelectorEventLoop):
+    """A loop of a program's own making."""
+
+
+@pytest.fixture
+def no_factory() -> Iterator[None]:
+    """No loop factory before and after the test."""
+    set_loop_factory(None)
+    yield
+    set_loop_factory(None)
+
+
+@pytest.mark.usefixtures("default_policy", "no_factory")
+def test_a_loop_factory_makes_every_loop_whatever_the_choice_until_unset() -> None:
+    """How a program shapes each loop keyfailover makes (the chaos worker routes connections through its
+    proxies), as a policy did before Python 3.14 deprecated them."""
+    set_loop_factory(_Mine)
+    for choice in ("uvloop", "asyncio", None):
+        loop = new_loop(choice)
+        loop.close()
+        assert type(loop) is _Mine
+    with pytest.raises(ConfigError, match="'bad' is not one of"):  # the choice is still checked
+        new_loop("bad")
+    set_loop_factory(None)
+    loop = new_loop("uvloop")
+    loop.close()
+    assert type(loop) is uvloop.Loop
+
+
+@pytest.mark.usefixtures("default_policy", "no_factory")
+def test_a_loop_factory_that_is_not_callable_is_refused_and_the_one_set_stays() -> None:
+    set_loop_factory(_Mine)
+    with pytest.raises(TypeError, match=r"^a loop factory must be callable or None, not str$"):
+        set_loop_factory("uvloop")  # type: ignore[arg-type]
+    loop = new_loop("asyncio")
+    loop.close()
+    assert type(loop) is _Mine
+
+
+class _PolicyReadError(Exception):
+    """Raised by a planted ``asyncio.get_event_loop_policy``: the policy was read."""
+
+
+@pytest.mark.usefixtures("no_factory")
+def test_from_python_3_14_the_policy_is_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python 3.14 deprecates event loop policies (reading one warns): there the choice alone decides."""
+
+    def planted() -> asyncio.AbstractEventLoopPolicy:
+        raise _PolicyReadError
+
+    monkeypatch.setattr(asyncio, "get_event_loop_policy", planted)
+    monkeypatch.setattr(loops, "_READS_POLICY", True)  # before 3.14
+    with pytest.raises(_PolicyReadError):
+        new_loop("asyncio")
+    monkeypatch.setattr(loops, "_READS_POLICY", False)  # 3.14 and later
+    loop = new_loop("asyncio")
+    loop.close()
+    assert type(loop) is asyncio.SelectorEventLoop
 
 
 @pytest.mark.integration

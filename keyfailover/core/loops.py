@@ -6,17 +6,33 @@ extra) and asyncio's own loop when not; ``uvloop`` insists on it; ``asyncio`` ne
 --loop`` chooses for a server; the environment variable ``KEYFAILOVER_LOOP`` chooses where no option
 does (a server without ``--loop``, the synchronous client's loop thread, the tools' processes), so one
 setting moves every process of a run to the other loop.
+
+A program that must shape every loop keyfailover makes in its process (the chaos worker routes each
+connection through its fault proxies) sets a loop factory with :func:`set_loop_factory`. Before Python
+3.14 an event loop policy of the program's own is honoured too; from 3.14 on, which deprecates event
+loop policies, it is not read at all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from typing import Literal
+import sys
+from collections.abc import Callable
+from typing import Final, Literal
 
 from keyfailover.core.errors import ConfigError
 
-__all__ = ["LOOP_CHOICES", "LOOP_ENV", "LoopName", "chosen_loop", "loop_class", "loop_name", "new_loop"]
+__all__ = [
+    "LOOP_CHOICES",
+    "LOOP_ENV",
+    "LoopName",
+    "chosen_loop",
+    "loop_class",
+    "loop_name",
+    "new_loop",
+    "set_loop_factory",
+]
 
 LoopName = Literal["asyncio", "uvloop"]
 
@@ -25,6 +41,13 @@ LOOP_CHOICES = ("auto", "asyncio", "uvloop")
 
 LOOP_ENV = "KEYFAILOVER_LOOP"
 """The environment variable that chooses the loop where no option does."""
+
+_READS_POLICY: Final = sys.version_info < (3, 14)
+"""Whether :func:`new_loop` honours a program's own event loop policy: not from Python 3.14 on, which deprecates
+policies (reading one there warns)."""
+
+_FACTORY: list[Callable[[], asyncio.AbstractEventLoop]] = []
+"""The loop factory :func:`set_loop_factory` set, when it set one."""
 
 
 def chosen_loop(choice: str | None = None) -> LoopName:
@@ -65,10 +88,22 @@ def loop_name(loop: asyncio.AbstractEventLoop) -> LoopName:
     return "uvloop" if any(kind.__module__.startswith("uvloop") for kind in type(loop).__mro__) else "asyncio"
 
 
+def set_loop_factory(factory: Callable[[], asyncio.AbstractEventLoop] | None) -> None:
+    """Make :func:`new_loop` make every loop of this process from now on with ``factory``, whatever the choice
+    (None: the chosen kind again). For a program that must shape each loop keyfailover makes, as an event loop
+    policy did before Python 3.14 deprecated policies. Raises TypeError for anything but a callable or None."""
+    if factory is not None and not callable(factory):
+        raise TypeError(f"a loop factory must be callable or None, not {type(factory).__name__}")
+    _FACTORY[:] = [] if factory is None else [factory]
+
+
 def new_loop(choice: str | None = None) -> asyncio.AbstractEventLoop:
-    """A new event loop of the kind :func:`chosen_loop` picks, not set as any thread's current loop. A program
-    that set an event loop policy of its own gets its loop from that policy instead, whatever the choice."""
-    kind = loop_class(choice)  # checked even where a policy decides
-    if type(asyncio.get_event_loop_policy()) is not asyncio.DefaultEventLoopPolicy:
+    """A new event loop of the kind :func:`chosen_loop` picks, not set as any thread's current loop. A loop
+    factory set with :func:`set_loop_factory` makes it instead, whatever the choice; so does, before Python
+    3.14, an event loop policy the program set of its own."""
+    kind = loop_class(choice)  # checked even where a factory or policy decides
+    if _FACTORY:
+        return _FACTORY[0]()
+    if _READS_POLICY and type(asyncio.get_event_loop_policy()) is not asyncio.DefaultEventLoopPolicy:
         return asyncio.new_event_loop()
     return kind()

@@ -16,8 +16,8 @@ from ``time.monotonic()``, the clock every process of the machine shares.
   indeterminate operation: the broker may have settled it, or it comes again.
 
 ``consume --lossy SEED`` makes the consumer reach every broker through a :class:`FaultProxy` of its
-own (its event loops connect through it: an asyncio event loop policy); SIGUSR1 starts a loss
-fault on those links, SIGUSR2 ends it. That is how ``keyfailover chaos`` loses a consumer's
+own (its event loops connect through it: a loop factory, :func:`keyfailover.core.loops.set_loop_factory`);
+SIGUSR1 starts a loss fault on those links, SIGUSR2 ends it. That is how ``keyfailover chaos`` loses a consumer's
 packets: brokers advertise one address to every client, so a consumer's own links can only be
 told apart inside it.
 
@@ -30,7 +30,6 @@ times (a hot key) and hands it only after the next message of that key (out of o
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
 import signal
@@ -48,7 +47,7 @@ import numpy as np
 from keyfailover.client import Client, Message, NotInFlight
 from keyfailover.client.aio import Key, parse_url
 from keyfailover.core.errors import KeyFailoverError
-from keyfailover.core.loops import loop_class
+from keyfailover.core.loops import loop_class, set_loop_factory
 from keyfailover.core.partitions import partition_of_key
 from keyfailover.tools.chaos._proxy import FaultProxy
 from keyfailover.tools.chaos._records import UNANSWERED, Acked, Delivered, Produced, RecordWriter
@@ -109,11 +108,7 @@ def _through_proxies(links: _LossyLinks) -> None:
             proxy_host, proxy_port = links.through(host, port)
             return await super().create_connection(protocol_factory, proxy_host, proxy_port, **kwargs)
 
-    class Policy(asyncio.DefaultEventLoopPolicy):
-        def new_event_loop(self) -> asyncio.AbstractEventLoop:
-            return Loop()
-
-    asyncio.set_event_loop_policy(Policy())
+    set_loop_factory(Loop)
     signal.signal(signal.SIGUSR1, lambda signum, frame: links.switch(True))
     signal.signal(signal.SIGUSR2, lambda signum, frame: links.switch(False))
 

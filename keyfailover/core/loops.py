@@ -46,8 +46,8 @@ _READS_POLICY: Final = sys.version_info < (3, 14)
 """Whether :func:`new_loop` honours a program's own event loop policy: not from Python 3.14 on, which deprecates
 policies (reading one there warns)."""
 
-_FACTORY: list[Callable[[], asyncio.AbstractEventLoop]] = []
-"""The loop factory :func:`set_loop_factory` set, when it set one."""
+_FACTORY: list[Callable[[], asyncio.AbstractEventLoop] | None] = [None]
+"""The loop factory :func:`set_loop_factory` set (None: none), in a slot each thread reads once a loop."""
 
 
 def chosen_loop(choice: str | None = None) -> LoopName:
@@ -94,7 +94,7 @@ def set_loop_factory(factory: Callable[[], asyncio.AbstractEventLoop] | None) ->
     policy did before Python 3.14 deprecated policies. Raises TypeError for anything but a callable or None."""
     if factory is not None and not callable(factory):
         raise TypeError(f"a loop factory must be callable or None, not {type(factory).__name__}")
-    _FACTORY[:] = [] if factory is None else [factory]
+    _FACTORY[0] = factory
 
 
 def new_loop(choice: str | None = None) -> asyncio.AbstractEventLoop:
@@ -102,8 +102,9 @@ def new_loop(choice: str | None = None) -> asyncio.AbstractEventLoop:
     factory set with :func:`set_loop_factory` makes it instead, whatever the choice; so does, before Python
     3.14, an event loop policy the program set of its own."""
     kind = loop_class(choice)  # checked even where a factory or policy decides
-    if _FACTORY:
-        return _FACTORY[0]()
+    factory = _FACTORY[0]
+    if factory is not None:
+        return factory()
     if _READS_POLICY and type(asyncio.get_event_loop_policy()) is not asyncio.DefaultEventLoopPolicy:
         return asyncio.new_event_loop()
     return kind()

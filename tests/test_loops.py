@@ -87,28 +87,25 @@ def test_new_loops_are_of_the_chosen_kind_and_run() -> None:
             loop.close()
 
 
+class _Mine(asyncio.SelectorEventLoop):
+    """A loop of a program's own making."""
+
+
 @pytest.mark.usefixtures("default_policy")
 def test_a_policy_the_program_set_makes_the_loops() -> None:
-    """A program's own policy decides (the chaos worker's routes connections through its proxies)."""
-
-    class Mine(asyncio.SelectorEventLoop):
-        pass
+    """A program's own policy decides, before Python 3.14."""
 
     class Policy(asyncio.DefaultEventLoopPolicy):
         def new_event_loop(self) -> asyncio.AbstractEventLoop:
-            return Mine()
+            return _Mine()
 
     asyncio.set_event_loop_policy(Policy())
     loop = new_loop("uvloop")
     loop.close()
-    assert type(loop) is Mine
+    assert type(loop) is _Mine
     assert loop_name(loop) == "asyncio"
     with pytest.raises(ConfigError, match="'bad' is not one of"):  # the choice is still checked
         new_loop("bad")
-
-
-class _Mine(asyncio.SelectorEventLoop):
-    """A loop of a program's own making."""
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ uses, and a test outside the integration tier fails if it starts a process."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import os
 import shutil
@@ -19,8 +18,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from keyfailover.core.loops import chosen_loop
-from tests.tiers import ProcessGuard, tiers_of
+from tests.tiers import SERVICE_FIXTURES, ProcessGuard, tiers_of
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -45,26 +43,36 @@ def pytest_configure(config: pytest.Config) -> None:
     # before any guard, or a unit-tier test that draws a chart first (a chaos report) would fail for it.
     if importlib.util.find_spec("matplotlib") is not None:
         import matplotlib.font_manager  # noqa: F401
-    # The tests' own event loops (asyncio.run, the clients' and in-process servers' loops) are of the kind the
-    # processes they start run on: uvloop by default when installed, asyncio's with KEYFAILOVER_LOOP=asyncio.
-    if chosen_loop() == "uvloop":
-        import uvloop
 
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+SHARED_GROUP = "shared-services"
+"""The pytest-xdist group of every test file that uses a shared service (tests/tiers.py's ``SERVICE_FIXTURES``)."""
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test by the fixtures it uses, before ``-m`` deselects by the marks."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test by the fixtures it uses, before ``-m`` deselects by the marks.
+
+    Under pytest-xdist (``scripts/test`` runs two workers) each test file also goes whole to one worker, and every
+    file that uses a shared service to the same one: so a run still starts one ZooKeeper, one PostgreSQL, one
+    SparkSession and one browser, and a file's module fixtures run once."""
+    shared: set[Path] = set()
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
         if info is None:
             continue
+        if SERVICE_FIXTURES.keys() & info.name2fixturedefs.keys():
+            shared.add(item.path)
         fixtures = [(name, definition.func) for name, defs in info.name2fixturedefs.items() for definition in defs]
         marked = {mark.name for mark in item.iter_markers()}
         for tier in sorted(tiers_of(fixtures) | ({"integration"} if marked & {"cluster", "spark"} else set())):
             if tier not in marked:
                 item.add_marker(tier)
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            item.add_marker(
+                pytest.mark.xdist_group(SHARED_GROUP if item.path in shared else item.nodeid.split("::")[0])
+            )
 
 
 def _guarded(item: pytest.Item) -> Generator[None, object, object]:

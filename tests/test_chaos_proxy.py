@@ -32,6 +32,7 @@ from keyfailover.core.loops import new_loop, set_loop_factory
 from keyfailover.tools.chaos._netns import Namespace, NamespaceError, support
 from keyfailover.tools.chaos._proxy import FaultEvent, FaultProxy, LinkFaults, Stall, _open_socket
 from keyfailover.tools.chaos._worker import _LossyLinks, _through_proxies
+from tests.aio import run_async
 from tests.server_process import ServerProcess, until, wait_until
 from tests.tiers import starts_processes
 
@@ -203,7 +204,7 @@ def test_on_the_callers_event_loop_bytes_pass_and_nothing_is_left_after(echo: Ec
         with pytest.raises(ConnectionRefusedError):
             await asyncio.open_connection(*proxy.address)
 
-    asyncio.run(main())
+    run_async(main())
 
 
 def test_a_delay_holds_each_chunk_at_least_that_long_each_way(echo: EchoServer) -> None:
@@ -375,7 +376,7 @@ def test_a_connection_reset_again_after_its_socket_closed_is_left_alone(echo: Ec
             writer.close()
         assert proxy.stats().active == 0
 
-    asyncio.run(main())
+    run_async(main())
 
 
 def open_descriptors() -> set[str]:

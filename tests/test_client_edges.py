@@ -24,6 +24,7 @@ from keyfailover.client.aio import AsyncClient
 from keyfailover.core.errors import KeyFailoverError
 from keyfailover.tools.chaos._proxy import FaultProxy
 from keyfailover.wire.protocol import Connected, Frame
+from tests.aio import run_async
 from tests.server_process import ServerProcess, ServerThread, wait_until
 
 WAIT = 30.0
@@ -82,7 +83,7 @@ def test_a_reconnect_resends_unconfirmed_batches_before_newer_ones(
 
     server = ServerProcess(data).start()
     try:
-        server = asyncio.run(scenario(server))
+        server = run_async(scenario(server))
     finally:
         server.stop()
     (a, a_error), (b, b_error) = results["A"], results["B"]
@@ -196,7 +197,7 @@ def test_the_asyncio_client_sends_and_receives_properties(tmp_path: Path) -> Non
             return [((m := await consumer.receive(timeout=WAIT)).payload, dict(m.properties)) for _ in range(3)]
 
     with ServerThread(ServerConfig(data_dir=tmp_path / "data")) as server:
-        got = asyncio.run(run(server.url))
+        got = run_async(run(server.url))
     assert got == [(b"a", {"trace": "t-1"}), (b"b", {"": ""}), (b"c", {})]
 
 
@@ -244,7 +245,7 @@ def test_request_ids_are_unique_across_a_clients_links(tmp_path: Path) -> None:
         ServerThread(ServerConfig(data_dir=tmp_path / "a")) as first,
         ServerThread(ServerConfig(data_dir=tmp_path / "b")) as second,
     ):
-        ids = asyncio.run(scenario(first, second))
+        ids = run_async(scenario(first, second))
     assert len(set(ids)) == len(ids)
 
 
@@ -275,7 +276,7 @@ def test_a_lookup_skips_a_link_a_lossy_network_stalled(tmp_path: Path) -> None:
         ServerThread(ServerConfig(data_dir=tmp_path / "b")) as second,
         FaultProxy(("127.0.0.1", first.port)) as proxy,
     ):
-        brokers = asyncio.run(scenario(first, second, proxy))
+        brokers = run_async(scenario(first, second, proxy))
     assert brokers == [f"127.0.0.1:{second.port}"]
 
 
@@ -299,7 +300,7 @@ def test_a_lookup_for_a_lost_partition_asks_another_broker_than_the_one_it_was_l
         ServerThread(ServerConfig(data_dir=tmp_path / "a")) as first,
         ServerThread(ServerConfig(data_dir=tmp_path / "b")) as second,
     ):
-        plain, avoiding_first, avoiding_second = asyncio.run(scenario(first, second))
+        plain, avoiding_first, avoiding_second = run_async(scenario(first, second))
     assert plain == avoiding_second == [f"127.0.0.1:{first.port}"]
     assert avoiding_first == [f"127.0.0.1:{second.port}"]
 
@@ -412,7 +413,7 @@ def test_a_lookup_naming_a_broker_that_just_died_is_asked_again(tmp_path: Path) 
             return asked_by_producer + asked, [message.payload]
 
     with ServerThread(ServerConfig(data_dir=tmp_path / "data")) as server:
-        lookups, received = asyncio.run(scenario(server))
+        lookups, received = run_async(scenario(server))
     assert lookups == 4  # each of the two asked twice: the stale answer, then the live one
     assert received == [b"after the failover"]
 

@@ -10,7 +10,6 @@ every row), so a broker that lost a partition never wrote after its successor.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import json
@@ -31,6 +30,7 @@ from keyfailover.core.partitions import partition_of_key, partition_topic
 from keyfailover.tools._ownership import lease_events, ownership_events
 from keyfailover.tools.chaos import Acked, Delivered, Record, held_twice
 from keyfailover.tools.services import PostgreSQL, ZooKeeper, free_port
+from tests.aio import run_async
 from tests.server_process import ServerProcess, run_cli, wait_until
 
 SESSION = 1.0  # the brokers' ZooKeeper session timeout in these tests
@@ -134,7 +134,7 @@ def written_epochs(postgres: LogStore, topic: str) -> dict[int, list[int]]:
             await connection.close()
 
     found: dict[int, list[int]] = defaultdict(list)
-    for row in asyncio.run(fetch()):
+    for row in run_async(fetch()):
         found[int(row["partition"])].append(int(row["epoch"]))
     return found
 
@@ -272,7 +272,7 @@ def stored_sequence_ids(postgres: LogStore, topic: str) -> dict[int, list[int]]:
             await connection.close()
 
     found: dict[int, list[int]] = defaultdict(list)
-    for row in asyncio.run(fetch()):
+    for row in run_async(fetch()):
         found[int(row["partition"])].append(int(row["seq"]))
     return found
 

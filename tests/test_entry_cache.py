@@ -3,7 +3,6 @@ within its bound, and a store reads through it."""
 
 from __future__ import annotations
 
-import asyncio
 import gc
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from keyfailover.broker.storage import EntryCache, Log, SQLiteStore, StoredMessage
 from keyfailover.broker.storage._cache import ENTRY_OVERHEAD
+from tests.aio import run_async
 
 TOPICS = ("a", "b", "c")
 
@@ -267,4 +267,4 @@ def test_a_store_reads_what_it_just_stored_from_its_cache_and_the_rest_from_the_
         finally:
             await store.close()
 
-    asyncio.run(run())
+    run_async(run())

@@ -35,6 +35,7 @@ from keyfailover.core.errors import (
     SequenceError,
 )
 from keyfailover.wire.properties import decode_properties, encode_properties
+from tests.aio import run_async
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -275,7 +276,7 @@ def test_a_commit_caches_what_a_read_of_the_log_gives_and_tells_its_listeners(tm
         finally:
             await store.close()
 
-    heard, cached, retried = asyncio.run(committed())
+    heard, cached, retried = run_async(committed())
     assert retried == [(2, True), (3, False), (4, False)]
     assert heard == ["t", "t", "u"]
     with Log(tmp_path / "log.db") as log:
@@ -622,7 +623,7 @@ def test_a_seek_by_time_over_the_embedded_log_finds_the_same_position_chunk_by_c
         finally:
             await store.close()
 
-    assert asyncio.run(found()) == [1, 2, 4, 6, 7, 7, None]
+    assert run_async(found()) == [1, 2, 4, 6, 7, 7, None]
 
 
 def test_topics_never_see_each_others_messages(log: Log) -> None:
@@ -1360,7 +1361,7 @@ def test_a_producer_s_requests_that_came_in_during_a_refused_write_are_refused_t
         finally:
             await store.close()
 
-    errors, stored = asyncio.run(run())
+    errors, stored = run_async(run())
     assert isinstance(errors[0], StoreUnavailableError)
     assert isinstance(errors[1], StoreUnavailableError) and "resend from the refused one" in str(errors[1])
     assert errors[2] is None
@@ -1387,7 +1388,7 @@ def test_a_duplicate_above_the_last_position_known_is_counted_and_read_only_then
         finally:
             await store.close()
 
-    unseen, resent, heard, read = asyncio.run(run())
+    unseen, resent, heard, read = run_async(run())
     assert unseen == []
     assert resent == [(1, True), (2, True)]
     assert heard == ["t"]
@@ -1412,6 +1413,6 @@ def test_a_group_commit_that_finds_the_store_out_of_reach_is_written_once_it_is_
         finally:
             await store.close()
 
-    done, stored = asyncio.run(run())
+    done, stored = run_async(run())
     assert done == [[(1, False)], [(2, False)]]
     assert [m.payload for m in stored] == [b"1", b"2"]

@@ -14,6 +14,7 @@ from keyfailover.client import Client
 from keyfailover.core import loops
 from keyfailover.core.errors import ConfigError
 from keyfailover.core.loops import LOOP_ENV, chosen_loop, loop_class, loop_name, new_loop, set_loop_factory
+from tests.aio import run_async
 from tests.server_process import ServerProcess
 
 uvloop = pytest.importorskip("uvloop")
@@ -27,7 +28,7 @@ def no_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def default_policy() -> Iterator[None]:
-    """The standard event loop policy for the test, whatever the run set (the suite sets uvloop's)."""
+    """The standard event loop policy for the test and after it, whatever was set before."""
     before = asyncio.get_event_loop_policy()
     asyncio.set_event_loop_policy(None)
     yield
@@ -85,6 +86,17 @@ def test_new_loops_are_of_the_chosen_kind_and_run() -> None:
             assert loop.run_until_complete(asyncio.sleep(0, choice)) == choice
         finally:
             loop.close()
+
+
+@pytest.mark.parametrize("choice", ["uvloop", "asyncio"])
+def test_the_tests_own_loops_are_of_the_kind_their_processes_run_on(
+    monkeypatch: pytest.MonkeyPatch, choice: str
+) -> None:
+    async def running() -> str:
+        return loop_name(asyncio.get_running_loop())
+
+    monkeypatch.setenv(LOOP_ENV, choice)
+    assert run_async(running()) == choice
 
 
 class _Mine(asyncio.SelectorEventLoop):

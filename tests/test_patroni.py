@@ -9,7 +9,6 @@ killed member comes back as a standby; when the primary then freezes, it is prom
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import shutil
 import signal
@@ -25,6 +24,7 @@ import pytest
 from keyfailover.broker.storage._postgresql_members import connect_writable
 from keyfailover.tools.chaos._proxy import FaultProxy
 from keyfailover.tools.services import PatroniGroup, ServiceError, ZooKeeper, _children
+from tests.aio import run_async
 from tests.server_process import skip_without_patroni, wait_until
 
 
@@ -44,7 +44,7 @@ async def _write(dsn: str, value: int) -> tuple[list[int], str]:
 def _writes(dsn: str, value: int) -> tuple[list[int], str] | None:
     """:func:`_write`, or None while no primary accepts it."""
     try:
-        return asyncio.run(_write(dsn, value))
+        return run_async(_write(dsn, value))
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
         return None
 

@@ -26,6 +26,7 @@ from keyfailover.core.errors import LogError, PropertiesError
 from keyfailover.core.partitions import partition_topic, split_partition_topic
 from keyfailover.tools.services import PostgreSQL, free_port
 from keyfailover.wire.properties import encode_properties
+from tests.aio import run_async
 from tests.server_process import until
 
 T = TypeVar("T")
@@ -41,7 +42,7 @@ def run(postgres: PostgreSQL, body: Callable[[PostgresLog, str], Awaitable[None]
         finally:
             await log.close()
 
-    asyncio.run(main())
+    run_async(main())
 
 
 def test_messages_get_gapless_positions_per_partition_and_read_back_with_their_keys(postgres: PostgreSQL) -> None:
@@ -136,7 +137,7 @@ def test_an_unreachable_postgresql_is_named_without_its_password() -> None:
     with pytest.raises(
         LogError, match=r"cannot reach PostgreSQL at postgresql://kf@127\.0\.0\.1:\d+/keyfailover"
     ) as info:
-        asyncio.run(PostgresLog.connect(dsn))
+        run_async(PostgresLog.connect(dsn))
     assert "secret" not in str(info.value)
 
 
@@ -159,7 +160,7 @@ def run_store(postgres: PostgreSQL, body: Callable[[PostgresStore, PostgresStore
             for store in stores:
                 await store.close()
 
-    asyncio.run(main())
+    run_async(main())
 
 
 def test_a_store_groups_requests_of_several_producers_and_serves_only_what_it_leased(postgres: PostgreSQL) -> None:
@@ -389,7 +390,7 @@ def run_old_log(postgres: PostgreSQL, dropped: str, body: Callable[[PostgresLog,
             await admin.execute(f"DROP DATABASE {database} WITH (FORCE)")
             await admin.close()
 
-    asyncio.run(main())
+    run_async(main())
 
 
 def test_a_log_from_before_publish_times_gains_the_column_and_keeps_its_messages(postgres: PostgreSQL) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import socket
@@ -40,6 +39,7 @@ from keyfailover.wire.protocol import (
     Subscribed,
     encode,
 )
+from tests.aio import run_async
 from tests.server_process import RawConnection, ServerProcess, ServerThread, run_cli, run_main, wait_until
 
 WHOLE = [(0, HASH_RANGE_SIZE - 1)]
@@ -457,7 +457,7 @@ def test_asyncio_client_round_trip(tmp_path: Path) -> None:
             return received
 
     with ServerThread(ServerConfig(data_dir=tmp_path / "data")) as server:
-        received = asyncio.run(run(server.url))
+        received = run_async(run(server.url))
     assert sorted(received, key=lambda item: int(item[1][1:])) == [(f"k{i % 3}", f"m{i}".encode()) for i in range(9)]
 
 

@@ -15,10 +15,11 @@ import pytest
 
 from keyfailover.broker.server import Server, ServerConfig
 from keyfailover.wire.protocol import ErrorCode, ProtocolError
+from tests.aio import run_async
 
 
 def run(coroutine_of: object) -> None:
-    asyncio.run(coroutine_of)  # type: ignore[arg-type]
+    run_async(coroutine_of)  # type: ignore[arg-type]
 
 
 def test_a_closing_topic_refuses_subscriptions_produces_and_openings_until_served_again(tmp_path: Path) -> None:

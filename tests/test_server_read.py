@@ -6,7 +6,6 @@ property reads a stored log from 0 in pages of random limits under a random slot
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from keyfailover.wire.protocol import (
     Read,
     encode,
 )
+from tests.aio import run_async
 from tests.server_process import RawConnection, ServerThread
 
 LAST_SLOT = HASH_RANGE_SIZE - 1
@@ -343,7 +343,7 @@ def test_the_asyncio_client_reads_and_finds_the_log_ends(stored: tuple[ServerThr
         async with AsyncClient(server.url) as client:
             return await client.read("log", after=7, limit=3, slots=(0, LAST_SLOT)), await client.log_ends("log")
 
-    entries, ends = asyncio.run(main())
+    entries, ends = run_async(main())
     keyed = [p for p, (key, _, _) in enumerate(STORED, start=1) if key is not None and p > 7][:3]
     assert ([m.position for m in entries.messages], entries.through, ends) == (keyed, keyed[-1], [300])
 

@@ -32,6 +32,7 @@ from keyfailover.wire.protocol import (
     Subscribed,
     encode,
 )
+from tests.aio import run_async
 
 
 def run(tmp_path: Path, body: Callable[[Server], Awaitable[None]]) -> None:
@@ -43,7 +44,7 @@ def run(tmp_path: Path, body: Callable[[Server], Awaitable[None]]) -> None:
         finally:
             await server.close()
 
-    asyncio.run(main())
+    run_async(main())
 
 
 class Inbox:
@@ -260,4 +261,4 @@ def test_a_server_closing_during_a_seek_lets_the_seek_save_its_cursor_first(tmp_
         finally:
             await reopened.close()
 
-    assert asyncio.run(saved()) == Cursor(2)
+    assert run_async(saved()) == Cursor(2)

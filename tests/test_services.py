@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 
 from keyfailover.tools import services
 from keyfailover.tools.services import PostgreSQL, ServiceError, ZooKeeper, free_port
+from tests.aio import run_async
 
 
 def test_zookeeper_keeps_an_ephemeral_node_while_its_session_lives(zookeeper: ZooKeeper) -> None:
@@ -43,7 +43,7 @@ def test_postgresql_stores_and_reads_back(postgres: PostgreSQL) -> None:
         finally:
             await connection.close()
 
-    assert asyncio.run(roundtrip()) == [(1, b"a"), (2, b"b")]
+    assert run_async(roundtrip()) == [(1, b"a"), (2, b"b")]
 
 
 def test_a_zookeeper_on_a_taken_port_is_refused(tmp_path: Path, zookeeper: ZooKeeper) -> None:

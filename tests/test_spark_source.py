@@ -3,7 +3,6 @@ SparkSession against a real ``keyfailover serve`` process, and every bad option 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import urllib.request
@@ -43,6 +42,7 @@ from keyfailover.integrations._source_plan import (
 from keyfailover.spark import register
 from keyfailover.tools.services import PostgreSQL, ZooKeeper, free_port
 from keyfailover.wire.protocol import Key
+from tests.aio import run_async
 from tests.server_process import ServerProcess, ServerThread, wait_until
 from tests.test_cluster_failover import running
 from tests.test_store_read import as_text, write_topic
@@ -590,7 +590,7 @@ def test_a_store_cut_into_ranges_reads_whole_keys_in_order(source: SparkSession,
         finally:
             await log.close()
 
-    asyncio.run(write())
+    run_async(write())
     df = source.read.format("keyfailover").options(store=postgres.dsn, topic=topic, ranges="3").load()
     assert df.rdd.getNumPartitions() == 3
     rows = _rows(df)

@@ -11,7 +11,6 @@ and each partition had one writer at a time.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections import Counter
@@ -25,6 +24,7 @@ from keyfailover.broker.storage._postgresql_members import member_urls
 from keyfailover.client import Client
 from keyfailover.core.partitions import partition_of_key
 from keyfailover.tools.services import PatroniGroup, ServiceError, ZooKeeper, free_port
+from tests.aio import run_async
 from tests.pulsar_wire import QUIET
 from tests.server_process import ServerProcess, run_cli, wait_until
 from tests.test_cluster_failover import (
@@ -66,7 +66,7 @@ def _stored_twice(dsn: str, topic: str) -> list[Any]:
     def fetched() -> bool:
         # A member that was just killed or frozen may still take the connection and then reset it: try again.
         try:
-            rows[:] = asyncio.run(fetch())
+            rows[:] = run_async(fetch())
         except (OSError, asyncpg.InterfaceError, asyncpg.PostgresError) as exc:
             print(f"reading the stored messages back failed ({exc!r}); trying again")
             return False

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import datetime as dt
 import json
@@ -28,6 +27,7 @@ from keyfailover.integrations._store import StoreURL
 from keyfailover.spark import read_log
 from keyfailover.tools.services import PostgreSQL, free_port
 from keyfailover.wire.properties import encode_properties
+from tests.aio import run_async
 from tests.server_process import run_cli
 from tests.test_cli_errors import assert_clean_failure
 
@@ -86,7 +86,7 @@ def write_topic(postgres: PostgreSQL, keys: Sequence[Key] = KEYS) -> tuple[str, 
         finally:
             await log.close()
 
-    asyncio.run(main())
+    run_async(main())
     return topic, written
 
 

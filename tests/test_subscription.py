@@ -17,6 +17,7 @@ from keyfailover.broker.storage._store import StoreUnavailableError
 from keyfailover.broker.storage.records import StoredMessage
 from keyfailover.core.dispatcher import DeliverySettings
 from keyfailover.wire.protocol import Messages
+from tests.aio import run_async
 from tests.test_server_seek import Inbox, run
 
 
@@ -77,7 +78,7 @@ def test_payloads_dropped_from_a_full_cache_are_read_again_and_the_cache_stays_b
         finally:
             await server.close()
 
-    asyncio.run(main())
+    run_async(main())
 
 
 @pytest.mark.parametrize("cached", [0, 40, None])
@@ -110,7 +111,7 @@ def test_a_backlog_is_delivered_whole_and_in_key_order_however_much_of_it_the_en
         finally:
             await server.close()
 
-    asyncio.run(main())
+    run_async(main())
 
 
 @pytest.mark.parametrize("fault", ["read fails", "lease lapses"])
@@ -149,7 +150,7 @@ def test_deliveries_that_could_not_be_sent_go_out_later_whole_in_order_and_with_
         finally:
             await server.close()
 
-    asyncio.run(main())
+    run_async(main())
 
 
 class FaultyReads:

@@ -20,6 +20,7 @@ from keyfailover.core.rebalance import UNASSIGNED
 from keyfailover.core.subtypes import SUBSCRIPTION_TYPES, SubscriptionType, active_consumer, check_subscription_type
 from keyfailover.wire.properties import DELIVER_AT_PROPERTY, encode_properties
 from keyfailover.wire.protocol import Messages
+from tests.aio import run_async
 from tests.pulsar_wire import RawPulsar, command, connect_command, subscribe_command
 from tests.test_server_seek import Inbox, run
 
@@ -354,7 +355,7 @@ def test_an_ack_a_paused_subscription_refused_is_taken_by_a_later_cumulative_ack
             assert not taken.ackResponse.HasField("error"), taken
             assert subscription.backlog() == 0
 
-    asyncio.run(main())
+    run_async(main())
 
 
 def test_a_message_read_while_exclusive_waits_for_its_time_once_the_type_honours_it(tmp_path: Path) -> None:
@@ -414,7 +415,7 @@ def test_keyless_messages_parked_by_an_exclusive_subscription_come_back_once(tmp
         keyed = Joined(server, subscription, "keyed", "key_shared", 20)
         assert sorted((await acking(keyed, 8))[:8]) == list(range(1, 9))
 
-    asyncio.run(main())
+    run_async(main())
 
 
 def test_a_draining_consumer_that_leaves_hands_its_unacked_messages_to_the_active_one(tmp_path: Path) -> None:

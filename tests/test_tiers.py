@@ -117,6 +117,41 @@ def test_the_fixtures_a_test_uses_put_it_in_its_tiers(planted: pytest.Pytester) 
         assert names == selected, (expression, result.outlines)
 
 
+def _planted_file(fixture: str | None) -> str:
+    """A test file of four tests, the first using ``fixture`` (a stand-in of that name: nothing is started)."""
+    stand_in = "" if fixture is None else f"@pytest.fixture\ndef {fixture}():\n    return 'stand-in'\n\n\n"
+    first = "" if fixture is None else fixture
+    tests = "".join(f"def test_{index}({first if index == 0 else ''}):\n    pass\n\n\n" for index in range(4))
+    return f"import pytest\n\n\n{stand_in}{tests}"
+
+
+@pytest.mark.integration
+def test_on_two_workers_a_file_runs_whole_on_one_and_every_file_of_the_shared_services_on_the_same_one(
+    planted: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """How scripts/test runs the suite: every file that uses ZooKeeper, PostgreSQL, Spark or the browser on the worker
+    that started it, so a run starts one of each."""
+    planted.makepyfile(
+        test_zookeeper=_planted_file("zookeeper"),
+        test_spark=_planted_file("spark"),
+        test_plain=_planted_file(None),
+        test_other=_planted_file(None),
+    )
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    result = planted.runpytest_subprocess(
+        "test_zookeeper.py", "test_plain.py", "test_spark.py", "test_other.py",
+        "-n", "2", "--dist", "loadgroup", "-v", "-p", "no:cacheprovider",
+    )  # fmt: skip
+    result.assert_outcomes(passed=16)
+    workers: dict[str, set[str]] = {}
+    for line in result.outlines:
+        if line.startswith("[gw") and " PASSED " in line:
+            workers.setdefault(line.split(" PASSED ")[1].split("::")[0], set()).add(line[1 : line.index("]")])
+    assert sorted(workers) == ["test_other.py", "test_plain.py", "test_spark.py", "test_zookeeper.py"], result.outlines
+    assert all(len(ran_on) == 1 for ran_on in workers.values()), workers
+    assert workers["test_spark.py"] == workers["test_zookeeper.py"], workers
+
+
 def test_an_unregistered_marker_is_an_error(pytester: pytest.Pytester) -> None:
     pytester.makepyprojecttoml((ROOT / "pyproject.toml").read_text())
     pytester.makepyfile(test_typo="import pytest\n\n@pytest.mark.integraton\ndef test_typo():\n    pass\n")
@@ -156,12 +191,7 @@ async def _child() -> int:
 
 
 def _asyncio() -> object:
-    policy = asyncio.get_event_loop_policy()
-    asyncio.set_event_loop_policy(None)  # the standard one, whose child watcher asyncio's loop needs
-    try:
-        return asyncio.run(_child())
-    finally:
-        asyncio.set_event_loop_policy(policy)
+    return asyncio.run(_child())
 
 
 def _uvloop() -> object:

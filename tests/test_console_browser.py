@@ -123,6 +123,15 @@ def rows(browser: WebDriver, selector: str, *attributes: str) -> list[tuple[str,
     return [tuple(row) for row in found]
 
 
+def text_of(browser: WebDriver, selector: str) -> str | None:
+    """The text of the first element of ``selector`` (None: none), read in one script (the page re-renders: an
+    element found first and read after may be gone)."""
+    found: str | None = browser.execute_script(
+        "const e = document.querySelector(arguments[0]); return e === null ? null : e.innerText;", selector
+    )
+    return found
+
+
 def spans(browser: WebDriver, selector: str) -> list[Span]:
     """The ranges the page shows at ``selector``: the bar's segments or the table's rows."""
     return [(c, int(s), int(e)) for c, s, e in rows(browser, selector, "consumer", "start", "end")]
@@ -290,8 +299,8 @@ def test_a_server_with_a_token_has_the_page_ask_for_it_refuse_a_wrong_one_and_ta
             console.find_element(By.CSS_SELECTOR, "button#token-submit").click()
 
         def refused() -> bool:
-            error = console.find_elements(By.CSS_SELECTOR, "#token-error")
-            return bool(error) and "refused" in error[0].text and state(console).startswith("unauthorized")
+            error = text_of(console, "#token-error")
+            return error is not None and "refused" in error and state(console).startswith("unauthorized")
 
         submit("not-" + TOKEN)
         shown(console, refused, "the wrong token refused")
@@ -350,8 +359,7 @@ def test_the_dead_letters_page_lists_a_subscription_s_dead_letters_and_replays_a
         selector = f'#dead-letters tbody tr[data-topic="{TOPIC}"][data-subscription="{SUBSCRIPTION}"]'
 
         def row_text() -> str | None:
-            found = console.find_elements(By.CSS_SELECTOR, selector)
-            return found[0].text if found else None
+            return text_of(console, selector)
 
         listed = shown(console, row_text, "the subscription's row")
         assert "3" in listed

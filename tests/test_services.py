@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -55,11 +57,59 @@ def test_a_zookeeper_on_a_taken_port_is_refused(tmp_path: Path, zookeeper: ZooKe
 
 
 def test_free_port_is_free() -> None:
-    import socket
-
     port = free_port()
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", port))
+
+
+class _Kernel:
+    """Sockets whose ``bind`` to port 0 gets the ports of ``given`` in turn, as a kernel that repeats itself."""
+
+    AF_INET = socket.AF_INET
+    SOCK_STREAM = socket.SOCK_STREAM
+
+    def __init__(self, given: list[int]) -> None:
+        self.given = given
+        self.open = 0
+        self.most_open = 0
+
+    def socket(self, *_: object) -> _Kernel._Probe:
+        return _Kernel._Probe(self)
+
+    class _Probe:
+        def __init__(self, kernel: _Kernel) -> None:
+            self.kernel = kernel
+            self.port = 0
+
+        def __enter__(self) -> _Kernel._Probe:
+            self.kernel.open += 1
+            self.kernel.most_open = max(self.kernel.most_open, self.kernel.open)
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            self.kernel.open -= 1
+
+        def bind(self, _: tuple[str, int]) -> None:
+            self.port = self.kernel.given.pop(0)
+
+        def getsockname(self) -> tuple[str, int]:
+            return ("127.0.0.1", self.port)
+
+
+def test_free_port_never_gives_a_port_twice_though_the_kernel_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel may hand out a port it just freed again: two services started on two calls' ports (a Patroni
+    member's PostgreSQL and the other's REST API, once) then find one taken by the other."""
+    kernel = _Kernel([41001, 41001, 41001, 41002, 41003])
+    monkeypatch.setattr(services, "socket", kernel)
+    monkeypatch.setattr(services, "_HANDED_OUT", collections.deque(maxlen=1024))
+    assert [free_port(), free_port(), free_port()] == [41001, 41002, 41003]
+    assert kernel.given == [] and kernel.open == 0
+    assert kernel.most_open == 3  # the second call held both probes it refused while it bound the third
+
+
+def test_free_ports_of_many_calls_all_differ() -> None:
+    ports = [free_port() for _ in range(1000)]
+    assert len(set(ports)) == len(ports)
 
 
 def test_a_service_not_installed_says_what_is_missing_and_how_to_install_it(

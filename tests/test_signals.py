@@ -5,12 +5,22 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
+from collections.abc import Iterator
 from types import FrameType
 
 import pytest
 
 from keyfailover.core.loops import new_loop
 from keyfailover.core.signals import whole_loop
+
+
+@pytest.fixture(autouse=True)
+def fresh_sigint() -> Iterator[None]:
+    """SIGINT's handler as a new interpreter has it, as the command line's is, whatever an earlier test of this
+    process put there (a SparkSession puts its own); the one from before again afterwards."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 def test_ctrl_c_given_to_another_thread_while_a_loop_is_made_comes_after_it() -> None:

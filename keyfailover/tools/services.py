@@ -18,6 +18,7 @@ as the calling user.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -48,11 +49,22 @@ class ServiceError(KeyFailoverError, RuntimeError):
     """A service is not installed, or did not start or stop as expected."""
 
 
+_HANDED_OUT: collections.deque[int] = collections.deque(maxlen=1024)
+"""The last ports :func:`free_port` gave this process, none of which it gives again."""
+
+
 def free_port() -> int:
-    """A loopback port nothing listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A loopback port nothing listens on now, and one this process was not given lately: the kernel may hand the
+    same free port out again at once (one in about 200 calls here), and a service started on ports of two calls
+    (a Patroni member's PostgreSQL and another's REST API) would then find one taken by the other."""
+    with contextlib.ExitStack() as probes:
+        while True:
+            probe = probes.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            probe.bind(("127.0.0.1", 0))  # a port given before stays bound meanwhile: the next bind gets another
+            port = int(probe.getsockname()[1])
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.append(port)
+                return port
 
 
 def stop_process(process: subprocess.Popen[Any], timeout: float = 20.0) -> None:

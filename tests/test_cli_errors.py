@@ -26,14 +26,8 @@ import pytest
 
 from keyfailover.broker.server import ServerConfig
 from keyfailover.client import Client
+from keyfailover.tools.services import free_port
 from tests.server_process import ServerProcess, ServerThread, run_cli, run_main, wait_until
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def assert_clean_failure(done: subprocess.CompletedProcess[str], code: int, *fragments: str) -> None:
@@ -68,7 +62,7 @@ def stored_count(server: ServerThread, topic: str) -> int:
     ],
 )
 def test_client_commands_against_a_closed_port(command: list[str]) -> None:
-    done = run_main(*command, "--url", f"kf://127.0.0.1:{closed_port()}", stdin="k,v\n")
+    done = run_main(*command, "--url", f"kf://127.0.0.1:{free_port()}", stdin="k,v\n")
     assert_clean_failure(done, 1, "cannot connect to kf://127.0.0.1:", "Connection refused", "keyfailover serve")
 
 
@@ -90,7 +84,7 @@ def test_a_host_that_does_not_resolve() -> None:
     ],
 )
 def test_admin_commands_against_a_closed_port(command: list[str], tmp_path: Path) -> None:
-    done = run_main(*command, "--admin-url", f"http://127.0.0.1:{closed_port()}")
+    done = run_main(*command, "--admin-url", f"http://127.0.0.1:{free_port()}")
     assert_clean_failure(done, 1, "cannot reach http://127.0.0.1:", "Connection refused", "--metrics-port")
     assert not (tmp_path / "never.png").exists()
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import socket
 import threading
 from collections import defaultdict
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from keyfailover.client import Client, Timeout
 from keyfailover.core.hashing import key_hash
 from keyfailover.core.partitions import partition_of_key
 from keyfailover.core.rebalance import UNASSIGNED
+from keyfailover.tools.services import free_port
 from tests.pulsar_wire import QUIET, RawPulsar, client, connect_command, sticky_subscribe, subscribe_command
 from tests.server_process import ServerProcess, run_cli, wait_until
 
@@ -553,12 +553,6 @@ def test_a_native_and_a_pulsar_consumer_share_one_subscription(server: ServerPro
     for key, messages in got.items():
         assert len({by for by, _ in messages}) == 1, f"{key} went to both consumers: {messages}"
         assert [index for _, index in messages] == list(range(int(key[1:]), 200, 20))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_a_server_crash_mid_stream_loses_nothing_and_stores_nothing_twice(tmp_path: Path) -> None:

@@ -16,10 +16,10 @@ import pulsar
 import pytest
 
 from keyfailover.client import Client
+from keyfailover.tools.services import free_port
 from keyfailover.wire.properties import DELIVER_AT_PROPERTY
 from tests.pulsar_wire import client
 from tests.server_process import ServerProcess
-from tests.test_pulsar_client import free_port
 
 pytestmark = pytest.mark.integration  # a server in a process of its own, which a test restarts
 

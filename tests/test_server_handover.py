@@ -18,10 +18,6 @@ from keyfailover.wire.protocol import ErrorCode, ProtocolError
 from tests.aio import run_async
 
 
-def run(coroutine_of: object) -> None:
-    run_async(coroutine_of)  # type: ignore[arg-type]
-
-
 def test_a_closing_topic_refuses_subscriptions_produces_and_openings_until_served_again(tmp_path: Path) -> None:
     async def scenario() -> None:
         server = Server(ServerConfig(data_dir=tmp_path))
@@ -46,4 +42,4 @@ def test_a_closing_topic_refuses_subscriptions_produces_and_openings_until_serve
         finally:
             await server.close()
 
-    run(scenario())
+    run_async(scenario())

@@ -7,7 +7,6 @@ What was stored is read back from the server's log (:class:`LogSnapshot`), never
 from __future__ import annotations
 
 import json
-import socket
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from keyfailover.core.errors import KeyFailoverError
 from keyfailover.core.partitions import partition_topic
 from keyfailover.integrations.spark_sink import ROW_BITS, producer_name, sequence_id
 from keyfailover.spark import register
+from keyfailover.tools.services import free_port
 from keyfailover.wire.properties import decode_properties
 from tests.server_process import ServerProcess
 from tests.tiers import starts_processes
@@ -269,14 +269,6 @@ def test_a_stream_stores_every_row_once_in_key_order_across_a_retried_task_a_fai
             assert indexes == list(range(len(indexes)))
 
 
-def closed_port() -> int:
-    """A loopback port nothing listens on."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
 GOOD = "key string, payload binary"
 BAD_OPTIONS = [
     ({"url": "{url}"}, GOOD, r"option 'topic' is missing; expected the name of the topic to write to"),
@@ -313,7 +305,7 @@ def test_bad_options_and_columns_fail_the_write_before_any_row(
     kf: SparkSession, server: ServerProcess, given: dict[str, str], schema: str, expected: str
 ) -> None:
     filled = {
-        name: value.format(url=server.url, closed=closed_port()) if name == "url" else value
+        name: value.format(url=server.url, closed=free_port()) if name == "url" else value
         for name, value in given.items()
     }
     frame: DataFrame = kf.createDataFrame([], schema)

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import asyncpg
 import pytest
@@ -119,15 +119,20 @@ def epochs_of_events(brokers: list[ServerProcess]) -> dict[tuple[str, int], str]
     return owners
 
 
-def written_epochs(postgres: LogStore, topic: str) -> dict[int, list[int]]:
-    """Partition -> the owner epoch of each of its messages, in position order."""
+def stored_column(
+    postgres: LogStore, topic: str, column: Literal["epoch", "seq"], producer: str | None = None
+) -> dict[int, list[int]]:
+    """Partition -> ``column`` (the owner epoch or the sequence id) of each of its messages, in position order;
+    with ``producer``, of that producer's messages only."""
+    only = "" if producer is None else " AND producer = $2"
 
     async def fetch() -> list[Any]:
         connection = await asyncpg.connect(postgres.dsn)
         try:
             return list(
                 await connection.fetch(
-                    "SELECT partition, epoch FROM kf_messages WHERE topic = $1 ORDER BY partition, position", topic
+                    f"SELECT partition, {column} FROM kf_messages WHERE topic = $1{only} ORDER BY partition, position",
+                    *([topic] if producer is None else [topic, producer]),
                 )
             )
         finally:
@@ -135,13 +140,13 @@ def written_epochs(postgres: LogStore, topic: str) -> dict[int, list[int]]:
 
     found: dict[int, list[int]] = defaultdict(list)
     for row in run_async(fetch()):
-        found[int(row["partition"])].append(int(row["epoch"]))
+        found[int(row["partition"])].append(int(row[column]))
     return found
 
 
 def check_one_writer(postgres: LogStore, topic: str, partitions: int, brokers: list[ServerProcess]) -> None:
     owners = epochs_of_events(brokers)
-    for partition, epochs in written_epochs(postgres, topic).items():
+    for partition, epochs in stored_column(postgres, topic, "epoch").items():
         assert epochs == sorted(epochs), f"partition {partition}: a fenced broker wrote after its successor"
         served = partition_topic(topic, partition, partitions)
         assert {(served, e) for e in epochs} <= owners.keys(), f"partition {partition}: an epoch no broker opened"
@@ -255,28 +260,6 @@ def test_a_killed_broker_s_partitions_are_served_again_and_nothing_acknowledged_
         assert victim_id not in survivors and len(survivors) == 2
 
 
-def stored_sequence_ids(postgres: LogStore, topic: str) -> dict[int, list[int]]:
-    """Partition -> the sequence ids of the traffic producer's messages, in position order."""
-
-    async def fetch() -> list[Any]:
-        connection = await asyncpg.connect(postgres.dsn)
-        try:
-            return list(
-                await connection.fetch(
-                    "SELECT partition, seq FROM kf_messages WHERE topic = $1 AND producer = 'traffic'"
-                    " ORDER BY partition, position",
-                    topic,
-                )
-            )
-        finally:
-            await connection.close()
-
-    found: dict[int, list[int]] = defaultdict(list)
-    for row in run_async(fetch()):
-        found[int(row["partition"])].append(int(row["seq"]))
-    return found
-
-
 def kill_and_restart(cluster: str, brokers: list[ServerProcess], traffic: Traffic) -> None:
     """SIGKILL the last broker, wait until the first serves everything, restart it on its address (appended
     to ``brokers``: every incarnation's events stay readable) and wait until it serves again under traffic."""
@@ -305,7 +288,7 @@ def test_partitions_that_move_away_and_back_keep_every_batch_in_order(cluster: s
             assert traffic.failed == []
             consumed = consume_all(client, topic, traffic.acked)
         check_order(traffic.acked, consumed)
-        for partition, seqs in stored_sequence_ids(postgres, topic).items():
+        for partition, seqs in stored_column(postgres, topic, "seq", "traffic").items():
             gaps = [(a, b) for a, b in itertools.pairwise(seqs) if b != a + 1]
             assert gaps == [], f"partition {partition}: sequence ids skipped, e.g. {gaps[:3]}"
         check_one_writer(postgres, topic, 4, brokers)
